@@ -1,0 +1,75 @@
+# torchjob developer entry points. `make demo` and `make test` are the README's two commands.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP_EXTRAS ?= operator,train,dev,demo,tune
+# Built control-plane binaries live outside the repo, keyed by version (see hack/versions.env).
+export TORCHJOB_TESTBIN_ROOT ?= $(HOME)/.cache/torchjob/testbin
+
+.PHONY: help
+help: ## list targets
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-16s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; torchjob needs Python >= 3.10" >&2; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[$(PIP_EXTRAS)]"
+	touch $@
+
+.PHONY: venv
+venv: $(VENV)/.installed ## create the virtual env and install torchjob with its extras
+
+.PHONY: testbin
+testbin: ## build (or reuse) the pinned control-plane binaries from the Go module proxy
+	hack/build-testbin.sh
+
+.PHONY: test
+test: venv testbin ## run the whole suite: unit, runtime (multi-process torch) and cluster tests
+	$(PY) -m pytest tests
+
+.PHONY: test-unit
+test-unit: venv ## unit tests only (no cluster, no multi-process torch)
+	$(PY) -m pytest tests/unit
+
+.PHONY: lint
+lint: venv ## ruff and mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+.PHONY: fmt
+fmt: venv
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+.PHONY: crds
+crds: venv ## regenerate crds/ from the pydantic models in torchjob.api
+	$(PY) hack/gen_crds.py
+
+.PHONY: demo
+demo: venv ## train a small model with 3 local workers, kill one midway, recover from the checkpoint
+	$(PY) examples/digits/train_digits.py --workers 3 --epochs 12 --kill-at-epoch 5
+
+.PHONY: cluster
+cluster: testbin ## start the local kwok cluster (real apiserver/scheduler/controller-manager, fake GPU nodes)
+	hack/cluster.sh up
+
+.PHONY: cluster-down
+cluster-down: ## delete the local cluster
+	hack/cluster.sh down
+
+.PHONY: cluster-demo
+cluster-demo: venv cluster ## local cluster + CRD + operator + an example job
+	hack/cluster-demo.sh
+
+.PHONY: bench
+bench: venv ## benchmarks (print figures and ratios; never part of `make test`)
+	$(PY) bench/run_all.py
+
+.PHONY: e2e-kind
+e2e-kind: ## end-to-end on kind (needs Docker; skips with a message without it)
+	hack/e2e-kind.sh

@@ -1,0 +1,1 @@
+"""torchjob.checkpoint."""

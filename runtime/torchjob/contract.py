@@ -1,0 +1,215 @@
+"""The environment contract between the operator and the in-pod runtime.
+
+The operator writes these variables into every worker pod; the runtime
+(``torchjob.launch`` and ``torchjob.train``) reads them back. Both sides import
+this one module, so a name can never drift between them. It imports nothing
+heavier than the standard library: the operator image has no torch.
+
+Two families of variables exist:
+
+* ``TORCHJOB_*``: what torchjob itself needs (job identity, pod index,
+  generation, elastic bounds, rendezvous endpoint, checkpoint location).
+* The standard torch/torchrun variables (``MASTER_ADDR``, ``WORLD_SIZE``,
+  ``RANK``, ``PET_*`` ...), so that an unchanged ``torchrun`` script or a plain
+  ``torch.distributed.init_process_group("env://")`` works in *static* mode.
+
+In a pod, ``RANK`` is the **node rank** (the pod's rank among pods), and
+``WORLD_SIZE`` is the total number of training processes
+(``pods x nproc_per_node``), the way torchrun's ``--node_rank`` and the
+Kubeflow convention define them. The per-process ``RANK``/``LOCAL_RANK`` are
+set by the agent (``torchjob.launch``) for each worker process it starts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+# --- torchjob's own variables -------------------------------------------------
+JOB_NAME: Final = "TORCHJOB_JOB_NAME"
+NAMESPACE: Final = "TORCHJOB_NAMESPACE"
+POD_INDEX: Final = "TORCHJOB_POD_INDEX"
+"""Index of this pod among the job's workers (0-based, dense within a generation)."""
+REPLICAS: Final = "TORCHJOB_REPLICAS"
+"""Number of worker pods in the current generation."""
+MIN_REPLICAS: Final = "TORCHJOB_MIN_REPLICAS"
+MAX_REPLICAS: Final = "TORCHJOB_MAX_REPLICAS"
+NPROC_PER_NODE: Final = "TORCHJOB_NPROC_PER_NODE"
+GENERATION: Final = "TORCHJOB_GENERATION"
+"""Membership generation this pod was created for (restart count in static mode)."""
+RDZV_HOST: Final = "TORCHJOB_RDZV_HOST"
+RDZV_PORT: Final = "TORCHJOB_RDZV_PORT"
+BACKEND: Final = "TORCHJOB_BACKEND"
+"""``auto``, ``nccl`` or ``gloo``."""
+CHECKPOINT_PATH: Final = "TORCHJOB_CHECKPOINT_PATH"
+"""fsspec URL or local path where rank 0 writes checkpoints ("" when none)."""
+MODE: Final = "TORCHJOB_MODE"
+"""``static`` (fixed group, restart by recreating pods) or ``elastic``."""
+MAX_RESTARTS: Final = "TORCHJOB_MAX_RESTARTS"
+POD_NAME: Final = "TORCHJOB_POD_NAME"
+SERVICE_NAME: Final = "TORCHJOB_SERVICE"
+
+# --- standard torch / torchrun variables ---------------------------------------
+MASTER_ADDR: Final = "MASTER_ADDR"
+MASTER_PORT: Final = "MASTER_PORT"
+WORLD_SIZE: Final = "WORLD_SIZE"
+RANK: Final = "RANK"
+LOCAL_RANK: Final = "LOCAL_RANK"
+LOCAL_WORLD_SIZE: Final = "LOCAL_WORLD_SIZE"
+GROUP_RANK: Final = "GROUP_RANK"
+NODE_RANK: Final = "NODE_RANK"
+TORCHELASTIC_RESTART_COUNT: Final = "TORCHELASTIC_RESTART_COUNT"
+TORCHELASTIC_RUN_ID: Final = "TORCHELASTIC_RUN_ID"
+PET_NNODES: Final = "PET_NNODES"
+PET_NPROC_PER_NODE: Final = "PET_NPROC_PER_NODE"
+PET_NODE_RANK: Final = "PET_NODE_RANK"
+PET_MASTER_ADDR: Final = "PET_MASTER_ADDR"
+PET_MASTER_PORT: Final = "PET_MASTER_PORT"
+PET_RDZV_ID: Final = "PET_RDZV_ID"
+PYTHONUNBUFFERED: Final = "PYTHONUNBUFFERED"
+
+DEFAULT_RDZV_PORT: Final = 29500
+"""Port of the generation's TCPStore on its rank-0 pod (torch's default)."""
+
+# --- labels and annotations on objects the operator creates ---------------------
+GROUP: Final = "torchjob.io"
+LABEL_JOB_NAME: Final = f"{GROUP}/job-name"
+LABEL_ROLE: Final = f"{GROUP}/role"
+LABEL_POD_INDEX: Final = f"{GROUP}/pod-index"
+LABEL_GENERATION: Final = f"{GROUP}/generation"
+ROLE_WORKER: Final = "worker"
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+
+
+def worker_pod_name(job: str, index: int) -> str:
+    """Name of worker ``index`` of job ``job``: ``<job>-worker-<index>``."""
+    return f"{job}-worker-{index}"
+
+
+def worker_hostname(job: str, index: int, namespace: str) -> str:
+    """Stable DNS name of a worker through the job's headless Service."""
+    return f"{worker_pod_name(job, index)}.{job}.{namespace}.svc"
+
+
+@dataclass(frozen=True)
+class PodEnv:
+    """What the operator tells one worker pod. Built by the operator, parsed by the runtime."""
+
+    job_name: str
+    namespace: str
+    pod_index: int
+    replicas: int
+    min_replicas: int
+    max_replicas: int
+    nproc_per_node: int
+    generation: int
+    rdzv_host: str
+    rdzv_port: int = DEFAULT_RDZV_PORT
+    backend: str = "auto"
+    checkpoint_path: str = ""
+    mode: str = "static"
+    max_restarts: int = 0
+
+    @property
+    def world_size(self) -> int:
+        """Total training processes in the group: pods x processes per pod."""
+        return self.replicas * self.nproc_per_node
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.namespace}.{self.job_name}"
+
+    def to_env(self) -> dict[str, str]:
+        """All variables, torchjob's and torch's, as a pod's ``env`` would carry them."""
+        env = {
+            JOB_NAME: self.job_name,
+            NAMESPACE: self.namespace,
+            POD_INDEX: str(self.pod_index),
+            REPLICAS: str(self.replicas),
+            MIN_REPLICAS: str(self.min_replicas),
+            MAX_REPLICAS: str(self.max_replicas),
+            NPROC_PER_NODE: str(self.nproc_per_node),
+            GENERATION: str(self.generation),
+            RDZV_HOST: self.rdzv_host,
+            RDZV_PORT: str(self.rdzv_port),
+            BACKEND: self.backend,
+            CHECKPOINT_PATH: self.checkpoint_path,
+            MODE: self.mode,
+            MAX_RESTARTS: str(self.max_restarts),
+            # torch / torchrun
+            MASTER_ADDR: self.rdzv_host,
+            MASTER_PORT: str(self.rdzv_port),
+            WORLD_SIZE: str(self.world_size),
+            RANK: str(self.pod_index),
+            NODE_RANK: str(self.pod_index),
+            GROUP_RANK: str(self.pod_index),
+            LOCAL_WORLD_SIZE: str(self.nproc_per_node),
+            TORCHELASTIC_RESTART_COUNT: str(self.generation),
+            TORCHELASTIC_RUN_ID: self.run_id,
+            PET_NNODES: str(self.replicas),
+            PET_NPROC_PER_NODE: str(self.nproc_per_node),
+            PET_NODE_RANK: str(self.pod_index),
+            PET_MASTER_ADDR: self.rdzv_host,
+            PET_MASTER_PORT: str(self.rdzv_port),
+            PET_RDZV_ID: self.run_id,
+            PYTHONUNBUFFERED: "1",
+        }
+        return env
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> PodEnv | None:
+        """Parse the contract from ``environ``; ``None`` when not inside a TorchJob pod.
+
+        Raises ``ValueError`` naming the variable when one is present but malformed.
+        """
+        env = os.environ if environ is None else environ
+        if JOB_NAME not in env:
+            return None
+
+        def integer(name: str, default: int | None = None) -> int:
+            raw = env.get(name)
+            if raw is None or raw == "":
+                if default is None:
+                    raise ValueError(f"environment variable {name} is required inside a TorchJob pod")
+                return default
+            try:
+                return int(raw)
+            except ValueError:
+                raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+        replicas = integer(REPLICAS)
+        return cls(
+            job_name=env[JOB_NAME],
+            namespace=env.get(NAMESPACE, "default"),
+            pod_index=integer(POD_INDEX),
+            replicas=replicas,
+            min_replicas=integer(MIN_REPLICAS, replicas),
+            max_replicas=integer(MAX_REPLICAS, replicas),
+            nproc_per_node=integer(NPROC_PER_NODE, 1),
+            generation=integer(GENERATION, 0),
+            rdzv_host=env.get(RDZV_HOST) or env.get(MASTER_ADDR, "127.0.0.1"),
+            rdzv_port=integer(RDZV_PORT, DEFAULT_RDZV_PORT),
+            backend=env.get(BACKEND, "auto"),
+            checkpoint_path=env.get(CHECKPOINT_PATH, ""),
+            mode=env.get(MODE, "static"),
+            max_restarts=integer(MAX_RESTARTS, 0),
+        )
+
+
+def process_env(pod: PodEnv, local_rank: int) -> dict[str, str]:
+    """Per-process variables the agent gives worker ``local_rank`` of ``pod``."""
+    rank = pod.pod_index * pod.nproc_per_node + local_rank
+    return {
+        RANK: str(rank),
+        LOCAL_RANK: str(local_rank),
+        WORLD_SIZE: str(pod.world_size),
+        LOCAL_WORLD_SIZE: str(pod.nproc_per_node),
+        GROUP_RANK: str(pod.pod_index),
+        NODE_RANK: str(pod.pod_index),
+        MASTER_ADDR: pod.rdzv_host,
+        MASTER_PORT: str(pod.rdzv_port),
+        TORCHELASTIC_RESTART_COUNT: str(pod.generation),
+        TORCHELASTIC_RUN_ID: pod.run_id,
+    }
