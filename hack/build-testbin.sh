@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# Build (or reuse) the pinned binaries of the local test control plane from the Go module proxy:
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, kwokctl, helm.
+#
+# Every component/version gets its own directory under $TORCHJOB_TESTBIN_ROOT, e.g.
+#   ~/.cache/torchjob/testbin/kubernetes-v1.37.2/kube-apiserver
+# so bumping one version in hack/versions.env rebuilds only that component. A finished
+# directory carries a .stamp; a second run only checks stamps and `--version` outputs.
+# Go's own module and build caches (~/go/pkg/mod, ~/.cache/go-build) are used as they are,
+# so a rebuild after a cache wipe of the testbin root is mostly linking.
+#
+# Usage: hack/build-testbin.sh [--print-dir COMPONENT]   (COMPONENT: kubernetes|etcd|kwok|helm)
+set -euo pipefail
+
+HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "${HACK_DIR}/versions.env"
+
+ROOT="${TORCHJOB_TESTBIN_ROOT:-${HOME}/.cache/torchjob/testbin}"
+WORK="${ROOT}/.work"
+
+log() { printf '[testbin] %s\n' "$*" >&2; }
+die() { printf '[testbin] error: %s\n' "$*" >&2; exit 1; }
+
+component_dir() {
+  case "$1" in
+    kubernetes) echo "${ROOT}/kubernetes-${KUBE_VERSION}" ;;
+    etcd) echo "${ROOT}/etcd-${ETCD_VERSION}" ;;
+    kwok) echo "${ROOT}/kwok-${KWOK_VERSION}" ;;
+    helm) echo "${ROOT}/helm-${HELM_VERSION}" ;;
+    *) die "unknown component: $1" ;;
+  esac
+}
+
+if [[ "${1:-}" == "--print-dir" ]]; then
+  component_dir "${2:?component}"
+  exit 0
+fi
+
+# ---------------------------------------------------------------- toolchain checks
+GO="${GO:-go}"
+if ! command -v "${GO}" >/dev/null 2>&1; then
+  if [[ -x /usr/local/go/bin/go ]]; then
+    GO=/usr/local/go/bin/go
+  else
+    die "'go' not found in PATH. Install Go >= ${GO_MIN_VERSION} (https://go.dev/dl/) and rerun 'make testbin'."
+  fi
+fi
+go_version="$(GOTOOLCHAIN=local "${GO}" env GOVERSION 2>/dev/null || true)"
+go_version="${go_version#go}"
+if [[ -z "${go_version}" ]]; then
+  die "could not run '${GO} env GOVERSION'; is the Go installation broken?"
+fi
+if [[ "$(printf '%s\n%s\n' "${GO_MIN_VERSION}" "${go_version}" | sort -V | head -1)" != "${GO_MIN_VERSION}" ]]; then
+  die "Go ${go_version} is too old: Kubernetes ${KUBE_VERSION} needs Go >= ${GO_MIN_VERSION}. Install a newer Go (https://go.dev/dl/) and rerun 'make testbin'."
+fi
+
+# Never let go.mod's toolchain line silently download another Go; the check above is the gate.
+export GOTOOLCHAIN=local
+export GOFLAGS="-mod=mod -buildvcs=false"
+export CGO_ENABLED=0
+
+stamp_of() { # what a finished directory's .stamp must contain
+  printf 'component=%s version=%s go=%s\n' "$1" "$2" "${go_version}"
+}
+
+# fresh <dir> <component> <version> <check-cmd...>: true when dir is complete and right.
+fresh() {
+  local dir="$1" comp="$2" ver="$3"
+  shift 3
+  [[ -f "${dir}/.stamp" ]] || return 1
+  # The stamp records the Go toolchain too, but a newer Go does not invalidate a build.
+  grep -q "^component=${comp} version=${ver} " "${dir}/.stamp" || return 1
+  local check
+  for check in "$@"; do
+    # shellcheck disable=SC2086
+    local out
+    out="$(eval "${check}" 2>&1)" || return 1
+    [[ "${out}" == *"${ver#v}"* ]] || { log "${check}: unexpected version output: ${out}"; return 1; }
+  done
+}
+
+# install_dir <tmp> <final>: atomically publish a finished build.
+publish() {
+  local tmp="$1" final="$2" comp="$3" ver="$4"
+  stamp_of "${comp}" "${ver}" >"${tmp}/.stamp"
+  rm -rf "${final}.old"
+  [[ -e "${final}" ]] && mv "${final}" "${final}.old"
+  mv "${tmp}" "${final}"
+  rm -rf "${final}.old"
+}
+
+declare -A TIMES=()
+timed() { # timed <name> <function>
+  local name="$1" start end
+  start=$(date +%s)
+  "$2"
+  end=$(date +%s)
+  TIMES["${name}"]=$((end - start))
+  log "${name}: $((end - start))s"
+}
+
+# ---------------------------------------------------------------- kubernetes
+build_kubernetes() {
+  local dir
+  dir="$(component_dir kubernetes)"
+  if fresh "${dir}" kubernetes "${KUBE_VERSION}" \
+    "'${dir}/kube-apiserver' --version" \
+    "'${dir}/kube-controller-manager' --version" \
+    "'${dir}/kube-scheduler' --version" \
+    "'${dir}/kubectl' version --client"; then
+    log "kubernetes ${KUBE_VERSION}: up to date in ${dir}"
+    return
+  fi
+  log "kubernetes ${KUBE_VERSION}: building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (long on few cores)"
+  local ver="${KUBE_VERSION#v}"
+  local major="${ver%%.*}" minor_patch="${ver#*.}"
+  local minor="${minor_patch%%.*}"
+  local mod="${WORK}/kubernetes-${KUBE_VERSION}"
+  mkdir -p "${mod}"
+  "${GO}" mod download k8s.io/kubernetes@"${KUBE_VERSION}"
+  local kmod
+  kmod="$("${GO}" mod download -json k8s.io/kubernetes@"${KUBE_VERSION}" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+  [[ -f "${kmod}" ]] || die "could not download k8s.io/kubernetes@${KUBE_VERSION} from ${GOPROXY:-the Go module proxy}"
+  # k8s.io/kubernetes requires its staging modules as v0.0.0 replaced by ./staging/...,
+  # which a dependent module cannot see: replace each one with its published v0.MINOR.PATCH tag.
+  {
+    echo "// Generated by hack/build-testbin.sh: builds Kubernetes ${KUBE_VERSION} from the module proxy."
+    echo "module torchjob.local/testbin/kubernetes"
+    echo
+    grep -E '^(go|godebug) ' "${kmod}"
+    echo
+    echo "require k8s.io/kubernetes ${KUBE_VERSION}"
+    echo
+    echo "replace ("
+    sed -nE 's#^[[:space:]]*(k8s\.io/[^[:space:]]+) => \./staging/.*$#\t\1 => \1 v0.'"${minor_patch}"'#p' "${kmod}"
+    echo ")"
+  } >"${mod}/go.mod"
+  [[ $(grep -c ' => k8s.io/' "${mod}/go.mod") -gt 20 ]] || die "found no staging replaces in ${kmod}; has k8s.io/kubernetes' layout changed?"
+  rm -f "${mod}/go.sum"
+  local tmp="${dir}.tmp.$$"
+  rm -rf "${tmp}"
+  mkdir -p "${tmp}"
+  local ld="-s -w" key
+  local -A vars=(
+    [gitVersion]="${KUBE_VERSION}" [gitMajor]="${major}" [gitMinor]="${minor}"
+    [gitTreeState]="clean" [gitCommit]="0000000000000000000000000000000000000000"
+    [buildDate]="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  )
+  for key in "${!vars[@]}"; do
+    ld+=" -X k8s.io/component-base/version.${key}=${vars[${key}]}"
+    ld+=" -X k8s.io/client-go/pkg/version.${key}=${vars[${key}]}"
+  done
+  # One invocation so the four commands share every compiled package.
+  (cd "${mod}" && "${GO}" build -trimpath -ldflags "${ld}" -o "${tmp}/" \
+    k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kubectl)
+  "${tmp}/kube-apiserver" --version | grep -q "${KUBE_VERSION}" || die "built kube-apiserver does not report ${KUBE_VERSION}"
+  publish "${tmp}" "${dir}" kubernetes "${KUBE_VERSION}"
+}
+
+# ---------------------------------------------------------------- etcd
+build_etcd() {
+  local dir
+  dir="$(component_dir etcd)"
+  if fresh "${dir}" etcd "${ETCD_VERSION}" "'${dir}/etcd' --version"; then
+    log "etcd ${ETCD_VERSION}: up to date in ${dir}"
+    return
+  fi
+  log "etcd ${ETCD_VERSION}: building"
+  # go.etcd.io/etcd/server/v3 has replace directives (to ../api etc.), so `go install pkg@v`
+  # refuses it; a wrapper module that requires it works.
+  local mod="${WORK}/etcd-${ETCD_VERSION}"
+  mkdir -p "${mod}"
+  printf '// Generated by hack/build-testbin.sh.\nmodule torchjob.local/testbin/etcd\n\ngo %s\n\nrequire go.etcd.io/etcd/server/v3 %s\n' \
+    "${GO_MIN_VERSION}" "${ETCD_VERSION}" >"${mod}/go.mod"
+  rm -f "${mod}/go.sum"
+  local tmp="${dir}.tmp.$$"
+  rm -rf "${tmp}"
+  mkdir -p "${tmp}"
+  (cd "${mod}" && "${GO}" build -trimpath -ldflags "-s -w" -o "${tmp}/etcd" go.etcd.io/etcd/server/v3)
+  publish "${tmp}" "${dir}" etcd "${ETCD_VERSION}"
+}
+
+# ---------------------------------------------------------------- kwok, kwokctl
+build_kwok() {
+  local dir
+  dir="$(component_dir kwok)"
+  if fresh "${dir}" kwok "${KWOK_VERSION}" "'${dir}/kwokctl' --version" "'${dir}/kwok' --version"; then
+    log "kwok ${KWOK_VERSION}: up to date in ${dir}"
+    return
+  fi
+  log "kwok ${KWOK_VERSION}: building kwok and kwokctl"
+  local tmp="${dir}.tmp.$$"
+  rm -rf "${tmp}"
+  mkdir -p "${tmp}"
+  # kwok reports the version compiled into sigs.k8s.io/kwok/pkg/consts (set by its Makefile).
+  local ld="-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
+  GOBIN="${tmp}" "${GO}" install -trimpath -ldflags "${ld}" \
+    sigs.k8s.io/kwok/cmd/kwok@"${KWOK_VERSION}" sigs.k8s.io/kwok/cmd/kwokctl@"${KWOK_VERSION}"
+  publish "${tmp}" "${dir}" kwok "${KWOK_VERSION}"
+}
+
+# ---------------------------------------------------------------- helm
+build_helm() {
+  local dir
+  dir="$(component_dir helm)"
+  if fresh "${dir}" helm "${HELM_VERSION}" "'${dir}/helm' version --short"; then
+    log "helm ${HELM_VERSION}: up to date in ${dir}"
+    return
+  fi
+  log "helm ${HELM_VERSION}: building"
+  local tmp="${dir}.tmp.$$" major="${HELM_VERSION%%.*}"
+  local pkg="helm.sh/helm/${major}"
+  [[ "${major}" == "v2" || "${major}" == "v1" ]] && pkg="helm.sh/helm"
+  rm -rf "${tmp}"
+  mkdir -p "${tmp}"
+  GOBIN="${tmp}" "${GO}" install -trimpath \
+    -ldflags "-s -w -X ${pkg}/internal/version.version=${HELM_VERSION}" \
+    "${pkg}/cmd/helm@${HELM_VERSION}"
+  publish "${tmp}" "${dir}" helm "${HELM_VERSION}"
+}
+
+mkdir -p "${ROOT}" "${WORK}"
+total_start=$(date +%s)
+log "Go ${go_version}; GOPROXY=$("${GO}" env GOPROXY); testbin root ${ROOT}"
+components=("${@}")
+[[ ${#components[@]} -gt 0 ]] || components=(kwok etcd kubernetes helm)
+for c in "${components[@]}"; do
+  case "${c}" in
+    kubernetes | etcd | kwok | helm) timed "${c}" "build_${c}" ;;
+    *) die "unknown component '${c}' (kubernetes|etcd|kwok|helm)" ;;
+  esac
+done
+log "total: $(($(date +%s) - total_start))s"
+for c in "${components[@]}"; do
+  printf '  %-11s %4ss  %s\n' "${c}" "${TIMES[${c}]}" "$(component_dir "${c}")" >&2
+done

@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# The local test cluster: real etcd, kube-apiserver, kube-controller-manager and kube-scheduler
+# started as processes by kwokctl's binary runtime, with kwok playing the kubelets of fake nodes
+# (4 GPU nodes, 2 CPU nodes). Binaries come from hack/build-testbin.sh (run `make testbin`).
+#
+#   hack/cluster.sh up          start (or reuse) the cluster; prints the kubeconfig path on stdout
+#   hack/cluster.sh down        delete the cluster and its workdir
+#   hack/cluster.sh kubeconfig  print the kubeconfig path
+#   hack/cluster.sh status      exit 0 when the cluster answers, print its nodes
+#
+# Never touches ~/.kube: use `export KUBECONFIG=$(hack/cluster.sh kubeconfig)`.
+# Environment:
+#   TORCHJOB_TESTBIN_ROOT   binaries and cluster workdir (default ~/.cache/torchjob/testbin)
+#   TORCHJOB_CLUSTER_NAME   cluster name (default torchjob)
+#   TORCHJOB_GPU_NODES / TORCHJOB_CPU_NODES   node counts (default 4 / 2)
+#   TORCHJOB_GPUS_PER_NODE  nvidia.com/gpu per GPU node (default 8)
+set -euo pipefail
+
+HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "${HACK_DIR}/versions.env"
+
+ROOT="${TORCHJOB_TESTBIN_ROOT:-${HOME}/.cache/torchjob/testbin}"
+NAME="${TORCHJOB_CLUSTER_NAME:-torchjob}"
+GPU_NODES="${TORCHJOB_GPU_NODES:-4}"
+CPU_NODES="${TORCHJOB_CPU_NODES:-2}"
+GPUS_PER_NODE="${TORCHJOB_GPUS_PER_NODE:-8}"
+
+KUBE_DIR="${ROOT}/kubernetes-${KUBE_VERSION}"
+ETCD_DIR="${ROOT}/etcd-${ETCD_VERSION}"
+KWOK_DIR="${ROOT}/kwok-${KWOK_VERSION}"
+# kwokctl keeps every cluster under $KWOK_WORKDIR/clusters/<name>; keep it in the cache, keyed
+# by the versions so a bump never reuses a cluster of the old binaries.
+export KWOK_WORKDIR="${ROOT}/kwok-workdir/k8s-${KUBE_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}"
+CLUSTER_DIR="${KWOK_WORKDIR}/clusters/${NAME}"
+KUBECONFIG_PATH="${CLUSTER_DIR}/kubeconfig.yaml"
+
+KWOKCTL="${KWOK_DIR}/kwokctl"
+KUBECTL="${KUBE_DIR}/kubectl"
+
+log() { printf '[cluster] %s\n' "$*" >&2; }
+die() { printf '[cluster] error: %s\n' "$*" >&2; exit 1; }
+
+now_ms() { date +%s%3N; }
+
+require_binaries() {
+  local b missing=()
+  for b in "${KUBE_DIR}/kube-apiserver" "${KUBE_DIR}/kube-controller-manager" \
+    "${KUBE_DIR}/kube-scheduler" "${KUBECTL}" "${ETCD_DIR}/etcd" "${KWOK_DIR}/kwok" "${KWOKCTL}"; do
+    [[ -x "${b}" ]] || missing+=("${b}")
+  done
+  if [[ ${#missing[@]} -gt 0 ]]; then
+    die "missing control-plane binaries (run 'make testbin'): ${missing[*]}"
+  fi
+}
+
+kc() { "${KUBECTL}" --kubeconfig "${KUBECONFIG_PATH}" "$@"; }
+
+healthy() {
+  [[ -f "${KUBECONFIG_PATH}" ]] || return 1
+  kc get --raw /readyz --request-timeout=3s >/dev/null 2>&1
+}
+
+kwokctl() {
+  "${KWOKCTL}" --name "${NAME}" "$@"
+}
+
+# wait_until <seconds> <description> <command...>
+wait_until() {
+  local timeout="$1" what="$2"
+  shift 2
+  local deadline=$((SECONDS + timeout))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      die "timed out after ${timeout}s waiting for ${what}; logs: ${CLUSTER_DIR}/logs"
+    fi
+    sleep 0.2
+  done
+}
+
+nodes_manifest() {
+  local i
+  for ((i = 0; i < GPU_NODES; i++)); do
+    cat <<EOF
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: gpu-node-${i}
+  annotations:
+    kwok.x-k8s.io/node: fake
+    node.alpha.kubernetes.io/ttl: "0"
+  labels:
+    kubernetes.io/hostname: gpu-node-${i}
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    type: kwok
+    nvidia.com/gpu.present: "true"
+    nvidia.com/gpu.product: Fake-GPU-80GB
+    nvidia.com/gpu.count: "${GPUS_PER_NODE}"
+    topology.kubernetes.io/zone: zone-$((i % 2))
+status:
+  allocatable: {cpu: "64", memory: 512Gi, pods: "110", nvidia.com/gpu: "${GPUS_PER_NODE}", ephemeral-storage: 1Ti}
+  capacity: {cpu: "64", memory: 512Gi, pods: "110", nvidia.com/gpu: "${GPUS_PER_NODE}", ephemeral-storage: 1Ti}
+EOF
+  done
+  for ((i = 0; i < CPU_NODES; i++)); do
+    cat <<EOF
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: cpu-node-${i}
+  annotations:
+    kwok.x-k8s.io/node: fake
+    node.alpha.kubernetes.io/ttl: "0"
+  labels:
+    kubernetes.io/hostname: cpu-node-${i}
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    type: kwok
+    topology.kubernetes.io/zone: zone-$((i % 2))
+status:
+  allocatable: {cpu: "32", memory: 128Gi, pods: "110", ephemeral-storage: 1Ti}
+  capacity: {cpu: "32", memory: 128Gi, pods: "110", ephemeral-storage: 1Ti}
+EOF
+  done
+}
+
+all_nodes_ready() {
+  local want=$((GPU_NODES + CPU_NODES)) ready
+  ready="$(kc get nodes -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c '^True$' || true)"
+  [[ "${ready}" -ge "${want}" ]]
+}
+
+default_sa_exists() { kc -n default get serviceaccount default; }
+
+ensure_nodes() {
+  nodes_manifest | kc apply -f - >/dev/null
+  wait_until 60 "nodes to become Ready" all_nodes_ready
+}
+
+cmd_up() {
+  require_binaries
+  local start
+  start=$(now_ms)
+  if healthy; then
+    log "cluster '${NAME}' is already running"
+  elif [[ -f "${CLUSTER_DIR}/kwok.yaml" ]] && kwokctl start cluster >&2 &&
+    wait_until 60 "the restarted kube-apiserver" healthy; then
+    log "cluster '${NAME}' restarted"
+  else
+    [[ -d "${CLUSTER_DIR}" ]] && { log "removing a broken cluster '${NAME}'"; cmd_down; }
+    mkdir -p "${KWOK_WORKDIR}"
+    log "creating cluster '${NAME}' (Kubernetes ${KUBE_VERSION}, etcd ${ETCD_VERSION}, kwok ${KWOK_VERSION})"
+    # --kubeconfig "" keeps kwokctl away from ~/.kube/config.
+    KWOK_KUBECTL_BINARY="${KUBECTL}" kwokctl create cluster \
+      --runtime binary \
+      --kubeconfig "" \
+      --kube-apiserver-binary "${KUBE_DIR}/kube-apiserver" \
+      --kube-controller-manager-binary "${KUBE_DIR}/kube-controller-manager" \
+      --kube-scheduler-binary "${KUBE_DIR}/kube-scheduler" \
+      --etcd-binary "${ETCD_DIR}/etcd" \
+      --kwok-controller-binary "${KWOK_DIR}/kwok" \
+      --kube-authorization=true \
+      --kube-admission=true \
+      --disable-qps-limits \
+      --config "${HACK_DIR}/kwok/stages.yaml" \
+      --timeout 5m \
+      --wait 2m >&2 || die "kwokctl create cluster failed; logs: ${CLUSTER_DIR}/logs"
+    wait_until 60 "kube-apiserver" healthy
+  fi
+  ensure_nodes
+  wait_until 60 "the default ServiceAccount (kube-controller-manager)" default_sa_exists
+  log "ready in $((($(now_ms) - start)))ms; export KUBECONFIG=${KUBECONFIG_PATH}"
+  echo "${KUBECONFIG_PATH}"
+}
+
+cmd_down() {
+  if [[ -x "${KWOKCTL}" && -d "${CLUSTER_DIR}" ]]; then
+    kwokctl delete cluster --kubeconfig "" >&2 || log "kwokctl delete cluster failed; removing ${CLUSTER_DIR}"
+  fi
+  rm -rf "${CLUSTER_DIR}"
+  log "cluster '${NAME}' deleted"
+}
+
+cmd_status() {
+  if healthy; then
+    log "cluster '${NAME}' is running; KUBECONFIG=${KUBECONFIG_PATH}"
+    kc get nodes -L nvidia.com/gpu.present
+  else
+    log "cluster '${NAME}' is not running"
+    return 1
+  fi
+}
+
+case "${1:-}" in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  kubeconfig) echo "${KUBECONFIG_PATH}" ;;
+  status) cmd_status ;;
+  *)
+    echo "usage: $0 up|down|kubeconfig|status" >&2
+    exit 2
+    ;;
+esac
