@@ -1,0 +1,230 @@
+"""The ``torchjob`` command: run a TorchJob manifest locally, or manage TorchJobs on a cluster.
+
+``torchjob run -f job.yaml`` needs no cluster: it runs the manifest's pods as
+local processes (:func:`torchjob.client.run_local`). ``submit``, ``get``,
+``logs``, ``scale`` and ``delete`` go through :class:`torchjob.client.TorchJobClient`.
+Exit codes: 0 success; the failed pod's exit code for ``run``; 1 for an API
+or credentials error; 2 for a bad command line or manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from torchjob.client.errors import TorchJobClientError
+from torchjob.client.manifest import ManifestError, load_manifest, load_manifests
+
+EXIT_API_ERROR = 1
+EXIT_USAGE = 2
+
+
+def _err(msg: str) -> None:
+    sys.stderr.write(f"error: {msg}\n")
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from torchjob.client.client import TorchJobClient
+
+    return TorchJobClient(
+        kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from torchjob.client.local import run_local
+
+    manifest = load_manifest(args.filename)
+    result = run_local(
+        manifest,
+        max_restarts=args.max_restarts,
+        grace_period_s=args.grace_period,
+    )
+    return result.exit_code
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    manifests = load_manifests(args.filename)
+    client = _client(args)
+    for m in manifests:
+        created = client.create(m, namespace=args.namespace)
+        meta = created.get("metadata", {})
+        print(
+            f"torchjob.{client_group()}/{meta.get('name')} created in namespace {meta.get('namespace')}"
+        )
+        if args.wait:
+            job = client.wait_for_phase(
+                meta["name"], args.wait, namespace=meta.get("namespace"), timeout_s=args.timeout
+            )
+            print(f"{meta['name']}: {job.get('status', {}).get('phase')}")
+    return 0
+
+
+def client_group() -> str:
+    from torchjob.contract import GROUP
+
+    return GROUP
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    client = _client(args)
+    if args.output in ("json", "yaml"):
+        objs = [client.get(args.job)] if args.job else client.list()
+        data: Any = objs[0] if args.job else {"apiVersion": "v1", "kind": "List", "items": objs}
+        if args.output == "json":
+            print(json.dumps(data, indent=2, sort_keys=True))
+        else:
+            import yaml
+
+            print(yaml.safe_dump(data, sort_keys=False), end="")
+        return 0
+    table = client.table(args.job)
+    if not table.rows:
+        sys.stderr.write(f"No TorchJobs found in {client.namespace} namespace.\n")
+        return 0
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(box=box.SIMPLE_HEAD if sys.stdout.isatty() else None, pad_edge=False, show_edge=False)
+    for col in table.columns:
+        t.add_column(col, no_wrap=True)
+    for row in table.rows:
+        t.add_row(*row)
+    Console(width=max(80, sum(len(c) + 12 for c in table.columns)), soft_wrap=True).print(t)
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    client = _client(args)
+    color = sys.stdout.isatty()
+    colors = ("36", "33", "35", "32", "34", "31")
+    try:
+        for line in client.logs(args.job, follow=args.follow, container=args.container):
+            prefix = f"[rank {line.pod_index}]"
+            if color:
+                prefix = f"\x1b[{colors[line.pod_index % len(colors)]}m{prefix}\x1b[0m"
+            sys.stdout.write(f"{prefix} {line.text}\n")
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    client = _client(args)
+    client.delete(args.job)
+    print(f"torchjob.{client_group()}/{args.job} deleted")
+    return 0
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    client = _client(args)
+    client.scale(args.job, args.replicas)
+    print(f"torchjob.{client_group()}/{args.job} scaled to {args.replicas}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--kubeconfig", help="path to a kubeconfig (default: $KUBECONFIG or ~/.kube/config)"
+    )
+    common.add_argument("--context", help="kubeconfig context to use")
+    common.add_argument(
+        "-n", "--namespace", help="namespace (default: the context's, else 'default')"
+    )
+
+    parser = argparse.ArgumentParser(
+        prog="torchjob",
+        description="Run TorchJobs locally or manage them on a Kubernetes cluster.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run",
+        help="run a TorchJob manifest as local processes (no cluster needed)",
+        description="Run spec.replicas local 'pods', each running the template's first container "
+        "command with the same environment contract the operator gives pods.",
+    )
+    run.add_argument("-f", "--filename", required=True, help="TorchJob YAML file")
+    run.add_argument(
+        "--max-restarts",
+        type=int,
+        default=None,
+        help="group restarts after a failure (default: spec.failurePolicy.maxRestarts, else 0)",
+    )
+    run.add_argument(
+        "--grace-period",
+        type=float,
+        default=10.0,
+        help="seconds between SIGTERM and SIGKILL (default 10)",
+    )
+    run.set_defaults(func=cmd_run)
+
+    submit = sub.add_parser(
+        "submit", parents=[common], help="create the TorchJob(s) of a YAML file on the cluster"
+    )
+    submit.add_argument("-f", "--filename", required=True, help="TorchJob YAML file")
+    submit.add_argument(
+        "--wait", metavar="PHASE", help="then wait for this phase (e.g. Running, Succeeded)"
+    )
+    submit.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds to --wait (default 600)"
+    )
+    submit.set_defaults(func=cmd_submit)
+
+    get = sub.add_parser(
+        "get", parents=[common], help="list TorchJobs, or show one (like kubectl get tj)"
+    )
+    get.add_argument("job", nargs="?", help="TorchJob name (default: all in the namespace)")
+    get.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    get.set_defaults(func=cmd_get)
+
+    logs = sub.add_parser(
+        "logs", parents=[common], help="print all workers' logs, prefixed by rank"
+    )
+    logs.add_argument("job", help="TorchJob name")
+    logs.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="stream, following restarted pods, until the job ends",
+    )
+    logs.add_argument(
+        "-c", "--container", help="container name (default: the pod's only container)"
+    )
+    logs.set_defaults(func=cmd_logs)
+
+    delete = sub.add_parser("delete", parents=[common], help="delete a TorchJob and its pods")
+    delete.add_argument("job", help="TorchJob name")
+    delete.set_defaults(func=cmd_delete)
+
+    scale = sub.add_parser("scale", parents=[common], help="set spec.replicas (scale subresource)")
+    scale.add_argument("job", help="TorchJob name")
+    scale.add_argument("--replicas", type=int, required=True)
+    scale.set_defaults(func=cmd_scale)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc: int = args.func(args)
+    except ManifestError as e:
+        _err(str(e))
+        return EXIT_USAGE
+    except TorchJobClientError as e:
+        _err(str(e))
+        return EXIT_API_ERROR
+    except KeyboardInterrupt:
+        return 130
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

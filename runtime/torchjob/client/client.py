@@ -1,0 +1,479 @@
+"""``TorchJobClient``: the Python SDK for TorchJobs on a cluster.
+
+Built on the official ``kubernetes`` client (``CustomObjectsApi`` for the
+TorchJob resource, ``CoreV1Api`` for its pods and their logs). The CLI's
+``submit``/``get``/``logs``/``delete`` are thin wrappers of these methods.
+Every Kubernetes exception is wrapped in an error of
+:mod:`torchjob.client.errors`, so callers handle one family of errors.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import os
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchjob import contract
+from torchjob.client.errors import (
+    KubeconfigError,
+    TorchJobAlreadyExists,
+    TorchJobClientError,
+    TorchJobNotFound,
+    WaitTimeout,
+)
+from torchjob.client.manifest import API_VERSION, KIND, Manifest, check_manifest, load_manifest
+
+GROUP = contract.GROUP
+VERSION = "v1alpha1"
+PLURAL = "torchjobs"
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+"""Phases after which a TorchJob never changes again."""
+_TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
+_SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+_TS_LINE = re.compile(r"^(\S+) (.*)$")
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line of a worker pod's log."""
+
+    pod_index: int
+    pod: str
+    text: str
+
+
+@dataclass(frozen=True)
+class JobTable:
+    """``kubectl get tj``'s view of TorchJobs: the CRD's printer columns as the server renders them."""
+
+    columns: list[str]
+    rows: list[list[str]]
+
+
+def _wrap(e: Exception, what: str) -> TorchJobClientError:
+    status = getattr(e, "status", None)
+    reason = getattr(e, "reason", None) or type(e).__name__
+    body = getattr(e, "body", None)
+    detail = reason
+    if isinstance(body, str | bytes) and body:
+        import json
+
+        try:
+            detail = json.loads(body).get("message", reason)
+        except (ValueError, AttributeError):
+            detail = reason
+    if status == 404:
+        return TorchJobNotFound(f"{what}: not found ({detail})")
+    if status == 409:
+        return TorchJobAlreadyExists(f"{what}: already exists ({detail})")
+    return TorchJobClientError(f"{what}: {detail}" + (f" (HTTP {status})" if status else ""))
+
+
+def _job_dict(job: Any) -> dict[str, Any]:
+    """Accept a dict, a :class:`Manifest`, a pydantic ``TorchJob`` or a path to a YAML file."""
+    if isinstance(job, Manifest):
+        return dict(job.raw)
+    if isinstance(job, str | Path):
+        return dict(load_manifest(job).raw)
+    dump = getattr(job, "model_dump", None)
+    if callable(dump):
+        dumped: dict[str, Any] = dump(mode="json", by_alias=True, exclude_none=True)
+        return dumped
+    if isinstance(job, Mapping):
+        return dict(check_manifest(job).raw)
+    raise TypeError(f"expected a TorchJob dict, model, Manifest or path, got {type(job).__name__}")
+
+
+class TorchJobClient:
+    """Create, inspect, scale, follow and delete TorchJobs.
+
+    Credentials come from ``kubeconfig`` (default: ``$KUBECONFIG`` or
+    ``~/.kube/config``) and ``context``; inside a pod, from its service
+    account. ``namespace`` defaults to the context's namespace, else
+    ``default``. A :class:`KubeconfigError` says what was looked for when
+    nothing is found.
+    """
+
+    def __init__(
+        self,
+        kubeconfig: str | os.PathLike[str] | None = None,
+        context: str | None = None,
+        namespace: str | None = None,
+    ) -> None:
+        from kubernetes import client as k8s
+
+        configuration = k8s.Configuration()
+        ctx_namespace = self._load_config(configuration, kubeconfig, context)
+        self.namespace: str = namespace or ctx_namespace or "default"
+        # Typed as Any: the generated client's signatures differ across its
+        # supported major versions, and we only use their stable surface.
+        self.api_client: Any = k8s.ApiClient(configuration)
+        self.custom: Any = k8s.CustomObjectsApi(self.api_client)
+        self.core: Any = k8s.CoreV1Api(self.api_client)
+
+    @staticmethod
+    def _load_config(configuration: Any, kubeconfig: Any, context: str | None) -> str | None:
+        from kubernetes import config as _kcfg
+        from kubernetes.config.config_exception import ConfigException
+
+        kcfg: Any = _kcfg  # untyped module
+
+        explicit = kubeconfig is not None
+        path = str(kubeconfig) if explicit else None
+        if path is None:
+            env = os.environ.get("KUBECONFIG", "")
+            candidates = [p for p in env.split(os.pathsep) if p] or [
+                str(Path.home() / ".kube" / "config")
+            ]
+            existing = [p for p in candidates if Path(p).is_file()]
+            path = existing[0] if existing else None
+        if path is not None:
+            if not Path(path).is_file():
+                raise KubeconfigError(f"kubeconfig {path}: no such file")
+            try:
+                kcfg.load_kube_config(
+                    config_file=path, context=context, client_configuration=configuration
+                )
+                contexts, active = kcfg.list_kube_config_contexts(config_file=path)
+            except ConfigException as e:
+                raise KubeconfigError(f"kubeconfig {path}: {e}") from e
+            chosen = active
+            if context is not None:
+                chosen = next((c for c in contexts if c.get("name") == context), active)
+            ns = (chosen or {}).get("context", {}).get("namespace")
+            return str(ns) if ns else None
+        try:
+            kcfg.load_incluster_config(client_configuration=configuration)
+        except ConfigException as e:
+            raise KubeconfigError(
+                "no Kubernetes credentials found: no kubeconfig at $KUBECONFIG or "
+                "~/.kube/config, and not running in a pod with a service account. "
+                "Pass --kubeconfig (or kubeconfig=...), or set KUBECONFIG."
+            ) from e
+        with contextlib.suppress(OSError):
+            return _SA_NAMESPACE.read_text().strip() or None
+        return None
+
+    # --- TorchJob objects --------------------------------------------------------
+    def _ns(self, namespace: str | None) -> str:
+        return namespace or self.namespace
+
+    def create(self, job: Any, *, namespace: str | None = None) -> dict[str, Any]:
+        """Create a TorchJob from a dict, a ``torchjob.api.TorchJob``, a Manifest or a YAML path."""
+        body = _job_dict(job)
+        body.setdefault("apiVersion", API_VERSION)
+        body.setdefault("kind", KIND)
+        meta = body.setdefault("metadata", {})
+        ns = namespace or meta.get("namespace") or self.namespace
+        meta["namespace"] = ns
+        name = meta.get("name", "?")
+        try:
+            created: dict[str, Any] = self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, ns, PLURAL, body
+            )
+        except Exception as e:
+            raise _wrap(e, f"TorchJob {ns}/{name} create") from e
+        return created
+
+    def get(self, name: str, *, namespace: str | None = None) -> dict[str, Any]:
+        """The TorchJob ``name`` as the API server has it (spec and status)."""
+        ns = self._ns(namespace)
+        try:
+            obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, ns, PLURAL, name
+            )
+        except Exception as e:
+            raise _wrap(e, f"TorchJob {ns}/{name}") from e
+        return obj
+
+    def list(
+        self, *, namespace: str | None = None, label_selector: str | None = None
+    ) -> builtins.list[dict[str, Any]]:
+        """TorchJobs of a namespace, optionally filtered by labels."""
+        ns = self._ns(namespace)
+        try:
+            kwargs: dict[str, Any] = {}
+            if label_selector:
+                kwargs["label_selector"] = label_selector
+            result = self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, **kwargs)
+        except Exception as e:
+            raise _wrap(e, f"TorchJobs in {ns}") from e
+        items: builtins.list[dict[str, Any]] = result.get("items", [])
+        return items
+
+    def delete(
+        self, name: str, *, namespace: str | None = None, propagation: str = "Foreground"
+    ) -> None:
+        """Delete the TorchJob; its pods go with it (owner references)."""
+        ns = self._ns(namespace)
+        try:
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, ns, PLURAL, name, propagation_policy=propagation
+            )
+        except Exception as e:
+            raise _wrap(e, f"TorchJob {ns}/{name} delete") from e
+
+    def scale(self, name: str, replicas: int, *, namespace: str | None = None) -> dict[str, Any]:
+        """Set ``spec.replicas`` through the scale subresource (what ``kubectl scale`` does)."""
+        if replicas < 0:
+            raise ValueError(f"replicas must be >= 0, got {replicas}")
+        ns = self._ns(namespace)
+        try:
+            scaled: dict[str, Any] = self.custom.patch_namespaced_custom_object_scale(
+                GROUP, VERSION, ns, PLURAL, name, {"spec": {"replicas": replicas}}
+            )
+        except Exception as e:
+            raise _wrap(e, f"TorchJob {ns}/{name} scale") from e
+        return scaled
+
+    def table(self, name: str | None = None, *, namespace: str | None = None) -> JobTable:
+        """Rows as ``kubectl get tj`` shows them: the server renders the CRD's printer columns."""
+        ns = self._ns(namespace)
+        headers = {"Accept": _TABLE_ACCEPT}
+        try:
+            if name is None:
+                data = self.custom.list_namespaced_custom_object(
+                    GROUP, VERSION, ns, PLURAL, _headers=headers
+                )
+            else:
+                data = self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, ns, PLURAL, name, _headers=headers
+                )
+        except TypeError:  # an older kubernetes client without _headers
+            objs = [self.get(name, namespace=ns)] if name else self.list(namespace=ns)
+            return fallback_table(objs)
+        except Exception as e:
+            raise _wrap(e, f"TorchJob {ns}/{name}" if name else f"TorchJobs in {ns}") from e
+        if not isinstance(data, Mapping) or data.get("kind") != "Table":
+            objs = [data] if name else list(data.get("items", []))
+            return fallback_table(objs)
+        return server_table(data)
+
+    # --- waiting -----------------------------------------------------------------
+    def wait_for_phase(
+        self,
+        name: str,
+        phases: str | Iterable[str],
+        *,
+        namespace: str | None = None,
+        timeout_s: float = 300.0,
+        poll_interval_s: float = 1.0,
+    ) -> dict[str, Any]:
+        """Block until ``status.phase`` is one of ``phases``; return the TorchJob.
+
+        Raises :class:`TorchJobClientError` when the job reaches a terminal
+        phase that is not wanted (it can never get there), and
+        :class:`WaitTimeout`, with the last status seen, after ``timeout_s``.
+        """
+        wanted = {phases} if isinstance(phases, str) else set(phases)
+        ns = self._ns(namespace)
+        deadline = time.monotonic() + timeout_s
+        last: dict[str, Any] = {}
+        from kubernetes import watch as _watch
+
+        watch: Any = _watch  # untyped module
+        while True:
+            obj = self.get(name, namespace=ns)
+            last = obj
+            phase = (obj.get("status") or {}).get("phase")
+            if phase in wanted:
+                return obj
+            if phase in TERMINAL_PHASES:
+                raise TorchJobClientError(
+                    f"TorchJob {ns}/{name} reached phase {phase}, not {sorted(wanted)}: "
+                    f"{_status_summary(obj)}"
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WaitTimeout(
+                    f"TorchJob {ns}/{name} not in {sorted(wanted)} after {timeout_s:.0f}s: "
+                    f"{_status_summary(last)}"
+                )
+            # Block on a watch of this one object rather than sleeping; re-read on any event.
+            w: Any = watch.Watch()
+            try:
+                for _event in w.stream(
+                    self.custom.list_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    ns,
+                    PLURAL,
+                    field_selector=f"metadata.name={name}",
+                    resource_version=obj.get("metadata", {}).get("resourceVersion"),
+                    timeout_seconds=max(1, int(min(remaining, 30))),
+                ):
+                    break
+            except Exception:
+                # A watch that cannot be opened (expired resourceVersion, proxy) degrades to polling.
+                time.sleep(min(poll_interval_s, max(0.0, deadline - time.monotonic())))
+            finally:
+                w.stop()
+
+    # --- pods and logs -----------------------------------------------------------
+    def pods(self, name: str, *, namespace: str | None = None) -> builtins.list[Any]:
+        """The job's worker pods (``V1Pod``), ordered by pod index then creation time."""
+        ns = self._ns(namespace)
+        try:
+            result = self.core.list_namespaced_pod(
+                ns, label_selector=f"{contract.LABEL_JOB_NAME}={name}"
+            )
+        except Exception as e:
+            raise _wrap(e, f"pods of TorchJob {ns}/{name}") from e
+        return sorted(
+            result.items, key=lambda p: (_pod_index(p), str(p.metadata.creation_timestamp))
+        )
+
+    def logs(
+        self,
+        name: str,
+        *,
+        namespace: str | None = None,
+        follow: bool = False,
+        container: str | None = None,
+        poll_interval_s: float = 1.0,
+        stop: Callable[[], bool] | None = None,
+    ) -> Iterator[LogLine]:
+        """Lines of all the job's worker pods, interleaved.
+
+        Without ``follow``: every pod's log so far, merged in timestamp order.
+        With ``follow``: streams each pod as it starts, including pods created
+        later (a restarted generation), until the job reaches a terminal phase
+        and every stream has ended, or ``stop()`` returns true.
+        """
+        ns = self._ns(namespace)
+        if not follow:
+            yield from self._logs_snapshot(name, ns, container)
+            return
+        lines: queue.Queue[LogLine] = queue.Queue()
+        streams: dict[str, threading.Thread] = {}
+        while True:
+            for pod in self.pods(name, namespace=ns):
+                uid = pod.metadata.uid
+                if uid in streams or not _has_started(pod):
+                    continue
+                t = threading.Thread(
+                    target=self._stream_pod, args=(pod, ns, container, lines), daemon=True
+                )
+                streams[uid] = t
+                t.start()
+            deadline = time.monotonic() + poll_interval_s
+            while True:
+                try:
+                    yield lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+            if stop is not None and stop():
+                return
+            if all(not t.is_alive() for t in streams.values()) and lines.empty():
+                phase = (self.get(name, namespace=ns).get("status") or {}).get("phase")
+                if phase in TERMINAL_PHASES:
+                    return
+
+    def _logs_snapshot(self, name: str, ns: str, container: str | None) -> Iterator[LogLine]:
+        stamped: builtins.list[tuple[str, int, LogLine]] = []
+        for pod in self.pods(name, namespace=ns):
+            if not _has_started(pod):
+                continue
+            try:
+                text = self.core.read_namespaced_pod_log(
+                    pod.metadata.name, ns, container=container, timestamps=True
+                )
+            except Exception as e:
+                raise _wrap(e, f"logs of pod {ns}/{pod.metadata.name}") from e
+            for seq, raw in enumerate(str(text).splitlines()):
+                m = _TS_LINE.match(raw)
+                ts, body = (m.group(1), m.group(2)) if m else ("", raw)
+                stamped.append((ts, seq, LogLine(_pod_index(pod), pod.metadata.name, body)))
+        stamped.sort(key=lambda x: (x[0], x[2].pod_index, x[1]))
+        for _, _, line in stamped:
+            yield line
+
+    def _stream_pod(
+        self, pod: Any, ns: str, container: str | None, out: queue.Queue[LogLine]
+    ) -> None:
+        index = _pod_index(pod)
+        pname = pod.metadata.name
+        try:
+            resp = self.core.read_namespaced_pod_log(
+                pname, ns, container=container, follow=True, _preload_content=False
+            )
+        except Exception as e:
+            out.put(LogLine(index, pname, f"[torchjob] cannot read logs: {_wrap(e, pname)}"))
+            return
+        pending = b""
+        try:
+            for chunk in resp.stream(4096):
+                pending += chunk
+                *complete, pending = pending.split(b"\n")
+                for raw in complete:
+                    out.put(LogLine(index, pname, raw.decode("utf-8", errors="replace")))
+        except Exception as e:  # connection dropped: report, the pod's later lines are lost
+            out.put(LogLine(index, pname, f"[torchjob] log stream ended: {e}"))
+        finally:
+            if pending:
+                out.put(LogLine(index, pname, pending.decode("utf-8", errors="replace")))
+            with contextlib.suppress(Exception):
+                resp.release_conn()
+
+
+def _pod_index(pod: Any) -> int:
+    labels = (pod.metadata.labels or {}) if pod.metadata else {}
+    try:
+        return int(labels.get(contract.LABEL_POD_INDEX, -1))
+    except ValueError:
+        return -1
+
+
+def _has_started(pod: Any) -> bool:
+    """Logs can be read once a container has run: not while the pod is Pending."""
+    phase = pod.status.phase if pod.status else None
+    return phase in ("Running", "Succeeded", "Failed")
+
+
+def _status_summary(obj: Mapping[str, Any]) -> str:
+    status = obj.get("status") or {}
+    parts = [f"phase={status.get('phase')!r}"]
+    for cond in status.get("conditions") or []:
+        if cond.get("status") == "True":
+            parts.append(
+                f"{cond.get('type')}: {cond.get('reason')} {cond.get('message', '')}".strip()
+            )
+    return "; ".join(parts)
+
+
+def server_table(data: Mapping[str, Any]) -> JobTable:
+    """Convert a ``meta.k8s.io/v1 Table`` into rows, keeping the default (priority 0) columns."""
+    defs = data.get("columnDefinitions") or []
+    keep = [i for i, d in enumerate(defs) if int(d.get("priority", 0)) == 0]
+    columns = [str(defs[i]["name"]).upper() for i in keep]
+    rows = []
+    for row in data.get("rows") or []:
+        cells = row.get("cells") or []
+        rows.append(["" if cells[i] is None else str(cells[i]) for i in keep if i < len(cells)])
+    return JobTable(columns, rows)
+
+
+def fallback_table(objs: Iterable[Mapping[str, Any]]) -> JobTable:
+    """Columns computed client-side, for servers or clients that cannot render a Table."""
+    rows = []
+    for obj in objs:
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        meta = obj.get("metadata") or {}
+        rows.append(
+            [
+                str(meta.get("name", "")),
+                str(status.get("phase", "")),
+                str(spec.get("replicas", "")),
+                str(meta.get("creationTimestamp", "")),
+            ]
+        )
+    return JobTable(["NAME", "PHASE", "REPLICAS", "CREATED"], rows)
