@@ -1,0 +1,108 @@
+"""Fixtures for tests against the local control plane (see tests/kube.py, hack/cluster.sh).
+
+- ``cluster`` (session): starts the kwokctl cluster, or reuses one that is already running
+  (e.g. from `make cluster`); tears it down at the end only if this session started it
+  (set TORCHJOB_KEEP_CLUSTER=1 to keep it anyway).
+- ``kube`` (session): a kubernetes.client.ApiClient for it; ``core_v1`` a CoreV1Api.
+- ``namespace``: a fresh namespace per test, deleted afterwards.
+
+Without the binaries (`make testbin` not run) the tests are skipped, except under CI=true
+where that is an error: CI must never go green by skipping the cluster tests.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from tests import kube as helpers
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("true", "1", "yes")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.cluster)
+
+
+def _unavailable(reason: str) -> None:
+    msg = f"local control plane unavailable: {reason}. Run `make testbin` (then `make cluster` to keep one running)."
+    if _in_ci():
+        pytest.fail(f"CI=true and {msg}", pytrace=False)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[helpers.Cluster]:
+    missing = helpers.missing_binaries()
+    if missing:
+        why = helpers.go_toolchain_problem()
+        shown = ", ".join(str(p) for p in missing[:3])
+        _unavailable(
+            f"binaries not built ({shown}{' ...' if len(missing) > 3 else ''})"
+            + (f"; {why}" if why else "")
+        )
+    kubeconfig = helpers.default_kubeconfig()
+    started_here = not helpers.cluster_is_healthy(kubeconfig)
+    try:
+        kubeconfig = helpers.cluster_up()
+    except Exception as exc:
+        if _in_ci():
+            pytest.fail(f"CI=true and the local cluster failed to start: {exc}", pytrace=False)
+        raise
+    c = helpers.Cluster(kubeconfig=kubeconfig, started_here=started_here)
+    try:
+        yield c
+    finally:
+        if started_here and os.environ.get("TORCHJOB_KEEP_CLUSTER", "") not in ("1", "true"):
+            helpers.cluster_down()
+
+
+@pytest.fixture(scope="session")
+def kube_client(cluster: helpers.Cluster) -> Iterator[Any]:
+    client = cluster.api_client()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def kube(kube_client: Any) -> Any:
+    """kubernetes.client.ApiClient configured for the test cluster."""
+    return kube_client
+
+
+@pytest.fixture(scope="session")
+def core_v1(kube_client: Any) -> Any:
+    from kubernetes import client
+
+    return client.CoreV1Api(kube_client)
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, core_v1: Any) -> Iterator[str]:
+    """A fresh namespace (with its default ServiceAccount ready); deleted after the test."""
+    base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"t-{base}-{uuid.uuid4().hex[:6]}"
+    core_v1.create_namespace({"metadata": {"name": name, "labels": {"torchjob.io/test": "true"}}})
+
+    def default_sa() -> bool:
+        return any(
+            sa.metadata.name == "default"
+            for sa in core_v1.list_namespaced_service_account(name).items
+        )
+
+    helpers.wait_for(default_sa, 30, f"ServiceAccount {name}/default (kube-controller-manager)")
+    try:
+        yield name
+    finally:
+        core_v1.delete_namespace(name, propagation_policy="Background")

@@ -1,0 +1,460 @@
+"""Helpers for tests that run against the local control plane (hack/cluster.sh).
+
+The cluster is real where it matters (etcd, kube-apiserver, kube-scheduler,
+kube-controller-manager) and fake where it must be (kwok plays the kubelets), so tests
+steer the fake parts through the kwok Stages in hack/kwok/stages.yaml:
+
+- ``make_pod_exit(core, ns, pod, code)``: the pod's containers exit with ``code``
+  (annotation ``kwok.torchjob.io/exit-code``; 0 -> Succeeded, otherwise Failed).
+- ``make_node_not_ready(core, node)`` / ``restore_node_ready(core, node)``: the node reports
+  Ready=False (label ``kwok.torchjob.io/not-ready=true``), and the real controller-manager
+  taints it and evicts pods.
+
+Never sleep in a test: ``wait_for`` polls with a monotonic deadline and fails with a
+describe-like dump of the namespace, which is what one wants to read when it fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+HACK_DIR = REPO_ROOT / "hack"
+VERSIONS_FILE = HACK_DIR / "versions.env"
+CLUSTER_SH = HACK_DIR / "cluster.sh"
+
+# Keys that drive the kwok Stages (hack/kwok/stages.yaml).
+EXIT_CODE_ANNOTATION = "kwok.torchjob.io/exit-code"
+EXIT_AFTER_ANNOTATION = "kwok.torchjob.io/exit-after"
+NOT_READY_LABEL = "kwok.torchjob.io/not-ready"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_NODE_LABEL = "nvidia.com/gpu.present"
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+
+
+# --------------------------------------------------------------------------- versions, paths
+
+
+def read_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
+    """KEY=value lines of hack/versions.env (comments and blank lines skipped)."""
+    versions: dict[str, str] = {}
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        versions[key.strip()] = value.strip().strip("'\"")
+    return versions
+
+
+def testbin_root() -> Path:
+    default = Path.home() / ".cache" / "torchjob" / "testbin"
+    return Path(os.environ.get("TORCHJOB_TESTBIN_ROOT") or default)
+
+
+def testbin_dir(component: str) -> Path:
+    """Directory of one built component: kubernetes, etcd, kwok or helm."""
+    v = read_versions()
+    version = {
+        "kubernetes": v["KUBE_VERSION"],
+        "etcd": v["ETCD_VERSION"],
+        "kwok": v["KWOK_VERSION"],
+        "helm": v["HELM_VERSION"],
+    }[component]
+    return testbin_root() / f"{component}-{version}"
+
+
+def kubectl_path() -> Path:
+    return testbin_dir("kubernetes") / "kubectl"
+
+
+def helm_path() -> Path:
+    return testbin_dir("helm") / "helm"
+
+
+CLUSTER_BINARIES = {
+    "kubernetes": ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"),
+    "etcd": ("etcd",),
+    "kwok": ("kwok", "kwokctl"),
+}
+
+
+def missing_binaries() -> list[Path]:
+    """Control-plane binaries that `make testbin` has not built (yet)."""
+    missing = []
+    for component, names in CLUSTER_BINARIES.items():
+        d = testbin_dir(component)
+        for name in names:
+            p = d / name
+            if not (p.is_file() and os.access(p, os.X_OK)):
+                missing.append(p)
+    return missing
+
+
+def go_toolchain_problem() -> str | None:
+    """Why `make testbin` cannot build here, or None when a usable Go is on PATH."""
+    go = shutil.which("go") or (
+        "/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None
+    )
+    if go is None:
+        return "Go is not installed (needs Go >= {}, https://go.dev/dl/)".format(
+            read_versions().get("GO_MIN_VERSION", "?")
+        )
+    return None
+
+
+# --------------------------------------------------------------------------- kubectl
+
+
+@functools.lru_cache(maxsize=1)
+def default_kubeconfig() -> Path:
+    """The kubeconfig of the hack/cluster.sh cluster (the same path the script prints)."""
+    out = subprocess.run(
+        ["bash", str(CLUSTER_SH), "kubeconfig"], check=True, capture_output=True, text=True
+    )
+    return Path(out.stdout.strip())
+
+
+def kubectl(
+    *args: str,
+    input: str | None = None,
+    check: bool = True,
+    kubeconfig: Path | str | None = None,
+    timeout: float = 60.0,
+) -> subprocess.CompletedProcess[str]:
+    """Run the built kubectl against the test cluster; stdout/stderr captured as text.
+
+    With ``check`` a non-zero exit raises AssertionError carrying kubectl's stderr.
+    """
+    cmd = [
+        str(kubectl_path()),
+        "--kubeconfig",
+        str(kubeconfig or default_kubeconfig()),
+        *args,
+    ]
+    proc = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}{proc.stdout}"
+        )
+    return proc
+
+
+# --------------------------------------------------------------------------- waiting
+
+
+class WaitTimeout(AssertionError):
+    """wait_for ran out of time; the message says what was awaited and what the world was."""
+
+
+def wait_for(
+    condition: Callable[[], T | bool | None],
+    timeout: float = 30.0,
+    message: str | Callable[[], str] = "condition",
+    *,
+    interval: float = 0.1,
+    core: Any | None = None,
+    namespace: str | None = None,
+    ignore: tuple[type[BaseException], ...] = (),
+) -> T:
+    """Poll ``condition`` until it returns something truthy, and return that.
+
+    ``message`` (or its result, computed only on failure) says what was awaited. Given
+    ``core`` (a CoreV1Api) and ``namespace``, the failure also shows the namespace's pods
+    (phase, node, conditions, container states) and recent events. Exceptions in ``ignore``
+    count as "not yet" (the last one is reported); any other exception propagates.
+    """
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    last_value: Any = None
+    while True:
+        try:
+            last_value = condition()
+            if last_value:
+                return last_value  # type: ignore[return-value]
+        except ignore as exc:
+            last_exc = exc
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    what = message() if callable(message) else message
+    parts = [f"timed out after {timeout:g}s waiting for: {what}", f"last value: {last_value!r}"]
+    if last_exc is not None:
+        parts.append(f"last ignored error: {last_exc!r}")
+    if core is not None and namespace is not None:
+        parts.append(describe_namespace(core, namespace))
+    raise WaitTimeout("\n".join(parts))
+
+
+def describe_namespace(core: Any, namespace: str, max_events: int = 40) -> str:
+    """A compact `kubectl describe`-like view of the pods and events in a namespace."""
+    lines = [f"--- namespace {namespace}: pods"]
+    try:
+        pods = core.list_namespaced_pod(namespace).items
+    except Exception as exc:
+        return f"(could not list pods in {namespace}: {exc!r})"
+    for pod in pods:
+        st = pod.status
+        deleting = " (terminating)" if pod.metadata.deletion_timestamp else ""
+        lines.append(
+            f"  {pod.metadata.name}: phase={st.phase}{deleting} node={pod.spec.node_name}"
+            f" priority={pod.spec.priority} nominated={st.nominated_node_name}"
+        )
+        for c in st.conditions or []:
+            extra = " ".join(x for x in (c.reason, c.message) if x)
+            lines.append(f"    condition {c.type}={c.status} {extra}".rstrip())
+        for cs in st.container_statuses or []:
+            state = cs.state
+            if state.terminated:
+                s = f"terminated exitCode={state.terminated.exit_code} reason={state.terminated.reason}"
+            elif state.waiting:
+                s = f"waiting reason={state.waiting.reason}"
+            else:
+                s = "running"
+            lines.append(f"    container {cs.name}: {s} ready={cs.ready}")
+    lines.append(f"--- namespace {namespace}: events (latest {max_events})")
+    try:
+        events = core.list_namespaced_event(namespace).items
+    except Exception as exc:
+        lines.append(f"  (could not list events: {exc!r})")
+        return "\n".join(lines)
+
+    def when(e: Any) -> float:
+        t = e.last_timestamp or e.event_time or e.metadata.creation_timestamp
+        return t.timestamp() if t else 0.0
+
+    for e in sorted(events, key=when)[-max_events:]:
+        obj = e.involved_object
+        lines.append(f"  {e.type} {e.reason} {obj.kind}/{obj.name}: {e.message}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- kwok hooks
+
+
+def make_pod_exit(core: Any, namespace: str, pod: str, code: int, after: str | None = None) -> None:
+    """Make the running pod's containers exit with ``code`` (0: Succeeded, else Failed).
+
+    ``after`` is a Go duration ("5s") the pod keeps running first. The pod must not yet be
+    terminating; a Pending pod exits once it runs.
+    """
+    annotations: dict[str, str | None] = {EXIT_CODE_ANNOTATION: str(int(code))}
+    annotations[EXIT_AFTER_ANNOTATION] = after
+    core.patch_namespaced_pod(pod, namespace, {"metadata": {"annotations": annotations}})
+
+
+def make_node_not_ready(core: Any, node: str) -> None:
+    """The node reports Ready=False (as a kubelet whose runtime broke would)."""
+    core.patch_node(node, {"metadata": {"labels": {NOT_READY_LABEL: "true"}}})
+
+
+def restore_node_ready(core: Any, node: str, untaint: bool = False) -> None:
+    """Undo make_node_not_ready. kwok reports Ready=True again and the node lifecycle
+    controller removes its not-ready taint within a node-monitor period; ``untaint`` drops
+    the taint right away instead (which the controller may re-add once if it is quick)."""
+    core.patch_node(node, {"metadata": {"labels": {NOT_READY_LABEL: None}}})
+    if untaint:
+        n = core.read_node(node)
+        taints = [t for t in (n.spec.taints or []) if t.key != NOT_READY_TAINT]
+        if len(taints) != len(n.spec.taints or []):
+            core.patch_node(node, {"spec": {"taints": [_taint_dict(t) for t in taints] or None}})
+
+
+def _taint_dict(t: Any) -> dict[str, Any]:
+    d = {"key": t.key, "effect": t.effect}
+    if t.value:
+        d["value"] = t.value
+    return d
+
+
+def node_ready_status(core: Any, node: str) -> str | None:
+    """The node's Ready condition status ("True", "False", "Unknown"), None if absent."""
+    for c in core.read_node(node).status.conditions or []:
+        if c.type == "Ready":
+            return str(c.status)
+    return None
+
+
+# --------------------------------------------------------------------------- pods
+
+
+def pod_manifest(
+    name: str,
+    *,
+    gpus: int = 0,
+    cpu: str = "100m",
+    memory: str = "64Mi",
+    priority_class: str | None = None,
+    node_selector: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    grace_seconds: int = 0,
+    tolerations: Sequence[Mapping[str, Any]] | None = None,
+    image: str = "registry.k8s.io/pause:3.10",
+) -> dict[str, Any]:
+    """A one-container Pod (restartPolicy Never) for control-plane tests.
+
+    ``grace_seconds`` defaults to 0 because kwok honors the grace period on deletion.
+    """
+    limits: dict[str, str] = {"cpu": cpu, "memory": memory}
+    if gpus:
+        limits[GPU_RESOURCE] = str(gpus)
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": grace_seconds,
+        "containers": [
+            {"name": "main", "image": image, "resources": {"limits": limits, "requests": limits}}
+        ],
+    }
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        spec["tolerations"] = [dict(t) for t in tolerations]
+    meta: dict[str, Any] = {"name": name}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    if labels:
+        meta["labels"] = dict(labels)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def pod_condition(pod: Any, type_: str) -> Any | None:
+    """The pod's condition of type ``type_`` (a V1PodCondition), or None."""
+    for c in pod.status.conditions or []:
+        if c.type == type_:
+            return c
+    return None
+
+
+def wait_for_pod(
+    core: Any,
+    namespace: str,
+    name: str,
+    predicate: Callable[[Any], bool],
+    timeout: float = 30.0,
+    what: str = "",
+) -> Any:
+    """Wait until ``predicate(pod)`` holds for the pod; returns the pod (V1Pod)."""
+    from kubernetes.client.exceptions import ApiException
+
+    def check() -> Any:
+        try:
+            pod = core.read_namespaced_pod(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return pod if predicate(pod) else None
+
+    return wait_for(
+        check,
+        timeout,
+        f"pod {namespace}/{name}: {what or predicate!r}",
+        core=core,
+        namespace=namespace,
+    )
+
+
+def wait_for_pod_phase(
+    core: Any, namespace: str, name: str, phase: str, timeout: float = 30.0
+) -> Any:
+    return wait_for_pod(
+        core, namespace, name, lambda p: p.status.phase == phase, timeout, f"phase {phase}"
+    )
+
+
+def wait_for_pod_gone(core: Any, namespace: str, name: str, timeout: float = 30.0) -> bool:
+    from kubernetes.client.exceptions import ApiException
+
+    def gone() -> bool:
+        try:
+            core.read_namespaced_pod(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return True
+            raise
+        return False
+
+    return wait_for(
+        gone, timeout, f"pod {namespace}/{name} to be deleted", core=core, namespace=namespace
+    )
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+@dataclass
+class Cluster:
+    """A running hack/cluster.sh cluster, as the ``cluster`` fixture yields it."""
+
+    kubeconfig: Path
+    started_here: bool = False
+    name: str = "torchjob"
+    versions: dict[str, str] = field(default_factory=read_versions)
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
+        return kubectl(*args, input=input, check=check, kubeconfig=self.kubeconfig, timeout=timeout)
+
+    def api_client(self) -> Any:
+        """A fresh kubernetes.client.ApiClient for this cluster."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def env(self) -> dict[str, str]:
+        """os.environ plus KUBECONFIG, for subprocesses (an operator under test, kopf...)."""
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+
+    def gpu_nodes(self, core: Any) -> list[str]:
+        nodes = core.list_node(label_selector=f"{GPU_NODE_LABEL}=true").items
+        return sorted(n.metadata.name for n in nodes)
+
+    def cpu_nodes(self, core: Any) -> list[str]:
+        nodes = core.list_node(label_selector=f"!{GPU_NODE_LABEL}").items
+        return sorted(n.metadata.name for n in nodes)
+
+
+def cluster_is_healthy(kubeconfig: Path) -> bool:
+    if not kubeconfig.exists() or not kubectl_path().exists():
+        return False
+    proc = kubectl(
+        "get",
+        "--raw",
+        "/readyz",
+        "--request-timeout=3s",
+        check=False,
+        kubeconfig=kubeconfig,
+        timeout=10,
+    )
+    return proc.returncode == 0
+
+
+def cluster_up(timeout: float = 300.0) -> Path:
+    """hack/cluster.sh up; returns the kubeconfig path."""
+    proc = subprocess.run(
+        ["bash", str(CLUSTER_SH), "up"], capture_output=True, text=True, timeout=timeout
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"hack/cluster.sh up failed ({proc.returncode}):\n{proc.stderr}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def cluster_down(timeout: float = 120.0) -> None:
+    subprocess.run(
+        ["bash", str(CLUSTER_SH), "down"], capture_output=True, text=True, timeout=timeout
+    )
