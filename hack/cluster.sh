@@ -165,6 +165,7 @@ cmd_up() {
       --kube-authorization=true \
       --kube-admission=true \
       --disable-qps-limits \
+      --heartbeat-factor 1 \
       --config "${HACK_DIR}/kwok/stages.yaml" \
       --timeout 5m \
       --wait 2m >&2 || die "kwokctl create cluster failed; logs: ${CLUSTER_DIR}/logs"
