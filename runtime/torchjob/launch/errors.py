@@ -1,0 +1,115 @@
+"""Typed errors raised by the worker group.
+
+They cross the process boundary as plain data (rank, type name, message,
+traceback text) rather than as pickled exception objects, because a user's
+exception class may not be importable in the driver. ``str(err)`` always leads
+with the root cause and its rank, so the first line a user sees is the one that
+matters (Ray issue #23405 is the counter-example).
+"""
+
+from __future__ import annotations
+
+import signal
+
+
+class LaunchError(RuntimeError):
+    """Base class of every error the launcher raises."""
+
+
+class WorkerGroupStartError(LaunchError):
+    """The group could not be formed (a worker failed to start or to join the process group)."""
+
+
+class WorkerGroupError(LaunchError):
+    """A function run by :meth:`WorkerGroup.execute` raised on some rank.
+
+    ``rank`` is the root-cause rank: the first rank whose failure was not a
+    consequence of another rank's failure (a peer's broken connection).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        exc_type: str,
+        message: str,
+        traceback_text: str = "",
+        *,
+        other_failures: dict[int, str] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.exc_type = exc_type
+        self.message = message
+        self.traceback_text = traceback_text
+        self.other_failures = dict(other_failures or {})
+        super().__init__(self._summary())
+
+    def _summary(self) -> str:
+        text = f"rank {self.rank} raised {self.exc_type}: {self.message}"
+        if self.other_failures:
+            others = ", ".join(str(r) for r in sorted(self.other_failures))
+            text += f" (rank(s) {others} also failed)"
+        return text
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (
+            _rebuild_group_error,
+            (self.rank, self.exc_type, self.message, self.traceback_text, self.other_failures),
+        )
+
+
+def _rebuild_group_error(
+    rank: int, exc_type: str, message: str, tb: str, others: dict[int, str]
+) -> WorkerGroupError:
+    return WorkerGroupError(rank, exc_type, message, tb, other_failures=others)
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """``-9`` -> ``"killed by SIGKILL"``; ``3`` -> ``"exit code 3"``."""
+    if exitcode is None:
+        return "unknown exit status"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+class WorkerDiedError(LaunchError):
+    """A worker process exited while it had work to do."""
+
+    def __init__(self, rank: int, exitcode: int | None) -> None:
+        self.rank = rank
+        self.exitcode = exitcode
+        super().__init__(f"rank {rank} worker process died: {describe_exit(exitcode)}")
+
+    @property
+    def signal(self) -> int | None:
+        """Number of the signal that killed the worker, if one did."""
+        if self.exitcode is not None and self.exitcode < 0:
+            return -self.exitcode
+        return None
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (WorkerDiedError, (self.rank, self.exitcode))
+
+
+class CollectiveTimeoutError(LaunchError):
+    """A collective timed out; ``rank`` is the (first) rank that never joined it."""
+
+    def __init__(self, rank: int, *, hung_ranks: list[int] | None = None, detail: str = "") -> None:
+        self.rank = rank
+        self.hung_ranks = list(hung_ranks or [rank])
+        self.detail = detail
+        ranks = ", ".join(str(r) for r in self.hung_ranks)
+        text = f"rank {rank} hung: a collective timed out waiting for rank(s) {ranks}"
+        if detail:
+            text += f" ({detail})"
+        super().__init__(text)
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_rebuild_timeout, (self.rank, self.hung_ranks, self.detail))
+
+
+def _rebuild_timeout(rank: int, hung: list[int], detail: str) -> CollectiveTimeoutError:
+    return CollectiveTimeoutError(rank, hung_ranks=hung, detail=detail)

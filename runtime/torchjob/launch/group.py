@@ -1,0 +1,456 @@
+"""WorkerGroup: N local worker processes forming one ``torch.distributed`` process group.
+
+The driver (``TorchTrainer.fit``, the RaySGD trainer, tests) owns a group, sends
+it functions and gets per-rank results back. Each worker is a fresh interpreter
+(``python -m torchjob.launch._entry``) connected to the driver by a socket; the
+socket doubles as the liveness signal: when it closes, the worker is gone and its
+exit status says why. Failures are reduced to one root cause (see
+:meth:`Execution.wait`) so the caller does not have to read N stack traces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import cloudpickle
+
+from torchjob import contract
+from torchjob.launch.errors import (
+    CollectiveTimeoutError,
+    LaunchError,
+    WorkerDiedError,
+    WorkerGroupError,
+    WorkerGroupStartError,
+)
+from torchjob.launch.placement import Placement
+from torchjob.launch.worker import ENV_DRIVER_ADDR, ENV_TOKEN
+
+T = TypeVar("T")
+EventHandler = Callable[[int, Any], None]
+"""``on_event(rank, payload)``: a payload a worker sent with :func:`send_event`."""
+
+
+def resolve_backend(backend: str, use_gpu: bool) -> str:
+    """``auto`` -> ``nccl`` when GPUs are used and present, else ``gloo``."""
+    if backend not in ("auto", "gloo", "nccl"):
+        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
+    if backend != "auto":
+        return backend
+    if not use_gpu:
+        return "gloo"
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+@dataclass
+class _Worker:
+    local_rank: int
+    rank: int
+    proc: subprocess.Popen[bytes]
+    conn: Connection | None = None
+
+    def exitcode(self, wait_s: float = 5.0) -> int | None:
+        try:
+            return self.proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+@dataclass
+class _Failure:
+    rank: int
+    kind: str  # "user", "peer", "timeout" or "died"
+    at: float
+    error: LaunchError
+
+
+class Execution(Generic[T]):
+    """A function running on some of the group's workers; :meth:`wait` collects it."""
+
+    def __init__(self, group: WorkerGroup, task_id: int, workers: list[_Worker]) -> None:
+        self._group = group
+        self._task_id = task_id
+        self._workers = workers
+
+    def wait(
+        self,
+        *,
+        on_event: EventHandler | None = None,
+        on_tick: Callable[[], None] | None = None,
+        tick_s: float = 0.5,
+        grace_s: float = 3.0,
+    ) -> list[T]:
+        """Results in rank order, or raise the root cause of the failure.
+
+        After the first failure the others get ``grace_s`` to report theirs, so that
+        a worker death is preferred over the broken-connection errors it causes in
+        its peers, and a collective timeout can name the rank that never joined.
+        ``on_tick`` runs about every ``tick_s`` seconds (the trainer polls signals
+        and scaling decisions there).
+        """
+        pending = {w.conn: w for w in self._workers if w.conn is not None}
+        results: dict[int, T] = {}
+        failures: list[_Failure] = []
+        first_failure: float | None = None
+        while pending:
+            if first_failure is not None and time.monotonic() - first_failure > grace_s:
+                break
+            for conn in wait(list(pending), timeout=tick_s):
+                assert isinstance(conn, Connection)
+                worker = pending[conn]
+                failure = self._receive(worker, conn, results, on_event)
+                if failure is None and worker.local_rank not in results:
+                    continue
+                del pending[conn]
+                if failure is not None:
+                    failures.append(failure)
+                    first_failure = first_failure or failure.at
+            if on_tick is not None:
+                on_tick()
+        if failures:
+            # Peers may be stuck in a collective unless every rank returned a plain exception.
+            if pending or any(f.kind != "user" for f in failures):
+                self._group._broken = True
+            raise _root_cause(failures, hung=[w.rank for w in pending.values()])
+        return [results[w.local_rank] for w in self._workers]
+
+    def _receive(
+        self,
+        worker: _Worker,
+        conn: Connection,
+        results: dict[int, T],
+        on_event: EventHandler | None,
+    ) -> _Failure | None:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            worker.conn = None
+            died = WorkerDiedError(worker.rank, worker.exitcode())
+            return _Failure(worker.rank, "died", time.monotonic(), died)
+        kind = msg[0]
+        if msg[1] != self._task_id:
+            return None  # left over from an earlier, abandoned task
+        if kind == "event":
+            if on_event is not None:
+                on_event(worker.rank, cloudpickle.loads(msg[2]))
+            return None
+        if kind == "ok":
+            results[worker.local_rank] = cloudpickle.loads(msg[2])
+            return None
+        _, _, exc_type, message, tb, failure_kind = msg
+        err = WorkerGroupError(worker.rank, exc_type, message, tb)
+        return _Failure(worker.rank, failure_kind, time.monotonic(), err)
+
+
+def _root_cause(failures: list[_Failure], *, hung: list[int]) -> LaunchError:
+    """The failure that explains the others.
+
+    A worker's own exception or death comes first (earliest wins); peers'
+    broken-connection errors are consequences. Timeouts without such a cause
+    mean some rank never joined the collective: the ranks still running.
+    """
+    primary = [f for f in failures if f.kind in ("user", "died")]
+    timeouts = [f for f in failures if f.kind == "timeout"]
+    if not primary and timeouts:
+        reporters = {f.rank for f in timeouts}
+        suspects = sorted(hung) or sorted({f.rank for f in failures} - reporters)
+        if suspects:
+            first = timeouts[0].error
+            detail = first.message if isinstance(first, WorkerGroupError) else str(first)
+            return CollectiveTimeoutError(
+                suspects[0], hung_ranks=suspects, detail=detail.splitlines()[0][:200]
+            )
+    root = min(primary or failures, key=lambda f: f.at)
+    if isinstance(root.error, WorkerGroupError):
+        others = {f.rank: str(f.error) for f in failures if f is not root}
+        return WorkerGroupError(
+            root.error.rank,
+            root.error.exc_type,
+            root.error.message,
+            root.error.traceback_text,
+            other_failures=others,
+        )
+    return root.error
+
+
+class WorkerGroup:
+    """N local worker processes (fresh interpreters) forming one torch.distributed process group.
+
+    Use it as a context manager, or call :meth:`start` and :meth:`shutdown`.
+    """
+
+    def __init__(
+        self,
+        num_workers: int,
+        *,
+        backend: str = "auto",
+        use_gpu: bool = False,
+        timeout_s: float = 300.0,
+        placement: Placement | None = None,
+        env: dict[str, str] | None = None,
+        init_hook: Callable[[], None] | None = None,
+        start_timeout_s: float = 120.0,
+    ) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        placement = placement or Placement.local(num_workers)
+        if placement.local_world_size != num_workers:
+            raise ValueError(
+                f"num_workers={num_workers} but placement runs {placement.local_world_size} locally"
+            )
+        self._num_workers = num_workers
+        self._backend = resolve_backend(backend, use_gpu)
+        self._use_gpu = use_gpu
+        self._timeout_s = timeout_s
+        self._placement = placement
+        self._env = dict(env or {})
+        self._init_hook = init_hook
+        self._start_timeout_s = start_timeout_s
+        self._workers: list[_Worker] = []
+        self._server: socket.socket | None = None
+        self._next_task = 0
+        self._broken = False
+        self._busy = False
+
+    # --- properties -----------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self._placement.world_size
+
+    @property
+    def num_workers(self) -> int:
+        """Workers on this host (equal to ``world_size`` locally)."""
+        return self._num_workers
+
+    @property
+    def placement(self) -> Placement:
+        return self._placement
+
+    @property
+    def backend(self) -> str:
+        return self._backend
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids by local rank."""
+        return [w.proc.pid for w in self._workers]
+
+    @property
+    def is_broken(self) -> bool:
+        """True after a failed execution: peers may be stuck in a collective; shut it down."""
+        return self._broken
+
+    # --- lifecycle ------------------------------------------------------------------
+    def start(self) -> None:
+        """Spawn the workers, wait until all joined the process group and ran ``init_hook``."""
+        if self._workers:
+            raise LaunchError("worker group already started")
+        self._placement = self._placement.with_port()
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.bind(("127.0.0.1", 0))
+        server.listen(self._num_workers)
+        self._server = server
+        token = secrets.token_hex(16)
+        try:
+            for local_rank in range(self._num_workers):
+                self._workers.append(self._spawn(local_rank, token))
+            self._accept(token)
+            init = {
+                "sys_path": list(sys.path),
+                "backend": self._backend,
+                "use_gpu": self._use_gpu,
+                "timeout_s": self._timeout_s,
+                "init_hook": cloudpickle.dumps(self._init_hook) if self._init_hook else None,
+            }
+            for w in self._workers:
+                assert w.conn is not None
+                w.conn.send(("init", init))
+            self._await_ready()
+        except BaseException:
+            self.shutdown(timeout_s=0)
+            raise
+
+    def _spawn(self, local_rank: int, token: str) -> _Worker:
+        p = self._placement
+        rank = p.rank_offset + local_rank
+        assert self._server is not None
+        host, port = self._server.getsockname()
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = {
+            **os.environ,
+            **self._env,
+            contract.RANK: str(rank),
+            contract.LOCAL_RANK: str(local_rank),
+            contract.WORLD_SIZE: str(p.world_size),
+            contract.LOCAL_WORLD_SIZE: str(p.local_world_size),
+            contract.GROUP_RANK: str(p.node_rank),
+            contract.NODE_RANK: str(p.node_rank),
+            contract.MASTER_ADDR: p.master_addr,
+            contract.MASTER_PORT: str(p.master_port),
+            contract.TORCHELASTIC_RESTART_COUNT: str(p.generation),
+            contract.TORCHELASTIC_RUN_ID: p.run_id,
+            contract.PYTHONUNBUFFERED: "1",
+            ENV_DRIVER_ADDR: f"{host}:{port}",
+            ENV_TOKEN: token,
+            "PYTHONPATH": os.pathsep.join(
+                [package_root, *filter(None, [os.environ.get("PYTHONPATH")])]
+            ),
+        }
+        # torchrun's default: one intra-op thread per process when several share a host.
+        if "OMP_NUM_THREADS" not in env and p.local_world_size > 1:
+            env["OMP_NUM_THREADS"] = "1"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "torchjob.launch._entry"],
+            env=env,
+            start_new_session=True,  # terminal Ctrl-C goes to the driver only
+        )
+        return _Worker(local_rank=local_rank, rank=rank, proc=proc)
+
+    def _accept(self, token: str) -> None:
+        assert self._server is not None
+        deadline = time.monotonic() + self._start_timeout_s
+        self._server.settimeout(0.5)
+        joined = 0
+        while joined < self._num_workers:
+            if time.monotonic() > deadline:
+                raise WorkerGroupStartError(
+                    f"{self._num_workers - joined} worker(s) did not connect within "
+                    f"{self._start_timeout_s:.0f}s"
+                )
+            for w in self._workers:
+                code = w.proc.poll()
+                if code is not None and w.conn is None:
+                    raise WorkerGroupStartError(
+                        f"rank {w.rank} worker exited during start-up: {WorkerDiedError(w.rank, code).args[0]}"
+                    )
+            try:
+                sock, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            sock.settimeout(None)
+            conn = Connection(sock.detach())
+            hello = conn.recv()
+            if hello[0] != "hello" or hello[1] != token:
+                conn.close()
+                continue
+            self._workers[hello[2]].conn = conn
+            joined += 1
+
+    def _await_ready(self) -> None:
+        deadline = time.monotonic() + self._start_timeout_s + self._timeout_s
+        pending = {w.conn: w for w in self._workers if w.conn is not None}
+        while pending:
+            if time.monotonic() > deadline:
+                ranks = sorted(w.rank for w in pending.values())
+                raise WorkerGroupStartError(f"rank(s) {ranks} did not join the process group")
+            for conn in wait(list(pending), timeout=0.5):
+                assert isinstance(conn, Connection)
+                w = pending.pop(conn)
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    raise WorkerGroupStartError(
+                        f"rank {w.rank} worker died while joining the process group: "
+                        f"{WorkerDiedError(w.rank, w.exitcode()).args[0]}"
+                    ) from None
+                if msg[0] == "init_err":
+                    _, _, exc_type, message, _tb, _kind = msg
+                    raise WorkerGroupStartError(
+                        f"rank {w.rank} failed to initialize: {exc_type}: {message}"
+                    )
+
+    def shutdown(self, timeout_s: float = 10) -> None:
+        """Ask workers to exit; kill those still alive after ``timeout_s`` (and their children)."""
+        for w in self._workers:
+            if w.conn is not None and w.proc.poll() is None and not self._broken:
+                with contextlib.suppress(OSError):
+                    w.conn.send(("exit",))
+        deadline = time.monotonic() + timeout_s
+        for w in self._workers:
+            remaining = max(0.0, deadline - time.monotonic())
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.proc.wait(timeout=remaining if timeout_s > 0 else 0.01)
+            if w.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(w.proc.pid, signal.SIGKILL)
+                w.proc.wait()
+            else:
+                # Reap stragglers the worker started (DataLoader workers) in its session.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(w.proc.pid, signal.SIGKILL)
+            if w.conn is not None:
+                w.conn.close()
+                w.conn = None
+        self._workers = []
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def __enter__(self) -> WorkerGroup:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown(timeout_s=0 if self._broken else 10)
+
+    # --- running functions ------------------------------------------------------------
+    def submit(
+        self,
+        fn: Callable[..., T],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        local_ranks: Sequence[int] | None = None,
+    ) -> Execution[T]:
+        """Start ``fn(*args, **kwargs)`` on the workers (all by default); collect with ``wait``."""
+        if not self._workers:
+            raise LaunchError("worker group is not started")
+        if self._broken:
+            raise LaunchError("worker group is broken by an earlier failure; shut it down")
+        chosen = [self._workers[i] for i in (local_ranks or range(self._num_workers))]
+        self._next_task += 1
+        payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+        for w in chosen:
+            if w.conn is None:
+                raise WorkerDiedError(w.rank, w.proc.poll())
+            try:
+                w.conn.send(("run", self._next_task, payload))
+            except OSError:
+                self._broken = True
+                raise WorkerDiedError(w.rank, w.exitcode()) from None
+        return Execution(self, self._next_task, chosen)
+
+    def execute(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
+        """Run ``fn(*args, **kwargs)`` on every worker; results by local rank.
+
+        Raises :class:`WorkerGroupError` (root-cause rank and exception),
+        :class:`WorkerDiedError` or :class:`CollectiveTimeoutError`.
+        """
+        return self.submit(fn, args, kwargs).wait()
+
+    def execute_single(self, rank: int, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn`` on the worker with global rank ``rank`` only."""
+        local = rank - self._placement.rank_offset
+        if not 0 <= local < self._num_workers:
+            raise ValueError(f"rank {rank} is not on this host")
+        return self.submit(fn, args, kwargs, local_ranks=[local]).wait()[0]
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to every live worker (SIGTERM: ask them to stop at the next step)."""
+        for w in self._workers:
+            if w.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w.proc.pid, sig)

@@ -1,0 +1,222 @@
+"""The worker process: joins the process group, then runs functions the driver sends it.
+
+Started by :class:`torchjob.launch.WorkerGroup` as ``python -m torchjob.launch._entry``
+(a fresh interpreter, like torchrun's workers), so a user's script is never
+re-imported in the workers and Ray's top-level ``trainer.fit()`` snippets work
+without an ``if __name__ == "__main__"`` guard. Functions arrive cloudpickled,
+so lambdas and closures from scripts and tests run too.
+
+Per-process state survives between ``execute`` calls in :func:`worker_state`,
+which is what a stateful trainer (RaySGD's ``PyTorchTrainer``) keeps its model in.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any
+
+import cloudpickle
+
+# Environment variables the driver gives each worker (besides the torchrun ones).
+ENV_DRIVER_ADDR = "TORCHJOB_LAUNCH_DRIVER"
+ENV_TOKEN = "TORCHJOB_LAUNCH_TOKEN"
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Who this worker process is in its group."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    generation: int
+    backend: str
+    device: str
+
+
+_STATE: dict[str, Any] = {}
+_INFO: WorkerInfo | None = None
+_CONN: Connection | None = None
+_SEND_LOCK = threading.Lock()
+_TASK_ID: list[int] = [0]
+_STOP = threading.Event()
+
+
+def worker_state() -> dict[str, Any]:
+    """A dict private to this worker process that lives as long as the process.
+
+    ``execute`` calls on the same group see the same dict, so a trainer can keep
+    its model, optimizer and data loaders here between calls.
+    """
+    return _STATE
+
+
+def worker_info() -> WorkerInfo | None:
+    """This process's place in the group; ``None`` outside a worker process."""
+    return _INFO
+
+
+def stop_requested() -> bool:
+    """True once this worker received SIGTERM (or the driver asked it to stop).
+
+    Only *this* rank knows; the trainer all-reduces the flag so all ranks stop at
+    the same step.
+    """
+    return _STOP.is_set()
+
+
+def request_stop() -> None:
+    """Set this worker's stop flag (what the SIGTERM handler does)."""
+    _STOP.set()
+
+
+def clear_stop() -> None:
+    _STOP.clear()
+
+
+def send_event(payload: Any) -> bool:
+    """Send ``payload`` to the driver while a function runs; False outside a worker.
+
+    The driver receives it in :meth:`Execution.wait`'s ``on_event(rank, payload)``.
+    """
+    if _CONN is None or _INFO is None:
+        return False
+    data = cloudpickle.dumps(payload)
+    with _SEND_LOCK:
+        _CONN.send(("event", _TASK_ID[0], data))
+    return True
+
+
+_PEER_MARKERS = (
+    "connection closed by peer",
+    "connection reset",
+    "broken pipe",
+    "socket closed",
+    "communicator was aborted",
+    "connection refused",
+    "end of file",
+)
+_TIMEOUT_MARKERS = ("timed out", "timeout", "watchdog caught collective operation")
+
+
+def classify_failure(exc: BaseException) -> str:
+    """``"timeout"``, ``"peer"`` (a consequence of another rank's failure) or ``"user"``."""
+    text = f"{type(exc).__name__}: {exc}".lower()
+    dist_error = type(exc).__name__ in {"DistBackendError", "DistNetworkError", "DistStoreError"}
+    if any(m in text for m in _TIMEOUT_MARKERS) and (
+        dist_error or "gloo" in text or "nccl" in text
+    ):
+        return "timeout"
+    if any(m in text for m in _PEER_MARKERS) and (
+        dist_error or "gloo" in text or "nccl" in text or "store" in text
+    ):
+        return "peer"
+    if dist_error:
+        return "peer"
+    return "user"
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit when the driver is gone, so no orphan keeps a port or a GPU."""
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(70)
+        time.sleep(1.0)
+
+
+def _send(conn: Connection, msg: tuple[Any, ...]) -> None:
+    with _SEND_LOCK:
+        conn.send(msg)
+
+
+def _error_msg(kind: str, task_id: int, exc: BaseException) -> tuple[Any, ...]:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return (kind, task_id, type(exc).__qualname__, str(exc), tb, classify_failure(exc))
+
+
+def _init_process_group(init: dict[str, Any]) -> str:
+    import torch
+    import torch.distributed as dist
+
+    backend = init["backend"]
+    device = "cpu"
+    if init["use_gpu"] and torch.cuda.is_available():
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        device = f"cuda:{local_rank}"
+    dist.init_process_group(
+        backend=backend,
+        init_method="env://",
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timedelta(seconds=float(init["timeout_s"])),
+    )
+    return device
+
+
+def _connect() -> Connection:
+    host, port = os.environ[ENV_DRIVER_ADDR].rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=60)
+    sock.settimeout(None)
+    return Connection(sock.detach())
+
+
+def main() -> int:
+    global _CONN, _INFO
+    signal.signal(signal.SIGTERM, lambda _s, _f: _STOP.set())
+    conn = _connect()
+    _CONN = conn
+    conn.send(("hello", os.environ[ENV_TOKEN], int(os.environ["LOCAL_RANK"]), os.getpid()))
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    kind, init = conn.recv()
+    assert kind == "init"
+    sys.path[:] = list(init["sys_path"])
+    try:
+        device = _init_process_group(init)
+        _INFO = WorkerInfo(
+            rank=int(os.environ["RANK"]),
+            local_rank=int(os.environ["LOCAL_RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
+            node_rank=int(os.environ.get("NODE_RANK", "0")),
+            generation=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            backend=init["backend"],
+            device=device,
+        )
+        if init["init_hook"] is not None:
+            hook: Callable[[], None] = cloudpickle.loads(init["init_hook"])
+            hook()
+    except BaseException as exc:
+        _send(conn, _error_msg("init_err", 0, exc))
+        return 1
+    _send(conn, ("ready",))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            break
+        if msg[0] == "exit":
+            break
+        _, task_id, payload = msg
+        _TASK_ID[0] = task_id
+        try:
+            fn, args, kwargs = cloudpickle.loads(payload)
+            result = fn(*args, **kwargs)
+            data = cloudpickle.dumps(result)
+        except BaseException as exc:
+            _send(conn, _error_msg("err", task_id, exc))
+            continue
+        _send(conn, ("ok", task_id, data))
+    return 0

@@ -1,0 +1,105 @@
+"""WorkerGroup with real processes: collectives, per-process state, typed root-cause errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from torchjob.launch import (
+    CollectiveTimeoutError,
+    Placement,
+    WorkerDiedError,
+    WorkerGroup,
+    WorkerGroupError,
+    send_event,
+    worker_info,
+    worker_state,
+)
+
+
+def _all_reduce_sum(value: float) -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([value])
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def _rank() -> int:
+    info = worker_info()
+    assert info is not None
+    return info.rank
+
+
+def test_execute_runs_collectives_on_every_rank(group3: WorkerGroup) -> None:
+    assert group3.world_size == 3
+    assert group3.execute(_all_reduce_sum, 2.0) == [6.0, 6.0, 6.0]
+    assert group3.execute(lambda: (_rank(), os.environ["RANK"])) == [(0, "0"), (1, "1"), (2, "2")]
+
+
+def test_state_survives_between_calls(group3: WorkerGroup) -> None:
+    group3.execute(lambda: worker_state().__setitem__("model", _rank() * 10))
+    assert group3.execute(lambda: worker_state()["model"]) == [0, 10, 20]
+    assert group3.execute_single(2, lambda: worker_state()["model"]) == 20
+
+
+def test_events_reach_the_driver(group3: WorkerGroup) -> None:
+    seen: list[tuple[int, object]] = []
+    group3.submit(lambda: send_event({"rank": _rank()})).wait(
+        on_event=lambda rank, payload: seen.append((rank, payload))
+    )
+    assert sorted(seen, key=lambda e: e[0]) == [(r, {"rank": r}) for r in range(3)]
+
+
+def test_error_names_root_cause_rank(group3: WorkerGroup) -> None:
+    def fail_on_rank_1() -> int:
+        if _rank() == 1:
+            raise ValueError("bad batch shape")
+        return _rank()
+
+    with pytest.raises(WorkerGroupError) as info:
+        group3.execute(fail_on_rank_1)
+    err = info.value
+    assert (err.rank, err.exc_type, err.message) == (1, "ValueError", "bad batch shape")
+    assert str(err).startswith("rank 1 raised ValueError: bad batch shape")
+    assert "fail_on_rank_1" in err.traceback_text
+    assert not group3.is_broken  # every rank returned: the group stays usable
+    assert group3.execute(_rank) == [0, 1, 2]
+
+
+def test_worker_death_is_root_cause_not_peer_errors() -> None:
+    def die_on_rank_1() -> float:
+        if _rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _all_reduce_sum(1.0)
+
+    with WorkerGroup(2, timeout_s=60) as group, pytest.raises(WorkerDiedError) as info:
+        group.execute(die_on_rank_1)
+    assert info.value.rank == 1
+    assert info.value.signal == signal.SIGKILL
+    assert "killed by SIGKILL" in str(info.value)
+
+
+def test_hung_collective_times_out_naming_the_rank() -> None:
+    def hang_on_rank_1() -> float:
+        if _rank() == 1:
+            time.sleep(60)
+        return _all_reduce_sum(1.0)
+
+    with WorkerGroup(2, timeout_s=3) as group, pytest.raises(CollectiveTimeoutError) as info:
+        group.execute(hang_on_rank_1)
+    assert info.value.rank == 1
+    assert info.value.hung_ranks == [1]
+
+
+def test_placement_offsets_ranks() -> None:
+    # One "pod" running global ranks 2 and 3 of a world of 4 cannot form a group
+    # alone; check the arithmetic the agent uses instead.
+    placement = Placement(world_size=4, local_world_size=2, rank_offset=2, node_rank=1, num_nodes=2)
+    assert [placement.rank_offset + i for i in range(placement.local_world_size)] == [2, 3]
+    with pytest.raises(ValueError, match="do not fit"):
+        Placement(world_size=4, local_world_size=2, rank_offset=3)
