@@ -1,1 +1,1 @@
-"""resources."""
+"""Manifest builders (pure): spec -> Pod and Service dicts."""

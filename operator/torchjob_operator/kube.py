@@ -1,0 +1,166 @@
+"""The only module that talks to the Kubernetes API.
+
+Client errors are wrapped into the operator's own types, so no handler needs
+to know the HTTP library. Creates tolerate AlreadyExists and deletes tolerate
+NotFound: every action the planner asks for is safe to repeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from torchjob import contract
+from torchjob.api.models import GROUP, PLURAL, VERSION
+
+log = logging.getLogger(__name__)
+
+
+class KubeError(Exception):
+    """An API call failed: ``<verb> <object>: <status> <reason>: <message>``."""
+
+    def __init__(self, verb: str, target: str, exc: ApiException) -> None:
+        self.status = exc.status
+        self.reason = exc.reason
+        self.body = exc.body
+        detail = exc.body if isinstance(exc.body, str) else ""
+        try:
+            import json
+
+            detail = json.loads(exc.body).get("message", detail)
+        except Exception:
+            pass
+        self.detail = detail
+        super().__init__(f"{verb} {target}: {exc.status} {exc.reason}: {detail}")
+
+    @property
+    def permanent(self) -> bool:
+        """4xx other than conflict/too-many-requests: retrying the same request cannot help."""
+        return self.status is not None and 400 <= self.status < 500 and self.status not in (409, 429)
+
+
+class Kube:
+    def __init__(self, api_client: client.ApiClient | None = None) -> None:
+        self.api = api_client or client.ApiClient()
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+
+    # --- TorchJobs ------------------------------------------------------------------
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)  # type: ignore[no-any-return]
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise KubeError("get", f"torchjob {namespace}/{name}", e) from e
+
+    def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """A merge patch of the status subresource: no resourceVersion, so no conflicts to lose."""
+        try:
+            self.custom.api_client.call_api(
+                f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
+                "PATCH",
+                body={"status": dict(status)},
+                header_params={"Content-Type": "application/merge-patch+json", "Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                response_type="object",
+                _return_http_data_only=True,
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return
+            raise KubeError("patch status of", f"torchjob {namespace}/{name}", e) from e
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background"
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise KubeError("delete", f"torchjob {namespace}/{name}", e) from e
+
+    # --- pods and services -------------------------------------------------------------
+    def list_worker_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        try:
+            resp = self.core.list_namespaced_pod(
+                namespace,
+                label_selector=f"{contract.LABEL_JOB_NAME}={job}",
+                _preload_content=False,
+            )
+        except ApiException as e:
+            raise KubeError("list pods of", f"torchjob {namespace}/{job}", e) from e
+        import json
+
+        return list(json.loads(resp.data).get("items") or [])
+
+    def create_pod(self, body: dict[str, Any]) -> bool:
+        """Create ``body``; False when it already exists (a repeated plan)."""
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            self.core.create_namespaced_pod(ns, body)
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise KubeError("create", f"pod {ns}/{name}", e) from e
+
+    def delete_pod(self, namespace: str, name: str) -> bool:
+        try:
+            self.core.delete_namespaced_pod(name, namespace)
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise KubeError("delete", f"pod {namespace}/{name}", e) from e
+
+    def ensure_service(self, body: dict[str, Any]) -> bool:
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            self.core.create_namespaced_service(ns, body)
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise KubeError("create", f"service {ns}/{name}", e) from e
+
+    # --- events ------------------------------------------------------------------------
+    def post_event(
+        self, job: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
+    ) -> None:
+        """A core/v1 Event on the TorchJob (what `kubectl describe tj` shows). Best effort."""
+        meta = job.get("metadata") or {}
+        now = datetime.now(timezone.utc)
+        body = {
+            "metadata": {
+                "name": f"{meta.get('name')}.{uuid.uuid4().hex[:12]}",
+                "namespace": meta.get("namespace"),
+            },
+            "involvedObject": {
+                "apiVersion": job.get("apiVersion", f"{GROUP}/{VERSION}"),
+                "kind": job.get("kind", "TorchJob"),
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": component},
+            "reportingComponent": component,
+            "reportingInstance": component,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(meta.get("namespace"), body)
+        except ApiException as e:
+            log.warning("could not post event %s on %s: %s", reason, meta.get("name"), e.reason)

@@ -1,0 +1,11 @@
+"""Prometheus metrics of the operator (served when --metrics-port is set)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+RECONCILES = Counter("torchjob_reconciles_total", "Reconciles of TorchJobs")
+PODS_CREATED = Counter("torchjob_pods_created_total", "Worker pods created")
+PODS_DELETED = Counter("torchjob_pods_deleted_total", "Worker pods deleted")
+TRANSITIONS = Counter("torchjob_phase_transitions_total", "TorchJob phase transitions", ["phase"])
+RECONCILE_ERRORS = Counter("torchjob_reconcile_errors_total", "Reconciles that raised")

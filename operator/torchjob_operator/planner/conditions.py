@@ -1,0 +1,101 @@
+"""Status conditions: reasons with their meaning, and a setter that keeps transition times stable.
+
+Condition types follow Kubernetes conventions (metav1.Condition). ``Ready`` and
+``Stalled`` follow kstatus, so Flux and Argo CD health checks read a TorchJob
+without custom Lua: Ready=True while training or after success; Stalled=True
+once it failed for good.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+# Condition types
+CREATED: Final = "Created"
+RUNNING: Final = "Running"
+RESTARTING: Final = "Restarting"
+SUSPENDED: Final = "Suspended"
+SUCCEEDED: Final = "Succeeded"
+FAILED: Final = "Failed"
+READY: Final = "Ready"
+STALLED: Final = "Stalled"
+
+ALL_TYPES: Final = (CREATED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED, READY, STALLED)
+
+# Reasons (CamelCase), with the message template each one goes with.
+REASONS: Final[Mapping[str, str]] = {
+    "PodsCreated": "created {replicas} worker pods for generation {generation}",
+    "WaitingForPods": "{ready}/{replicas} workers ready",
+    "AllWorkersRunning": "all {replicas} workers are running (generation {generation})",
+    "WorkerFailed": "{detail}; {explanation}",
+    "WorkerDisrupted": "{detail}; disruption {disruptions}, the restart budget is not charged",
+    "Rescaled": "replicas changed from {old} to {replicas}; starting generation {generation}",
+    "BackoffWaiting": "restarting in {seconds}s",
+    "Suspended": "the job is suspended; its pods were deleted",
+    "Resumed": "the job resumed",
+    "AllWorkersSucceeded": "all {replicas} workers exited 0",
+    "PermanentFailure": "{detail}; {explanation}",
+    "RestartLimitExceeded": "{detail}; {explanation}",
+    "DeadlineExceeded": "the job ran longer than spec.runPolicy.activeDeadlineSeconds={deadline}",
+    "InvalidSpec": "{detail}",
+}
+
+
+def message(reason: str, **values: Any) -> str:
+    """The message for ``reason``, filled with ``values``."""
+    return REASONS[reason].format(**values)
+
+
+def set_condition(
+    conditions: Sequence[Mapping[str, Any]],
+    *,
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    now: str,
+    observed_generation: int | None,
+) -> tuple[list[dict[str, Any]], bool]:
+    """Return (new conditions, changed). ``lastTransitionTime`` moves only when status flips."""
+    wanted = "True" if status else "False"
+    out: list[dict[str, Any]] = []
+    changed = True
+    found = False
+    for cond in conditions:
+        if cond.get("type") != type_:
+            out.append(dict(cond))
+            continue
+        found = True
+        transition = cond.get("lastTransitionTime") or now
+        if cond.get("status") != wanted:
+            transition = now
+        new = {
+            "type": type_,
+            "status": wanted,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": transition,
+            "observedGeneration": observed_generation,
+        }
+        changed = any(cond.get(k) != v for k, v in new.items())
+        out.append(new)
+    if not found:
+        out.append(
+            {
+                "type": type_,
+                "status": wanted,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": now,
+                "observedGeneration": observed_generation,
+            }
+        )
+    return out, changed
+
+
+def get_condition(conditions: Sequence[Mapping[str, Any]], type_: str) -> Mapping[str, Any] | None:
+    for cond in conditions:
+        if cond.get("type") == type_:
+            return cond
+    return None

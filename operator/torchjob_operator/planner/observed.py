@@ -1,0 +1,206 @@
+"""What the planner sees: typed, read-only views of pods and of the job's own status.
+
+``pod_view`` and ``JobState.from_status`` turn raw Kubernetes dicts into these
+values; they are pure functions, so the planner never touches a dict shaped by
+the API and the unit tests build views directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any
+
+from torchjob import contract
+from torchjob.api.models import FailureRecord, Phase
+
+DISRUPTION_REASONS = frozenset(
+    {
+        "PreemptionByScheduler",
+        "PreemptionByKubeScheduler",
+        "DeletionByTaintManager",
+        "EvictionByEvictionAPI",
+        "DeletionByPodGC",
+        "TerminationByKubelet",
+    }
+)
+"""Reasons of the DisruptionTarget condition that mean the cluster took the pod away."""
+
+NODE_LOSS_REASONS = frozenset({"NodeLost", "Evicted", "Shutdown", "NodeShutdown", "Terminated"})
+"""``pod.status.reason`` values set when a node goes away or the kubelet evicts."""
+
+
+class PodPhase(str, Enum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+
+@dataclass(frozen=True)
+class PodView:
+    """One worker pod as the planner needs it."""
+
+    name: str
+    index: int
+    generation: int
+    phase: PodPhase = PodPhase.PENDING
+    ready: bool = False
+    deleting: bool = False
+    scheduled: bool = False
+    exit_code: int | None = None
+    reason: str = ""
+    message: str = ""
+    disruption: str | None = None
+    """Why the cluster took this pod away (DisruptionTarget reason, node loss), else None."""
+    finished_at: datetime | None = None
+    unschedulable_since: datetime | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.phase in (PodPhase.PENDING, PodPhase.RUNNING, PodPhase.UNKNOWN) and not self.deleting
+
+
+def parse_time(value: str | datetime | None) -> datetime | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def format_time(value: datetime) -> str:
+    return value.astimezone(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
+    for cond in status.get("conditions") or ():
+        if cond.get("type") == type_:
+            return cond  # type: ignore[no-any-return]
+    return None
+
+
+def pod_view(pod: Mapping[str, Any]) -> PodView | None:
+    """A worker pod dict -> PodView; ``None`` for pods that are not torchjob workers."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    try:
+        index = int(labels[contract.LABEL_POD_INDEX])
+        generation = int(labels.get(contract.LABEL_GENERATION, "0"))
+    except (KeyError, ValueError):
+        return None
+    status = pod.get("status") or {}
+    try:
+        phase = PodPhase(status.get("phase") or "Pending")
+    except ValueError:
+        phase = PodPhase.UNKNOWN
+
+    exit_code: int | None = None
+    reason = status.get("reason") or ""
+    message = status.get("message") or ""
+    finished_at: datetime | None = None
+    for cs in status.get("containerStatuses") or ():
+        terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
+            "terminated"
+        )
+        if terminated and terminated.get("exitCode") is not None:
+            code = int(terminated["exitCode"])
+            # The first non-zero exit is the root cause; otherwise keep the first code seen.
+            if exit_code is None or (exit_code == 0 and code != 0):
+                exit_code = code
+                reason = terminated.get("reason") or reason
+                message = terminated.get("message") or message
+                finished_at = parse_time(terminated.get("finishedAt"))
+
+    disruption: str | None = None
+    target = _condition(status, "DisruptionTarget")
+    if target and target.get("status") == "True":
+        disruption = target.get("reason") or "DisruptionTarget"
+    elif target is None and (status.get("reason") or "") in NODE_LOSS_REASONS:
+        disruption = status["reason"]
+    # Kueue marks workloads it evicts with TerminationTarget.
+    kueue = _condition(status, "TerminationTarget")
+    if disruption is None and kueue and kueue.get("status") == "True":
+        disruption = kueue.get("reason") or "TerminationTarget"
+
+    ready_cond = _condition(status, "Ready")
+    scheduled_cond = _condition(status, "PodScheduled")
+    unschedulable_since = None
+    if (
+        scheduled_cond
+        and scheduled_cond.get("status") == "False"
+        and scheduled_cond.get("reason") == "Unschedulable"
+    ):
+        unschedulable_since = parse_time(scheduled_cond.get("lastTransitionTime"))
+        message = message or scheduled_cond.get("message") or ""
+    scheduled = bool(
+        (pod.get("spec") or {}).get("nodeName")
+        or (scheduled_cond is not None and scheduled_cond.get("status") == "True")
+    )
+    return PodView(
+        name=meta.get("name", ""),
+        index=index,
+        generation=generation,
+        phase=phase,
+        ready=bool(ready_cond and ready_cond.get("status") == "True"),
+        deleting=meta.get("deletionTimestamp") is not None,
+        scheduled=scheduled,
+        exit_code=exit_code,
+        reason=reason,
+        message=message,
+        disruption=disruption,
+        finished_at=finished_at,
+        unschedulable_since=unschedulable_since,
+    )
+
+
+@dataclass(frozen=True)
+class JobState:
+    """The planner's memory between reconciles, kept in the TorchJob status (never in the operator)."""
+
+    phase: Phase | None = None
+    generation: int = 0
+    """Membership generation whose pods should exist."""
+    replicas: int = 0
+    """Worker pods of that generation."""
+    created_generation: int | None = None
+    restarts: int = 0
+    disruptions: int = 0
+    start_time: datetime | None = None
+    completion_time: datetime | None = None
+    restart_after: datetime | None = None
+    last_failure: FailureRecord | None = None
+    conditions: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any] | None) -> JobState:
+        status = status or {}
+        phase: Phase | None
+        try:
+            phase = Phase(status["phase"]) if status.get("phase") else None
+        except ValueError:
+            phase = None
+        last_failure = None
+        if status.get("lastFailure"):
+            try:
+                last_failure = FailureRecord.model_validate(status["lastFailure"])
+            except ValueError:
+                last_failure = None
+        return cls(
+            phase=phase,
+            generation=int(status.get("currentGeneration") or 0),
+            replicas=int(status.get("replicas") or 0),
+            created_generation=(
+                int(status["createdGeneration"]) if status.get("createdGeneration") is not None else None
+            ),
+            restarts=int(status.get("restarts") or 0),
+            disruptions=int(status.get("disruptions") or 0),
+            start_time=parse_time(status.get("startTime")),
+            completion_time=parse_time(status.get("completionTime")),
+            restart_after=parse_time(status.get("restartAfter")),
+            last_failure=last_failure,
+            conditions=tuple(status.get("conditions") or ()),
+        )

@@ -1,0 +1,194 @@
+"""One reconcile of one TorchJob: read the world, ask the planner, carry the plan out.
+
+Order of the writes: pod deletions, pod creations (concurrently), one status
+patch, then Events (only once the status landed, so an Event never announces
+something the status does not show). Runs in a worker thread; the kopf
+handlers in ``handlers.py`` decide *when* it runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import ValidationError
+
+from torchjob.api.models import TorchJobSpec
+from torchjob_operator import metrics
+from torchjob_operator.kube import Kube, KubeError
+from torchjob_operator.planner import conditions as cond
+from torchjob_operator.planner.observed import JobState, PodView, format_time, pod_view
+from torchjob_operator.planner.plan import Event, JobView, Plan, plan
+from torchjob_operator.resources.pods import headless_service, worker_pod
+from torchjob_operator.settings import OperatorSettings
+
+Clock = Callable[[], datetime]
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class JobLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Adds ``ns/name`` (and the generation when known) to every line."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        extra = self.extra or {}
+        return f"[{extra.get('job')}] {msg}", kwargs
+
+
+@dataclass(frozen=True)
+class Outcome:
+    requeue_after_s: float | None
+    """Run again after this long even if nothing happens; None: wait for a change."""
+    gone: bool = False
+    """The TorchJob no longer exists: stop its loop."""
+
+
+def validation_message(err: ValidationError) -> str:
+    """Pydantic errors as 'spec.a.b: message' lines, with the wire (camelCase) names."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        parts.append(f"spec.{loc}: {e['msg']}" if loc else str(e["msg"]))
+    return "; ".join(parts)
+
+
+def _invalid_status(job: Mapping[str, Any], detail: str, now: datetime) -> dict[str, Any]:
+    conditions = list((job.get("status") or {}).get("conditions") or [])
+    gen = (job.get("metadata") or {}).get("generation")
+    stamp = format_time(now)
+    for type_, value in ((cond.READY, False), (cond.STALLED, True)):
+        conditions, _ = cond.set_condition(
+            conditions, type_=type_, status=value, reason="InvalidSpec", message=detail, now=stamp, observed_generation=gen
+        )
+    return {"conditions": conditions, "observedGeneration": gen}
+
+
+def _status_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    return any(old.get(k) != v for k, v in new.items())
+
+
+def reconcile_once(
+    kube: Kube, namespace: str, name: str, *, settings: OperatorSettings, clock: Clock = utcnow
+) -> Outcome:
+    log = JobLogger(logging.getLogger("torchjob_operator"), {"job": f"{namespace}/{name}"})
+    job = kube.get_job(namespace, name)
+    if job is None or (job.get("metadata") or {}).get("deletionTimestamp"):
+        return Outcome(None, gone=True)
+    meta = job["metadata"]
+    old_status: dict[str, Any] = job.get("status") or {}
+    now = clock()
+    metrics.RECONCILES.inc()
+
+    try:
+        spec = TorchJobSpec.model_validate(job.get("spec") or {})
+    except ValidationError as err:
+        detail = f"TorchJob {namespace}/{name} has an invalid spec: {validation_message(err)}"
+        status = _invalid_status(job, detail, now)
+        if _status_changed(old_status, status):
+            kube.patch_job_status(namespace, name, status)
+            kube.post_event(job, type_="Warning", reason="InvalidSpec", message=detail, component=settings.component)
+            log.warning("%s", detail)
+        return Outcome(None)  # wait for the user to fix it; an update wakes us up
+
+    pods = [v for v in (pod_view(p) for p in kube.list_worker_pods(namespace, name)) if v is not None]
+    view = JobView(
+        name=name,
+        namespace=namespace,
+        spec=spec,
+        state=JobState.from_status(old_status),
+        metadata_generation=meta.get("generation"),
+    )
+    decided = plan(view, pods, now)
+    events = list(decided.events)
+    status = dict(decided.status)
+
+    if decided.ensure_service and kube.ensure_service(
+        headless_service(name=name, namespace=namespace, uid=meta["uid"])
+    ):
+        events.append(Event("Normal", "CreatedService", f"created headless service {name}"))
+
+    events += _delete_pods(kube, namespace, decided, settings)
+    failures = _create_pods(kube, namespace, name, meta["uid"], spec, decided, settings, events)
+    if failures:
+        # Not all pods exist: the generation is not "created" yet, so a later reconcile retries.
+        status["createdGeneration"] = view.state.created_generation
+        first = failures[0]
+        reason = "FailedCreatePod"
+        for type_, value in ((cond.READY, False), (cond.STALLED, first.permanent)):
+            status["conditions"], _ = cond.set_condition(
+                status["conditions"], type_=type_, status=value, reason=reason,
+                message=str(first), now=format_time(now), observed_generation=meta.get("generation"),
+            )
+
+    if _status_changed(old_status, status):
+        kube.patch_job_status(namespace, name, status)
+        if old_status.get("phase") != status.get("phase"):
+            log.info(
+                "phase %s -> %s (generation %s, restarts %s/%s, disruptions %s)",
+                old_status.get("phase"), status.get("phase"), status.get("currentGeneration"),
+                status.get("restarts"), spec.failure_policy.max_restarts, status.get("disruptions"),
+            )
+            metrics.TRANSITIONS.labels(phase=status["phase"]).inc()
+    for ev in events:
+        kube.post_event(job, type_=ev.type, reason=ev.reason, message=ev.message, component=settings.component)
+
+    if decided.delete_job:
+        log.info("deleting finished job (ttlSecondsAfterFinished=%s)", spec.run_policy.ttl_seconds_after_finished)
+        kube.delete_job(namespace, name)
+        return Outcome(None, gone=True)
+    requeue = decided.requeue_after_s
+    if failures:
+        requeue = min(requeue or 30.0, 30.0 if failures[0].permanent else 5.0)
+    return Outcome(requeue)
+
+
+def _delete_pods(kube: Kube, namespace: str, decided: Plan, settings: OperatorSettings) -> list[Event]:
+    if not decided.delete:
+        return []
+    with ThreadPoolExecutor(max_workers=settings.create_concurrency) as pool:
+        deleted = list(pool.map(lambda n: (n, kube.delete_pod(namespace, n)), decided.delete))
+    metrics.PODS_DELETED.inc(sum(1 for _, ok in deleted if ok))
+    return [Event("Normal", "DeletedPod", f"deleted pod {n}") for n, ok in deleted if ok]
+
+
+def _create_pods(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    uid: str,
+    spec: TorchJobSpec,
+    decided: Plan,
+    settings: OperatorSettings,
+    events: list[Event],
+) -> list[KubeError]:
+    if decided.create is None:
+        return []
+    c = decided.create
+    bodies = [
+        worker_pod(name=name, namespace=namespace, uid=uid, spec=spec, index=i, generation=c.generation, replicas=c.replicas)
+        for i in c.indices
+    ]
+
+    def create(body: dict[str, Any]) -> tuple[str, bool | KubeError]:
+        try:
+            return body["metadata"]["name"], kube.create_pod(body)
+        except KubeError as e:
+            return body["metadata"]["name"], e
+
+    with ThreadPoolExecutor(max_workers=settings.create_concurrency) as pool:
+        results = list(pool.map(create, bodies))
+    failures = [r for _, r in results if isinstance(r, KubeError)]
+    created = [n for n, r in results if r is True]
+    metrics.PODS_CREATED.inc(len(created))
+    events.extend(Event("Normal", "CreatedPod", f"created pod {n} (generation {c.generation})") for n in created)
+    events.extend(Event("Warning", "FailedCreatePod", str(e)) for e in failures[:3])
+    return failures
+
+
+__all__ = ["Outcome", "PodView", "reconcile_once", "utcnow"]

@@ -1,0 +1,166 @@
+"""Builders of the manifests the operator creates: worker pods and the headless Service.
+
+Pure functions from the spec to dicts. Every worker pod gets the env contract
+from ``torchjob.contract`` (the runtime parses the same names back), plus the
+defaults a GPU user needs: a memory-backed /dev/shm, unbuffered Python output,
+GPU requests equal to limits, and a grace period long enough to checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from torchjob import contract
+from torchjob.api.models import API_VERSION, KIND, TorchJobSpec
+
+DEFAULT_GRACE_PERIOD_S = 120
+"""Seconds between SIGTERM and SIGKILL: time for rank 0 to write a checkpoint."""
+SHM_VOLUME = "dshm"
+CHECKPOINT_VOLUME = "torchjob-checkpoint"
+GPU = "nvidia.com/gpu"
+
+
+def owner_reference(name: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def job_labels(name: str) -> dict[str, str]:
+    return {contract.LABEL_JOB_NAME: name, contract.LABEL_ROLE: contract.ROLE_WORKER}
+
+
+def pod_env(
+    *, name: str, namespace: str, spec: TorchJobSpec, index: int, generation: int, replicas: int
+) -> contract.PodEnv:
+    return contract.PodEnv(
+        job_name=name,
+        namespace=namespace,
+        pod_index=index,
+        replicas=replicas,
+        min_replicas=spec.min_replicas,
+        max_replicas=spec.max_replicas,
+        nproc_per_node=spec.resolved_nproc_per_node(),
+        generation=generation,
+        rdzv_host=contract.worker_hostname(name, 0, namespace),
+        rdzv_port=contract.DEFAULT_RDZV_PORT,
+        backend=spec.backend.value,
+        checkpoint_path=spec.checkpoint.location if spec.checkpoint else "",
+        mode="elastic" if spec.elastic else "static",
+        max_restarts=spec.failure_policy.max_restarts,
+    )
+
+
+def _gpu_requests_equal_limits(resources: dict[str, Any]) -> None:
+    limits = resources.setdefault("limits", {})
+    requests = resources.setdefault("requests", {})
+    gpus = limits.get(GPU, requests.get(GPU))
+    if gpus is not None:
+        limits[GPU] = gpus
+        requests[GPU] = gpus
+    if not limits:
+        resources.pop("limits")
+    if not requests:
+        resources.pop("requests")
+
+
+def worker_pod(
+    *,
+    name: str,
+    namespace: str,
+    uid: str,
+    spec: TorchJobSpec,
+    index: int,
+    generation: int,
+    replicas: int,
+) -> dict[str, Any]:
+    """The manifest of worker ``index`` of generation ``generation``."""
+    template = copy.deepcopy(spec.template.to_wire())
+    meta = template.get("metadata") or {}
+    pod_spec: dict[str, Any] = template["spec"]
+    pod_name = contract.worker_pod_name(name, index)
+
+    labels = dict(meta.get("labels") or {})
+    labels.update(job_labels(name))
+    labels[contract.LABEL_POD_INDEX] = str(index)
+    labels[contract.LABEL_GENERATION] = str(generation)
+    if spec.scheduling.queue_name:
+        labels[contract.KUEUE_QUEUE_LABEL] = spec.scheduling.queue_name
+
+    pod_spec["hostname"] = pod_name
+    pod_spec["subdomain"] = name
+    pod_spec["restartPolicy"] = "Never"  # the operator restarts whole groups, never single ranks
+    pod_spec.setdefault("terminationGracePeriodSeconds", DEFAULT_GRACE_PERIOD_S)
+    if spec.scheduling.scheduler_name:
+        pod_spec["schedulerName"] = spec.scheduling.scheduler_name
+    if spec.scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
+
+    volumes: list[dict[str, Any]] = pod_spec.setdefault("volumes", [])
+    names = {v.get("name") for v in volumes}
+    if SHM_VOLUME not in names:
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+    pvc = spec.checkpoint.pvc if spec.checkpoint else None
+    if pvc and CHECKPOINT_VOLUME not in names:
+        volumes.append({"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": pvc.claim_name}})
+
+    env = pod_env(
+        name=name, namespace=namespace, spec=spec, index=index, generation=generation, replicas=replicas
+    ).to_env()
+    contract_env = [{"name": k, "value": v} for k, v in env.items()]
+    contract_env.append({"name": contract.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    contract_env.append({"name": contract.SERVICE_NAME, "value": name})
+    for i, container in enumerate(pod_spec["containers"]):
+        user_env = [e for e in container.get("env") or [] if e.get("name") not in env]
+        # Contract variables win: a stale RANK in the template must never reach the workers.
+        container["env"] = user_env + contract_env
+        mounts: list[dict[str, Any]] = container.setdefault("volumeMounts", [])
+        mounted = {m.get("mountPath") for m in mounts}
+        if "/dev/shm" not in mounted:
+            mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+        if pvc and pvc.mount_path not in mounted:
+            mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": pvc.mount_path})
+        _gpu_requests_equal_limits(container.setdefault("resources", {}))
+        if i == 0:
+            ports: list[dict[str, Any]] = container.setdefault("ports", [])
+            if not any(p.get("containerPort") == contract.DEFAULT_RDZV_PORT for p in ports):
+                ports.append({"name": "rdzv", "containerPort": contract.DEFAULT_RDZV_PORT, "protocol": "TCP"})
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": dict(meta.get("annotations") or {}),
+            "ownerReferences": [owner_reference(name, uid)],
+        },
+        "spec": pod_spec,
+    }
+
+
+def headless_service(*, name: str, namespace: str, uid: str) -> dict[str, Any]:
+    """One DNS name per worker (``<job>-worker-<i>.<job>``), published before pods are Ready."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": job_labels(name),
+            "ownerReferences": [owner_reference(name, uid)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": job_labels(name),
+            "ports": [{"name": "rdzv", "port": contract.DEFAULT_RDZV_PORT, "targetPort": contract.DEFAULT_RDZV_PORT}],
+        },
+    }

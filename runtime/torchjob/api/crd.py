@@ -1,0 +1,162 @@
+"""Build the TorchJob CustomResourceDefinition from the pydantic models.
+
+``make crds`` writes the result to ``crds/``; ``tests/unit/test_crd.py``
+fails when the committed YAML differs, so the CRD is never edited by hand.
+
+Pydantic emits JSON Schema (``$ref``, ``anyOf`` with ``null``, ``const``);
+Kubernetes wants a *structural* OpenAPI v3 schema. ``to_structural`` bridges
+the two: references are inlined, optional types lose their ``null`` branch,
+``int | str`` becomes ``x-kubernetes-int-or-string``, and models that accept
+unknown fields (the pod template) keep them with
+``x-kubernetes-preserve-unknown-fields``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from torchjob.api import models
+
+_DROP = {"title", "$defs"}
+_VALIDATIONS = models.CEL
+
+
+def _merge_validations(into: dict[str, Any], extra: dict[str, Any]) -> None:
+    for key, value in extra.items():
+        if key == _VALIDATIONS and key in into:
+            into[key] = [*into[key], *[v for v in value if v not in into[key]]]
+        elif key not in into:
+            into[key] = value
+
+
+def to_structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """Turn one pydantic JSON Schema node into a structural OpenAPI v3 node."""
+    node = dict(schema)
+    if "$ref" in node:
+        target = defs[node.pop("$ref").rsplit("/", 1)[-1]]
+        resolved = to_structural(target, defs)
+        _merge_validations(resolved, {k: v for k, v in node.items() if k not in _DROP})
+        node = resolved
+        # Descriptions on the referring field win over the model docstring.
+        if "description" in schema:
+            node["description"] = schema["description"]
+
+    if "anyOf" in node:
+        branches = [b for b in node.pop("anyOf") if b.get("type") != "null"]
+        types = {b.get("type") for b in branches}
+        if len(branches) == 1:
+            inner = to_structural(branches[0], defs)
+            _merge_validations(inner, {k: v for k, v in node.items() if k not in _DROP})
+            if "description" in node:
+                inner["description"] = node["description"]
+            node = inner
+        elif types == {"integer", "string"}:
+            node["x-kubernetes-int-or-string"] = True
+        else:  # pragma: no cover - a model change that needs a decision here
+            raise ValueError(f"cannot express anyOf {branches} in a structural schema")
+
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    if node.get("default", 0) is None or isinstance(node.get("default"), dict | list):
+        node.pop("default", None)
+
+    extra = node.pop("additionalProperties", None)
+    if node.get("type") == "object":
+        if "properties" in node:
+            node["properties"] = {
+                name: to_structural(sub, defs) for name, sub in node["properties"].items()
+            }
+            if extra is True:
+                node["x-kubernetes-preserve-unknown-fields"] = True
+        elif isinstance(extra, dict) and extra:
+            node["additionalProperties"] = to_structural(extra, defs)
+        elif extra is True or extra == {}:
+            node["x-kubernetes-preserve-unknown-fields"] = True
+    if node.get("type") == "array" and "items" in node:
+        node["items"] = to_structural(node["items"], defs)
+    if not node.get("type") and not node.get("x-kubernetes-int-or-string"):
+        if "enum" in node:
+            node["type"] = "string"
+        else:  # Any
+            node["x-kubernetes-preserve-unknown-fields"] = True
+    for key in _DROP:
+        node.pop(key, None)
+    return node
+
+
+def _model_schema(model: type[models._Model]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    return to_structural(raw, raw.get("$defs", {}))
+
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Ready", "type": "string", "jsonPath": ".status.workers", "description": "ready/desired workers"},
+    {"name": "Gen", "type": "integer", "jsonPath": ".status.currentGeneration", "description": "membership generation"},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "group restarts after failures"},
+    {"name": "Disruptions", "type": "integer", "jsonPath": ".status.disruptions", "priority": 1},
+    {"name": "Epoch", "type": "integer", "jsonPath": ".status.progress.epoch", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def build_crd() -> dict[str, Any]:
+    """The full apiextensions.k8s.io/v1 CustomResourceDefinition."""
+    spec_schema = _model_schema(models.TorchJobSpec)
+    status_schema = _model_schema(models.TorchJobStatus)
+    status_schema["x-kubernetes-preserve-unknown-fields"] = True  # kopf's own bookkeeping
+    root = {
+        "type": "object",
+        "description": "TorchJob runs distributed PyTorch training on a group of worker pods.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{models.PLURAL}.{models.GROUP}"},
+        "spec": {
+            "group": models.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": models.KIND,
+                "listKind": f"{models.KIND}List",
+                "plural": models.PLURAL,
+                "singular": models.SINGULAR,
+                "shortNames": list(models.SHORT_NAMES),
+                "categories": ["all", "torchjob"],
+            },
+            "versions": [
+                {
+                    "name": models.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": root},
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                }
+            ],
+        },
+    }
+
+
+HEADER = "# Generated by `make crds` from torchjob.api.models. Do not edit by hand.\n"
+
+
+def render_crd_yaml() -> str:
+    return HEADER + yaml.safe_dump(build_crd(), sort_keys=False, width=100)

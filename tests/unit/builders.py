@@ -1,0 +1,80 @@
+"""Fluent builders for planner tests: ``job("a").replicas(4).build()``, ``pod(0).running()``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from torchjob.api.models import TorchJobSpec
+from torchjob_operator.planner.observed import JobState, PodPhase, PodView
+from torchjob_operator.planner.plan import JobView
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+class JobBuilder:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.spec: dict[str, Any] = {
+            "replicas": 2,
+            "template": {"spec": {"containers": [{"name": "trainer", "image": "img"}]}},
+        }
+        self.status: dict[str, Any] = {}
+
+    def replicas(self, n: int) -> JobBuilder:
+        self.spec["replicas"] = n
+        return self
+
+    def elastic(self, lo: int, hi: int) -> JobBuilder:
+        self.spec["elastic"] = {"minReplicas": lo, "maxReplicas": hi}
+        return self
+
+    def max_restarts(self, n: int, **policy: Any) -> JobBuilder:
+        self.spec["failurePolicy"] = {"maxRestarts": n, **policy}
+        return self
+
+    def run_policy(self, **policy: Any) -> JobBuilder:
+        self.spec["runPolicy"] = policy
+        return self
+
+    def with_status(self, **status: Any) -> JobBuilder:
+        self.status.update(status)
+        return self
+
+    def build(self) -> JobView:
+        return JobView(
+            name=self.name,
+            namespace="ns",
+            spec=TorchJobSpec.model_validate(self.spec),
+            state=JobState.from_status(self.status),
+            metadata_generation=1,
+        )
+
+
+def job(name: str = "tj") -> JobBuilder:
+    return JobBuilder(name)
+
+
+def pod(index: int, generation: int = 0, job_name: str = "tj") -> PodView:
+    return PodView(name=f"{job_name}-worker-{index}", index=index, generation=generation)
+
+
+def running(p: PodView) -> PodView:
+    return replace(p, phase=PodPhase.RUNNING, ready=True, scheduled=True)
+
+
+def succeeded(p: PodView) -> PodView:
+    return replace(p, phase=PodPhase.SUCCEEDED, exit_code=0, scheduled=True)
+
+
+def failed(p: PodView, code: int = 1, at_s: float = 0.0) -> PodView:
+    return replace(p, phase=PodPhase.FAILED, exit_code=code, reason="Error", scheduled=True, finished_at=at(at_s))
+
+
+def preempted(p: PodView, reason: str = "PreemptionByScheduler") -> PodView:
+    return replace(p, phase=PodPhase.FAILED, exit_code=137, disruption=reason, scheduled=True)

@@ -1,0 +1,257 @@
+"""Table-driven tests of the pure planner, plus hypothesis invariants."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.unit.builders import at, failed, job, pod, preempted, running, succeeded
+from torchjob.api.models import Phase
+from torchjob_operator.planner.failure import backoff_seconds, decide_failure, Verdict
+from torchjob_operator.planner.observed import PodView
+from torchjob_operator.planner.plan import JobView, Plan, plan, with_state
+
+
+def apply(p: Plan, pods: list[PodView]) -> list[PodView]:
+    """What the cluster looks like once a plan is carried out (deleted pods vanish at once)."""
+    left = [x for x in pods if x.name not in p.delete]
+    if p.create:
+        left += [pod(i, p.create.generation) for i in p.create.indices]
+    return left
+
+
+def step(view: JobView, pods: list[PodView], now_s: float) -> tuple[Plan, JobView, list[PodView]]:
+    decided = plan(view, pods, at(now_s))
+    return decided, with_state(view, decided.status), apply(decided, pods)
+
+
+def test_first_reconcile_creates_all_workers_of_generation_zero() -> None:
+    decided = plan(job().replicas(4).build(), [], at(0))
+    assert decided.create is not None
+    assert decided.create.indices == (0, 1, 2, 3)
+    assert decided.create.generation == 0
+    assert decided.phase == Phase.PENDING
+    assert decided.status["createdGeneration"] == 0
+    assert decided.status["startTime"] == "2026-01-01T00:00:00Z"
+
+
+def test_repeated_plan_creates_nothing_new() -> None:
+    decided, view, pods = step(job().replicas(2).build(), [], 0)
+    again = plan(view, pods, at(1))
+    assert again.create is None
+    assert again.delete == ()
+
+
+def test_all_running_is_running_and_ready() -> None:
+    _, view, pods = step(job().replicas(2).build(), [], 0)
+    decided = plan(view, [running(p) for p in pods], at(5))
+    assert decided.phase == Phase.RUNNING
+    ready = next(c for c in decided.status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True"
+    assert decided.status["workers"] == "2/2"
+
+
+def test_all_workers_exit_zero_succeeds_and_keeps_finished_pods() -> None:
+    _, view, pods = step(job().replicas(2).build(), [], 0)
+    decided = plan(view, [succeeded(p) for p in pods], at(9))
+    assert decided.phase == Phase.SUCCEEDED
+    assert decided.delete == ()  # cleanPodPolicy Running keeps finished pods for logs
+    assert decided.status["completionTime"] == "2026-01-01T00:00:09Z"
+
+
+def test_one_success_is_not_the_job_succeeding() -> None:
+    _, view, pods = step(job().replicas(2).build(), [], 0)
+    decided = plan(view, [succeeded(pods[0]), running(pods[1])], at(9))
+    assert decided.phase == Phase.RUNNING
+
+
+@pytest.mark.parametrize(
+    ("code", "policy", "expected_phase", "restarts"),
+    [
+        pytest.param(1, {}, Phase.RESTARTING, 1, id="retryable-default"),
+        pytest.param(3, {"permanentExitCodes": [3]}, Phase.FAILED, 0, id="permanent-listed"),
+        pytest.param(3, {"retryableExitCodes": [137]}, Phase.FAILED, 0, id="not-in-retryable-list"),
+        pytest.param(137, {"retryableExitCodes": [137]}, Phase.RESTARTING, 1, id="in-retryable-list"),
+    ],
+)
+def test_failure_exit_code_classes(code: int, policy: dict, expected_phase: Phase, restarts: int) -> None:
+    _, view, pods = step(job().replicas(2).max_restarts(3, **policy).build(), [], 0)
+    decided = plan(view, [failed(pods[0], code), running(pods[1])], at(5))
+    assert decided.phase == expected_phase
+    assert decided.status["restarts"] == restarts
+    assert decided.status["lastFailure"]["exitCode"] == code
+    assert decided.status["lastFailure"]["pod"] == "tj-worker-0"
+
+
+def test_failure_restarts_whole_group_after_backoff() -> None:
+    _, view, pods = step(job().replicas(2).max_restarts(2).build(), [], 0)
+    decided, view, pods = step(view, [failed(pods[0], 1), running(pods[1])], 5)
+    assert decided.phase == Phase.RESTARTING
+    assert set(decided.delete) == {"tj-worker-0", "tj-worker-1"}
+    assert decided.create is None
+    assert decided.status["currentGeneration"] == 1
+    assert decided.requeue_after_s == pytest.approx(10)  # backoff.initialSeconds
+    # Before the backoff expires nothing is created...
+    early = plan(view, pods, at(10))
+    assert early.create is None
+    # ...after it, the new generation appears.
+    late, view, pods = step(view, pods, 16)
+    assert late.create is not None and late.create.generation == 1
+    assert {p.generation for p in pods} == {1}
+
+
+def test_restart_budget_exhausted_fails() -> None:
+    view = job().replicas(1).max_restarts(1).build()
+    _, view, pods = step(view, [], 0)
+    _, view, pods = step(view, [failed(pods[0])], 1)
+    _, view, pods = step(view, pods, 100)
+    final = plan(view, [failed(p) for p in pods], at(200))
+    assert final.phase == Phase.FAILED
+    assert final.status["restarts"] == 1
+    assert any(c["type"] == "Stalled" and c["status"] == "True" for c in final.status["conditions"])
+    assert "RestartLimitExceeded" in {e.reason for e in final.events}
+
+
+def test_preemption_is_a_disruption_and_never_charged() -> None:
+    _, view, pods = step(job().replicas(3).max_restarts(0).build(), [], 0)
+    # The peer's crash is seen too: the generation as a whole counts as disrupted.
+    observed = [preempted(pods[0]), failed(pods[1], 1), running(pods[2])]
+    decided = plan(view, observed, at(5))
+    assert decided.phase == Phase.RESTARTING
+    assert decided.status["restarts"] == 0
+    assert decided.status["disruptions"] == 1
+    assert decided.requeue_after_s is None or decided.requeue_after_s > 0
+    assert decided.status["restartAfter"] is None
+
+
+def test_pod_deleted_by_someone_else_is_a_disruption() -> None:
+    _, view, pods = step(job().replicas(2).build(), [], 0)
+    decided = plan(view, [running(pods[1])], at(5))
+    assert decided.status["disruptions"] == 1
+    assert decided.status["restarts"] == 0
+    assert decided.status["currentGeneration"] == 1
+
+
+def test_suspend_deletes_pods_and_resume_starts_new_generation() -> None:
+    builder = job().replicas(2)
+    _, view, pods = step(builder.build(), [], 0)
+    suspended_view = replace(view, spec=builder.run_policy(suspend=True).build().spec)
+    decided, view, pods = step(suspended_view, [running(p) for p in pods], 5)
+    assert decided.phase == Phase.SUSPENDED
+    assert set(decided.delete) == {"tj-worker-0", "tj-worker-1"}
+    resumed_view = replace(view, spec=builder.run_policy(suspend=False).build().spec)
+    decided = plan(resumed_view, pods, at(10))
+    assert decided.create is not None and decided.create.generation == 1
+    assert decided.status["startTime"] == "2026-01-01T00:00:10Z"
+
+
+def test_deadline_fails_job_and_deletes_running_pods() -> None:
+    _, view, pods = step(job().replicas(2).run_policy(activeDeadlineSeconds=30).build(), [], 0)
+    mid = plan(view, [running(p) for p in pods], at(10))
+    assert mid.requeue_after_s == pytest.approx(20)
+    decided = plan(view, [running(p) for p in pods], at(31))
+    assert decided.phase == Phase.FAILED
+    assert set(decided.delete) == {"tj-worker-0", "tj-worker-1"}
+    assert "DeadlineExceeded" in {e.reason for e in decided.events}
+
+
+def test_ttl_deletes_finished_job() -> None:
+    _, view, pods = step(job().replicas(1).run_policy(ttlSecondsAfterFinished=60).build(), [], 0)
+    done, view, pods = step(view, [succeeded(p) for p in pods], 10)
+    assert done.requeue_after_s == pytest.approx(60)
+    assert not plan(view, pods, at(30)).delete_job
+    assert plan(view, pods, at(71)).delete_job
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        pytest.param("None", set(), id="none"),
+        pytest.param("Running", {"tj-worker-1"}, id="running"),
+        pytest.param("All", {"tj-worker-0", "tj-worker-1"}, id="all"),
+    ],
+)
+def test_clean_pod_policy(policy: str, expected: set[str]) -> None:
+    _, view, pods = step(job().replicas(2).max_restarts(0).run_policy(cleanPodPolicy=policy).build(), [], 0)
+    decided = plan(view, [failed(pods[0], 1), running(pods[1])], at(5))
+    assert decided.phase == Phase.FAILED
+    assert set(decided.delete) == expected
+
+
+def test_scale_starts_new_generation_with_new_size() -> None:
+    builder = job().replicas(2)
+    _, view, pods = step(builder.build(), [], 0)
+    view = replace(view, spec=builder.replicas(3).build().spec)
+    decided, view, pods = step(view, [running(p) for p in pods], 5)
+    assert decided.status["currentGeneration"] == 1
+    assert decided.status["restarts"] == 0 and decided.status["disruptions"] == 0
+    decided, view, pods = step(view, pods, 6)
+    assert decided.create is not None and decided.create.indices == (0, 1, 2)
+
+
+def test_backoff_is_exponential_and_capped() -> None:
+    policy = job().max_restarts(10, backoff={"initialSeconds": 5, "maxSeconds": 30, "factor": 2}).build().spec.failure_policy
+    assert [backoff_seconds(n, policy) for n in range(1, 6)] == [5, 10, 20, 30, 30]
+    assert decide_failure(1, restarts=10, policy=policy).verdict == Verdict.FAIL_BUDGET_EXHAUSTED
+
+
+# --- invariants ----------------------------------------------------------------------
+
+POD_FATES = st.sampled_from(["running", "pending", "failed", "preempted", "succeeded", "gone"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    replicas=st.integers(1, 6),
+    max_restarts=st.integers(0, 3),
+    rounds=st.lists(st.lists(POD_FATES, min_size=6, max_size=6), min_size=1, max_size=6),
+)
+def test_invariants_over_random_histories(replicas: int, max_restarts: int, rounds: list[list[str]]) -> None:
+    view = job().replicas(replicas).max_restarts(max_restarts, backoff={"initialSeconds": 0}).build()
+    pods: list[PodView] = []
+    t = 0.0
+    failures_seen = 0
+    for fates in rounds:
+        decided, view, pods = step(view, pods, t)
+        t += 100
+        # never more pods than desired, ranks unique and dense
+        assert len(pods) <= replicas
+        live = [p for p in pods if p.generation == view.state.generation]
+        indices = sorted(p.index for p in live)
+        assert indices == list(range(len(indices)))
+        if decided.phase.is_terminal:
+            break
+        new = []
+        round_failed = False
+        round_disrupted = False
+        for p, fate in zip(pods, fates, strict=False):
+            if fate == "running":
+                new.append(running(p))
+            elif fate == "pending":
+                new.append(p)
+            elif fate == "failed":
+                new.append(failed(p))
+                round_failed = True
+            elif fate == "preempted":
+                new.append(preempted(p))
+                round_disrupted = True
+            elif fate == "succeeded":
+                new.append(succeeded(p))
+            else:
+                round_disrupted = True
+        pods = new
+        if round_failed and not round_disrupted:
+            failures_seen += 1
+        restarts_before = view.state.restarts
+        decided, view, pods = step(view, pods, t)
+        t += 100
+        # disruptions never charged to the failure budget
+        if round_disrupted:
+            assert view.state.restarts == restarts_before
+        assert view.state.restarts <= max_restarts
+        assert view.state.restarts <= failures_seen
+        if decided.phase.is_terminal:
+            break
