@@ -1,0 +1,356 @@
+"""Checkpoint storage on any fsspec filesystem, with atomic commit and retention.
+
+Layout of a run directory (``<storage_path>/<name>``)::
+
+    checkpoint_000003/            user files + _torchjob_manifest.json + _COMMITTED
+    .tmp-checkpoint_000004-ab12/  a save in progress (or a crashed one): never read
+
+Commit protocol: files are written under a temporary name and fsynced, the
+manifest (sizes and sha256 of every file, metrics, data position) is written and
+fsynced, the directory is renamed to its final name, and last the ``_COMMITTED``
+marker, holding the manifest's sha256, is written and fsynced. Object stores
+have no atomic directory rename, so there the marker alone decides: a directory
+without a valid marker is not a checkpoint. A crash at any point therefore leaves
+either the previous checkpoints or a new complete one, never a partial one that
+looks valid. Loading verifies every file against the manifest.
+
+Only rank 0 calls this module during training; other ranks get checkpoint
+contents from rank 0 by broadcast (see ``torchjob.train``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from fsspec.core import url_to_fs
+
+from torchjob.checkpoint.errors import CheckpointError
+
+MANIFEST = "_torchjob_manifest.json"
+MARKER = "_COMMITTED"
+_DIR_RE = re.compile(r"^checkpoint_(\d{6,})$")
+_RESERVED = {MANIFEST, MARKER}
+
+
+def checkpoint_dir_name(index: int) -> str:
+    return f"checkpoint_{index:06d}"
+
+
+@dataclass(frozen=True)
+class CommittedCheckpoint:
+    """A checkpoint whose commit marker is valid."""
+
+    index: int
+    path: str
+    """Full URL or local path of the checkpoint directory."""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    data_positions: list[dict[str, Any]] = field(default_factory=list)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Relative path -> {"size", "sha256"}."""
+    created_at: float = 0.0
+
+
+def _sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_synced(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _local_files(local_dir: str) -> dict[str, str]:
+    """Relative path -> absolute path of every regular file under ``local_dir``."""
+    root = Path(local_dir)
+    if not root.is_dir():
+        raise CheckpointError(local_dir, "is not a directory")
+    out: dict[str, str] = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            rel = p.relative_to(root).as_posix()
+            if rel in _RESERVED:
+                continue
+            out[rel] = str(p)
+    return out
+
+
+class CheckpointStorage:
+    """One run directory of checkpoints, on a local path, a PVC or an object store."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/") or "/"
+        self.fs, self.root = url_to_fs(self.url)
+        self.is_local = "file" in _protocols(self.fs)
+
+    def _join(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), *parts])
+
+    def _url_of(self, name: str) -> str:
+        if self.is_local:
+            return self._join(name)
+        return f"{self.url}/{name}"
+
+    # --- writing --------------------------------------------------------------------
+    def next_index(self) -> int:
+        """One past every index ever used here, complete or not, so names never collide."""
+        used = [0]
+        for name in self._names():
+            m = _DIR_RE.match(name) or re.match(r"^\.tmp-checkpoint_(\d+)-", name)
+            if m:
+                used.append(int(m.group(1)))
+        return max(used) + 1
+
+    def commit(
+        self,
+        local_dir: str,
+        *,
+        metrics: dict[str, Any] | None = None,
+        data_positions: list[dict[str, Any]] | None = None,
+        index: int | None = None,
+    ) -> CommittedCheckpoint:
+        """Copy ``local_dir`` in as the next checkpoint and commit it atomically."""
+        files = _local_files(local_dir)
+        index = self.next_index() if index is None else index
+        name = checkpoint_dir_name(index)
+        manifest = {
+            "format": 1,
+            "index": index,
+            "created_at": time.time(),
+            "metrics": _jsonable(metrics or {}),
+            "data_positions": data_positions or [],
+            "files": {
+                rel: {"size": os.path.getsize(p), "sha256": _sha256_file(p)}
+                for rel, p in files.items()
+            },
+        }
+        manifest_bytes = json.dumps(manifest, indent=1, sort_keys=True).encode()
+        marker_bytes = hashlib.sha256(manifest_bytes).hexdigest().encode()
+        final = self._join(name)
+        try:
+            if self.is_local:
+                self._commit_local(files, name, manifest_bytes, marker_bytes)
+            else:
+                self.fs.makedirs(final, exist_ok=True)
+                for rel, p in files.items():
+                    self.fs.put_file(p, f"{final}/{rel}")
+                self.fs.pipe_file(f"{final}/{MANIFEST}", manifest_bytes)
+                self.fs.pipe_file(f"{final}/{MARKER}", marker_bytes)
+        except OSError as e:
+            raise CheckpointError(self._url_of(name), f"saving failed: {e}") from e
+        return self._from_manifest(name, manifest)
+
+    def _commit_local(
+        self, files: dict[str, str], name: str, manifest_bytes: bytes, marker_bytes: bytes
+    ) -> None:
+        os.makedirs(self.root, exist_ok=True)
+        tmp = self._join(f".tmp-{name}-{uuid.uuid4().hex[:8]}")
+        os.makedirs(tmp)
+        for rel, src in files.items():
+            dst = os.path.join(tmp, rel)
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.copyfile(src, dst)
+            with open(dst, "rb+") as f:
+                os.fsync(f.fileno())
+        _write_synced(os.path.join(tmp, MANIFEST), manifest_bytes)
+        _fsync_dir(tmp)
+        final = self._join(name)
+        os.rename(tmp, final)
+        _fsync_dir(self.root)
+        marker_tmp = os.path.join(final, f".{MARKER}.tmp")
+        _write_synced(marker_tmp, marker_bytes)
+        os.rename(marker_tmp, os.path.join(final, MARKER))
+        _fsync_dir(final)
+
+    # --- reading --------------------------------------------------------------------
+    def _names(self) -> list[str]:
+        try:
+            entries = self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return []
+        return [str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries]
+
+    def _read_manifest(self, name: str) -> dict[str, Any] | None:
+        """The manifest of a committed directory; ``None`` when it has no marker (incomplete)."""
+        base = self._join(name)
+        try:
+            marker = self.fs.cat_file(f"{base}/{MARKER}")
+        except FileNotFoundError:
+            return None
+        path = self._url_of(name)
+        try:
+            manifest_bytes = self.fs.cat_file(f"{base}/{MANIFEST}")
+        except FileNotFoundError:
+            raise CheckpointError(path, f"is marked committed but {MANIFEST} is missing") from None
+        if hashlib.sha256(manifest_bytes).hexdigest().encode() != marker.strip():
+            raise CheckpointError(path, f"{MANIFEST} does not match its commit marker (corrupt)")
+        try:
+            data: dict[str, Any] = json.loads(manifest_bytes)
+        except ValueError as e:
+            raise CheckpointError(path, f"{MANIFEST} is not valid JSON: {e}") from e
+        return data
+
+    def _from_manifest(self, name: str, manifest: dict[str, Any]) -> CommittedCheckpoint:
+        return CommittedCheckpoint(
+            index=int(manifest["index"]),
+            path=self._url_of(name),
+            metrics=dict(manifest.get("metrics", {})),
+            data_positions=list(manifest.get("data_positions", [])),
+            files=dict(manifest.get("files", {})),
+            created_at=float(manifest.get("created_at", 0.0)),
+        )
+
+    def list_committed(self) -> list[CommittedCheckpoint]:
+        """Committed checkpoints by index; incomplete ones are skipped, corrupt markers raise."""
+        out = []
+        for name in sorted(self._names()):
+            if not _DIR_RE.match(name):
+                continue
+            manifest = self._read_manifest(name)
+            if manifest is not None:
+                out.append(self._from_manifest(name, manifest))
+        return sorted(out, key=lambda c: c.index)
+
+    def latest_committed(self) -> CommittedCheckpoint | None:
+        committed = self.list_committed()
+        return committed[-1] if committed else None
+
+    def read_files(self, ckpt: CommittedCheckpoint) -> dict[str, bytes]:
+        """Every file of ``ckpt``, verified against its manifest."""
+        base = self._join(ckpt.path.rstrip("/").rsplit("/", 1)[-1])
+        out: dict[str, bytes] = {}
+        for rel, meta in ckpt.files.items():
+            try:
+                data = self.fs.cat_file(f"{base}/{rel}")
+            except FileNotFoundError:
+                raise CheckpointError(
+                    ckpt.path, f"file {rel} listed in the manifest is missing"
+                ) from None
+            if len(data) != int(meta["size"]) or hashlib.sha256(data).hexdigest() != meta["sha256"]:
+                raise CheckpointError(
+                    ckpt.path, f"file {rel} does not match its checksum (corrupt)"
+                )
+            out[rel] = data
+        return out
+
+    def download(self, ckpt: CommittedCheckpoint, local_dir: str) -> None:
+        """Verified copy of ``ckpt`` into ``local_dir``."""
+        write_files(self.read_files(ckpt), local_dir)
+
+    # --- housekeeping ---------------------------------------------------------------
+    def remove_incomplete(self) -> list[str]:
+        """Delete leftovers of crashed saves (temporary dirs, directories without a marker)."""
+        removed = []
+        for name in self._names():
+            incomplete = name.startswith(".tmp-checkpoint_") or (
+                _DIR_RE.match(name) is not None and self._read_manifest(name) is None
+            )
+            if incomplete:
+                self.fs.rm(self._join(name), recursive=True)
+                removed.append(name)
+        return removed
+
+    def apply_retention(
+        self,
+        num_to_keep: int | None,
+        *,
+        score_attribute: str | None = None,
+        score_order: str = "max",
+    ) -> list[CommittedCheckpoint]:
+        """Delete all but the best ``num_to_keep`` (by score, else the newest); returns the deleted.
+
+        The newest checkpoint is always kept as well: resuming needs it.
+        """
+        if num_to_keep is None:
+            return []
+        committed = self.list_committed()
+        if len(committed) <= num_to_keep:
+            return []
+        keep = {
+            c.index for c in rank_checkpoints(committed, score_attribute, score_order)[:num_to_keep]
+        }
+        keep.add(committed[-1].index)
+        deleted = []
+        for c in committed:
+            if c.index not in keep:
+                name = checkpoint_dir_name(c.index)
+                # Remove the marker first: a half-deleted directory must never look committed.
+                self.fs.rm(self._join(name, MARKER))
+                self.fs.rm(self._join(name), recursive=True)
+                deleted.append(c)
+        return deleted
+
+
+def rank_checkpoints(
+    committed: list[CommittedCheckpoint], score_attribute: str | None, score_order: str = "max"
+) -> list[CommittedCheckpoint]:
+    """Best first: by ``score_attribute`` (checkpoints without it last), else newest first."""
+    if score_attribute is None:
+        return sorted(committed, key=lambda c: -c.index)
+    sign = -1.0 if score_order == "max" else 1.0
+
+    def key(c: CommittedCheckpoint) -> tuple[int, float, int]:
+        value = c.metrics.get(score_attribute)
+        if not isinstance(value, int | float):
+            return (1, 0.0, -c.index)
+        return (0, sign * float(value), -c.index)
+
+    return sorted(committed, key=key)
+
+
+def write_files(files: dict[str, bytes], local_dir: str) -> None:
+    """Materialize ``{relative path: bytes}`` under ``local_dir``."""
+    for rel, data in files.items():
+        dst = os.path.join(local_dir, rel)
+        os.makedirs(os.path.dirname(dst) or local_dir, exist_ok=True)
+        with open(dst, "wb") as f:
+            f.write(data)
+
+
+def latest_committed(url: str) -> CommittedCheckpoint | None:
+    """The newest committed checkpoint of the run directory ``url``, if any."""
+    return CheckpointStorage(url).latest_committed()
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    proto = fs.protocol
+    return (proto,) if isinstance(proto, str) else tuple(proto)
+
+
+def _jsonable(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Metrics as JSON can hold them (numpy/torch scalars become floats)."""
+    out: dict[str, Any] = {}
+    for k, v in metrics.items():
+        if isinstance(v, bool | int | float | str) or v is None:
+            out[str(k)] = v
+        elif hasattr(v, "item"):
+            try:
+                out[str(k)] = v.item()
+            except (ValueError, RuntimeError):
+                out[str(k)] = str(v)
+        else:
+            out[str(k)] = str(v)
+    return out
