@@ -1,0 +1,201 @@
+"""The operator under test, run as a real process against the local control plane.
+
+``OperatorProcess`` starts ``python -m torchjob_operator`` with the cluster's
+kubeconfig and waits on its liveness endpoint, so tests can also SIGKILL it
+mid-reconcile and start a new one. ``Jobs`` drives TorchJobs the way a user
+does (kubectl apply / scale / patch) and waits on their status, failing with
+the job's status, its Events and its pods' state when time runs out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tests import kube as k
+from torchjob import contract
+from torchjob.api.models import GROUP, PLURAL, VERSION
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_FILE = REPO / "crds" / "torchjob.io_torchjobs.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class OperatorProcess:
+    def __init__(self, cluster: k.Cluster, log_dir: Path) -> None:
+        self.cluster = cluster
+        self.log_dir = log_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"operator-{self.starts}.log"
+
+    def start(self) -> None:
+        self.starts += 1
+        port = free_port()
+        log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "torchjob_operator",
+                "--kubeconfig", str(self.cluster.kubeconfig),
+                "--resync-period", "10",
+                "--liveness", f"http://127.0.0.1:{port}/healthz",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)},
+            cwd=REPO,
+        )
+
+        def healthy() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"operator exited with {self.proc.returncode}:\n{self.logs()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+
+        k.wait_for(healthy, 60, lambda: f"operator liveness endpoint\n{self.logs()}", interval=0.2)
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to clean up, as when a node dies under the operator."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def logs(self, tail: int = 60) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no operator log)"
+        return "\n".join(lines[-tail:])
+
+
+def worker_template(**spec_extra: Any) -> dict[str, Any]:
+    """A pod template for kwok nodes: grace 0 so deletions are immediate."""
+    return {
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+                }
+            ],
+            **spec_extra,
+        }
+    }
+
+
+def torchjob(name: str, *, replicas: int = 2, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "replicas": replicas,
+        "failurePolicy": {"maxRestarts": 3, "backoff": {"initialSeconds": 1, "maxSeconds": 2}},
+        "template": worker_template(),
+    }
+    body.update(spec)
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TorchJob", "metadata": {"name": name}, "spec": body}
+
+
+class Jobs:
+    """TorchJobs in one namespace, driven through kubectl and read through the API."""
+
+    def __init__(self, cluster: k.Cluster, api: Any, namespace: str, operator: OperatorProcess) -> None:
+        self.cluster = cluster
+        self.ns = namespace
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.operator = operator
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.cluster.kubectl("-n", self.ns, *args, input=input, check=check)
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        self.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(manifest))
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)  # type: ignore[no-any-return]
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def status(self, name: str) -> dict[str, Any]:
+        return (self.get(name) or {}).get("status") or {}
+
+    def pods(self, name: str) -> list[Any]:
+        return sorted(
+            self.core.list_namespaced_pod(self.ns, label_selector=f"{contract.LABEL_JOB_NAME}={name}").items,
+            key=lambda p: p.metadata.name,
+        )
+
+    def events(self, name: str) -> list[Any]:
+        evs = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
+        return sorted(evs, key=lambda e: e.metadata.creation_timestamp)
+
+    def event_reasons(self, name: str) -> list[str]:
+        return [e.reason for e in self.events(name)]
+
+    def describe(self, name: str) -> str:
+        job = self.get(name)
+        lines = [f"TorchJob {self.ns}/{name} status:", json.dumps((job or {}).get("status"), indent=1)]
+        lines.append("events: " + "; ".join(f"{e.type}/{e.reason}: {e.message}" for e in self.events(name)))
+        lines.append(k.describe_namespace(self.core, self.ns))
+        lines.append("operator log (tail):\n" + self.operator.logs(40))
+        return "\n".join(lines)
+
+    def wait(self, name: str, check: Callable[[dict[str, Any]], Any], what: str, timeout: float = 60) -> Any:
+        def probe() -> Any:
+            return check(self.status(name))
+
+        return k.wait_for(probe, timeout, lambda: f"{what}\n{self.describe(name)}", interval=0.2)
+
+    def wait_phase(self, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
+        return self.wait(  # type: ignore[no-any-return]
+            name, lambda s: s if s.get("phase") == phase else None, f"TorchJob {name} phase {phase}", timeout
+        )
+
+    def wait_running_pods(self, name: str, count: int, generation: int, timeout: float = 60) -> list[Any]:
+        def probe() -> list[Any] | None:
+            pods = [p for p in self.pods(name) if p.metadata.deletion_timestamp is None]
+            gens = {p.metadata.labels.get(contract.LABEL_GENERATION) for p in pods}
+            ok = len(pods) == count and gens == {str(generation)} and all(p.status.phase == "Running" for p in pods)
+            return pods if ok else None
+
+        return k.wait_for(  # type: ignore[no-any-return]
+            probe, timeout, lambda: f"{count} Running pods of generation {generation}\n{self.describe(name)}", interval=0.2
+        )
+
+    def exit_pod(self, pod: str, code: int) -> None:
+        k.make_pod_exit(self.core, self.ns, pod, code)

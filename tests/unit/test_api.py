@@ -1,0 +1,92 @@
+"""The API models and the CRD generated from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from torchjob.api import TorchJob, TorchJobSpec
+from torchjob.api.crd import build_crd, render_crd_yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def spec(**extra: object) -> dict:
+    body: dict = {"replicas": 2, "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}}}
+    body.update(extra)
+    return body
+
+
+def test_committed_crd_is_generated_from_the_models() -> None:
+    committed = (REPO / "crds" / "torchjob.io_torchjobs.yaml").read_text()
+    assert committed == render_crd_yaml(), "crds/ is stale: run `make crds`"
+    chart = (REPO / "charts" / "torchjob-operator" / "crds" / "torchjob.io_torchjobs.yaml").read_text()
+    assert chart == committed
+
+
+def _walk(node: object, path: str = "") -> list[str]:
+    """Paths of schema nodes that are not structural (no type and no int-or-string/preserve)."""
+    bad = []
+    if isinstance(node, dict):
+        if "properties" in node or "items" in node:
+            if "type" not in node:
+                bad.append(path)
+        for key in ("anyOf", "oneOf", "$ref", "const", "title"):
+            if key in node:
+                bad.append(f"{path}.{key}")
+        for name, sub in (node.get("properties") or {}).items():
+            bad += _walk(sub, f"{path}.{name}")
+        if isinstance(node.get("items"), dict):
+            bad += _walk(node["items"], f"{path}[]")
+    return bad
+
+
+def test_crd_schema_is_structural() -> None:
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert _walk(schema) == []
+    nproc = schema["properties"]["spec"]["properties"]["nprocPerNode"]
+    assert nproc["x-kubernetes-int-or-string"] is True
+
+
+def test_crd_has_scale_status_and_printer_columns() -> None:
+    version = build_crd()["spec"]["versions"][0]
+    assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
+    assert "status" in version["subresources"]
+    names = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert names == ["Phase", "Ready", "Gen", "Restarts", "Disruptions", "Epoch", "Age"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        pytest.param({"replicas": 9, "elastic": {"minReplicas": 1, "maxReplicas": 4}}, "between spec.elastic.minReplicas", id="out-of-bounds"),
+        pytest.param({"nprocPerNode": "many"}, "nprocPerNode", id="bad-nproc"),
+        pytest.param({"backend": "mpi"}, "backend", id="bad-backend"),
+        pytest.param({"replicas": 0}, "replicas", id="zero"),
+        pytest.param({"failurePolicy": {"maxRestart": 3}}, "maxRestart", id="typo-is-an-error"),
+        pytest.param({"checkpoint": {}}, "spec.checkpoint needs a path", id="empty-checkpoint"),
+    ],
+)
+def test_invalid_specs_name_the_field(extra: dict, fragment: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        TorchJobSpec.model_validate(spec(**extra))
+    assert fragment in str(err.value)
+
+
+def test_examples_parse_and_resolve_processes_per_pod() -> None:
+    gpu = TorchJob.model_validate(yaml.safe_load((REPO / "examples" / "multi-gpu.yaml").read_text()))
+    assert gpu.spec.resolved_nproc_per_node() == 8
+    cpu = TorchJob.model_validate(yaml.safe_load((REPO / "examples" / "cpu-smoke.yaml").read_text()))
+    assert cpu.spec.resolved_nproc_per_node() == 1
+
+
+def test_import_api_and_contract_does_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, torchjob.api, torchjob.contract, torchjob_operator.planner.plan; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
