@@ -59,7 +59,9 @@ cluster: testbin ## start the local kwok cluster (real apiserver/scheduler/contr
 	hack/cluster.sh up
 
 .PHONY: cluster-down
-cluster-down: ## delete the local cluster
+cluster-down: ## delete the local cluster (and stop a cluster-demo operator)
+	-@pidfile="$$(dirname "$$(hack/cluster.sh kubeconfig)")/operator.pid"; \
+	  if [ -f "$$pidfile" ]; then kill "$$(cat "$$pidfile")" 2>/dev/null || true; fi
 	hack/cluster.sh down
 
 .PHONY: cluster-demo
