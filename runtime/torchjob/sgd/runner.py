@@ -175,7 +175,9 @@ class Runner:
                 drop_last=obj.drop_last,
             )
         if isinstance(obj, Dataset):
-            sampler = DistributedSampler(obj, shuffle=shuffle) if distributed else None
+            sampler: DistributedSampler[Any] | None = (
+                DistributedSampler(obj, shuffle=shuffle) if distributed else None
+            )
             return DataLoader(
                 obj,
                 batch_size=self.spec.batch_size_per_worker,

@@ -73,7 +73,7 @@ def backward(loss: torch.Tensor) -> None:
     if scaler is not None:
         scaler.scale(loss).backward()
     else:
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
 
 
 def step(optimizer: torch.optim.Optimizer) -> None:

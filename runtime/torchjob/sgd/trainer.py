@@ -104,22 +104,19 @@ def aggregate_stats(per_worker: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             weights = None
     out: dict[str, Any] = {}
     for key, value in first.items():
-        values = [s.get(key) for s in per_worker]
+        values: list[Any] = [s.get(key) for s in per_worker]
         numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
         if key in ("num_samples", "batch_count") and numeric:
-            out[key] = sum(values)  # type: ignore[arg-type]
+            out[key] = sum(values)
         elif key == "epoch" or not numeric:
             out[key] = value
         elif weights is not None:
-            finite = [
-                (float(v), w)
-                for v, w in zip(values, weights, strict=True)
-                if math.isfinite(float(v))
-            ]  # type: ignore[arg-type]
+            pairs = [(float(v), w) for v, w in zip(values, weights, strict=True)]
+            finite = [(v, w) for v, w in pairs if math.isfinite(v)]
             total = sum(w for _, w in finite)
             out[key] = sum(v * w for v, w in finite) / total if total else float("nan")
         else:
-            out[key] = sum(float(v) for v in values) / len(values)  # type: ignore[arg-type]
+            out[key] = sum(float(v) for v in values) / len(values)
     return out
 
 
