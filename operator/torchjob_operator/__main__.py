@@ -13,14 +13,27 @@ from torchjob_operator import settings as settings_mod
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="torchjob-operator", description=__doc__)
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)")
     p.add_argument(
-        "-n", "--namespace", action="append", default=[], help="serve only this namespace (repeatable); default: all"
+        "--kubeconfig",
+        help="kubeconfig file (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)",
     )
-    p.add_argument("--resync-period", type=float, default=60.0, help="seconds between idle reconciles of a job")
+    p.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="serve only this namespace (repeatable); default: all",
+    )
+    p.add_argument(
+        "--resync-period", type=float, default=60.0, help="seconds between idle reconciles of a job"
+    )
     p.add_argument("--create-concurrency", type=int, default=16, help="pods created in parallel")
-    p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
-    p.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
+    p.add_argument(
+        "--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)"
+    )
+    p.add_argument(
+        "--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8081/healthz"
+    )
     p.add_argument("--peering", default=None, help="kopf peering name for HA (default: standalone)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)

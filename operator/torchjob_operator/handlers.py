@@ -10,6 +10,7 @@ and it needs no finalizer: deleting a TorchJob never waits for the operator.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,8 @@ from kubernetes import config as kube_config
 
 from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION
-from torchjob_operator import metrics, settings as settings_mod
+from torchjob_operator import metrics
+from torchjob_operator import settings as settings_mod
 from torchjob_operator.kube import Kube
 from torchjob_operator.reconcile import reconcile_once
 
@@ -46,7 +48,9 @@ class Reconciler:
         if loop is None or loop.task is None or loop.task.done():
             loop = _Loop()
             self.loops[key] = loop
-            loop.task = asyncio.create_task(self._run(key, loop), name=f"torchjob:{key[0]}/{key[1]}")
+            loop.task = asyncio.create_task(
+                self._run(key, loop), name=f"torchjob:{key[0]}/{key[1]}"
+            )
         loop.wake.set()
 
     def forget(self, key: JobKey) -> None:
@@ -61,11 +65,15 @@ class Reconciler:
         while True:
             loop.wake.clear()
             try:
-                outcome = await asyncio.to_thread(reconcile_once, self.kube, ns, name, settings=settings)
+                outcome = await asyncio.to_thread(
+                    reconcile_once, self.kube, ns, name, settings=settings
+                )
                 error_backoff = 1.0
             except Exception:  # never let one job's error end the operator
                 metrics.RECONCILE_ERRORS.inc()
-                log.exception("[%s/%s] reconcile failed; retrying in %.0fs", ns, name, error_backoff)
+                log.exception(
+                    "[%s/%s] reconcile failed; retrying in %.0fs", ns, name, error_backoff
+                )
                 delay: float | None = error_backoff
                 error_backoff = min(error_backoff * 2, 60.0)
             else:
@@ -73,11 +81,11 @@ class Reconciler:
                     self.loops.pop(key, None)
                     return
                 delay = outcome.requeue_after_s
-            timeout = settings.resync_period_s if delay is None else min(delay, settings.resync_period_s)
-            try:
+            timeout = (
+                settings.resync_period_s if delay is None else min(delay, settings.resync_period_s)
+            )
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(loop.wake.wait(), timeout=timeout)
-            except asyncio.TimeoutError:
-                pass
 
 
 RECONCILER: Reconciler | None = None
@@ -98,9 +106,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = ours.watch_connect_timeout_s
     settings.posting.level = logging.WARNING  # our Events are posted by the reconciler
     try:
-        kube_config.load_incluster_config()
+        kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
     except kube_config.ConfigException:
-        kube_config.load_kube_config()
+        kube_config.load_kube_config()  # type: ignore[no-untyped-call]
 
 
 @kopf.on.login()
@@ -109,8 +117,8 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def torchjob_event(event: kopf.RawEvent, name: str, namespace: str, **_: Any) -> None:
-    key = (namespace, name)
+def torchjob_event(event: kopf.RawEvent, name: str, namespace: str | None, **_: Any) -> None:
+    key = (namespace or "", name)
     if event.get("type") == "DELETED":
         _reconciler().forget(key)
         return
@@ -118,5 +126,5 @@ def torchjob_event(event: kopf.RawEvent, name: str, namespace: str, **_: Any) ->
 
 
 @kopf.on.event("", "v1", "pods", labels={contract.LABEL_JOB_NAME: kopf.PRESENT})
-def worker_pod_event(labels: kopf.Labels, namespace: str, **_: Any) -> None:
-    _reconciler().poke((namespace, labels[contract.LABEL_JOB_NAME]))
+def worker_pod_event(labels: kopf.Labels, namespace: str | None, **_: Any) -> None:
+    _reconciler().poke((namespace or "", labels[contract.LABEL_JOB_NAME]))

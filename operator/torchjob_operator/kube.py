@@ -7,11 +7,12 @@ NotFound: every action the planner asks for is safe to repeat.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -31,10 +32,8 @@ class KubeError(Exception):
         self.body = exc.body
         detail = exc.body if isinstance(exc.body, str) else ""
         try:
-            import json
-
-            detail = json.loads(exc.body).get("message", detail)
-        except Exception:
+            detail = json.loads(detail).get("message", detail)
+        except ValueError:
             pass
         self.detail = detail
         super().__init__(f"{verb} {target}: {exc.status} {exc.reason}: {detail}")
@@ -42,7 +41,9 @@ class KubeError(Exception):
     @property
     def permanent(self) -> bool:
         """4xx other than conflict/too-many-requests: retrying the same request cannot help."""
-        return self.status is not None and 400 <= self.status < 500 and self.status not in (409, 429)
+        return (
+            self.status is not None and 400 <= self.status < 500 and self.status not in (409, 429)
+        )
 
 
 class Kube:
@@ -54,7 +55,8 @@ class Kube:
     # --- TorchJobs ------------------------------------------------------------------
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)  # type: ignore[no-any-return]
+            obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            return cast(dict[str, Any], obj)
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -67,7 +69,10 @@ class Kube:
                 f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
                 "PATCH",
                 body={"status": dict(status)},
-                header_params={"Content-Type": "application/merge-patch+json", "Accept": "application/json"},
+                header_params={
+                    "Content-Type": "application/merge-patch+json",
+                    "Accept": "application/json",
+                },
                 auth_settings=["BearerToken"],
                 response_type="object",
                 _return_http_data_only=True,
@@ -89,22 +94,20 @@ class Kube:
     # --- pods and services -------------------------------------------------------------
     def list_worker_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         try:
-            resp = self.core.list_namespaced_pod(
+            resp: Any = self.core.list_namespaced_pod(
                 namespace,
                 label_selector=f"{contract.LABEL_JOB_NAME}={job}",
                 _preload_content=False,
             )
         except ApiException as e:
             raise KubeError("list pods of", f"torchjob {namespace}/{job}", e) from e
-        import json
-
         return list(json.loads(resp.data).get("items") or [])
 
     def create_pod(self, body: dict[str, Any]) -> bool:
         """Create ``body``; False when it already exists (a repeated plan)."""
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
-            self.core.create_namespaced_pod(ns, body)
+            self.core.create_namespaced_pod(ns, cast(Any, body))
             return True
         except ApiException as e:
             if e.status == 409:
@@ -123,7 +126,7 @@ class Kube:
     def ensure_service(self, body: dict[str, Any]) -> bool:
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
-            self.core.create_namespaced_service(ns, body)
+            self.core.create_namespaced_service(ns, cast(Any, body))
             return True
         except ApiException as e:
             if e.status == 409:
@@ -161,6 +164,6 @@ class Kube:
             "count": 1,
         }
         try:
-            self.core.create_namespaced_event(meta.get("namespace"), body)
+            self.core.create_namespaced_event(str(meta.get("namespace")), cast(Any, body))
         except ApiException as e:
             log.warning("could not post event %s on %s: %s", reason, meta.get("name"), e.reason)

@@ -64,7 +64,13 @@ def _invalid_status(job: Mapping[str, Any], detail: str, now: datetime) -> dict[
     stamp = format_time(now)
     for type_, value in ((cond.READY, False), (cond.STALLED, True)):
         conditions, _ = cond.set_condition(
-            conditions, type_=type_, status=value, reason="InvalidSpec", message=detail, now=stamp, observed_generation=gen
+            conditions,
+            type_=type_,
+            status=value,
+            reason="InvalidSpec",
+            message=detail,
+            now=stamp,
+            observed_generation=gen,
         )
     return {"conditions": conditions, "observedGeneration": gen}
 
@@ -92,11 +98,19 @@ def reconcile_once(
         status = _invalid_status(job, detail, now)
         if _status_changed(old_status, status):
             kube.patch_job_status(namespace, name, status)
-            kube.post_event(job, type_="Warning", reason="InvalidSpec", message=detail, component=settings.component)
+            kube.post_event(
+                job,
+                type_="Warning",
+                reason="InvalidSpec",
+                message=detail,
+                component=settings.component,
+            )
             log.warning("%s", detail)
         return Outcome(None)  # wait for the user to fix it; an update wakes us up
 
-    pods = [v for v in (pod_view(p) for p in kube.list_worker_pods(namespace, name)) if v is not None]
+    pods = [
+        v for v in (pod_view(p) for p in kube.list_worker_pods(namespace, name)) if v is not None
+    ]
     view = JobView(
         name=name,
         namespace=namespace,
@@ -122,8 +136,13 @@ def reconcile_once(
         reason = "FailedCreatePod"
         for type_, value in ((cond.READY, False), (cond.STALLED, first.permanent)):
             status["conditions"], _ = cond.set_condition(
-                status["conditions"], type_=type_, status=value, reason=reason,
-                message=str(first), now=format_time(now), observed_generation=meta.get("generation"),
+                status["conditions"],
+                type_=type_,
+                status=value,
+                reason=reason,
+                message=str(first),
+                now=format_time(now),
+                observed_generation=meta.get("generation"),
             )
 
     if _status_changed(old_status, status):
@@ -131,15 +150,24 @@ def reconcile_once(
         if old_status.get("phase") != status.get("phase"):
             log.info(
                 "phase %s -> %s (generation %s, restarts %s/%s, disruptions %s)",
-                old_status.get("phase"), status.get("phase"), status.get("currentGeneration"),
-                status.get("restarts"), spec.failure_policy.max_restarts, status.get("disruptions"),
+                old_status.get("phase"),
+                status.get("phase"),
+                status.get("currentGeneration"),
+                status.get("restarts"),
+                spec.failure_policy.max_restarts,
+                status.get("disruptions"),
             )
             metrics.TRANSITIONS.labels(phase=status["phase"]).inc()
     for ev in events:
-        kube.post_event(job, type_=ev.type, reason=ev.reason, message=ev.message, component=settings.component)
+        kube.post_event(
+            job, type_=ev.type, reason=ev.reason, message=ev.message, component=settings.component
+        )
 
     if decided.delete_job:
-        log.info("deleting finished job (ttlSecondsAfterFinished=%s)", spec.run_policy.ttl_seconds_after_finished)
+        log.info(
+            "deleting finished job (ttlSecondsAfterFinished=%s)",
+            spec.run_policy.ttl_seconds_after_finished,
+        )
         kube.delete_job(namespace, name)
         return Outcome(None, gone=True)
     requeue = decided.requeue_after_s
@@ -148,7 +176,9 @@ def reconcile_once(
     return Outcome(requeue)
 
 
-def _delete_pods(kube: Kube, namespace: str, decided: Plan, settings: OperatorSettings) -> list[Event]:
+def _delete_pods(
+    kube: Kube, namespace: str, decided: Plan, settings: OperatorSettings
+) -> list[Event]:
     if not decided.delete:
         return []
     with ThreadPoolExecutor(max_workers=settings.create_concurrency) as pool:
@@ -171,7 +201,15 @@ def _create_pods(
         return []
     c = decided.create
     bodies = [
-        worker_pod(name=name, namespace=namespace, uid=uid, spec=spec, index=i, generation=c.generation, replicas=c.replicas)
+        worker_pod(
+            name=name,
+            namespace=namespace,
+            uid=uid,
+            spec=spec,
+            index=i,
+            generation=c.generation,
+            replicas=c.replicas,
+        )
         for i in c.indices
     ]
 
@@ -186,7 +224,10 @@ def _create_pods(
     failures = [r for _, r in results if isinstance(r, KubeError)]
     created = [n for n, r in results if r is True]
     metrics.PODS_CREATED.inc(len(created))
-    events.extend(Event("Normal", "CreatedPod", f"created pod {n} (generation {c.generation})") for n in created)
+    events.extend(
+        Event("Normal", "CreatedPod", f"created pod {n} (generation {c.generation})")
+        for n in created
+    )
     events.extend(Event("Warning", "FailedCreatePod", str(e)) for e in failures[:3])
     return failures
 

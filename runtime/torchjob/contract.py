@@ -172,7 +172,9 @@ class PodEnv:
             raw = env.get(name)
             if raw is None or raw == "":
                 if default is None:
-                    raise ValueError(f"environment variable {name} is required inside a TorchJob pod")
+                    raise ValueError(
+                        f"environment variable {name} is required inside a TorchJob pod"
+                    )
                 return default
             try:
                 return int(raw)

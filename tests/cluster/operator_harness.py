@@ -23,8 +23,8 @@ from typing import Any
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-
 from tests import kube as k
+
 from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION
 
@@ -55,10 +55,15 @@ class OperatorProcess:
         log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "torchjob_operator",
-                "--kubeconfig", str(self.cluster.kubeconfig),
-                "--resync-period", "10",
-                "--liveness", f"http://127.0.0.1:{port}/healthz",
+                sys.executable,
+                "-m",
+                "torchjob_operator",
+                "--kubeconfig",
+                str(self.cluster.kubeconfig),
+                "--resync-period",
+                "10",
+                "--liveness",
+                f"http://127.0.0.1:{port}/healthz",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -124,20 +129,29 @@ def torchjob(name: str, *, replicas: int = 2, **spec: Any) -> dict[str, Any]:
         "template": worker_template(),
     }
     body.update(spec)
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TorchJob", "metadata": {"name": name}, "spec": body}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TorchJob",
+        "metadata": {"name": name},
+        "spec": body,
+    }
 
 
 class Jobs:
     """TorchJobs in one namespace, driven through kubectl and read through the API."""
 
-    def __init__(self, cluster: k.Cluster, api: Any, namespace: str, operator: OperatorProcess) -> None:
+    def __init__(
+        self, cluster: k.Cluster, api: Any, namespace: str, operator: OperatorProcess
+    ) -> None:
         self.cluster = cluster
         self.ns = namespace
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
         self.operator = operator
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         return self.cluster.kubectl("-n", self.ns, *args, input=input, check=check)
 
     def apply(self, manifest: dict[str, Any]) -> None:
@@ -156,12 +170,16 @@ class Jobs:
 
     def pods(self, name: str) -> list[Any]:
         return sorted(
-            self.core.list_namespaced_pod(self.ns, label_selector=f"{contract.LABEL_JOB_NAME}={name}").items,
+            self.core.list_namespaced_pod(
+                self.ns, label_selector=f"{contract.LABEL_JOB_NAME}={name}"
+            ).items,
             key=lambda p: p.metadata.name,
         )
 
     def events(self, name: str) -> list[Any]:
-        evs = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
+        evs = self.core.list_namespaced_event(
+            self.ns, field_selector=f"involvedObject.name={name}"
+        ).items
         return sorted(evs, key=lambda e: e.metadata.creation_timestamp)
 
     def event_reasons(self, name: str) -> list[str]:
@@ -169,13 +187,20 @@ class Jobs:
 
     def describe(self, name: str) -> str:
         job = self.get(name)
-        lines = [f"TorchJob {self.ns}/{name} status:", json.dumps((job or {}).get("status"), indent=1)]
-        lines.append("events: " + "; ".join(f"{e.type}/{e.reason}: {e.message}" for e in self.events(name)))
+        lines = [
+            f"TorchJob {self.ns}/{name} status:",
+            json.dumps((job or {}).get("status"), indent=1),
+        ]
+        lines.append(
+            "events: " + "; ".join(f"{e.type}/{e.reason}: {e.message}" for e in self.events(name))
+        )
         lines.append(k.describe_namespace(self.core, self.ns))
         lines.append("operator log (tail):\n" + self.operator.logs(40))
         return "\n".join(lines)
 
-    def wait(self, name: str, check: Callable[[dict[str, Any]], Any], what: str, timeout: float = 60) -> Any:
+    def wait(
+        self, name: str, check: Callable[[dict[str, Any]], Any], what: str, timeout: float = 60
+    ) -> Any:
         def probe() -> Any:
             return check(self.status(name))
 
@@ -183,18 +208,30 @@ class Jobs:
 
     def wait_phase(self, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
         return self.wait(  # type: ignore[no-any-return]
-            name, lambda s: s if s.get("phase") == phase else None, f"TorchJob {name} phase {phase}", timeout
+            name,
+            lambda s: s if s.get("phase") == phase else None,
+            f"TorchJob {name} phase {phase}",
+            timeout,
         )
 
-    def wait_running_pods(self, name: str, count: int, generation: int, timeout: float = 60) -> list[Any]:
+    def wait_running_pods(
+        self, name: str, count: int, generation: int, timeout: float = 60
+    ) -> list[Any]:
         def probe() -> list[Any] | None:
             pods = [p for p in self.pods(name) if p.metadata.deletion_timestamp is None]
             gens = {p.metadata.labels.get(contract.LABEL_GENERATION) for p in pods}
-            ok = len(pods) == count and gens == {str(generation)} and all(p.status.phase == "Running" for p in pods)
+            ok = (
+                len(pods) == count
+                and gens == {str(generation)}
+                and all(p.status.phase == "Running" for p in pods)
+            )
             return pods if ok else None
 
         return k.wait_for(  # type: ignore[no-any-return]
-            probe, timeout, lambda: f"{count} Running pods of generation {generation}\n{self.describe(name)}", interval=0.2
+            probe,
+            timeout,
+            lambda: f"{count} Running pods of generation {generation}\n{self.describe(name)}",
+            interval=0.2,
         )
 
     def exit_pod(self, pod: str, code: int) -> None:

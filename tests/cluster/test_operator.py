@@ -13,9 +13,16 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-
 from tests import kube as k
-from tests.cluster.operator_harness import CRD_FILE, REPO, Jobs, OperatorProcess, torchjob, worker_template
+from tests.cluster.operator_harness import (
+    CRD_FILE,
+    REPO,
+    Jobs,
+    OperatorProcess,
+    torchjob,
+    worker_template,
+)
+
 from torchjob import contract
 
 pytestmark = pytest.mark.cluster
@@ -24,11 +31,15 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture(scope="session")
 def crd(cluster: k.Cluster) -> None:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/torchjobs.torchjob.io", "--timeout=60s")
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/torchjobs.torchjob.io", "--timeout=60s"
+    )
 
 
 @pytest.fixture(scope="session")
-def operator(cluster: k.Cluster, crd: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+def operator(
+    cluster: k.Cluster, crd: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
     proc = OperatorProcess(cluster, tmp_path_factory.mktemp("operator"))
     proc.start()
     yield proc
@@ -66,7 +77,12 @@ def test_apply_example_creates_workers_service_and_reports_running(jobs: Jobs) -
         assert p.spec.subdomain == "cpu-smoke"
         assert p.spec.restart_policy == "Never"
         owner = p.metadata.owner_references[0]
-        assert (owner.kind, owner.name, owner.uid, owner.controller) == ("TorchJob", "cpu-smoke", job["metadata"]["uid"], True)
+        assert (owner.kind, owner.name, owner.uid, owner.controller) == (
+            "TorchJob",
+            "cpu-smoke",
+            job["metadata"]["uid"],
+            True,
+        )
         env = env_of(p)
         assert env[contract.RANK] == str(i)
         assert env[contract.WORLD_SIZE] == "2"
@@ -98,7 +114,9 @@ def test_multi_gpu_job_lands_on_gpu_nodes_with_world_size_of_all_processes(jobs:
         nprocPerNode="gpu",
         template=worker_template(),
     )
-    manifest["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 4}}
+    manifest["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "limits": {"nvidia.com/gpu": 4}
+    }
     jobs.apply(manifest)
     pods = jobs.wait_running_pods("gpus", 2, generation=0)
     gpu_nodes = set(jobs.cluster.gpu_nodes(jobs.core))
@@ -126,7 +144,9 @@ def test_all_workers_exit_zero_succeeds(jobs: Jobs) -> None:
     pods = jobs.wait_running_pods("ok", 2, generation=0)
     for p in pods:
         jobs.exit_pod(p.metadata.name, 0)
-    jobs.cluster.kubectl("-n", jobs.ns, "wait", "--for=condition=Succeeded", "tj/ok", "--timeout=60s")
+    jobs.cluster.kubectl(
+        "-n", jobs.ns, "wait", "--for=condition=Succeeded", "tj/ok", "--timeout=60s"
+    )
     status = jobs.status("ok")
     assert status["phase"] == "Succeeded" and status["completionTime"]
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
@@ -141,7 +161,9 @@ def test_failure_restarts_group_then_succeeds(jobs: Jobs) -> None:
     old_uids = {p.metadata.uid for p in pods}
     jobs.exit_pod("flaky-worker-1", 1)
     jobs.wait(
-        "flaky", lambda s: s.get("restarts") == 1 and s.get("phase") in ("Restarting", "Running"), "restart 1"
+        "flaky",
+        lambda s: s.get("restarts") == 1 and s.get("phase") in ("Restarting", "Running"),
+        "restart 1",
     )
     pods = jobs.wait_running_pods("flaky", 2, generation=1)
     assert not old_uids & {p.metadata.uid for p in pods}, "the whole group is restarted"
@@ -156,7 +178,11 @@ def test_failure_restarts_group_then_succeeds(jobs: Jobs) -> None:
 
 
 def test_permanent_exit_code_fails_at_once(jobs: Jobs) -> None:
-    jobs.apply(torchjob("bad-config", replicas=2, failurePolicy={"maxRestarts": 5, "permanentExitCodes": [3]}))
+    jobs.apply(
+        torchjob(
+            "bad-config", replicas=2, failurePolicy={"maxRestarts": 5, "permanentExitCodes": [3]}
+        )
+    )
     jobs.wait_running_pods("bad-config", 2, generation=0)
     jobs.exit_pod("bad-config-worker-0", 3)
     status = jobs.wait_phase("bad-config", "Failed")
@@ -164,18 +190,30 @@ def test_permanent_exit_code_fails_at_once(jobs: Jobs) -> None:
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "PermanentFailure"
     assert "exited with code 3" in failed["message"]
-    jobs.cluster.kubectl("-n", jobs.ns, "wait", "--for=condition=Stalled", "tj/bad-config", "--timeout=30s")
+    jobs.cluster.kubectl(
+        "-n", jobs.ns, "wait", "--for=condition=Stalled", "tj/bad-config", "--timeout=30s"
+    )
     # cleanPodPolicy Running: the surviving worker is deleted, the failed one kept for its logs
     k.wait_for(
-        lambda: [p.metadata.name for p in jobs.pods("bad-config") if p.metadata.deletion_timestamp is None]
-        == ["bad-config-worker-0"],
+        lambda: (
+            [
+                p.metadata.name
+                for p in jobs.pods("bad-config")
+                if p.metadata.deletion_timestamp is None
+            ]
+            == ["bad-config-worker-0"]
+        ),
         30,
         "only the failed pod remains",
     )
 
 
 def test_restart_budget_exhausted_fails(jobs: Jobs) -> None:
-    jobs.apply(torchjob("doomed", replicas=1, failurePolicy={"maxRestarts": 1, "backoff": {"initialSeconds": 0}}))
+    jobs.apply(
+        torchjob(
+            "doomed", replicas=1, failurePolicy={"maxRestarts": 1, "backoff": {"initialSeconds": 0}}
+        )
+    )
     jobs.wait_running_pods("doomed", 1, generation=0)
     jobs.exit_pod("doomed-worker-0", 1)
     jobs.wait_running_pods("doomed", 1, generation=1)
@@ -192,7 +230,13 @@ def test_preemption_by_the_real_scheduler_is_a_disruption(jobs: Jobs, cluster: k
     sched = client.SchedulingV1Api(jobs.core.api_client)
     for name, value in (("tj-test-low", 10), ("tj-test-high", 1000)):
         try:
-            sched.create_priority_class({"metadata": {"name": name}, "value": value, "preemptionPolicy": "PreemptLowerPriority"})
+            sched.create_priority_class(
+                {
+                    "metadata": {"name": name},
+                    "value": value,
+                    "preemptionPolicy": "PreemptLowerPriority",
+                }
+            )
         except client.exceptions.ApiException as e:
             if e.status != 409:
                 raise
@@ -200,26 +244,45 @@ def test_preemption_by_the_real_scheduler_is_a_disruption(jobs: Jobs, cluster: k
     gpus = int(jobs.core.read_node(node).status.allocatable["nvidia.com/gpu"])
     pinned = {"nodeSelector": {"kubernetes.io/hostname": node}}
     manifest = torchjob(
-        "spot", replicas=2, template=worker_template(**pinned),
-        scheduling={"priorityClassName": "tj-test-low"}, failurePolicy={"maxRestarts": 0},
+        "spot",
+        replicas=2,
+        template=worker_template(**pinned),
+        scheduling={"priorityClassName": "tj-test-low"},
+        failurePolicy={"maxRestarts": 0},
     )
-    manifest["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": gpus // 2}}
+    manifest["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "limits": {"nvidia.com/gpu": gpus // 2}
+    }
     jobs.apply(manifest)
     jobs.wait_running_pods("spot", 2, generation=0)
 
-    intruder = k.pod_manifest("intruder", gpus=gpus // 2, priority_class="tj-test-high", node_selector={"kubernetes.io/hostname": node})
+    intruder = k.pod_manifest(
+        "intruder",
+        gpus=gpus // 2,
+        priority_class="tj-test-high",
+        node_selector={"kubernetes.io/hostname": node},
+    )
     jobs.core.create_namespaced_pod(jobs.ns, intruder)
     status = jobs.wait(
-        "spot", lambda s: s if s.get("disruptions", 0) >= 1 else None, "a disruption counted", timeout=90
+        "spot",
+        lambda s: s if s.get("disruptions", 0) >= 1 else None,
+        "a disruption counted",
+        timeout=90,
     )
     assert status["restarts"] == 0, "a preemption must never consume maxRestarts (which is 0 here)"
     assert status["phase"] in ("Restarting", "Pending", "Starting")
     disrupted = [e for e in jobs.events("spot") if e.reason == "WorkerDisrupted"]
     assert disrupted and "Preemption" in disrupted[0].message
     # The job waits for capacity instead of failing: its new generation is Pending.
-    jobs.wait("spot", lambda s: s.get("currentGeneration", 0) >= 1 and s.get("phase") != "Failed", "new generation")
+    jobs.wait(
+        "spot",
+        lambda s: s.get("currentGeneration", 0) >= 1 and s.get("phase") != "Failed",
+        "new generation",
+    )
     jobs.core.delete_namespaced_pod("intruder", jobs.ns, grace_period_seconds=0)
-    jobs.wait_running_pods("spot", 2, generation=jobs.status("spot")["currentGeneration"], timeout=90)
+    jobs.wait_running_pods(
+        "spot", 2, generation=jobs.status("spot")["currentGeneration"], timeout=90
+    )
     assert jobs.status("spot")["restarts"] == 0
 
 
@@ -246,16 +309,23 @@ def test_kubectl_scale_starts_a_new_generation(jobs: Jobs) -> None:
     assert "Rescaled" in jobs.event_reasons("scaled")
     out = jobs.kubectl("scale", "tj/scaled", "--replicas=9", check=False)
     assert out.returncode != 0
-    assert "spec.replicas must lie between spec.elastic.minReplicas and spec.elastic.maxReplicas" in out.stderr
+    assert (
+        "spec.replicas must lie between spec.elastic.minReplicas and spec.elastic.maxReplicas"
+        in out.stderr
+    )
 
 
 def test_suspend_and_resume(jobs: Jobs) -> None:
     jobs.apply(torchjob("pausable", replicas=2))
     jobs.wait_running_pods("pausable", 2, generation=0)
-    jobs.kubectl("patch", "tj/pausable", "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
+    jobs.kubectl(
+        "patch", "tj/pausable", "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}'
+    )
     jobs.wait_phase("pausable", "Suspended")
     k.wait_for(lambda: not jobs.pods("pausable"), 30, "suspended job's pods deleted")
-    jobs.kubectl("patch", "tj/pausable", "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
+    jobs.kubectl(
+        "patch", "tj/pausable", "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}'
+    )
     jobs.wait_running_pods("pausable", 2, generation=1)
     status = jobs.wait_phase("pausable", "Running")
     assert (status["restarts"], status["disruptions"]) == (0, 0)
@@ -266,7 +336,10 @@ def test_active_deadline_is_enforced_with_nothing_else_happening(jobs: Jobs) -> 
     jobs.apply(torchjob("slow", replicas=1, runPolicy={"activeDeadlineSeconds": 3}))
     jobs.wait_running_pods("slow", 1, generation=0)
     status = jobs.wait_phase("slow", "Failed", timeout=30)
-    assert next(c for c in status["conditions"] if c["type"] == "Failed")["reason"] == "DeadlineExceeded"
+    assert (
+        next(c for c in status["conditions"] if c["type"] == "Failed")["reason"]
+        == "DeadlineExceeded"
+    )
     k.wait_for(lambda: not jobs.pods("slow"), 30, "running pods deleted at the deadline")
 
 
@@ -294,30 +367,42 @@ def test_ttl_deletes_the_finished_job(jobs: Jobs) -> None:
             "spec.elastic.minReplicas must not exceed spec.elastic.maxReplicas",
             id="min-above-max",
         ),
-        pytest.param({"nprocPerNode": "lots"}, "spec.nprocPerNode must be a positive integer", id="bad-nproc"),
+        pytest.param(
+            {"nprocPerNode": "lots"}, "spec.nprocPerNode must be a positive integer", id="bad-nproc"
+        ),
         pytest.param({"replicas": 0}, "spec.replicas", id="zero-replicas"),
         pytest.param(
-            {"template": {"spec": {"containers": []}}}, "spec.template.spec.containers", id="no-containers"
+            {"template": {"spec": {"containers": []}}},
+            "spec.template.spec.containers",
+            id="no-containers",
         ),
         pytest.param(
             {"failurePolicy": {"permanentExitCodes": [3], "retryableExitCodes": [3]}},
             "cannot be both retryable and permanent",
             id="exit-code-in-both-lists",
         ),
-        pytest.param({"checkpoint": {}}, "spec.checkpoint needs a path", id="checkpoint-without-storage"),
+        pytest.param(
+            {"checkpoint": {}}, "spec.checkpoint needs a path", id="checkpoint-without-storage"
+        ),
     ],
 )
-def test_invalid_manifests_are_rejected_with_their_message(jobs: Jobs, spec: dict[str, Any], message: str) -> None:
+def test_invalid_manifests_are_rejected_with_their_message(
+    jobs: Jobs, spec: dict[str, Any], message: str
+) -> None:
     manifest = torchjob("invalid", replicas=2)
     manifest["spec"].update(spec)
-    out = jobs.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(manifest), check=False)
+    out = jobs.kubectl(
+        "apply", "--server-side", "-f", "-", input=yaml.safe_dump(manifest), check=False
+    )
     assert out.returncode != 0
     assert message in out.stderr
 
 
 def test_immutable_fields_cannot_change(jobs: Jobs) -> None:
     jobs.apply(torchjob("fixed", replicas=1, backend="gloo"))
-    out = jobs.kubectl("patch", "tj/fixed", "--type=merge", "-p", '{"spec":{"backend":"nccl"}}', check=False)
+    out = jobs.kubectl(
+        "patch", "tj/fixed", "--type=merge", "-p", '{"spec":{"backend":"nccl"}}', check=False
+    )
     assert out.returncode != 0
     assert "spec.backend is immutable" in out.stderr
 
@@ -328,14 +413,22 @@ def test_pod_template_the_api_server_rejects_gives_a_condition_not_a_crash(jobs:
     jobs.apply(manifest)
     status = jobs.wait(
         "broken-template",
-        lambda s: s if any(c["type"] == "Stalled" and c["status"] == "True" for c in s.get("conditions", [])) else None,
+        lambda s: (
+            s
+            if any(
+                c["type"] == "Stalled" and c["status"] == "True" for c in s.get("conditions", [])
+            )
+            else None
+        ),
         "Stalled condition",
     )
     stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
     assert stalled["reason"] == "FailedCreatePod"
     assert "Not_A_DNS_Label" in stalled["message"] or "containers[0].name" in stalled["message"]
     assert "FailedCreatePod" in jobs.event_reasons("broken-template")
-    assert jobs.operator.proc is not None and jobs.operator.proc.poll() is None, "the operator must keep running"
+    assert jobs.operator.proc is not None and jobs.operator.proc.poll() is None, (
+        "the operator must keep running"
+    )
     # The operator still serves other jobs.
     jobs.apply(torchjob("healthy", replicas=1))
     jobs.wait_running_pods("healthy", 1, generation=0)
@@ -364,4 +457,3 @@ def test_examples_validate_against_the_installed_crd(jobs: Jobs) -> None:
     for path in sorted((REPO / "examples").glob("*.yaml")):
         out = jobs.kubectl("apply", "--dry-run=server", "-f", str(path), check=False)
         assert out.returncode == 0, f"{path.name}: {out.stderr}"
-

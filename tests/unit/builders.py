@@ -73,7 +73,14 @@ def succeeded(p: PodView) -> PodView:
 
 
 def failed(p: PodView, code: int = 1, at_s: float = 0.0) -> PodView:
-    return replace(p, phase=PodPhase.FAILED, exit_code=code, reason="Error", scheduled=True, finished_at=at(at_s))
+    return replace(
+        p,
+        phase=PodPhase.FAILED,
+        exit_code=code,
+        reason="Error",
+        scheduled=True,
+        finished_at=at(at_s),
+    )
 
 
 def preempted(p: PodView, reason: str = "PreemptionByScheduler") -> PodView:

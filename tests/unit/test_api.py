@@ -15,7 +15,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def spec(**extra: object) -> dict:
-    body: dict = {"replicas": 2, "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}}}
+    body: dict = {
+        "replicas": 2,
+        "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}},
+    }
     body.update(extra)
     return body
 
@@ -23,7 +26,9 @@ def spec(**extra: object) -> dict:
 def test_committed_crd_is_generated_from_the_models() -> None:
     committed = (REPO / "crds" / "torchjob.io_torchjobs.yaml").read_text()
     assert committed == render_crd_yaml(), "crds/ is stale: run `make crds`"
-    chart = (REPO / "charts" / "torchjob-operator" / "crds" / "torchjob.io_torchjobs.yaml").read_text()
+    chart = (
+        REPO / "charts" / "torchjob-operator" / "crds" / "torchjob.io_torchjobs.yaml"
+    ).read_text()
     assert chart == committed
 
 
@@ -31,9 +36,8 @@ def _walk(node: object, path: str = "") -> list[str]:
     """Paths of schema nodes that are not structural (no type and no int-or-string/preserve)."""
     bad = []
     if isinstance(node, dict):
-        if "properties" in node or "items" in node:
-            if "type" not in node:
-                bad.append(path)
+        if ("properties" in node or "items" in node) and "type" not in node:
+            bad.append(path)
         for key in ("anyOf", "oneOf", "$ref", "const", "title"):
             if key in node:
                 bad.append(f"{path}.{key}")
@@ -62,7 +66,11 @@ def test_crd_has_scale_status_and_printer_columns() -> None:
 @pytest.mark.parametrize(
     ("extra", "fragment"),
     [
-        pytest.param({"replicas": 9, "elastic": {"minReplicas": 1, "maxReplicas": 4}}, "between spec.elastic.minReplicas", id="out-of-bounds"),
+        pytest.param(
+            {"replicas": 9, "elastic": {"minReplicas": 1, "maxReplicas": 4}},
+            "between spec.elastic.minReplicas",
+            id="out-of-bounds",
+        ),
         pytest.param({"nprocPerNode": "many"}, "nprocPerNode", id="bad-nproc"),
         pytest.param({"backend": "mpi"}, "backend", id="bad-backend"),
         pytest.param({"replicas": 0}, "replicas", id="zero"),
@@ -77,9 +85,13 @@ def test_invalid_specs_name_the_field(extra: dict, fragment: str) -> None:
 
 
 def test_examples_parse_and_resolve_processes_per_pod() -> None:
-    gpu = TorchJob.model_validate(yaml.safe_load((REPO / "examples" / "multi-gpu.yaml").read_text()))
+    gpu = TorchJob.model_validate(
+        yaml.safe_load((REPO / "examples" / "multi-gpu.yaml").read_text())
+    )
     assert gpu.spec.resolved_nproc_per_node() == 8
-    cpu = TorchJob.model_validate(yaml.safe_load((REPO / "examples" / "cpu-smoke.yaml").read_text()))
+    cpu = TorchJob.model_validate(
+        yaml.safe_load((REPO / "examples" / "cpu-smoke.yaml").read_text())
+    )
     assert cpu.spec.resolved_nproc_per_node() == 1
 
 

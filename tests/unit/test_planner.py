@@ -7,10 +7,10 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from tests.unit.builders import at, failed, job, pod, preempted, running, succeeded
+
 from torchjob.api.models import Phase
-from torchjob_operator.planner.failure import backoff_seconds, decide_failure, Verdict
+from torchjob_operator.planner.failure import Verdict, backoff_seconds, decide_failure
 from torchjob_operator.planner.observed import PodView
 from torchjob_operator.planner.plan import JobView, Plan, plan, with_state
 
@@ -39,7 +39,7 @@ def test_first_reconcile_creates_all_workers_of_generation_zero() -> None:
 
 
 def test_repeated_plan_creates_nothing_new() -> None:
-    decided, view, pods = step(job().replicas(2).build(), [], 0)
+    _decided, view, pods = step(job().replicas(2).build(), [], 0)
     again = plan(view, pods, at(1))
     assert again.create is None
     assert again.delete == ()
@@ -74,10 +74,14 @@ def test_one_success_is_not_the_job_succeeding() -> None:
         pytest.param(1, {}, Phase.RESTARTING, 1, id="retryable-default"),
         pytest.param(3, {"permanentExitCodes": [3]}, Phase.FAILED, 0, id="permanent-listed"),
         pytest.param(3, {"retryableExitCodes": [137]}, Phase.FAILED, 0, id="not-in-retryable-list"),
-        pytest.param(137, {"retryableExitCodes": [137]}, Phase.RESTARTING, 1, id="in-retryable-list"),
+        pytest.param(
+            137, {"retryableExitCodes": [137]}, Phase.RESTARTING, 1, id="in-retryable-list"
+        ),
     ],
 )
-def test_failure_exit_code_classes(code: int, policy: dict, expected_phase: Phase, restarts: int) -> None:
+def test_failure_exit_code_classes(
+    code: int, policy: dict, expected_phase: Phase, restarts: int
+) -> None:
     _, view, pods = step(job().replicas(2).max_restarts(3, **policy).build(), [], 0)
     decided = plan(view, [failed(pods[0], code), running(pods[1])], at(5))
     assert decided.phase == expected_phase
@@ -175,7 +179,9 @@ def test_ttl_deletes_finished_job() -> None:
     ],
 )
 def test_clean_pod_policy(policy: str, expected: set[str]) -> None:
-    _, view, pods = step(job().replicas(2).max_restarts(0).run_policy(cleanPodPolicy=policy).build(), [], 0)
+    _, view, pods = step(
+        job().replicas(2).max_restarts(0).run_policy(cleanPodPolicy=policy).build(), [], 0
+    )
     decided = plan(view, [failed(pods[0], 1), running(pods[1])], at(5))
     assert decided.phase == Phase.FAILED
     assert set(decided.delete) == expected
@@ -193,7 +199,12 @@ def test_scale_starts_new_generation_with_new_size() -> None:
 
 
 def test_backoff_is_exponential_and_capped() -> None:
-    policy = job().max_restarts(10, backoff={"initialSeconds": 5, "maxSeconds": 30, "factor": 2}).build().spec.failure_policy
+    policy = (
+        job()
+        .max_restarts(10, backoff={"initialSeconds": 5, "maxSeconds": 30, "factor": 2})
+        .build()
+        .spec.failure_policy
+    )
     assert [backoff_seconds(n, policy) for n in range(1, 6)] == [5, 10, 20, 30, 30]
     assert decide_failure(1, restarts=10, policy=policy).verdict == Verdict.FAIL_BUDGET_EXHAUSTED
 
@@ -209,8 +220,12 @@ POD_FATES = st.sampled_from(["running", "pending", "failed", "preempted", "succe
     max_restarts=st.integers(0, 3),
     rounds=st.lists(st.lists(POD_FATES, min_size=6, max_size=6), min_size=1, max_size=6),
 )
-def test_invariants_over_random_histories(replicas: int, max_restarts: int, rounds: list[list[str]]) -> None:
-    view = job().replicas(replicas).max_restarts(max_restarts, backoff={"initialSeconds": 0}).build()
+def test_invariants_over_random_histories(
+    replicas: int, max_restarts: int, rounds: list[list[str]]
+) -> None:
+    view = (
+        job().replicas(replicas).max_restarts(max_restarts, backoff={"initialSeconds": 0}).build()
+    )
     pods: list[PodView] = []
     t = 0.0
     failures_seen = 0

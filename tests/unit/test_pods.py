@@ -29,7 +29,13 @@ def build(**spec_extra: object) -> dict:
     }
     spec.update(spec_extra)
     return worker_pod(
-        name="job", namespace="ns", uid="u1", spec=TorchJobSpec.model_validate(spec), index=2, generation=5, replicas=4
+        name="job",
+        namespace="ns",
+        uid="u1",
+        spec=TorchJobSpec.model_validate(spec),
+        index=2,
+        generation=5,
+        replicas=4,
     )
 
 
@@ -55,7 +61,11 @@ def test_gpu_pod_defaults() -> None:
     pod = build()
     spec = pod["spec"]
     c = spec["containers"][0]
-    assert c["resources"]["requests"]["nvidia.com/gpu"] == c["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert (
+        c["resources"]["requests"]["nvidia.com/gpu"]
+        == c["resources"]["limits"]["nvidia.com/gpu"]
+        == 8
+    )
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in spec["volumes"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
     assert spec["terminationGracePeriodSeconds"] == 120

@@ -52,9 +52,7 @@ def _first_failed(pods: list[PodView]) -> PodView:
     )
 
 
-def judge_generation(
-    pods: list[PodView], *, replicas: int, missing: list[int]
-) -> Judgement:
+def judge_generation(pods: list[PodView], *, replicas: int, missing: list[int]) -> Judgement:
     """Classify the state of the current generation's pods.
 
     ``pods`` are the pods of the current generation; ``missing`` the indices
@@ -103,7 +101,9 @@ def is_permanent(exit_code: int | None, policy: FailurePolicy) -> bool:
         return False
     if policy.permanent_exit_codes and exit_code in policy.permanent_exit_codes:
         return True
-    return bool(policy.retryable_exit_codes) and exit_code not in (policy.retryable_exit_codes or ())
+    return bool(policy.retryable_exit_codes) and exit_code not in (
+        policy.retryable_exit_codes or ()
+    )
 
 
 def backoff_seconds(restart_number: int, policy: FailurePolicy) -> float:

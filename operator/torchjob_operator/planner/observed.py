@@ -61,7 +61,10 @@ class PodView:
 
     @property
     def active(self) -> bool:
-        return self.phase in (PodPhase.PENDING, PodPhase.RUNNING, PodPhase.UNKNOWN) and not self.deleting
+        return (
+            self.phase in (PodPhase.PENDING, PodPhase.RUNNING, PodPhase.UNKNOWN)
+            and not self.deleting
+        )
 
 
 def parse_time(value: str | datetime | None) -> datetime | None:
@@ -194,7 +197,9 @@ class JobState:
             generation=int(status.get("currentGeneration") or 0),
             replicas=int(status.get("replicas") or 0),
             created_generation=(
-                int(status["createdGeneration"]) if status.get("createdGeneration") is not None else None
+                int(status["createdGeneration"])
+                if status.get("createdGeneration") is not None
+                else None
             ),
             restarts=int(status.get("restarts") or 0),
             disruptions=int(status.get("disruptions") or 0),

@@ -125,7 +125,9 @@ def _selector(name: str) -> str:
 
 def _counts(pods: Sequence[PodView]) -> dict[str, int]:
     return {
-        "readyWorkers": sum(1 for p in pods if p.phase == PodPhase.RUNNING and p.ready and not p.deleting),
+        "readyWorkers": sum(
+            1 for p in pods if p.phase == PodPhase.RUNNING and p.ready and not p.deleting
+        ),
         "activeWorkers": sum(1 for p in pods if p.active),
         "succeededWorkers": sum(1 for p in pods if p.phase == PodPhase.SUCCEEDED),
         "failedWorkers": sum(1 for p in pods if p.phase == PodPhase.FAILED),
@@ -158,7 +160,13 @@ def _status(d: _Draft, current: Sequence[PodView]) -> dict[str, Any]:
         else:
             reason, msg = d.reason, f"the job is {d.phase.value}"
         conditions, _ = cond.set_condition(
-            conditions, type_=type_, status=value, reason=reason, message=msg, now=now, observed_generation=obs
+            conditions,
+            type_=type_,
+            status=value,
+            reason=reason,
+            message=msg,
+            now=now,
+            observed_generation=obs,
         )
     counts = _counts(current)
     status: dict[str, Any] = {
@@ -248,7 +256,12 @@ def plan(job: JobView, pods: Sequence[PodView], now: datetime) -> Plan:
     if deadline is not None and d.start_time is not None:
         expires = d.start_time + timedelta(seconds=deadline)
         if now >= expires:
-            _end(d, Phase.FAILED, "DeadlineExceeded", cond.message("DeadlineExceeded", deadline=deadline))
+            _end(
+                d,
+                Phase.FAILED,
+                "DeadlineExceeded",
+                cond.message("DeadlineExceeded", deadline=deadline),
+            )
             _finish(d, pods, deadline=True)
             return _plan(d, pods, pods)
         d.requeue.append((expires - now).total_seconds())
@@ -274,7 +287,12 @@ def plan(job: JobView, pods: Sequence[PodView], now: datetime) -> Plan:
     verdict = judge_generation(current, replicas=d.replicas, missing=missing)
 
     if verdict.outcome == Outcome.SUCCEEDED:
-        _end(d, Phase.SUCCEEDED, "AllWorkersSucceeded", cond.message("AllWorkersSucceeded", replicas=d.replicas))
+        _end(
+            d,
+            Phase.SUCCEEDED,
+            "AllWorkersSucceeded",
+            cond.message("AllWorkersSucceeded", replicas=d.replicas),
+        )
         _finish(d, pods)
         return _plan(d, pods, current)
 
@@ -298,7 +316,9 @@ def plan(job: JobView, pods: Sequence[PodView], now: datetime) -> Plan:
             message=culprit.message[:1024],
             time=format_time(culprit.finished_at or now),
         )
-        decision = decide_failure(culprit.exit_code, restarts=d.restarts, policy=spec.failure_policy)
+        decision = decide_failure(
+            culprit.exit_code, restarts=d.restarts, policy=spec.failure_policy
+        )
         text = cond.message("WorkerFailed", detail=verdict.detail, explanation=decision.explanation)
         if decision.verdict != Verdict.RESTART_GROUP:
             _end(d, Phase.FAILED, decision.verdict.value, text)
@@ -318,7 +338,9 @@ def plan(job: JobView, pods: Sequence[PodView], now: datetime) -> Plan:
     if waiting_backoff and d.restart_after is not None:
         seconds = (d.restart_after - now).total_seconds()
         d.requeue.append(seconds)
-        d.message = f"{d.message.split('; restarting in')[0]}; restarting in {int(seconds + 0.999)}s"
+        d.message = (
+            f"{d.message.split('; restarting in')[0]}; restarting in {int(seconds + 0.999)}s"
+        )
     elif not stale:
         have = {p.index for p in current}
         todo = tuple(i for i in range(d.replicas) if i not in have)
@@ -351,7 +373,11 @@ def _active_phase(d: _Draft, current: Sequence[PodView]) -> None:
     """Pending -> Starting -> Running for a live generation; Restarting holds until it runs again."""
     alive = [p for p in current if not p.deleting]
     running = sum(1 for p in alive if p.phase in (PodPhase.RUNNING, PodPhase.SUCCEEDED))
-    ready = sum(1 for p in alive if (p.phase == PodPhase.RUNNING and p.ready) or p.phase == PodPhase.SUCCEEDED)
+    ready = sum(
+        1
+        for p in alive
+        if (p.phase == PodPhase.RUNNING and p.ready) or p.phase == PodPhase.SUCCEEDED
+    )
     if len(alive) == d.replicas and running == d.replicas:
         d.transition(
             Phase.RUNNING,
@@ -368,7 +394,11 @@ def _active_phase(d: _Draft, current: Sequence[PodView]) -> None:
         msg = f"{len(unschedulable)} of {d.replicas} workers cannot be scheduled (e.g. {unschedulable[0].name}: {unschedulable[0].message or 'Unschedulable'})"
         d.transition(phase, "Unschedulable", msg)
     else:
-        d.transition(phase, "WaitingForPods", cond.message("WaitingForPods", ready=ready, replicas=d.replicas))
+        d.transition(
+            phase,
+            "WaitingForPods",
+            cond.message("WaitingForPods", ready=ready, replicas=d.replicas),
+        )
 
 
 def _plan(d: _Draft, pods: Sequence[PodView], current: Sequence[PodView]) -> Plan:

@@ -108,13 +108,22 @@ def worker_pod(
         volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
     pvc = spec.checkpoint.pvc if spec.checkpoint else None
     if pvc and CHECKPOINT_VOLUME not in names:
-        volumes.append({"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": pvc.claim_name}})
+        volumes.append(
+            {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": pvc.claim_name}}
+        )
 
     env = pod_env(
-        name=name, namespace=namespace, spec=spec, index=index, generation=generation, replicas=replicas
+        name=name,
+        namespace=namespace,
+        spec=spec,
+        index=index,
+        generation=generation,
+        replicas=replicas,
     ).to_env()
-    contract_env = [{"name": k, "value": v} for k, v in env.items()]
-    contract_env.append({"name": contract.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    contract_env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
+    contract_env.append(
+        {"name": contract.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    )
     contract_env.append({"name": contract.SERVICE_NAME, "value": name})
     for i, container in enumerate(pod_spec["containers"]):
         user_env = [e for e in container.get("env") or [] if e.get("name") not in env]
@@ -130,7 +139,9 @@ def worker_pod(
         if i == 0:
             ports: list[dict[str, Any]] = container.setdefault("ports", [])
             if not any(p.get("containerPort") == contract.DEFAULT_RDZV_PORT for p in ports):
-                ports.append({"name": "rdzv", "containerPort": contract.DEFAULT_RDZV_PORT, "protocol": "TCP"})
+                ports.append(
+                    {"name": "rdzv", "containerPort": contract.DEFAULT_RDZV_PORT, "protocol": "TCP"}
+                )
 
     return {
         "apiVersion": "v1",
@@ -161,6 +172,12 @@ def headless_service(*, name: str, namespace: str, uid: str) -> dict[str, Any]:
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": job_labels(name),
-            "ports": [{"name": "rdzv", "port": contract.DEFAULT_RDZV_PORT, "targetPort": contract.DEFAULT_RDZV_PORT}],
+            "ports": [
+                {
+                    "name": "rdzv",
+                    "port": contract.DEFAULT_RDZV_PORT,
+                    "targetPort": contract.DEFAULT_RDZV_PORT,
+                }
+            ],
         },
     }

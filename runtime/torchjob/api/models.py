@@ -30,7 +30,8 @@ SHORT_NAMES = ["tj"]
 CEL = "x-kubernetes-validations"
 
 
-def _cel(rule: str, message: str, **extra: str) -> dict[str, str]:
+def _cel(rule: str, message: str, **extra: str) -> Any:
+    """One CEL rule for ``x-kubernetes-validations`` (typed Any: pydantic wants JsonValue)."""
     return {"rule": rule, "message": message, **extra}
 
 
@@ -201,12 +202,16 @@ class CleanPodPolicy(str, Enum):
 
 
 class RunPolicy(_Model):
-    suspend: bool = Field(default=False, description="Delete the pods and keep the status; false resumes.")
+    suspend: bool = Field(
+        default=False, description="Delete the pods and keep the status; false resumes."
+    )
     active_deadline_seconds: int | None = Field(
         default=None, ge=1, description="Fail the job this many seconds after it first started."
     )
     ttl_seconds_after_finished: int | None = Field(
-        default=None, ge=0, description="Delete the TorchJob this long after it succeeded or failed."
+        default=None,
+        ge=0,
+        description="Delete the TorchJob this long after it succeeded or failed.",
     )
     clean_pod_policy: CleanPodPolicy = Field(
         default=CleanPodPolicy.RUNNING,
@@ -236,7 +241,9 @@ class CheckpointSpec(_Model):
     path: str | None = Field(
         default=None, description="Local path in the pod or fsspec URL (s3://, gs://)."
     )
-    pvc: PvcSource | None = Field(default=None, description="A PersistentVolumeClaim mounted into every worker.")
+    pvc: PvcSource | None = Field(
+        default=None, description="A PersistentVolumeClaim mounted into every worker."
+    )
 
     @model_validator(mode="after")
     def _some_storage(self) -> CheckpointSpec:
@@ -256,7 +263,9 @@ class CheckpointSpec(_Model):
 
 
 class SchedulingSpec(_Model):
-    scheduler_name: str | None = Field(default=None, description="e.g. volcano, or a custom scheduler.")
+    scheduler_name: str | None = Field(
+        default=None, description="e.g. volcano, or a custom scheduler."
+    )
     priority_class_name: str | None = None
     queue_name: str | None = Field(
         default=None, description="Kueue LocalQueue; set as the kueue.x-k8s.io/queue-name label."
@@ -285,12 +294,15 @@ class TorchJobSpec(_Model):
 
     replicas: int = Field(ge=1, description="Desired number of worker pods.")
     elastic: ElasticPolicy | None = Field(
-        default=None, description="Elastic bounds; without it the job runs exactly `replicas` workers."
+        default=None,
+        description="Elastic bounds; without it the job runs exactly `replicas` workers.",
     )
     nproc_per_node: int | Literal["gpu", "auto"] = Field(
         default=1,
         description="Training processes per pod: an integer, 'gpu' (GPUs requested per pod) or 'auto'.",
-        json_schema_extra={CEL: [_NPROC_RULE, _cel("self == oldSelf", f"spec.nprocPerNode {_IMMUTABLE_MSG}")]},
+        json_schema_extra={
+            CEL: [_NPROC_RULE, _cel("self == oldSelf", f"spec.nprocPerNode {_IMMUTABLE_MSG}")]
+        },
     )
     backend: Backend = Field(
         default=Backend.AUTO,
@@ -404,15 +416,24 @@ class TorchJobStatus(_Model):
     succeeded_workers: int | None = None
     failed_workers: int | None = None
     workers: str | None = Field(default=None, description="ready/desired, for kubectl get.")
-    selector: str | None = Field(default=None, description="Label selector of the workers (scale subresource).")
-    current_generation: int | None = Field(default=None, description="Membership generation of the pods.")
+    selector: str | None = Field(
+        default=None, description="Label selector of the workers (scale subresource)."
+    )
+    current_generation: int | None = Field(
+        default=None, description="Membership generation of the pods."
+    )
     world_size: int | None = None
     restarts: int | None = Field(default=None, description="Group restarts caused by failures.")
-    disruptions: int | None = Field(default=None, description="Membership changes caused by disruptions.")
+    disruptions: int | None = Field(
+        default=None, description="Membership changes caused by disruptions."
+    )
     last_failure: FailureRecord | None = None
-    restart_after: str | None = Field(default=None, description="Backoff: next generation not before this time.")
+    restart_after: str | None = Field(
+        default=None, description="Backoff: next generation not before this time."
+    )
     created_generation: int | None = Field(
-        default=None, description="Latest generation whose pods were all created (a later loss is a disruption)."
+        default=None,
+        description="Latest generation whose pods were all created (a later loss is a disruption).",
     )
     start_time: str | None = None
     completion_time: str | None = None
@@ -429,8 +450,8 @@ class ObjectMeta(_Passthrough):
 class TorchJob(_Model):
     """A whole TorchJob object, as ``kubectl apply -f job.yaml`` sends it."""
 
-    api_version: Literal["torchjob.io/v1alpha1"] = API_VERSION
-    kind: Literal["TorchJob"] = KIND
+    api_version: Literal["torchjob.io/v1alpha1"] = "torchjob.io/v1alpha1"
+    kind: Literal["TorchJob"] = "TorchJob"
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: TorchJobSpec
     status: TorchJobStatus | None = None
