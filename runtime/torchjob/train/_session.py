@@ -1,0 +1,61 @@
+"""Worker-side state of one training run: rank info, storage, checkpoint to resume, loaders.
+
+One ``_Session`` exists per worker process while ``train_func`` runs; the public
+functions (``report``, ``get_checkpoint``, ``get_context``, ``prepare_*``) read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from torchjob.checkpoint import DataPosition
+
+if TYPE_CHECKING:
+    from torchjob.train._prepare import PreparedDataLoader
+    from torchjob.train.checkpoint import Checkpoint
+
+
+class StopTraining(BaseException):
+    """Raised by ``report`` on every rank once the group agreed to stop (not an ``Exception``,
+    so a user's ``except Exception`` does not swallow it)."""
+
+
+@dataclass
+class Session:
+    world_rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    generation: int
+    experiment_name: str
+    run_path: str
+    device: str
+    storage_url: str | None
+    num_to_keep: int | None
+    score_attribute: str | None
+    score_order: str
+    checkpoint: Checkpoint | None = None
+    resume_positions: list[DataPosition] = field(default_factory=list)
+    loaders: list[PreparedDataLoader] = field(default_factory=list)
+    reports: int = 0
+    stopped_at_report: int | None = None
+    last_metrics: dict[str, Any] | None = None
+
+    def data_positions(self) -> list[dict[str, Any]]:
+        return [loader.position().to_dict() for loader in self.loaders]
+
+    def resume_position_for(self, index: int) -> DataPosition | None:
+        return self.resume_positions[index] if index < len(self.resume_positions) else None
+
+
+_CURRENT: list[Session | None] = [None]
+
+
+def current() -> Session | None:
+    return _CURRENT[0]
+
+
+def set_current(session: Session | None) -> None:
+    _CURRENT[0] = session

@@ -1,0 +1,143 @@
+"""What every worker runs for one generation of ``TorchTrainer.fit``.
+
+Rank 0 finds the latest committed checkpoint and reads it (verified); the other
+ranks receive its files by broadcast, so only rank 0 needs storage access. Then
+the user's ``train_func`` runs with a session that ``report`` and friends use.
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torchjob.checkpoint import CheckpointError, CheckpointStorage, DataPosition, write_files
+from torchjob.launch import worker_info
+from torchjob.train import _session
+from torchjob.train.checkpoint import Checkpoint
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    train_func: Callable[..., Any]
+    config: dict[str, Any] | None
+    storage_url: str | None
+    experiment_name: str
+    run_path: str
+    num_to_keep: int | None
+    score_attribute: str | None
+    score_order: str
+    resume_from: str | None
+    """An explicit ``resume_from_checkpoint`` directory, used when the run has none committed."""
+
+
+@dataclass(frozen=True)
+class WorkerOutcome:
+    rank: int
+    stopped: bool
+    reports: int
+    stopped_at_report: int | None
+
+
+_Payload = tuple[str, Any, Any]
+
+
+def _load_resume(spec: WorkerSpec) -> _Payload:
+    """On rank 0: ("ok", files, positions), ("none", None, None) or ("error", path, problem)."""
+    try:
+        if spec.storage_url:
+            storage = CheckpointStorage(spec.storage_url)
+            latest = storage.latest_committed()
+            if latest is not None:
+                return ("ok", storage.read_files(latest), latest.data_positions)
+        if spec.resume_from:
+            tmp = Checkpoint(spec.resume_from).to_directory()
+            try:
+                from pathlib import Path
+
+                files = {
+                    p.relative_to(tmp).as_posix(): p.read_bytes()
+                    for p in Path(tmp).rglob("*")
+                    if p.is_file()
+                }
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            return ("ok", files, [])
+    except CheckpointError as e:
+        return ("error", e.path, e.problem)
+    return ("none", None, None)
+
+
+def _broadcast(payload: _Payload | None, world_size: int) -> _Payload:
+    if world_size == 1:
+        assert payload is not None
+        return payload
+    import torch.distributed as dist
+
+    box: list[Any] = [payload]
+    dist.broadcast_object_list(box, src=0)
+    result: _Payload = box[0]
+    return result
+
+
+def _accepts_config(fn: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True
+    return len(params) > 0
+
+
+def run_training(spec: WorkerSpec) -> WorkerOutcome:
+    info = worker_info()
+    assert info is not None, "run_training runs inside a torchjob worker"
+    payload = _broadcast(_load_resume(spec) if info.rank == 0 else None, info.world_size)
+    if payload[0] == "error":
+        raise CheckpointError(payload[1], payload[2])
+    restored_dir: str | None = None
+    checkpoint = None
+    positions: list[DataPosition] = []
+    if payload[0] == "ok":
+        restored_dir = tempfile.mkdtemp(prefix=f"torchjob-resume-r{info.rank}-")
+        write_files(payload[1], restored_dir)
+        checkpoint = Checkpoint(restored_dir)
+        positions = [DataPosition.from_dict(p) for p in payload[2] or []]
+    session = _session.Session(
+        world_rank=info.rank,
+        local_rank=info.local_rank,
+        world_size=info.world_size,
+        local_world_size=info.local_world_size,
+        node_rank=info.node_rank,
+        generation=info.generation,
+        experiment_name=spec.experiment_name,
+        run_path=spec.run_path,
+        device=info.device,
+        storage_url=spec.storage_url,
+        num_to_keep=spec.num_to_keep,
+        score_attribute=spec.score_attribute,
+        score_order=spec.score_order,
+        checkpoint=checkpoint,
+        resume_positions=positions,
+    )
+    _session.set_current(session)
+    stopped = False
+    try:
+        if _accepts_config(spec.train_func):
+            spec.train_func(dict(spec.config or {}))
+        else:
+            spec.train_func()
+    except _session.StopTraining:
+        stopped = True
+    finally:
+        _session.set_current(None)
+        if restored_dir:
+            shutil.rmtree(restored_dir, ignore_errors=True)
+    return WorkerOutcome(
+        rank=info.rank,
+        stopped=stopped,
+        reports=session.reports,
+        stopped_at_report=session.stopped_at_report,
+    )

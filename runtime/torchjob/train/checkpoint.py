@@ -1,0 +1,102 @@
+"""``Checkpoint``: a directory of files, local or on any fsspec filesystem (Ray Train's API)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from fsspec.core import url_to_fs
+
+from torchjob.checkpoint import MANIFEST, MARKER, CheckpointError, CheckpointStorage
+
+_METADATA = ".torchjob_metadata.json"
+
+
+class Checkpoint:
+    """A directory of checkpoint files. Create one with :meth:`from_directory` and ``report`` it."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], filesystem: fsspec.AbstractFileSystem | None = None
+    ) -> None:
+        raw = os.fspath(path)
+        if filesystem is None:
+            filesystem, stripped = url_to_fs(raw)
+            self._url = raw
+        else:
+            stripped = raw
+            self._url = raw
+        self.filesystem: fsspec.AbstractFileSystem = filesystem
+        self.path: str = stripped
+
+    def __repr__(self) -> str:
+        return f"Checkpoint(path={self._url!r})"
+
+    @classmethod
+    def from_directory(cls, path: str | os.PathLike[str]) -> Checkpoint:
+        return cls(path)
+
+    @property
+    def _is_local(self) -> bool:
+        proto = self.filesystem.protocol
+        return "file" in ((proto,) if isinstance(proto, str) else tuple(proto))
+
+    def _require(self) -> None:
+        if not self.filesystem.isdir(self.path):
+            raise CheckpointError(self._url, "does not exist or is not a directory")
+
+    @contextmanager
+    def as_directory(self) -> Iterator[str]:
+        """A local directory with the checkpoint's files (the checkpoint itself when local)."""
+        self._require()
+        if self._is_local:
+            yield self.path
+            return
+        tmp = tempfile.mkdtemp(prefix="torchjob-ckpt-")
+        try:
+            self.to_directory(tmp)
+            yield tmp
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def to_directory(self, path: str | os.PathLike[str] | None = None) -> str:
+        """Copy the files into ``path`` (a new temporary directory by default), verified
+        against the manifest when this is a committed checkpoint."""
+        self._require()
+        dest = os.fspath(path) if path is not None else tempfile.mkdtemp(prefix="torchjob-ckpt-")
+        os.makedirs(dest, exist_ok=True)
+        if self.filesystem.exists(f"{self.path}/{MARKER}"):
+            parent, name = self._url.rstrip("/").rsplit("/", 1)
+            storage = CheckpointStorage(parent)
+            match = [c for c in storage.list_committed() if c.path.rstrip("/").endswith(name)]
+            if match:
+                storage.download(match[0], dest)
+                return dest
+        for src in self.filesystem.find(self.path):
+            rel = src[len(self.path.rstrip("/")) + 1 :]
+            if rel in (MANIFEST, MARKER):
+                continue
+            target = Path(dest) / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.filesystem.get_file(src, str(target))
+        return dest
+
+    # --- metadata (small JSON next to the files) ------------------------------------
+    def get_metadata(self) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads(self.filesystem.cat_file(f"{self.path}/{_METADATA}"))
+        except FileNotFoundError:
+            return {}
+        return data
+
+    def set_metadata(self, metadata: dict[str, Any]) -> None:
+        self.filesystem.pipe_file(f"{self.path}/{_METADATA}", json.dumps(metadata).encode())
+
+    def update_metadata(self, metadata: dict[str, Any]) -> None:
+        self.set_metadata({**self.get_metadata(), **metadata})
