@@ -93,6 +93,42 @@ def make_loss(loss_creator: Any, config: dict[str, Any]) -> Any:
     return loss_creator(config)
 
 
+class _Pass:
+    """The batches of one pass: an epoch of ``loader``, or ``num_steps`` batches cycling epochs.
+
+    Re-iterable (each ``iter()`` replays the same pass, same order), so a
+    custom train function may loop over it once per model, as seed 002's
+    multi-model example does.
+    """
+
+    def __init__(self, loader: DataLoader[Any], epoch: int, num_steps: int | None) -> None:
+        self.loader = loader
+        self.epoch = epoch
+        self.num_steps = num_steps
+
+    def _epoch(self, epoch: int) -> Iterator[Any]:
+        if isinstance(self.loader.sampler, DistributedSampler):
+            self.loader.sampler.set_epoch(epoch)
+        return iter(self.loader)
+
+    def _cycle(self) -> Iterator[Any]:
+        for e in itertools.count(self.epoch):
+            empty = True
+            for batch in self._epoch(e):
+                empty = False
+                yield batch
+            if empty:
+                return
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.num_steps is None:
+            return self._epoch(self.epoch)
+        return itertools.islice(self._cycle(), self.num_steps)
+
+    def __len__(self) -> int:
+        return len(self.loader) if self.num_steps is None else self.num_steps
+
+
 class Runner:
     """One replica: built from the creators, then trained and validated pass by pass."""
 
@@ -189,27 +225,8 @@ class Runner:
             f"data_creator returned a {type(obj).__name__}; expected a torch Dataset or DataLoader"
         )
 
-    def _batches(self, loader: DataLoader[Any], num_steps: int | None) -> Iterator[Any]:
-        """One epoch of ``loader``, or exactly ``num_steps`` batches (cycling epochs)."""
-
-        def epoch_iter(epoch: int) -> Iterator[Any]:
-            if isinstance(loader.sampler, DistributedSampler):
-                loader.sampler.set_epoch(epoch)
-            return iter(loader)
-
-        if num_steps is None:
-            return epoch_iter(self.epoch)
-
-        def cycle() -> Iterator[Any]:
-            for e in itertools.count(self.epoch):
-                empty = True
-                for batch in epoch_iter(e):
-                    empty = False
-                    yield batch
-                if empty:
-                    return
-
-        return itertools.islice(cycle(), num_steps)
+    def _batches(self, loader: DataLoader[Any], num_steps: int | None) -> _Pass:
+        return _Pass(loader, self.epoch, num_steps)
 
     # --- what the user's functions see ------------------------------------------------
     def given_models(self) -> Any:

@@ -12,7 +12,7 @@ and ``optimizer.step()`` (the seed's "manage loss scaling manually").
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,7 +121,7 @@ def _split(batch: Any) -> tuple[Any, Any]:
 def train(
     config: dict[str, Any],
     model: Any,
-    train_iterator: Iterator[Any],
+    train_iterator: Iterable[Any],
     criterion: Any,
     optimizer: Any,
     scheduler: Any = None,
@@ -170,7 +170,7 @@ def train(
 def validate(
     config: dict[str, Any],
     model: Any,
-    val_iterator: Iterator[Any],
+    val_iterator: Iterable[Any],
     criterion: Any,
     scheduler: Any = None,
 ) -> dict[str, Any]:
