@@ -48,7 +48,8 @@ from torchjob.train.errors import TrainingFailedError, TrainingStoppedError
 from torchjob.train.progress import ProgressView
 from torchjob.train.result import Result
 
-DEFAULT_STORAGE = os.path.join(os.path.expanduser("~"), "torchjob_results")
+DEFAULT_STORAGE = "~/torchjob_results"
+"""Where runs go without ``RunConfig(storage_path=...)``, as Ray uses ``~/ray_results``."""
 
 
 def _as_failure(err: LaunchError) -> WorkerFailure:
@@ -101,7 +102,7 @@ class TorchTrainer:
         if name is None:
             stamp = _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
             name = f"TorchTrainer_{stamp}"
-        root = self.run_config.storage_path or DEFAULT_STORAGE
+        root = self.run_config.storage_path or os.path.expanduser(DEFAULT_STORAGE)
         return name, f"{root.rstrip('/')}/{name}"
 
     def fit(self) -> Result:
