@@ -13,8 +13,10 @@ from torchjob.sgd.steps import autocast, backward, step, to_device
 from torchjob.sgd.steps import train as default_train
 from torchjob.sgd.steps import validate as default_validate
 from torchjob.sgd.trainer import PyTorchTrainer, SGDConfigError, aggregate_stats
+from torchjob.sgd.tune import PyTorchTrainable
 
 __all__ = [
+    "PyTorchTrainable",
     "PyTorchTrainer",
     "SGDConfigError",
     "aggregate_stats",

@@ -1,1 +1,49 @@
-"""torchjob.tune."""
+"""torchjob.tune: hyperparameter search over distributed trials, with optuna.
+
+::
+
+    from torchjob import tune
+    tuner = tune.Tuner(
+        trainer_or_trainable,
+        param_space={"train_loop_config": {"lr": tune.loguniform(1e-4, 1e-1)}},
+        tune_config=tune.TuneConfig(metric="loss", mode="min", num_samples=8),
+    )
+    best = tuner.fit().get_best_result()
+
+Seed 001's ``DistributedTrainableCreator``, ``distributed_checkpoint_dir`` and
+``is_distributed_trainable`` are here too; see docs/sgd.md.
+"""
+
+from torchjob.tune.search import choice, grid_search, loguniform, randint, uniform
+from torchjob.tune.session import (
+    TrialPruned,
+    TrialStopped,
+    distributed_checkpoint_dir,
+    get_trial_dir,
+    is_distributed_trainable,
+    report,
+)
+from torchjob.tune.trainables import DistributedTrainable, DistributedTrainableCreator, Trainable
+from torchjob.tune.tuner import Result, ResultGrid, RunConfig, TuneConfig, Tuner
+
+__all__ = [
+    "DistributedTrainable",
+    "DistributedTrainableCreator",
+    "Result",
+    "ResultGrid",
+    "RunConfig",
+    "Trainable",
+    "TrialPruned",
+    "TrialStopped",
+    "TuneConfig",
+    "Tuner",
+    "choice",
+    "distributed_checkpoint_dir",
+    "get_trial_dir",
+    "grid_search",
+    "is_distributed_trainable",
+    "loguniform",
+    "randint",
+    "report",
+    "uniform",
+]
