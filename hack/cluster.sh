@@ -127,10 +127,23 @@ EOF
   done
 }
 
+# Names of the Ready nodes, one a line (fails when the apiserver does not answer).
+ready_nodes() {
+  kc get nodes --request-timeout=3s \
+    -o jsonpath='{range .items[*]}{.metadata.name} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' |
+    awk '$2 == "True" {print $1}'
+}
+
+expected_nodes() {
+  local i
+  for ((i = 0; i < GPU_NODES; i++)); do echo "gpu-node-${i}"; done
+  for ((i = 0; i < CPU_NODES; i++)); do echo "cpu-node-${i}"; done
+}
+
 all_nodes_ready() {
-  local want=$((GPU_NODES + CPU_NODES)) ready
-  ready="$(kc get nodes -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c '^True$' || true)"
-  [[ "${ready}" -ge "${want}" ]]
+  local ready
+  ready="$(ready_nodes)" || return 1
+  [[ -z "$(comm -23 <(expected_nodes | sort) <(sort <<<"${ready}"))" ]]
 }
 
 default_sa_exists() { kc -n default get serviceaccount default; }
@@ -144,8 +157,14 @@ cmd_up() {
   require_binaries
   local start
   start=$(now_ms)
+  if [[ -f "${KUBECONFIG_PATH}" ]] && all_nodes_ready 2>/dev/null; then
+    # The fast path: one API call shows a running cluster with all its nodes Ready.
+    log "cluster '${NAME}' is already running (ready in $((($(now_ms) - start)))ms)"
+    echo "${KUBECONFIG_PATH}"
+    return
+  fi
   if healthy; then
-    log "cluster '${NAME}' is already running"
+    log "cluster '${NAME}' is running; (re)applying its nodes"
   elif [[ -f "${CLUSTER_DIR}/kwok.yaml" ]] && kwokctl start cluster >&2 &&
     wait_until 60 "the restarted kube-apiserver" healthy; then
     log "cluster '${NAME}' restarted"
