@@ -1,0 +1,196 @@
+"""TorchTrainer.fit end to end on real processes: checkpoints, restarts, elasticity, stop, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import torchjob.train
+from torchjob.checkpoint import CheckpointStorage
+from torchjob.train import (
+    CheckpointConfig,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+    TrainingFailedError,
+    TrainingStoppedError,
+)
+from torchjob.train.torch import TorchTrainer, prepare_data_loader, prepare_model
+
+
+def _run_config(tmp_path: Path, **kwargs: Any) -> RunConfig:
+    return RunConfig(name="run", storage_path=str(tmp_path / "storage"), progress=False, **kwargs)
+
+
+def step_loop(config: dict[str, Any]) -> None:
+    """Regression on fixed data; one report (with checkpoint) per step; resumes from the step saved.
+
+    ``config["faults"]`` maps "generation:step" to an action on rank ``config["fault_rank"]``.
+    """
+    ctx = torchjob.train.get_context()
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(1))
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+    step = 0
+    ckpt = torchjob.train.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            state = torch.load(os.path.join(d, "state.pt"))
+        getattr(model, "module", model).load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step = state["step"] + 1
+    while step < config["steps"]:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        action = config.get("faults", {}).get(f"{ctx.get_generation()}:{step}")
+        if action and ctx.get_world_rank() == config.get("fault_rank", 1):
+            if action == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif action == "raise":
+                raise ValueError(f"injected failure at step {step}")
+            elif action == "sigterm-driver":
+                os.kill(os.getppid(), signal.SIGTERM)
+        log = Path(config["log_dir"]) / f"rank{ctx.get_world_rank()}-gen{ctx.get_generation()}.json"
+        log.write_text(json.dumps({"last_step": step}))
+        with tempfile.TemporaryDirectory() as d:
+            torch.save(
+                {
+                    "model": getattr(model, "module", model).state_dict(),
+                    "opt": opt.state_dict(),
+                    "step": step,
+                },
+                os.path.join(d, "state.pt"),
+            )
+            torchjob.train.report(
+                {"step": step, "loss": loss.item(), "world_size": ctx.get_world_size()},
+                checkpoint=torchjob.train.Checkpoint.from_directory(d),
+            )
+        step += 1
+
+
+def _config(tmp_path: Path, steps: int, **extra: Any) -> dict[str, Any]:
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir(exist_ok=True)
+    return {"steps": steps, "log_dir": str(log_dir), **extra}
+
+
+def test_report_and_checkpoint_round_trip(tmp_path: Path) -> None:
+    result = TorchTrainer(
+        step_loop,
+        train_loop_config=_config(tmp_path, 5),
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=_run_config(
+            tmp_path,
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=2, checkpoint_score_attribute="loss", checkpoint_score_order="min"
+            ),
+        ),
+    ).fit()
+    assert result.error is None
+    assert [m["step"] for m in result.metrics_history] == [0, 1, 2, 3, 4]
+    assert result.metrics is not None and result.metrics["step"] == 4
+    assert list(result.metrics_dataframe["step"]) == [0, 1, 2, 3, 4]
+    assert result.path == str(tmp_path / "storage" / "run")
+    assert result.checkpoint is not None
+    with result.checkpoint.as_directory() as d:
+        assert torch.load(os.path.join(d, "state.pt"))["step"] == 4
+    # Retention: the best by lowest loss (the last steps here) and the newest.
+    assert [m["step"] for _, m in result.best_checkpoints] == [4, 3]
+    restored = result.checkpoint.to_directory(str(tmp_path / "copy"))
+    assert (Path(restored) / "state.pt").exists()
+
+
+def test_killed_worker_restarts_group_and_loss_continues(tmp_path: Path) -> None:
+    result = TorchTrainer(
+        step_loop,
+        train_loop_config=_config(tmp_path, 8, faults={"0:4": "kill"}),
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=_run_config(tmp_path, failure_config=FailureConfig(max_failures=1)),
+    ).fit()
+    steps = [m["step"] for m in result.metrics_history]
+    losses = [m["loss"] for m in result.metrics_history]
+    # Rank 1 died after step 4's update; rank 0 had committed step 3 and the group
+    # resumed from it: no step lost, none repeated, and the loss keeps going down.
+    assert steps == list(range(8)), steps
+    assert result.world_sizes == [2, 2]
+    assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses
+
+
+def test_elastic_shrinks_then_grows_back(tmp_path: Path) -> None:
+    result = TorchTrainer(
+        step_loop,
+        train_loop_config=_config(tmp_path, 10, faults={"0:2": "kill"}, fault_rank=3),
+        scaling_config=ScalingConfig(num_workers=(2, 4), elastic_grow_cooldown_s=0),
+        run_config=_run_config(tmp_path),  # max_failures=0: a lost worker is not charged
+    ).fit()
+    assert result.world_sizes == [4, 3, 4]
+    sizes = [m["world_size"] for m in result.metrics_history]
+    assert sizes[0] == 4 and 3 in sizes and sizes[-1] == 4
+    assert [m["step"] for m in result.metrics_history] == list(range(10))
+
+
+def test_failure_budget_exhausted_gives_root_cause(tmp_path: Path) -> None:
+    with pytest.raises(TrainingFailedError) as info:
+        TorchTrainer(
+            step_loop,
+            train_loop_config=_config(tmp_path, 5, faults={"0:1": "raise", "1:2": "raise"}),
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=_run_config(tmp_path, failure_config=FailureConfig(max_failures=1)),
+        ).fit()
+    first_line = str(info.value).splitlines()[0]
+    assert first_line.startswith("rank 1 raised ValueError: injected failure at step 2"), first_line
+    assert "max_failures=1" in str(info.value)
+    assert info.value.result is not None
+    # Rank 0 committed step 2 before rank 1 raised in generation 1: history has no repeats.
+    assert [m["step"] for m in info.value.result.metrics_history] == [0, 1, 2]
+
+
+def test_corrupt_checkpoint_error_names_path(tmp_path: Path) -> None:
+    storage = CheckpointStorage(str(tmp_path / "storage" / "run"))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "state.pt").write_bytes(b"not what the manifest says")
+    ckpt = storage.commit(str(src))
+    (Path(ckpt.path) / "state.pt").write_bytes(b"tampered")
+    with pytest.raises(TrainingFailedError) as info:
+        TorchTrainer(
+            step_loop,
+            train_loop_config=_config(tmp_path, 3),
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=_run_config(tmp_path, failure_config=FailureConfig(max_failures=3)),
+        ).fit()
+    assert ckpt.path in str(info.value)
+    assert "state.pt" in str(info.value)
+
+
+def test_sigterm_stops_all_ranks_at_the_same_step_with_a_checkpoint(tmp_path: Path) -> None:
+    config = _config(tmp_path, 50, faults={"0:3": "sigterm-driver"})
+    with pytest.raises(TrainingStoppedError) as info:
+        TorchTrainer(
+            step_loop,
+            train_loop_config=config,
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=_run_config(tmp_path),
+        ).fit()
+    last = {
+        rank: json.loads((Path(config["log_dir"]) / f"rank{rank}-gen0.json").read_text())[
+            "last_step"
+        ]
+        for rank in range(2)
+    }
+    assert last[0] == last[1] < 49
+    result = info.value.result
+    assert result is not None and result.checkpoint is not None
+    with result.checkpoint.as_directory() as d:
+        assert torch.load(os.path.join(d, "state.pt"))["step"] == last[0]
