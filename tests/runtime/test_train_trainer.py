@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ from torchjob.train import (
     TrainingFailedError,
     TrainingStoppedError,
 )
-from torchjob.train.torch import TorchTrainer, prepare_data_loader, prepare_model
+from torchjob.train.torch import TorchTrainer, prepare_model
 
 
 def _run_config(tmp_path: Path, **kwargs: Any) -> RunConfig:
@@ -124,7 +125,7 @@ def test_killed_worker_restarts_group_and_loss_continues(tmp_path: Path) -> None
     # resumed from it: no step lost, none repeated, and the loss keeps going down.
     assert steps == list(range(8)), steps
     assert result.world_sizes == [2, 2]
-    assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses
+    assert all(b < a for a, b in itertools.pairwise(losses)), losses
 
 
 def test_elastic_shrinks_then_grows_back(tmp_path: Path) -> None:
