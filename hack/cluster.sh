@@ -198,8 +198,21 @@ cmd_up() {
 
 cmd_down() {
   if [[ -x "${KWOKCTL}" && -d "${CLUSTER_DIR}" ]]; then
-    kwokctl delete cluster --kubeconfig "" >&2 || log "kwokctl delete cluster failed; removing ${CLUSTER_DIR}"
+    # kwokctl delete rejects --kubeconfig "" (v0.8.0: "empty path"); point it at a file of
+    # its own so that it never edits ~/.kube/config.
+    kwokctl delete cluster --kubeconfig "${KWOK_WORKDIR}/unused-user-kubeconfig.yaml" >&2 ||
+      log "kwokctl delete cluster failed; stopping its processes and removing ${CLUSTER_DIR}"
   fi
+  # Whatever kwokctl left running (it records every process it starts in pids/).
+  local pidfile pid
+  for pidfile in "${CLUSTER_DIR}"/pids/*.pid; do
+    [[ -f "${pidfile}" ]] || continue
+    pid="$(<"${pidfile}")"
+    if [[ "${pid}" =~ ^[0-9]+$ ]] && kill -0 "${pid}" 2>/dev/null &&
+      [[ "$(readlink "/proc/${pid}/cwd" 2>/dev/null)" == "${CLUSTER_DIR}" ]]; then
+      kill "${pid}" 2>/dev/null || true
+    fi
+  done
   rm -rf "${CLUSTER_DIR}"
   log "cluster '${NAME}' deleted"
 }
