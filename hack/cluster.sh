@@ -153,10 +153,18 @@ ensure_nodes() {
   wait_until 60 "nodes to become Ready" all_nodes_ready
 }
 
+# The cluster's config (stages, flags) is fixed at creation: remember what it was made from.
+config_digest() { cat "${HACK_DIR}/kwok/stages.yaml" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1; }
+DIGEST_FILE="${CLUSTER_DIR}/torchjob-config.sha256"
+
 cmd_up() {
   require_binaries
   local start
   start=$(now_ms)
+  if [[ -d "${CLUSTER_DIR}" && "$(cat "${DIGEST_FILE}" 2>/dev/null)" != "$(config_digest)" ]]; then
+    log "hack/kwok/stages.yaml or hack/cluster.sh changed since cluster '${NAME}' was created: recreating it"
+    cmd_down
+  fi
   if [[ -f "${KUBECONFIG_PATH}" ]] && all_nodes_ready 2>/dev/null; then
     # The fast path: one API call shows a running cluster with all its nodes Ready.
     log "cluster '${NAME}' is already running (ready in $((($(now_ms) - start)))ms)"
@@ -188,6 +196,7 @@ cmd_up() {
       --config "${HACK_DIR}/kwok/stages.yaml" \
       --timeout 5m \
       --wait 2m >&2 || die "kwokctl create cluster failed; logs: ${CLUSTER_DIR}/logs"
+    config_digest >"${DIGEST_FILE}"
     wait_until 60 "kube-apiserver" healthy
   fi
   ensure_nodes
