@@ -62,3 +62,28 @@ def test_bf16_autocast_path(group3: WorkerGroup) -> None:
     results = group3.execute(_train_steps, True)
     assert all(r["finite"] for r in results)
     assert len({r["params"] for r in results}) == 1
+
+
+def _fsdp_steps() -> list[float]:
+    torch.manual_seed(0)
+    model = prepare_model(
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)),
+        parallel_strategy="fsdp",
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(1))
+    y = x.sum(dim=1, keepdim=True)
+    losses = []
+    for _ in range(5):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_fsdp_option_trains_on_cpu(group3: WorkerGroup) -> None:
+    results = group3.execute(_fsdp_steps)
+    assert results[0] == results[1] == results[2]  # same data, sharded params: same losses
+    assert results[0][-1] < results[0][0]

@@ -63,11 +63,11 @@ def prepare_model(
             kwargs.setdefault("device_ids", [device])
         return DistributedDataParallel(model, **kwargs)
     if parallel_strategy == "fsdp":
-        from torch.distributed.fsdp import FullyShardedDataParallel
+        # FSDP2 (``fully_shard``) shards in place and, unlike FSDP1, also runs on CPU/gloo.
+        from torch.distributed.fsdp import fully_shard
 
-        if device.type == "cuda":
-            kwargs.setdefault("device_id", device)
-        return FullyShardedDataParallel(model, **kwargs)
+        fully_shard(model, **kwargs)
+        return model
     raise ValueError(f"parallel_strategy must be 'ddp', 'fsdp' or None, got {parallel_strategy!r}")
 
 
