@@ -101,7 +101,8 @@ def _reconciler() -> Reconciler:
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     ours = settings_mod.SETTINGS
-    settings.watching.server_timeout = ours.watch_server_timeout_s
+    # The API server wants whole seconds in timeoutSeconds.
+    settings.watching.server_timeout = int(ours.watch_server_timeout_s)
     settings.watching.client_timeout = ours.watch_client_timeout_s
     settings.watching.connect_timeout = ours.watch_connect_timeout_s
     settings.posting.level = logging.WARNING  # our Events are posted by the reconciler
@@ -116,8 +117,9 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_via_client(**kwargs)
 
 
+# Async on purpose: kopf runs sync handlers in a thread pool, and the loops live on the event loop.
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def torchjob_event(event: kopf.RawEvent, name: str, namespace: str | None, **_: Any) -> None:
+async def torchjob_event(event: kopf.RawEvent, name: str, namespace: str | None, **_: Any) -> None:
     key = (namespace or "", name)
     if event.get("type") == "DELETED":
         _reconciler().forget(key)
@@ -126,5 +128,5 @@ def torchjob_event(event: kopf.RawEvent, name: str, namespace: str | None, **_: 
 
 
 @kopf.on.event("", "v1", "pods", labels={contract.LABEL_JOB_NAME: kopf.PRESENT})
-def worker_pod_event(labels: kopf.Labels, namespace: str | None, **_: Any) -> None:
+async def worker_pod_event(labels: kopf.Labels, namespace: str | None, **_: Any) -> None:
     _reconciler().poke((namespace or "", labels[contract.LABEL_JOB_NAME]))

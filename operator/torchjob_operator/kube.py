@@ -65,17 +65,14 @@ class Kube:
     def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         """A merge patch of the status subresource: no resourceVersion, so no conflicts to lose."""
         try:
-            self.custom.api_client.call_api(
-                f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
-                "PATCH",
-                body={"status": dict(status)},
-                header_params={
-                    "Content-Type": "application/merge-patch+json",
-                    "Accept": "application/json",
-                },
-                auth_settings=["BearerToken"],
-                response_type="object",
-                _return_http_data_only=True,
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                {"status": dict(status)},
+                _content_type="application/merge-patch+json",
             )
         except ApiException as e:
             if e.status == 404:

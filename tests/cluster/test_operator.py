@@ -242,7 +242,8 @@ def test_preemption_by_the_real_scheduler_is_a_disruption(jobs: Jobs, cluster: k
                 raise
     node = cluster.gpu_nodes(jobs.core)[-1]
     gpus = int(jobs.core.read_node(node).status.allocatable["nvidia.com/gpu"])
-    pinned = {"nodeSelector": {"kubernetes.io/hostname": node}}
+    # A grace period, as real trainers have: the preempted pod lingers with DisruptionTarget=True.
+    pinned = {"nodeSelector": {"kubernetes.io/hostname": node}, "terminationGracePeriodSeconds": 3}
     manifest = torchjob(
         "spot",
         replicas=2,

@@ -270,3 +270,13 @@ def test_invariants_over_random_histories(
         assert view.state.restarts <= failures_seen
         if decided.phase.is_terminal:
             break
+
+
+def test_pods_created_by_a_dead_operator_are_adopted() -> None:
+    """The operator died after creating pods but before writing the status."""
+    view = job().replicas(2).build()
+    decided = plan(view, [running(pod(0)), running(pod(1))], at(3))
+    assert decided.create is None
+    assert decided.status["createdGeneration"] == 0
+    assert decided.status["startTime"] == "2026-01-01T00:00:03Z"
+    assert decided.phase == Phase.RUNNING

@@ -64,7 +64,7 @@ def test_gpu_pod_defaults() -> None:
     assert (
         c["resources"]["requests"]["nvidia.com/gpu"]
         == c["resources"]["limits"]["nvidia.com/gpu"]
-        == 8
+        == "8"
     )
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in spec["volumes"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]

@@ -59,16 +59,13 @@ def judge_generation(pods: list[PodView], *, replicas: int, missing: list[int]) 
     that were created and have since vanished.
     """
     disrupted = [p for p in pods if p.disruption is not None or p.deleting]
-    if missing:
-        return Judgement(
-            Outcome.DISRUPTED,
-            None,
-            f"worker {missing[0]} was deleted",
-        )
     if disrupted:
-        culprit = min(disrupted, key=lambda p: p.index)
+        # A pod with a known reason explains the event better than one that merely vanished.
+        culprit = min(disrupted, key=lambda p: (p.disruption is None, p.index))
         why = culprit.disruption or "deleted by another client"
         return Judgement(Outcome.DISRUPTED, culprit, f"{culprit.name}: {why}")
+    if missing:
+        return Judgement(Outcome.DISRUPTED, None, f"worker {missing[0]} was deleted")
     failed = [p for p in pods if p.phase == PodPhase.FAILED]
     if failed:
         culprit = _first_failed(failed)

@@ -232,8 +232,8 @@ def plan(job: JobView, pods: Sequence[PodView], now: datetime) -> Plan:
         restart_after=st.restart_after,
         created_generation=st.created_generation,
         last_failure=st.last_failure,
-        reason=_current_reason(st),
     )
+    d.reason, d.message = _ready_reason(st)
 
     if st.phase is not None and st.phase.is_terminal:
         _finish(d, pods)
@@ -357,16 +357,24 @@ def plan(job: JobView, pods: Sequence[PodView], now: datetime) -> Plan:
                     cond.message("PodsCreated", replicas=len(todo), generation=d.generation),
                 )
             )
+        elif not todo and d.created_generation != d.generation:
+            # Every pod exists already (an earlier operator created them and died before
+            # writing the status): adopt them.
+            d.created_generation = d.generation
+            d.restart_after = None
+            if d.start_time is None:
+                d.start_time = now
 
     _active_phase(d, current)
     return _plan(d, pods, current)
 
 
-def _current_reason(st: JobState) -> str:
+def _ready_reason(st: JobState) -> tuple[str, str]:
+    """Reason and message of the last decision, kept in the Ready condition."""
     for c in st.conditions:
         if c.get("type") == cond.READY:
-            return str(c.get("reason") or "")
-    return ""
+            return str(c.get("reason") or ""), str(c.get("message") or "")
+    return "", ""
 
 
 def _active_phase(d: _Draft, current: Sequence[PodView]) -> None:

@@ -58,8 +58,10 @@ def pod_env(
 
 
 def _gpu_requests_equal_limits(resources: dict[str, Any]) -> None:
-    limits = resources.setdefault("limits", {})
-    requests = resources.setdefault("requests", {})
+    """GPUs cannot be overcommitted: requests must equal limits. Quantities become strings."""
+    limits = {k: str(v) for k, v in (resources.get("limits") or {}).items()}
+    requests = {k: str(v) for k, v in (resources.get("requests") or {}).items()}
+    resources["limits"], resources["requests"] = limits, requests
     gpus = limits.get(GPU, requests.get(GPU))
     if gpus is not None:
         limits[GPU] = gpus
