@@ -40,10 +40,10 @@ fi
 # ---------------------------------------------------------------- toolchain checks
 GO="${GO:-go}"
 if ! command -v "${GO}" >/dev/null 2>&1; then
-  if [[ -x /usr/local/go/bin/go ]]; then
+  if [[ "${GO}" == "go" && -x /usr/local/go/bin/go ]]; then
     GO=/usr/local/go/bin/go
   else
-    die "'go' not found in PATH. Install Go >= ${GO_MIN_VERSION} (https://go.dev/dl/) and rerun 'make testbin'."
+    die "'${GO}' not found (PATH or \$GO). Install Go >= ${GO_MIN_VERSION} (https://go.dev/dl/) and rerun 'make testbin'."
   fi
 fi
 go_version="$(GOTOOLCHAIN=local "${GO}" env GOVERSION 2>/dev/null || true)"
@@ -224,6 +224,11 @@ build_helm() {
 }
 
 mkdir -p "${ROOT}" "${WORK}"
+# One build at a time per root: a second `make testbin` waits, then finds everything fresh.
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"${ROOT}/.build.lock"
+  flock -n 9 || { log "another build-testbin.sh is running; waiting for it"; flock 9; }
+fi
 total_start=$(date +%s)
 log "Go ${go_version}; GOPROXY=$("${GO}" env GOPROXY); testbin root ${ROOT}"
 components=("${@}")

@@ -154,7 +154,12 @@ ensure_nodes() {
 }
 
 # The cluster's config (stages, flags) is fixed at creation: remember what it was made from.
-config_digest() { cat "${HACK_DIR}/kwok/stages.yaml" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1; }
+# Bump CLUSTER_CONFIG_REVISION when the kwokctl flags or node shapes below change.
+CLUSTER_CONFIG_REVISION=1
+config_digest() {
+  { cat "${HACK_DIR}/kwok/stages.yaml"; echo "rev=${CLUSTER_CONFIG_REVISION} gpu=${GPU_NODES}x${GPUS_PER_NODE} cpu=${CPU_NODES}"; } |
+    sha256sum | cut -d' ' -f1
+}
 DIGEST_FILE="${CLUSTER_DIR}/torchjob-config.sha256"
 
 cmd_up() {
@@ -162,7 +167,7 @@ cmd_up() {
   local start
   start=$(now_ms)
   if [[ -d "${CLUSTER_DIR}" && "$(cat "${DIGEST_FILE}" 2>/dev/null)" != "$(config_digest)" ]]; then
-    log "hack/kwok/stages.yaml or hack/cluster.sh changed since cluster '${NAME}' was created: recreating it"
+    log "hack/kwok/stages.yaml or the cluster config changed since cluster '${NAME}' was created: recreating it"
     cmd_down
   fi
   if [[ -f "${KUBECONFIG_PATH}" ]] && all_nodes_ready 2>/dev/null; then
@@ -173,7 +178,7 @@ cmd_up() {
   fi
   if healthy; then
     log "cluster '${NAME}' is running; (re)applying its nodes"
-  elif [[ -f "${CLUSTER_DIR}/kwok.yaml" ]] && kwokctl start cluster >&2 &&
+  elif [[ -f "${CLUSTER_DIR}/kwok.yaml" ]] && kwokctl start cluster >/dev/null 2>&1 &&
     wait_until 60 "the restarted kube-apiserver" healthy; then
     log "cluster '${NAME}' restarted"
   else
@@ -195,7 +200,10 @@ cmd_up() {
       --heartbeat-factor 1 \
       --config "${HACK_DIR}/kwok/stages.yaml" \
       --timeout 5m \
-      --wait 2m >&2 || die "kwokctl create cluster failed; logs: ${CLUSTER_DIR}/logs"
+      --wait 2m >"${KWOK_WORKDIR}/${NAME}-create.log" 2>&1 || {
+      cat "${KWOK_WORKDIR}/${NAME}-create.log" >&2
+      die "kwokctl create cluster failed; logs: ${CLUSTER_DIR}/logs"
+    }
     config_digest >"${DIGEST_FILE}"
     wait_until 60 "kube-apiserver" healthy
   fi
@@ -209,7 +217,7 @@ cmd_down() {
   if [[ -x "${KWOKCTL}" && -d "${CLUSTER_DIR}" ]]; then
     # kwokctl delete rejects --kubeconfig "" (v0.8.0: "empty path"); point it at a file of
     # its own so that it never edits ~/.kube/config.
-    kwokctl delete cluster --kubeconfig "${KWOK_WORKDIR}/unused-user-kubeconfig.yaml" >&2 ||
+    kwokctl delete cluster --kubeconfig "${KWOK_WORKDIR}/unused-user-kubeconfig.yaml" >/dev/null 2>&1 ||
       log "kwokctl delete cluster failed; stopping its processes and removing ${CLUSTER_DIR}"
   fi
   # Whatever kwokctl left running (it records every process it starts in pids/).
@@ -236,9 +244,18 @@ cmd_status() {
   fi
 }
 
+# up and down of one cluster are serialized: parallel pytest sessions share it.
+lock() {
+  mkdir -p "${KWOK_WORKDIR}"
+  if command -v flock >/dev/null 2>&1; then
+    exec 8>"${KWOK_WORKDIR}/${NAME}.lock"
+    flock -w 600 8 || die "could not lock ${KWOK_WORKDIR}/${NAME}.lock"
+  fi
+}
+
 case "${1:-}" in
-  up) cmd_up ;;
-  down) cmd_down ;;
+  up) lock && cmd_up ;;
+  down) lock && cmd_down ;;
   kubeconfig) echo "${KUBECONFIG_PATH}" ;;
   status) cmd_status ;;
   *)

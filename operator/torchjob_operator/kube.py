@@ -23,6 +23,16 @@ from torchjob.api.models import GROUP, PLURAL, VERSION
 log = logging.getLogger(__name__)
 
 
+def _status_message(body: object) -> str:
+    """The ``message`` of a metav1.Status body, or the body itself."""
+    text = body.decode(errors="replace") if isinstance(body, bytes) else str(body or "")
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return text
+    return str(parsed.get("message", text)) if isinstance(parsed, dict) else text
+
+
 class KubeError(Exception):
     """An API call failed: ``<verb> <object>: <status> <reason>: <message>``."""
 
@@ -30,13 +40,8 @@ class KubeError(Exception):
         self.status = exc.status
         self.reason = exc.reason
         self.body = exc.body
-        detail = exc.body if isinstance(exc.body, str) else ""
-        try:
-            detail = json.loads(detail).get("message", detail)
-        except ValueError:
-            pass
-        self.detail = detail
-        super().__init__(f"{verb} {target}: {exc.status} {exc.reason}: {detail}")
+        self.detail = _status_message(exc.body)
+        super().__init__(f"{verb} {target}: {exc.status} {exc.reason}: {self.detail}")
 
     @property
     def permanent(self) -> bool:
