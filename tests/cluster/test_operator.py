@@ -296,6 +296,34 @@ def test_pod_deleted_by_a_user_is_a_disruption(jobs: Jobs) -> None:
     assert (status["disruptions"], status["restarts"]) == (1, 0)
 
 
+def test_node_lost_is_a_disruption(jobs: Jobs, cluster: k.Cluster) -> None:
+    fast_eviction = [
+        {"key": taint, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 1}
+        for taint in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+    ]
+    manifest = torchjob(
+        "on-bad-node",
+        replicas=2,
+        template=worker_template(tolerations=fast_eviction, terminationGracePeriodSeconds=2),
+        failurePolicy={"maxRestarts": 0},
+    )
+    jobs.apply(manifest)
+    pods = jobs.wait_running_pods("on-bad-node", 2, generation=0)
+    node = pods[0].spec.node_name
+    k.make_node_not_ready(jobs.core, node)
+    try:
+        status = jobs.wait(
+            "on-bad-node", lambda s: s if s.get("disruptions", 0) >= 1 else None, "a disruption", timeout=90
+        )
+        assert status["restarts"] == 0
+        pods = jobs.wait_running_pods("on-bad-node", 2, generation=status["currentGeneration"], timeout=90)
+        assert node not in {p.spec.node_name for p in pods}, "the new generation avoids the lost node"
+        disrupted = next(e for e in jobs.events("on-bad-node") if e.reason == "WorkerDisrupted")
+        assert "DeletionByTaintManager" in disrupted.message or "deleted" in disrupted.message
+    finally:
+        k.restore_node_ready(jobs.core, node, untaint=True)
+
+
 # --- user operations -----------------------------------------------------------------------
 
 
