@@ -62,7 +62,8 @@ healthy() {
 }
 
 kwokctl() {
-  "${KWOKCTL}" --name "${NAME}" "$@"
+  # 8>&-: the control-plane processes kwokctl starts must not inherit (and hold) the lock.
+  "${KWOKCTL}" --name "${NAME}" "$@" 8>&-
 }
 
 # wait_until <seconds> <description> <command...>
@@ -248,8 +249,8 @@ cmd_status() {
 lock() {
   mkdir -p "${KWOK_WORKDIR}"
   if command -v flock >/dev/null 2>&1; then
-    exec 8>"${KWOK_WORKDIR}/${NAME}.lock"
-    flock -w 600 8 || die "could not lock ${KWOK_WORKDIR}/${NAME}.lock"
+    exec 8>"${KWOK_WORKDIR}/.${NAME}.cluster-lock"
+    flock -w 300 8 || die "could not lock ${KWOK_WORKDIR}/.${NAME}.cluster-lock within 300s"
   fi
 }
 
