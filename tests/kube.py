@@ -458,3 +458,43 @@ def cluster_down(timeout: float = 120.0) -> None:
     subprocess.run(
         ["bash", str(CLUSTER_SH), "down"], capture_output=True, text=True, timeout=timeout
     )
+
+
+class ClusterSessions:
+    """Which live processes (pytest sessions) are using a cluster.
+
+    Engineers share one checkout and one cluster: a session that started the cluster must
+    not tear it down under another session still running tests on it.
+    """
+
+    def __init__(self, kubeconfig: Path) -> None:
+        # kubeconfig = $KWOK_WORKDIR/clusters/<name>/kubeconfig.yaml
+        self.dir = kubeconfig.parents[2] / "sessions" / kubeconfig.parent.name
+        self.me = self.dir / str(os.getpid())
+
+    def register(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.me.write_text(str(os.getpid()))
+
+    def unregister(self) -> None:
+        self.me.unlink(missing_ok=True)
+
+    def others(self) -> list[int]:
+        """PIDs of other live sessions (stale entries are removed)."""
+        alive = []
+        for entry in self.dir.glob("*") if self.dir.exists() else []:
+            try:
+                pid = int(entry.name)
+            except ValueError:
+                continue
+            if pid == os.getpid():
+                continue
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                entry.unlink(missing_ok=True)
+                continue
+            except PermissionError:
+                pass
+            alive.append(pid)
+        return alive

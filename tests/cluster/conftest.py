@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from tests import kube as helpers
+from tests.cluster.operator_harness import CRD_FILE, Jobs, OperatorProcess
 
 
 def _in_ci() -> bool:
@@ -51,18 +52,23 @@ def cluster() -> Iterator[helpers.Cluster]:
             + (f"; {why}" if why else "")
         )
     kubeconfig = helpers.default_kubeconfig()
-    started_here = not helpers.cluster_is_healthy(kubeconfig)
+    sessions = helpers.ClusterSessions(kubeconfig)
+    sessions.register()  # before `up`, so that a finishing session sees us
+    started_here = False
     try:
-        kubeconfig = helpers.cluster_up()
-    except Exception as exc:
-        if _in_ci():
-            pytest.fail(f"CI=true and the local cluster failed to start: {exc}", pytrace=False)
-        raise
-    c = helpers.Cluster(kubeconfig=kubeconfig, started_here=started_here)
-    try:
-        yield c
+        started_here = not helpers.cluster_is_healthy(kubeconfig)
+        try:
+            kubeconfig = helpers.cluster_up()
+        except Exception as exc:
+            if _in_ci():
+                pytest.fail(f"CI=true and the local cluster failed to start: {exc}", pytrace=False)
+            raise
+        yield helpers.Cluster(kubeconfig=kubeconfig, started_here=started_here)
     finally:
-        if started_here and os.environ.get("TORCHJOB_KEEP_CLUSTER", "") not in ("1", "true"):
+        sessions.unregister()
+        keep = os.environ.get("TORCHJOB_KEEP_CLUSTER", "") in ("1", "true")
+        # Tear down only what this session started, and never under another live session.
+        if started_here and not keep and not sessions.others():
             helpers.cluster_down()
 
 
@@ -106,3 +112,31 @@ def namespace(request: pytest.FixtureRequest, core_v1: Any) -> Iterator[str]:
         yield name
     finally:
         core_v1.delete_namespace(name, propagation_policy="Background")
+
+
+# --- the operator under test (tests/cluster/operator_harness.py) -------------------------
+
+
+@pytest.fixture(scope="session")
+def crd(cluster: helpers.Cluster) -> None:
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/torchjobs.torchjob.io", "--timeout=60s"
+    )
+
+
+@pytest.fixture(scope="session")
+def operator(
+    cluster: helpers.Cluster, crd: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(cluster, tmp_path_factory.mktemp("operator"))
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def jobs(cluster: helpers.Cluster, kube: Any, namespace: str, operator: OperatorProcess) -> Jobs:
+    if operator.proc is None or operator.proc.poll() is not None:
+        operator.start()  # a previous test killed it
+    return Jobs(cluster, kube, namespace, operator)
