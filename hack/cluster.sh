@@ -36,6 +36,9 @@ CLUSTER_DIR="${KWOK_WORKDIR}/clusters/${NAME}"
 KUBECONFIG_PATH="${CLUSTER_DIR}/kubeconfig.yaml"
 
 KWOKCTL="${KWOK_DIR}/kwokctl"
+# kwok plays the kubelet only of nodes carrying this annotation, so tests may register nodes
+# of their own (a helper playing kubelet with real processes) that kwok leaves alone.
+KWOK_NODE_ANNOTATION="kwok.x-k8s.io/node=fake"
 KUBECTL="${KUBE_DIR}/kubectl"
 
 log() { printf '[cluster] %s\n' "$*" >&2; }
@@ -156,7 +159,7 @@ ensure_nodes() {
 
 # The cluster's config (stages, flags) is fixed at creation: remember what it was made from.
 # Bump CLUSTER_CONFIG_REVISION when the kwokctl flags or node shapes below change.
-CLUSTER_CONFIG_REVISION=1
+CLUSTER_CONFIG_REVISION=2
 config_digest() {
   { cat "${HACK_DIR}/kwok/stages.yaml"; echo "rev=${CLUSTER_CONFIG_REVISION} gpu=${GPU_NODES}x${GPUS_PER_NODE} cpu=${CPU_NODES}"; } |
     sha256sum | cut -d' ' -f1
@@ -199,6 +202,8 @@ cmd_up() {
       --kube-admission=true \
       --disable-qps-limits \
       --heartbeat-factor 1 \
+      --extra-args kwok-controller=manage-all-nodes=false \
+      --extra-args "kwok-controller=manage-nodes-with-annotation-selector=${KWOK_NODE_ANNOTATION}" \
       --config "${HACK_DIR}/kwok/stages.yaml" \
       --timeout 5m \
       --wait 2m >"${KWOK_WORKDIR}/${NAME}-create.log" 2>&1 || {
