@@ -286,6 +286,65 @@ def node_ready_status(core: Any, node: str) -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------- nodes
+
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+
+
+def fake_node_manifest(
+    name: str,
+    *,
+    gpus: int = 8,
+    cpu: str = "64",
+    memory: str = "512Gi",
+    pods: int = 110,
+    labels: Mapping[str, str] | None = None,
+    taints: Sequence[Mapping[str, str]] | None = None,
+) -> dict[str, Any]:
+    """A Node that kwok plays (annotation kwok.x-k8s.io/node=fake), like hack/cluster.sh's."""
+    capacity = {"cpu": cpu, "memory": memory, "pods": str(pods), "ephemeral-storage": "1Ti"}
+    all_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "type": "kwok"}
+    if gpus:
+        capacity[GPU_RESOURCE] = str(gpus)
+        all_labels[GPU_NODE_LABEL] = "true"
+    all_labels.update(labels or {})
+    node: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": all_labels,
+        },
+        "status": {"capacity": capacity, "allocatable": dict(capacity)},
+    }
+    if taints:
+        node["spec"] = {"taints": [dict(t) for t in taints]}
+    return node
+
+
+def add_fake_node(core: Any, name: str, timeout: float = 60.0, **kwargs: Any) -> str:
+    """Register a kwok node (see fake_node_manifest for kwargs) and wait until it is Ready.
+
+    Tests that disturb a node (fill it, make it NotReady) should use a private node of their
+    own, tainted and selected, so that concurrent tests on the shared nodes are unaffected.
+    Delete it with ``delete_node``.
+    """
+    core.create_node(fake_node_manifest(name, **kwargs))
+    wait_for(lambda: node_ready_status(core, name) == "True", timeout, f"fake node {name} Ready")
+    return name
+
+
+def delete_node(core: Any, name: str) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        core.delete_node(name)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
 # --------------------------------------------------------------------------- pods
 
 

@@ -22,24 +22,6 @@ def _running(pod: Any) -> bool:
     return pod.status.phase == "Running" and bool(pod.spec.node_name)
 
 
-def _busy_nodes(core: Any) -> set[str]:
-    """Nodes holding a pod that still counts against capacity."""
-    pods = core.list_pod_for_all_namespaces().items
-    return {
-        p.spec.node_name
-        for p in pods
-        if p.spec.node_name and p.status.phase not in ("Succeeded", "Failed")
-    }
-
-
-def _free_gpu_node(cluster: k.Cluster, core: Any) -> str:
-    def pick() -> str | None:
-        free = [n for n in cluster.gpu_nodes(core) if n not in _busy_nodes(core)]
-        return free[0] if free else None
-
-    return k.wait_for(pick, 30, "a GPU node without pods")
-
-
 def _gpus_per_node(core: Any, node: str) -> int:
     return int(core.read_node(node).status.allocatable[k.GPU_RESOURCE])
 
@@ -98,25 +80,58 @@ def priority_classes(kube: Any) -> Any:
             sched.delete_priority_class(name)
 
 
+@pytest.fixture
+def private_node(core_v1: Any, namespace: str) -> Any:
+    """A GPU node only this test schedules onto (tainted, selected by a unique label), so
+    that filling or breaking it cannot disturb tests running beside it (other sessions share
+    the cluster). Yields (name, nodeSelector, tolerations)."""
+    name = f"private-{namespace}"[:63].rstrip("-")
+    key = "torchjob.io/private-node"
+    k.add_fake_node(
+        core_v1,
+        name,
+        gpus=8,
+        labels={key: namespace},
+        taints=[{"key": key, "value": namespace, "effect": "NoSchedule"}],
+    )
+    tolerate = [{"key": key, "operator": "Equal", "value": namespace, "effect": "NoSchedule"}]
+    try:
+        yield name, {key: namespace}, tolerate
+    finally:
+        k.delete_node(core_v1, name)
+
+
+PrivateNode = tuple[str, dict[str, str], list[dict[str, str]]]
+
+
 def test_scheduler_preempts_lower_priority_pod(
-    cluster: k.Cluster, core_v1: Any, namespace: str, priority_classes: tuple[str, str]
+    core_v1: Any, namespace: str, priority_classes: tuple[str, str], private_node: PrivateNode
 ) -> None:
     low, high = priority_classes
-    node = _free_gpu_node(cluster, core_v1)
+    node, pin, tolerate = private_node
     gpus = _gpus_per_node(core_v1, node)
-    pin = {"kubernetes.io/hostname": node}
     # The victim keeps a grace period so its DisruptionTarget condition can be observed
     # while it terminates (kwok removes it at its deletionTimestamp).
     core_v1.create_namespaced_pod(
         namespace,
-        k.pod_manifest("victim", gpus=gpus, priority_class=low, node_selector=pin, grace_seconds=5),
+        k.pod_manifest(
+            "victim",
+            gpus=gpus,
+            priority_class=low,
+            node_selector=pin,
+            tolerations=tolerate,
+            grace_seconds=5,
+        ),
     )
     victim = k.wait_for_pod(core_v1, namespace, "victim", _running, 60, "Running")
     assert victim.spec.node_name == node
     assert victim.spec.priority == 1000  # resolved by the Priority admission plugin
 
     core_v1.create_namespaced_pod(
-        namespace, k.pod_manifest("preemptor", gpus=gpus, priority_class=high, node_selector=pin)
+        namespace,
+        k.pod_manifest(
+            "preemptor", gpus=gpus, priority_class=high, node_selector=pin, tolerations=tolerate
+        ),
     )
 
     def disrupted(pod: Any) -> bool:
@@ -228,24 +243,22 @@ def test_kwok_stage_makes_pod_exit_with_code(
 
 
 def test_node_not_ready_taints_and_evicts_through_controller_manager(
-    cluster: k.Cluster, core_v1: Any, namespace: str
+    core_v1: Any, namespace: str, private_node: PrivateNode
 ) -> None:
-    node = cluster.cpu_nodes(core_v1)[0]
+    node, pin, tolerate = private_node
     tolerate_briefly = [
+        *tolerate,
         {
             "key": k.NOT_READY_TAINT,
             "operator": "Exists",
             "effect": "NoExecute",
             "tolerationSeconds": 1,
-        }
+        },
     ]
     core_v1.create_namespaced_pod(
         namespace,
         k.pod_manifest(
-            "on-sick-node",
-            node_selector={"kubernetes.io/hostname": node},
-            tolerations=tolerate_briefly,
-            grace_seconds=5,
+            "on-sick-node", node_selector=pin, tolerations=tolerate_briefly, grace_seconds=5
         ),
     )
     k.wait_for_pod(core_v1, namespace, "on-sick-node", _running, 60, "Running")
