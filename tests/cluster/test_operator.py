@@ -7,7 +7,6 @@ the project's Stages, makes containers exit with chosen codes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,10 +14,8 @@ import yaml
 from kubernetes import client
 from tests import kube as k
 from tests.cluster.operator_harness import (
-    CRD_FILE,
     REPO,
     Jobs,
-    OperatorProcess,
     torchjob,
     worker_template,
 )
@@ -26,31 +23,6 @@ from tests.cluster.operator_harness import (
 from torchjob import contract
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture(scope="session")
-def crd(cluster: k.Cluster) -> None:
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/torchjobs.torchjob.io", "--timeout=60s"
-    )
-
-
-@pytest.fixture(scope="session")
-def operator(
-    cluster: k.Cluster, crd: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    proc = OperatorProcess(cluster, tmp_path_factory.mktemp("operator"))
-    proc.start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-def jobs(cluster: k.Cluster, kube: Any, namespace: str, operator: OperatorProcess) -> Jobs:
-    if operator.proc is None or operator.proc.poll() is not None:
-        operator.start()  # a previous test killed it
-    return Jobs(cluster, kube, namespace, operator)
 
 
 def env_of(pod: Any) -> dict[str, str]:
@@ -313,11 +285,18 @@ def test_node_lost_is_a_disruption(jobs: Jobs, cluster: k.Cluster) -> None:
     k.make_node_not_ready(jobs.core, node)
     try:
         status = jobs.wait(
-            "on-bad-node", lambda s: s if s.get("disruptions", 0) >= 1 else None, "a disruption", timeout=90
+            "on-bad-node",
+            lambda s: s if s.get("disruptions", 0) >= 1 else None,
+            "a disruption",
+            timeout=90,
         )
         assert status["restarts"] == 0
-        pods = jobs.wait_running_pods("on-bad-node", 2, generation=status["currentGeneration"], timeout=90)
-        assert node not in {p.spec.node_name for p in pods}, "the new generation avoids the lost node"
+        pods = jobs.wait_running_pods(
+            "on-bad-node", 2, generation=status["currentGeneration"], timeout=90
+        )
+        assert node not in {p.spec.node_name for p in pods}, (
+            "the new generation avoids the lost node"
+        )
         disrupted = next(e for e in jobs.events("on-bad-node") if e.reason == "WorkerDisrupted")
         assert "DeletionByTaintManager" in disrupted.message or "deleted" in disrupted.message
     finally:

@@ -1,0 +1,314 @@
+"""A kubelet for one node whose containers are local processes: the e2e bridge.
+
+kwok fakes the kubelets of the cluster's other nodes; this test helper plays a
+real one for ``proc-node-0``: it registers the Node, keeps its Lease fresh,
+starts every container bound to it as a subprocess (command + args + env from
+the pod spec, with the pod's ``*.svc`` DNS names mapped to 127.0.0.1 since all
+"pods" share this machine), reports Running / Succeeded / Failed with the
+exit code, and on deletion sends SIGTERM, waits the grace period, SIGKILLs,
+then removes the pod, as a kubelet does. So the operator's pods run the real
+torchjob runtime, and the test proves operator and runtime agree end to end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+NODE_LABEL = "torchjob.io/process-node"
+TAINT = {"key": NODE_LABEL, "value": "true", "effect": "NoSchedule"}
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class _Container:
+    pod: str
+    namespace: str
+    uid: str
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    started: str
+    grace_s: float
+    exit_code: int | None = None
+    reported: bool = False
+
+
+@dataclass
+class ProcessKubelet:
+    api: Any
+    node: str
+    workdir: Path
+    cwd: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _containers: dict[str, _Container] = field(default_factory=dict)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    # --- node ------------------------------------------------------------------------
+    def register(self) -> None:
+        body = {
+            "metadata": {
+                "name": self.node,
+                "labels": {
+                    "kubernetes.io/hostname": self.node,
+                    "kubernetes.io/os": "linux",
+                    NODE_LABEL: "true",
+                },
+            },
+            "spec": {"taints": [TAINT]},
+        }
+        try:
+            self.core.create_node(body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        self._report_node()
+
+    def _report_node(self) -> None:
+        now = _now()
+        status = {
+            "capacity": {"cpu": "16", "memory": "32Gi", "pods": "20"},
+            "allocatable": {"cpu": "16", "memory": "32Gi", "pods": "20"},
+            "addresses": [
+                {"type": "InternalIP", "address": "127.0.0.1"},
+                {"type": "Hostname", "address": self.node},
+            ],
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "process kubelet is posting ready status",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+            "nodeInfo": {
+                "architecture": "amd64",
+                "bootID": "",
+                "containerRuntimeVersion": "process://",
+                "kernelVersion": "",
+                "kubeProxyVersion": "",
+                "kubeletVersion": "process-kubelet",
+                "machineID": "",
+                "operatingSystem": "linux",
+                "osImage": "",
+                "systemUUID": "",
+            },
+        }
+        self.core.patch_node_status(self.node, {"status": status})
+        coord = client.CoordinationV1Api(self.api)
+        spec = {
+            "holderIdentity": self.node,
+            "leaseDurationSeconds": 40,
+            "renewTime": datetime.now(timezone.utc),
+        }
+        try:
+            coord.patch_namespaced_lease(self.node, "kube-node-lease", {"spec": spec})
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            coord.create_namespaced_lease(
+                "kube-node-lease",
+                {"metadata": {"name": self.node, "namespace": "kube-node-lease"}, "spec": spec},
+            )
+
+    # --- lifecycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.register()
+        for target in (self._heartbeat, self._sync):
+            t = threading.Thread(target=target, daemon=True, name=f"kubelet-{target.__name__}")
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for c in self._containers.values():
+            if c.proc.poll() is None:
+                os.killpg(c.proc.pid, signal.SIGKILL)
+        for t in self._threads:
+            t.join(5)
+        with contextlib.suppress(ApiException):
+            self.core.delete_node(self.node)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(5):
+            try:
+                self._report_node()
+            except ApiException:
+                continue
+
+    def _sync(self) -> None:
+        while not self._stop.wait(0.25):
+            try:
+                pods = self.core.list_pod_for_all_namespaces(
+                    field_selector=f"spec.nodeName={self.node}"
+                ).items
+            except ApiException:
+                continue
+            for pod in pods:
+                try:
+                    self._sync_pod(pod)
+                except ApiException:
+                    continue
+
+    # --- pods -----------------------------------------------------------------------
+    def _sync_pod(self, pod: Any) -> None:
+        uid = pod.metadata.uid
+        c = self._containers.get(uid)
+        if pod.metadata.deletion_timestamp is not None:
+            self._terminate(pod, c)
+            return
+        if c is None:
+            if pod.status.phase in ("Succeeded", "Failed"):
+                return
+            c = self._run(pod)
+            self._containers[uid] = c
+            self._patch_status(c, running=True)
+            return
+        code = c.proc.poll()
+        if code is not None and not c.reported:
+            c.exit_code = code if code >= 0 else 128 - code
+            self._patch_status(c, running=False)
+            c.reported = True
+
+    def _env(self, pod: Any, container: Any) -> dict[str, str]:
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "HOME": os.environ.get("HOME", "/root"),
+            **self.extra_env,
+        }
+        for e in container.env or []:
+            if e.value is not None:
+                value = e.value
+                if value.endswith(".svc") or value.endswith(".svc.cluster.local"):
+                    value = "127.0.0.1"  # every "pod" on this node is a local process
+                env[e.name] = value
+            elif e.value_from and e.value_from.field_ref:
+                path = e.value_from.field_ref.field_path
+                env[e.name] = {
+                    "metadata.name": pod.metadata.name,
+                    "metadata.namespace": pod.metadata.namespace,
+                    "spec.nodeName": self.node,
+                }.get(path, "")
+        return env
+
+    def _run(self, pod: Any) -> _Container:
+        container = pod.spec.containers[0]
+        argv = [*(container.command or []), *(container.args or [])]
+        log = (
+            self.workdir
+            / f"{pod.metadata.namespace}_{pod.metadata.name}_{pod.metadata.uid[:8]}.log"
+        )
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                argv,
+                cwd=self.cwd,
+                env=self._env(pod, container),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return _Container(
+            pod=pod.metadata.name,
+            namespace=pod.metadata.namespace,
+            uid=pod.metadata.uid,
+            name=container.name,
+            proc=proc,
+            log=log,
+            started=_now(),
+            grace_s=float(pod.spec.termination_grace_period_seconds or 30),
+        )
+
+    def _patch_status(self, c: _Container, *, running: bool) -> None:
+        now = _now()
+        if running:
+            state = {"running": {"startedAt": c.started}}
+            phase, ready = "Running", "True"
+        else:
+            reason = "Completed" if c.exit_code == 0 else "Error"
+            state = {
+                "terminated": {
+                    "exitCode": c.exit_code,
+                    "reason": reason,
+                    "startedAt": c.started,
+                    "finishedAt": now,
+                }
+            }
+            phase, ready = ("Succeeded" if c.exit_code == 0 else "Failed"), "False"
+        conditions = [
+            {"type": t, "status": s, "lastTransitionTime": now}
+            for t, s in (
+                ("PodScheduled", "True"),
+                ("Initialized", "True"),
+                ("ContainersReady", ready),
+                ("Ready", ready),
+            )
+        ]
+        status = {
+            "phase": phase,
+            "podIP": "127.0.0.1",
+            "podIPs": [{"ip": "127.0.0.1"}],
+            "hostIP": "127.0.0.1",
+            "startTime": c.started,
+            "conditions": conditions,
+            "containerStatuses": [
+                {
+                    "name": c.name,
+                    "image": "process",
+                    "imageID": "process://",
+                    "ready": running,
+                    "started": running,
+                    "restartCount": 0,
+                    "state": state,
+                }
+            ],
+        }
+        self.core.patch_namespaced_pod_status(c.pod, c.namespace, {"status": status})
+
+    def _terminate(self, pod: Any, c: _Container | None) -> None:
+        if c is not None and c.proc.poll() is None:
+            os.killpg(c.proc.pid, signal.SIGTERM)
+            try:
+                c.proc.wait(c.grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(c.proc.pid, signal.SIGKILL)
+                c.proc.wait(5)
+        try:
+            self.core.delete_namespaced_pod(
+                pod.metadata.name,
+                pod.metadata.namespace,
+                grace_period_seconds=0,
+                body=client.V1DeleteOptions(
+                    grace_period_seconds=0,
+                    preconditions=client.V1Preconditions(uid=pod.metadata.uid),
+                ),
+            )
+        except ApiException as e:
+            if e.status not in (404, 409):
+                raise
+        self._containers.pop(pod.metadata.uid, None)
+
+    def log_of(self, pod_prefix: str) -> str:
+        """All logs of containers whose pod name starts with ``pod_prefix``, oldest first."""
+        files = sorted(self.workdir.glob(f"*_{pod_prefix}*.log"), key=lambda p: p.stat().st_mtime)
+        return "\n".join(f"==> {f.name}\n{f.read_text(errors='replace')}" for f in files)

@@ -1,0 +1,80 @@
+"""The training script the e2e TorchJob runs in its pods (through the process kubelet).
+
+An unchanged TorchTrainer script: in a pod, ``fit()`` reads the env contract the
+operator wrote and runs this pod's share of the workers. In generation 0, rank 1
+crashes at epoch ``CRASH_AT``; the operator restarts the group and generation 1
+resumes from the latest checkpoint rank 0 committed.
+
+    python tests/e2e/train_job.py EPOCHS CRASH_AT
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import torch
+
+from torchjob.train import Checkpoint, RunConfig, ScalingConfig, get_checkpoint, get_context, report
+from torchjob.train.torch import TorchTrainer, prepare_model
+
+
+def train_func(config: dict) -> None:
+    ctx = get_context()
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(1 + ctx.get_world_rank())
+    x = torch.randn(64, 4, generator=gen)
+    y = x.sum(dim=1, keepdim=True)
+    start = 0
+    ckpt = get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            state = torch.load(os.path.join(d, "state.pt"))
+        getattr(model, "module", model).load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["epoch"] + 1
+        print(
+            f"resumed from epoch {state['epoch']} at generation {os.environ['TORCHJOB_GENERATION']}",
+            flush=True,
+        )
+    for epoch in range(start, config["epochs"]):
+        if (
+            os.environ.get("TORCHJOB_GENERATION") == "0"
+            and epoch == config["crash_at"]
+            and ctx.get_world_rank() == 1
+        ):
+            print(f"rank 1 crashing at epoch {epoch}", flush=True)
+            os._exit(1)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        metrics = {"epoch": epoch, "loss": loss.item()}
+        if ctx.get_world_rank() == 0:
+            with tempfile.TemporaryDirectory() as d:
+                torch.save(
+                    {
+                        "model": getattr(model, "module", model).state_dict(),
+                        "opt": opt.state_dict(),
+                        "epoch": epoch,
+                    },
+                    os.path.join(d, "state.pt"),
+                )
+                report(metrics, checkpoint=Checkpoint.from_directory(d))
+        else:
+            report(metrics)
+    if ctx.get_world_rank() == 0:
+        print(f"done: {config['epochs']} epochs, world size {ctx.get_world_size()}", flush=True)
+
+
+if __name__ == "__main__":
+    epochs, crash_at = int(sys.argv[1]), int(sys.argv[2])
+    TorchTrainer(
+        train_func,
+        train_loop_config={"epochs": epochs, "crash_at": crash_at},
+        scaling_config=ScalingConfig(num_workers=1),
+        run_config=RunConfig(name="e2e"),
+    ).fit()
