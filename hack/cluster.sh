@@ -161,17 +161,25 @@ ensure_nodes() {
 # Bump CLUSTER_CONFIG_REVISION when the kwokctl flags or node shapes below change.
 CLUSTER_CONFIG_REVISION=2
 config_digest() {
-  { cat "${HACK_DIR}/kwok/stages.yaml"; echo "rev=${CLUSTER_CONFIG_REVISION} gpu=${GPU_NODES}x${GPUS_PER_NODE} cpu=${CPU_NODES}"; } |
+  { cat "${HACK_DIR}/kwok/stages.yaml" "${HACK_DIR}/kwok/logs.yaml"; echo "rev=${CLUSTER_CONFIG_REVISION} gpu=${GPU_NODES}x${GPUS_PER_NODE} cpu=${CPU_NODES}"; } |
     sha256sum | cut -d' ' -f1
 }
 DIGEST_FILE="${CLUSTER_DIR}/torchjob-config.sha256"
+
+# hack/kwok/logs.yaml with its @HACK_KWOK_DIR@ made absolute (kwokctl resolves a relative
+# logsFile against its own working directory); prints the path of the copy.
+logs_config() {
+  local out="${KWOK_WORKDIR}/${NAME}-logs.yaml"
+  sed "s|@HACK_KWOK_DIR@|${HACK_DIR}/kwok|g" "${HACK_DIR}/kwok/logs.yaml" >"${out}"
+  echo "${out}"
+}
 
 cmd_up() {
   require_binaries
   local start
   start=$(now_ms)
   if [[ -d "${CLUSTER_DIR}" && "$(cat "${DIGEST_FILE}" 2>/dev/null)" != "$(config_digest)" ]]; then
-    log "hack/kwok/stages.yaml or the cluster config changed since cluster '${NAME}' was created: recreating it"
+    log "hack/kwok/stages.yaml, logs.yaml or the cluster config changed since cluster '${NAME}' was created: recreating it"
     cmd_down
   fi
   if [[ -f "${KUBECONFIG_PATH}" ]] && all_nodes_ready 2>/dev/null; then
@@ -205,6 +213,7 @@ cmd_up() {
       --extra-args kwok-controller=manage-all-nodes=false \
       --extra-args "kwok-controller=manage-nodes-with-annotation-selector=${KWOK_NODE_ANNOTATION}" \
       --config "${HACK_DIR}/kwok/stages.yaml" \
+      --config "$(logs_config)" \
       --timeout 5m \
       --wait 2m >"${KWOK_WORKDIR}/${NAME}-create.log" 2>&1 || {
       cat "${KWOK_WORKDIR}/${NAME}-create.log" >&2
