@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from torchjob.client.errors import TorchJobClientError
+from torchjob.client.errors import TorchJobClientError, TorchJobInvalid
 from torchjob.client.manifest import ManifestError, load_manifest, load_manifests
 
 EXIT_API_ERROR = 1
@@ -50,7 +50,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     manifests = load_manifests(args.filename)
     client = _client(args)
     for m in manifests:
-        created = client.create(m, namespace=args.namespace)
+        try:
+            created = client.create(m, namespace=args.namespace)
+        except TorchJobInvalid as e:  # rejected by the server's validation: a bad manifest
+            raise ManifestError(m.source, e.field or "<document>", e.problem) from e
         meta = created.get("metadata", {})
         print(
             f"torchjob.{client_group()}/{meta.get('name')} created in namespace {meta.get('namespace')}"

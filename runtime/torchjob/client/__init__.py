@@ -11,6 +11,7 @@ from torchjob.client.errors import (
     KubeconfigError,
     TorchJobAlreadyExists,
     TorchJobClientError,
+    TorchJobInvalid,
     TorchJobNotFound,
     WaitTimeout,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "TorchJobAlreadyExists",
     "TorchJobClient",
     "TorchJobClientError",
+    "TorchJobInvalid",
     "TorchJobNotFound",
     "WaitTimeout",
     "check_manifest",

@@ -26,6 +26,7 @@ from torchjob.client.errors import (
     KubeconfigError,
     TorchJobAlreadyExists,
     TorchJobClientError,
+    TorchJobInvalid,
     TorchJobNotFound,
     WaitTimeout,
 )
@@ -63,17 +64,26 @@ def _wrap(e: Exception, what: str) -> TorchJobClientError:
     reason = getattr(e, "reason", None) or type(e).__name__
     body = getattr(e, "body", None)
     detail = reason
+    causes: list[dict[str, Any]] = []
     if isinstance(body, str | bytes) and body:
         import json
 
         try:
-            detail = json.loads(body).get("message", reason)
+            parsed = json.loads(body)
+            detail = parsed.get("message", reason)
+            causes = [c for c in (parsed.get("details") or {}).get("causes") or [] if c]
         except (ValueError, AttributeError):
             detail = reason
     if status == 404:
         return TorchJobNotFound(f"{what}: not found ({detail})")
     if status == 409:
         return TorchJobAlreadyExists(f"{what}: already exists ({detail})")
+    if status == 422:  # Invalid: the server's validation (OpenAPI schema, CEL) names the fields
+        named = [(str(c.get("field", "")), str(c.get("message", ""))) for c in causes]
+        field, problem = named[0] if named else ("", str(detail))
+        if len(named) > 1:
+            problem += "".join(f"; {f}: {m}" for f, m in named[1:])
+        return TorchJobInvalid(f"{what}: {detail}", field, problem)
     return TorchJobClientError(f"{what}: {detail}" + (f" (HTTP {status})" if status else ""))
 
 
@@ -346,49 +356,88 @@ class TorchJobClient:
         Without ``follow``: every pod's log so far, merged in timestamp order.
         With ``follow``: streams each pod as it starts, including pods created
         later (a restarted generation), until the job reaches a terminal phase
-        and every stream has ended, or ``stop()`` returns true.
+        (then every pod's remaining lines are read and it returns), or ``stop()``
+        returns true. Raises :class:`TorchJobNotFound` when the job does not exist.
         """
         ns = self._ns(namespace)
+        self.get(name, namespace=ns)  # a missing job is an error, not an empty log
         if not follow:
             yield from self._logs_snapshot(name, ns, container)
             return
         lines: queue.Queue[LogLine] = queue.Queue()
-        streams: dict[str, threading.Thread] = {}
-        while True:
-            for pod in self.pods(name, namespace=ns):
-                uid = pod.metadata.uid
-                if uid in streams or not _has_started(pod):
-                    continue
-                t = threading.Thread(
-                    target=self._stream_pod, args=(pod, ns, container, lines), daemon=True
-                )
-                streams[uid] = t
-                t.start()
-            deadline = time.monotonic() + poll_interval_s
+        streams: dict[str, _PodStream] = {}
+        try:
             while True:
-                try:
-                    yield lines.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-            if stop is not None and stop():
-                return
-            if all(not t.is_alive() for t in streams.values()) and lines.empty():
                 phase = (self.get(name, namespace=ns).get("status") or {}).get("phase")
+                pods = self.pods(name, namespace=ns)
                 if phase in TERMINAL_PHASES:
+                    # A kubelet ends a stream when its container exits, kwok never does:
+                    # hang up, then read what each stream had not delivered yet.
+                    yield from self._finish_follow(pods, streams, ns, container, lines)
                     return
+                for pod in pods:
+                    uid = pod.metadata.uid
+                    if uid in streams or not _has_started(pod):
+                        continue
+                    streams[uid] = _PodStream(self.core, pod, ns, container, lines)
+                deadline = time.monotonic() + poll_interval_s
+                while True:
+                    try:
+                        yield lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                    except queue.Empty:
+                        break
+                if stop is not None and stop():
+                    return
+        finally:
+            for stream in streams.values():
+                stream.close()
+
+    def _finish_follow(
+        self,
+        pods: builtins.list[Any],
+        streams: dict[str, _PodStream],
+        ns: str,
+        container: str | None,
+        lines: queue.Queue[LogLine],
+    ) -> Iterator[LogLine]:
+        delivered = {uid: stream.close() for uid, stream in streams.items()}
+        while not lines.empty():
+            yield lines.get_nowait()
+        for pod in pods:
+            if not _has_started(pod):
+                continue
+            index, pname = _pod_index(pod), pod.metadata.name
+            try:
+                text = self._read_log(pname, ns, container)
+            except TorchJobNotFound:
+                continue  # deleted since: what it wrote was streamed
+            except TorchJobClientError as e:
+                yield LogLine(index, pname, f"[torchjob] cannot read logs: {e}")
+                continue
+            for raw in text.splitlines()[delivered.get(pod.metadata.uid, 0) :]:
+                yield LogLine(index, pname, raw)
+
+    def _read_log(
+        self, pod: str, ns: str, container: str | None, *, timestamps: bool = False
+    ) -> str:
+        """A pod's whole log as text (raw bytes decoded: the generated client would parse a
+        log that happens to be one JSON document and return its Python repr)."""
+        try:
+            resp = self.core.read_namespaced_pod_log(
+                pod, ns, container=container, timestamps=timestamps, _preload_content=False
+            )
+            data = resp.data
+        except Exception as e:
+            raise _wrap(e, f"logs of pod {ns}/{pod}") from e
+        return bytes(data).decode("utf-8", errors="replace")
 
     def _logs_snapshot(self, name: str, ns: str, container: str | None) -> Iterator[LogLine]:
         stamped: builtins.list[tuple[str, int, LogLine]] = []
         for pod in self.pods(name, namespace=ns):
             if not _has_started(pod):
                 continue
-            try:
-                text = self.core.read_namespaced_pod_log(
-                    pod.metadata.name, ns, container=container, timestamps=True
-                )
-            except Exception as e:
-                raise _wrap(e, f"logs of pod {ns}/{pod.metadata.name}") from e
-            for seq, raw in enumerate(str(text).splitlines()):
+            text = self._read_log(pod.metadata.name, ns, container, timestamps=True)
+            for seq, raw in enumerate(text.splitlines()):
                 m = _TS_LINE.match(raw)
                 ts, body = (m.group(1), m.group(2)) if m else ("", raw)
                 stamped.append((ts, seq, LogLine(_pod_index(pod), pod.metadata.name, body)))
@@ -396,17 +445,64 @@ class TorchJobClient:
         for _, _, line in stamped:
             yield line
 
-    def _stream_pod(
-        self, pod: Any, ns: str, container: str | None, out: queue.Queue[LogLine]
+
+class _PodStream:
+    """One pod's ``follow`` log stream, read by a daemon thread into a shared queue.
+
+    ``close()`` hangs up from the caller's thread and returns how many of the pod's lines
+    were delivered; no line is queued after it, so a later full read can resume exactly.
+    """
+
+    def __init__(
+        self, core: Any, pod: Any, ns: str, container: str | None, out: queue.Queue[LogLine]
     ) -> None:
-        index = _pod_index(pod)
-        pname = pod.metadata.name
+        self.core = core
+        self.index = _pod_index(pod)
+        self.pod = str(pod.metadata.name)
+        self.ns = ns
+        self.container = container
+        self.out = out
+        self.lines = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        self._resp: Any = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _put(self, text: str, *, counted: bool = True) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self.out.put(LogLine(self.index, self.pod, text))
+            if counted:
+                self.lines += 1
+            return True
+
+    def close(self) -> int:
+        with self._lock:
+            self._closed = True
+            resp, self._resp = self._resp, None
+            delivered = self.lines
+        if resp is not None:
+            _hang_up(resp)
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout=5)
+        return delivered
+
+    def _run(self) -> None:
         try:
             resp = self.core.read_namespaced_pod_log(
-                pname, ns, container=container, follow=True, _preload_content=False
+                self.pod, self.ns, container=self.container, follow=True, _preload_content=False
             )
         except Exception as e:
-            out.put(LogLine(index, pname, f"[torchjob] cannot read logs: {_wrap(e, pname)}"))
+            self._put(f"[torchjob] cannot read logs: {_wrap(e, self.pod)}", counted=False)
+            return
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._resp = resp
+        if closed:
+            _hang_up(resp)
             return
         pending = b""
         try:
@@ -414,14 +510,23 @@ class TorchJobClient:
                 pending += chunk
                 *complete, pending = pending.split(b"\n")
                 for raw in complete:
-                    out.put(LogLine(index, pname, raw.decode("utf-8", errors="replace")))
-        except Exception as e:  # connection dropped: report, the pod's later lines are lost
-            out.put(LogLine(index, pname, f"[torchjob] log stream ended: {e}"))
+                    if not self._put(raw.decode("utf-8", errors="replace")):
+                        return
+        except Exception as e:  # connection dropped (or hung up by close(): not reported)
+            self._put(f"[torchjob] log stream ended: {e}", counted=False)
         finally:
             if pending:
-                out.put(LogLine(index, pname, pending.decode("utf-8", errors="replace")))
+                self._put(pending.decode("utf-8", errors="replace"))
             with contextlib.suppress(Exception):
                 resp.release_conn()
+
+
+def _hang_up(resp: Any) -> None:
+    """Close a streaming response, waking a thread blocked reading it (urllib3 >= 2.3)."""
+    with contextlib.suppress(Exception):
+        resp.shutdown()
+    with contextlib.suppress(Exception):
+        resp.close()
 
 
 def _pod_index(pod: Any) -> int:

@@ -19,5 +19,14 @@ class TorchJobAlreadyExists(TorchJobClientError):
     """A TorchJob with that name already exists in the namespace."""
 
 
+class TorchJobInvalid(TorchJobClientError):
+    """The API server rejected the TorchJob (HTTP 422): ``field`` and ``problem`` say why."""
+
+    def __init__(self, message: str, field: str = "", problem: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+        self.problem = problem or message
+
+
 class WaitTimeout(TorchJobClientError):
     """A wait for a phase ran out of time; the message carries the last status seen."""
