@@ -350,7 +350,9 @@ def test_bad_manifest_names_file_and_field(
     path = write_manifest(tmp_path, torchjob("bad", replicas=0))
     proc = cli(jobs, "submit", "-f", str(path))
     assert proc.returncode == 2
-    assert proc.stderr.strip() == f"error: {path}: spec.replicas: must be an integer >= 1, got 0"
+    assert proc.stderr.strip() == (
+        f"error: {path}: spec.replicas: Input should be greater than or equal to 1"
+    )
 
     # Rejected locally by torchjob.api's models (before any request): the file and the field.
     doc = torchjob("outside", replicas=5, elastic={"minReplicas": 1, "maxReplicas": 4})

@@ -42,7 +42,7 @@ def without(doc: dict[str, Any], *path: str) -> dict[str, Any]:
         pytest.param(job(backend="mpi"), "spec.backend", id="bad-backend"),
         pytest.param(
             job(elastic={"minReplicas": 3, "maxReplicas": 2}),
-            "spec.elastic.maxReplicas",
+            "spec.elastic",
             id="max-below-min",
         ),
         pytest.param(

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from torchjob import contract
+from torchjob.api.models import API_VERSION, KIND
 from torchjob.client.errors import (
     KubeconfigError,
     TorchJobAlreadyExists,
@@ -30,7 +31,7 @@ from torchjob.client.errors import (
     TorchJobNotFound,
     WaitTimeout,
 )
-from torchjob.client.manifest import API_VERSION, KIND, Manifest, check_manifest, load_manifest
+from torchjob.client.manifest import Manifest, check_manifest, load_manifest
 
 GROUP = contract.GROUP
 VERSION = "v1alpha1"

@@ -71,8 +71,8 @@ def visible_gpu_count() -> int:
 
 
 def resolve_nproc_per_node(value: int | str) -> int:
-    """``"gpu"`` means one process per visible GPU, or 1 on a machine without GPUs."""
-    if value == "gpu":
+    """``"gpu"``/``"auto"`` mean one process per visible GPU, or 1 on a machine without GPUs."""
+    if value in ("gpu", "auto"):
         return max(1, visible_gpu_count())
     return int(value)
 
