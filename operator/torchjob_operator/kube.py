@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any, cast
 
@@ -49,6 +49,18 @@ class KubeError(Exception):
         return (
             self.status is not None and 400 <= self.status < 500 and self.status not in (409, 429)
         )
+
+
+def _create_once(create: Callable[..., Any], kind: str, body: dict[str, Any]) -> bool:
+    """Create a namespaced object; False on AlreadyExists, so a repeated create is harmless."""
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    try:
+        create(ns, cast(Any, body))
+        return True
+    except ApiException as e:
+        if e.status == 409:
+            return False
+        raise KubeError("create", f"{kind} {ns}/{name}", e) from e
 
 
 class Kube:
@@ -107,14 +119,7 @@ class Kube:
 
     def create_pod(self, body: dict[str, Any]) -> bool:
         """Create ``body``; False when it already exists (a repeated plan)."""
-        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        try:
-            self.core.create_namespaced_pod(ns, cast(Any, body))
-            return True
-        except ApiException as e:
-            if e.status == 409:
-                return False
-            raise KubeError("create", f"pod {ns}/{name}", e) from e
+        return _create_once(self.core.create_namespaced_pod, "pod", body)
 
     def delete_pod(self, namespace: str, name: str) -> bool:
         try:
@@ -126,14 +131,8 @@ class Kube:
             raise KubeError("delete", f"pod {namespace}/{name}", e) from e
 
     def ensure_service(self, body: dict[str, Any]) -> bool:
-        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        try:
-            self.core.create_namespaced_service(ns, cast(Any, body))
-            return True
-        except ApiException as e:
-            if e.status == 409:
-                return False
-            raise KubeError("create", f"service {ns}/{name}", e) from e
+        """Create the Service ``body``; False when it already exists."""
+        return _create_once(self.core.create_namespaced_service, "service", body)
 
     # --- events ------------------------------------------------------------------------
     def post_event(
