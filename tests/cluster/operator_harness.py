@@ -81,7 +81,13 @@ class OperatorProcess:
             except OSError:
                 return False
 
-        k.wait_for(healthy, 60, lambda: f"operator liveness endpoint\n{self.logs()}", interval=0.2)
+        try:
+            k.wait_for(
+                healthy, 60, lambda: f"operator liveness endpoint\n{self.logs()}", interval=0.2
+            )
+        except BaseException:
+            self.kill()  # never leave an operator running that no fixture will stop
+            raise
 
     def kill(self) -> None:
         """SIGKILL: no chance to clean up, as when a node dies under the operator."""
