@@ -55,6 +55,22 @@ def resolve_backend(backend: str, use_gpu: bool) -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
+def _check_gpu_count(num_workers: int, use_gpu: bool) -> None:
+    """One GPU per local worker: more workers than visible GPUs cannot start (as in Ray)."""
+    if not use_gpu:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        return  # CPU fallback, as documented
+    visible = torch.cuda.device_count()
+    if num_workers > visible:
+        raise ValueError(
+            f"use_gpu=True runs one worker per GPU: {num_workers} workers on this host, "
+            f"but {visible} GPU(s) visible; use num_workers <= {visible} or use_gpu=False"
+        )
+
+
 @dataclass
 class _Worker:
     local_rank: int
@@ -211,6 +227,7 @@ class WorkerGroup:
             raise ValueError(
                 f"num_workers={num_workers} but placement runs {placement.local_world_size} locally"
             )
+        _check_gpu_count(num_workers, use_gpu)
         self._num_workers = num_workers
         self._backend = resolve_backend(backend, use_gpu)
         self._use_gpu = use_gpu
@@ -309,6 +326,14 @@ class WorkerGroup:
                 [package_root, *filter(None, [os.environ.get("PYTHONPATH")])]
             ),
         }
+        # Like Ray, workers without GPUs see none, so code that picks "cuda" whenever it is
+        # available (seed snippets do) stays on the CPU its model is on.
+        if (
+            not self._use_gpu
+            and self._backend != "nccl"
+            and "CUDA_VISIBLE_DEVICES" not in self._env
+        ):
+            env["CUDA_VISIBLE_DEVICES"] = ""
         # torchrun's default: one intra-op thread per process when several share a host.
         if "OMP_NUM_THREADS" not in env and p.local_world_size > 1:
             env["OMP_NUM_THREADS"] = "1"
