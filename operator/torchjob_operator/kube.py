@@ -68,6 +68,7 @@ class Kube:
         self.api = api_client or client.ApiClient()
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
+        self.rbac = client.RbacAuthorizationV1Api(self.api)
 
     # --- TorchJobs ------------------------------------------------------------------
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -133,6 +134,15 @@ class Kube:
     def ensure_service(self, body: dict[str, Any]) -> bool:
         """Create the Service ``body``; False when it already exists."""
         return _create_once(self.core.create_namespaced_service, "service", body)
+
+    def ensure_rbac_object(self, kind: str, body: dict[str, Any]) -> bool:
+        """Create the worker ServiceAccount, Role or RoleBinding; False when it exists."""
+        creators: dict[str, Callable[..., Any]] = {
+            "ServiceAccount": self.core.create_namespaced_service_account,
+            "Role": self.rbac.create_namespaced_role,
+            "RoleBinding": self.rbac.create_namespaced_role_binding,
+        }
+        return _create_once(creators[kind], kind, body)
 
     # --- events ------------------------------------------------------------------------
     def post_event(

@@ -24,6 +24,7 @@ from torchjob_operator.planner import conditions as cond
 from torchjob_operator.planner.observed import JobState, PodView, format_time, pod_view
 from torchjob_operator.planner.plan import Event, JobView, Plan, plan
 from torchjob_operator.resources.pods import headless_service, worker_pod
+from torchjob_operator.resources.rbac import worker_rbac
 from torchjob_operator.settings import OperatorSettings
 
 Clock = Callable[[], datetime]
@@ -126,6 +127,13 @@ def reconcile_once(
         headless_service(name=name, namespace=namespace, uid=meta["uid"])
     ):
         events.append(Event("Normal", "CreatedService", f"created headless service {name}"))
+    if decided.create is not None:
+        # Before the pods: the ServiceAccount admission plugin rejects pods whose account is missing.
+        for kind, body in worker_rbac(name=name, namespace=namespace, uid=meta["uid"]):
+            if kube.ensure_rbac_object(kind, body):
+                events.append(
+                    Event("Normal", f"Created{kind}", f"created {kind} {body['metadata']['name']}")
+                )
 
     events += _delete_pods(kube, namespace, decided, settings)
     failures = _create_pods(kube, namespace, name, meta["uid"], spec, decided, settings, events)

@@ -50,6 +50,8 @@ MODE: Final = "TORCHJOB_MODE"
 MAX_RESTARTS: Final = "TORCHJOB_MAX_RESTARTS"
 POD_NAME: Final = "TORCHJOB_POD_NAME"
 SERVICE_NAME: Final = "TORCHJOB_SERVICE"
+SERVICEACCOUNT_DIR: Final = "TORCHJOB_SERVICEACCOUNT_DIR"
+"""Where the pod's ServiceAccount token lives (default: the kubelet's standard mount)."""
 
 # --- standard torch / torchrun variables ---------------------------------------
 MASTER_ADDR: Final = "MASTER_ADDR"
@@ -86,6 +88,11 @@ KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 def worker_pod_name(job: str, index: int) -> str:
     """Name of worker ``index`` of job ``job``: ``<job>-worker-<index>``."""
     return f"{job}-worker-{index}"
+
+
+def worker_service_account(job: str) -> str:
+    """The per-job ServiceAccount: may get and patch this job's status, nothing else."""
+    return f"{job}-worker"
 
 
 def worker_hostname(job: str, index: int, namespace: str) -> str:

@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -314,9 +315,12 @@ def test_sdk_logs_follow_stop(jobs: Jobs, client: TorchJobClient) -> None:
     jobs.wait_running_pods("stopped", 1, generation=0)
     got: list[str] = []
     want = worker_log_lines()
-    for line in client.logs(
-        "stopped", follow=True, poll_interval_s=0.2, stop=lambda: len(got) >= len(want)
-    ):
+    deadline = time.monotonic() + 60  # a stalled stream fails the test instead of hanging it
+
+    def stop() -> bool:
+        return len(got) >= len(want) or time.monotonic() > deadline
+
+    for line in client.logs("stopped", follow=True, poll_interval_s=0.2, stop=stop):
         got.append(line.text)
     assert got == want
 

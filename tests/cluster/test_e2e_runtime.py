@@ -80,3 +80,26 @@ def test_worker_crash_restarts_group_and_resumes_from_checkpoint(
     assert "done: 6 epochs, world size 2" in logs
     committed = CheckpointStorage(str(storage)).list_committed()
     assert committed, f"no committed checkpoint under {storage}"
+
+    # Rank 0 reported its progress into the TorchJob's status with the per-job ServiceAccount.
+    progress = status.get("progress") or {}
+    assert progress.get("epoch") == 5, f"{status}\n{kubelet.log_of('e2e-worker-0')}"
+    assert progress.get("lastCheckpoint") == committed[-1].path
+    assert "loss" in progress.get("metrics", {})
+    header, row = jobs.kubectl("get", "tj", "e2e", "-o", "wide").stdout.strip().splitlines()
+    assert row.split()[header.split().index("EPOCH")] == "5"
+    account = f"--as=system:serviceaccount:{jobs.ns}:e2e-worker"
+    own = ("auth", "can-i", "patch", "torchjobs.torchjob.io/e2e", "--subresource=status", account)
+    other = (
+        "auth",
+        "can-i",
+        "patch",
+        "torchjobs.torchjob.io/other",
+        "--subresource=status",
+        account,
+    )
+    assert jobs.kubectl(*own, check=False).stdout.strip() == "yes"
+    assert jobs.kubectl(*other, check=False).stdout.strip() == "no", "limited to its own job"
+    assert (
+        jobs.kubectl("auth", "can-i", "list", "pods", account, check=False).stdout.strip() == "no"
+    )

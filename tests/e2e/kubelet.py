@@ -25,6 +25,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from torchjob import contract
+
 NODE_LABEL = "torchjob.io/process-node"
 TAINT = {"key": NODE_LABEL, "value": "true", "effect": "NoSchedule"}
 
@@ -212,6 +214,35 @@ class ProcessKubelet:
                 }.get(path, "")
         return env
 
+    def _service_account(self, pod: Any) -> dict[str, str]:
+        """Project the pod's ServiceAccount token, as a kubelet mounts it (TokenRequest API)."""
+        account = pod.spec.service_account_name
+        if not account:
+            return {}
+        bound = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": pod.metadata.name,
+            "uid": pod.metadata.uid,
+        }
+        request = {"spec": {"expirationSeconds": 3600, "boundObjectRef": bound}}
+        token = self.core.create_namespaced_service_account_token(
+            account, pod.metadata.namespace, request
+        )
+        sa_dir = self.workdir / f"sa-{pod.metadata.uid[:8]}"
+        sa_dir.mkdir(parents=True, exist_ok=True)
+        (sa_dir / "token").write_text(token.status.token)
+        (sa_dir / "namespace").write_text(pod.metadata.namespace)
+        ca = self.api.configuration.ssl_ca_cert
+        if ca:
+            (sa_dir / "ca.crt").write_bytes(Path(ca).read_bytes())
+        host, _, port = self.api.configuration.host.split("://", 1)[-1].rpartition(":")
+        return {
+            contract.SERVICEACCOUNT_DIR: str(sa_dir),
+            "KUBERNETES_SERVICE_HOST": host,
+            "KUBERNETES_SERVICE_PORT": port,
+        }
+
     def _run(self, pod: Any) -> _Container:
         container = pod.spec.containers[0]
         argv = [*(container.command or []), *(container.args or [])]
@@ -223,7 +254,7 @@ class ProcessKubelet:
             proc = subprocess.Popen(
                 argv,
                 cwd=self.cwd,
-                env=self._env(pod, container),
+                env={**self._env(pod, container), **self._service_account(pod)},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

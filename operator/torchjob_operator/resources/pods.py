@@ -98,6 +98,8 @@ def worker_pod(
     pod_spec["hostname"] = pod_name
     pod_spec["subdomain"] = name
     pod_spec["restartPolicy"] = "Never"  # the operator restarts whole groups, never single ranks
+    if not pod_spec.get("serviceAccountName"):
+        pod_spec["serviceAccountName"] = contract.worker_service_account(name)
     pod_spec.setdefault("terminationGracePeriodSeconds", DEFAULT_GRACE_PERIOD_S)
     if spec.scheduling.scheduler_name:
         pod_spec["schedulerName"] = spec.scheduling.scheduler_name

@@ -45,6 +45,7 @@ from torchjob.train._worker_loop import WorkerOutcome, WorkerSpec, run_training
 from torchjob.train.checkpoint import Checkpoint
 from torchjob.train.config import RunConfig, ScalingConfig, TorchConfig
 from torchjob.train.errors import TrainingFailedError, TrainingStoppedError
+from torchjob.train.job_status import JobStatusReporter, progress_body
 from torchjob.train.progress import ProgressView
 from torchjob.train.result import Result
 
@@ -137,6 +138,10 @@ class _Controller:
         self.stop_requested = threading.Event()
         self.pending_resize: Resize | None = None
         self.storage = CheckpointStorage(self.run_url) if self._is_storage_owner() else None
+        # Pod 0's agent reports progress into the TorchJob's status (per-job ServiceAccount).
+        self.job_status = (
+            JobStatusReporter.from_env(pod) if pod is not None and pod.pod_index == 0 else None
+        )
 
     def _is_storage_owner(self) -> bool:
         return self.pod is None or self.pod.pod_index == 0
@@ -224,6 +229,8 @@ class _Controller:
                 return self._loop(view)
         finally:
             restore()
+            if self.job_status is not None:
+                self.job_status.close()
 
     def _loop(self, view: ProgressView) -> Result:
         state = RunState(
@@ -279,6 +286,14 @@ class _Controller:
                     s, checkpoints_in_generation=s.checkpoints_in_generation + 1
                 )
             view.report(event["metrics"], len(self.history))
+            if self.job_status is not None:
+                latest = None
+                if event.get("checkpoint_index") is not None and self.storage is not None:
+                    committed = self.storage.latest_committed()
+                    latest = committed.path if committed else None
+                self.job_status.report(
+                    progress_body(event["metrics"], reports=len(self.history), checkpoint=latest)
+                )
 
         def on_tick() -> None:
             if holder["signalled"]:

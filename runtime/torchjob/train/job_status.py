@@ -1,0 +1,155 @@
+"""Rank 0's training progress, written into its TorchJob's ``status.progress``.
+
+In a TorchJob pod the operator gives the workers a per-job ServiceAccount whose
+Role allows exactly one thing: get and patch the status of *this* TorchJob
+(``resourceNames: [<job>]``). The agent of pod 0 uses it, through the API
+server, so ``kubectl get tj -o wide`` shows the epoch and ``kubectl describe``
+the latest metrics and checkpoint, with no extra service to run.
+
+Writes happen on a background thread, at most once every ``min_interval_s``
+(the last report is always flushed), so a fast training loop never waits on the
+API server. Failures are logged once and never interrupt training. Only the
+standard library is used: the training image needs no Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from torchjob.api.models import GROUP, PLURAL, VERSION
+from torchjob.contract import SERVICEACCOUNT_DIR, PodEnv
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def progress_body(
+    metrics: Mapping[str, Any], *, reports: int, checkpoint: str | None
+) -> dict[str, Any]:
+    """The ``status.progress`` object for one report (JSON scalars only)."""
+    scalars = {
+        k: v
+        for k, v in metrics.items()
+        if isinstance(v, str | int | float | bool) and not k.startswith("_")
+    }
+    epoch = metrics.get("epoch")
+    body: dict[str, Any] = {
+        "step": reports,
+        "metrics": scalars,
+        "updateTime": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    if isinstance(epoch, int) and not isinstance(epoch, bool):
+        body["epoch"] = epoch
+    if checkpoint:
+        body["lastCheckpoint"] = checkpoint
+    return body
+
+
+class JobStatusReporter:
+    def __init__(
+        self,
+        *,
+        api_url: str,
+        serviceaccount_dir: Path,
+        namespace: str,
+        name: str,
+        min_interval_s: float = 5.0,
+    ) -> None:
+        self.url = f"{api_url}/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
+        self.sa_dir = serviceaccount_dir
+        self.min_interval_s = min_interval_s
+        self._latest: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = False
+        self._warned = False
+        self.sent = 0
+        ca = serviceaccount_dir / "ca.crt"
+        self._ssl = ssl.create_default_context(cafile=str(ca)) if ca.exists() else None
+        self._thread = threading.Thread(target=self._run, name="torchjob-status", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_env(
+        cls, pod: PodEnv, environ: Mapping[str, str] | None = None
+    ) -> JobStatusReporter | None:
+        """A reporter when the pod has API credentials (in-cluster), else None."""
+        env = os.environ if environ is None else environ
+        sa_dir = Path(env.get(SERVICEACCOUNT_DIR) or DEFAULT_SERVICEACCOUNT_DIR)
+        host = env.get("KUBERNETES_SERVICE_HOST")
+        if not host or not (sa_dir / "token").exists():
+            return None
+        port = env.get("KUBERNETES_SERVICE_PORT", "443")
+        host = f"[{host}]" if ":" in host else host
+        return cls(
+            api_url=f"https://{host}:{port}",
+            serviceaccount_dir=sa_dir,
+            namespace=pod.namespace,
+            name=pod.job_name,
+        )
+
+    def report(self, progress: dict[str, Any]) -> None:
+        with self._lock:
+            self._latest = progress
+        self._wake.set()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Flush the last report and stop."""
+        self._closing = True
+        self._wake.set()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        last_sent = 0.0
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if not self._closing:
+                pause = self.min_interval_s - (time.monotonic() - last_sent)
+                if pause > 0:
+                    time.sleep(pause)
+            with self._lock:
+                body, self._latest = self._latest, None
+            if body is not None:
+                self._send(body)
+                last_sent = time.monotonic()
+            if self._closing:
+                return
+
+    def _send(self, progress: dict[str, Any]) -> None:
+        try:
+            token = (self.sa_dir / "token").read_text().strip()  # re-read: projected tokens rotate
+            request = urllib.request.Request(
+                self.url,
+                data=json.dumps({"status": {"progress": progress}}).encode(),
+                method="PATCH",
+                headers={
+                    "Authorization": f"Bearer {token}",
+                    "Content-Type": "application/merge-patch+json",
+                    "Accept": "application/json",
+                },
+            )
+            with urllib.request.urlopen(request, timeout=10, context=self._ssl) as response:
+                response.read()
+            self.sent += 1
+        except (OSError, urllib.error.URLError) as exc:
+            if not self._warned:
+                self._warned = True
+                detail = (
+                    exc.read().decode(errors="replace")[:300]
+                    if isinstance(exc, urllib.error.HTTPError)
+                    else ""
+                )
+                log.warning("torchjob: cannot report progress to %s: %s %s", self.url, exc, detail)
