@@ -14,8 +14,8 @@ import os
 import re
 import subprocess
 import sys
-import time
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
