@@ -21,9 +21,15 @@ from torchjob.api.models import TorchJobSpec
 from torchjob_operator import metrics
 from torchjob_operator.kube import Kube, KubeError
 from torchjob_operator.planner import conditions as cond
-from torchjob_operator.planner.observed import JobState, PodView, format_time, pod_view
+from torchjob_operator.planner.observed import (
+    JobState,
+    PodView,
+    format_time,
+    pod_view,
+    probe_view,
+)
 from torchjob_operator.planner.plan import Event, JobView, Plan, plan
-from torchjob_operator.resources.pods import headless_service, worker_pod
+from torchjob_operator.resources.pods import headless_service, probe_pod, worker_pod
 from torchjob_operator.resources.rbac import worker_rbac
 from torchjob_operator.settings import OperatorSettings
 
@@ -109,9 +115,9 @@ def reconcile_once(
             log.warning("%s", detail)
         return Outcome(None)  # wait for the user to fix it; an update wakes us up
 
-    pods = [
-        v for v in (pod_view(p) for p in kube.list_worker_pods(namespace, name)) if v is not None
-    ]
+    raw_pods = kube.list_worker_pods(namespace, name)
+    pods = [v for v in (pod_view(p) for p in raw_pods) if v is not None]
+    probes = [v for v in (probe_view(p) for p in raw_pods) if v is not None]
     view = JobView(
         name=name,
         namespace=namespace,
@@ -119,7 +125,7 @@ def reconcile_once(
         state=JobState.from_status(old_status),
         metadata_generation=meta.get("generation"),
     )
-    decided = plan(view, pods, now)
+    decided = plan(view, pods, now, probes)
     events = list(decided.events)
     status = dict(decided.status)
 
@@ -137,6 +143,11 @@ def reconcile_once(
 
     events += _delete_pods(kube, namespace, decided, settings)
     failures = _create_pods(kube, namespace, name, meta["uid"], spec, decided, settings, events)
+    for index in decided.create_probes:
+        body = probe_pod(name=name, namespace=namespace, uid=meta["uid"], spec=spec, index=index)
+        if kube.create_pod(body):
+            probe = body["metadata"]["name"]
+            events.append(Event("Normal", "CreatedProbe", f"probing capacity with pod {probe}"))
     if failures:
         # Not all pods exist: the generation is not "created" yet, so a later reconcile retries.
         status["createdGeneration"] = view.state.created_generation

@@ -82,12 +82,18 @@ LABEL_ROLE: Final = f"{GROUP}/role"
 LABEL_POD_INDEX: Final = f"{GROUP}/pod-index"
 LABEL_GENERATION: Final = f"{GROUP}/generation"
 ROLE_WORKER: Final = "worker"
+ROLE_PROBE: Final = "probe"
+"""Placeholder pods that test for free capacity before an elastic job grows."""
 KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 
 
 def worker_pod_name(job: str, index: int) -> str:
     """Name of worker ``index`` of job ``job``: ``<job>-worker-<index>``."""
     return f"{job}-worker-{index}"
+
+
+def probe_pod_name(job: str, index: int) -> str:
+    return f"{job}-probe-{index}"
 
 
 def worker_service_account(job: str) -> str:

@@ -7,6 +7,7 @@ the project's Stages, makes containers exit with chosen codes.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -465,3 +466,70 @@ def test_examples_validate_against_the_installed_crd(jobs: Jobs) -> None:
     for path in sorted((REPO / "examples").glob("*.yaml")):
         out = jobs.kubectl("apply", "--dry-run=server", "-f", str(path), check=False)
         assert out.returncode == 0, f"{path.name}: {out.stderr}"
+
+
+# --- elastic ---------------------------------------------------------------------------------
+
+
+def test_elastic_job_shrinks_to_capacity_and_grows_back(jobs: Jobs) -> None:
+    """4 workers wanted, room for 2: continue with 2; room again: probes fit, grow to 4."""
+    key = "torchjob.io/elastic-test"
+    tag = uuid.uuid4().hex[:8]
+    taint = {"key": key, "value": tag, "effect": "NoSchedule"}
+    nodes = [f"elastic-{tag}-{i}" for i in range(4)]
+    template = worker_template(
+        nodeSelector={key: tag},
+        tolerations=[{"key": key, "operator": "Equal", "value": tag, "effect": "NoSchedule"}],
+    )
+    template["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 8}}
+    elastic = {
+        "minReplicas": 2,
+        "maxReplicas": 4,
+        "scaleDownAfterSeconds": 2,
+        "scaleUpCooldownSeconds": 3,
+    }
+    try:
+        for node in nodes[:2]:
+            k.add_fake_node(jobs.core, node, gpus=8, labels={key: tag}, taints=[taint])
+        jobs.apply(torchjob("stretchy", replicas=4, elastic=elastic, template=template))
+        status = jobs.wait(
+            "stretchy",
+            lambda s: s if s.get("replicas") == 2 else None,
+            "shrunk to 2 workers",
+            timeout=90,
+        )
+        shrunk_gen = status["currentGeneration"]
+        jobs.wait_running_pods("stretchy", 2, generation=shrunk_gen, timeout=60)
+        status = jobs.wait_phase("stretchy", "Running")
+        assert (status["restarts"], status["disruptions"]) == (0, 0), "a shrink is neither"
+        assert "ScaledDown" in jobs.event_reasons("stretchy")
+        assert jobs.get("stretchy")["spec"]["replicas"] == 4, "the desired size is kept"
+
+        for node in nodes[2:]:
+            k.add_fake_node(jobs.core, node, gpus=8, labels={key: tag}, taints=[taint])
+        status = jobs.wait(
+            "stretchy",
+            lambda s: s if s.get("replicas") == 4 else None,
+            "grown back to 4",
+            timeout=90,
+        )
+        pods = jobs.wait_running_pods(
+            "stretchy", 4, generation=status["currentGeneration"], timeout=60
+        )
+        assert {p.spec.node_name for p in pods} == set(nodes)
+        reasons = jobs.event_reasons("stretchy")
+        assert "CreatedProbe" in reasons and "ScaledUp" in reasons
+        k.wait_for(
+            lambda: (
+                not [
+                    p
+                    for p in jobs.core.list_namespaced_pod(jobs.ns).items
+                    if "-probe-" in p.metadata.name
+                ]
+            ),
+            30,
+            "probe pods removed after the grow",
+        )
+    finally:
+        for node in nodes:
+            k.delete_node(jobs.core, node)

@@ -280,3 +280,82 @@ def test_pods_created_by_a_dead_operator_are_adopted() -> None:
     assert decided.status["createdGeneration"] == 0
     assert decided.status["startTime"] == "2026-01-01T00:00:03Z"
     assert decided.phase == Phase.RUNNING
+
+
+# --- elastic fit-to-capacity ----------------------------------------------------------
+
+
+def unschedulable(p: PodView, since_s: float) -> PodView:
+    return replace(p, unschedulable_since=at(since_s), scheduled=False)
+
+
+def elastic_job(*, lo: int = 2, hi: int = 4, replicas: int = 4) -> JobView:
+    b = job().replicas(replicas).elastic(lo, hi)
+    b.spec["elastic"].update(scaleDownAfterSeconds=30, scaleUpCooldownSeconds=60)
+    return b.build()
+
+
+def test_elastic_shrinks_to_what_fits_after_the_grace() -> None:
+    _, view, pods = step(elastic_job(), [], 0)
+    observed = [
+        running(pods[0]),
+        running(pods[1]),
+        unschedulable(pods[2], 1),
+        unschedulable(pods[3], 1),
+    ]
+    early = plan(view, observed, at(20))
+    assert early.status["currentGeneration"] == 0 and early.requeue_after_s == pytest.approx(11)
+    decided, view, pods = step(view, observed, 31)
+    assert decided.status["currentGeneration"] == 1 and decided.status["replicas"] == 2
+    assert (decided.status["restarts"], decided.status["disruptions"]) == (0, 0)
+    assert "ScaledDown" in {e.reason for e in decided.events}
+    assert set(decided.delete) == {f"tj-worker-{i}" for i in range(4)}
+    again, view, pods = step(view, pods, 32)
+    assert again.create is not None and again.create.indices == (0, 1)
+
+
+def test_elastic_waits_below_min_instead_of_shrinking() -> None:
+    _, view, pods = step(elastic_job(lo=3), [], 0)
+    observed = [
+        running(pods[0]),
+        running(pods[1]),
+        unschedulable(pods[2], 0),
+        unschedulable(pods[3], 0),
+    ]
+    decided = plan(view, observed, at(100))
+    assert decided.status["currentGeneration"] == 0
+    assert decided.phase == Phase.PENDING
+    assert "WaitingForCapacity" in {e.reason for e in decided.events}
+
+
+def test_elastic_grows_back_only_when_probes_fit() -> None:
+    from torchjob_operator.planner.observed import ProbeView
+
+    _, view, pods = step(elastic_job(), [], 0)
+    _, view, pods = step(
+        view,
+        [running(pods[0]), running(pods[1]), unschedulable(pods[2], 0), unschedulable(pods[3], 0)],
+        31,
+    )
+    _, view, pods = step(view, pods, 32)  # generation 1 created with 2 workers
+    pods = [running(p) for p in pods]
+    cooling = plan(view, pods, at(60))
+    assert cooling.create_probes == () and cooling.requeue_after_s == pytest.approx(31)
+    probing = plan(view, pods, at(100))
+    assert probing.create_probes == (0, 1) and probing.status["currentGeneration"] == 1
+    pending = [ProbeView("tj-probe-0", scheduled=True), ProbeView("tj-probe-1", scheduled=False)]
+    waiting = plan(view, pods, at(110), probes=pending)
+    assert waiting.status["currentGeneration"] == 1 and waiting.delete == ()
+    placed = [ProbeView("tj-probe-0", scheduled=True), ProbeView("tj-probe-1", scheduled=True)]
+    grown = plan(view, pods, at(120), probes=placed)
+    assert grown.status["currentGeneration"] == 2 and grown.status["replicas"] == 4
+    assert {"tj-probe-0", "tj-probe-1"} <= set(grown.delete)
+    assert "ScaledUp" in {e.reason for e in grown.events}
+
+
+def test_user_scale_of_an_elastic_job_is_honoured() -> None:
+    builder = job().replicas(2).elastic(1, 4)
+    _, view, pods = step(builder.build(), [], 0)
+    view = replace(view, spec=builder.replicas(3).build().spec)
+    decided = plan(view, [running(p) for p in pods], at(5))
+    assert decided.status["currentGeneration"] == 1 and decided.status["replicas"] == 3

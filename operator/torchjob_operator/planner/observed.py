@@ -86,10 +86,34 @@ def _condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any] | Non
     return None
 
 
+@dataclass(frozen=True)
+class ProbeView:
+    """A capacity probe pod: does a worker-sized pod fit right now?"""
+
+    name: str
+    scheduled: bool
+    deleting: bool = False
+
+
+def probe_view(pod: Mapping[str, Any]) -> ProbeView | None:
+    """A probe pod dict -> ProbeView; None for any other pod."""
+    meta = pod.get("metadata") or {}
+    if (meta.get("labels") or {}).get(contract.LABEL_ROLE) != contract.ROLE_PROBE:
+        return None
+    scheduled = bool((pod.get("spec") or {}).get("nodeName"))
+    return ProbeView(
+        name=meta.get("name", ""),
+        scheduled=scheduled,
+        deleting=meta.get("deletionTimestamp") is not None,
+    )
+
+
 def pod_view(pod: Mapping[str, Any]) -> PodView | None:
     """A worker pod dict -> PodView; ``None`` for pods that are not torchjob workers."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
+    if labels.get(contract.LABEL_ROLE, contract.ROLE_WORKER) != contract.ROLE_WORKER:
+        return None
     try:
         index = int(labels[contract.LABEL_POD_INDEX])
         generation = int(labels.get(contract.LABEL_GENERATION, "0"))
@@ -170,6 +194,8 @@ class JobState:
     replicas: int = 0
     """Worker pods of that generation."""
     created_generation: int | None = None
+    spec_replicas: int | None = None
+    last_rescale: datetime | None = None
     restarts: int = 0
     disruptions: int = 0
     start_time: datetime | None = None
@@ -201,6 +227,8 @@ class JobState:
                 if status.get("createdGeneration") is not None
                 else None
             ),
+            spec_replicas=int(status["specReplicas"]) if status.get("specReplicas") else None,
+            last_rescale=parse_time(status.get("lastRescaleTime")),
             restarts=int(status.get("restarts") or 0),
             disruptions=int(status.get("disruptions") or 0),
             start_time=parse_time(status.get("startTime")),

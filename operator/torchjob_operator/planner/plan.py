@@ -44,7 +44,7 @@ from torchjob_operator.planner.failure import (
     decide_failure,
     judge_generation,
 )
-from torchjob_operator.planner.observed import JobState, PodPhase, PodView, format_time
+from torchjob_operator.planner.observed import JobState, PodPhase, PodView, ProbeView, format_time
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,8 @@ class Plan:
     requeue_after_s: float | None = None
     delete_job: bool = False
     ensure_service: bool = True
+    create_probes: tuple[int, ...] = ()
+    """Capacity probes to create (indices) before an elastic job grows."""
 
     @property
     def phase(self) -> Phase:
@@ -101,6 +103,11 @@ class _Draft:
     restart_after: datetime | None
     created_generation: int | None
     last_failure: FailureRecord | None
+    spec_replicas: int | None = None
+    last_rescale: datetime | None = None
+    probes: tuple[ProbeView, ...] = ()
+    create_probes: tuple[int, ...] = ()
+    keep_probes: bool = False
     reason: str = ""
     message: str = ""
     events: list[Event] = field(default_factory=list)
@@ -178,6 +185,8 @@ def _status(d: _Draft, current: Sequence[PodView]) -> dict[str, Any]:
         "selector": _selector(d.job.name),
         "currentGeneration": d.generation,
         "createdGeneration": d.created_generation,
+        "specReplicas": d.spec_replicas,
+        "lastRescaleTime": format_time(d.last_rescale) if d.last_rescale else None,
         "worldSize": d.replicas * d.job.spec.resolved_nproc_per_node(),
         "restarts": d.restarts,
         "disruptions": d.disruptions,
@@ -216,7 +225,9 @@ def _end(d: _Draft, phase: Phase, reason: str, message: str) -> None:
     d.restart_after = None
 
 
-def plan(job: JobView, pods: Sequence[PodView], now: datetime) -> Plan:
+def plan(
+    job: JobView, pods: Sequence[PodView], now: datetime, probes: Sequence[ProbeView] = ()
+) -> Plan:
     """Decide what the job's pods and status should become. Pure; see the module docstring."""
     st, spec = job.state, job.spec
     d = _Draft(
@@ -232,6 +243,9 @@ def plan(job: JobView, pods: Sequence[PodView], now: datetime) -> Plan:
         restart_after=st.restart_after,
         created_generation=st.created_generation,
         last_failure=st.last_failure,
+        spec_replicas=st.spec_replicas,
+        last_rescale=st.last_rescale,
+        probes=tuple(probes),
     )
     d.reason, d.message = _ready_reason(st)
 
@@ -266,7 +280,10 @@ def plan(job: JobView, pods: Sequence[PodView], now: datetime) -> Plan:
             return _plan(d, pods, pods)
         d.requeue.append((expires - now).total_seconds())
 
-    if spec.replicas != d.replicas:
+    # A user's scale (spec.replicas changed) always starts a generation of the new size. An
+    # elastic job may run below spec.replicas after a shrink; that is not a scale request.
+    user_scaled = d.spec_replicas is not None and d.spec_replicas != spec.replicas
+    if spec.replicas != d.replicas and (user_scaled or spec.elastic is None):
         if d.created_generation == d.generation:
             old = d.replicas
             d.next_generation(spec.replicas)
@@ -278,6 +295,7 @@ def plan(job: JobView, pods: Sequence[PodView], now: datetime) -> Plan:
             )
         else:  # nothing created for this generation yet: just adopt the new size
             d.replicas = spec.replicas
+    d.spec_replicas = spec.replicas
 
     current = [p for p in pods if p.generation == d.generation and p.index < d.replicas]
     missing: list[int] = []
@@ -329,6 +347,9 @@ def plan(job: JobView, pods: Sequence[PodView], now: datetime) -> Plan:
         d.restart_after = now + timedelta(seconds=decision.backoff_s)
         d.transition(Phase.RESTARTING, "WorkerFailed", text, warning=True)
 
+    if spec.elastic is not None and verdict.outcome == Outcome.HEALTHY:
+        _fit_to_capacity(d, current)
+
     # Pods of another generation (or beyond the group) go first: they share names and rendezvous.
     current = [p for p in pods if p.generation == d.generation and p.index < d.replicas]
     stale = [p for p in pods if p not in current]
@@ -367,6 +388,76 @@ def plan(job: JobView, pods: Sequence[PodView], now: datetime) -> Plan:
 
     _active_phase(d, current)
     return _plan(d, pods, current)
+
+
+def _fit_to_capacity(d: _Draft, current: Sequence[PodView]) -> None:
+    """Elastic jobs: shrink to what fits, grow back when capacity returns.
+
+    Shrink: workers unschedulable for ``scaleDownAfterSeconds`` are dropped and the
+    job continues with the workers that were placed (never below minReplicas; below
+    it the job waits and says why). Grow: after ``scaleUpCooldownSeconds`` since the
+    last change, worker-sized probe pods test for room; only when every probe is
+    placed does a new generation of ``spec.replicas`` start, so flapping capacity
+    costs probes, not training restarts.
+    """
+    el = d.job.spec.elastic
+    assert el is not None
+    if d.created_generation != d.generation:
+        return
+    alive = [p for p in current if not p.deleting]
+    placed = sum(1 for p in alive if p.scheduled)
+    waiting = [p for p in alive if p.unschedulable_since is not None]
+    if waiting:
+        first = min(p.unschedulable_since for p in waiting if p.unschedulable_since)
+        due = first + timedelta(seconds=el.scale_down_after_seconds)
+        if d.now < due:
+            d.requeue.append((due - d.now).total_seconds())
+            return
+        if placed < el.min_replicas:
+            d.transition(
+                Phase.PENDING,
+                "WaitingForCapacity",
+                f"only {placed} of at least {el.min_replicas} workers fit; waiting for capacity",
+            )
+            return
+        if placed < d.replicas:
+            old = d.replicas
+            d.next_generation(placed)
+            d.last_rescale = d.now
+            d.transition(
+                Phase.RESTARTING,
+                "ScaledDown",
+                f"{old - placed} of {old} workers unschedulable for {el.scale_down_after_seconds}s; "
+                f"continuing with {placed} (min {el.min_replicas}) from the latest checkpoint",
+                warning=True,
+            )
+        return
+    want = min(d.job.spec.replicas, el.max_replicas) - d.replicas
+    running = len(alive) == d.replicas and all(p.phase == PodPhase.RUNNING for p in alive)
+    if want <= 0 or not running:
+        return
+    since = d.last_rescale or d.start_time or d.now
+    ready_at = since + timedelta(seconds=el.scale_up_cooldown_seconds)
+    if d.now < ready_at:
+        d.requeue.append((ready_at - d.now).total_seconds())
+        return
+    d.keep_probes = True
+    live = [p for p in d.probes if not p.deleting]
+    if len(live) >= want and all(p.scheduled for p in live):
+        old = d.replicas
+        d.keep_probes = False  # capacity is proven: the probes make room for the workers
+        d.next_generation(old + want)
+        d.last_rescale = d.now
+        d.transition(
+            Phase.RESTARTING,
+            "ScaledUp",
+            f"capacity for {want} more workers; growing from {old} to {d.replicas} from the latest checkpoint",
+        )
+        return
+    names = {p.name for p in live}
+    d.create_probes = tuple(
+        i for i in range(want) if contract.probe_pod_name(d.job.name, i) not in names
+    )
 
 
 def _ready_reason(st: JobState) -> tuple[str, str]:
@@ -411,11 +502,14 @@ def _active_phase(d: _Draft, current: Sequence[PodView]) -> None:
 
 def _plan(d: _Draft, pods: Sequence[PodView], current: Sequence[PodView]) -> Plan:
     # Never delete what is being created, never delete twice.
+    if not d.keep_probes:
+        d.delete.extend(p.name for p in d.probes if not p.deleting)
     delete = tuple(dict.fromkeys(d.delete))
     requeue = min(d.requeue) if d.requeue else None
     return Plan(
         create=d.create,
         delete=delete,
+        create_probes=d.create_probes if d.keep_probes else (),
         status=_status(d, current),
         events=tuple(d.events),
         requeue_after_s=None if requeue is None else max(requeue, 0.5),

@@ -185,3 +185,42 @@ def headless_service(*, name: str, namespace: str, uid: str) -> dict[str, Any]:
             ],
         },
     }
+
+
+PROBE_IMAGE = "registry.k8s.io/pause:3.10"
+
+
+def probe_pod(
+    *, name: str, namespace: str, uid: str, spec: TorchJobSpec, index: int
+) -> dict[str, Any]:
+    """A worker-sized placeholder: does one more worker fit right now?
+
+    Same resources, node selection and tolerations as a worker, a pause container,
+    no priority class (a probe must never preempt anyone) and no Kueue label.
+    """
+    template = copy.deepcopy(spec.template.to_wire())
+    pod_spec: dict[str, Any] = template["spec"]
+    worker = pod_spec["containers"][0]
+    resources = copy.deepcopy(worker.get("resources") or {})
+    _gpu_requests_equal_limits(resources)
+    keep = ("nodeSelector", "affinity", "tolerations", "schedulerName", "topologySpreadConstraints")
+    probe_spec: dict[str, Any] = {k: pod_spec[k] for k in keep if k in pod_spec}
+    if spec.scheduling.scheduler_name:
+        probe_spec["schedulerName"] = spec.scheduling.scheduler_name
+    probe_spec.update(
+        restartPolicy="Never",
+        terminationGracePeriodSeconds=0,
+        automountServiceAccountToken=False,
+        containers=[{"name": "probe", "image": PROBE_IMAGE, "resources": resources}],
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": contract.probe_pod_name(name, index),
+            "namespace": namespace,
+            "labels": {contract.LABEL_JOB_NAME: name, contract.LABEL_ROLE: contract.ROLE_PROBE},
+            "ownerReferences": [owner_reference(name, uid)],
+        },
+        "spec": probe_spec,
+    }

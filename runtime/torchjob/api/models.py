@@ -431,6 +431,10 @@ class TorchJobStatus(_Model):
     restart_after: str | None = Field(
         default=None, description="Backoff: next generation not before this time."
     )
+    spec_replicas: int | None = Field(
+        default=None, description="spec.replicas the current size was decided from (tells a user's scale from a shrink)."
+    )
+    last_rescale_time: str | None = Field(default=None, description="Last elastic shrink or grow.")
     created_generation: int | None = Field(
         default=None,
         description="Latest generation whose pods were all created (a later loss is a disruption).",
