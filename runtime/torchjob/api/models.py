@@ -432,7 +432,8 @@ class TorchJobStatus(_Model):
         default=None, description="Backoff: next generation not before this time."
     )
     spec_replicas: int | None = Field(
-        default=None, description="spec.replicas the current size was decided from (tells a user's scale from a shrink)."
+        default=None,
+        description="spec.replicas the current size was decided from (tells a user's scale from a shrink).",
     )
     last_rescale_time: str | None = Field(default=None, description="Last elastic shrink or grow.")
     created_generation: int | None = Field(
