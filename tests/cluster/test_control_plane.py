@@ -134,16 +134,24 @@ def test_scheduler_preempts_lower_priority_pod(
         ),
     )
 
-    def disrupted(pod: Any) -> bool:
+    # The scheduler patches the DisruptionTarget condition first and deletes the victim in a
+    # second request, so wait for both rather than asserting on the first observation.
+    def disrupted_and_deleted(pod: Any) -> bool:
         c = k.pod_condition(pod, "DisruptionTarget")
-        return c is not None and c.status == "True"
+        return (
+            c is not None and c.status == "True" and pod.metadata.deletion_timestamp is not None
+        )
 
     victim = k.wait_for_pod(
-        core_v1, namespace, "victim", disrupted, 60, "DisruptionTarget condition"
+        core_v1,
+        namespace,
+        "victim",
+        disrupted_and_deleted,
+        60,
+        "DisruptionTarget condition and a deletionTimestamp",
     )
     cond = k.pod_condition(victim, "DisruptionTarget")
     assert cond.reason == "PreemptionByScheduler"
-    assert victim.metadata.deletion_timestamp is not None
 
     k.wait_for_pod_gone(core_v1, namespace, "victim", 60)
     preemptor = k.wait_for_pod(core_v1, namespace, "preemptor", _running, 60, "Running")
