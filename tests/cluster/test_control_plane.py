@@ -138,9 +138,7 @@ def test_scheduler_preempts_lower_priority_pod(
     # second request, so wait for both rather than asserting on the first observation.
     def disrupted_and_deleted(pod: Any) -> bool:
         c = k.pod_condition(pod, "DisruptionTarget")
-        return (
-            c is not None and c.status == "True" and pod.metadata.deletion_timestamp is not None
-        )
+        return c is not None and c.status == "True" and pod.metadata.deletion_timestamp is not None
 
     victim = k.wait_for_pod(
         core_v1,
