@@ -36,6 +36,7 @@ CLUSTER_SH = HACK_DIR / "cluster.sh"
 # Keys that drive the kwok Stages (hack/kwok/stages.yaml).
 EXIT_CODE_ANNOTATION = "kwok.torchjob.io/exit-code"
 EXIT_AFTER_ANNOTATION = "kwok.torchjob.io/exit-after"
+EXIT_MESSAGE_ANNOTATION = "kwok.torchjob.io/exit-message"
 NOT_READY_LABEL = "kwok.torchjob.io/not-ready"
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -243,14 +244,23 @@ def describe_namespace(core: Any, namespace: str, max_events: int = 40) -> str:
 # --------------------------------------------------------------------------- kwok hooks
 
 
-def make_pod_exit(core: Any, namespace: str, pod: str, code: int, after: str | None = None) -> None:
+def make_pod_exit(
+    core: Any,
+    namespace: str,
+    pod: str,
+    code: int,
+    after: str | None = None,
+    message: str | None = None,
+) -> None:
     """Make the running pod's containers exit with ``code`` (0: Succeeded, else Failed).
 
-    ``after`` is a Go duration ("5s") the pod keeps running first. The pod must not yet be
-    terminating; a Pending pod exits once it runs.
+    ``after`` is a Go duration ("5s") the pod keeps running first; ``message`` becomes the
+    containers' termination message. The pod must not yet be terminating; a Pending pod
+    exits once it runs.
     """
     annotations: dict[str, str | None] = {EXIT_CODE_ANNOTATION: str(int(code))}
     annotations[EXIT_AFTER_ANNOTATION] = after
+    annotations[EXIT_MESSAGE_ANNOTATION] = message
     core.patch_namespaced_pod(pod, namespace, {"metadata": {"annotations": annotations}})
 
 

@@ -52,6 +52,8 @@ POD_NAME: Final = "TORCHJOB_POD_NAME"
 SERVICE_NAME: Final = "TORCHJOB_SERVICE"
 SERVICEACCOUNT_DIR: Final = "TORCHJOB_SERVICEACCOUNT_DIR"
 """Where the pod's ServiceAccount token lives (default: the kubelet's standard mount)."""
+TERMINATION_LOG: Final = "TORCHJOB_TERMINATION_LOG"
+"""The container's ``terminationMessagePath``: the runtime writes its failure summary there."""
 
 # --- standard torch / torchrun variables ---------------------------------------
 MASTER_ADDR: Final = "MASTER_ADDR"
@@ -73,6 +75,8 @@ PET_RDZV_ID: Final = "PET_RDZV_ID"
 PYTHONUNBUFFERED: Final = "PYTHONUNBUFFERED"
 
 DEFAULT_RDZV_PORT: Final = 29500
+DEFAULT_TERMINATION_LOG: Final = "/dev/termination-log"
+"""The kubelet's default ``terminationMessagePath``."""
 """Port of the generation's TCPStore on its rank-0 pod (torch's default)."""
 
 # --- labels and annotations on objects the operator creates ---------------------
@@ -228,3 +232,50 @@ def process_env(pod: PodEnv, local_rank: int) -> dict[str, str]:
         TORCHELASTIC_RESTART_COUNT: str(pod.generation),
         TORCHELASTIC_RUN_ID: pod.run_id,
     }
+
+
+# --- the termination message: the runtime's failure summary, read by the operator ---------
+TERMINATION_MESSAGE_LIMIT: Final = 4096
+"""The kubelet keeps at most 4096 bytes of a container's termination message."""
+_TERMINATION_TAG: Final = "torchjob: "
+_PEER_TAG: Final = "peer failure: "
+
+
+@dataclass(frozen=True)
+class TerminationSummary:
+    """What a worker container's termination message says about why it stopped."""
+
+    line: str
+    """One line for a person: the root-cause exception with its rank, or the log's last line."""
+    peer_failure: bool = False
+    """The container failed only because a peer did (a broken connection): not a root cause."""
+
+
+def termination_message(summary: str, detail: str = "", *, peer_failure: bool = False) -> str:
+    """The text the runtime writes to the termination log: one tagged summary line, then
+    ``detail`` (a traceback tail), cut to what the kubelet keeps."""
+    line = next((ln.strip() for ln in summary.splitlines() if ln.strip()), "failed")
+    head = _TERMINATION_TAG + (_PEER_TAG if peer_failure else "") + line
+    text = f"{head}\n{detail.strip()}" if detail.strip() else head
+    data = text.encode()
+    if len(data) <= TERMINATION_MESSAGE_LIMIT:
+        return text
+    return data[: TERMINATION_MESSAGE_LIMIT - 3].decode(errors="ignore") + "..."
+
+
+def parse_termination_message(text: str) -> TerminationSummary | None:
+    """Read back a termination message: ours (tagged) or a log tail (``FallbackToLogsOnError``).
+
+    For a log tail the last non-empty line is the summary: a Python traceback ends with the
+    exception. ``None`` when there is no message at all.
+    """
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return None
+    first = lines[0]
+    if first.startswith(_TERMINATION_TAG):
+        line = first[len(_TERMINATION_TAG) :]
+        if line.startswith(_PEER_TAG):
+            return TerminationSummary(line[len(_PEER_TAG) :].strip(), peer_failure=True)
+        return TerminationSummary(line.strip())
+    return TerminationSummary(lines[-1].strip())

@@ -191,6 +191,24 @@ class Jobs:
     def event_reasons(self, name: str) -> list[str]:
         return [e.reason for e in self.events(name)]
 
+    def wait_events(self, name: str, *reasons: str, timeout: float = 30) -> list[Any]:
+        """The job's Events once every reason in ``reasons`` is among them.
+
+        The operator posts Events after the status patch that a test usually waits on, so an
+        Event is asserted by waiting for it, not by reading once.
+        """
+
+        def probe() -> list[Any] | None:
+            evs = self.events(name)
+            return evs if set(reasons) <= {e.reason for e in evs} else None
+
+        return k.wait_for(  # type: ignore[no-any-return]
+            probe,
+            timeout,
+            lambda: f"Events {sorted(reasons)} for {name}\n{self.describe(name)}",
+            interval=0.2,
+        )
+
     def describe(self, name: str) -> str:
         job = self.get(name)
         lines = [
@@ -240,5 +258,7 @@ class Jobs:
             interval=0.2,
         )
 
-    def exit_pod(self, pod: str, code: int) -> None:
-        k.make_pod_exit(self.core, self.ns, pod, code)
+    def exit_pod(
+        self, pod: str, code: int, *, after: str | None = None, message: str | None = None
+    ) -> None:
+        k.make_pod_exit(self.core, self.ns, pod, code, after=after, message=message)

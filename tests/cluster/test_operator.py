@@ -74,8 +74,7 @@ def test_apply_example_creates_workers_service_and_reports_running(jobs: Jobs) -
     assert header.split()[:6] == ["NAME", "PHASE", "READY", "GEN", "RESTARTS", "AGE"]
     assert row.split()[:5] == ["cpu-smoke", "Running", "2/2", "0", "0"]
 
-    reasons = jobs.event_reasons("cpu-smoke")
-    assert "CreatedPod" in reasons and "AllWorkersRunning" in reasons
+    jobs.wait_events("cpu-smoke", "CreatedPod", "AllWorkersRunning")
     described = jobs.kubectl("describe", "tj", "cpu-smoke").stdout
     assert "AllWorkersRunning" in described and "Conditions" in described
 
@@ -144,10 +143,33 @@ def test_failure_restarts_group_then_succeeds(jobs: Jobs) -> None:
     assert status["lastFailure"]["pod"] == "flaky-worker-1"
     assert status["lastFailure"]["exitCode"] == 1
     assert status["disruptions"] == 0
-    assert "WorkerFailed" in jobs.event_reasons("flaky")
+    jobs.wait_events("flaky", "WorkerFailed")
     for p in pods:
         jobs.exit_pod(p.metadata.name, 0)
     jobs.wait_phase("flaky", "Succeeded")
+
+
+def test_the_pod_that_raised_is_blamed_not_the_peer_whose_collective_broke(jobs: Jobs) -> None:
+    jobs.apply(torchjob("blame", replicas=3))
+    jobs.wait_running_pods("blame", 3, generation=0)
+    # What the runtime writes: pod 0 only lost its peer; pod 2 raised, and exits 3 s later.
+    peer = contract.termination_message(
+        "rank 0 raised DistBackendError: Connection closed by peer", peer_failure=True
+    )
+    own = contract.termination_message("rank 2 raised ValueError: bad batch", "Traceback ...")
+    jobs.exit_pod("blame-worker-0", 1, message=peer)
+    jobs.exit_pod("blame-worker-2", 1, after="3s", message=own)
+    status = jobs.wait(
+        "blame", lambda s: s if s.get("restarts") == 1 else None, "restart 1", timeout=60
+    )
+    assert status["lastFailure"]["pod"] == "blame-worker-2", jobs.describe("blame")
+    assert status["lastFailure"]["message"] == "rank 2 raised ValueError: bad batch"
+    failed = [e for e in jobs.wait_events("blame", "WorkerFailed") if e.reason == "WorkerFailed"]
+    assert "blame-worker-2 exited with code 1 (Error): rank 2 raised ValueError" in (
+        failed[0].message
+    )
+    described = jobs.kubectl("describe", "tj", "blame").stdout
+    assert "rank 2 raised ValueError: bad batch" in described
 
 
 def test_permanent_exit_code_fails_at_once(jobs: Jobs) -> None:
@@ -193,7 +215,7 @@ def test_restart_budget_exhausted_fails(jobs: Jobs) -> None:
     jobs.exit_pod("doomed-worker-0", 1)
     status = jobs.wait_phase("doomed", "Failed")
     assert status["restarts"] == 1
-    assert "RestartLimitExceeded" in jobs.event_reasons("doomed")
+    jobs.wait_events("doomed", "RestartLimitExceeded")
 
 
 # --- disruptions -------------------------------------------------------------------------
@@ -245,7 +267,9 @@ def test_preemption_by_the_real_scheduler_is_a_disruption(jobs: Jobs, cluster: k
     )
     assert status["restarts"] == 0, "a preemption must never consume maxRestarts (which is 0 here)"
     assert status["phase"] in ("Restarting", "Pending", "Starting")
-    disrupted = [e for e in jobs.events("spot") if e.reason == "WorkerDisrupted"]
+    disrupted = [
+        e for e in jobs.wait_events("spot", "WorkerDisrupted") if e.reason == "WorkerDisrupted"
+    ]
     assert disrupted and "Preemption" in disrupted[0].message
     # The job waits for capacity instead of failing: its new generation is Pending.
     jobs.wait(
@@ -298,7 +322,11 @@ def test_node_lost_is_a_disruption(jobs: Jobs, cluster: k.Cluster) -> None:
         assert node not in {p.spec.node_name for p in pods}, (
             "the new generation avoids the lost node"
         )
-        disrupted = next(e for e in jobs.events("on-bad-node") if e.reason == "WorkerDisrupted")
+        disrupted = next(
+            e
+            for e in jobs.wait_events("on-bad-node", "WorkerDisrupted")
+            if e.reason == "WorkerDisrupted"
+        )
         assert "DeletionByTaintManager" in disrupted.message or "deleted" in disrupted.message
     finally:
         k.restore_node_ready(jobs.core, node, untaint=True)
@@ -315,7 +343,7 @@ def test_kubectl_scale_starts_a_new_generation(jobs: Jobs) -> None:
     assert env_of(pods[2])[contract.WORLD_SIZE] == "3"
     status = jobs.wait_phase("scaled", "Running")
     assert (status["replicas"], status["restarts"], status["disruptions"]) == (3, 0, 0)
-    assert "Rescaled" in jobs.event_reasons("scaled")
+    jobs.wait_events("scaled", "Rescaled")
     out = jobs.kubectl("scale", "tj/scaled", "--replicas=9", check=False)
     assert out.returncode != 0
     assert (
@@ -338,7 +366,7 @@ def test_suspend_and_resume(jobs: Jobs) -> None:
     jobs.wait_running_pods("pausable", 2, generation=1)
     status = jobs.wait_phase("pausable", "Running")
     assert (status["restarts"], status["disruptions"]) == (0, 0)
-    assert {"Suspended", "Resumed"} <= set(jobs.event_reasons("pausable"))
+    jobs.wait_events("pausable", "Suspended", "Resumed")
 
 
 def test_active_deadline_is_enforced_with_nothing_else_happening(jobs: Jobs) -> None:
@@ -434,7 +462,7 @@ def test_pod_template_the_api_server_rejects_gives_a_condition_not_a_crash(jobs:
     stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
     assert stalled["reason"] == "FailedCreatePod"
     assert "Not_A_DNS_Label" in stalled["message"] or "containers[0].name" in stalled["message"]
-    assert "FailedCreatePod" in jobs.event_reasons("broken-template")
+    jobs.wait_events("broken-template", "FailedCreatePod")
     assert jobs.operator.proc is not None and jobs.operator.proc.poll() is None, (
         "the operator must keep running"
     )
@@ -502,7 +530,7 @@ def test_elastic_job_shrinks_to_capacity_and_grows_back(jobs: Jobs) -> None:
         jobs.wait_running_pods("stretchy", 2, generation=shrunk_gen, timeout=60)
         status = jobs.wait_phase("stretchy", "Running")
         assert (status["restarts"], status["disruptions"]) == (0, 0), "a shrink is neither"
-        assert "ScaledDown" in jobs.event_reasons("stretchy")
+        jobs.wait_events("stretchy", "ScaledDown")
         assert jobs.get("stretchy")["spec"]["replicas"] == 4, "the desired size is kept"
 
         for node in nodes[2:]:
@@ -517,8 +545,7 @@ def test_elastic_job_shrinks_to_capacity_and_grows_back(jobs: Jobs) -> None:
             "stretchy", 4, generation=status["currentGeneration"], timeout=60
         )
         assert {p.spec.node_name for p in pods} == set(nodes)
-        reasons = jobs.event_reasons("stretchy")
-        assert "CreatedProbe" in reasons and "ScaledUp" in reasons
+        jobs.wait_events("stretchy", "CreatedProbe", "ScaledUp")
         k.wait_for(
             lambda: (
                 not [

@@ -45,6 +45,8 @@ class _Container:
     log: Path
     started: str
     grace_s: float
+    termination_log: Path
+    fallback_to_logs: bool
     exit_code: int | None = None
     reported: bool = False
 
@@ -250,11 +252,17 @@ class ProcessKubelet:
             self.workdir
             / f"{pod.metadata.namespace}_{pod.metadata.name}_{pod.metadata.uid[:8]}.log"
         )
+        # The kubelet mounts an empty file at terminationMessagePath; here the container's
+        # path (passed in the env contract) is redirected to a file of this node's workdir.
+        termination_log = log.with_suffix(".termination-log")
+        termination_log.write_text("")
+        env = self._env(pod, container)
+        env[contract.TERMINATION_LOG] = str(termination_log)
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 argv,
                 cwd=self.cwd,
-                env={**self._env(pod, container), **self._service_account(pod)},
+                env={**env, **self._service_account(pod)},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -268,7 +276,19 @@ class ProcessKubelet:
             log=log,
             started=_now(),
             grace_s=float(pod.spec.termination_grace_period_seconds or 30),
+            termination_log=termination_log,
+            fallback_to_logs=container.termination_message_policy == "FallbackToLogsOnError",
         )
+
+    @staticmethod
+    def _termination_message(c: _Container) -> str:
+        """The kubelet's rule: the file's content, else (FallbackToLogsOnError and an error)
+        the log's last 80 lines, at most 2048 bytes; capped at 4096 bytes."""
+        text = c.termination_log.read_text(errors="replace")
+        if not text and c.fallback_to_logs and c.exit_code != 0:
+            lines = c.log.read_text(errors="replace").splitlines()[-80:]
+            text = "\n".join(lines).encode()[-2048:].decode(errors="ignore")
+        return text.encode()[:4096].decode(errors="ignore")
 
     def _patch_status(self, c: _Container, *, running: bool) -> None:
         now = _now()
@@ -281,6 +301,7 @@ class ProcessKubelet:
                 "terminated": {
                     "exitCode": c.exit_code,
                     "reason": reason,
+                    "message": self._termination_message(c) or None,
                     "startedAt": c.started,
                     "finishedAt": now,
                 }

@@ -107,6 +107,40 @@ def test_failure_restarts_whole_group_after_backoff() -> None:
     assert {p.generation for p in pods} == {1}
 
 
+def blames_peer(p: PodView, summary: str = "rank 0 raised DistBackendError: closed") -> PodView:
+    return replace(p, summary=summary, peer_failure=True)
+
+
+def test_root_cause_pod_is_blamed_not_the_peer_whose_connection_broke() -> None:
+    _, view, pods = step(job().replicas(3).max_restarts(2).build(), [], 0)
+    own = replace(failed(pods[2], 1, at_s=6), summary="rank 2 raised ValueError: bad batch")
+    # The peer exited a second earlier by the pod clock: the clock alone would blame it.
+    decided = plan(view, [blames_peer(failed(pods[0], 1, at_s=5)), running(pods[1]), own], at(7))
+    assert decided.phase == Phase.RESTARTING
+    assert decided.status["lastFailure"]["pod"] == "tj-worker-2"
+    assert decided.status["lastFailure"]["message"] == "rank 2 raised ValueError: bad batch"
+    failed_event = next(e for e in decided.events if e.reason == "WorkerFailed")
+    assert (
+        "tj-worker-2 exited with code 1 (Error): rank 2 raised ValueError" in failed_event.message
+    )
+
+
+def test_only_peer_failures_wait_for_the_root_cause_then_blame_the_peer() -> None:
+    _, view, pods = step(job().replicas(2).max_restarts(2).build(), [], 0)
+    peer = blames_peer(failed(pods[0], 1, at_s=5))
+    waiting = plan(view, [peer, running(pods[1])], at(7))
+    assert waiting.phase not in (Phase.RESTARTING, Phase.FAILED), "no verdict while waiting"
+    assert waiting.status["restarts"] == 0 and not waiting.delete
+    assert waiting.requeue_after_s == pytest.approx(8)  # 5 + ROOT_CAUSE_GRACE(10) - 7
+    # The grace runs out and nothing else failed: the peer is blamed after all.
+    late = plan(view, [peer, running(pods[1])], at(15.5))
+    assert late.phase == Phase.RESTARTING and late.status["restarts"] == 1
+    assert late.status["lastFailure"]["pod"] == "tj-worker-0"
+    # With no pod left running nothing can explain it better: decided at once.
+    done = plan(view, [peer, blames_peer(failed(pods[1], 1, at_s=5))], at(6))
+    assert done.phase == Phase.RESTARTING
+
+
 def test_restart_budget_exhausted_fails() -> None:
     view = job().replicas(1).max_restarts(1).build()
     _, view, pods = step(view, [], 0)

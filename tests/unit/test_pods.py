@@ -82,3 +82,29 @@ def test_headless_service_publishes_not_ready_addresses() -> None:
     svc = headless_service(name="job", namespace="ns", uid="u1")
     assert svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["publishNotReadyAddresses"] is True
+
+
+def test_termination_message_defaults_and_the_path_reaches_the_runtime() -> None:
+    c = build()["spec"]["containers"][0]
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert env(build())[contract.TERMINATION_LOG] == contract.DEFAULT_TERMINATION_LOG
+
+    template = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "t",
+                    "image": "i",
+                    "terminationMessagePath": "/tmp/why",
+                    "terminationMessagePolicy": "File",
+                    "env": [{"name": contract.TERMINATION_LOG, "value": "/stale"}],
+                }
+            ]
+        }
+    }
+    pod = build(template=template, nprocPerNode=1, checkpoint=None)
+    c = pod["spec"]["containers"][0]
+    assert c["terminationMessagePolicy"] == "File", "the user's policy is kept"
+    names = [e["name"] for e in c["env"]]
+    assert names.count(contract.TERMINATION_LOG) == 1
+    assert env(pod)[contract.TERMINATION_LOG] == "/tmp/why"

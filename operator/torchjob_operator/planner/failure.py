@@ -6,6 +6,13 @@ often seen before the preempted pod's DisruptionTarget condition. Any
 disruption in the generation makes the whole event a disruption, which never
 consumes ``maxRestarts``.
 
+Among failed pods, one whose runtime said it failed only because a peer did
+(``PodView.peer_failure``, from the termination message) is never blamed while
+another failed pod explains it; and while *every* failed pod blames a peer and
+others still run, the judgement waits up to ``ROOT_CAUSE_GRACE`` for the pod
+that raised to exit too. Pod timestamps have one-second resolution, so this,
+not the clock, is what finds the root cause.
+
 ``decide_failure`` turns a failure into a verdict, with the restart counter
 passed in (never kept in a policy object), so deciding twice gives the same
 answer.
@@ -14,7 +21,7 @@ answer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import Enum
 
 from torchjob.api.models import FailurePolicy
@@ -30,6 +37,12 @@ class Outcome(str, Enum):
     """The cluster took a worker away (preemption, eviction, node loss, deletion by someone else)."""
     FAILED = "Failed"
     """A worker exited non-zero on its own."""
+    AWAITING_ROOT_CAUSE = "AwaitingRootCause"
+    """Failed pods only blame a peer that still runs: wait briefly for its own failure."""
+
+
+ROOT_CAUSE_GRACE = timedelta(seconds=10)
+"""How long failed pods that blame a peer wait for that peer's own exit before one is blamed."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +51,8 @@ class Judgement:
     culprit: PodView | None = None
     """The pod the outcome is blamed on: the disrupted pod, or the first one that failed."""
     detail: str = ""
+    recheck_after_s: float | None = None
+    """For AWAITING_ROOT_CAUSE: judge again after this many seconds at the latest."""
 
 
 def _first_failed(pods: list[PodView]) -> PodView:
@@ -52,11 +67,14 @@ def _first_failed(pods: list[PodView]) -> PodView:
     )
 
 
-def judge_generation(pods: list[PodView], *, replicas: int, missing: list[int]) -> Judgement:
+def judge_generation(
+    pods: list[PodView], *, replicas: int, missing: list[int], now: datetime | None = None
+) -> Judgement:
     """Classify the state of the current generation's pods.
 
     ``pods`` are the pods of the current generation; ``missing`` the indices
-    that were created and have since vanished.
+    that were created and have since vanished. Without ``now`` a failure is
+    judged at once (no waiting for a root cause).
     """
     disrupted = [p for p in pods if p.disruption is not None or p.deleting]
     if disrupted:
@@ -68,13 +86,36 @@ def judge_generation(pods: list[PodView], *, replicas: int, missing: list[int]) 
         return Judgement(Outcome.DISRUPTED, None, f"worker {missing[0]} was deleted")
     failed = [p for p in pods if p.phase == PodPhase.FAILED]
     if failed:
-        culprit = _first_failed(failed)
+        own = [p for p in failed if not p.peer_failure]
+        if not own and now is not None:
+            wait = _root_cause_wait(failed, pods, now)
+            if wait is not None:
+                return Judgement(
+                    Outcome.AWAITING_ROOT_CAUSE,
+                    detail=f"{len(failed)} worker(s) failed because of a peer",
+                    recheck_after_s=wait,
+                )
+        culprit = _first_failed(own or failed)
         code = "unknown" if culprit.exit_code is None else str(culprit.exit_code)
         why = culprit.reason or "Error"
-        return Judgement(Outcome.FAILED, culprit, f"{culprit.name} exited with code {code} ({why})")
+        detail = f"{culprit.name} exited with code {code} ({why})"
+        if culprit.summary:
+            detail += f": {culprit.summary[:300]}"
+        return Judgement(Outcome.FAILED, culprit, detail)
     if len(pods) == replicas and all(p.phase == PodPhase.SUCCEEDED for p in pods):
         return Judgement(Outcome.SUCCEEDED)
     return Judgement(Outcome.HEALTHY)
+
+
+def _root_cause_wait(failed: list[PodView], pods: list[PodView], now: datetime) -> float | None:
+    """Seconds left to wait for a still-running peer to report its own failure, or None."""
+    if not any(p.active for p in pods):
+        return None
+    times = [p.finished_at for p in failed if p.finished_at is not None]
+    if not times:
+        return None
+    left = (min(times) + ROOT_CAUSE_GRACE - now).total_seconds()
+    return left if left > 0 else None
 
 
 class Verdict(str, Enum):

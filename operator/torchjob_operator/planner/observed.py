@@ -58,6 +58,10 @@ class PodView:
     """Why the cluster took this pod away (DisruptionTarget reason, node loss), else None."""
     finished_at: datetime | None = None
     unschedulable_since: datetime | None = None
+    summary: str = ""
+    """One line on why the container stopped: from its termination message, if it left one."""
+    peer_failure: bool = False
+    """The runtime said this pod failed only because a peer did (not a root cause)."""
 
     @property
     def active(self) -> bool:
@@ -142,6 +146,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
                 message = terminated.get("message") or message
                 finished_at = parse_time(terminated.get("finishedAt"))
 
+    said = contract.parse_termination_message(message) if exit_code not in (None, 0) else None
     disruption: str | None = None
     target = _condition(status, "DisruptionTarget")
     if target and target.get("status") == "True":
@@ -181,6 +186,8 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         disruption=disruption,
         finished_at=finished_at,
         unschedulable_since=unschedulable_since,
+        summary=said.line if said else "",
+        peer_failure=said.peer_failure if said else False,
     )
 
 

@@ -302,7 +302,9 @@ def plan(
     if d.created_generation == d.generation:
         have = {p.index for p in current}
         missing = [i for i in range(d.replicas) if i not in have]
-    verdict = judge_generation(current, replicas=d.replicas, missing=missing)
+    verdict = judge_generation(current, replicas=d.replicas, missing=missing, now=now)
+    if verdict.recheck_after_s is not None:
+        d.requeue.append(verdict.recheck_after_s)
 
     if verdict.outcome == Outcome.SUCCEEDED:
         _end(
@@ -331,7 +333,7 @@ def plan(
             pod=culprit.name,
             exit_code=culprit.exit_code,
             reason=culprit.reason or "Error",
-            message=culprit.message[:1024],
+            message=(culprit.summary or culprit.message)[:1024],
             time=format_time(culprit.finished_at or now),
         )
         decision = decide_failure(

@@ -130,9 +130,23 @@ def worker_pod(
     )
     contract_env.append({"name": contract.SERVICE_NAME, "value": name})
     for i, container in enumerate(pod_spec["containers"]):
-        user_env = [e for e in container.get("env") or [] if e.get("name") not in env]
+        user_env = [
+            e
+            for e in container.get("env") or []
+            if e.get("name") not in env and e.get("name") != contract.TERMINATION_LOG
+        ]
         # Contract variables win: a stale RANK in the template must never reach the workers.
-        container["env"] = user_env + contract_env
+        # The termination log is where the runtime leaves its root-cause summary; without one
+        # (a static-mode script), the tail of the log stands in for it on an error.
+        container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+        termination_log = container.get("terminationMessagePath") or (
+            contract.DEFAULT_TERMINATION_LOG
+        )
+        container["env"] = [
+            *user_env,
+            *contract_env,
+            {"name": contract.TERMINATION_LOG, "value": termination_log},
+        ]
         mounts: list[dict[str, Any]] = container.setdefault("volumeMounts", [])
         mounted = {m.get("mountPath") for m in mounts}
         if "/dev/shm" not in mounted:

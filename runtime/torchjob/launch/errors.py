@@ -25,6 +25,8 @@ class WorkerGroupError(LaunchError):
 
     ``rank`` is the root-cause rank: the first rank whose failure was not a
     consequence of another rank's failure (a peer's broken connection).
+    ``peer_failure`` is True when every failure seen here was such a consequence:
+    the root cause is on a rank this group does not hold (another pod's).
     """
 
     def __init__(
@@ -35,12 +37,14 @@ class WorkerGroupError(LaunchError):
         traceback_text: str = "",
         *,
         other_failures: dict[int, str] | None = None,
+        peer_failure: bool = False,
     ) -> None:
         self.rank = rank
         self.exc_type = exc_type
         self.message = message
         self.traceback_text = traceback_text
         self.other_failures = dict(other_failures or {})
+        self.peer_failure = peer_failure
         super().__init__(self._summary())
 
     def _summary(self) -> str:
@@ -53,14 +57,21 @@ class WorkerGroupError(LaunchError):
     def __reduce__(self):  # type: ignore[no-untyped-def]
         return (
             _rebuild_group_error,
-            (self.rank, self.exc_type, self.message, self.traceback_text, self.other_failures),
+            (
+                self.rank,
+                self.exc_type,
+                self.message,
+                self.traceback_text,
+                self.other_failures,
+                self.peer_failure,
+            ),
         )
 
 
 def _rebuild_group_error(
-    rank: int, exc_type: str, message: str, tb: str, others: dict[int, str]
+    rank: int, exc_type: str, message: str, tb: str, others: dict[int, str], peer: bool = False
 ) -> WorkerGroupError:
-    return WorkerGroupError(rank, exc_type, message, tb, other_failures=others)
+    return WorkerGroupError(rank, exc_type, message, tb, other_failures=others, peer_failure=peer)
 
 
 def describe_exit(exitcode: int | None) -> str:

@@ -198,6 +198,7 @@ def _root_cause(failures: list[_Failure], *, hung: list[int]) -> LaunchError:
             root.error.message,
             root.error.traceback_text,
             other_failures=others,
+            peer_failure=root.kind == "peer",
         )
     return root.error
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from torchjob import contract
 from torchjob.checkpoint import CheckpointStorage, rank_checkpoints
 from torchjob.contract import PodEnv
 from torchjob.launch import (
@@ -41,6 +42,7 @@ from torchjob.launch.policy import (
     WorkerFailure,
     next_generation,
 )
+from torchjob.launch.termination import failure_message, write_termination_message
 from torchjob.train._worker_loop import WorkerOutcome, WorkerSpec, run_training
 from torchjob.train.checkpoint import Checkpoint
 from torchjob.train.config import RunConfig, ScalingConfig, TorchConfig
@@ -261,11 +263,13 @@ class _Controller:
             if stopped:
                 result = self.result()
                 where = result.checkpoint.path if result.checkpoint else "no checkpoint"
-                raise TrainingStoppedError(
+                text = (
                     f"training stopped on request at report {outcomes[0].stopped_at_report}; "
-                    f"latest checkpoint: {where}",
-                    result=result,
+                    f"latest checkpoint: {where}"
                 )
+                if self.pod is not None:
+                    write_termination_message(contract.termination_message(text))
+                raise TrainingStoppedError(text, result=result)
             return self.result()
 
     def _run_generation(
@@ -326,6 +330,9 @@ class _Controller:
         else:
             failure = _as_failure(err)
         if self.pod is not None or not _retryable(err) or self.stop_requested.is_set():
+            if self.pod is not None:
+                # The operator decides what happens next; tell it the root cause.
+                write_termination_message(failure_message(err))
             raise TrainingFailedError(str(err), cause=err, result=self.result(err)) from err
         decision = self.failure_policy.decide(state, failure)
         if isinstance(decision, Fail):
