@@ -9,11 +9,13 @@ rank 0 committed and the job succeeds.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 from tests import kube as k
 from tests.cluster.operator_harness import REPO, Jobs, torchjob, worker_template
 from tests.e2e.kubelet import NODE_LABEL, TAINT, ProcessKubelet
@@ -31,38 +33,46 @@ def kubelet(kube: object, tmp_path: Path) -> Iterator[ProcessKubelet]:
     node.stop()
 
 
+def _e2e_template(*args: str, grace: int = 10) -> dict:
+    template = worker_template(
+        nodeSelector={NODE_LABEL: "true"},
+        tolerations=[{"key": TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}],
+        terminationGracePeriodSeconds=grace,
+    )
+    container = template["spec"]["containers"][0]
+    container["command"] = [sys.executable, "tests/e2e/train_job.py"]
+    container["args"] = list(args)
+    return template
+
+
+def _wait_finished(jobs: Jobs, kubelet: ProcessKubelet, name: str) -> dict:
+    def finished() -> dict | None:
+        status = jobs.status(name)
+        return status if status.get("phase") in ("Succeeded", "Failed") else None
+
+    return k.wait_for(  # type: ignore[no-any-return]
+        finished,
+        300,
+        lambda: f"{name} job to finish\n{jobs.describe(name)}\n{kubelet.log_of(name)}",
+        interval=0.5,
+    )
+
+
 def test_worker_crash_restarts_group_and_resumes_from_checkpoint(
     jobs: Jobs, kubelet: ProcessKubelet, tmp_path: Path
 ) -> None:
     storage = tmp_path / "checkpoints"
-    template = worker_template(
-        nodeSelector={NODE_LABEL: "true"},
-        tolerations=[{"key": TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}],
-        terminationGracePeriodSeconds=10,
-    )
-    container = template["spec"]["containers"][0]
-    container["command"] = [sys.executable, "tests/e2e/train_job.py"]
-    container["args"] = ["6", "3"]
     manifest = torchjob(
         "e2e",
         replicas=2,
         backend="gloo",
-        template=template,
+        template=_e2e_template("6", "3"),
         checkpoint={"path": str(storage)},
         failurePolicy={"maxRestarts": 2, "backoff": {"initialSeconds": 1}},
     )
     jobs.apply(manifest)
 
-    def finished() -> dict | None:
-        status = jobs.status("e2e")
-        return status if status.get("phase") in ("Succeeded", "Failed") else None
-
-    status = k.wait_for(
-        finished,
-        300,
-        lambda: f"e2e job to finish\n{jobs.describe('e2e')}\n{kubelet.log_of('e2e')}",
-        interval=0.5,
-    )
+    status = _wait_finished(jobs, kubelet, "e2e")
     logs = kubelet.log_of("e2e-worker-0")
     assert status["phase"] == "Succeeded", f"{jobs.describe('e2e')}\n{kubelet.log_of('e2e')}"
     assert status["restarts"] == 1 and status["disruptions"] == 0
@@ -109,3 +119,54 @@ def test_worker_crash_restarts_group_and_resumes_from_checkpoint(
     assert (
         jobs.kubectl("auth", "can-i", "list", "pods", account, check=False).stdout.strip() == "no"
     )
+
+
+def test_preempted_pod_stops_every_rank_at_one_checkpoint_and_the_job_resumes(
+    jobs: Jobs, kubelet: ProcessKubelet, tmp_path: Path
+) -> None:
+    """SIGTERM reaches only the evicted pod's ranks; rank 0 lives in the other pod. The
+    stop flag is all-reduced at each report, so both pods leave at the same report, after
+    rank 0 committed its checkpoint, and the next generation resumes from exactly there."""
+    storage = tmp_path / "checkpoints"
+    epochs = 60
+    manifest = torchjob(
+        "spot",
+        replicas=2,
+        backend="gloo",
+        template=_e2e_template(str(epochs), "-1", "0.2", grace=30),
+        checkpoint={"path": str(storage)},
+        failurePolicy={"maxRestarts": 0},
+    )
+    jobs.apply(manifest)
+    jobs.wait(
+        "spot",
+        lambda s: s if (s.get("progress") or {}).get("epoch", -1) >= 3 else None,
+        "rank 0 to report epoch 3",
+        timeout=180,
+    )
+    eviction = client.V1Eviction(
+        metadata=client.V1ObjectMeta(name="spot-worker-1", namespace=jobs.ns)
+    )
+    jobs.core.create_namespaced_pod_eviction("spot-worker-1", jobs.ns, eviction)
+
+    status = _wait_finished(jobs, kubelet, "spot")
+    logs = {i: kubelet.log_of(f"spot-worker-{i}") for i in (0, 1)}
+    assert status["phase"] == "Succeeded", f"{jobs.describe('spot')}\n{logs}"
+    # An eviction is a disruption: it never touches maxRestarts (0 here).
+    assert (status["restarts"], status["disruptions"]) == (0, 1), status
+    assert status["currentGeneration"] == 1
+
+    # Each generation-0 pod's runtime said why it stopped (its termination message, written
+    # before fit() raised): both at the same report, neither a crash.
+    said = {
+        i: "".join(kubelet.termination_messages(f"spot-worker-{i}")) for i in (0, 1)
+    }  # generation 1 succeeded and said nothing
+    stops = {
+        i: re.findall(r"^torchjob: training stopped on request at report (\d+)", said[i])
+        for i in said
+    }
+    assert len(stops[0]) == 1 and stops[0] == stops[1], f"one common stop report: {said}\n{logs}"
+    stopped_at = int(stops[0][0])
+    # Report n carries epoch n - 1's checkpoint: generation 1 resumes there, losing nothing.
+    assert f"resumed from epoch {stopped_at - 1} at generation 1" in logs[0], logs[0]
+    assert f"done: {epochs} epochs, world size 2" in logs[0]

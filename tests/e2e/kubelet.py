@@ -360,6 +360,14 @@ class ProcessKubelet:
                 raise
         self._containers.pop(pod.metadata.uid, None)
 
+    def termination_messages(self, pod_prefix: str) -> list[str]:
+        """Termination messages of containers whose pod name starts with ``pod_prefix``,
+        oldest first (kept after their pods are gone, like the logs)."""
+        files = sorted(
+            self.workdir.glob(f"*_{pod_prefix}*.termination-log"), key=lambda p: p.stat().st_ctime
+        )
+        return [f.read_text(errors="replace") for f in files]
+
     def log_of(self, pod_prefix: str) -> str:
         """All logs of containers whose pod name starts with ``pod_prefix``, oldest first."""
         files = sorted(self.workdir.glob(f"*_{pod_prefix}*.log"), key=lambda p: p.stat().st_mtime)

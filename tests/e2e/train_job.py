@@ -5,7 +5,10 @@ operator wrote and runs this pod's share of the workers. In generation 0, rank 1
 crashes at epoch ``CRASH_AT``; the operator restarts the group and generation 1
 resumes from the latest checkpoint rank 0 committed.
 
-    python tests/e2e/train_job.py EPOCHS CRASH_AT
+    python tests/e2e/train_job.py EPOCHS CRASH_AT [EPOCH_SECONDS]
+
+CRASH_AT -1 never crashes; EPOCH_SECONDS slows each epoch down (a test can then
+preempt a pod mid-run).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 
 import torch
 
@@ -48,6 +52,7 @@ def train_func(config: dict) -> None:
         ):
             print(f"rank 1 crashing at epoch {epoch}", flush=True)
             os._exit(1)
+        time.sleep(config["epoch_seconds"])
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -72,9 +77,10 @@ def train_func(config: dict) -> None:
 
 if __name__ == "__main__":
     epochs, crash_at = int(sys.argv[1]), int(sys.argv[2])
+    epoch_seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
     TorchTrainer(
         train_func,
-        train_loop_config={"epochs": epochs, "crash_at": crash_at},
+        train_loop_config={"epochs": epochs, "crash_at": crash_at, "epoch_seconds": epoch_seconds},
         scaling_config=ScalingConfig(num_workers=1),
         run_config=RunConfig(name="e2e"),
     ).fit()
