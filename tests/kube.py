@@ -37,6 +37,7 @@ CLUSTER_SH = HACK_DIR / "cluster.sh"
 EXIT_CODE_ANNOTATION = "kwok.torchjob.io/exit-code"
 EXIT_AFTER_ANNOTATION = "kwok.torchjob.io/exit-after"
 EXIT_MESSAGE_ANNOTATION = "kwok.torchjob.io/exit-message"
+WAITING_REASON_ANNOTATION = "kwok.torchjob.io/waiting-reason"
 NOT_READY_LABEL = "kwok.torchjob.io/not-ready"
 
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -471,6 +471,29 @@ def test_pod_template_the_api_server_rejects_gives_a_condition_not_a_crash(jobs:
     jobs.wait_running_pods("healthy", 1, generation=0)
 
 
+def test_a_worker_whose_image_cannot_be_pulled_is_explained(jobs: Jobs) -> None:
+    manifest = torchjob("no-image", replicas=2)
+    # kwok holds these containers in ImagePullBackOff, as a kubelet does for a wrong image.
+    manifest["spec"]["template"]["metadata"] = {
+        "annotations": {k.WAITING_REASON_ANNOTATION: "ImagePullBackOff"}
+    }
+    jobs.apply(manifest)
+
+    def ready_reason(s: dict) -> dict | None:
+        ready = next((c for c in s.get("conditions", []) if c["type"] == "Ready"), None)
+        return ready if ready and ready["reason"] == "ImagePullFailed" else None
+
+    ready = jobs.wait("no-image", ready_reason, "Ready=False with reason ImagePullFailed")
+    assert ready["status"] == "False"
+    assert ready["message"].startswith("2 of 2 workers cannot start (e.g. no-image-worker-0: ")
+    assert "ImagePullBackOff" in ready["message"]
+    events = jobs.wait_events("no-image", "ImagePullFailed")
+    assert {e.type for e in events if e.reason == "ImagePullFailed"} == {"Warning"}
+    assert jobs.status("no-image")["phase"] == "Starting"
+    described = jobs.kubectl("describe", "tj", "no-image").stdout
+    assert "ImagePullFailed" in described and "cannot start" in described
+
+
 # --- robustness ----------------------------------------------------------------------------
 
 

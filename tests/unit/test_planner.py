@@ -141,6 +141,32 @@ def test_only_peer_failures_wait_for_the_root_cause_then_blame_the_peer() -> Non
     assert done.phase == Phase.RESTARTING
 
 
+@pytest.mark.parametrize(
+    ("waiting", "reason"),
+    [
+        ("ImagePullBackOff", "ImagePullFailed"),
+        ("ErrImagePull", "ImagePullFailed"),
+        ("CreateContainerConfigError", "ContainerCannotStart"),
+    ],
+)
+def test_a_worker_that_cannot_start_is_reported_with_one_warning(waiting: str, reason: str) -> None:
+    _, view, pods = step(job().replicas(2).build(), [], 0)
+    stuck = replace(
+        pods[1], scheduled=True, waiting=waiting, waiting_message='secret "creds" not found'
+    )
+    decided, view, _ = step(view, [running(pods[0]), stuck], 5)
+    assert decided.phase == Phase.STARTING
+    ready = next(c for c in decided.status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", reason)
+    assert ready["message"] == (
+        f'1 of 2 workers cannot start (e.g. tj-worker-1: {waiting}: secret "creds" not found)'
+    )
+    assert [(e.type, e.reason) for e in decided.events] == [("Warning", reason)]
+    again = plan(view, [running(pods[0]), stuck], at(30))
+    assert not again.events, "one Warning, not one per reconcile"
+    assert not again.delete and again.create is None, "the job waits (deadline bounds it)"
+
+
 def test_restart_budget_exhausted_fails() -> None:
     view = job().replicas(1).max_restarts(1).build()
     _, view, pods = step(view, [], 0)

@@ -28,6 +28,15 @@ DISRUPTION_REASONS = frozenset(
 )
 """Reasons of the DisruptionTarget condition that mean the cluster took the pod away."""
 
+IMAGE_PULL_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+)
+"""Waiting reasons of a container whose image cannot be pulled."""
+CANNOT_START_REASONS = frozenset(
+    {"CreateContainerConfigError", "CreateContainerError", "RunContainerError", "PreStartHookError"}
+)
+"""Waiting reasons of a container the kubelet cannot create or start (a missing Secret ...)."""
+
 NODE_LOSS_REASONS = frozenset({"NodeLost", "Evicted", "Shutdown", "NodeShutdown", "Terminated"})
 """``pod.status.reason`` values set when a node goes away or the kubelet evicts."""
 
@@ -58,6 +67,10 @@ class PodView:
     """Why the cluster took this pod away (DisruptionTarget reason, node loss), else None."""
     finished_at: datetime | None = None
     unschedulable_since: datetime | None = None
+    waiting: str = ""
+    """Kubelet reason (``ImagePullBackOff`` ...) when a container cannot start; see
+    IMAGE_PULL_REASONS and CANNOT_START_REASONS. Normal waits (ContainerCreating) are ''."""
+    waiting_message: str = ""
     summary: str = ""
     """One line on why the container stopped: from its termination message, if it left one."""
     peer_failure: bool = False
@@ -146,6 +159,15 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
                 message = terminated.get("message") or message
                 finished_at = parse_time(terminated.get("finishedAt"))
 
+    waiting, waiting_message = "", ""
+    for cs in [
+        *(status.get("initContainerStatuses") or ()),
+        *(status.get("containerStatuses") or ()),
+    ]:
+        w = (cs.get("state") or {}).get("waiting") or {}
+        if w.get("reason") in IMAGE_PULL_REASONS | CANNOT_START_REASONS:
+            waiting, waiting_message = w["reason"], w.get("message") or ""
+            break
     said = contract.parse_termination_message(message) if exit_code not in (None, 0) else None
     disruption: str | None = None
     target = _condition(status, "DisruptionTarget")
@@ -186,6 +208,8 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         disruption=disruption,
         finished_at=finished_at,
         unschedulable_since=unschedulable_since,
+        waiting=waiting,
+        waiting_message=waiting_message,
         summary=said.line if said else "",
         peer_failure=said.peer_failure if said else False,
     )

@@ -44,7 +44,14 @@ from torchjob_operator.planner.failure import (
     decide_failure,
     judge_generation,
 )
-from torchjob_operator.planner.observed import JobState, PodPhase, PodView, ProbeView, format_time
+from torchjob_operator.planner.observed import (
+    IMAGE_PULL_REASONS,
+    JobState,
+    PodPhase,
+    PodView,
+    ProbeView,
+    format_time,
+)
 
 
 @dataclass(frozen=True)
@@ -486,10 +493,25 @@ def _active_phase(d: _Draft, current: Sequence[PodView]) -> None:
             cond.message("AllWorkersRunning", replicas=d.replicas, generation=d.generation),
         )
         return
-    if d.phase == Phase.RESTARTING:
-        return
     scheduled = sum(1 for p in alive if p.scheduled)
     phase = Phase.STARTING if alive and scheduled == d.replicas else Phase.PENDING
+    stuck = [p for p in alive if p.waiting]
+    if stuck:
+        # Never resolves on its own (a wrong image, a missing Secret): say so, with a Warning.
+        first = stuck[0]
+        reason = (
+            "ImagePullFailed" if first.waiting in IMAGE_PULL_REASONS else "ContainerCannotStart"
+        )
+        detail = (
+            f"{first.waiting}: {first.waiting_message}" if first.waiting_message else first.waiting
+        )
+        msg = f"{len(stuck)} of {d.replicas} workers cannot start (e.g. {first.name}: {detail})"
+        d.transition(
+            Phase.RESTARTING if d.phase == Phase.RESTARTING else phase, reason, msg, warning=True
+        )
+        return
+    if d.phase == Phase.RESTARTING:
+        return
     unschedulable = [p for p in alive if p.unschedulable_since is not None]
     if unschedulable:
         msg = f"{len(unschedulable)} of {d.replicas} workers cannot be scheduled (e.g. {unschedulable[0].name}: {unschedulable[0].message or 'Unschedulable'})"

@@ -1,4 +1,5 @@
-"""The termination message: written by the in-pod runtime, read back by the operator."""
+"""What containers say about themselves: the runtime's termination message, read back by the
+operator, and the kubelet's waiting reasons."""
 
 from __future__ import annotations
 
@@ -85,3 +86,22 @@ def test_the_operator_reads_the_summary_from_the_container_status() -> None:
     assert view.summary == "rank 0 raised DistBackendError: Connection closed by peer"
     logs = pod_view(_failed_pod("Traceback (most recent call last):\nKeyError: 'lr'\n"))
     assert logs is not None and (logs.summary, logs.peer_failure) == ("KeyError: 'lr'", False)
+
+
+def test_the_operator_sees_containers_that_cannot_start() -> None:
+    from torchjob_operator.planner.observed import pod_view
+
+    waiting = {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "nope:1"'}
+    pod = {
+        "metadata": {"name": "j-worker-0", "labels": {contract.LABEL_POD_INDEX: "0"}},
+        "status": {"phase": "Pending", "containerStatuses": [{"state": {"waiting": waiting}}]},
+    }
+    view = pod_view(pod)
+    assert view is not None
+    assert (view.waiting, view.waiting_message) == (
+        "ImagePullBackOff",
+        'Back-off pulling image "nope:1"',
+    )
+    pod["status"]["containerStatuses"][0]["state"]["waiting"] = {"reason": "ContainerCreating"}
+    normal = pod_view(pod)
+    assert normal is not None and normal.waiting == "", "a normal wait is not a problem"
