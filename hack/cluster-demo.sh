@@ -35,7 +35,10 @@ say "kubectl get tj,pods -o wide"
 k get tj,pods -o wide
 
 say "worker 1 crashes with exit code 1 (a kwok Stage plays the container): the group restarts"
-k annotate pod cpu-smoke-worker-1 kwok.torchjob.io/exit-code=1 --overwrite >/dev/null
+# The message is what the torchjob runtime writes to the termination log; describe quotes it.
+k annotate pod cpu-smoke-worker-1 kwok.torchjob.io/exit-code=1 \
+  "kwok.torchjob.io/exit-message=torchjob: rank 1 raised ValueError: loss is NaN at step 812" \
+  --overwrite >/dev/null
 k wait --for=jsonpath='{.status.restarts}'=1 tj/cpu-smoke --timeout=60s
 k wait --for=condition=Running tj/cpu-smoke --timeout=90s
 k get tj cpu-smoke
