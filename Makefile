@@ -61,7 +61,10 @@ cluster: testbin ## start the local kwok cluster (real apiserver/scheduler/contr
 .PHONY: cluster-down
 cluster-down: ## delete the local cluster (and stop a cluster-demo operator)
 	-@pidfile="$$(dirname "$$(hack/cluster.sh kubeconfig)")/operator.pid"; \
-	  if [ -f "$$pidfile" ]; then kill "$$(cat "$$pidfile")" 2>/dev/null || true; fi
+	  if [ -f "$$pidfile" ] && pid="$$(cat "$$pidfile")" && kill "$$pid" 2>/dev/null; then \
+	    for _ in $$(seq 100); do kill -0 "$$pid" 2>/dev/null || break; sleep 0.1; done; \
+	    kill -9 "$$pid" 2>/dev/null || true; \
+	  fi
 	hack/cluster.sh down
 
 .PHONY: cluster-demo
