@@ -122,6 +122,16 @@ class Kube:
         """Create ``body``; False when it already exists (a repeated plan)."""
         return _create_once(self.core.create_namespaced_pod, "pod", body)
 
+    def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> bool:
+        """Merge ``labels`` into the pod's; False when the pod is gone."""
+        try:
+            self.core.patch_namespaced_pod(name, namespace, {"metadata": {"labels": labels}})
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise KubeError("label", f"pod {namespace}/{name}", e) from e
+
     def delete_pod(self, namespace: str, name: str) -> bool:
         try:
             self.core.delete_namespaced_pod(name, namespace)

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from torchjob import contract
 from torchjob.api.models import TorchJobSpec
 from torchjob_operator import metrics
 from torchjob_operator.kube import Kube, KubeError
@@ -142,6 +143,11 @@ def reconcile_once(
                 )
 
     events += _delete_pods(kube, namespace, decided, settings)
+    for pod in decided.relabel:
+        # KeepSurvivors: the pod joins the new generation (its runtime follows the status).
+        kube.label_pod(
+            namespace, pod, {contract.LABEL_GENERATION: str(decided.status["currentGeneration"])}
+        )
     failures = _create_pods(kube, namespace, name, meta["uid"], spec, decided, settings, events)
     for index in decided.create_probes:
         body = probe_pod(name=name, namespace=namespace, uid=meta["uid"], spec=spec, index=index)

@@ -48,6 +48,10 @@ CHECKPOINT_PATH: Final = "TORCHJOB_CHECKPOINT_PATH"
 MODE: Final = "TORCHJOB_MODE"
 """``static`` (fixed group, restart by recreating pods) or ``elastic``."""
 MAX_RESTARTS: Final = "TORCHJOB_MAX_RESTARTS"
+MEMBERSHIP: Final = "TORCHJOB_MEMBERSHIP"
+"""``spec.membershipPolicy``: ``RecreateGroup``, or ``KeepSurvivors`` (the runtime then follows
+the job's ``status.currentGeneration`` instead of exiting when the group breaks)."""
+KEEP_SURVIVORS: Final = "KeepSurvivors"
 POD_NAME: Final = "TORCHJOB_POD_NAME"
 SERVICE_NAME: Final = "TORCHJOB_SERVICE"
 SERVICEACCOUNT_DIR: Final = "TORCHJOB_SERVICEACCOUNT_DIR"
@@ -128,6 +132,12 @@ class PodEnv:
     checkpoint_path: str = ""
     mode: str = "static"
     max_restarts: int = 0
+    membership: str = "RecreateGroup"
+
+    @property
+    def keeps_survivors(self) -> bool:
+        """The operator keeps this pod across generations; the runtime must follow them."""
+        return self.membership == KEEP_SURVIVORS
 
     @property
     def world_size(self) -> int:
@@ -155,6 +165,7 @@ class PodEnv:
             CHECKPOINT_PATH: self.checkpoint_path,
             MODE: self.mode,
             MAX_RESTARTS: str(self.max_restarts),
+            MEMBERSHIP: self.membership,
             # torch / torchrun
             MASTER_ADDR: self.rdzv_host,
             MASTER_PORT: str(self.rdzv_port),
@@ -214,6 +225,7 @@ class PodEnv:
             checkpoint_path=env.get(CHECKPOINT_PATH, ""),
             mode=env.get(MODE, "static"),
             max_restarts=integer(MAX_RESTARTS, 0),
+            membership=env.get(MEMBERSHIP) or "RecreateGroup",
         )
 
 

@@ -20,6 +20,7 @@ from tests import kube as k
 from tests.cluster.operator_harness import REPO, Jobs, torchjob, worker_template
 from tests.e2e.kubelet import NODE_LABEL, TAINT, ProcessKubelet
 
+from torchjob import contract
 from torchjob.checkpoint import CheckpointStorage
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
@@ -169,4 +170,78 @@ def test_preempted_pod_stops_every_rank_at_one_checkpoint_and_the_job_resumes(
     stopped_at = int(stops[0][0])
     # Report n carries epoch n - 1's checkpoint: generation 1 resumes there, losing nothing.
     assert f"resumed from epoch {stopped_at - 1} at generation 1" in logs[0], logs[0]
+    assert f"done: {epochs} epochs, world size 2" in logs[0]
+
+
+def test_keep_survivors_the_surviving_pod_rejoins_the_next_generation(
+    jobs: Jobs, kubelet: ProcessKubelet, tmp_path: Path
+) -> None:
+    """Rank 1 dies; pod 0's runtime sees only a peer failure, stays up, follows the job's
+    status to generation 1 and forms the new group with the replacement pod 1."""
+    storage = tmp_path / "checkpoints"
+    manifest = torchjob(
+        "keep",
+        replicas=2,
+        backend="gloo",
+        membershipPolicy="KeepSurvivors",
+        template=_e2e_template("8", "3", "0.1"),
+        checkpoint={"path": str(storage)},
+        failurePolicy={"maxRestarts": 2, "backoff": {"initialSeconds": 1}},
+    )
+    jobs.apply(manifest)
+    survivor = jobs.wait_running_pods("keep", 2, generation=0, timeout=120)[0]
+    status = _wait_finished(jobs, kubelet, "keep")
+    logs = {i: kubelet.log_of(f"keep-worker-{i}") for i in (0, 1)}
+    assert status["phase"] == "Succeeded", f"{jobs.describe('keep')}\n{logs}"
+    assert (status["restarts"], status["disruptions"], status["currentGeneration"]) == (1, 0, 1)
+    assert status["lastFailure"]["pod"] == "keep-worker-1"
+
+    pod0 = jobs.core.read_namespaced_pod("keep-worker-0", jobs.ns)
+    assert pod0.metadata.uid == survivor.metadata.uid, "pod 0 was kept, not recreated"
+    assert pod0.metadata.labels[contract.LABEL_GENERATION] == "1"
+    assert "this pod stays and waits for generation 1" in logs[0], logs[0]
+    assert re.search(r"resumed from epoch [23] at generation 1", logs[0]), logs[0]
+    assert "done: 8 epochs, world size 2" in logs[0]
+    assert len(kubelet.termination_messages("keep-worker-0")) == 1, "one container, one run"
+
+
+def test_keep_survivors_a_preemption_costs_only_the_preempted_pod(
+    jobs: Jobs, kubelet: ProcessKubelet, tmp_path: Path
+) -> None:
+    """Pod 1 is evicted: every rank stops at one report (rank 0 commits), pod 0 stays up and
+    follows the job to generation 1, where a new pod 1 joins it from that checkpoint."""
+    storage = tmp_path / "checkpoints"
+    epochs = 40
+    manifest = torchjob(
+        "kept",
+        replicas=2,
+        backend="gloo",
+        membershipPolicy="KeepSurvivors",
+        template=_e2e_template(str(epochs), "-1", "0.2", grace=30),
+        checkpoint={"path": str(storage)},
+        failurePolicy={"maxRestarts": 0},
+    )
+    jobs.apply(manifest)
+    survivor = jobs.wait_running_pods("kept", 2, generation=0, timeout=120)[0]
+    jobs.wait(
+        "kept",
+        lambda s: s if (s.get("progress") or {}).get("epoch", -1) >= 3 else None,
+        "rank 0 to report epoch 3",
+        timeout=180,
+    )
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="kept-worker-1"))
+    jobs.core.create_namespaced_pod_eviction("kept-worker-1", jobs.ns, eviction)
+
+    status = _wait_finished(jobs, kubelet, "kept")
+    logs = {i: kubelet.log_of(f"kept-worker-{i}") for i in (0, 1)}
+    assert status["phase"] == "Succeeded", f"{jobs.describe('kept')}\n{logs}"
+    assert (status["restarts"], status["disruptions"], status["currentGeneration"]) == (0, 1, 1)
+    pod0 = jobs.core.read_namespaced_pod("kept-worker-0", jobs.ns)
+    assert pod0.metadata.uid == survivor.metadata.uid, "the survivor kept its pod (and GPUs)"
+
+    said = "".join(kubelet.termination_messages("kept-worker-1"))
+    stops = re.findall(r"^torchjob: training stopped on request at report (\d+)", said)
+    assert len(stops) == 1, f"{said}\n{logs}"
+    assert "the group stopped for a membership change" in logs[0], logs[0]
+    assert f"resumed from epoch {int(stops[0]) - 1} at generation 1" in logs[0], logs[0]
     assert f"done: {epochs} epochs, world size 2" in logs[0]

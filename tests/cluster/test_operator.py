@@ -172,6 +172,37 @@ def test_the_pod_that_raised_is_blamed_not_the_peer_whose_collective_broke(jobs:
     assert "rank 2 raised ValueError: bad batch" in described
 
 
+def test_keep_survivors_replaces_only_the_pod_that_failed(jobs: Jobs) -> None:
+    jobs.apply(torchjob("keeper", replicas=3, membershipPolicy="KeepSurvivors"))
+    before = {p.metadata.name: p.metadata.uid for p in jobs.wait_running_pods("keeper", 3, 0)}
+    jobs.exit_pod("keeper-worker-1", 1)
+    # The survivors are relabelled into generation 1; only worker 1 is a new pod.
+    pods = jobs.wait_running_pods("keeper", 3, generation=1)
+    after = {p.metadata.name: p.metadata.uid for p in pods}
+    assert after["keeper-worker-0"] == before["keeper-worker-0"]
+    assert after["keeper-worker-2"] == before["keeper-worker-2"]
+    assert after["keeper-worker-1"] != before["keeper-worker-1"]
+    replacement = env_of(next(p for p in pods if p.metadata.name == "keeper-worker-1"))
+    assert replacement[contract.GENERATION] == "1"
+    assert replacement[contract.MEMBERSHIP] == contract.KEEP_SURVIVORS
+    status = jobs.wait_phase("keeper", "Running")
+    assert (status["restarts"], status["disruptions"]) == (1, 0)
+    assert status["lastFailure"]["pod"] == "keeper-worker-1"
+    kept = [e for e in jobs.wait_events("keeper", "KeptSurvivors") if e.reason == "KeptSurvivors"]
+    assert "keeper-worker-0, keeper-worker-2" in kept[0].message
+    deleted = [e.message for e in jobs.events("keeper") if e.reason == "DeletedPod"]
+    assert deleted == ["deleted pod keeper-worker-1"], deleted
+    out = jobs.kubectl(
+        "patch",
+        "tj/keeper",
+        "--type=merge",
+        "-p",
+        '{"spec":{"membershipPolicy":"RecreateGroup"}}',
+        check=False,
+    )
+    assert out.returncode != 0 and "spec.membershipPolicy is immutable" in out.stderr
+
+
 def test_permanent_exit_code_fails_at_once(jobs: Jobs) -> None:
     jobs.apply(
         torchjob(

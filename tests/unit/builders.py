@@ -38,6 +38,10 @@ class JobBuilder:
         self.spec["failurePolicy"] = {"maxRestarts": n, **policy}
         return self
 
+    def keep_survivors(self) -> JobBuilder:
+        self.spec["membershipPolicy"] = "KeepSurvivors"
+        return self
+
     def run_policy(self, **policy: Any) -> JobBuilder:
         self.spec["runPolicy"] = policy
         return self

@@ -18,6 +18,8 @@ from torchjob_operator.planner.plan import JobView, Plan, plan, with_state
 def apply(p: Plan, pods: list[PodView]) -> list[PodView]:
     """What the cluster looks like once a plan is carried out (deleted pods vanish at once)."""
     left = [x for x in pods if x.name not in p.delete]
+    gen = p.status["currentGeneration"]
+    left = [replace(x, generation=gen) if x.name in p.relabel else x for x in left]
     if p.create:
         left += [pod(i, p.create.generation) for i in p.create.indices]
     return left
@@ -167,6 +169,39 @@ def test_a_worker_that_cannot_start_is_reported_with_one_warning(waiting: str, r
     assert not again.delete and again.create is None, "the job waits (deadline bounds it)"
 
 
+def test_keep_survivors_replaces_only_the_failed_pod() -> None:
+    _, view, pods = step(job().replicas(3).max_restarts(2).keep_survivors().build(), [], 0)
+    pods = [running(p) for p in pods]
+    decided, view, pods = step(view, [pods[0], failed(pods[1], 1, at_s=5), pods[2]], 5)
+    assert decided.phase == Phase.RESTARTING and decided.status["restarts"] == 1
+    assert decided.delete == ("tj-worker-1",), "the survivors stay"
+    assert set(decided.relabel) == {"tj-worker-0", "tj-worker-2"}
+    assert decided.status["currentGeneration"] == 1
+    assert "KeptSurvivors" in {e.reason for e in decided.events}
+    late, view, pods = step(view, pods, 20)  # after the backoff
+    assert late.create is not None and late.create.indices == (1,)
+    assert late.create.generation == 1 and not late.delete and not late.relabel
+    assert sorted((p.index, p.generation) for p in pods) == [(0, 1), (1, 1), (2, 1)]
+
+
+def test_keep_survivors_after_a_preemption_and_not_unplaced_pods() -> None:
+    _, view, pods = step(job().replicas(3).keep_survivors().build(), [], 0)
+    placed = [running(pods[0]), preempted(pods[1]), replace(pods[2], scheduled=False)]
+    decided, view, pods = step(view, placed, 5)
+    assert decided.status["disruptions"] == 1 and decided.status["restarts"] == 0
+    # The pending, never-placed pod holds nothing worth keeping: it is recreated too.
+    assert set(decided.delete) == {"tj-worker-1", "tj-worker-2"}
+    assert decided.relabel == ("tj-worker-0",)
+    again, _, _ = step(view, pods, 6)
+    assert again.create is not None and again.create.indices == (1, 2)
+
+
+def test_recreate_group_is_the_default() -> None:
+    _, view, pods = step(job().replicas(2).max_restarts(2).build(), [], 0)
+    decided = plan(view, [running(pods[0]), failed(pods[1])], at(5))
+    assert set(decided.delete) == {"tj-worker-0", "tj-worker-1"} and not decided.relabel
+
+
 def test_restart_budget_exhausted_fails() -> None:
     view = job().replicas(1).max_restarts(1).build()
     _, view, pods = step(view, [], 0)
@@ -279,13 +314,13 @@ POD_FATES = st.sampled_from(["running", "pending", "failed", "preempted", "succe
     replicas=st.integers(1, 6),
     max_restarts=st.integers(0, 3),
     rounds=st.lists(st.lists(POD_FATES, min_size=6, max_size=6), min_size=1, max_size=6),
+    keep=st.booleans(),
 )
 def test_invariants_over_random_histories(
-    replicas: int, max_restarts: int, rounds: list[list[str]]
+    replicas: int, max_restarts: int, rounds: list[list[str]], keep: bool
 ) -> None:
-    view = (
-        job().replicas(replicas).max_restarts(max_restarts, backoff={"initialSeconds": 0}).build()
-    )
+    builder = job().replicas(replicas).max_restarts(max_restarts, backoff={"initialSeconds": 0})
+    view = (builder.keep_survivors() if keep else builder).build()
     pods: list[PodView] = []
     t = 0.0
     failures_seen = 0
@@ -294,6 +329,7 @@ def test_invariants_over_random_histories(
         t += 100
         # never more pods than desired, ranks unique and dense
         assert len(pods) <= replicas
+        assert len({p.name for p in pods}) == len(pods), "one pod per name"
         live = [p for p in pods if p.generation == view.state.generation]
         indices = sorted(p.index for p in live)
         assert indices == list(range(len(indices)))

@@ -13,6 +13,9 @@ Semantics (docs/api.md explains them for users):
   number; any membership change (failure restart, disruption, rescale, resume)
   starts generation g+1. Pods of an older generation are deleted before the new
   generation's pods are created, because they share names and rendezvous.
+  Under ``membershipPolicy: KeepSurvivors`` the pods that still run where they
+  were placed are kept instead and relabelled with g+1; only the lost ones are
+  replaced, and the runtime in the pods re-forms the process group.
 * The job succeeds when every worker of the current generation exited 0.
 * A failure (non-zero exit, no disruption anywhere in the generation) restarts
   the whole group after an exponential backoff, within ``maxRestarts``; a
@@ -36,7 +39,13 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from torchjob import contract
-from torchjob.api.models import CleanPodPolicy, FailureRecord, Phase, TorchJobSpec
+from torchjob.api.models import (
+    CleanPodPolicy,
+    FailureRecord,
+    MembershipPolicy,
+    Phase,
+    TorchJobSpec,
+)
 from torchjob_operator.planner import conditions as cond
 from torchjob_operator.planner.failure import (
     Outcome,
@@ -88,6 +97,8 @@ class Plan:
     ensure_service: bool = True
     create_probes: tuple[int, ...] = ()
     """Capacity probes to create (indices) before an elastic job grows."""
+    relabel: tuple[str, ...] = ()
+    """KeepSurvivors: pods kept from an earlier generation, to label with the current one."""
 
     @property
     def phase(self) -> Phase:
@@ -122,6 +133,7 @@ class _Draft:
     create: CreatePods | None = None
     requeue: list[float] = field(default_factory=list)
     delete_job: bool = False
+    relabel: list[str] = field(default_factory=list)
 
     def transition(self, phase: Phase, reason: str, message: str, *, warning: bool = False) -> None:
         if phase != self.phase or reason != self.reason:
@@ -232,6 +244,26 @@ def _end(d: _Draft, phase: Phase, reason: str, message: str) -> None:
     d.restart_after = None
 
 
+def _survives(p: PodView) -> bool:
+    """A pod worth keeping into a new generation: placed, alive, and not being taken away."""
+    return p.active and p.scheduled and p.disruption is None
+
+
+def _members(d: _Draft, pods: Sequence[PodView]) -> list[PodView]:
+    """The pods of the current generation: those labelled with it and, under KeepSurvivors,
+    pods of earlier generations that survive (the plan relabels them). Everything else is
+    stale and goes before new pods are created, since names and rendezvous are shared."""
+    keep = d.job.spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS
+    return [
+        p
+        for p in pods
+        if p.index < d.replicas
+        and (
+            p.generation == d.generation or (keep and p.generation < d.generation and _survives(p))
+        )
+    ]
+
+
 def plan(
     job: JobView, pods: Sequence[PodView], now: datetime, probes: Sequence[ProbeView] = ()
 ) -> Plan:
@@ -304,7 +336,7 @@ def plan(
             d.replicas = spec.replicas
     d.spec_replicas = spec.replicas
 
-    current = [p for p in pods if p.generation == d.generation and p.index < d.replicas]
+    current = _members(d, pods)
     missing: list[int] = []
     if d.created_generation == d.generation:
         have = {p.index for p in current}
@@ -360,9 +392,20 @@ def plan(
         _fit_to_capacity(d, current)
 
     # Pods of another generation (or beyond the group) go first: they share names and rendezvous.
-    current = [p for p in pods if p.generation == d.generation and p.index < d.replicas]
+    current = _members(d, pods)
     stale = [p for p in pods if p not in current]
     d.delete.extend(p.name for p in stale if not p.deleting)
+    kept = [p for p in current if p.generation != d.generation]
+    if kept:
+        d.relabel = [p.name for p in kept]
+        d.events.append(
+            Event(
+                "Normal",
+                "KeptSurvivors",
+                f"generation {d.generation} keeps {len(kept)} running worker(s) "
+                f"({', '.join(p.name for p in kept)}); the rest are replaced",
+            )
+        )
 
     waiting_backoff = d.restart_after is not None and now < d.restart_after
     if waiting_backoff and d.restart_after is not None:
@@ -539,6 +582,7 @@ def _plan(d: _Draft, pods: Sequence[PodView], current: Sequence[PodView]) -> Pla
         requeue_after_s=None if requeue is None else max(requeue, 0.5),
         delete_job=d.delete_job,
         ensure_service=not (d.phase is not None and d.phase.is_terminal),
+        relabel=tuple(d.relabel),
     )
 
 

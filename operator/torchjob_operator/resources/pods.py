@@ -54,6 +54,7 @@ def pod_env(
         checkpoint_path=spec.checkpoint.location if spec.checkpoint else "",
         mode="elastic" if spec.elastic else "static",
         max_restarts=spec.failure_policy.max_restarts,
+        membership=spec.membership_policy.value,
     )
 
 

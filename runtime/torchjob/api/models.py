@@ -111,6 +111,15 @@ class Backend(str, Enum):
     GLOO = "gloo"
 
 
+class MembershipPolicy(str, Enum):
+    RECREATE_GROUP = "RecreateGroup"
+    """Every membership change recreates all worker pods (any image works: static mode)."""
+    KEEP_SURVIVORS = "KeepSurvivors"
+    """Only lost pods are replaced; surviving pods, and the GPUs they hold, are kept. Their
+    torchjob runtime re-forms the process group for the new generation (needs torchjob in
+    the image: ``TorchTrainer.fit`` is the in-pod agent)."""
+
+
 class ElasticPolicy(_Model):
     """Bounds and pacing of elastic rescaling. Present means the job may run below ``replicas``."""
 
@@ -308,6 +317,16 @@ class TorchJobSpec(_Model):
         default=Backend.AUTO,
         description="torch.distributed backend: auto (nccl with GPUs, else gloo), nccl or gloo.",
         json_schema_extra={CEL: [_cel("self == oldSelf", f"spec.backend {_IMMUTABLE_MSG}")]},
+    )
+    membership_policy: MembershipPolicy = Field(
+        default=MembershipPolicy.RECREATE_GROUP,
+        description=(
+            "What a failure or disruption does to the pods that are still fine: RecreateGroup "
+            "(any image) or KeepSurvivors (the torchjob runtime in the pods re-forms the group)."
+        ),
+        json_schema_extra={
+            CEL: [_cel("self == oldSelf", f"spec.membershipPolicy {_IMMUTABLE_MSG}")]
+        },
     )
     template: PodTemplateSpec = Field(description="Pod template of every worker.")
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)

@@ -57,35 +57,18 @@ def progress_body(
     return body
 
 
-class JobStatusReporter:
-    def __init__(
-        self,
-        *,
-        api_url: str,
-        serviceaccount_dir: Path,
-        namespace: str,
-        name: str,
-        min_interval_s: float = 5.0,
-    ) -> None:
+class JobEndpoint:
+    """This pod's TorchJob ``/status``, reached with the pod's ServiceAccount token."""
+
+    def __init__(self, *, api_url: str, serviceaccount_dir: Path, namespace: str, name: str):
         self.url = f"{api_url}/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
         self.sa_dir = serviceaccount_dir
-        self.min_interval_s = min_interval_s
-        self._latest: dict[str, Any] | None = None
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._closing = False
-        self._warned = False
-        self.sent = 0
         ca = serviceaccount_dir / "ca.crt"
         self._ssl = ssl.create_default_context(cafile=str(ca)) if ca.exists() else None
-        self._thread = threading.Thread(target=self._run, name="torchjob-status", daemon=True)
-        self._thread.start()
 
     @classmethod
-    def from_env(
-        cls, pod: PodEnv, environ: Mapping[str, str] | None = None
-    ) -> JobStatusReporter | None:
-        """A reporter when the pod has API credentials (in-cluster), else None."""
+    def from_env(cls, pod: PodEnv, environ: Mapping[str, str] | None = None) -> JobEndpoint | None:
+        """The endpoint when the pod has API credentials (in-cluster), else None."""
         env = os.environ if environ is None else environ
         sa_dir = Path(env.get(SERVICEACCOUNT_DIR) or DEFAULT_SERVICEACCOUNT_DIR)
         host = env.get("KUBERNETES_SERVICE_HOST")
@@ -99,6 +82,42 @@ class JobStatusReporter:
             namespace=pod.namespace,
             name=pod.job_name,
         )
+
+    def call(self, method: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One request; raises OSError / urllib.error.URLError on failure."""
+        token = (self.sa_dir / "token").read_text().strip()  # re-read: projected tokens rotate
+        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/merge-patch+json"
+        request = urllib.request.Request(self.url, data=data, method=method, headers=headers)
+        with urllib.request.urlopen(request, timeout=10, context=self._ssl) as response:
+            result: dict[str, Any] = json.loads(response.read() or b"{}")
+        return result
+
+
+class JobStatusReporter:
+    def __init__(self, endpoint: JobEndpoint, *, min_interval_s: float = 5.0) -> None:
+        self.endpoint = endpoint
+        self.url = endpoint.url
+        self.min_interval_s = min_interval_s
+        self._latest: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = False
+        self._warned = False
+        self.sent = 0
+        self._thread = threading.Thread(target=self._run, name="torchjob-status", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_env(
+        cls, pod: PodEnv, environ: Mapping[str, str] | None = None
+    ) -> JobStatusReporter | None:
+        """A reporter when the pod has API credentials (in-cluster), else None."""
+        endpoint = JobEndpoint.from_env(pod, environ)
+        return cls(endpoint) if endpoint is not None else None
 
     def report(self, progress: dict[str, Any]) -> None:
         with self._lock:
@@ -130,21 +149,9 @@ class JobStatusReporter:
 
     def _send(self, progress: dict[str, Any]) -> None:
         try:
-            token = (self.sa_dir / "token").read_text().strip()  # re-read: projected tokens rotate
-            request = urllib.request.Request(
-                self.url,
-                data=json.dumps({"status": {"progress": progress}}).encode(),
-                method="PATCH",
-                headers={
-                    "Authorization": f"Bearer {token}",
-                    "Content-Type": "application/merge-patch+json",
-                    "Accept": "application/json",
-                },
-            )
-            with urllib.request.urlopen(request, timeout=10, context=self._ssl) as response:
-                response.read()
+            self.endpoint.call("PATCH", {"status": {"progress": progress}})
             self.sent += 1
-        except (OSError, urllib.error.URLError) as exc:
+        except (OSError, ValueError) as exc:
             if not self._warned:
                 self._warned = True
                 detail = (

@@ -51,7 +51,7 @@ class ProgressView:
             self._progress.stop()
 
     def message(self, text: str) -> None:
-        self._console.print(text, markup=False, highlight=False)
+        self._console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def generation(self, generation: int, workers: int) -> None:
         self._generation, self._workers = generation, workers

@@ -12,6 +12,7 @@ generation's pods resume from the checkpoint.
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import os
 import signal
 import threading
@@ -47,12 +48,20 @@ from torchjob.train._worker_loop import WorkerOutcome, WorkerSpec, run_training
 from torchjob.train.checkpoint import Checkpoint
 from torchjob.train.config import RunConfig, ScalingConfig, TorchConfig
 from torchjob.train.errors import TrainingFailedError, TrainingStoppedError
-from torchjob.train.job_status import JobStatusReporter, progress_body
+from torchjob.train.job_status import JobEndpoint, JobStatusReporter, progress_body
+from torchjob.train.membership import GenerationTimeout, Membership, MembershipWatch
 from torchjob.train.progress import ProgressView
 from torchjob.train.result import Result
 
 DEFAULT_STORAGE = "~/torchjob_results"
 """Where runs go without ``RunConfig(storage_path=...)``, as Ray uses ``~/ray_results``."""
+
+
+log = logging.getLogger(__name__)
+
+FOLLOW_TIMEOUT_S = 900.0
+"""KeepSurvivors: how long a pod whose group broke waits for the operator's next generation
+(restart backoff plus scheduling of the replacement pods)."""
 
 
 def _as_failure(err: LaunchError) -> WorkerFailure:
@@ -140,10 +149,26 @@ class _Controller:
         self.stop_requested = threading.Event()
         self.pending_resize: Resize | None = None
         self.storage = CheckpointStorage(self.run_url) if self._is_storage_owner() else None
+        endpoint = JobEndpoint.from_env(pod) if pod is not None else None
         # Pod 0's agent reports progress into the TorchJob's status (per-job ServiceAccount).
         self.job_status = (
-            JobStatusReporter.from_env(pod) if pod is not None and pod.pod_index == 0 else None
+            JobStatusReporter(endpoint)
+            if endpoint is not None and pod is not None and pod.pod_index == 0
+            else None
         )
+        # KeepSurvivors: this pod outlives generations; it follows the job's status.
+        self.watch: MembershipWatch | None = None
+        self.membership: Membership | None = None
+        if pod is not None and pod.keeps_survivors:
+            if endpoint is None:
+                log.warning(
+                    "torchjob: membershipPolicy KeepSurvivors needs the pod's ServiceAccount "
+                    "token to follow generations; a broken group ends this pod instead"
+                )
+            else:
+                self.watch = MembershipWatch(endpoint)
+                self.membership = Membership(pod.generation, pod.replicas)
+        self.next_membership: Membership | None = None
 
     def _is_storage_owner(self) -> bool:
         return self.pod is None or self.pod.pod_index == 0
@@ -163,11 +188,21 @@ class _Controller:
             resume_from=resume._url if resume is not None else None,
         )
 
+    def _pod_now(self) -> PodEnv | None:
+        """This pod as of the current generation (its env names the one it was created in)."""
+        if self.pod is None or self.membership is None:
+            return self.pod
+        m = self.membership
+        return replace(self.pod, generation=m.generation, replicas=m.replicas)
+
     def _group(self, state: RunState) -> WorkerGroup:
         tc = self.t.torch_config
-        if self.pod is not None:
-            placement = Placement.from_pod_env(self.pod)
+        pod = self._pod_now()
+        env: dict[str, str] = {}
+        if pod is not None:
+            placement = Placement.from_pod_env(pod)
             n = placement.local_world_size
+            env = {contract.GENERATION: str(pod.generation), contract.REPLICAS: str(pod.replicas)}
         else:
             n = state.num_workers
             placement = Placement.local(n, generation=state.generation)
@@ -177,6 +212,25 @@ class _Controller:
             use_gpu=self.t.scaling_config.use_gpu,
             timeout_s=tc.timeout_s,
             placement=placement,
+            env=env,
+        )
+
+    def _follow(self, view: ProgressView, why: str) -> None:
+        """KeepSurvivors: wait for the operator's next generation, then go on with it."""
+        assert self.watch is not None and self.membership is not None
+        view.message(
+            f"[torchjob] {why}; this pod stays and waits for generation "
+            f"{self.membership.generation + 1}"
+        )
+        m = self.next_membership
+        if m is None or m.generation <= self.membership.generation:
+            m = self.watch.wait_beyond(
+                self.membership.generation, timeout_s=FOLLOW_TIMEOUT_S, stop=self.stop_requested
+            )
+        self.membership, self.next_membership = m, None
+        view.message(
+            f"[torchjob] generation {m.generation}: {m.replicas} pods, this one is pod "
+            f"{self.pod.pod_index if self.pod else 0}; resuming from the latest checkpoint"
         )
 
     def _install_sigterm(self) -> Callable[[], None]:
@@ -241,7 +295,8 @@ class _Controller:
         if self.storage is not None and self.storage.is_local:
             self.storage.remove_incomplete()
         while True:
-            self.world_sizes.append(state.num_workers if self.pod is None else self.pod.world_size)
+            pod = self._pod_now()
+            self.world_sizes.append(state.num_workers if pod is None else pod.world_size)
             view.generation(state.generation, state.num_workers)
             self.pending_resize = None
             group = self._group(state)
@@ -253,6 +308,13 @@ class _Controller:
                 continue
             group.shutdown(timeout_s=10)
             stopped = any(o.stopped for o in outcomes)
+            if stopped and self.watch is not None and not self.stop_requested.is_set():
+                # Not this pod's SIGTERM: a peer pod was preempted, or the generation moved.
+                try:
+                    self._follow(view, "the group stopped for a membership change")
+                except GenerationTimeout as e:
+                    self._raise_stopped_or_failed(e)
+                continue
             if stopped and self.pending_resize is not None:
                 resize = self.pending_resize
                 view.message(f"[torchjob] {resize.reason}")
@@ -307,6 +369,17 @@ class _Controller:
                 group.signal(signal.SIGTERM)
                 holder["signalled"] = True
                 return
+            if self.watch is not None and self.membership is not None:
+                moved = self.watch.changed(self.membership.generation)
+                if moved is not None:
+                    view.message(
+                        f"[torchjob] generation {moved.generation} published: "
+                        "stopping all ranks at the next report to re-form the group"
+                    )
+                    self.next_membership = moved
+                    group.signal(signal.SIGTERM)
+                    holder["signalled"] = True
+                    return
             if (
                 self.pod is None
                 and self.scaling_policy.min_workers < self.scaling_policy.max_workers
@@ -324,11 +397,33 @@ class _Controller:
         execution = group.submit(run_training, (self._spec(),))
         return execution.wait(on_event=on_event, on_tick=on_tick)
 
+    def _raise_stopped_or_failed(self, why: GenerationTimeout) -> None:
+        result = self.result()
+        if self.stop_requested.is_set():
+            where = result.checkpoint.path if result.checkpoint else "no checkpoint"
+            raise TrainingStoppedError(
+                f"training stopped on request; latest checkpoint: {where}", result=result
+            )
+        write_termination_message(contract.termination_message(str(why)))
+        raise TrainingFailedError(str(why), cause=why, result=result)
+
     def _after_failure(self, err: LaunchError, state: RunState, view: ProgressView) -> RunState:
         if isinstance(err, WorkerGroupStartError):
             failure = WorkerFailure(0, FailureKind.ERROR, str(err))
         else:
             failure = _as_failure(err)
+        if self.watch is not None and not self.stop_requested.is_set() and _retryable(err):
+            moved = self.watch.read()
+            generation = self.membership.generation if self.membership else 0
+            peer = isinstance(err, WorkerGroupError) and err.peer_failure
+            if peer or (moved is not None and moved.generation > generation):
+                # A peer's loss broke the group: survive it and follow the next generation.
+                try:
+                    self._follow(view, f"the group broke ({err})")
+                except GenerationTimeout:
+                    pass  # nothing came: end this pod with the original error
+                else:
+                    return state
         if self.pod is not None or not _retryable(err) or self.stop_requested.is_set():
             if self.pod is not None:
                 # The operator decides what happens next; tell it the root cause.
