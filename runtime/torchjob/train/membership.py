@@ -48,7 +48,7 @@ class GenerationTimeout(RuntimeError):
 class MembershipWatch:
     """Reads the job's membership, at most every ``min_interval_s`` from :meth:`changed`."""
 
-    def __init__(self, endpoint: JobEndpoint, *, min_interval_s: float = 2.0) -> None:
+    def __init__(self, endpoint: JobEndpoint, *, min_interval_s: float = 5.0) -> None:
         self.endpoint = endpoint
         self.min_interval_s = min_interval_s
         self._last_read = 0.0
