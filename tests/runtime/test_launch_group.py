@@ -14,6 +14,8 @@ from torchjob.launch import (
     WorkerDiedError,
     WorkerGroup,
     WorkerGroupError,
+    WorkerGroupStartError,
+    free_port,
     send_event,
     worker_info,
     worker_state,
@@ -103,3 +105,31 @@ def test_placement_offsets_ranks() -> None:
     assert [placement.rank_offset + i for i in range(placement.local_world_size)] == [2, 3]
     with pytest.raises(ValueError, match="do not fit"):
         Placement(world_size=4, local_world_size=2, rank_offset=3)
+
+
+def test_a_rank_elsewhere_that_never_comes_is_waiting_for_peers_not_a_local_fault() -> None:
+    """Rank 0 of a 2-rank world, alone on this host: the rendezvous cannot complete. A kept
+    pod (KeepSurvivors) retries such a start instead of exiting as if it had failed."""
+    placement = Placement(
+        world_size=2,
+        local_world_size=1,
+        rank_offset=0,
+        num_nodes=2,
+        master_addr="127.0.0.1",
+        master_port=free_port(),
+    )
+    group = WorkerGroup(1, timeout_s=3, placement=placement, start_timeout_s=60)
+    with pytest.raises(WorkerGroupStartError) as info:
+        group.start()
+    assert info.value.waiting_for_peers, str(info.value)
+    group.shutdown(timeout_s=0)
+
+    def bad_hook() -> None:
+        raise RuntimeError("no such dataset")
+
+    # A start-up failure of this host's own workers is not waiting for anyone.
+    local = WorkerGroup(1, timeout_s=30, init_hook=bad_hook)
+    with pytest.raises(WorkerGroupStartError, match="no such dataset") as own:
+        local.start()
+    local.shutdown(timeout_s=0)
+    assert not own.value.waiting_for_peers

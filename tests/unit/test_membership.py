@@ -61,3 +61,16 @@ def test_changed_only_reports_a_newer_generation() -> None:
     assert w.changed(2) is None
     assert w.changed(2) == Membership(5, 2)
     assert Membership.from_status({"phase": "Pending"}) is None, "not published yet"
+
+
+def test_the_restart_backoff_is_read_from_the_status() -> None:
+    from datetime import datetime, timezone
+
+    m = Membership.from_status(
+        {"currentGeneration": 2, "replicas": 4, "restartAfter": "2026-01-01T00:00:30Z"}
+    )
+    assert m is not None
+    now = datetime(2026, 1, 1, 0, 0, 10, tzinfo=timezone.utc)
+    assert m.backoff_left_s(now) == 20
+    assert m.backoff_left_s(datetime(2026, 1, 1, 0, 1, tzinfo=timezone.utc)) == 0
+    assert Membership(2, 4).backoff_left_s(now) == 0

@@ -17,7 +17,22 @@ class LaunchError(RuntimeError):
 
 
 class WorkerGroupStartError(LaunchError):
-    """The group could not be formed (a worker failed to start or to join the process group)."""
+    """The group could not be formed (a worker failed to start or to join the process group).
+
+    ``waiting_for_peers`` is True when this host's workers were fine but the rendezvous
+    did not complete: a rank elsewhere never came (or went away) in time.
+    """
+
+    def __init__(self, message: str, *, waiting_for_peers: bool = False) -> None:
+        super().__init__(message)
+        self.waiting_for_peers = waiting_for_peers
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_rebuild_start_error, (str(self), self.waiting_for_peers))
+
+
+def _rebuild_start_error(message: str, waiting: bool) -> WorkerGroupStartError:
+    return WorkerGroupStartError(message, waiting_for_peers=waiting)
 
 
 class WorkerGroupError(LaunchError):

@@ -381,7 +381,9 @@ class WorkerGroup:
         while pending:
             if time.monotonic() > deadline:
                 ranks = sorted(w.rank for w in pending.values())
-                raise WorkerGroupStartError(f"rank(s) {ranks} did not join the process group")
+                raise WorkerGroupStartError(
+                    f"rank(s) {ranks} did not join the process group", waiting_for_peers=True
+                )
             for conn in wait(list(pending), timeout=0.5):
                 assert isinstance(conn, Connection)
                 w = pending.pop(conn)
@@ -393,9 +395,10 @@ class WorkerGroup:
                         f"{WorkerDiedError(w.rank, w.exitcode()).args[0]}"
                     ) from None
                 if msg[0] == "init_err":
-                    _, _, exc_type, message, _tb, _kind = msg
+                    _, _, exc_type, message, _tb, kind = msg
                     raise WorkerGroupStartError(
-                        f"rank {w.rank} failed to initialize: {exc_type}: {message}"
+                        f"rank {w.rank} failed to initialize: {exc_type}: {message}",
+                        waiting_for_peers=kind in ("timeout", "peer"),
                     )
 
     def shutdown(self, timeout_s: float = 10) -> None:

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from torchjob.train.job_status import JobEndpoint
@@ -28,17 +29,30 @@ class Membership:
     generation: int
     replicas: int
     phase: str | None = None
+    restart_after: datetime | None = None
+    """During a restart backoff: the operator creates the replacement pods no earlier."""
 
     @classmethod
     def from_status(cls, status: dict[str, Any]) -> Membership | None:
         try:
+            after = status.get("restartAfter")
             return cls(
                 generation=int(status["currentGeneration"]),
                 replicas=int(status["replicas"]),
                 phase=status.get("phase"),
+                restart_after=datetime.fromisoformat(after.replace("Z", "+00:00"))
+                if after
+                else None,
             )
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, AttributeError):
             return None
+
+    def backoff_left_s(self, now: datetime | None = None) -> float:
+        """Seconds until the replacement pods may be created (0 when not in a backoff)."""
+        if self.restart_after is None:
+            return 0.0
+        now = now or datetime.now(timezone.utc)
+        return max(0.0, (self.restart_after - now).total_seconds())
 
 
 class GenerationTimeout(RuntimeError):

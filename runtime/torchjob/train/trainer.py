@@ -49,7 +49,12 @@ from torchjob.train.checkpoint import Checkpoint
 from torchjob.train.config import RunConfig, ScalingConfig, TorchConfig
 from torchjob.train.errors import TrainingFailedError, TrainingStoppedError
 from torchjob.train.job_status import JobEndpoint, JobStatusReporter, progress_body
-from torchjob.train.membership import GenerationTimeout, Membership, MembershipWatch
+from torchjob.train.membership import (
+    TERMINAL_PHASES,
+    GenerationTimeout,
+    Membership,
+    MembershipWatch,
+)
 from torchjob.train.progress import ProgressView
 from torchjob.train.result import Result
 
@@ -169,6 +174,7 @@ class _Controller:
                 self.watch = MembershipWatch(endpoint)
                 self.membership = Membership(pod.generation, pod.replicas)
         self.next_membership: Membership | None = None
+        self.generation_entered_s = time.monotonic()
 
     def _is_storage_owner(self) -> bool:
         return self.pod is None or self.pod.pod_index == 0
@@ -228,6 +234,13 @@ class _Controller:
                 self.membership.generation, timeout_s=FOLLOW_TIMEOUT_S, stop=self.stop_requested
             )
         self.membership, self.next_membership = m, None
+        self.generation_entered_s = time.monotonic()
+        wait = min(m.backoff_left_s(), FOLLOW_TIMEOUT_S)
+        if wait > 0:
+            # The replacements come after the operator's backoff: forming the group earlier
+            # would only spend the rendezvous timeout waiting for them.
+            view.message(f"[torchjob] restart backoff: the new pods come in {wait:.0f}s")
+            self.stop_requested.wait(wait)
         view.message(
             f"[torchjob] generation {m.generation}: {m.replicas} pods, this one is pod "
             f"{self.pod.pod_index if self.pod else 0}; resuming from the latest checkpoint"
@@ -415,6 +428,18 @@ class _Controller:
         if self.watch is not None and not self.stop_requested.is_set() and _retryable(err):
             moved = self.watch.read()
             generation = self.membership.generation if self.membership else 0
+            if (
+                isinstance(err, WorkerGroupStartError)
+                and err.waiting_for_peers
+                and (moved is None or moved.generation == generation)
+                and (moved is None or moved.phase not in TERMINAL_PHASES)
+                and time.monotonic() - self.generation_entered_s < FOLLOW_TIMEOUT_S
+            ):
+                # A member has not come up yet (a replacement still scheduling): this pod
+                # is not at fault; form the same generation again.
+                view.message(f"[torchjob] the group did not form ({err}); trying again")
+                self.stop_requested.wait(1.0)
+                return state
             peer = isinstance(err, WorkerGroupError) and err.peer_failure
             if peer or (moved is not None and moved.generation > generation):
                 # A peer's loss broke the group: survive it and follow the next generation.
