@@ -420,35 +420,42 @@ class _Controller:
         write_termination_message(contract.termination_message(str(why)))
         raise TrainingFailedError(str(why), cause=why, result=result)
 
+    def _survive(self, err: LaunchError, view: ProgressView) -> bool:
+        """KeepSurvivors: True when this pod is not at fault and goes on with the job's
+        generation (the same one re-formed, or the next); False to end the pod."""
+        if self.watch is None or self.stop_requested.is_set() or not _retryable(err):
+            return False
+        moved = self.watch.read()
+        generation = self.membership.generation if self.membership else 0
+        if (
+            isinstance(err, WorkerGroupStartError)
+            and err.waiting_for_peers
+            and (moved is None or moved.generation == generation)
+            and (moved is None or moved.phase not in TERMINAL_PHASES)
+            and time.monotonic() - self.generation_entered_s < FOLLOW_TIMEOUT_S
+        ):
+            # A member has not come up yet (a replacement still scheduling): form the same
+            # generation again.
+            view.message(f"[torchjob] the group did not form ({err}); trying again")
+            self.stop_requested.wait(1.0)
+            return True
+        peer = isinstance(err, WorkerGroupError) and err.peer_failure
+        if not (peer or (moved is not None and moved.generation > generation)):
+            return False
+        # A peer's loss broke the group: survive it and follow the next generation.
+        try:
+            self._follow(view, f"the group broke ({err})")
+        except GenerationTimeout:
+            return False  # nothing came: end this pod with the original error
+        return True
+
     def _after_failure(self, err: LaunchError, state: RunState, view: ProgressView) -> RunState:
         if isinstance(err, WorkerGroupStartError):
             failure = WorkerFailure(0, FailureKind.ERROR, str(err))
         else:
             failure = _as_failure(err)
-        if self.watch is not None and not self.stop_requested.is_set() and _retryable(err):
-            moved = self.watch.read()
-            generation = self.membership.generation if self.membership else 0
-            if (
-                isinstance(err, WorkerGroupStartError)
-                and err.waiting_for_peers
-                and (moved is None or moved.generation == generation)
-                and (moved is None or moved.phase not in TERMINAL_PHASES)
-                and time.monotonic() - self.generation_entered_s < FOLLOW_TIMEOUT_S
-            ):
-                # A member has not come up yet (a replacement still scheduling): this pod
-                # is not at fault; form the same generation again.
-                view.message(f"[torchjob] the group did not form ({err}); trying again")
-                self.stop_requested.wait(1.0)
-                return state
-            peer = isinstance(err, WorkerGroupError) and err.peer_failure
-            if peer or (moved is not None and moved.generation > generation):
-                # A peer's loss broke the group: survive it and follow the next generation.
-                try:
-                    self._follow(view, f"the group broke ({err})")
-                except GenerationTimeout:
-                    pass  # nothing came: end this pod with the original error
-                else:
-                    return state
+        if self._survive(err, view):
+            return state
         if self.pod is not None or not _retryable(err) or self.stop_requested.is_set():
             if self.pod is not None:
                 # The operator decides what happens next; tell it the root cause.
