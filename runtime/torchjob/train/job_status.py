@@ -91,7 +91,10 @@ class JobEndpoint:
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/merge-patch+json"
-        request = urllib.request.Request(self.url, data=data, method=method, headers=headers)
+        # A GET with resourceVersion=0 is served from the API server's watch cache, not by a
+        # quorum read of etcd: every pod of a KeepSurvivors job polls this object.
+        url = f"{self.url}?resourceVersion=0" if method == "GET" else self.url
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
         with urllib.request.urlopen(request, timeout=10, context=self._ssl) as response:
             result: dict[str, Any] = json.loads(response.read() or b"{}")
         return result
