@@ -1,9 +1,23 @@
 """One reconcile of one TorchJob: read the world, ask the planner, carry the plan out.
 
-Order of the writes: pod deletions, pod creations (concurrently), one status
-patch, then Events (only once the status landed, so an Event never announces
-something the status does not show). Runs in a worker thread; the kopf
-handlers in ``handlers.py`` decide *when* it runs.
+Order of the writes (JobSet's order, so that a crash at any point replays the
+same decision):
+
+1. pod creations (concurrently). A crash after them and before the status is
+   harmless: the next pass finds the pods of a generation the status has not
+   marked created yet and adopts them.
+2. one status merge-patch. It records the decision (new generation, restarts,
+   disruptions, ``lastFailure``, ``restartAfter``) *before* any pod of an older
+   generation is touched.
+3. relabels (KeepSurvivors) and deletions of pods of older generations. A crash
+   before them is harmless too: those pods carry an older generation label, so
+   the next pass (or this one's successors) deletes or relabels them, and they
+   are never judged again, so a recorded failure can never be re-read as a
+   disruption.
+4. Events, only once the status landed, so an Event never announces something
+   the status does not show.
+
+Runs in a worker thread; the kopf handlers in ``handlers.py`` decide *when* it runs.
 """
 
 from __future__ import annotations
@@ -142,8 +156,6 @@ def reconcile_once(
                     Event("Normal", f"Created{kind}", f"created {kind} {body['metadata']['name']}")
                 )
 
-    events += _delete_pods(kube, namespace, decided, settings)
-    _relabel_pods(kube, namespace, decided, settings)
     failures = _create_pods(kube, namespace, name, meta["uid"], spec, decided, settings, events)
     for index in decided.create_probes:
         body = probe_pod(name=name, namespace=namespace, uid=meta["uid"], spec=spec, index=index)
@@ -179,6 +191,9 @@ def reconcile_once(
                 status.get("disruptions"),
             )
             metrics.TRANSITIONS.labels(phase=status["phase"]).inc()
+    # Only now that the decision is recorded: older generations' pods go (or join, relabelled).
+    _relabel_pods(kube, namespace, decided, settings)
+    events += _delete_pods(kube, namespace, decided, settings)
     for ev in events:
         kube.post_event(
             job, type_=ev.type, reason=ev.reason, message=ev.message, component=settings.component

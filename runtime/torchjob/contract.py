@@ -23,9 +23,13 @@ set by the agent (``torchjob.launch``) for each worker process it starts.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from torchjob.api.models import TorchJobSpec
 
 # --- torchjob's own variables -------------------------------------------------
 JOB_NAME: Final = "TORCHJOB_JOB_NAME"
@@ -34,20 +38,15 @@ POD_INDEX: Final = "TORCHJOB_POD_INDEX"
 """Index of this pod among the job's workers (0-based, dense within a generation)."""
 REPLICAS: Final = "TORCHJOB_REPLICAS"
 """Number of worker pods in the current generation."""
-MIN_REPLICAS: Final = "TORCHJOB_MIN_REPLICAS"
-MAX_REPLICAS: Final = "TORCHJOB_MAX_REPLICAS"
 NPROC_PER_NODE: Final = "TORCHJOB_NPROC_PER_NODE"
 GENERATION: Final = "TORCHJOB_GENERATION"
 """Membership generation this pod was created for (restart count in static mode)."""
 RDZV_HOST: Final = "TORCHJOB_RDZV_HOST"
 RDZV_PORT: Final = "TORCHJOB_RDZV_PORT"
 BACKEND: Final = "TORCHJOB_BACKEND"
-"""``auto``, ``nccl`` or ``gloo``."""
+"""``spec.backend``: ``auto``, ``nccl`` or ``gloo``; ``TorchTrainer`` in a pod forms its group with it."""
 CHECKPOINT_PATH: Final = "TORCHJOB_CHECKPOINT_PATH"
 """fsspec URL or local path where rank 0 writes checkpoints ("" when none)."""
-MODE: Final = "TORCHJOB_MODE"
-"""``static`` (fixed group, restart by recreating pods) or ``elastic``."""
-MAX_RESTARTS: Final = "TORCHJOB_MAX_RESTARTS"
 MEMBERSHIP: Final = "TORCHJOB_MEMBERSHIP"
 """``spec.membershipPolicy``: ``RecreateGroup``, or ``KeepSurvivors`` (the runtime then follows
 the job's ``status.currentGeneration`` instead of exiting when the group breaks)."""
@@ -95,6 +94,13 @@ ROLE_PROBE: Final = "probe"
 KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it): a local rendezvous port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def worker_pod_name(job: str, index: int) -> str:
     """Name of worker ``index`` of job ``job``: ``<job>-worker-<index>``."""
     return f"{job}-worker-{index}"
@@ -122,16 +128,12 @@ class PodEnv:
     namespace: str
     pod_index: int
     replicas: int
-    min_replicas: int
-    max_replicas: int
     nproc_per_node: int
     generation: int
     rdzv_host: str
     rdzv_port: int = DEFAULT_RDZV_PORT
     backend: str = "auto"
     checkpoint_path: str = ""
-    mode: str = "static"
-    max_restarts: int = 0
     membership: str = "RecreateGroup"
 
     @property
@@ -155,16 +157,12 @@ class PodEnv:
             NAMESPACE: self.namespace,
             POD_INDEX: str(self.pod_index),
             REPLICAS: str(self.replicas),
-            MIN_REPLICAS: str(self.min_replicas),
-            MAX_REPLICAS: str(self.max_replicas),
             NPROC_PER_NODE: str(self.nproc_per_node),
             GENERATION: str(self.generation),
             RDZV_HOST: self.rdzv_host,
             RDZV_PORT: str(self.rdzv_port),
             BACKEND: self.backend,
             CHECKPOINT_PATH: self.checkpoint_path,
-            MODE: self.mode,
-            MAX_RESTARTS: str(self.max_restarts),
             MEMBERSHIP: self.membership,
             # torch / torchrun
             MASTER_ADDR: self.rdzv_host,
@@ -185,6 +183,39 @@ class PodEnv:
             PYTHONUNBUFFERED: "1",
         }
         return env
+
+    @classmethod
+    def for_worker(
+        cls,
+        spec: TorchJobSpec,
+        *,
+        job_name: str,
+        namespace: str,
+        index: int,
+        generation: int,
+        replicas: int,
+        rdzv_host: str | None = None,
+        rdzv_port: int = DEFAULT_RDZV_PORT,
+        nproc_per_node: int | None = None,
+    ) -> PodEnv:
+        """What worker ``index`` of a TorchJob gets: the one builder the operator's pods
+        (``torchjob_operator.resources.pods``) and ``torchjob run``'s local pods share.
+        The rendezvous host defaults to pod 0's DNS name behind the headless Service."""
+        return cls(
+            job_name=job_name,
+            namespace=namespace,
+            pod_index=index,
+            replicas=replicas,
+            nproc_per_node=(
+                spec.resolved_nproc_per_node() if nproc_per_node is None else nproc_per_node
+            ),
+            generation=generation,
+            rdzv_host=rdzv_host or worker_hostname(job_name, 0, namespace),
+            rdzv_port=rdzv_port,
+            backend=spec.backend.value,
+            checkpoint_path=spec.checkpoint.location if spec.checkpoint else "",
+            membership=spec.membership_policy.value,
+        )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PodEnv | None:
@@ -215,35 +246,14 @@ class PodEnv:
             namespace=env.get(NAMESPACE, "default"),
             pod_index=integer(POD_INDEX),
             replicas=replicas,
-            min_replicas=integer(MIN_REPLICAS, replicas),
-            max_replicas=integer(MAX_REPLICAS, replicas),
             nproc_per_node=integer(NPROC_PER_NODE, 1),
             generation=integer(GENERATION, 0),
             rdzv_host=env.get(RDZV_HOST) or env.get(MASTER_ADDR, "127.0.0.1"),
             rdzv_port=integer(RDZV_PORT, DEFAULT_RDZV_PORT),
             backend=env.get(BACKEND, "auto"),
             checkpoint_path=env.get(CHECKPOINT_PATH, ""),
-            mode=env.get(MODE, "static"),
-            max_restarts=integer(MAX_RESTARTS, 0),
             membership=env.get(MEMBERSHIP) or "RecreateGroup",
         )
-
-
-def process_env(pod: PodEnv, local_rank: int) -> dict[str, str]:
-    """Per-process variables the agent gives worker ``local_rank`` of ``pod``."""
-    rank = pod.pod_index * pod.nproc_per_node + local_rank
-    return {
-        RANK: str(rank),
-        LOCAL_RANK: str(local_rank),
-        WORLD_SIZE: str(pod.world_size),
-        LOCAL_WORLD_SIZE: str(pod.nproc_per_node),
-        GROUP_RANK: str(pod.pod_index),
-        NODE_RANK: str(pod.pod_index),
-        MASTER_ADDR: pod.rdzv_host,
-        MASTER_PORT: str(pod.rdzv_port),
-        TORCHELASTIC_RESTART_COUNT: str(pod.generation),
-        TORCHELASTIC_RUN_ID: pod.run_id,
-    }
 
 
 # --- the termination message: the runtime's failure summary, read by the operator ---------

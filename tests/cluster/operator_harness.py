@@ -49,7 +49,9 @@ class OperatorProcess:
     def log_path(self) -> Path:
         return self.log_dir / f"operator-{self.starts}.log"
 
-    def start(self) -> None:
+    def start(self, *, wait: bool = True) -> None:
+        """Start a new operator process; with ``wait``, return once its liveness endpoint
+        answers. Without, return at once (a chaos test may kill it before it is up)."""
         self.starts += 1
         port = free_port()
         log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
@@ -70,6 +72,8 @@ class OperatorProcess:
             env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)},
             cwd=REPO,
         )
+        if not wait:
+            return
 
         def healthy() -> bool:
             assert self.proc is not None

@@ -40,8 +40,8 @@ def test_two_pods_share_one_group_and_rank0_writes_the_job_storage(tmp_path: Pat
     procs = []
     for index in range(2):
         pod = PodEnv(
-            job_name="demo", namespace="ns", pod_index=index, replicas=2, min_replicas=2,
-            max_replicas=2, nproc_per_node=2, generation=0, rdzv_host="127.0.0.1",
+            job_name="demo", namespace="ns", pod_index=index, replicas=2,
+            nproc_per_node=2, generation=0, rdzv_host="127.0.0.1",
             rdzv_port=port, backend="gloo", checkpoint_path=str(storage),
         )  # fmt: skip
         env = {**os.environ, **pod.to_env()}

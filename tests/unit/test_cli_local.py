@@ -109,7 +109,7 @@ def test_failed_pod_stops_the_group_and_sets_the_exit_code(
         sys.exit(3)
     time.sleep(600)
     """
-    path = write_job(tmp_path, script)
+    path = write_job(tmp_path, script, extra_spec={"failurePolicy": {"maxRestarts": 0}})
     assert main(["run", "-f", str(path), "--grace-period", "5"]) == 3
     out = capsys.readouterr().out
     assert "[rank 1] rank 1 failing" in out
@@ -125,7 +125,11 @@ def test_failure_restarts_the_group_as_the_next_generation(
     print(f"gen={gen} restart_count={os.environ['TORCHELASTIC_RESTART_COUNT']}", flush=True)
     sys.exit(7 if gen == "0" and os.environ["RANK"] == "0" else 0)
     """
-    path = write_job(tmp_path, script, extra_spec={"failurePolicy": {"maxRestarts": 1}})
+    path = write_job(
+        tmp_path,
+        script,
+        extra_spec={"failurePolicy": {"maxRestarts": 1, "backoff": {"initialSeconds": 0}}},
+    )
     assert main(["run", "-f", str(path)]) == 0
     out = capsys.readouterr().out
     assert "[rank 0] gen=1 restart_count=1" in out
@@ -134,7 +138,12 @@ def test_failure_restarts_the_group_as_the_next_generation(
 
 
 def test_restart_budget_is_honoured(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = write_job(tmp_path, "import sys; sys.exit(5)", replicas=1)
+    path = write_job(
+        tmp_path,
+        "import sys; sys.exit(5)",
+        replicas=1,
+        extra_spec={"failurePolicy": {"backoff": {"initialSeconds": 0}}},
+    )
     assert main(["run", "-f", str(path), "--max-restarts", "2"]) == 5
     out = capsys.readouterr().out
     assert out.count("generation") >= 3

@@ -133,7 +133,7 @@ def test_failure_policy_is_deterministic() -> None:
     ],
 )
 def test_scaling_policy(state: RunState, now: float, available: int, expected: object) -> None:
-    decision = ScalingPolicy(min_workers=2, max_workers=4, grow_cooldown_s=10).decide(
+    decision = ScalingPolicy(min_workers=2, max_workers=4, grow_cooldown_s=10).decide_for(
         state, now_s=now, available_workers=available
     )
     assert type(decision) is type(expected)

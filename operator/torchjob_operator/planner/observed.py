@@ -10,23 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from enum import Enum
 from typing import Any
 
 from torchjob import contract
 from torchjob.api.models import FailureRecord, Phase
-
-DISRUPTION_REASONS = frozenset(
-    {
-        "PreemptionByScheduler",
-        "PreemptionByKubeScheduler",
-        "DeletionByTaintManager",
-        "EvictionByEvictionAPI",
-        "DeletionByPodGC",
-        "TerminationByKubelet",
-    }
-)
-"""Reasons of the DisruptionTarget condition that mean the cluster took the pod away."""
+from torchjob.plan.member import MemberPhase
 
 IMAGE_PULL_REASONS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
@@ -41,17 +29,13 @@ NODE_LOSS_REASONS = frozenset({"NodeLost", "Evicted", "Shutdown", "NodeShutdown"
 """``pod.status.reason`` values set when a node goes away or the kubelet evicts."""
 
 
-class PodPhase(str, Enum):
-    PENDING = "Pending"
-    RUNNING = "Running"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    UNKNOWN = "Unknown"
+PodPhase = MemberPhase
+"""Pod phases are the members' phases (``torchjob.plan.member``)."""
 
 
 @dataclass(frozen=True)
 class PodView:
-    """One worker pod as the planner needs it."""
+    """One worker pod as the planner needs it: a ``torchjob.plan.Member``."""
 
     name: str
     index: int

@@ -1,8 +1,9 @@
 """The reconcile decision: (spec, the job's status, observed pods, clock) -> Plan.
 
-``plan`` is the whole brain of the operator and does no I/O: the kopf
-adapter (``torchjob_operator.handlers``) reads the world, calls it, and carries
-the plan out (deletes, then creates, then one status patch, then Events).
+``plan`` is the Kubernetes view over the shared decisions in ``torchjob.plan``
+(judgement, failure verdict, counters, deadline) and does no I/O:
+``torchjob_operator.reconcile`` reads the world, calls it, and carries the plan
+out (creates, then one status patch, then relabels and deletes, then Events).
 Calling it twice with the same inputs gives the same plan, and every plan is
 safe to carry out twice, which is what makes the operator level-based and
 restartable at any moment.
@@ -11,8 +12,10 @@ Semantics (docs/api.md explains them for users):
 
 * Membership is decided in *generations*. All pods of a generation carry its
   number; any membership change (failure restart, disruption, rescale, resume)
-  starts generation g+1. Pods of an older generation are deleted before the new
-  generation's pods are created, because they share names and rendezvous.
+  starts generation g+1. The status records the new generation before pods of an
+  older generation are deleted (they are deleted because their label is older),
+  and they are gone before the new generation's pods are created, because they
+  share names and rendezvous.
   Under ``membershipPolicy: KeepSurvivors`` the pods that still run where they
   were placed are kept instead and relabelled with g+1; only the lost ones are
   replaced, and the runtime in the pods re-forms the process group.
@@ -47,12 +50,7 @@ from torchjob.api.models import (
     TorchJobSpec,
 )
 from torchjob_operator.planner import conditions as cond
-from torchjob_operator.planner.failure import (
-    Outcome,
-    Verdict,
-    decide_failure,
-    judge_generation,
-)
+from torchjob.plan import Counters, Outcome, Verdict, deadline_left, decide_failure, judge_generation
 from torchjob_operator.planner.observed import (
     IMAGE_PULL_REASONS,
     JobState,
@@ -140,9 +138,21 @@ class _Draft:
             self.events.append(Event("Warning" if warning else "Normal", reason, message))
         self.phase, self.reason, self.message = phase, reason, message
 
-    def next_generation(self, replicas: int) -> None:
-        self.generation += 1
+    def counters(self) -> Counters:
+        return Counters(self.generation, self.restarts, self.disruptions)
+
+    def count(self, counters: Counters, replicas: int) -> None:
+        """Adopt the counters of a decision (``torchjob.plan.generation``) and the new size."""
+        self.generation, self.restarts, self.disruptions = (
+            counters.generation,
+            counters.restarts,
+            counters.disruptions,
+        )
         self.replicas = replicas
+
+    def next_generation(self, replicas: int) -> None:
+        """A resize: the next generation, charged to no counter."""
+        self.count(self.counters().resized(), replicas)
 
 
 def _selector(name: str) -> str:
@@ -306,9 +316,9 @@ def plan(
         d.transition(Phase.PENDING, "Resumed", cond.message("Resumed"))
 
     deadline = spec.run_policy.active_deadline_seconds
-    if deadline is not None and d.start_time is not None:
-        expires = d.start_time + timedelta(seconds=deadline)
-        if now >= expires:
+    left = deadline_left(deadline, d.start_time, now)
+    if left is not None:
+        if left <= 0:
             _end(
                 d,
                 Phase.FAILED,
@@ -317,7 +327,7 @@ def plan(
             )
             _finish(d, pods, deadline=True)
             return _plan(d, pods, pods)
-        d.requeue.append((expires - now).total_seconds())
+        d.requeue.append(left)
 
     # A user's scale (spec.replicas changed) always starts a generation of the new size. An
     # elastic job may run below spec.replicas after a shrink; that is not a scale request.
@@ -356,8 +366,7 @@ def plan(
         return _plan(d, pods, current)
 
     if verdict.outcome == Outcome.DISRUPTED:
-        d.disruptions += 1
-        d.next_generation(spec.replicas)
+        d.count(d.counters().disrupted(), spec.replicas)
         d.restart_after = None
         d.transition(
             Phase.RESTARTING,
@@ -383,8 +392,7 @@ def plan(
             _end(d, Phase.FAILED, decision.verdict.value, text)
             _finish(d, pods)
             return _plan(d, pods, current)
-        d.restarts = decision.restarts_after
-        d.next_generation(spec.replicas)
+        d.count(d.counters().restarted(decision), spec.replicas)
         d.restart_after = now + timedelta(seconds=decision.backoff_s)
         d.transition(Phase.RESTARTING, "WorkerFailed", text, warning=True)
 

@@ -39,22 +39,8 @@ def job_labels(name: str) -> dict[str, str]:
 def pod_env(
     *, name: str, namespace: str, spec: TorchJobSpec, index: int, generation: int, replicas: int
 ) -> contract.PodEnv:
-    return contract.PodEnv(
-        job_name=name,
-        namespace=namespace,
-        pod_index=index,
-        replicas=replicas,
-        min_replicas=spec.min_replicas,
-        max_replicas=spec.max_replicas,
-        nproc_per_node=spec.resolved_nproc_per_node(),
-        generation=generation,
-        rdzv_host=contract.worker_hostname(name, 0, namespace),
-        rdzv_port=contract.DEFAULT_RDZV_PORT,
-        backend=spec.backend.value,
-        checkpoint_path=spec.checkpoint.location if spec.checkpoint else "",
-        mode="elastic" if spec.elastic else "static",
-        max_restarts=spec.failure_policy.max_restarts,
-        membership=spec.membership_policy.value,
+    return contract.PodEnv.for_worker(
+        spec, job_name=name, namespace=namespace, index=index, generation=generation, replicas=replicas
     )
 
 

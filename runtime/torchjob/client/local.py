@@ -8,10 +8,13 @@ free port. So a manifest that works here sees the same environment contract on
 the cluster. What the local runner does not do: images, volumes, ``valueFrom``
 env, resources (other than counting GPUs for ``nprocPerNode: gpu``).
 
-Failure semantics follow the operator's static mode: when any pod fails the
-whole group is stopped and, while ``spec.failurePolicy.maxRestarts`` allows,
-restarted as the next generation (with ``TORCHELASTIC_RESTART_COUNT`` and
-``TORCHJOB_GENERATION`` incremented).
+Failure semantics are the operator's (``torchjob.plan``, the same functions): when a
+pod fails the whole group is stopped and judged; a process killed by a signal from
+outside is a disruption (never charged), a non-zero exit a failure: a permanent exit
+code (``spec.failurePolicy``) ends the run, otherwise the group restarts as the next
+generation (``TORCHJOB_GENERATION`` and ``TORCHELASTIC_RESTART_COUNT`` incremented)
+after the policy's backoff, while ``maxRestarts`` allows. ``activeDeadlineSeconds``
+ends the run when it expires.
 """
 
 from __future__ import annotations
@@ -21,15 +24,28 @@ import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import IO
+from datetime import datetime, timezone
+from typing import IO, Literal
 
 from torchjob import contract
+from torchjob.api.models import TorchJobSpec
 from torchjob.client.manifest import Manifest
+from torchjob.plan import (
+    Counters,
+    Member,
+    MemberPhase,
+    Outcome,
+    Verdict,
+    deadline_left,
+    decide_failure,
+    judge_generation,
+)
 
 _PYTHON_NAMES = ("python", "python3", f"python3.{sys.version_info.minor}")
 
@@ -45,14 +61,6 @@ class LocalRunResult:
     failed_pod: int | None = None
     """Index of the pod whose failure ended the run (the first to fail), if any."""
     pod_exit_codes: dict[int, int] = field(default_factory=dict)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the rendezvous port of a local generation)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def visible_gpu_count() -> int:
@@ -80,29 +88,118 @@ def resolve_nproc_per_node(value: int | str) -> int:
 def pod_env(
     manifest: Manifest, *, index: int, port: int, generation: int, nproc: int
 ) -> dict[str, str]:
-    """The environment of local pod ``index``: ours, then the template's, then the contract's."""
+    """The environment of local pod ``index``: ours, then the template's, then the contract's
+    (built by ``PodEnv.for_worker``, as the operator builds a pod's)."""
     container = manifest.container()
-    pod = contract.PodEnv(
+    pod = contract.PodEnv.for_worker(
+        manifest.job.spec,
         job_name=manifest.name,
         namespace=manifest.namespace or "default",
-        pod_index=index,
-        replicas=manifest.replicas,
-        min_replicas=manifest.min_replicas,
-        max_replicas=manifest.max_replicas,
-        nproc_per_node=nproc,
+        index=index,
         generation=generation,
+        replicas=manifest.replicas,
         rdzv_host="127.0.0.1",
         rdzv_port=port,
-        backend=manifest.backend,
-        checkpoint_path=manifest.checkpoint_path,
-        mode="elastic" if manifest.elastic else "static",
-        max_restarts=manifest.max_restarts,
+        nproc_per_node=nproc,
     )
     env = dict(os.environ)
     env.update(container.env)
     env.update(pod.to_env())
     env[contract.POD_NAME] = contract.worker_pod_name(manifest.name, index)
     return env
+
+
+_OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+
+
+@dataclass(frozen=True)
+class LocalMember:
+    """One local pod's process as a ``torchjob.plan.Member``."""
+
+    name: str
+    index: int
+    phase: MemberPhase = MemberPhase.RUNNING
+    exit_code: int | None = None
+    reason: str = ""
+    disruption: str | None = None
+    finished_at: datetime | None = None
+    summary: str = ""
+    peer_failure: bool = False
+    deleting: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.phase in (MemberPhase.PENDING, MemberPhase.RUNNING)
+
+
+def process_member(
+    job: str, index: int, returncode: int | None, finished_at: datetime | None = None
+) -> LocalMember:
+    """A local pod from its process's return code (None: still running). Killed by a signal
+    it did not send itself (SIGKILL, SIGTERM ...): taken away, a disruption, as a preempted
+    pod is; any other non-zero exit: a failure, with the code a container would report."""
+    name = contract.worker_pod_name(job, index)
+    if returncode is None:
+        return LocalMember(name, index)
+    if returncode == 0:
+        return LocalMember(name, index, MemberPhase.SUCCEEDED, 0, "Completed", None, finished_at)
+    if returncode < 0:
+        sig = signal.Signals(-returncode)
+        code = 128 - returncode
+        taken = f"killed by {sig.name}" if sig in _OUTSIDE_SIGNALS else None
+        return LocalMember(
+            name, index, MemberPhase.FAILED, code, sig.name, taken, finished_at
+        )
+    return LocalMember(name, index, MemberPhase.FAILED, returncode, "Error", None, finished_at)
+
+
+@dataclass(frozen=True)
+class LocalDecision:
+    """What ``torchjob run`` does after looking at a generation (see ``decide``)."""
+
+    action: Literal["continue", "succeed", "restart", "fail"]
+    counters: Counters
+    reason: str = ""
+    """The condition reason the operator would give (``WorkerFailed``, ``PermanentFailure`` ...)."""
+    detail: str = ""
+    backoff_s: float = 0.0
+    culprit: int | None = None
+
+
+def decide(
+    spec: TorchJobSpec,
+    counters: Counters,
+    members: Sequence[Member],
+    *,
+    start_time: datetime,
+    now: datetime,
+) -> LocalDecision:
+    """The local launcher's decision over one generation: the operator's rules
+    (``torchjob.plan``), with local processes as the members."""
+    left = deadline_left(spec.run_policy.active_deadline_seconds, start_time, now)
+    if left is not None and left <= 0:
+        return LocalDecision(
+            "fail",
+            counters,
+            "DeadlineExceeded",
+            f"activeDeadlineSeconds={spec.run_policy.active_deadline_seconds} exceeded",
+        )
+    j = judge_generation(members, replicas=len(members))
+    culprit = j.culprit.index if j.culprit is not None else None
+    if j.outcome is Outcome.SUCCEEDED:
+        return LocalDecision("succeed", counters, "AllWorkersSucceeded")
+    if j.outcome is Outcome.DISRUPTED:
+        return LocalDecision("restart", counters.disrupted(), "WorkerDisrupted", j.detail, 0.0, culprit)
+    if j.outcome is Outcome.FAILED:
+        assert j.culprit is not None
+        d = decide_failure(j.culprit.exit_code, restarts=counters.restarts, policy=spec.failure_policy)
+        detail = f"{j.detail}; {d.explanation}"
+        if d.verdict is Verdict.RESTART_GROUP:
+            return LocalDecision(
+                "restart", counters.restarted(d), "WorkerFailed", detail, d.backoff_s, culprit
+            )
+        return LocalDecision("fail", counters, d.verdict.value, detail, 0.0, culprit)
+    return LocalDecision("continue", counters)
 
 
 def local_argv(argv: list[str]) -> list[str]:
@@ -188,10 +285,15 @@ def run_local(
         )
     argv = local_argv(container.argv)
     nproc = resolve_nproc_per_node(manifest.nproc_per_node)
-    budget = manifest.max_restarts if max_restarts is None else max_restarts
-    generation = 0
+    spec = manifest.job.spec
+    if max_restarts is not None:
+        policy = spec.failure_policy.model_copy(update={"max_restarts": max_restarts})
+        spec = spec.model_copy(update={"failure_policy": policy})
+    counters = Counters()
+    start_time = _now()
     while True:
-        port = free_port()
+        generation = counters.generation
+        port = contract.free_port()
         printer.note(
             f"job {manifest.name}: generation {generation}, {manifest.replicas} pod(s) x "
             f"{nproc} proc(s), rendezvous 127.0.0.1:{port}"
@@ -216,17 +318,19 @@ def run_local(
             pumps.append(pump)
             threading.Thread(target=_await_exit, args=(proc, i, exits), daemon=True).start()
         codes: dict[int, int] = {}
-        failed: int | None = None
+        members = [process_member(manifest.name, i, None) for i in range(manifest.replicas)]
+        decision = LocalDecision("continue", counters)
         try:
-            while len(codes) < len(procs):
-                idx, rc = exits.get()
-                codes[idx] = rc
-                if rc != 0 and failed is None:
-                    failed = idx
-                    printer.note(
-                        f"pod {contract.worker_pod_name(manifest.name, idx)} failed: exit code {rc}"
-                    )
-                    _stop(procs, grace_period_s)
+            while decision.action == "continue":
+                left = deadline_left(spec.run_policy.active_deadline_seconds, start_time, _now())
+                try:
+                    idx, rc = exits.get(timeout=None if left is None else max(left, 0.0))
+                except queue.Empty:
+                    pass
+                else:
+                    codes[idx] = rc
+                    members[idx] = process_member(manifest.name, idx, rc, _now())
+                decision = decide(spec, counters, members, start_time=start_time, now=_now())
         except KeyboardInterrupt:
             printer.note("interrupted: stopping all pods")
             _stop(procs, grace_period_s)
@@ -235,19 +339,37 @@ def run_local(
             return LocalRunResult(
                 130, generation + 1, None, {i: p.returncode for i, p in enumerate(procs)}
             )
+        if decision.culprit is not None and decision.action != "succeed":
+            rc = codes.get(decision.culprit, 0)
+            printer.note(
+                f"pod {contract.worker_pod_name(manifest.name, decision.culprit)} failed: "
+                f"exit code {rc}"
+            )
+        _stop(procs, grace_period_s)
         for pump in pumps:
             pump.join(timeout=30)
-        if failed is None:
+        if decision.action == "succeed":
             printer.note(f"job {manifest.name} succeeded")
             return LocalRunResult(0, generation + 1, None, codes)
-        if generation >= budget:
+        if decision.action == "fail":
             printer.note(
-                f"job {manifest.name} failed: pod {failed} exited {codes[failed]} "
-                f"(restarts used {generation}/{budget})"
+                f"job {manifest.name} failed ({decision.reason}): {decision.detail} "
+                f"(restarts used {counters.restarts}/{spec.failure_policy.max_restarts})"
             )
-            rc = codes[failed]
-            return LocalRunResult(rc if rc > 0 else 128 - rc, generation + 1, failed, codes)
-        generation += 1
+            rc = codes.get(decision.culprit, 1) if decision.culprit is not None else 1
+            return LocalRunResult(
+                rc if rc > 0 else 128 - rc, generation + 1, decision.culprit, codes
+            )
+        counters = decision.counters
+        wait = f" in {decision.backoff_s:g}s" if decision.backoff_s else ""
         printer.note(
-            f"restarting the group as generation {generation} ({generation}/{budget} restarts)"
+            f"{decision.reason}: {decision.detail}; restarting the group as generation "
+            f"{counters.generation}{wait} ({counters.restarts}/{spec.failure_policy.max_restarts} "
+            f"restarts, {counters.disruptions} disruptions)"
         )
+        if decision.backoff_s:
+            time.sleep(decision.backoff_s)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)

@@ -7,17 +7,9 @@ processes this pod runs and which global ranks they get.
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 
-from torchjob.contract import PodEnv
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+from torchjob.contract import PodEnv, free_port
 
 
 @dataclass(frozen=True)

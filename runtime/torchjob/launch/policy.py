@@ -1,7 +1,10 @@
 """Pure decisions of the local controller: restart, shrink, grow or give up.
 
 Ray Train V2's split: policies return decision *values*; the controller
-(``torchjob.train._controller``) carries them out. Policies hold configuration
+(``torchjob.train.trainer._Controller``) carries them out. The rules themselves
+(restart budget, backoff, counters, growing back) are ``torchjob.plan``'s, the
+ones the operator and ``torchjob run`` use; this module maps worker processes'
+failures onto them. Policies hold configuration
 only. Counters (failures charged, generation, reports) live in the
 :class:`RunState` passed in, so ``decide`` gives the same answer for the same
 inputs and every branch is unit-testable without processes.
@@ -18,7 +21,25 @@ from __future__ import annotations
 
 import enum
 import signal
-from dataclasses import dataclass, replace
+import sys
+from dataclasses import dataclass, field, replace
+
+from torchjob.api import models as api
+from torchjob.api.models import Backoff
+from torchjob.plan import Counters, Noop, Resize, Verdict, decide_failure, resize
+
+__all__ = [
+    "Fail",
+    "FailureKind",
+    "FailurePolicy",
+    "Noop",
+    "Resize",
+    "RestartGroup",
+    "RunState",
+    "ScalingPolicy",
+    "WorkerFailure",
+    "next_generation",
+]
 
 
 class FailureKind(enum.Enum):
@@ -77,27 +98,16 @@ class RestartGroup:
 
 
 @dataclass(frozen=True)
-class Resize:
-    """Stop the running generation at its next checkpoint and re-form it with ``num_workers``."""
-
-    num_workers: int
-    reason: str
-
-
-@dataclass(frozen=True)
 class Fail:
     """Give up: the run ends with this error."""
 
     reason: str
 
 
-@dataclass(frozen=True)
-class Noop:
-    """Keep going."""
-
-
 FailureDecision = RestartGroup | Fail
-ScalingDecision = Resize | Noop
+
+
+_UNLIMITED = sys.maxsize
 
 
 @dataclass(frozen=True)
@@ -108,76 +118,74 @@ class FailurePolicy:
     """Charged failures allowed; ``None`` is unlimited (Ray's ``max_failures=-1``)."""
     min_workers: int
     max_workers: int
-    backoff_s: float = 0.0
+    backoff: Backoff = field(default_factory=lambda: Backoff(initial_seconds=0, max_seconds=0))
+    """Delay before a charged restart (``torchjob.plan.backoff_seconds``); none by default."""
 
     @property
     def elastic(self) -> bool:
         return self.min_workers < self.max_workers
 
-    def budget_left(self, state: RunState) -> int | None:
-        if self.max_failures is None:
-            return None
-        return max(0, self.max_failures - state.failures)
+    def _policy(self) -> api.FailurePolicy:
+        budget = _UNLIMITED if self.max_failures is None else self.max_failures
+        return api.FailurePolicy(max_restarts=budget, backoff=self.backoff)
 
     def decide(self, state: RunState, failure: WorkerFailure) -> FailureDecision:
         if self.elastic and failure.killed and state.num_workers - 1 >= self.min_workers:
+            # Taken away, not failed: a disruption, never charged (the operator's rule too).
             return RestartGroup(
                 num_workers=state.num_workers - 1,
                 reason=f"rank {failure.rank} lost ({failure.message}); shrinking, not charged",
                 charged=False,
             )
-        left = self.budget_left(state)
-        if left is not None and left <= 0:
+        # A worker's own failure: the shared verdict (budget, backoff).
+        d = decide_failure(None, restarts=state.failures, policy=self._policy())
+        if d.verdict is not Verdict.RESTART_GROUP:
             return Fail(
                 reason=f"rank {failure.rank} failed ({failure.message}) and the failure budget "
                 f"is spent: max_failures={self.max_failures}"
             )
-        budget = "unlimited" if left is None else f"{left - 1} left"
+        left = None if self.max_failures is None else self.max_failures - d.restarts_after
+        budget = "unlimited" if left is None else f"{left} left"
         return RestartGroup(
             num_workers=state.num_workers,
-            reason=f"rank {failure.rank} failed ({failure.message}); restart {state.failures + 1} "
+            reason=f"rank {failure.rank} failed ({failure.message}); restart {d.restarts_after} "
             f"charged, {budget}",
             charged=True,
-            backoff_s=self.backoff_s,
+            backoff_s=d.backoff_s,
         )
 
 
 @dataclass(frozen=True)
-class ScalingPolicy:
-    """When a shrunk elastic group grows back toward ``max_workers``.
+class ScalingPolicy(resize.ScalingPolicy):
+    """``torchjob.plan.ScalingPolicy`` over a :class:`RunState`."""
 
-    It grows once the current generation committed at least one checkpoint (so
-    the resize loses no work) and ``grow_cooldown_s`` passed since it started (so
-    flapping capacity cannot thrash).
-    """
-
-    min_workers: int
-    max_workers: int
-    grow_cooldown_s: float = 0.0
-
-    def decide(self, state: RunState, *, now_s: float, available_workers: int) -> ScalingDecision:
-        target = min(self.max_workers, available_workers)
-        if target <= state.num_workers:
-            return Noop()
-        if state.checkpoints_in_generation < 1:
-            return Noop()
-        if now_s - state.generation_started_s < self.grow_cooldown_s:
-            return Noop()
-        return Resize(
-            num_workers=target,
-            reason=f"capacity for {target} workers (running {state.num_workers}); growing back",
+    def decide_for(
+        self, state: RunState, *, now_s: float, available_workers: int
+    ) -> resize.ScalingDecision:
+        return self.decide(
+            num_workers=state.num_workers,
+            checkpoints_in_generation=state.checkpoints_in_generation,
+            generation_age_s=now_s - state.generation_started_s,
+            available_workers=available_workers,
         )
 
 
 def next_generation(state: RunState, num_workers: int, *, charged: bool, now_s: float) -> RunState:
-    """The state of the generation that follows a restart or resize."""
-    killed_not_charged = not charged and num_workers < state.num_workers
+    """The state of the generation that follows a restart or resize (``torchjob.plan.Counters``:
+    a charged restart counts a failure, a shrink a disruption, a grow neither)."""
+    c = Counters(state.generation, state.failures, state.disruptions)
+    if charged:
+        c = replace(c, generation=c.generation + 1, restarts=c.restarts + 1)
+    elif num_workers < state.num_workers:
+        c = c.disrupted()
+    else:
+        c = c.resized()
     return replace(
         state,
         num_workers=num_workers,
-        generation=state.generation + 1,
-        failures=state.failures + (1 if charged else 0),
-        disruptions=state.disruptions + (1 if killed_not_charged else 0),
+        generation=c.generation,
+        failures=c.restarts,
+        disruptions=c.disruptions,
         checkpoints_in_generation=0,
         generation_started_s=now_s,
     )

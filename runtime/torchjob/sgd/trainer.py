@@ -22,12 +22,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from torchjob.api.models import Backoff, FailurePolicy
 from torchjob.launch import (
     CollectiveTimeoutError,
     WorkerDiedError,
     WorkerGroup,
     WorkerGroupStartError,
 )
+from torchjob.plan import Verdict, decide_failure
 from torchjob.sgd import runner, steps
 
 log = logging.getLogger("torchjob.sgd")
@@ -266,9 +268,18 @@ class PyTorchTrainer:
             try:
                 stats = group.execute(runner.train, num_steps, dict(info or {}))
             except _RETRYABLE as e:
-                if attempt >= max_retries:
+                # The shared verdict (torchjob.plan): the budget is max_retries, no backoff.
+                decision = decide_failure(
+                    None,
+                    restarts=attempt,
+                    policy=FailurePolicy(
+                        max_restarts=max_retries, backoff=Backoff(initial_seconds=0)
+                    ),
+                    permanent=False,
+                )
+                if decision.verdict is not Verdict.RESTART_GROUP:
                     raise
-                attempt += 1
+                attempt = decision.restarts_after
                 log.warning(
                     "train pass failed (%s); restarting %d workers from the checkpoint taken "
                     "before the pass (retry %d/%d)",

@@ -3,7 +3,7 @@
 ``fit()`` is the controller: it forms a worker group (all local processes on a
 laptop; this pod's share of the ranks inside a TorchJob pod), runs the training
 function, and on a failure asks the pure policies in ``torchjob.launch.policy``
-what to do: restart the group from the latest committed checkpoint, shrink an
+(over the shared rules of ``torchjob.plan``) what to do: restart the group from the latest committed checkpoint, shrink an
 elastic group, grow it back, or give up with the root cause. In a pod, restarts
 are the operator's job: a failure ends ``fit`` with an error and the next
 generation's pods resume from the checkpoint.
@@ -77,6 +77,29 @@ def _as_failure(err: LaunchError) -> WorkerFailure:
     if isinstance(err, WorkerGroupError):
         return WorkerFailure(err.rank, FailureKind.ERROR, f"{err.exc_type}: {err.message}")
     return WorkerFailure(0, FailureKind.ERROR, str(err))
+
+
+def _backend(configured: str | None, pod: PodEnv | None) -> str:
+    """The process-group backend: in a pod, the TorchJob's immutable ``spec.backend``
+    (``TORCHJOB_BACKEND``) unless it is ``auto``; else ``TorchConfig.backend``, else auto."""
+    wanted = pod.backend if pod is not None and pod.backend != "auto" else None
+    if wanted and configured and configured != wanted:
+        log.warning(
+            "torchjob: TorchConfig(backend=%r) differs from the TorchJob's spec.backend %r; "
+            "using spec.backend",
+            configured,
+            wanted,
+        )
+    return wanted or configured or "auto"
+
+
+def _available_workers(max_workers: int, use_gpu: bool) -> int:
+    """Workers this machine can run now: one per visible GPU, or any number of CPU processes."""
+    if not use_gpu:
+        return max_workers
+    import torch
+
+    return min(max_workers, torch.cuda.device_count())
 
 
 def _retryable(err: LaunchError) -> bool:
@@ -214,7 +237,7 @@ class _Controller:
             placement = Placement.local(n, generation=state.generation)
         return WorkerGroup(
             n,
-            backend=tc.backend or "auto",
+            backend=_backend(tc.backend, pod),
             use_gpu=self.t.scaling_config.use_gpu,
             timeout_s=tc.timeout_s,
             placement=placement,
@@ -399,8 +422,12 @@ class _Controller:
             ):
                 s = holder["state"]
                 assert isinstance(s, RunState)
-                decision = self.scaling_policy.decide(
-                    s, now_s=time.monotonic(), available_workers=self.scaling_policy.max_workers
+                decision = self.scaling_policy.decide_for(
+                    s,
+                    now_s=time.monotonic(),
+                    available_workers=_available_workers(
+                        self.scaling_policy.max_workers, self.t.scaling_config.use_gpu
+                    ),
                 )
                 if isinstance(decision, Resize):
                     self.pending_resize = decision
@@ -472,7 +499,8 @@ class _Controller:
             f"{decision.num_workers} workers resumes from {where}"
         )
         if decision.backoff_s:
-            time.sleep(decision.backoff_s)
+            view.message(f"[torchjob] restart backoff: {decision.backoff_s:g}s")
+            self.stop_requested.wait(decision.backoff_s)
         return next_generation(
             state, decision.num_workers, charged=decision.charged, now_s=time.monotonic()
         )

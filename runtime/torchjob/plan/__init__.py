@@ -1,0 +1,59 @@
+"""The decisions every launcher shares: pure, typed, torch-free and Kubernetes-free.
+
+One set of rules for the operator (``torchjob_operator.planner``, the Kubernetes view),
+``torchjob run`` (``torchjob.client.local``), ``TorchTrainer``'s controller
+(``torchjob.train.trainer`` through ``torchjob.launch.policy``) and
+``PyTorchTrainer.train`` (``torchjob.sgd.trainer``), so a job fails, restarts and
+counts disruptions the same way on a laptop and on a cluster:
+
+* ``member``: what a launcher observes of one worker (a pod, or a local process), as a
+  ``Member`` protocol, and ``judge_generation``: healthy, succeeded, failed (root
+  cause) or disrupted.
+* ``failure``: the failure verdict: exit-code classes, the restart budget, the
+  backoff (overflow-safe for any input).
+* ``generation``: the counters (generation, restarts, disruptions) and how each
+  decision moves them; the ``activeDeadlineSeconds`` clock.
+* ``resize``: when a shrunk elastic group grows back.
+
+Nothing here imports torch, kubernetes or kopf (``tests/unit/test_layers.py``).
+"""
+
+from __future__ import annotations
+
+from torchjob.plan.failure import (
+    FailureDecision,
+    Verdict,
+    backoff_seconds,
+    decide_failure,
+    is_permanent,
+)
+from torchjob.plan.generation import Counters, deadline_left
+from torchjob.plan.member import (
+    ROOT_CAUSE_GRACE,
+    Judgement,
+    Member,
+    MemberPhase,
+    Outcome,
+    judge_generation,
+)
+from torchjob.plan.resize import Noop, Resize, ScalingDecision, ScalingPolicy
+
+__all__ = [
+    "ROOT_CAUSE_GRACE",
+    "Counters",
+    "FailureDecision",
+    "Judgement",
+    "Member",
+    "MemberPhase",
+    "Noop",
+    "Outcome",
+    "Resize",
+    "ScalingDecision",
+    "ScalingPolicy",
+    "Verdict",
+    "backoff_seconds",
+    "deadline_left",
+    "decide_failure",
+    "is_permanent",
+    "judge_generation",
+]
