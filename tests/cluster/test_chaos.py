@@ -197,7 +197,9 @@ def test_operator_killed_at_random_points_keeps_exact_counters(jobs: Jobs) -> No
     for n in names:
         status = jobs.wait(
             n,
-            lambda s: s if s.get("phase") == "Running" and s.get("createdGeneration") == 1 else None,
+            lambda s: (
+                s if s.get("phase") == "Running" and s.get("createdGeneration") == 1 else None
+            ),
             f"{n} Running in generation 1",
         )
         got = (status["currentGeneration"], status["restarts"], status["disruptions"])

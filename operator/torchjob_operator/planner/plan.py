@@ -49,8 +49,15 @@ from torchjob.api.models import (
     Phase,
     TorchJobSpec,
 )
+from torchjob.plan import (
+    Counters,
+    Outcome,
+    Verdict,
+    deadline_left,
+    decide_failure,
+    judge_generation,
+)
 from torchjob_operator.planner import conditions as cond
-from torchjob.plan import Counters, Outcome, Verdict, deadline_left, decide_failure, judge_generation
 from torchjob_operator.planner.observed import (
     IMAGE_PULL_REASONS,
     JobState,
@@ -376,7 +383,7 @@ def plan(
         )
     elif verdict.outcome == Outcome.FAILED:
         culprit = verdict.culprit
-        assert culprit is not None
+        assert isinstance(culprit, PodView)
         d.last_failure = FailureRecord(
             pod=culprit.name,
             exit_code=culprit.exit_code,

@@ -40,7 +40,12 @@ def pod_env(
     *, name: str, namespace: str, spec: TorchJobSpec, index: int, generation: int, replicas: int
 ) -> contract.PodEnv:
     return contract.PodEnv.for_worker(
-        spec, job_name=name, namespace=namespace, index=index, generation=generation, replicas=replicas
+        spec,
+        job_name=name,
+        namespace=namespace,
+        index=index,
+        generation=generation,
+        replicas=replicas,
     )
 
 

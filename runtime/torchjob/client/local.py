@@ -147,9 +147,7 @@ def process_member(
         sig = signal.Signals(-returncode)
         code = 128 - returncode
         taken = f"killed by {sig.name}" if sig in _OUTSIDE_SIGNALS else None
-        return LocalMember(
-            name, index, MemberPhase.FAILED, code, sig.name, taken, finished_at
-        )
+        return LocalMember(name, index, MemberPhase.FAILED, code, sig.name, taken, finished_at)
     return LocalMember(name, index, MemberPhase.FAILED, returncode, "Error", None, finished_at)
 
 
@@ -189,10 +187,14 @@ def decide(
     if j.outcome is Outcome.SUCCEEDED:
         return LocalDecision("succeed", counters, "AllWorkersSucceeded")
     if j.outcome is Outcome.DISRUPTED:
-        return LocalDecision("restart", counters.disrupted(), "WorkerDisrupted", j.detail, 0.0, culprit)
+        return LocalDecision(
+            "restart", counters.disrupted(), "WorkerDisrupted", j.detail, 0.0, culprit
+        )
     if j.outcome is Outcome.FAILED:
         assert j.culprit is not None
-        d = decide_failure(j.culprit.exit_code, restarts=counters.restarts, policy=spec.failure_policy)
+        d = decide_failure(
+            j.culprit.exit_code, restarts=counters.restarts, policy=spec.failure_policy
+        )
         detail = f"{j.detail}; {d.explanation}"
         if d.verdict is Verdict.RESTART_GROUP:
             return LocalDecision(

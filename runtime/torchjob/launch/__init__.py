@@ -33,6 +33,7 @@ Functions travel with cloudpickle, so lambdas and closures work.
 Restart/shrink/grow decisions are pure functions in :mod:`torchjob.launch.policy`.
 """
 
+from torchjob.contract import free_port
 from torchjob.launch.errors import (
     CollectiveTimeoutError,
     LaunchError,
@@ -42,7 +43,7 @@ from torchjob.launch.errors import (
     describe_exit,
 )
 from torchjob.launch.group import Execution, WorkerGroup, resolve_backend
-from torchjob.launch.placement import Placement, free_port
+from torchjob.launch.placement import Placement
 from torchjob.launch.worker import (
     WorkerInfo,
     request_stop,
