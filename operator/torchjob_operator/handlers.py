@@ -22,7 +22,7 @@ from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION
 from torchjob_operator import metrics
 from torchjob_operator import settings as settings_mod
-from torchjob_operator.kube import Kube
+from torchjob_operator.kube import Kube, KubeClient
 from torchjob_operator.reconcile import reconcile_once
 
 log = logging.getLogger("torchjob_operator")
@@ -94,7 +94,7 @@ RECONCILER: Reconciler | None = None
 def _reconciler() -> Reconciler:
     global RECONCILER
     if RECONCILER is None:
-        RECONCILER = Reconciler(Kube())
+        RECONCILER = Reconciler(KubeClient())
     return RECONCILER
 
 

@@ -12,7 +12,7 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -63,7 +63,28 @@ def _create_once(create: Callable[..., Any], kind: str, body: dict[str, Any]) ->
         raise KubeError("create", f"{kind} {ns}/{name}", e) from e
 
 
-class Kube:
+class Kube(Protocol):
+    """What the reconciler needs of the API server (``KubeClient``; an in-memory fake in
+    ``tests/unit/test_reconcile.py``). Creates are False on AlreadyExists, deletes and
+    labels False on NotFound: every action is safe to repeat."""
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
+    def delete_job(self, namespace: str, name: str) -> None: ...
+    def list_worker_pods(self, namespace: str, job: str) -> list[dict[str, Any]]: ...
+    def create_pod(self, body: dict[str, Any]) -> bool: ...
+    def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> bool: ...
+    def delete_pod(self, namespace: str, name: str) -> bool: ...
+    def ensure_service(self, body: dict[str, Any]) -> bool: ...
+    def ensure_rbac_object(self, kind: str, body: dict[str, Any]) -> bool: ...
+    def post_event(
+        self, job: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
+    ) -> None: ...
+
+
+class KubeClient:
+    """``Kube`` over the kubernetes client."""
+
     def __init__(self, api_client: client.ApiClient | None = None) -> None:
         self.api = api_client or client.ApiClient()
         self.core = client.CoreV1Api(self.api)

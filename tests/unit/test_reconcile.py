@@ -1,0 +1,239 @@
+"""``reconcile_once`` over an in-memory ``Kube`` and a fake clock: the adapter's order.
+
+The cluster tests (tests/cluster/test_chaos.py) are the proof against the real API
+server; this one makes the order of the writes cheap to check exhaustively: the
+operator "crashes" (an exception) at every mutating call in turn, then runs again,
+and the counters must be exactly what one uninterrupted run gives.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from torchjob import contract
+from torchjob_operator.kube import Kube
+from torchjob_operator.reconcile import reconcile_once
+from torchjob_operator.settings import OperatorSettings
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+MUTATING = ("create_pod", "patch_job_status", "label_pod", "delete_pod")
+
+
+class Crash(Exception):
+    """The operator died here."""
+
+
+class FakeKube:
+    """A namespace in memory: one TorchJob, its pods; deletions are immediate (grace 0)."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.job: dict[str, Any] = {
+            "apiVersion": "torchjob.io/v1alpha1",
+            "kind": "TorchJob",
+            "metadata": {"name": "tj", "namespace": "ns", "uid": "u1", "generation": 1},
+            "spec": spec,
+            "status": {},
+        }
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.calls: list[str] = []
+        self.crash_at: int | None = None
+        """Raise Crash instead of the crash_at-th mutating call (0-based)."""
+        self.mutations = 0
+
+    def _mutate(self, what: str) -> None:
+        if self.crash_at is not None and self.mutations == self.crash_at:
+            self.crash_at = None
+            raise Crash(what)
+        self.mutations += 1
+        self.calls.append(what)
+
+    # --- Kube --------------------------------------------------------------------------
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.job)
+
+    def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        self._mutate("patch_job_status")
+        merged = dict(self.job["status"])
+        for k, v in status.items():
+            if v is None:
+                merged.pop(k, None)
+            else:
+                merged[k] = copy.deepcopy(v)
+        self.job["status"] = merged
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        raise AssertionError("not in these scenarios")
+
+    def list_worker_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        return [copy.deepcopy(p) for p in self.pods.values()]
+
+    def create_pod(self, body: dict[str, Any]) -> bool:
+        name = body["metadata"]["name"]
+        if name in self.pods:
+            return False
+        self._mutate("create_pod")
+        self.pods[name] = {**copy.deepcopy(body), "status": {"phase": "Pending"}}
+        return True
+
+    def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> bool:
+        if name not in self.pods:
+            return False
+        self._mutate("label_pod")
+        self.pods[name]["metadata"]["labels"].update(labels)
+        return True
+
+    def delete_pod(self, namespace: str, name: str) -> bool:
+        if name not in self.pods:
+            return False
+        self._mutate("delete_pod")
+        del self.pods[name]
+        return True
+
+    def ensure_service(self, body: dict[str, Any]) -> bool:
+        return False
+
+    def ensure_rbac_object(self, kind: str, body: dict[str, Any]) -> bool:
+        return False
+
+    def post_event(
+        self, job: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
+    ) -> None:
+        self.calls.append(f"event:{reason}")
+
+    # --- the kubelet and the cluster ---------------------------------------------------
+    def run_all(self) -> None:
+        for p in self.pods.values():
+            if p["status"]["phase"] == "Pending":
+                p["spec"]["nodeName"] = "node-1"
+                p["status"] = {
+                    "phase": "Running",
+                    "conditions": [
+                        {"type": "PodScheduled", "status": "True"},
+                        {"type": "Ready", "status": "True"},
+                    ],
+                }
+
+    def exit(self, name: str, code: int) -> None:
+        self.pods[name]["status"] = {
+            "phase": "Failed" if code else "Succeeded",
+            "containerStatuses": [
+                {
+                    "name": "trainer",
+                    "state": {
+                        "terminated": {
+                            "exitCode": code,
+                            "reason": "Error",
+                            "finishedAt": "2026-01-01T00:00:05Z",
+                        }
+                    },
+                }
+            ],
+        }
+
+    def evict(self, name: str) -> None:
+        del self.pods[name]
+
+
+def _spec(replicas: int = 3) -> dict[str, Any]:
+    return {
+        "replicas": replicas,
+        "failurePolicy": {"maxRestarts": 3, "backoff": {"initialSeconds": 5, "maxSeconds": 5}},
+        "template": {"spec": {"containers": [{"name": "trainer", "image": "img"}]}},
+    }
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def _reconcile(kube: Kube, clock: Clock) -> None:
+    reconcile_once(kube, "ns", "tj", settings=OperatorSettings(), clock=clock)
+
+
+def _settle(kube: FakeKube, clock: Clock, passes: int = 8) -> None:
+    """Reconcile until nothing changes, as the operator's loop would (requeues included)."""
+    for _ in range(passes):
+        _reconcile(kube, clock)
+        kube.run_all()
+        clock.now += timedelta(seconds=6)  # past any backoff of these scenarios
+
+
+def _generations(kube: FakeKube) -> set[int]:
+    return {int(p["metadata"]["labels"][contract.LABEL_GENERATION]) for p in kube.pods.values()}
+
+
+def _running_job(clock: Clock) -> FakeKube:
+    kube = FakeKube(_spec())
+    _settle(kube, clock, passes=3)
+    assert kube.job["status"]["phase"] == "Running"
+    assert _generations(kube) == {0} and len(kube.pods) == 3
+    return kube
+
+
+def test_the_decision_is_written_before_any_older_pod_is_deleted() -> None:
+    clock = Clock()
+    kube = _running_job(clock)
+    kube.exit("tj-worker-1", 1)
+    kube.calls.clear()
+    _reconcile(kube, clock)
+    mutations = [c for c in kube.calls if c in MUTATING]
+    assert mutations[0] == "patch_job_status", kube.calls
+    assert mutations[1:] == ["delete_pod"] * 3
+    status = kube.job["status"]
+    assert (status["currentGeneration"], status["restarts"], status["disruptions"]) == (1, 1, 0)
+    # Events only after the status landed.
+    assert kube.calls.index("patch_job_status") < kube.calls.index("event:WorkerFailed")
+
+
+def _scenario(inject: str) -> FakeKube:
+    clock = Clock()
+    kube = _running_job(clock)
+    if inject == "failure":
+        kube.exit("tj-worker-1", 1)
+    else:
+        kube.evict("tj-worker-2")
+    return kube
+
+
+@pytest.mark.parametrize(("inject", "expected"), [("failure", (1, 1, 0)), ("eviction", (1, 0, 1))])
+def test_a_crash_at_any_write_replays_the_same_decision(
+    inject: str, expected: tuple[int, int, int]
+) -> None:
+    # How many mutating calls one uninterrupted recovery takes.
+    clean = _scenario(inject)
+    start = clean.mutations
+    _settle(clean, _clock_after(T0))
+    total = clean.mutations - start
+    assert total >= 4
+    for crash_at in range(total):
+        kube = _scenario(inject)
+        clock = _clock_after(T0)
+        kube.crash_at = kube.mutations + crash_at
+        with pytest.raises(Crash):
+            for _ in range(8):
+                _reconcile(kube, clock)
+                kube.run_all()
+                clock.now += timedelta(seconds=6)
+        _settle(kube, clock)
+        status = kube.job["status"]
+        got = (status["currentGeneration"], status["restarts"], status["disruptions"])
+        assert got == expected, f"crash before mutation {crash_at}: {status}"
+        assert status["phase"] == "Running"
+        assert _generations(kube) == {1} and len(kube.pods) == 3, kube.pods.keys()
+        if inject == "failure":
+            assert status["lastFailure"]["pod"] == "tj-worker-1"
+
+
+def _clock_after(t: datetime) -> Clock:
+    c = Clock()
+    c.now = t + timedelta(seconds=30)
+    return c
