@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 import sys
 
 from torchjob_operator import settings as settings_mod
@@ -34,7 +35,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8081/healthz"
     )
-    p.add_argument("--peering", default=None, help="kopf peering name for HA (default: standalone)")
+    p.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="elect one leader among replicas on a coordination.k8s.io Lease (for replicas > 1)",
+    )
+    p.add_argument(
+        "--leader-election-namespace",
+        default=os.environ.get("POD_NAMESPACE", "default"),
+        help="namespace of the Lease (default: $POD_NAMESPACE, else default)",
+    )
+    p.add_argument("--leader-election-id", default="torchjob-operator", help="name of the Lease")
+    p.add_argument("--lease-duration", type=float, default=15.0, help="seconds (client-go's)")
+    p.add_argument("--renew-deadline", type=float, default=10.0, help="seconds (client-go's)")
+    p.add_argument("--retry-period", type=float, default=2.0, help="seconds (client-go's)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
 
@@ -47,12 +61,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
+    election = None
+    if args.leader_elect:
+        try:
+            election = settings_mod.ElectionConfig(
+                namespace=args.leader_election_namespace,
+                name=args.leader_election_id,
+                identity=f"{socket.gethostname()}_{os.getpid()}",
+                lease_duration_s=args.lease_duration,
+                renew_deadline_s=args.renew_deadline,
+                retry_period_s=args.retry_period,
+            )
+        except ValueError as e:
+            print(f"torchjob-operator: {e}", file=sys.stderr)
+            return 2
     settings_mod.SETTINGS = settings_mod.OperatorSettings(
         namespaces=tuple(args.namespace),
         resync_period_s=args.resync_period,
         create_concurrency=args.create_concurrency,
-        metrics_port=args.metrics_port,
-        liveness_endpoint=args.liveness,
+        leader_election=election,
     )
     if args.metrics_port:
         from prometheus_client import start_http_server
@@ -68,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             kopf.operator(
                 clusterwide=not args.namespace,
                 namespaces=args.namespace,
-                standalone=args.peering is None,
-                peering_name=args.peering,
+                standalone=True,  # leader election (--leader-elect), not kopf peering
                 liveness_endpoint=args.liveness,
             )
         )

@@ -1,6 +1,7 @@
 """Thin kopf adapters: watch TorchJobs and their pods, and run one reconcile loop per job.
 
-kopf does the watching (reconnects, timeouts, namespaces, peering). Every
+kopf does the watching (reconnects, timeouts, namespaces); with several replicas a
+Lease elects the one that reconciles (``leader.py``). Every
 event only *pokes* the job's loop; the loop runs ``reconcile_once`` in a
 thread, at most one at a time per job, and sleeps until the next poke or the
 planner's requeue time. This is the work-queue pattern of controller-runtime,
@@ -12,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kubernetes import client
 from kubernetes import config as kube_config
 
 from torchjob import contract
@@ -23,6 +26,7 @@ from torchjob.api.models import GROUP, PLURAL, VERSION
 from torchjob_operator import metrics
 from torchjob_operator import settings as settings_mod
 from torchjob_operator.kube import Kube, KubeClient
+from torchjob_operator.leader import LeaderElector
 from torchjob_operator.reconcile import reconcile_once
 
 log = logging.getLogger("torchjob_operator")
@@ -37,13 +41,30 @@ class _Loop:
 
 
 class Reconciler:
-    """One asyncio task per TorchJob; pokes coalesce, so a burst of pod events is one reconcile."""
+    """One asyncio task per TorchJob; pokes coalesce, so a burst of pod events is one reconcile.
 
-    def __init__(self, kube: Kube) -> None:
+    Loops run only while this replica leads (``leader.py``): a standby ignores pokes, and
+    on losing the lease every loop is cancelled and none starts again."""
+
+    def __init__(self, kube: Kube, *, leading: bool = True) -> None:
         self.kube = kube
         self.loops: dict[JobKey, _Loop] = {}
+        self.leading = leading
+
+    async def start_leading(self, namespaces: tuple[str, ...]) -> None:
+        """Became leader: reconcile every TorchJob, since the watch events came while standing by."""
+        self.leading = True
+        for key in await asyncio.to_thread(self.kube.list_jobs, namespaces):
+            self.poke(key)
+
+    def stop_leading(self) -> None:
+        self.leading = False
+        for key in list(self.loops):
+            self.forget(key)
 
     def poke(self, key: JobKey) -> None:
+        if not self.leading:
+            return
         loop = self.loops.get(key)
         if loop is None or loop.task is None or loop.task.done():
             loop = _Loop()
@@ -62,7 +83,7 @@ class Reconciler:
         ns, name = key
         settings = settings_mod.SETTINGS
         error_backoff = 1.0
-        while True:
+        while self.leading:
             loop.wake.clear()
             try:
                 outcome = await asyncio.to_thread(
@@ -89,17 +110,47 @@ class Reconciler:
 
 
 RECONCILER: Reconciler | None = None
+ELECTOR: LeaderElector | None = None
 
 
 def _reconciler() -> Reconciler:
     global RECONCILER
     if RECONCILER is None:
-        RECONCILER = Reconciler(KubeClient())
+        leading = settings_mod.SETTINGS.leader_election is None
+        RECONCILER = Reconciler(KubeClient(), leading=leading)
     return RECONCILER
 
 
+def _elect(config: settings_mod.ElectionConfig) -> None:
+    """Start the election; leading starts the loops, losing the lease ends the process
+    (controller-runtime's behaviour: a new leader must never overlap with this one)."""
+    global ELECTOR
+    loop = asyncio.get_running_loop()
+    reconciler = _reconciler()
+    namespaces = settings_mod.SETTINGS.namespaces
+
+    def started() -> None:
+        loop.call_soon_threadsafe(
+            lambda: loop.create_task(reconciler.start_leading(namespaces), name="start-leading")
+        )
+
+    def stopped() -> None:
+        # Stop the loops from this thread's view at once, then end the process: a reconcile
+        # in flight in a worker thread must not outlive the lease.
+        reconciler.leading = False
+        loop.call_soon_threadsafe(reconciler.stop_leading)
+        log.error("leader election lost: exiting so that only the new leader reconciles")
+        logging.shutdown()
+        os._exit(1)
+
+    ELECTOR = LeaderElector(
+        client.CoordinationV1Api(), config, on_started=started, on_stopped=stopped
+    )
+    ELECTOR.start()
+
+
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     ours = settings_mod.SETTINGS
     # The API server wants whole seconds in timeoutSeconds.
     settings.watching.server_timeout = int(ours.watch_server_timeout_s)
@@ -110,6 +161,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
     except kube_config.ConfigException:
         kube_config.load_kube_config()  # type: ignore[no-untyped-call]
+    if ours.leader_election is not None:
+        _elect(ours.leader_election)
 
 
 @kopf.on.login()

@@ -69,6 +69,7 @@ class Kube(Protocol):
     labels False on NotFound: every action is safe to repeat."""
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def list_jobs(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]: ...
     def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
     def delete_job(self, namespace: str, name: str) -> None: ...
     def list_worker_pods(self, namespace: str, job: str) -> list[dict[str, Any]]: ...
@@ -100,6 +101,23 @@ class KubeClient:
             if e.status == 404:
                 return None
             raise KubeError("get", f"torchjob {namespace}/{name}", e) from e
+
+    def list_jobs(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
+        """(namespace, name) of every TorchJob in ``namespaces`` (all when empty)."""
+        try:
+            if namespaces:
+                items = [
+                    i
+                    for ns in namespaces
+                    for i in self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)[
+                        "items"
+                    ]
+                ]
+            else:
+                items = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
+        except ApiException as e:
+            raise KubeError("list", "torchjobs", e) from e
+        return [(i["metadata"]["namespace"], i["metadata"]["name"]) for i in items]
 
     def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         """A merge patch of the status subresource: no resourceVersion, so no conflicts to lose."""

@@ -2,7 +2,26 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ElectionConfig:
+    """The Lease replicas elect a leader on, and client-go's timing (``leader.py``)."""
+
+    namespace: str
+    name: str = "torchjob-operator"
+    identity: str = ""
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not (self.retry_period_s < self.renew_deadline_s < self.lease_duration_s):
+            raise ValueError(
+                "leader election needs retry period < renew deadline < lease duration, got "
+                f"{self.retry_period_s} / {self.renew_deadline_s} / {self.lease_duration_s}"
+            )
 
 
 @dataclass(frozen=True)
@@ -19,13 +38,10 @@ class OperatorSettings:
     """Client-side timeout of one watch request; a bit longer than the server's."""
     watch_connect_timeout_s: float = 30.0
     """Seconds to open a watch connection."""
-    metrics_port: int = 0
-    """Port of the Prometheus /metrics endpoint; 0 disables it."""
-    liveness_endpoint: str | None = None
-    """e.g. http://0.0.0.0:8081/healthz for the Deployment's liveness probe."""
     component: str = "torchjob-operator"
     """Name in the ``source`` of the Events the operator posts."""
-    extra: dict[str, str] = field(default_factory=dict)
+    leader_election: ElectionConfig | None = None
+    """With several replicas: the Lease they elect a leader on; None: this one always leads."""
 
 
 SETTINGS = OperatorSettings()

@@ -28,6 +28,7 @@ def helm(*args: str) -> subprocess.CompletedProcess[str]:
             ["--set", "watchNamespaces={team-a,team-b}", "--set", "metrics.enabled=false"],
             id="namespaced-no-metrics",
         ),
+        pytest.param(["--set", "replicaCount=2"], id="ha-two-replicas"),
     ],
 )
 def test_chart_renders_objects_the_api_server_accepts(
@@ -47,6 +48,10 @@ def test_chart_renders_objects_the_api_server_accepts(
         assert not any(a.startswith("--metrics-port") for a in args)
     else:
         assert "--metrics-port=8080" in args
+    # Leader election is on by default, with a Role for the Lease: replicaCount 2 is safe.
+    assert "--leader-elect" in args
+    role = next(d for d in docs if d["kind"] == "Role")
+    assert role["rules"][0]["resources"] == ["leases"]
     out = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
     assert out.returncode == 0, out.stderr
 

@@ -56,6 +56,9 @@ class FakeKube:
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.job)
 
+    def list_jobs(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
+        return [("ns", "tj")]
+
     def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         self._mutate("patch_job_status")
         merged = dict(self.job["status"])
