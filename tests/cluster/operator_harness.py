@@ -39,15 +39,20 @@ def free_port() -> int:
 
 
 class OperatorProcess:
-    def __init__(self, cluster: k.Cluster, log_dir: Path) -> None:
+    def __init__(
+        self, cluster: k.Cluster, log_dir: Path, *, args: tuple[str, ...] = (), tag: str = ""
+    ) -> None:
         self.cluster = cluster
         self.log_dir = log_dir
+        self.args = args
+        """Extra command-line arguments (e.g. --leader-elect)."""
+        self.tag = tag
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
     @property
     def log_path(self) -> Path:
-        return self.log_dir / f"operator-{self.starts}.log"
+        return self.log_dir / f"operator{self.tag}-{self.starts}.log"
 
     def start(self, *, wait: bool = True) -> None:
         """Start a new operator process; with ``wait``, return once its liveness endpoint
@@ -66,6 +71,7 @@ class OperatorProcess:
                 "10",
                 "--liveness",
                 f"http://127.0.0.1:{port}/healthz",
+                *self.args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

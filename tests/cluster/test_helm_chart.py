@@ -43,7 +43,7 @@ def test_chart_renders_objects_the_api_server_accepts(
     assert {"CustomResourceDefinition", "Deployment", "ServiceAccount", "ClusterRole"} <= kinds
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    if "--set" in values:
+    if any(v.startswith("watchNamespaces") for v in values):
         assert "--namespace=team-a" in args and "--namespace=team-b" in args
         assert not any(a.startswith("--metrics-port") for a in args)
     else:
