@@ -54,7 +54,7 @@ def test_killing_the_leader_hands_over_to_the_standby(jobs: Jobs, tmp_path: Any)
         jobs.apply(torchjob("ha", replicas=2))
         jobs.wait_running_pods("ha", 2, generation=0)
         jobs.wait_phase("ha", "Running")
-        assert "phase" not in standby.logs(200), "the standby reconciled while the leader led"
+        assert "] phase " not in standby.logs(200), "the standby reconciled while the leader led"
 
         leader.kill()
         killed = time.monotonic()

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from torchjob import contract
-from torchjob.api.models import FailureRecord, Phase
+from torchjob.api.models import FailureRecord, Phase, TorchJobStatus
 from torchjob.plan.member import MemberPhase
 
 IMAGE_PULL_REASONS = frozenset(
@@ -221,34 +221,27 @@ class JobState:
 
     @classmethod
     def from_status(cls, status: Mapping[str, Any] | None) -> JobState:
-        status = status or {}
-        phase: Phase | None
-        try:
-            phase = Phase(status["phase"]) if status.get("phase") else None
-        except ValueError:
-            phase = None
-        last_failure = None
-        if status.get("lastFailure"):
-            try:
-                last_failure = FailureRecord.model_validate(status["lastFailure"])
-            except ValueError:
-                last_failure = None
+        """The status through ``torchjob.api.TorchJobStatus`` (malformed fields read as absent)."""
+        s = TorchJobStatus.parse(status)
         return cls(
-            phase=phase,
-            generation=int(status.get("currentGeneration") or 0),
-            replicas=int(status.get("replicas") or 0),
-            created_generation=(
-                int(status["createdGeneration"])
-                if status.get("createdGeneration") is not None
-                else None
-            ),
-            spec_replicas=int(status["specReplicas"]) if status.get("specReplicas") else None,
-            last_rescale=parse_time(status.get("lastRescaleTime")),
-            restarts=int(status.get("restarts") or 0),
-            disruptions=int(status.get("disruptions") or 0),
-            start_time=parse_time(status.get("startTime")),
-            completion_time=parse_time(status.get("completionTime")),
-            restart_after=parse_time(status.get("restartAfter")),
-            last_failure=last_failure,
-            conditions=tuple(status.get("conditions") or ()),
+            phase=s.phase,
+            generation=s.current_generation or 0,
+            replicas=s.replicas or 0,
+            created_generation=s.created_generation,
+            spec_replicas=s.spec_replicas or None,
+            last_rescale=_time(s.last_rescale_time),
+            restarts=s.restarts or 0,
+            disruptions=s.disruptions or 0,
+            start_time=_time(s.start_time),
+            completion_time=_time(s.completion_time),
+            restart_after=_time(s.restart_after),
+            last_failure=s.last_failure,
+            conditions=tuple(c.to_wire() for c in s.conditions or ()),
         )
+
+
+def _time(value: str | None) -> datetime | None:
+    try:
+        return parse_time(value)
+    except ValueError:
+        return None

@@ -13,13 +13,15 @@ validators, so ``torchjob run -f job.yaml`` rejects what the cluster would.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-GROUP = "torchjob.io"
+from torchjob.contract import GROUP
+
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "TorchJob"
@@ -390,6 +392,10 @@ class Phase(str, Enum):
         return self in (Phase.SUCCEEDED, Phase.FAILED)
 
 
+TERMINAL_PHASES = frozenset(p.value for p in Phase if p.is_terminal)
+"""The wire values of the phases after which a TorchJob never changes again."""
+
+
 class Condition(_Model):
     """A metav1.Condition."""
 
@@ -462,6 +468,22 @@ class TorchJobStatus(_Model):
     start_time: str | None = None
     completion_time: str | None = None
     progress: Progress | None = None
+
+    @classmethod
+    def parse(cls, status: Mapping[str, Any] | None) -> TorchJobStatus:
+        """The status as the API server holds it, tolerating fields another writer left
+        malformed: each such field reads as absent (the operator rewrites it)."""
+        raw = dict(status or {})
+        for _ in range(len(raw) + 1):
+            try:
+                return cls.model_validate(raw)
+            except ValidationError as err:
+                bad = {e["loc"][0] for e in err.errors() if e["loc"]}
+                if not bad & raw.keys():
+                    break
+                for key in bad:
+                    raw.pop(str(key), None)
+        return cls()
 
 
 class ObjectMeta(_Passthrough):

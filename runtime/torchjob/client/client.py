@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from torchjob import contract
-from torchjob.api.models import API_VERSION, KIND
+from torchjob.api.models import API_VERSION, GROUP, KIND, PLURAL, TERMINAL_PHASES, VERSION
 from torchjob.client.errors import (
     KubeconfigError,
     TorchJobAlreadyExists,
@@ -33,11 +33,6 @@ from torchjob.client.errors import (
 )
 from torchjob.client.manifest import Manifest, check_manifest, load_manifest
 
-GROUP = contract.GROUP
-VERSION = "v1alpha1"
-PLURAL = "torchjobs"
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-"""Phases after which a TorchJob never changes again."""
 _TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _TS_LINE = re.compile(r"^(\S+) (.*)$")

@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from torchjob.api.models import TERMINAL_PHASES, TorchJobStatus
 from torchjob.train.job_status import JobEndpoint
 
 log = logging.getLogger(__name__)
-
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 @dataclass(frozen=True)
@@ -34,18 +33,23 @@ class Membership:
 
     @classmethod
     def from_status(cls, status: dict[str, Any]) -> Membership | None:
-        try:
-            after = status.get("restartAfter")
-            return cls(
-                generation=int(status["currentGeneration"]),
-                replicas=int(status["replicas"]),
-                phase=status.get("phase"),
-                restart_after=datetime.fromisoformat(after.replace("Z", "+00:00"))
-                if after
-                else None,
-            )
-        except (KeyError, TypeError, ValueError, AttributeError):
+        s = TorchJobStatus.parse(status)
+        if s.current_generation is None or s.replicas is None:
             return None
+        try:
+            after = (
+                datetime.fromisoformat(s.restart_after.replace("Z", "+00:00"))
+                if s.restart_after
+                else None
+            )
+        except ValueError:
+            after = None
+        return cls(
+            generation=s.current_generation,
+            replicas=s.replicas,
+            phase=s.phase.value if s.phase else None,
+            restart_after=after,
+        )
 
     def backoff_left_s(self, now: datetime | None = None) -> float:
         """Seconds until the replacement pods may be created (0 when not in a backoff)."""

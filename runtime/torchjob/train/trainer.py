@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from torchjob import contract
+from torchjob.api.models import TERMINAL_PHASES
 from torchjob.checkpoint import CheckpointStorage, rank_checkpoints
 from torchjob.contract import PodEnv
 from torchjob.launch import (
@@ -50,7 +51,6 @@ from torchjob.train.config import RunConfig, ScalingConfig, TorchConfig
 from torchjob.train.errors import TrainingFailedError, TrainingStoppedError
 from torchjob.train.job_status import JobEndpoint, JobStatusReporter, progress_body
 from torchjob.train.membership import (
-    TERMINAL_PHASES,
     GenerationTimeout,
     Membership,
     MembershipWatch,
