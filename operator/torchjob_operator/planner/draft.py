@@ -1,0 +1,106 @@
+"""The planner's values: what it is given (``JobView``), what it answers (``Plan``), and
+the scratch state of one decision (``Draft``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from torchjob.api.models import FailureRecord, Phase, TorchJobSpec
+from torchjob.plan import Counters
+from torchjob_operator.planner.observed import JobState, ProbeView
+
+
+@dataclass(frozen=True)
+class JobView:
+    name: str
+    namespace: str
+    spec: TorchJobSpec
+    state: JobState = field(default_factory=JobState)
+    metadata_generation: int | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class CreatePods:
+    indices: tuple[int, ...]
+    generation: int
+    replicas: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    create: CreatePods | None
+    delete: tuple[str, ...]
+    status: dict[str, Any]
+    events: tuple[Event, ...] = ()
+    requeue_after_s: float | None = None
+    delete_job: bool = False
+    ensure_service: bool = True
+    create_probes: tuple[int, ...] = ()
+    """Capacity probes to create (indices) before an elastic job grows."""
+    relabel: tuple[str, ...] = ()
+    """KeepSurvivors: pods kept from an earlier generation, to label with the current one."""
+
+    @property
+    def phase(self) -> Phase:
+        return Phase(self.status["phase"])
+
+
+@dataclass
+class Draft:
+    """Mutable scratch state while one plan is being decided."""
+
+    job: JobView
+    now: datetime
+    phase: Phase | None
+    generation: int
+    replicas: int
+    restarts: int
+    disruptions: int
+    start_time: datetime | None
+    completion_time: datetime | None
+    restart_after: datetime | None
+    created_generation: int | None
+    last_failure: FailureRecord | None
+    spec_replicas: int | None = None
+    last_rescale: datetime | None = None
+    probes: tuple[ProbeView, ...] = ()
+    create_probes: tuple[int, ...] = ()
+    keep_probes: bool = False
+    reason: str = ""
+    message: str = ""
+    events: list[Event] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)
+    create: CreatePods | None = None
+    requeue: list[float] = field(default_factory=list)
+    delete_job: bool = False
+    relabel: list[str] = field(default_factory=list)
+
+    def transition(self, phase: Phase, reason: str, message: str, *, warning: bool = False) -> None:
+        if phase != self.phase or reason != self.reason:
+            self.events.append(Event("Warning" if warning else "Normal", reason, message))
+        self.phase, self.reason, self.message = phase, reason, message
+
+    def counters(self) -> Counters:
+        return Counters(self.generation, self.restarts, self.disruptions)
+
+    def count(self, counters: Counters, replicas: int) -> None:
+        """Adopt the counters of a decision (``torchjob.plan.generation``) and the new size."""
+        self.generation, self.restarts, self.disruptions = (
+            counters.generation,
+            counters.restarts,
+            counters.disruptions,
+        )
+        self.replicas = replicas
+
+    def next_generation(self, replicas: int) -> None:
+        """A resize: the next generation, charged to no counter."""
+        self.count(self.counters().resized(), replicas)

@@ -1,0 +1,61 @@
+"""Phase derivation for a live generation: Pending -> Starting -> Running, and why not."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torchjob.api.models import Phase
+from torchjob_operator.planner import conditions as cond
+from torchjob_operator.planner.draft import Draft
+from torchjob_operator.planner.observed import (
+    IMAGE_PULL_REASONS,
+    PodPhase,
+    PodView,
+)
+
+
+def active_phase(d: Draft, current: Sequence[PodView]) -> None:
+    """Pending -> Starting -> Running for a live generation; Restarting holds until it runs again."""
+    alive = [p for p in current if not p.deleting]
+    running = sum(1 for p in alive if p.phase in (PodPhase.RUNNING, PodPhase.SUCCEEDED))
+    ready = sum(
+        1
+        for p in alive
+        if (p.phase == PodPhase.RUNNING and p.ready) or p.phase == PodPhase.SUCCEEDED
+    )
+    if len(alive) == d.replicas and running == d.replicas:
+        d.transition(
+            Phase.RUNNING,
+            "AllWorkersRunning",
+            cond.message("AllWorkersRunning", replicas=d.replicas, generation=d.generation),
+        )
+        return
+    scheduled = sum(1 for p in alive if p.scheduled)
+    phase = Phase.STARTING if alive and scheduled == d.replicas else Phase.PENDING
+    stuck = [p for p in alive if p.waiting]
+    if stuck:
+        # Never resolves on its own (a wrong image, a missing Secret): say so, with a Warning.
+        first = stuck[0]
+        reason = (
+            "ImagePullFailed" if first.waiting in IMAGE_PULL_REASONS else "ContainerCannotStart"
+        )
+        detail = (
+            f"{first.waiting}: {first.waiting_message}" if first.waiting_message else first.waiting
+        )
+        msg = f"{len(stuck)} of {d.replicas} workers cannot start (e.g. {first.name}: {detail})"
+        d.transition(
+            Phase.RESTARTING if d.phase == Phase.RESTARTING else phase, reason, msg, warning=True
+        )
+        return
+    if d.phase == Phase.RESTARTING:
+        return
+    unschedulable = [p for p in alive if p.unschedulable_since is not None]
+    if unschedulable:
+        msg = f"{len(unschedulable)} of {d.replicas} workers cannot be scheduled (e.g. {unschedulable[0].name}: {unschedulable[0].message or 'Unschedulable'})"
+        d.transition(phase, "Unschedulable", msg)
+    else:
+        d.transition(
+            phase,
+            "WaitingForPods",
+            cond.message("WaitingForPods", ready=ready, replicas=d.replicas),
+        )

@@ -1,0 +1,93 @@
+"""Rendering a decision into the TorchJob's status: phase, kstatus conditions, counters."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torchjob import contract
+from torchjob.api.models import Phase
+from torchjob_operator.planner import conditions as cond
+from torchjob_operator.planner.draft import Draft
+from torchjob_operator.planner.observed import JobState, PodPhase, PodView, format_time
+
+
+def _selector(name: str) -> str:
+    return f"{contract.LABEL_JOB_NAME}={name},{contract.LABEL_ROLE}={contract.ROLE_WORKER}"
+
+
+def _counts(pods: Sequence[PodView]) -> dict[str, int]:
+    return {
+        "readyWorkers": sum(
+            1 for p in pods if p.phase == PodPhase.RUNNING and p.ready and not p.deleting
+        ),
+        "activeWorkers": sum(1 for p in pods if p.active),
+        "succeededWorkers": sum(1 for p in pods if p.phase == PodPhase.SUCCEEDED),
+        "failedWorkers": sum(1 for p in pods if p.phase == PodPhase.FAILED),
+    }
+
+
+def render_status(d: Draft, current: Sequence[PodView]) -> dict[str, Any]:
+    assert d.phase is not None
+    now = format_time(d.now)
+    obs = d.job.metadata_generation
+    conditions = [dict(c) for c in d.job.state.conditions]
+    wanted = {
+        cond.CREATED: d.start_time is not None or d.created_generation is not None,
+        cond.RUNNING: d.phase == Phase.RUNNING,
+        cond.RESTARTING: d.phase == Phase.RESTARTING,
+        cond.SUSPENDED: d.phase == Phase.SUSPENDED,
+        cond.SUCCEEDED: d.phase == Phase.SUCCEEDED,
+        cond.FAILED: d.phase == Phase.FAILED,
+        cond.READY: d.phase in (Phase.RUNNING, Phase.SUCCEEDED),
+        cond.STALLED: d.phase == Phase.FAILED,
+    }
+    present = {c.get("type") for c in conditions}
+    for type_, value in wanted.items():
+        if not value and type_ not in present and type_ != cond.READY:
+            continue  # False conditions that never were True are noise in `kubectl describe`.
+        if type_ == cond.CREATED and value:
+            reason, msg = "PodsCreated", f"worker pods created (generation {d.created_generation})"
+        elif value or type_ == cond.READY:
+            reason, msg = d.reason, d.message
+        else:
+            reason, msg = d.reason, f"the job is {d.phase.value}"
+        conditions, _ = cond.set_condition(
+            conditions,
+            type_=type_,
+            status=value,
+            reason=reason,
+            message=msg,
+            now=now,
+            observed_generation=obs,
+        )
+    counts = _counts(current)
+    status: dict[str, Any] = {
+        "phase": d.phase.value,
+        "conditions": conditions,
+        "observedGeneration": obs,
+        "replicas": d.replicas,
+        "workers": f"{counts['readyWorkers']}/{d.replicas}",
+        "selector": _selector(d.job.name),
+        "currentGeneration": d.generation,
+        "createdGeneration": d.created_generation,
+        "specReplicas": d.spec_replicas,
+        "lastRescaleTime": format_time(d.last_rescale) if d.last_rescale else None,
+        "worldSize": d.replicas * d.job.spec.resolved_nproc_per_node(),
+        "restarts": d.restarts,
+        "disruptions": d.disruptions,
+        "lastFailure": d.last_failure.to_wire() if d.last_failure else None,
+        "restartAfter": format_time(d.restart_after) if d.restart_after else None,
+        "startTime": format_time(d.start_time) if d.start_time else None,
+        "completionTime": format_time(d.completion_time) if d.completion_time else None,
+        **counts,
+    }
+    return status
+
+
+def ready_reason(st: JobState) -> tuple[str, str]:
+    """Reason and message of the last decision, kept in the Ready condition."""
+    for c in st.conditions:
+        if c.get("type") == cond.READY:
+            return str(c.get("reason") or ""), str(c.get("message") or "")
+    return "", ""
