@@ -147,21 +147,19 @@ def reconcile_once(
     if decided.ensure_service and kube.ensure_service(
         headless_service(name=name, namespace=namespace, uid=meta["uid"])
     ):
-        events.append(Event("Normal", "CreatedService", f"created headless service {name}"))
+        events.append(Event.of("CreatedService", name=name))
     if decided.create is not None:
         # Before the pods: the ServiceAccount admission plugin rejects pods whose account is missing.
         for kind, body in worker_rbac(name=name, namespace=namespace, uid=meta["uid"]):
             if kube.ensure_rbac_object(kind, body):
-                events.append(
-                    Event("Normal", f"Created{kind}", f"created {kind} {body['metadata']['name']}")
-                )
+                events.append(Event.of(f"Created{kind}", name=body["metadata"]["name"]))
 
     failures = _create_pods(kube, namespace, name, meta["uid"], spec, decided, settings, events)
     for index in decided.create_probes:
         body = probe_pod(name=name, namespace=namespace, uid=meta["uid"], spec=spec, index=index)
         if kube.create_pod(body):
             probe = body["metadata"]["name"]
-            events.append(Event("Normal", "CreatedProbe", f"probing capacity with pod {probe}"))
+            events.append(Event.of("CreatedProbe", name=probe))
     if failures:
         # Not all pods exist: the generation is not "created" yet, so a later reconcile retries.
         status["createdGeneration"] = view.state.created_generation
@@ -230,7 +228,7 @@ def _delete_pods(
     with ThreadPoolExecutor(max_workers=settings.create_concurrency) as pool:
         deleted = list(pool.map(lambda n: (n, kube.delete_pod(namespace, n)), decided.delete))
     metrics.PODS_DELETED.inc(sum(1 for _, ok in deleted if ok))
-    return [Event("Normal", "DeletedPod", f"deleted pod {n}") for n, ok in deleted if ok]
+    return [Event.of("DeletedPod", name=n) for n, ok in deleted if ok]
 
 
 def _create_pods(
@@ -270,11 +268,8 @@ def _create_pods(
     failures = [r for _, r in results if isinstance(r, KubeError)]
     created = [n for n, r in results if r is True]
     metrics.PODS_CREATED.inc(len(created))
-    events.extend(
-        Event("Normal", "CreatedPod", f"created pod {n} (generation {c.generation})")
-        for n in created
-    )
-    events.extend(Event("Warning", "FailedCreatePod", str(e)) for e in failures[:3])
+    events.extend(Event.of("CreatedPod", name=n, generation=c.generation) for n in created)
+    events.extend(Event.of("FailedCreatePod", warning=True, detail=str(e)) for e in failures[:3])
     return failures
 
 

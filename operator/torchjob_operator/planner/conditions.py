@@ -21,12 +21,14 @@ FAILED: Final = "Failed"
 READY: Final = "Ready"
 STALLED: Final = "Stalled"
 
-ALL_TYPES: Final = (CREATED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED, READY, STALLED)
-
-# Reasons (CamelCase), with the message template each one goes with.
+# Every reason the operator writes into a condition or an Event (CamelCase), with the
+# message template it goes with. ``Draft.transition`` and ``Event`` refuse any other.
 REASONS: Final[Mapping[str, str]] = {
+    # conditions (and the Event of the transition)
     "PodsCreated": "created {replicas} worker pods for generation {generation}",
+    "WorkerPodsCreated": "worker pods created (generation {generation})",
     "WaitingForPods": "{ready}/{replicas} workers ready",
+    "WaitingForPodsCreation": "waiting for worker pods to be created",
     "AllWorkersRunning": "all {replicas} workers are running (generation {generation})",
     "WorkerFailed": "{detail}; {explanation}",
     "WorkerDisrupted": "{detail}; disruption {disruptions}, the restart budget is not charged",
@@ -39,12 +41,43 @@ REASONS: Final[Mapping[str, str]] = {
     "RestartLimitExceeded": "{detail}; {explanation}",
     "DeadlineExceeded": "the job ran longer than spec.runPolicy.activeDeadlineSeconds={deadline}",
     "InvalidSpec": "{detail}",
+    "FailedCreatePod": "{detail}",
+    "ImagePullFailed": "{stuck} of {replicas} workers cannot start (e.g. {pod}: {detail})",
+    "ContainerCannotStart": "{stuck} of {replicas} workers cannot start (e.g. {pod}: {detail})",
+    "Unschedulable": "{count} of {replicas} workers cannot be scheduled (e.g. {pod}: {detail})",
+    "WaitingForCapacity": "only {placed} of at least {min} workers fit; waiting for capacity",
+    "ScaledDown": "{lost} of {old} workers unschedulable for {after}s; continuing with {placed} "
+    "(min {min}) from the latest checkpoint",
+    "ScaledUp": "capacity for {want} more workers; growing from {old} to {replicas} from the "
+    "latest checkpoint",
+    "PhaseIs": "the job is {phase}",
+    # Events only
+    "KeptSurvivors": "generation {generation} keeps {count} running worker(s) ({pods}); "
+    "the rest are replaced",
+    "CreatedService": "created headless service {name}",
+    "CreatedServiceAccount": "created ServiceAccount {name}",
+    "CreatedRole": "created Role {name}",
+    "CreatedRoleBinding": "created RoleBinding {name}",
+    "CreatedPod": "created pod {name} (generation {generation})",
+    "CreatedProbe": "probing capacity with pod {name}",
+    "DeletedPod": "deleted pod {name}",
 }
+SHOWN_AS: Final[Mapping[str, str]] = {
+    "WaitingForPodsCreation": "WaitingForPods",
+    "WorkerPodsCreated": "PodsCreated",
+}
+"""Templates that stand for another reason: the condition shows that one
+(``WaitingForPodsCreation`` is shown as ``WaitingForPods``)."""
 
 
 def message(reason: str, **values: Any) -> str:
     """The message for ``reason``, filled with ``values``."""
     return REASONS[reason].format(**values)
+
+
+def say(reason: str, **values: Any) -> tuple[str, str]:
+    """(the reason as users see it, its message)."""
+    return SHOWN_AS.get(reason, reason), message(reason, **values)
 
 
 def set_condition(
@@ -92,10 +125,3 @@ def set_condition(
             }
         )
     return out, changed
-
-
-def get_condition(conditions: Sequence[Mapping[str, Any]], type_: str) -> Mapping[str, Any] | None:
-    for cond in conditions:
-        if cond.get("type") == type_:
-            return cond
-    return None

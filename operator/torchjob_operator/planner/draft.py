@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from torchjob.api.models import FailureRecord, Phase, TorchJobSpec
 from torchjob.plan import Counters
+from torchjob_operator.planner import conditions as cond
 from torchjob_operator.planner.observed import JobState, ProbeView
 
 
@@ -26,6 +27,15 @@ class Event:
     type: Literal["Normal", "Warning"]
     reason: str
     message: str
+
+    def __post_init__(self) -> None:
+        assert self.reason in cond.REASONS, f"reason {self.reason} is not in conditions.REASONS"
+
+    @classmethod
+    def of(cls, reason: str, *, warning: bool = False, **values: object) -> Event:
+        """The Event for ``reason``, its message from ``conditions.REASONS``."""
+        shown, text = cond.say(reason, **values)
+        return cls("Warning" if warning else "Normal", shown, text)
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,7 @@ class Draft:
     relabel: list[str] = field(default_factory=list)
 
     def transition(self, phase: Phase, reason: str, message: str, *, warning: bool = False) -> None:
+        assert reason in cond.REASONS, f"reason {reason} is not in conditions.REASONS"
         if phase != self.phase or reason != self.reason:
             self.events.append(Event("Warning" if warning else "Normal", reason, message))
         self.phase, self.reason, self.message = phase, reason, message

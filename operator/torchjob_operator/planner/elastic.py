@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from torchjob import contract
 from torchjob.api.models import Phase
+from torchjob_operator.planner import conditions as cond
 from torchjob_operator.planner.draft import Draft
 from torchjob_operator.planner.observed import PodPhase, PodView
 
@@ -37,8 +38,7 @@ def fit_to_capacity(d: Draft, current: Sequence[PodView]) -> None:
         if placed < el.min_replicas:
             d.transition(
                 Phase.PENDING,
-                "WaitingForCapacity",
-                f"only {placed} of at least {el.min_replicas} workers fit; waiting for capacity",
+                *cond.say("WaitingForCapacity", placed=placed, min=el.min_replicas),
             )
             return
         if placed < d.replicas:
@@ -47,9 +47,14 @@ def fit_to_capacity(d: Draft, current: Sequence[PodView]) -> None:
             d.last_rescale = d.now
             d.transition(
                 Phase.RESTARTING,
-                "ScaledDown",
-                f"{old - placed} of {old} workers unschedulable for {el.scale_down_after_seconds}s; "
-                f"continuing with {placed} (min {el.min_replicas}) from the latest checkpoint",
+                *cond.say(
+                    "ScaledDown",
+                    lost=old - placed,
+                    old=old,
+                    after=el.scale_down_after_seconds,
+                    placed=placed,
+                    min=el.min_replicas,
+                ),
                 warning=True,
             )
         return
@@ -70,9 +75,7 @@ def fit_to_capacity(d: Draft, current: Sequence[PodView]) -> None:
         d.next_generation(old + want)
         d.last_rescale = d.now
         d.transition(
-            Phase.RESTARTING,
-            "ScaledUp",
-            f"capacity for {want} more workers; growing from {old} to {d.replicas} from the latest checkpoint",
+            Phase.RESTARTING, *cond.say("ScaledUp", want=want, old=old, replicas=d.replicas)
         )
         return
     names = {p.name for p in live}

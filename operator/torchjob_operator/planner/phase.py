@@ -42,17 +42,27 @@ def active_phase(d: Draft, current: Sequence[PodView]) -> None:
         detail = (
             f"{first.waiting}: {first.waiting_message}" if first.waiting_message else first.waiting
         )
-        msg = f"{len(stuck)} of {d.replicas} workers cannot start (e.g. {first.name}: {detail})"
         d.transition(
-            Phase.RESTARTING if d.phase == Phase.RESTARTING else phase, reason, msg, warning=True
+            Phase.RESTARTING if d.phase == Phase.RESTARTING else phase,
+            *cond.say(reason, stuck=len(stuck), replicas=d.replicas, pod=first.name, detail=detail),
+            warning=True,
         )
         return
     if d.phase == Phase.RESTARTING:
         return
     unschedulable = [p for p in alive if p.unschedulable_since is not None]
     if unschedulable:
-        msg = f"{len(unschedulable)} of {d.replicas} workers cannot be scheduled (e.g. {unschedulable[0].name}: {unschedulable[0].message or 'Unschedulable'})"
-        d.transition(phase, "Unschedulable", msg)
+        first = unschedulable[0]
+        d.transition(
+            phase,
+            *cond.say(
+                "Unschedulable",
+                count=len(unschedulable),
+                replicas=d.replicas,
+                pod=first.name,
+                detail=first.message or "Unschedulable",
+            ),
+        )
     else:
         d.transition(
             phase,

@@ -151,7 +151,7 @@ def plan(
         return _plan(d, pods, [])
 
     if st.phase is None:
-        d.transition(Phase.PENDING, "WaitingForPods", "waiting for worker pods to be created")
+        d.transition(Phase.PENDING, *cond.say("WaitingForPodsCreation"))
     elif st.phase == Phase.SUSPENDED:
         d.next_generation(spec.replicas)
         d.transition(Phase.PENDING, "Resumed", cond.message("Resumed"))
@@ -248,11 +248,11 @@ def plan(
     if kept:
         d.relabel = [p.name for p in kept]
         d.events.append(
-            Event(
-                "Normal",
+            Event.of(
                 "KeptSurvivors",
-                f"generation {d.generation} keeps {len(kept)} running worker(s) "
-                f"({', '.join(p.name for p in kept)}); the rest are replaced",
+                generation=d.generation,
+                count=len(kept),
+                pods=", ".join(p.name for p in kept),
             )
         )
 
@@ -260,9 +260,8 @@ def plan(
     if waiting_backoff and d.restart_after is not None:
         seconds = (d.restart_after - now).total_seconds()
         d.requeue.append(seconds)
-        d.message = (
-            f"{d.message.split('; restarting in')[0]}; restarting in {int(seconds + 0.999)}s"
-        )
+        backoff = cond.message("BackoffWaiting", seconds=int(seconds + 0.999))
+        d.message = f"{d.message.split('; restarting in')[0]}; {backoff}"
     elif not stale:
         have = {p.index for p in current}
         todo = tuple(i for i in range(d.replicas) if i not in have)
@@ -272,13 +271,7 @@ def plan(
             d.restart_after = None
             if d.start_time is None:
                 d.start_time = now
-            d.events.append(
-                Event(
-                    "Normal",
-                    "PodsCreated",
-                    cond.message("PodsCreated", replicas=len(todo), generation=d.generation),
-                )
-            )
+            d.events.append(Event.of("PodsCreated", replicas=len(todo), generation=d.generation))
         elif not todo and d.created_generation != d.generation:
             # Every pod exists already (an earlier operator created them and died before
             # writing the status): adopt them.

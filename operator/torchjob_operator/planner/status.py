@@ -47,11 +47,11 @@ def render_status(d: Draft, current: Sequence[PodView]) -> dict[str, Any]:
         if not value and type_ not in present and type_ != cond.READY:
             continue  # False conditions that never were True are noise in `kubectl describe`.
         if type_ == cond.CREATED and value:
-            reason, msg = "PodsCreated", f"worker pods created (generation {d.created_generation})"
+            reason, msg = cond.say("WorkerPodsCreated", generation=d.created_generation)
         elif value or type_ == cond.READY:
             reason, msg = d.reason, d.message
         else:
-            reason, msg = d.reason, f"the job is {d.phase.value}"
+            reason, msg = d.reason, cond.message("PhaseIs", phase=d.phase.value)
         conditions, _ = cond.set_condition(
             conditions,
             type_=type_,
