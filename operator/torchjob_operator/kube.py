@@ -105,16 +105,15 @@ class KubeClient:
     def list_jobs(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
         """(namespace, name) of every TorchJob in ``namespaces`` (all when empty)."""
         try:
-            if namespaces:
-                items = [
-                    i
+            pages: list[Any] = (
+                [
+                    self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)
                     for ns in namespaces
-                    for i in self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)[
-                        "items"
-                    ]
                 ]
-            else:
-                items = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
+                if namespaces
+                else [self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)]
+            )
+            items = [i for page in pages for i in page["items"]]
         except ApiException as e:
             raise KubeError("list", "torchjobs", e) from e
         return [(i["metadata"]["namespace"], i["metadata"]["name"]) for i in items]

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -143,7 +143,9 @@ class LeaderElector:
             },
         }
         try:
-            self.api.replace_namespaced_lease(c.name, c.namespace, body, _request_timeout=timeout)
+            self.api.replace_namespaced_lease(
+                c.name, c.namespace, cast(Any, body), _request_timeout=timeout
+            )
         except ApiException as e:
             if e.status != 409:  # 409: someone else wrote first; not ours this round
                 log.warning("updating lease %s/%s: %s %s", c.namespace, c.name, e.status, e.reason)
@@ -166,7 +168,7 @@ class LeaderElector:
             },
         }
         try:
-            self.api.create_namespaced_lease(c.namespace, body, _request_timeout=timeout)
+            self.api.create_namespaced_lease(c.namespace, cast(Any, body), _request_timeout=timeout)
         except ApiException as e:
             if e.status != 409:
                 log.warning("creating lease %s/%s: %s %s", c.namespace, c.name, e.status, e.reason)

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from torchjob.contract import GROUP
+from torchjob.contract import GROUP as GROUP  # one definition: the label prefix too
 
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
