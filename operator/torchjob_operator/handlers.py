@@ -165,6 +165,16 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         _elect(ours.leader_election)
 
 
+@kopf.on.cleanup()
+async def release_lease(**_: Any) -> None:
+    """Clean shutdown (SIGTERM, a rolling upgrade): stop reconciling, then hand the lease
+    back so a standby leads at once instead of after the lease duration."""
+    if ELECTOR is None:
+        return
+    _reconciler().stop_leading()
+    await asyncio.get_running_loop().run_in_executor(None, ELECTOR.release)
+
+
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_via_client(**kwargs)

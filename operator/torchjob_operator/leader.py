@@ -92,6 +92,49 @@ class LeaderElector:
     def stop(self) -> None:
         self._stop.set()
 
+    def release(self, timeout_s: float = 5.0) -> bool:
+        """Clean shutdown (controller-runtime's ``ReleaseOnCancel``): stop the election and,
+        if this replica led, empty the lease's holder so a standby takes over on its next
+        round instead of waiting out the lease duration. The caller has stopped reconciling.
+        True when the lease was handed back."""
+        was_leading = self.leading.is_set()
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        if not was_leading:
+            return False
+        c = self.config
+        try:
+            lease: Any = self.api.read_namespaced_lease(
+                c.name, c.namespace, _request_timeout=timeout_s
+            )
+            if (lease.spec.holder_identity or "") != c.identity:
+                return False  # someone else holds it already
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {
+                    "name": c.name,
+                    "namespace": c.namespace,
+                    "resourceVersion": lease.metadata.resource_version,
+                },
+                "spec": {
+                    "holderIdentity": "",
+                    "leaseDurationSeconds": 1,
+                    "acquireTime": _format(lease.spec.acquire_time),
+                    "renewTime": _micro_now(),
+                    "leaseTransitions": lease.spec.lease_transitions or 0,
+                },
+            }
+            self.api.replace_namespaced_lease(
+                c.name, c.namespace, cast(Any, body), _request_timeout=timeout_s
+            )
+        except ApiException as e:
+            log.warning("releasing lease %s/%s: %s %s", c.namespace, c.name, e.status, e.reason)
+            return False
+        log.info("released the lease %s/%s", c.namespace, c.name)
+        return True
+
     # --- one round -----------------------------------------------------------------------
     def try_acquire_or_renew(self) -> bool:
         c = self.config
@@ -209,7 +252,8 @@ class LeaderElector:
                 )
                 break
         self.leading.clear()
-        self.on_stopped()
+        if not self._stop.is_set():  # lost, not a clean shutdown (``release``)
+            self.on_stopped()
 
 
 def _format(value: Any) -> str:

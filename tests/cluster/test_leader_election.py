@@ -1,8 +1,9 @@
 """Two operator replicas elect a leader on a Lease; killing the leader hands over.
 
 The standby must not reconcile while the leader lives (its per-job loops never start),
-and must take over after the lease duration once the leader stops renewing. The takeover
-time is printed, not asserted (beyond the wait's generous timeout).
+and must take over after the lease duration once the leader stops renewing (SIGKILL). A
+leader stopped cleanly (SIGTERM) releases the lease so the next replica leads at once. The
+takeover times are printed, not asserted (beyond the waits' generous timeouts).
 """
 
 from __future__ import annotations
@@ -76,6 +77,25 @@ def test_killing_the_leader_hands_over_to_the_standby(jobs: Jobs, tmp_path: Any)
         status = jobs.wait_phase("ha", "Running")
         assert (status["restarts"], status["disruptions"]) == (1, 0)
         assert "became leader" in standby.logs(400)
+
+        # A clean shutdown (SIGTERM, as in a rolling upgrade) hands the lease back: the next
+        # replica leads on its next round, without waiting out the lease duration.
+        third = OperatorProcess(jobs.cluster, tmp_path, args=args, tag="-c")
+        replicas.append(third)
+        third.start()
+        stopped = time.monotonic()
+        standby.stop()
+        assert "released the lease" in standby.logs(400)
+        k.wait_for(
+            lambda: (h := _holder(coord, jobs.ns, lease)) not in (new, "", None) and h,
+            30,
+            "the third replica to take the released lease",
+            interval=0.1,
+        )
+        print(f"leader handover after SIGTERM: {time.monotonic() - stopped:.1f}s")
+        jobs.exit_pod("ha-worker-0", 1)
+        jobs.wait_running_pods("ha", 2, generation=2, timeout=60)
+        assert jobs.wait_phase("ha", "Running")["restarts"] == 2
     finally:
         for r in replicas:
             r.kill()

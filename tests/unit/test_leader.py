@@ -121,3 +121,17 @@ def test_two_candidates_cannot_both_win_one_round() -> None:
 def test_the_timings_must_be_ordered() -> None:
     with pytest.raises(ValueError, match="retry period < renew deadline < lease duration"):
         ElectionConfig(namespace="x", lease_duration_s=5, renew_deadline_s=10)
+
+
+def test_a_released_lease_is_taken_at_once() -> None:
+    api, clock = FakeLeases(), Clock()
+    a, b = _elector(api, "a", clock), _elector(api, "b", clock)
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()
+    a.leading.set()  # as its election thread does after winning
+    assert a.release()
+    assert api.lease is not None and api.lease["spec"]["holderIdentity"] == ""
+    assert b.try_acquire_or_renew(), "no lease-duration wait after a release"
+    spec = api.lease["spec"]
+    assert (spec["holderIdentity"], spec["leaseTransitions"]) == ("b", 1)
+    assert not a.release(), "a standby has nothing to release"

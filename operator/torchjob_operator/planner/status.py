@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchjob import contract
-from torchjob.api.models import Phase
+from torchjob.api.models import Condition, Phase, TorchJobStatus
 from torchjob_operator.planner import conditions as cond
 from torchjob_operator.planner.draft import Draft
 from torchjob_operator.planner.observed import JobState, PodPhase, PodView, format_time
@@ -14,17 +14,6 @@ from torchjob_operator.planner.observed import JobState, PodPhase, PodView, form
 
 def _selector(name: str) -> str:
     return f"{contract.LABEL_JOB_NAME}={name},{contract.LABEL_ROLE}={contract.ROLE_WORKER}"
-
-
-def _counts(pods: Sequence[PodView]) -> dict[str, int]:
-    return {
-        "readyWorkers": sum(
-            1 for p in pods if p.phase == PodPhase.RUNNING and p.ready and not p.deleting
-        ),
-        "activeWorkers": sum(1 for p in pods if p.active),
-        "succeededWorkers": sum(1 for p in pods if p.phase == PodPhase.SUCCEEDED),
-        "failedWorkers": sum(1 for p in pods if p.phase == PodPhase.FAILED),
-    }
 
 
 def render_status(d: Draft, current: Sequence[PodView]) -> dict[str, Any]:
@@ -61,28 +50,30 @@ def render_status(d: Draft, current: Sequence[PodView]) -> dict[str, Any]:
             now=now,
             observed_generation=obs,
         )
-    counts = _counts(current)
-    status: dict[str, Any] = {
-        "phase": d.phase.value,
-        "conditions": conditions,
-        "observedGeneration": obs,
-        "replicas": d.replicas,
-        "workers": f"{counts['readyWorkers']}/{d.replicas}",
-        "selector": _selector(d.job.name),
-        "currentGeneration": d.generation,
-        "createdGeneration": d.created_generation,
-        "specReplicas": d.spec_replicas,
-        "lastRescaleTime": format_time(d.last_rescale) if d.last_rescale else None,
-        "worldSize": d.replicas * d.job.spec.resolved_nproc_per_node(),
-        "restarts": d.restarts,
-        "disruptions": d.disruptions,
-        "lastFailure": d.last_failure.to_wire() if d.last_failure else None,
-        "restartAfter": format_time(d.restart_after) if d.restart_after else None,
-        "startTime": format_time(d.start_time) if d.start_time else None,
-        "completionTime": format_time(d.completion_time) if d.completion_time else None,
-        **counts,
-    }
-    return status
+    ready = sum(1 for p in current if p.phase == PodPhase.RUNNING and p.ready and not p.deleting)
+    return TorchJobStatus(
+        phase=d.phase,
+        conditions=[Condition.model_validate(c) for c in conditions],
+        observed_generation=obs,
+        replicas=d.replicas,
+        workers=f"{ready}/{d.replicas}",
+        selector=_selector(d.job.name),
+        current_generation=d.generation,
+        created_generation=d.created_generation,
+        spec_replicas=d.spec_replicas,
+        last_rescale_time=format_time(d.last_rescale) if d.last_rescale else None,
+        world_size=d.replicas * d.job.spec.resolved_nproc_per_node(),
+        restarts=d.restarts,
+        disruptions=d.disruptions,
+        last_failure=d.last_failure,
+        restart_after=format_time(d.restart_after) if d.restart_after else None,
+        start_time=format_time(d.start_time) if d.start_time else None,
+        completion_time=format_time(d.completion_time) if d.completion_time else None,
+        ready_workers=ready,
+        active_workers=sum(1 for p in current if p.active),
+        succeeded_workers=sum(1 for p in current if p.phase == PodPhase.SUCCEEDED),
+        failed_workers=sum(1 for p in current if p.phase == PodPhase.FAILED),
+    ).to_patch()
 
 
 def ready_reason(st: JobState) -> tuple[str, str]:

@@ -469,6 +469,11 @@ class TorchJobStatus(_Model):
     completion_time: str | None = None
     progress: Progress | None = None
 
+    def to_patch(self) -> dict[str, Any]:
+        """The operator's JSON merge patch of ``/status``: every field it owns, ``None`` as an
+        explicit null (which clears it), and ``progress`` left out: the pod's agent owns it."""
+        return self.model_dump(by_alias=True, mode="json", exclude={"progress"})
+
     @classmethod
     def parse(cls, status: Mapping[str, Any] | None) -> TorchJobStatus:
         """The status as the API server holds it, tolerating fields another writer left

@@ -1,7 +1,7 @@
 """Pure decisions of the local controller: restart, shrink, grow or give up.
 
 Ray Train V2's split: policies return decision *values*; the controller
-(``torchjob.train.trainer._Controller``) carries them out. The rules themselves
+(``torchjob.train.controller.Controller``) carries them out. The rules themselves
 (restart budget, backoff, counters, growing back) are ``torchjob.plan``'s, the
 ones the operator and ``torchjob run`` use; this module maps worker processes'
 failures onto them. Policies hold configuration

@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from torchjob.api.models import GROUP, PLURAL, VERSION
+from torchjob.api.models import GROUP, PLURAL, VERSION, Progress
 from torchjob.contract import SERVICEACCOUNT_DIR, PodEnv
 
 log = logging.getLogger(__name__)
@@ -45,16 +45,13 @@ def progress_body(
         if isinstance(v, str | int | float | bool) and not k.startswith("_")
     }
     epoch = metrics.get("epoch")
-    body: dict[str, Any] = {
-        "step": reports,
-        "metrics": scalars,
-        "updateTime": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
-    if isinstance(epoch, int) and not isinstance(epoch, bool):
-        body["epoch"] = epoch
-    if checkpoint:
-        body["lastCheckpoint"] = checkpoint
-    return body
+    return Progress(
+        step=reports,
+        metrics=scalars,
+        update_time=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        epoch=epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None,
+        last_checkpoint=checkpoint or None,
+    ).to_wire()
 
 
 class JobEndpoint:

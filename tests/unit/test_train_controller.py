@@ -1,0 +1,182 @@
+"""TorchTrainer's controller: every transition out of a generation, per mode, without processes.
+
+The runtime tests (tests/runtime) prove the same behaviour with real worker groups; these
+make each branch of the state machine cheap to read and to test.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+from torchjob.contract import KEEP_SURVIVORS, PodEnv
+from torchjob.launch import WorkerDiedError, WorkerGroupError, WorkerGroupStartError
+from torchjob.launch.policy import Resize, RunState
+from torchjob.train import FailureConfig, RunConfig, ScalingConfig
+from torchjob.train._worker_loop import WorkerOutcome
+from torchjob.train.controller import (
+    Completed,
+    Controller,
+    Crashed,
+    Errored,
+    Finished,
+    Following,
+    Interrupted,
+    KeepSurvivorsMode,
+    LocalMode,
+    PodMode,
+    Reforming,
+    Resizing,
+    Restarting,
+    Stopped,
+)
+from torchjob.train.membership import Membership
+from torchjob.train.trainer import TorchTrainer
+
+
+def trainer(
+    tmp_path: Path, *, workers: int = 2, min_workers: int | None = None, failures: int = 1
+) -> TorchTrainer:
+    return TorchTrainer(
+        lambda: None,
+        scaling_config=ScalingConfig(
+            num_workers=workers if min_workers is None else (min_workers, workers)
+        ),
+        run_config=RunConfig(
+            storage_path=str(tmp_path),
+            name="run",
+            failure_config=FailureConfig(max_failures=failures),
+        ),
+    )
+
+
+def pod(**kw: Any) -> PodEnv:
+    fields: dict[str, Any] = dict(
+        job_name="job",
+        namespace="ns",
+        pod_index=1,
+        replicas=2,
+        nproc_per_node=1,
+        generation=0,
+        rdzv_host="job-worker-0.job",
+    )
+    fields.update(kw)
+    return PodEnv(**fields)
+
+
+STATE = RunState(num_workers=2)
+RAISED = WorkerGroupError(1, "ValueError", "bad batch")
+KILLED = WorkerDiedError(1, -signal.SIGKILL)
+CORRUPT = WorkerGroupError(0, "CheckpointError", "checkpoint_000003 is corrupt")
+
+
+def stopped(at: int = 4) -> Interrupted:
+    return Interrupted([WorkerOutcome(rank=0, stopped=True, reports=at, stopped_at_report=at)])
+
+
+def test_local_failure_restarts_until_the_budget_is_spent(tmp_path: Path) -> None:
+    c = Controller(trainer(tmp_path, failures=1), None)
+    assert isinstance(c.mode, LocalMode)
+    step = c._next(STATE, Crashed(RAISED))
+    assert isinstance(step, Restarting) and step.decision.charged
+    spent = RunState(num_workers=2, generation=1, failures=1)
+    step = c._next(spent, Crashed(RAISED))
+    assert (
+        isinstance(step, Errored) and "gave up" in step.message and "max_failures=1" in step.message
+    )
+
+
+def test_local_elastic_loss_shrinks_uncharged(tmp_path: Path) -> None:
+    c = Controller(trainer(tmp_path, workers=3, min_workers=1), None)
+    step = c._next(RunState(num_workers=3), Crashed(KILLED))
+    assert isinstance(step, Restarting)
+    assert (step.decision.num_workers, step.decision.charged) == (2, False)
+
+
+def test_a_corrupt_checkpoint_is_never_retried(tmp_path: Path) -> None:
+    c = Controller(trainer(tmp_path, failures=5), None)
+    step = c._next(STATE, Crashed(CORRUPT))
+    assert isinstance(step, Errored) and step.err is CORRUPT
+
+
+def test_sigterm_turns_an_interrupt_into_a_stop_and_a_crash_into_an_error(tmp_path: Path) -> None:
+    c = Controller(trainer(tmp_path, failures=5), None)
+    c.stop_requested.set()
+    assert c._next(STATE, stopped(7)) == Stopped(7)
+    assert isinstance(c._next(STATE, Crashed(RAISED)), Errored)
+
+
+def test_local_interrupt_is_a_resize_only_when_one_was_decided(tmp_path: Path) -> None:
+    c = Controller(trainer(tmp_path, workers=3, min_workers=1), None)
+    assert c._next(STATE, stopped(2)) == Stopped(2)
+    assert isinstance(c.mode, LocalMode)
+    c.mode.pending = Resize(num_workers=3, reason="grow back")
+    step = c._next(STATE, stopped(2))
+    assert isinstance(step, Resizing) and step.resize.num_workers == 3
+    assert c.mode.pending is None
+
+
+def test_completion_finishes_in_every_mode(tmp_path: Path) -> None:
+    done = Completed([WorkerOutcome(rank=0, stopped=False, reports=3, stopped_at_report=None)])
+    assert isinstance(Controller(trainer(tmp_path), None)._next(STATE, done), Finished)
+    assert isinstance(Controller(trainer(tmp_path), pod())._next(STATE, done), Finished)
+
+
+def test_a_pod_fails_fast_and_stops_with_its_group(tmp_path: Path) -> None:
+    c = Controller(trainer(tmp_path, failures=5), pod())
+    assert isinstance(c.mode, PodMode)
+    step = c._next(STATE, Crashed(RAISED))
+    assert isinstance(step, Errored) and step.err is RAISED
+    assert c._next(STATE, stopped(3)) == Stopped(3)
+
+
+def test_keep_survivors_without_a_token_fails_fast(tmp_path: Path) -> None:
+    c = Controller(trainer(tmp_path), pod(membership=KEEP_SURVIVORS))
+    assert isinstance(c.mode, PodMode)  # no ServiceAccount token in this process
+
+
+class Watch:
+    """The job's published membership, as KeepSurvivorsMode reads it."""
+
+    def __init__(self, published: Membership | None) -> None:
+        self.published = published
+
+    def read(self) -> Membership | None:
+        return self.published
+
+    def changed(self, generation: int) -> Membership | None:
+        p = self.published
+        return p if p is not None and p.generation > generation else None
+
+
+def survivor(tmp_path: Path, published: Membership | None) -> Controller:
+    c = Controller(trainer(tmp_path), pod(membership=KEEP_SURVIVORS))
+    c.mode = KeepSurvivorsMode(Watch(published), Membership(generation=0, replicas=2))  # type: ignore[arg-type]
+    return c
+
+
+def test_keep_survivors_follows_a_peer_loss(tmp_path: Path) -> None:
+    peer = WorkerGroupError(1, "DistBackendError", "connection reset", peer_failure=True)
+    step = survivor(tmp_path, Membership(0, 2))._next(STATE, Crashed(peer))
+    assert isinstance(step, Following) and step.err is peer
+
+
+def test_keep_survivors_follows_a_new_generation(tmp_path: Path) -> None:
+    c = survivor(tmp_path, Membership(1, 2))
+    step = c._next(STATE, Crashed(RAISED))
+    assert isinstance(step, Following)
+    assert c.mode.interrupt(c, STATE) is not None  # the running group is stopped for it
+    assert isinstance(c._next(STATE, stopped()), Following)
+
+
+def test_keep_survivors_reforms_while_a_peer_is_not_up(tmp_path: Path) -> None:
+    late = WorkerGroupStartError("rendezvous timed out", waiting_for_peers=True)
+    assert isinstance(survivor(tmp_path, Membership(0, 2))._next(STATE, Crashed(late)), Reforming)
+    done = Membership(0, 2, phase="Failed")
+    assert isinstance(survivor(tmp_path, done)._next(STATE, Crashed(late)), Errored)
+
+
+def test_keep_survivors_ends_on_its_own_failure(tmp_path: Path) -> None:
+    step = survivor(tmp_path, Membership(0, 2))._next(STATE, Crashed(RAISED))
+    assert isinstance(step, Errored) and step.err is RAISED
