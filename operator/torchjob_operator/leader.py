@@ -62,6 +62,36 @@ def _micro_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def _lease(
+    c: ElectionConfig,
+    *,
+    holder: str,
+    acquire_time: str,
+    transitions: int,
+    duration_s: float | None = None,
+    resource_version: str | None = None,
+) -> dict[str, Any]:
+    """A whole Lease body (create or replace); ``resource_version`` makes a replace
+    conditional on the version read."""
+    metadata: dict[str, Any] = {"name": c.name, "namespace": c.namespace}
+    if resource_version is not None:
+        metadata["resourceVersion"] = resource_version
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": metadata,
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": max(
+                1, round(c.lease_duration_s if duration_s is None else duration_s)
+            ),
+            "acquireTime": acquire_time,
+            "renewTime": _micro_now(),
+            "leaseTransitions": transitions,
+        },
+    }
+
+
 class LeaderElector:
     """Runs the election in a daemon thread; ``on_started`` when this replica starts
     leading, ``on_stopped`` when it stops (then the process should end)."""
@@ -110,22 +140,14 @@ class LeaderElector:
             )
             if (lease.spec.holder_identity or "") != c.identity:
                 return False  # someone else holds it already
-            body = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {
-                    "name": c.name,
-                    "namespace": c.namespace,
-                    "resourceVersion": lease.metadata.resource_version,
-                },
-                "spec": {
-                    "holderIdentity": "",
-                    "leaseDurationSeconds": 1,
-                    "acquireTime": _format(lease.spec.acquire_time),
-                    "renewTime": _micro_now(),
-                    "leaseTransitions": lease.spec.lease_transitions or 0,
-                },
-            }
+            body = _lease(
+                c,
+                holder="",
+                acquire_time=_format(lease.spec.acquire_time),
+                transitions=lease.spec.lease_transitions or 0,
+                duration_s=1,
+                resource_version=lease.metadata.resource_version,
+            )
             self.api.replace_namespaced_lease(
                 c.name, c.namespace, cast(Any, body), _request_timeout=timeout_s
             )
@@ -166,25 +188,13 @@ class LeaderElector:
         ):
             return False
         ours = record.holder == c.identity
-        stamp = _micro_now()
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": c.name,
-                "namespace": c.namespace,
-                "resourceVersion": lease.metadata.resource_version,
-            },
-            "spec": {
-                "holderIdentity": c.identity,
-                "leaseDurationSeconds": max(1, round(c.lease_duration_s)),
-                "acquireTime": (
-                    _format(spec.acquire_time) if ours and spec.acquire_time else stamp
-                ),
-                "renewTime": stamp,
-                "leaseTransitions": record.transitions + (0 if ours else 1),
-            },
-        }
+        body = _lease(
+            c,
+            holder=c.identity,
+            acquire_time=_format(spec.acquire_time) if ours and spec.acquire_time else _micro_now(),
+            transitions=record.transitions + (0 if ours else 1),
+            resource_version=lease.metadata.resource_version,
+        )
         try:
             self.api.replace_namespaced_lease(
                 c.name, c.namespace, cast(Any, body), _request_timeout=timeout
@@ -197,19 +207,7 @@ class LeaderElector:
 
     def _create(self, timeout: float) -> bool:
         c = self.config
-        stamp = _micro_now()
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": c.name, "namespace": c.namespace},
-            "spec": {
-                "holderIdentity": c.identity,
-                "leaseDurationSeconds": max(1, round(c.lease_duration_s)),
-                "acquireTime": stamp,
-                "renewTime": stamp,
-                "leaseTransitions": 0,
-            },
-        }
+        body = _lease(c, holder=c.identity, acquire_time=_micro_now(), transitions=0)
         try:
             self.api.create_namespaced_lease(c.namespace, cast(Any, body), _request_timeout=timeout)
         except ApiException as e:
