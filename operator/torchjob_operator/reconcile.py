@@ -113,10 +113,7 @@ def reconcile_once(
     now = clock()
     metrics.RECONCILES.inc()
 
-    try:
-        spec = TorchJobSpec.model_validate(job.get("spec") or {})
-    except ValidationError as err:
-        detail = f"TorchJob {namespace}/{name} has an invalid spec: {validation_message(err)}"
+    def invalid(detail: str) -> Outcome:
         status = _invalid_status(job, detail, now)
         if _status_changed(old_status, status):
             kube.patch_job_status(namespace, name, status)
@@ -130,6 +127,13 @@ def reconcile_once(
             log.warning("%s", detail)
         return Outcome(None)  # wait for the user to fix it; an update wakes us up
 
+    try:
+        spec = TorchJobSpec.model_validate(job.get("spec") or {})
+    except ValidationError as err:
+        return invalid(
+            f"TorchJob {namespace}/{name} has an invalid spec: {validation_message(err)}"
+        )
+
     raw_pods = kube.list_worker_pods(namespace, name)
     pods = [v for v in (pod_view(p) for p in raw_pods) if v is not None]
     probes = [v for v in (probe_view(p) for p in raw_pods) if v is not None]
@@ -140,7 +144,18 @@ def reconcile_once(
         state=JobState.from_status(old_status),
         metadata_generation=meta.get("generation"),
     )
-    decided = plan(view, pods, now, probes)
+    try:  # judging and building are pure: an error here is the spec's, and retrying cannot help
+        decided = plan(view, pods, now, probes)
+        worker_bodies = _worker_bodies(name, namespace, meta["uid"], spec, decided)
+        probe_bodies = [
+            probe_pod(name=name, namespace=namespace, uid=meta["uid"], spec=spec, index=index)
+            for index in decided.create_probes
+        ]
+    except Exception as err:
+        metrics.RECONCILE_ERRORS.inc()
+        return invalid(
+            f"TorchJob {namespace}/{name} cannot be run as specified: {type(err).__name__}: {err}"
+        )
     events = list(decided.events)
     status = dict(decided.status)
 
@@ -154,9 +169,8 @@ def reconcile_once(
             if kube.ensure_rbac_object(kind, body):
                 events.append(Event.of(f"Created{kind}", name=body["metadata"]["name"]))
 
-    failures = _create_pods(kube, namespace, name, meta["uid"], spec, decided, settings, events)
-    for index in decided.create_probes:
-        body = probe_pod(name=name, namespace=namespace, uid=meta["uid"], spec=spec, index=index)
+    failures = _create_pods(kube, namespace, worker_bodies, decided, settings, events)
+    for body in probe_bodies:
         if kube.create_pod(body):
             probe = body["metadata"]["name"]
             events.append(Event.of("CreatedProbe", name=probe))
@@ -231,20 +245,13 @@ def _delete_pods(
     return [Event.of("DeletedPod", name=n) for n, ok in deleted if ok]
 
 
-def _create_pods(
-    kube: Kube,
-    namespace: str,
-    name: str,
-    uid: str,
-    spec: TorchJobSpec,
-    decided: Plan,
-    settings: OperatorSettings,
-    events: list[Event],
-) -> list[KubeError]:
+def _worker_bodies(
+    name: str, namespace: str, uid: str, spec: TorchJobSpec, decided: Plan
+) -> list[dict[str, Any]]:
     if decided.create is None:
         return []
     c = decided.create
-    bodies = [
+    return [
         worker_pod(
             name=name,
             namespace=namespace,
@@ -256,6 +263,19 @@ def _create_pods(
         )
         for i in c.indices
     ]
+
+
+def _create_pods(
+    kube: Kube,
+    namespace: str,
+    bodies: list[dict[str, Any]],
+    decided: Plan,
+    settings: OperatorSettings,
+    events: list[Event],
+) -> list[KubeError]:
+    if decided.create is None:
+        return []
+    c = decided.create
 
     def create(body: dict[str, Any]) -> tuple[str, bool | KubeError]:
         try:

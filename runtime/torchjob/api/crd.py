@@ -7,8 +7,12 @@ Pydantic emits JSON Schema (``$ref``, ``anyOf`` with ``null``, ``const``);
 Kubernetes wants a *structural* OpenAPI v3 schema. ``to_structural`` bridges
 the two: references are inlined, optional types lose their ``null`` branch,
 ``int | str`` becomes ``x-kubernetes-int-or-string``, and models that accept
-unknown fields (the pod template) keep them with
-``x-kubernetes-preserve-unknown-fields``.
+unknown fields keep them with ``x-kubernetes-preserve-unknown-fields``.
+
+``spec.template`` is not taken from the (deliberately loose) pydantic model: it
+is Kubernetes' own PodTemplateSpec schema of the pinned release
+(``torchjob.api.kube_schema``) with ``models.TEMPLATE_RULES`` added, so a typo
+in the template is rejected like one in a Deployment.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from torchjob.api import models
+from torchjob.api import kube_schema, models
 
 _DROP = {"title", "$defs"}
 _VALIDATIONS = models.CEL
@@ -117,19 +121,51 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 
+_WORKERS = "(has(self.spec.elastic) ? self.spec.elastic.maxReplicas : self.spec.replicas)"
+_SUFFIX_LEN = f"{len(models.WORKER_SUFFIX)} + size(string({_WORKERS} - 1))"
+NAME_RULES: list[dict[str, Any]] = [
+    {
+        "rule": f"self.metadata.name.matches(r'{models.JOB_NAME}')",
+        "message": (
+            "metadata.name must be a DNS-1035 label: lowercase letters, digits and '-', starting "
+            "with a letter (it names the job's Service and is part of every pod's hostname); "
+            "e.g. resnet-v2 instead of resnet.v2"
+        ),
+    },
+    {
+        "rule": f"size(self.metadata.name) + {_SUFFIX_LEN} <= 63",
+        "messageExpression": (
+            "'metadata.name is too long: pod hostnames <name>" + models.WORKER_SUFFIX + "<index> "
+            "must fit in 63 characters, and this job can have ' + string("
+            + _WORKERS
+            + ") + ' workers (spec.replicas, or spec.elastic.maxReplicas); use a name of at most ' "
+            "+ string(63 - " + _SUFFIX_LEN + ") + ' characters'"
+        ),
+    },
+]
+"""Rules on the whole object: the job's name is part of every worker's name and hostname."""
+
+
 def build_crd() -> dict[str, Any]:
     """The full apiextensions.k8s.io/v1 CustomResourceDefinition."""
     spec_schema = _model_schema(models.TorchJobSpec)
+    template = kube_schema.pod_template_schema(models.TEMPLATE_RULES)
+    template["description"] = spec_schema["properties"]["template"].get("description", "")
+    spec_schema["properties"]["template"] = template
     status_schema = _model_schema(models.TorchJobStatus)
     status_schema["x-kubernetes-preserve-unknown-fields"] = True  # kopf's own bookkeeping
     root = {
         "type": "object",
         "description": "TorchJob runs distributed PyTorch training on a group of worker pods.",
         "required": ["spec"],
+        "x-kubernetes-validations": NAME_RULES,
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            "metadata": {
+                "type": "object",
+                "properties": {"name": {"type": "string", "maxLength": 253}},
+            },
             "spec": spec_schema,
             "status": status_schema,
         },

@@ -13,9 +13,11 @@ validators, so ``torchjob run -f job.yaml`` rejects what the cluster would.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
@@ -35,6 +37,79 @@ CEL = "x-kubernetes-validations"
 def _cel(rule: str, message: str, **extra: str) -> Any:
     """One CEL rule for ``x-kubernetes-validations`` (typed Any: pydantic wants JsonValue)."""
     return {"rule": rule, "message": message, **extra}
+
+
+# --- bounds (docs/api.md "Bounds" lists each one and why) ----------------------------
+
+MAX_REPLICAS = 10_000
+"""Twice Kubernetes' tested 5,000-node scale; keeps ``-worker-9999`` to 12 characters."""
+MAX_NPROC_PER_NODE = 1024
+"""Processes per pod: the largest nodes have 8-16 GPUs or a few hundred CPU cores."""
+MAX_WAIT_SECONDS = 7 * 86400
+"""Elastic waits and cooldowns: beyond a week a job is better suspended."""
+MAX_BACKOFF_SECONDS = 86400
+"""Restart backoff: a day; a longer pause is a suspend, not a backoff."""
+MAX_BACKOFF_FACTOR = 100.0
+MAX_RESTARTS = 10_000
+"""Group restarts: at the shortest backoff (0 s) still bounded; more is a crash loop."""
+MAX_JOB_SECONDS = 366 * 86400
+"""activeDeadlineSeconds and ttlSecondsAfterFinished: a year (and a leap day)."""
+MAX_PATH = 4096
+"""PATH_MAX on Linux."""
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+LABEL_KEY = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+JOB_NAME = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+WORKER_SUFFIX = "-worker-"
+GPU_RESOURCE = "nvidia.com/gpu"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+RESERVED_LABELS = (
+    "torchjob.io/job-name",
+    "torchjob.io/role",
+    "torchjob.io/pod-index",
+    "torchjob.io/generation",
+)
+"""Labels the operator sets on every worker pod (torchjob.contract); a template may not."""
+
+_QUANTITY = re.compile(
+    r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+)
+_SUFFIX = {
+    "": Decimal(1),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": Decimal(10**3),
+    "M": Decimal(10**6),
+    "G": Decimal(10**9),
+    "T": Decimal(10**12),
+    "P": Decimal(10**15),
+    "E": Decimal(10**18),
+    **{s: Decimal(1024 ** (i + 1)) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+}
+
+
+def parse_quantity(value: object) -> Decimal:
+    """A Kubernetes resource quantity (``8``, ``"500m"``, ``"4Gi"``, ``"1e3"``) as a Decimal.
+
+    Raises ``ValueError`` naming the value when it is not a quantity."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{value!r} is not a quantity")
+    m = _QUANTITY.match(str(value).strip())
+    if not m:
+        raise ValueError(f"{value!r} is not a quantity (e.g. 8, 500m, 4Gi)")
+    number, suffix = m.group(1), m.group(2) or ""
+    try:
+        if suffix[:1] in ("e", "E"):
+            return Decimal(number) * (Decimal(10) ** int(suffix[1:]))
+        return Decimal(number) * _SUFFIX[suffix]
+    except (InvalidOperation, OverflowError) as e:
+        raise ValueError(f"{value!r} is not a quantity") from e
 
 
 class _Model(BaseModel):
@@ -67,6 +142,169 @@ class _Passthrough(BaseModel):
 
 # --- the pod template ------------------------------------------------------------
 
+_MSG_RESTART_POLICY = (
+    "spec.template.spec.restartPolicy must be Never (or left out): the operator restarts whole "
+    "groups, never single ranks"
+)
+_MSG_HOSTNAME = (
+    "spec.template.spec.hostname and subdomain are set by the operator (<job>-worker-<i>, <job>); "
+    "remove them"
+)
+_MSG_RESERVED_LABELS = (
+    "spec.template.metadata.labels must not set torchjob.io/job-name, torchjob.io/role, "
+    "torchjob.io/pod-index or torchjob.io/generation: the operator sets them on every worker"
+)
+_MSG_GPU_INTEGER = (
+    "nvidia.com/gpu must be a whole number of GPUs (e.g. 1, 8), not a fraction such as 0.5 or 500m"
+)
+_MSG_GPU_EQUAL = (
+    "resources.requests and resources.limits of nvidia.com/gpu must be equal when both are given "
+    "(GPUs cannot be overcommitted); give only limits"
+)
+_MSG_REQUESTS_LE_LIMITS = "resources.requests must not exceed resources.limits for any resource"
+
+_Q = "quantity(string({v}))"
+_IS_Q = "isQuantity(string({v}))"
+
+
+def _nonneg(m: str) -> str:
+    v = f"{m}[k]"
+    return f"{m}.all(k, !{_IS_Q.format(v=v)} || {_Q.format(v=v)}.sign() >= 0)"
+
+
+TEMPLATE_RULES: dict[str, dict[str, Any]] = {
+    # Keys are Kubernetes type names of the OpenAPI document (torchjob.api.kube_schema).
+    "io.k8s.api.core.v1.PodSpec": {
+        "x-kubernetes-validations": [
+            _cel("!has(self.restartPolicy) || self.restartPolicy == 'Never'", _MSG_RESTART_POLICY),
+            _cel("!has(self.hostname) && !has(self.subdomain)", _MSG_HOSTNAME),
+        ],
+        # Bounds that keep the CEL rules below within the API server's cost budget.
+        "properties.containers": {"maxItems": 16},
+        "properties.initContainers": {"maxItems": 16},
+        "properties.volumes": {"maxItems": 128},
+        "properties.imagePullSecrets": {"maxItems": 32},
+        "properties.restartPolicy": {"enum": ["Always", "OnFailure", "Never"]},
+        "properties.schedulerName": {"maxLength": 253},
+        "properties.priorityClassName": {"maxLength": 253},
+    },
+    "io.k8s.api.core.v1.Container": {
+        "x-kubernetes-validations": [
+            _cel(
+                "size(self.name) <= 63 && self.name.matches(r'" + DNS_LABEL + "')",
+                "container name must be a DNS label: lowercase letters, digits and '-', at most "
+                "63 characters, starting and ending with a letter or digit",
+                fieldPath=".name",
+            ),
+            _cel(
+                "has(self.image) && size(self.image.trim()) > 0",
+                "container image is required (e.g. image: ghcr.io/org/train:1.0)",
+            ),
+            _cel(
+                "!has(self.resources) || ((!has(self.resources.limits) || "
+                + _nonneg("self.resources.limits")
+                + ") && (!has(self.resources.requests) || "
+                + _nonneg("self.resources.requests")
+                + "))",
+                "resources.limits and resources.requests must not be negative",
+            ),
+            _cel(
+                "!has(self.resources) || ["
+                "has(self.resources.limits) ? self.resources.limits : {},"
+                "has(self.resources.requests) ? self.resources.requests : {}]"
+                ".all(m, !('nvidia.com/gpu' in m) || !"
+                + _IS_Q.format(v="m['nvidia.com/gpu']")
+                + " || "
+                + _Q.format(v="m['nvidia.com/gpu']")
+                + ".isInteger())",
+                _MSG_GPU_INTEGER,
+            ),
+            _cel(
+                "!has(self.resources) || !has(self.resources.limits) || "
+                "!has(self.resources.requests) || !('nvidia.com/gpu' in self.resources.limits) || "
+                "!('nvidia.com/gpu' in self.resources.requests) || "
+                "string(self.resources.limits['nvidia.com/gpu']) == "
+                "string(self.resources.requests['nvidia.com/gpu']) || ("
+                + _IS_Q.format(v="self.resources.limits['nvidia.com/gpu']")
+                + " && "
+                + _IS_Q.format(v="self.resources.requests['nvidia.com/gpu']")
+                + " && "
+                + _Q.format(v="self.resources.limits['nvidia.com/gpu']")
+                + ".compareTo("
+                + _Q.format(v="self.resources.requests['nvidia.com/gpu']")
+                + ") == 0)",
+                _MSG_GPU_EQUAL,
+            ),
+            _cel(
+                "!has(self.resources) || !has(self.resources.limits) || "
+                "!has(self.resources.requests) || self.resources.requests.all(k, "
+                "!(k in self.resources.limits) || !"
+                + _IS_Q.format(v="self.resources.requests[k]")
+                + " || !"
+                + _IS_Q.format(v="self.resources.limits[k]")
+                + " || "
+                + _Q.format(v="self.resources.requests[k]")
+                + ".compareTo("
+                + _Q.format(v="self.resources.limits[k]")
+                + ") <= 0)",
+                _MSG_REQUESTS_LE_LIMITS,
+            ),
+        ],
+        "properties.name": {"maxLength": 253},
+        "properties.env": {"maxItems": 512},
+        "properties.envFrom": {"maxItems": 64},
+        "properties.volumeMounts": {"maxItems": 128},
+        "properties.ports": {"maxItems": 64},
+        "properties.imagePullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
+        "properties.terminationMessagePolicy": {"enum": ["File", "FallbackToLogsOnError"]},
+    },
+    "io.k8s.api.core.v1.ResourceRequirements": {
+        "properties.limits": {"maxProperties": 32},
+        "properties.requests": {"maxProperties": 32},
+    },
+    "io.k8s.api.core.v1.EnvVar": {
+        "x-kubernetes-validations": [
+            _cel(
+                "self.name.matches(r'^[ -<>-~]+$')",
+                "env name must be printable ASCII without '=' (e.g. BATCH_SIZE), and not empty",
+                fieldPath=".name",
+            ),
+        ],
+        "properties.name": {"maxLength": 1024},
+    },
+    "io.k8s.api.core.v1.VolumeMount": {
+        "properties.name": {"maxLength": 253},
+    },
+    "io.k8s.api.core.v1.Volume": {
+        "properties.name": {"maxLength": 63},
+    },
+    "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta": {
+        "properties.labels": {
+            "maxProperties": 64,
+            "additionalProperties": {"type": "string", "maxLength": 63},
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.all(k, size(k) <= 317 && k.matches(r'" + LABEL_KEY + "') && "
+                    "self[k].matches(r'" + LABEL_VALUE + "'))",
+                    "labels must be valid label keys (an optional DNS prefix and '/', then at most "
+                    "63 letters, digits, '-', '_' or '.') with values of at most 63 such "
+                    "characters, beginning and ending with a letter or digit",
+                ),
+            ],
+        },
+        "properties.annotations": {
+            "maxProperties": 256,
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.map(k, size(k) + size(self[k])).sum() <= 262144",
+                    "annotations may total at most 256 KiB (keys and values), as on any pod",
+                ),
+            ],
+        },
+    },
+}
+"""CEL rules and bounds the CRD adds to Kubernetes' PodTemplateSpec schema (per type)."""
+
 
 class Container(_Passthrough):
     """A container of the worker pod (core/v1 Container; the fields torchjob reads are typed)."""
@@ -98,10 +336,57 @@ class ObjectMetaTemplate(_Passthrough):
 
 
 class PodTemplateSpec(_Passthrough):
-    """core/v1 PodTemplateSpec of every worker pod."""
+    """core/v1 PodTemplateSpec of every worker pod.
+
+    In the CRD its schema is Kubernetes' own (``torchjob.api.kube_schema``) plus the
+    ``TEMPLATE_RULES`` below; here only what the operator reads is typed and checked."""
 
     metadata: ObjectMetaTemplate | None = None
     spec: PodSpec
+
+    @model_validator(mode="after")
+    def _operator_fields(self) -> PodTemplateSpec:
+        """Template values the operator would have to override are errors, not rewrites."""
+        extra = self.spec.model_extra or {}
+        if extra.get("restartPolicy", "Never") != "Never":
+            raise ValueError(_MSG_RESTART_POLICY)
+        for key in ("hostname", "subdomain"):
+            if key in extra:
+                raise ValueError(_MSG_HOSTNAME)
+        labels = (self.metadata.labels if self.metadata else None) or {}
+        if any(k in labels for k in RESERVED_LABELS):
+            raise ValueError(_MSG_RESERVED_LABELS)
+        for i, c in enumerate(self.spec.containers):
+            _check_resources(f"spec.template.spec.containers[{i}].resources", c.resources)
+        return self
+
+
+def _check_resources(where: str, resources: dict[str, Any] | None) -> None:
+    """Quantities parse and are not negative; GPUs are whole and requests equal limits."""
+    resources = resources or {}
+    parsed: dict[str, dict[str, Decimal]] = {}
+    for kind in ("limits", "requests"):
+        values = resources.get(kind) or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"{where}.{kind} must be a map of resource name to quantity")
+        parsed[kind] = {}
+        for name, value in values.items():
+            try:
+                q = parse_quantity(value)
+            except ValueError as e:
+                raise ValueError(f"{where}.{kind}[{name}]: {e}") from None
+            if q < 0:
+                raise ValueError(f"{where}.{kind}[{name}] must not be negative")
+            if name == GPU_RESOURCE and q != q.to_integral_value():
+                raise ValueError(_MSG_GPU_INTEGER)
+            parsed[kind][name] = q
+    limits, requests = parsed["limits"], parsed["requests"]
+    gpu_l, gpu_r = limits.get(GPU_RESOURCE), requests.get(GPU_RESOURCE)
+    if gpu_l is not None and gpu_r is not None and gpu_l != gpu_r:
+        raise ValueError(_MSG_GPU_EQUAL)
+    for name, q in requests.items():
+        if name in limits and q > limits[name]:
+            raise ValueError(_MSG_REQUESTS_LE_LIMITS)
 
 
 # --- spec ------------------------------------------------------------------------
@@ -136,16 +421,20 @@ class ElasticPolicy(_Model):
         }
     )
 
-    min_replicas: int = Field(ge=1, description="Fewest workers the job trains with.")
-    max_replicas: int = Field(ge=1, description="Most workers the job grows to.")
+    min_replicas: int = Field(
+        ge=1, le=MAX_REPLICAS, description="Fewest workers the job trains with."
+    )
+    max_replicas: int = Field(ge=1, le=MAX_REPLICAS, description="Most workers the job grows to.")
     scale_down_after_seconds: int = Field(
         default=60,
         ge=0,
+        le=MAX_WAIT_SECONDS,
         description="Seconds a worker may stay unschedulable before the job continues without it.",
     )
     scale_up_cooldown_seconds: int = Field(
         default=120,
         ge=0,
+        le=MAX_WAIT_SECONDS,
         description="Seconds between a membership change and the next grow step.",
     )
 
@@ -156,12 +445,52 @@ class ElasticPolicy(_Model):
         return self
 
 
+_MSG_BACKOFF = (
+    "spec.failurePolicy.backoff.initialSeconds must not exceed maxSeconds (maxSeconds caps every "
+    "delay; raise it or lower initialSeconds)"
+)
+
+
 class Backoff(_Model):
     """Exponential backoff between group restarts: initial * factor^(n-1), capped at max."""
 
-    initial_seconds: int = Field(default=10, ge=0, description="Delay before the first restart.")
-    max_seconds: int = Field(default=300, ge=0, description="Cap on the delay.")
-    factor: float = Field(default=2.0, ge=1.0, description="Growth per restart.")
+    model_config = ConfigDict(
+        json_schema_extra={
+            CEL: [
+                _cel(
+                    "(has(self.initialSeconds) ? self.initialSeconds : 10) <= "
+                    "(has(self.maxSeconds) ? self.maxSeconds : 300)",
+                    _MSG_BACKOFF,
+                )
+            ]
+        }
+    )
+
+    initial_seconds: int = Field(
+        default=10, ge=0, le=MAX_BACKOFF_SECONDS, description="Delay before the first restart."
+    )
+    max_seconds: int = Field(
+        default=300, ge=0, le=MAX_BACKOFF_SECONDS, description="Cap on the delay."
+    )
+    factor: float = Field(
+        default=2.0,
+        ge=1.0,
+        le=MAX_BACKOFF_FACTOR,
+        allow_inf_nan=False,
+        description="Growth per restart.",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Backoff:
+        if self.initial_seconds > self.max_seconds:
+            raise ValueError(_MSG_BACKOFF)
+        return self
+
+
+ExitCode = Annotated[
+    int,
+    Field(ge=1, le=255, description="A container exit code: 1-255 (0 is success, not a failure)."),
+]
 
 
 class FailurePolicy(_Model):
@@ -182,14 +511,15 @@ class FailurePolicy(_Model):
     max_restarts: int = Field(
         default=3,
         ge=0,
+        le=MAX_RESTARTS,
         description="Group restarts allowed for failures. Disruptions (preemption, eviction, node loss) never count.",
     )
-    permanent_exit_codes: list[int] | None = Field(
+    permanent_exit_codes: list[ExitCode] | None = Field(
         default=None,
         max_length=255,
         description="Exit codes that fail the job at once, without a restart.",
     )
-    retryable_exit_codes: list[int] | None = Field(
+    retryable_exit_codes: list[ExitCode] | None = Field(
         default=None,
         max_length=255,
         description="When set, only these exit codes restart the group; any other non-zero code is permanent.",
@@ -217,11 +547,15 @@ class RunPolicy(_Model):
         default=False, description="Delete the pods and keep the status; false resumes."
     )
     active_deadline_seconds: int | None = Field(
-        default=None, ge=1, description="Fail the job this many seconds after it first started."
+        default=None,
+        ge=1,
+        le=MAX_JOB_SECONDS,
+        description="Fail the job this many seconds after it first started.",
     )
     ttl_seconds_after_finished: int | None = Field(
         default=None,
         ge=0,
+        le=MAX_JOB_SECONDS,
         description="Delete the TorchJob this long after it succeeded or failed.",
     )
     clean_pod_policy: CleanPodPolicy = Field(
@@ -230,9 +564,42 @@ class RunPolicy(_Model):
     )
 
 
+_MSG_CLAIM = (
+    "spec.checkpoint.pvc.claimName must be a PersistentVolumeClaim name: lowercase letters, "
+    "digits, '-' and '.', at most 253 characters, starting and ending with a letter or digit"
+)
+_MSG_MOUNT = (
+    "spec.checkpoint.pvc.mountPath must be an absolute path other than /dev/shm (the operator "
+    "mounts shared memory there)"
+)
+
+
 class PvcSource(_Model):
-    claim_name: str = Field(min_length=1)
-    mount_path: str = Field(default="/checkpoints", pattern=r"^/")
+    claim_name: str = Field(
+        min_length=1,
+        max_length=253,
+        json_schema_extra={CEL: [_cel(f"self.matches(r'{DNS_SUBDOMAIN}')", _MSG_CLAIM)]},
+    )
+    mount_path: str = Field(
+        default="/checkpoints",
+        min_length=2,
+        max_length=MAX_PATH,
+        json_schema_extra={
+            CEL: [
+                _cel(
+                    "self.startsWith('/') && self != '/dev/shm' && self != '/dev/shm/'", _MSG_MOUNT
+                )
+            ]
+        },
+    )
+
+    @model_validator(mode="after")
+    def _names(self) -> PvcSource:
+        if not re.match(DNS_SUBDOMAIN, self.claim_name):
+            raise ValueError(_MSG_CLAIM)
+        if not self.mount_path.startswith("/") or self.mount_path.rstrip("/") == "/dev/shm":
+            raise ValueError(_MSG_MOUNT)
+        return self
 
 
 class CheckpointSpec(_Model):
@@ -250,7 +617,10 @@ class CheckpointSpec(_Model):
     )
 
     path: str | None = Field(
-        default=None, description="Local path in the pod or fsspec URL (s3://, gs://)."
+        default=None,
+        min_length=1,
+        max_length=MAX_PATH,
+        description="Local path in the pod or fsspec URL (s3://, gs://).",
     )
     pvc: PvcSource | None = Field(
         default=None, description="A PersistentVolumeClaim mounted into every worker."
@@ -269,51 +639,157 @@ class CheckpointSpec(_Model):
         """The path the runtime writes to: ``path``, or the PVC's mount path."""
         if self.path:
             return self.path
-        assert self.pvc is not None
-        return self.pvc.mount_path
+        return self.pvc.mount_path if self.pvc is not None else ""
+
+
+_MSG_SCHEDULER = (
+    "spec.scheduling.schedulerName must be a DNS subdomain: lowercase letters, digits, '-' and '.', "
+    "at most 253 characters"
+)
+_MSG_PRIORITY = (
+    "spec.scheduling.priorityClassName must be a PriorityClass name: lowercase letters, digits, "
+    "'-' and '.', at most 253 characters, starting and ending with a letter or digit"
+)
+_MSG_QUEUE = (
+    "spec.scheduling.queueName must be a valid label value (it becomes the "
+    "kueue.x-k8s.io/queue-name label): at most 63 letters, digits, '-', '_' or '.', beginning "
+    "and ending with a letter or digit"
+)
 
 
 class SchedulingSpec(_Model):
     scheduler_name: str | None = Field(
-        default=None, description="e.g. volcano, or a custom scheduler."
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="e.g. volcano, or a custom scheduler.",
+        json_schema_extra={CEL: [_cel(f"self.matches(r'{DNS_SUBDOMAIN}')", _MSG_SCHEDULER)]},
     )
-    priority_class_name: str | None = None
+    priority_class_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        json_schema_extra={CEL: [_cel(f"self.matches(r'{DNS_SUBDOMAIN}')", _MSG_PRIORITY)]},
+    )
     queue_name: str | None = Field(
-        default=None, description="Kueue LocalQueue; set as the kueue.x-k8s.io/queue-name label."
+        default=None,
+        min_length=1,
+        max_length=63,
+        description="Kueue LocalQueue; set as the kueue.x-k8s.io/queue-name label.",
+        json_schema_extra={CEL: [_cel(f"self.matches(r'{LABEL_VALUE}')", _MSG_QUEUE)]},
     )
+
+    @model_validator(mode="after")
+    def _names(self) -> SchedulingSpec:
+        for value, pattern, msg in (
+            (self.scheduler_name, DNS_SUBDOMAIN, _MSG_SCHEDULER),
+            (self.priority_class_name, DNS_SUBDOMAIN, _MSG_PRIORITY),
+            (self.queue_name, LABEL_VALUE, _MSG_QUEUE),
+        ):
+            if value is not None and not re.match(pattern, value):
+                raise ValueError(msg)
+        return self
 
 
 _NPROC_RULE = _cel(
-    "type(self) == int ? self >= 1 : self in ['gpu', 'auto']",
-    "spec.nprocPerNode must be a positive integer, 'gpu' (one process per requested GPU) or 'auto'",
+    f"type(self) == int ? self >= 1 && self <= {MAX_NPROC_PER_NODE} : self in ['gpu', 'auto']",
+    f"spec.nprocPerNode must be an integer from 1 to {MAX_NPROC_PER_NODE}, 'gpu' (one process per "
+    "requested GPU) or 'auto'",
 )
 _IMMUTABLE_MSG = "is immutable while the TorchJob exists; delete and recreate the job to change it"
+_MSG_CHECKPOINT_PRESENCE = (
+    f"spec.checkpoint {_IMMUTABLE_MSG} (it cannot be added to or removed from an existing job)"
+)
+_MSG_SCHEDULER_CONFLICT = (
+    "spec.scheduling.schedulerName and spec.template.spec.schedulerName differ; set one of them"
+)
+_MSG_PRIORITY_CONFLICT = (
+    "spec.scheduling.priorityClassName and spec.template.spec.priorityClassName differ; set one "
+    "of them"
+)
+_MSG_QUEUE_CONFLICT = (
+    "spec.scheduling.queueName and the template's kueue.x-k8s.io/queue-name label differ; set one "
+    "of them"
+)
+_MSG_MOUNT_UNKNOWN = (
+    "every volumeMount in spec.template.spec.containers and initContainers must name a volume of "
+    "spec.template.spec.volumes (dshm is the operator's /dev/shm; torchjob-checkpoint needs "
+    "spec.checkpoint.pvc)"
+)
+_MSG_MOUNT_CLASH = (
+    "spec.checkpoint.pvc.mountPath is already a mountPath in the template; pick another "
+    "mountPath or remove that volumeMount"
+)
+_ALL_CONTAINERS = (
+    "(self.template.spec.containers + (has(self.template.spec.initContainers) ? "
+    "self.template.spec.initContainers : []))"
+)
+_TEMPLATE_LABELS = (
+    "(has(self.template.metadata) && has(self.template.metadata.labels) ? "
+    "self.template.metadata.labels : {})"
+)
+_SPEC_RULES = [
+    _cel(
+        "!has(self.elastic) || (self.replicas >= self.elastic.minReplicas && "
+        "self.replicas <= self.elastic.maxReplicas)",
+        "spec.replicas must lie between spec.elastic.minReplicas and spec.elastic.maxReplicas",
+    ),
+    _cel("has(self.checkpoint) == has(oldSelf.checkpoint)", _MSG_CHECKPOINT_PRESENCE),
+    _cel(
+        "!has(self.scheduling) || !has(self.scheduling.schedulerName) || "
+        "!has(self.template.spec.schedulerName) || "
+        "self.template.spec.schedulerName == self.scheduling.schedulerName",
+        _MSG_SCHEDULER_CONFLICT,
+    ),
+    _cel(
+        "!has(self.scheduling) || !has(self.scheduling.priorityClassName) || "
+        "!has(self.template.spec.priorityClassName) || "
+        "self.template.spec.priorityClassName == self.scheduling.priorityClassName",
+        _MSG_PRIORITY_CONFLICT,
+    ),
+    _cel(
+        "!has(self.scheduling) || !has(self.scheduling.queueName) || "
+        f"!('kueue.x-k8s.io/queue-name' in {_TEMPLATE_LABELS}) || "
+        f"{_TEMPLATE_LABELS}['kueue.x-k8s.io/queue-name'] == self.scheduling.queueName",
+        _MSG_QUEUE_CONFLICT,
+    ),
+    _cel(
+        f"!{list(RESERVED_LABELS)!r}.exists(k, k in {_TEMPLATE_LABELS})".replace('"', "'"),
+        _MSG_RESERVED_LABELS,
+    ),
+    _cel(
+        f"{_ALL_CONTAINERS}.all(c, !has(c.volumeMounts) || c.volumeMounts.all(m, "
+        "m.name == 'dshm' || (m.name == 'torchjob-checkpoint' && has(self.checkpoint) && "
+        "has(self.checkpoint.pvc)) || (has(self.template.spec.volumes) && "
+        "self.template.spec.volumes.exists(v, v.name == m.name))))",
+        _MSG_MOUNT_UNKNOWN,
+    ),
+    _cel(
+        "!has(self.checkpoint) || !has(self.checkpoint.pvc) || "
+        "self.template.spec.containers.all(c, !has(c.volumeMounts) || c.volumeMounts.all(m, "
+        "m.mountPath != (has(self.checkpoint.pvc.mountPath) ? self.checkpoint.pvc.mountPath : "
+        "'/checkpoints')))",
+        _MSG_MOUNT_CLASH,
+    ),
+]
 
 
 class TorchJobSpec(_Model):
-    model_config = ConfigDict(
-        json_schema_extra={
-            CEL: [
-                _cel(
-                    "!has(self.elastic) || (self.replicas >= self.elastic.minReplicas && "
-                    "self.replicas <= self.elastic.maxReplicas)",
-                    "spec.replicas must lie between spec.elastic.minReplicas and spec.elastic.maxReplicas",
-                ),
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={CEL: _SPEC_RULES})
 
-    replicas: int = Field(ge=1, description="Desired number of worker pods.")
+    replicas: int = Field(ge=1, le=MAX_REPLICAS, description="Desired number of worker pods.")
     elastic: ElasticPolicy | None = Field(
         default=None,
         description="Elastic bounds; without it the job runs exactly `replicas` workers.",
     )
-    nproc_per_node: int | Literal["gpu", "auto"] = Field(
-        default=1,
-        description="Training processes per pod: an integer, 'gpu' (GPUs requested per pod) or 'auto'.",
-        json_schema_extra={
-            CEL: [_NPROC_RULE, _cel("self == oldSelf", f"spec.nprocPerNode {_IMMUTABLE_MSG}")]
-        },
+    nproc_per_node: Annotated[int, Field(ge=1, le=MAX_NPROC_PER_NODE)] | Literal["gpu", "auto"] = (
+        Field(
+            default=1,
+            description="Training processes per pod: an integer, 'gpu' (GPUs requested per pod) or 'auto'.",
+            json_schema_extra={
+                CEL: [_NPROC_RULE, _cel("self == oldSelf", f"spec.nprocPerNode {_IMMUTABLE_MSG}")]
+            },
+        )
     )
     backend: Backend = Field(
         default=Backend.AUTO,
@@ -347,6 +823,24 @@ class TorchJobSpec(_Model):
             raise ValueError(
                 "spec.replicas must lie between spec.elastic.minReplicas and spec.elastic.maxReplicas"
             )
+        extra = self.template.spec.model_extra or {}
+        labels = (self.template.metadata.labels if self.template.metadata else None) or {}
+        s = self.scheduling
+        if s.scheduler_name and extra.get("schedulerName", s.scheduler_name) != s.scheduler_name:
+            raise ValueError(_MSG_SCHEDULER_CONFLICT)
+        if s.priority_class_name and (
+            extra.get("priorityClassName", s.priority_class_name) != s.priority_class_name
+        ):
+            raise ValueError(_MSG_PRIORITY_CONFLICT)
+        if s.queue_name and labels.get(KUEUE_QUEUE_LABEL, s.queue_name) != s.queue_name:
+            raise ValueError(_MSG_QUEUE_CONFLICT)
+        pvc = self.checkpoint.pvc if self.checkpoint else None
+        if pvc and any(
+            isinstance(m, dict) and m.get("mountPath") == pvc.mount_path
+            for c in self.template.spec.containers
+            for m in (c.model_extra or {}).get("volumeMounts") or []
+        ):
+            raise ValueError(_MSG_MOUNT_CLASH)
         return self
 
     @property
@@ -361,9 +855,9 @@ class TorchJobSpec(_Model):
         """GPUs the first container asks for (limits, else requests)."""
         resources = self.template.spec.containers[0].resources or {}
         for key in ("limits", "requests"):
-            value = (resources.get(key) or {}).get("nvidia.com/gpu")
+            value = (resources.get(key) or {}).get(GPU_RESOURCE)
             if value is not None:
-                return int(value)
+                return int(parse_quantity(value))
         return 0
 
     def resolved_nproc_per_node(self) -> int:
