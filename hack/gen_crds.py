@@ -1,11 +1,20 @@
 #!/usr/bin/env python3
-"""Write crds/torchjob.io_torchjobs.yaml from torchjob.api (run by `make crds`)."""
+"""Write crds/torchjob.io_torchjobs.yaml from torchjob.api (run by `make crds`).
+
+The pod template schema comes from the OpenAPI document of Kubernetes KUBE_VERSION in the Go
+module cache (torchjob.api.kube_schema); when it is missing, this downloads that one module
+with `go mod download` (what `make testbin` does anyway) or says how to get it.
+"""
 
 from __future__ import annotations
 
+import os
 import pathlib
+import shutil
+import subprocess
 import sys
 
+from torchjob.api import kube_schema
 from torchjob.api.crd import render_crd_yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -13,7 +22,26 @@ TARGET = ROOT / "crds" / "torchjob.io_torchjobs.yaml"
 CHART_COPY = ROOT / "charts" / "torchjob-operator" / "crds" / "torchjob.io_torchjobs.yaml"
 
 
+def _ensure_openapi() -> None:
+    try:
+        kube_schema.openapi_path()
+        return
+    except kube_schema.KubeOpenAPIMissing as missing:
+        go = shutil.which("go") or "/usr/local/go/bin/go"
+        version = kube_schema.kube_version()
+        if not pathlib.Path(go).exists():
+            raise SystemExit(f"error: {missing}") from None
+        print(f"downloading k8s.io/kubernetes@{version} for its OpenAPI document (go mod download)")
+        env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"}
+        done = subprocess.run(
+            [go, "mod", "download", f"k8s.io/kubernetes@{version}"], env=env, cwd="/", check=False
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"error: {missing}") from None
+
+
 def main() -> int:
+    _ensure_openapi()
     text = render_crd_yaml()
     for path in (TARGET, CHART_COPY):
         path.parent.mkdir(parents=True, exist_ok=True)
