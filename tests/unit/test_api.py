@@ -14,6 +14,7 @@ from torchjob.api.crd import build_crd as _build_crd
 from torchjob.api.crd import render_crd_yaml as _render_crd_yaml
 
 REPO = Path(__file__).resolve().parents[2]
+GPU = "nvidia.com/gpu"
 # What Kubernetes (and controller-gen) write for an int-or-string: allowed in a structural schema.
 INT_OR_STRING = {
     "x-kubernetes-int-or-string": True,
@@ -104,6 +105,63 @@ def test_crd_has_scale_status_and_printer_columns() -> None:
         pytest.param({"replicas": 0}, "replicas", id="zero"),
         pytest.param({"failurePolicy": {"maxRestart": 3}}, "maxRestart", id="typo-is-an-error"),
         pytest.param({"checkpoint": {}}, "spec.checkpoint needs a path", id="empty-checkpoint"),
+        # The same rules the CRD's CEL enforces, so `torchjob run -f` rejects what the cluster would.
+        pytest.param({"checkpoint": {"path": ""}}, "checkpoint.path", id="empty-checkpoint-path"),
+        pytest.param(
+            {"checkpoint": {"pvc": {"claimName": "My_PVC"}}}, "claimName must be", id="bad-claim"
+        ),
+        pytest.param({"nprocPerNode": 4294967296}, "nprocPerNode", id="huge-nproc"),
+        pytest.param(
+            {"failurePolicy": {"retryableExitCodes": [0]}}, "retryableExitCodes", id="exit-0"
+        ),
+        pytest.param(
+            {"failurePolicy": {"backoff": {"initialSeconds": 600}}},
+            "initialSeconds must not exceed maxSeconds",
+            id="backoff-order",
+        ),
+        pytest.param(
+            {"scheduling": {"queueName": "team a"}}, "queueName must be a valid label", id="queue"
+        ),
+        pytest.param(
+            {
+                "nprocPerNode": "gpu",
+                "template": {
+                    "spec": {
+                        "containers": [
+                            {"name": "t", "image": "i", "resources": {"limits": {GPU: "500m"}}}
+                        ]
+                    }
+                },
+            },
+            "whole number of GPUs",
+            id="gpu-500m",
+        ),
+        pytest.param(
+            {
+                "template": {
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "t",
+                                "image": "i",
+                                "resources": {"limits": {GPU: 4}, "requests": {GPU: 2}},
+                            }
+                        ]
+                    }
+                }
+            },
+            "must be equal when both are given",
+            id="gpu-requests-limits",
+        ),
+        pytest.param(
+            {
+                "template": {
+                    "spec": {"restartPolicy": "Always", "containers": [{"name": "t", "image": "i"}]}
+                }
+            },
+            "restartPolicy must be Never",
+            id="restart-policy",
+        ),
     ],
 )
 def test_invalid_specs_name_the_field(extra: dict, fragment: str) -> None:

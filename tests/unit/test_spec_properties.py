@@ -236,3 +236,17 @@ def test_gpu_count_of_an_accepted_spec_is_a_whole_number(body: dict[str, Any]) -
     gpus = spec.gpus_per_pod()
     assert isinstance(gpus, int) and gpus >= 0
     assert 1 <= spec.resolved_nproc_per_node() <= 2**40
+
+
+def test_backoff_never_overflows() -> None:
+    """Issue 7: restart 1025 of a job with the default factor 2 raised OverflowError (2.0**1024)."""
+    policy = TorchJobSpec.model_validate(
+        {
+            "replicas": 1,
+            "failurePolicy": {"maxRestarts": 10_000},
+            "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}},
+        }
+    ).failure_policy
+    assert backoff_seconds(1025, policy) == 300.0
+    assert backoff_seconds(10_000, policy) == 300.0
+    assert [backoff_seconds(n, policy) for n in (1, 2, 3)] == [10.0, 20.0, 40.0]

@@ -122,7 +122,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 
 
 _WORKERS = "(has(self.spec.elastic) ? self.spec.elastic.maxReplicas : self.spec.replicas)"
-_SUFFIX_LEN = f"{len(models.WORKER_SUFFIX)} + size(string({_WORKERS} - 1))"
+_SUFFIX_LEN = f"({len(models.WORKER_SUFFIX)} + size(string({_WORKERS} - 1)))"
 NAME_RULES: list[dict[str, Any]] = [
     {
         "rule": f"self.metadata.name.matches(r'{models.JOB_NAME}')",

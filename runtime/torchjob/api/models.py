@@ -163,6 +163,7 @@ _MSG_GPU_EQUAL = (
 )
 _MSG_REQUESTS_LE_LIMITS = "resources.requests must not exceed resources.limits for any resource"
 
+_GPU_KEY = "'nvidia.com/gpu'"
 _Q = "quantity(string({v}))"
 _IS_Q = "isQuantity(string({v}))"
 
@@ -180,7 +181,7 @@ TEMPLATE_RULES: dict[str, dict[str, Any]] = {
             _cel("!has(self.hostname) && !has(self.subdomain)", _MSG_HOSTNAME),
         ],
         # Bounds that keep the CEL rules below within the API server's cost budget.
-        "properties.containers": {"maxItems": 16},
+        "properties.containers": {"minItems": 1, "maxItems": 16},
         "properties.initContainers": {"maxItems": 16},
         "properties.volumes": {"maxItems": 128},
         "properties.imagePullSecrets": {"maxItems": 32},
@@ -209,14 +210,14 @@ TEMPLATE_RULES: dict[str, dict[str, Any]] = {
                 "resources.limits and resources.requests must not be negative",
             ),
             _cel(
-                "!has(self.resources) || ["
-                "has(self.resources.limits) ? self.resources.limits : {},"
-                "has(self.resources.requests) ? self.resources.requests : {}]"
-                ".all(m, !('nvidia.com/gpu' in m) || !"
-                + _IS_Q.format(v="m['nvidia.com/gpu']")
-                + " || "
-                + _Q.format(v="m['nvidia.com/gpu']")
-                + ".isInteger())",
+                "!has(self.resources) || ("
+                + " && ".join(
+                    f"(!has(self.resources.{m}) || !('nvidia.com/gpu' in self.resources.{m}) || "
+                    f"!{_IS_Q.format(v=f'self.resources.{m}[{_GPU_KEY}]')} || "
+                    f"{_Q.format(v=f'self.resources.{m}[{_GPU_KEY}]')}.isInteger())"
+                    for m in ("limits", "requests")
+                )
+                + ")",
                 _MSG_GPU_INTEGER,
             ),
             _cel(
