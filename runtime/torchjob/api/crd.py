@@ -134,12 +134,11 @@ NAME_RULES: list[dict[str, Any]] = [
     },
     {
         "rule": f"size(self.metadata.name) + {_SUFFIX_LEN} <= 63",
-        "messageExpression": (
-            "'metadata.name is too long: pod hostnames <name>" + models.WORKER_SUFFIX + "<index> "
-            "must fit in 63 characters, and this job can have ' + string("
-            + _WORKERS
-            + ") + ' workers (spec.replicas, or spec.elastic.maxReplicas); use a name of at most ' "
-            "+ string(63 - " + _SUFFIX_LEN + ") + ' characters'"
+        "message": (
+            "metadata.name is too long: every pod hostname <name>-worker-<index> must fit in 63 "
+            "characters for the largest index the job can have (spec.replicas - 1, or "
+            "spec.elastic.maxReplicas - 1); shorten the name (54 characters fit 10 workers, "
+            "53 fit 100)"
         ),
     },
 ]

@@ -16,8 +16,9 @@ What changes on the way into the CRD, and why:
   ``x-kubernetes-int-or-string`` with Kubernetes' quantity pattern, as
   controller-gen writes it: ``nvidia.com/gpu: 8`` and ``memory: 4Gi`` both parse.
 - ``IntOrString`` becomes ``x-kubernetes-int-or-string``; ``Time`` a date-time string.
-- Defaults: only non-empty scalar ones (``protocol: TCP``, a key of the ports
-  list map) are kept; ``{}`` and ``""`` are Go zero values, not defaults.
+- Defaults: only non-empty scalar ones (``protocol: TCP``) and those of list-map
+  keys (which a structural schema needs) are kept; other ``{}`` and ``""`` are Go
+  zero values, not defaults.
 - ``metadata`` (of the template, and of an ephemeral volume's claim template)
   keeps ``labels`` and ``annotations`` only: the operator names its pods
   itself, so any other field could never take effect.
@@ -195,6 +196,13 @@ class _Converter:
             out["properties"] = {k: self.node(v, stack) for k, v in out["properties"].items()}
         if isinstance(out.get("items"), dict):
             out["items"] = self.node(out["items"], stack)
+            # A list-map key must be required or defaulted: keep Kubernetes' default even if "".
+            item_ref = _ref_name(raw["items"])
+            raw_props = (self.schemas[item_ref] if item_ref else raw["items"]).get("properties", {})
+            for key in out.get("x-kubernetes-list-map-keys", []):
+                prop = out["items"]["properties"][key]
+                if key not in out["items"].get("required", []) and "default" in raw_props[key]:
+                    prop["default"] = raw_props[key]["default"]
         if isinstance(out.get("additionalProperties"), dict):
             out["additionalProperties"] = self.node(out["additionalProperties"], stack)
         return out

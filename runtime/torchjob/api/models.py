@@ -170,7 +170,7 @@ _IS_Q = "isQuantity(string({v}))"
 
 def _nonneg(m: str) -> str:
     v = f"{m}[k]"
-    return f"{m}.all(k, !{_IS_Q.format(v=v)} || {_Q.format(v=v)}.sign() >= 0)"
+    return f"{m}.all(k, !{_IS_Q.format(v=v)} || !{_Q.format(v=v)}.isLessThan(quantity('0')))"
 
 
 TEMPLATE_RULES: dict[str, dict[str, Any]] = {
@@ -183,7 +183,7 @@ TEMPLATE_RULES: dict[str, dict[str, Any]] = {
         # Bounds that keep the CEL rules below within the API server's cost budget.
         "properties.containers": {"minItems": 1, "maxItems": 16},
         "properties.initContainers": {"maxItems": 16},
-        "properties.volumes": {"maxItems": 128},
+        "properties.volumes": {"maxItems": 64},
         "properties.imagePullSecrets": {"maxItems": 32},
         "properties.restartPolicy": {"enum": ["Always", "OnFailure", "Never"]},
         "properties.schedulerName": {"maxLength": 253},
@@ -252,13 +252,15 @@ TEMPLATE_RULES: dict[str, dict[str, Any]] = {
             ),
         ],
         "properties.name": {"maxLength": 253},
-        "properties.env": {"maxItems": 512},
+        "properties.image": {"maxLength": 1024},
+        "properties.env": {"maxItems": 256},
         "properties.envFrom": {"maxItems": 64},
-        "properties.volumeMounts": {"maxItems": 128},
+        "properties.volumeMounts": {"maxItems": 64},
         "properties.ports": {"maxItems": 64},
         "properties.imagePullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
         "properties.terminationMessagePolicy": {"enum": ["File", "FallbackToLogsOnError"]},
     },
+    "io.k8s.apimachinery.pkg.api.resource.Quantity": {"maxLength": 64},
     "io.k8s.api.core.v1.ResourceRequirements": {
         "properties.limits": {"maxProperties": 32},
         "properties.requests": {"maxProperties": 32},
@@ -271,10 +273,10 @@ TEMPLATE_RULES: dict[str, dict[str, Any]] = {
                 fieldPath=".name",
             ),
         ],
-        "properties.name": {"maxLength": 1024},
+        "properties.name": {"maxLength": 256},
     },
     "io.k8s.api.core.v1.VolumeMount": {
-        "properties.name": {"maxLength": 253},
+        "properties.name": {"maxLength": 63},
     },
     "io.k8s.api.core.v1.Volume": {
         "properties.name": {"maxLength": 63},
@@ -721,9 +723,11 @@ _MSG_MOUNT_CLASH = (
     "spec.checkpoint.pvc.mountPath is already a mountPath in the template; pick another "
     "mountPath or remove that volumeMount"
 )
-_ALL_CONTAINERS = (
-    "(self.template.spec.containers + (has(self.template.spec.initContainers) ? "
-    "self.template.spec.initContainers : []))"
+_MOUNTS_KNOWN = (
+    ".all(c, !has(c.volumeMounts) || c.volumeMounts.all(m, "
+    "m.name == 'dshm' || (m.name == 'torchjob-checkpoint' && has(self.checkpoint) && "
+    "has(self.checkpoint.pvc)) || (has(self.template.spec.volumes) && "
+    "self.template.spec.volumes.exists(v, v.name == m.name))))"
 )
 _TEMPLATE_LABELS = (
     "(has(self.template.metadata) && has(self.template.metadata.labels) ? "
@@ -759,10 +763,9 @@ _SPEC_RULES = [
         _MSG_RESERVED_LABELS,
     ),
     _cel(
-        f"{_ALL_CONTAINERS}.all(c, !has(c.volumeMounts) || c.volumeMounts.all(m, "
-        "m.name == 'dshm' || (m.name == 'torchjob-checkpoint' && has(self.checkpoint) && "
-        "has(self.checkpoint.pvc)) || (has(self.template.spec.volumes) && "
-        "self.template.spec.volumes.exists(v, v.name == m.name))))",
+        f"self.template.spec.containers{_MOUNTS_KNOWN} && "
+        f"(!has(self.template.spec.initContainers) || "
+        f"self.template.spec.initContainers{_MOUNTS_KNOWN})",
         _MSG_MOUNT_UNKNOWN,
     ),
     _cel(
