@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from torchjob import contract
+from torchjob_operator import reconcile
 from torchjob_operator.kube import Kube
 from torchjob_operator.reconcile import reconcile_once
 from torchjob_operator.settings import OperatorSettings
@@ -240,3 +241,47 @@ def _clock_after(t: datetime) -> Clock:
     c = Clock()
     c.now = t + timedelta(seconds=30)
     return c
+
+
+def _invalid_spec_calls(kube: FakeKube) -> None:
+    """First reconcile: one status patch (Ready=False, Stalled=True, reason InvalidSpec), then
+    one Warning Event, no pod, no requeue; the next reconcile writes nothing (no hot loop)."""
+    clock = Clock()
+    outcome = reconcile_once(kube, "ns", "tj", settings=OperatorSettings(), clock=clock)
+    assert outcome.requeue_after_s is None and not outcome.gone
+    assert kube.pods == {}
+    assert kube.calls == ["patch_job_status", "event:InvalidSpec"]
+    conditions = {c["type"]: c for c in kube.job["status"]["conditions"]}
+    assert conditions["Ready"]["status"] == "False"
+    assert conditions["Stalled"]["status"] == "True"
+    assert conditions["Stalled"]["reason"] == conditions["Ready"]["reason"] == "InvalidSpec"
+    assert kube.job["status"]["observedGeneration"] == 1
+    clock.now += timedelta(minutes=5)
+    _reconcile(kube, clock)
+    assert kube.calls == ["patch_job_status", "event:InvalidSpec"]
+
+
+def test_an_error_while_building_pods_is_invalid_spec_on_the_first_reconcile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Any exception judging or building a job's objects is the spec's (the builders are pure),
+    so it is reported, not retried: the operator never crashes in a loop on an accepted job."""
+
+    def broken(**_: Any) -> dict[str, Any]:
+        raise OverflowError("something no rule foresaw")
+
+    monkeypatch.setattr(reconcile, "worker_pod", broken)
+    kube = FakeKube(_spec())
+    _invalid_spec_calls(kube)
+    message = {c["type"]: c for c in kube.job["status"]["conditions"]}["Stalled"]["message"]
+    assert message == (
+        "TorchJob ns/tj cannot be run as specified: OverflowError: something no rule foresaw"
+    )
+
+
+def test_a_spec_the_model_rejects_is_invalid_spec_on_the_first_reconcile() -> None:
+    """A TorchJob stored under an older, laxer CRD: the model's error names the field."""
+    kube = FakeKube({**_spec(), "replicas": 0})
+    _invalid_spec_calls(kube)
+    message = {c["type"]: c for c in kube.job["status"]["conditions"]}["Stalled"]["message"]
+    assert message.startswith("TorchJob ns/tj has an invalid spec: spec.replicas:"), message

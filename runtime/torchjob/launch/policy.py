@@ -127,7 +127,9 @@ class FailurePolicy:
 
     def _policy(self) -> api.FailurePolicy:
         budget = _UNLIMITED if self.max_failures is None else self.max_failures
-        return api.FailurePolicy(max_restarts=budget, backoff=self.backoff)
+        # Not a TorchJob spec: the CRD's bound on maxRestarts (10000) does not apply to a
+        # local budget, and unlimited is sys.maxsize, so no validation here.
+        return api.FailurePolicy.model_construct(max_restarts=budget, backoff=self.backoff)
 
     def decide(self, state: RunState, failure: WorkerFailure) -> FailureDecision:
         if self.elastic and failure.killed and state.num_workers - 1 >= self.min_workers:

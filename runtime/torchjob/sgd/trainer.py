@@ -272,7 +272,8 @@ class PyTorchTrainer:
                 decision = decide_failure(
                     None,
                     restarts=attempt,
-                    policy=FailurePolicy(
+                    # model_construct: a local budget, not bound by the CRD's maxRestarts limit.
+                    policy=FailurePolicy.model_construct(
                         max_restarts=max_retries, backoff=Backoff(initial_seconds=0)
                     ),
                     permanent=False,
