@@ -120,9 +120,20 @@ def namespace(request: pytest.FixtureRequest, core_v1: Any) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def crd(cluster: helpers.Cluster) -> None:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/torchjobs.torchjob.io", "--timeout=60s"
-    )
+
+    def established() -> bool:
+        # Not `kubectl wait`: it fails at once while the new CRD has no status.conditions yet
+        # (the pod template schema and its CEL rules take a moment to compile on a busy machine).
+        out = cluster.kubectl(
+            "get",
+            "crd/torchjobs.torchjob.io",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type=='Established')].status}",
+            check=False,
+        )
+        return out.stdout.strip() == "True"
+
+    helpers.wait_for(established, 60, "CRD torchjobs.torchjob.io Established", interval=0.5)
 
 
 @pytest.fixture(scope="session")
