@@ -110,6 +110,11 @@ build_kubernetes() {
     "'${dir}/kube-scheduler' --version" \
     "'${dir}/kubectl' version --client"; then
     log "kubernetes ${KUBE_VERSION}: up to date in ${dir}"
+    # `make crds` and the CRD tests read the pod template schema from this module's OpenAPI
+    # document: keep it in the Go module cache even when the binaries come from a cache
+    # (a no-op when it is there already).
+    "${GO}" mod download k8s.io/kubernetes@"${KUBE_VERSION}" ||
+      die "could not download k8s.io/kubernetes@${KUBE_VERSION} (its OpenAPI document is needed by make crds)"
     return
   fi
   log "kubernetes ${KUBE_VERSION}: building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (long on few cores)"
