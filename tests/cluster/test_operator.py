@@ -436,7 +436,9 @@ def test_ttl_deletes_the_finished_job(jobs: Jobs) -> None:
             id="min-above-max",
         ),
         pytest.param(
-            {"nprocPerNode": "lots"}, "spec.nprocPerNode must be a positive integer", id="bad-nproc"
+            {"nprocPerNode": "lots"},
+            "spec.nprocPerNode must be an integer from 1 to 1024",
+            id="bad-nproc",
         ),
         pytest.param({"replicas": 0}, "spec.replicas", id="zero-replicas"),
         pytest.param(
