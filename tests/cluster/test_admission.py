@@ -8,6 +8,8 @@ apply` sends them (strict field validation) as server-side dry-run creates: one 
 the operator running; each must get all its pods (and the pod of its highest possible index,
 e.g. ``elastic.maxReplicas - 1``, must pass a server-side dry-run create), and the operator
 log must hold no traceback.
+The last test stores a job under a laxer CRD (an upgrade's leftover) and checks that the
+operator answers it with ``InvalidSpec`` on the first reconcile.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from tests import kube as k
-from tests.cluster.operator_harness import Jobs, OperatorProcess
+from tests.cluster.operator_harness import CRD_FILE, Jobs, OperatorProcess
 
 from torchjob.api.models import GROUP, PLURAL, VERSION, TorchJobSpec
 from torchjob_operator.resources.pods import worker_pod
@@ -910,3 +912,60 @@ def test_valid_edge_cases_are_accepted_and_get_all_their_pods(
         conditions = {x["type"]: x for x in jobs.status(n).get("conditions") or []}
         assert conditions.get("Stalled", {}).get("status") != "True", (n, conditions)
     assert "Traceback" not in operator.log_path.read_text(errors="replace"), operator.logs(200)
+
+
+def test_a_job_stored_under_a_laxer_crd_gets_invalid_spec_on_the_first_reconcile(
+    cluster: k.Cluster,
+    kube: Any,
+    custom: client.CustomObjectsApi,
+    admission_ns: str,
+    operator: OperatorProcess,
+) -> None:
+    """The one way an accepted TorchJob can still be one the operator cannot run: it was
+    stored before a stricter CRD (an upgrade). The first reconcile must say so in its
+    conditions and a Warning Event, create nothing, and not crash or loop. The CRD is made
+    laxer for the length of this test only (``spec.replicas`` loses its minimum)."""
+    if operator.proc is None or operator.proc.poll() is not None:
+        operator.start()
+    zero = base("stored-under-old-crd", replicas=0)
+
+    def server_accepts_zero_replicas() -> bool:
+        try:  # a dry run under another name: the job itself exists once created
+            _create(custom, admission_ns, base("zero-probe", replicas=0))
+        except ApiException as e:
+            if e.status != 422:
+                raise
+            return False
+        return True
+
+    schema = "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/replicas"
+    cluster.kubectl(
+        "patch",
+        "crd",
+        "torchjobs.torchjob.io",
+        "--type=json",
+        "-p",
+        json.dumps([{"op": "remove", "path": f"{schema}/minimum"}]),
+    )
+    try:
+        k.wait_for(server_accepts_zero_replicas, 60, "the laxer CRD in effect", interval=0.5)
+        _create(custom, admission_ns, zero, dry_run=False)
+    finally:
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+        k.wait_for(lambda: not server_accepts_zero_replicas(), 60, "the CRD restored", interval=0.5)
+    jobs = Jobs(cluster, kube, admission_ns, operator)
+    name = "stored-under-old-crd"
+    status = jobs.wait(
+        name,
+        lambda s: s if s.get("observedGeneration") == 1 and s.get("conditions") else None,
+        "the first status write of a job the operator cannot run",
+    )
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Stalled"]["status"] == "True"
+    assert conditions["Stalled"]["reason"] == conditions["Ready"]["reason"] == "InvalidSpec"
+    assert "spec.replicas" in conditions["Stalled"]["message"], conditions["Stalled"]
+    (event,) = [e for e in jobs.wait_events(name, "InvalidSpec") if e.reason == "InvalidSpec"]
+    assert event.type == "Warning" and "spec.replicas" in event.message
+    assert jobs.pods(name) == []
+    assert "Traceback" not in operator.log_path.read_text(errors="replace"), operator.logs(200)
+    custom.delete_namespaced_custom_object(GROUP, VERSION, admission_ns, PLURAL, name)
