@@ -29,12 +29,19 @@ _POD_SCRIPT = textwrap.dedent(
             )
 
     result = torchjob.train.TorchTrainer(train_func, run_config=RunConfig(progress=False)).fit()
-    print(json.dumps({"metrics": result.metrics, "path": result.path}))
+    with result.checkpoint.as_directory() as d:
+        who = open(os.path.join(d, "who")).read()
+    print(json.dumps({
+        "metrics": result.metrics, "path": result.path, "checkpoint": result.checkpoint.path,
+        "who": who, "history": result.metrics_history,
+        "best": [c.path for c, _ in result.best_checkpoints],
+        "primary": torchjob.train.is_primary(),
+    }))
     """
 )
 
 
-def test_two_pods_share_one_group_and_rank0_writes_the_job_storage(tmp_path: Path) -> None:
+def test_two_pods_share_one_group_and_return_the_same_result(tmp_path: Path) -> None:
     storage = tmp_path / "job-storage"
     port = free_port()
     procs = []
@@ -56,6 +63,12 @@ def test_two_pods_share_one_group_and_rank0_writes_the_job_storage(tmp_path: Pat
     pod1 = json.loads(outputs[1].strip().splitlines()[-1])
     # Global rank 0 lives in pod 0; it saw the whole world of 4 = 2 pods x 2 processes.
     assert pod0["metrics"] == {"rank": 0, "world": 4, "node": 0, "local": 0}
-    assert pod1["metrics"] is None  # only the pod holding rank 0 receives reports
+    # Rank 0 shared its outcome: pod 1's fit() returned the same Result, so code after fit()
+    # (here: reading the checkpoint) runs identically on every pod.
+    for key in ("metrics", "path", "checkpoint", "who", "history", "best"):
+        assert pod1[key] == pod0[key], key
     assert pod0["path"] == str(storage)
+    assert pod0["who"] == "0"
+    # Side effects belong to pod 0: is_primary() says which pod that is.
+    assert (pod0["primary"], pod1["primary"]) == (True, False)
     assert (storage / "checkpoint_000001" / "who").read_text() == "0"

@@ -22,6 +22,13 @@ EXIT_API_ERROR = 1
 EXIT_USAGE = 2
 
 
+
+def _default_max_restarts() -> int:
+    """``spec.failurePolicy.maxRestarts`` when a manifest leaves it out (the API model's default)."""
+    from torchjob.api.models import FailurePolicy
+
+    return int(FailurePolicy().max_restarts)
+
 def _err(msg: str) -> None:
     sys.stderr.write(f"error: {msg}\n")
 
@@ -158,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-restarts",
         type=int,
         default=None,
-        help="group restarts after a failure (default: spec.failurePolicy.maxRestarts, else 0)",
+        help="group restarts after a failure (default: spec.failurePolicy.maxRestarts, which "
+        f"defaults to {_default_max_restarts()} when the manifest has no failurePolicy)",
     )
     run.add_argument(
         "--grace-period",

@@ -44,6 +44,38 @@ class RunnerSpec:
     grad_scaler_args: dict[str, Any]
 
 
+def split_optimizer_creator_result(created: Any, loss_creator: Any) -> tuple[Any, Any]:
+    """``(criterion, optimizers)`` from what ``optimizer_creator`` returned.
+
+    Seed 000's convention returns ``(criterion, optimizer)`` and passes no
+    ``loss_creator``: the criterion comes first. Anything else must be one
+    optimizer or a tuple/list of optimizers. Raises ``ValueError`` naming the
+    creator (at ``PyTorchTrainer(...)``, when the workers build their replicas).
+    """
+    items = _as_list(created)
+    is_opt = [isinstance(o, torch.optim.Optimizer) for o in items]
+    if (
+        isinstance(created, tuple | list)
+        and len(items) == 2
+        and not is_opt[0]
+        and is_opt[1]
+        and callable(items[0])
+    ):
+        if loss_creator is not None:
+            raise ValueError(
+                "optimizer_creator returned (criterion, optimizer) and loss_creator= is given "
+                "too: keep one source of the loss"
+            )
+        return items[0], items[1]
+    bad = [f"{i}: {type(o).__name__}" for i, o in enumerate(items) if not is_opt[i]]
+    if bad:
+        raise ValueError(
+            "optimizer_creator must return a torch.optim.Optimizer, several of them, or "
+            f"(criterion, optimizer) (seed 000's convention); got non-optimizers at {bad}"
+        )
+    return None, created
+
+
 def _as_list(obj: Any) -> list[Any]:
     return list(obj) if isinstance(obj, tuple | list) else [obj]
 
@@ -91,6 +123,26 @@ def make_loss(loss_creator: Any, config: dict[str, Any]) -> Any:
     if inspect.isclass(loss_creator) and issubclass(loss_creator, torch.nn.Module):
         return loss_creator()
     return loss_creator(config)
+
+
+class ShardSampler(torch.utils.data.Sampler[int]):
+    """Rank ``r`` of ``W`` takes indices ``r, r+W, r+2W ...``: no padding, no repeats, so a
+    validation pass over the group sees each sample exactly once (``DistributedSampler`` pads
+    the last round with repeats to make the shards equal)."""
+
+    def __init__(self, dataset: Any, num_replicas: int, rank: int) -> None:
+        self.size = len(dataset)
+        self.num_replicas = num_replicas
+        self.rank = rank
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.size, self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.size, self.num_replicas))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Validation order does not change between epochs."""
 
 
 class _Pass:
@@ -142,10 +194,14 @@ class Runner:
         self.multi_model = isinstance(created, tuple | list)
         self.models: list[torch.nn.Module] = [m.to(self.device) for m in _as_list(created)]
         given = tuple(self.models) if self.multi_model else self.models[0]
-        optimizers = spec.optimizer_creator(given, self.config)
+        criterion, optimizers = split_optimizer_creator_result(
+            spec.optimizer_creator(given, self.config), spec.loss_creator
+        )
         self.multi_optimizer = isinstance(optimizers, tuple | list)
         self.optimizers: list[torch.optim.Optimizer] = _as_list(optimizers)
-        self.criterion = make_loss(spec.loss_creator, self.config)
+        self.criterion = (
+            criterion if criterion is not None else make_loss(spec.loss_creator, self.config)
+        )
         if isinstance(self.criterion, torch.nn.Module):
             self.criterion = self.criterion.to(self.device)
         self.schedulers: list[Any] = []
@@ -156,6 +212,15 @@ class Runner:
             self.multi_scheduler = isinstance(schedulers, tuple | list)
             self.schedulers = _as_list(schedulers)
         self.train_loader, self.val_loader = self._make_data()
+        needs_loss = spec.train_function is None or (
+            spec.validation_function is None and self.val_loader is not None
+        )
+        if self.criterion is None and needs_loss:
+            raise ValueError(
+                "no loss: the default train/validation functions need one. Pass loss_creator= "
+                "(e.g. nn.MSELoss), return (criterion, optimizer) from optimizer_creator, or "
+                "pass train_function= and validation_function="
+            )
         distributed = dist.is_available() and dist.is_initialized()
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         self.wrapped: list[torch.nn.Module] = [
@@ -190,29 +255,37 @@ class Runner:
                 f"got {len(parts)} values"
             )
         train = self._loader(parts[0], shuffle=True)
-        val = self._loader(parts[1], shuffle=False) if len(parts) == 2 else None
+        val = self._loader(parts[1], shuffle=False, exact=True) if len(parts) == 2 else None
         return train, val
 
-    def _loader(self, obj: Any, *, shuffle: bool) -> DataLoader[Any] | None:
+    def _sampler(self, dataset: Any, *, shuffle: bool, exact: bool) -> Any:
+        if exact:
+            # Validation: every sample exactly once over the group, none padded in.
+            return ShardSampler(dataset, dist.get_world_size(), dist.get_rank())
+        return DistributedSampler(dataset, shuffle=shuffle)
+
+    def _loader(
+        self, obj: Any, *, shuffle: bool, exact: bool = False
+    ) -> DataLoader[Any] | None:
         if obj is None:
             return None
         distributed = dist.is_available() and dist.is_initialized()
         if isinstance(obj, DataLoader):
-            if not distributed or isinstance(obj.sampler, DistributedSampler):
+            if not distributed or isinstance(obj.sampler, DistributedSampler | ShardSampler):
                 return obj
             was_shuffled = isinstance(obj.sampler, RandomSampler)
             return DataLoader(
                 obj.dataset,
                 batch_size=obj.batch_size,
-                sampler=DistributedSampler(obj.dataset, shuffle=was_shuffled),
+                sampler=self._sampler(obj.dataset, shuffle=was_shuffled, exact=exact),
                 num_workers=obj.num_workers,
                 collate_fn=obj.collate_fn,
                 pin_memory=obj.pin_memory,
                 drop_last=obj.drop_last,
             )
         if isinstance(obj, Dataset):
-            sampler: DistributedSampler[Any] | None = (
-                DistributedSampler(obj, shuffle=shuffle) if distributed else None
+            sampler: Any = (
+                self._sampler(obj, shuffle=shuffle, exact=exact) if distributed else None
             )
             return DataLoader(
                 obj,

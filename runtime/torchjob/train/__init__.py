@@ -24,7 +24,7 @@ from torchjob.train.config import (
     ScalingConfig,
     TorchConfig,
 )
-from torchjob.train.context import TrainContext, get_context
+from torchjob.train.context import TrainContext, get_context, is_primary
 from torchjob.train.errors import TrainingFailedError, TrainingStoppedError
 from torchjob.train.result import Result
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from torchjob.train import torch
     from torchjob.train._prepare import get_device, prepare_data_loader, prepare_model
     from torchjob.train._report import get_checkpoint, report, should_stop
+    from torchjob.train.data_parallel_trainer import DataParallelTrainer
     from torchjob.train.trainer import TorchTrainer
 
 _LAZY = {
@@ -42,6 +43,7 @@ _LAZY = {
     "prepare_data_loader": "torchjob.train._prepare",
     "get_device": "torchjob.train._prepare",
     "TorchTrainer": "torchjob.train.trainer",
+    "DataParallelTrainer": "torchjob.train.data_parallel_trainer",
 }
 
 
@@ -56,6 +58,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Checkpoint",
     "CheckpointConfig",
+    "DataParallelTrainer",
     "FailureConfig",
     "Result",
     "RunConfig",
@@ -68,6 +71,7 @@ __all__ = [
     "get_checkpoint",
     "get_context",
     "get_device",
+    "is_primary",
     "prepare_data_loader",
     "prepare_model",
     "report",

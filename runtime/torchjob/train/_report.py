@@ -37,6 +37,7 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> Non
         raise RuntimeError("torchjob.train.report() must be called inside a training function")
     s.reports += 1
     s.last_metrics = dict(metrics)
+    s.history.append(dict(metrics))
     committed = None
     if s.world_rank == 0 and checkpoint is not None and s.storage_url:
         storage = CheckpointStorage(s.storage_url)

@@ -42,6 +42,8 @@ class Session:
     reports: int = 0
     stopped_at_report: int | None = None
     last_metrics: dict[str, Any] | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """Every report of this worker in this generation (rank 0's become the Result's)."""
 
     def data_positions(self) -> list[dict[str, Any]]:
         return [loader.position().to_dict() for loader in self.loaders]

@@ -16,7 +16,7 @@ from typing import Any
 
 from torchjob.checkpoint import CheckpointError, CheckpointStorage, DataPosition, write_files
 from torchjob.launch import worker_info
-from torchjob.train import _session
+from torchjob.train import _session, _shared_result
 from torchjob.train.checkpoint import Checkpoint
 
 
@@ -32,6 +32,11 @@ class WorkerSpec:
     score_order: str
     resume_from: str | None
     """An explicit ``resume_from_checkpoint`` directory, used when the run has none committed."""
+    share_result: bool = False
+    """Pod mode with several pods: rank 0 sends its final result to every rank (see
+    ``torchjob.train._shared_result``) so every pod's ``fit()`` returns the same ``Result``."""
+    history_before: tuple[dict[str, Any], ...] = ()
+    """Rank 0's reports of earlier generations of this ``fit`` (KeepSurvivors)."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,8 @@ class WorkerOutcome:
     stopped: bool
     reports: int
     stopped_at_report: int | None
+    shared: dict[str, Any] | None = None
+    """The final result rank 0 shared (``WorkerSpec.share_result``), else None."""
 
 
 _Payload = tuple[str, Any, Any]
@@ -124,11 +131,14 @@ def run_training(spec: WorkerSpec) -> WorkerOutcome:
     )
     _session.set_current(session)
     stopped = False
+    shared = None
     try:
         if _accepts_config(spec.train_func):
             spec.train_func(dict(spec.config or {}))
         else:
             spec.train_func()
+        if spec.share_result:
+            shared = _shared_result.share(spec, session)
     except _session.StopTraining:
         stopped = True
     finally:
@@ -140,4 +150,5 @@ def run_training(spec: WorkerSpec) -> WorkerOutcome:
         stopped=stopped,
         reports=session.reports,
         stopped_at_report=session.stopped_at_report,
+        shared=shared,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torchjob.contract import PodEnv
 from torchjob.train import _session
 
 
@@ -62,3 +63,14 @@ def get_context() -> TrainContext:
         generation=s.generation,
         run_path=s.run_path,
     )
+
+
+def is_primary() -> bool:
+    """True where side effects belong: global rank 0 inside ``train_func``; after ``fit()``,
+    the driver on a laptop or pod 0 of a TorchJob (every pod's ``fit()`` returns the same
+    ``Result``, so code after it runs everywhere: upload or print once with this)."""
+    s = _session.current()
+    if s is not None:
+        return s.world_rank == 0
+    pod = PodEnv.from_env()
+    return pod is None or pod.pod_index == 0

@@ -58,6 +58,7 @@ from torchjob.launch.policy import (
     next_generation,
 )
 from torchjob.launch.termination import failure_message, write_termination_message
+from torchjob.train import _shared_result
 from torchjob.train._worker_loop import WorkerOutcome, WorkerSpec, run_training
 from torchjob.train.checkpoint import Checkpoint
 from torchjob.train.errors import TrainingFailedError, TrainingStoppedError
@@ -354,6 +355,11 @@ def available_workers(max_workers: int, use_gpu: bool) -> int:
     return min(max_workers, torch.cuda.device_count())
 
 
+def shares_result(pod: PodEnv | None) -> bool:
+    """Several pods: rank 0 shares the final Result with the others (``_shared_result``)."""
+    return pod is not None and pod.replicas > 1
+
+
 def retryable(err: LaunchError) -> bool:
     """A corrupt checkpoint fails the same way every time: stop at once, naming its path."""
     return not (isinstance(err, WorkerGroupError) and err.exc_type == "CheckpointError")
@@ -428,6 +434,8 @@ class Controller:
             score_attribute=cc.checkpoint_score_attribute,
             score_order=cc.checkpoint_score_order,
             resume_from=resume._url if resume is not None else None,
+            share_result=shares_result(self._pod_now()),
+            history_before=tuple(self.history),
         )
 
     def _pod_now(self) -> PodEnv | None:
@@ -497,6 +505,14 @@ class Controller:
             world_sizes=list(self.world_sizes),
         )
 
+    def _final_result(self, outcomes: list[WorkerOutcome]) -> Result:
+        """This pod's Result; on a pod without rank 0, filled with what rank 0 shared."""
+        result = self.result()
+        shared = next((o.shared for o in outcomes if o.shared is not None), None)
+        if self.storage is None and shared is not None:
+            return _shared_result.apply(result, shared)
+        return result
+
     # --- the state machine ---------------------------------------------------------------
     def run(self) -> Result:
         restore = self._install_sigterm()
@@ -541,8 +557,8 @@ class Controller:
                     view.message(f"[torchjob] {why}")
                     self.stop_requested.wait(REFORM_WAIT_S)
                     step = Running(state)
-                case Finished():
-                    return self.result()
+                case Finished(outcomes):
+                    return self._final_result(outcomes)
                 case Stopped(at_report):
                     self._raise_stopped(at_report)
                 case Errored(err, message):

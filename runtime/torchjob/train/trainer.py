@@ -68,4 +68,20 @@ class TorchTrainer:
         Raises :class:`TrainingFailedError` (root cause first) when the failure
         budget is spent, :class:`TrainingStoppedError` after a SIGTERM stop.
         """
-        return Controller(self, PodEnv.from_env()).run()
+        return Controller(_as_trial(self), PodEnv.from_env()).run()
+
+
+def _as_trial(trainer: TorchTrainer) -> TorchTrainer:
+    """In a tuning trial's TorchJob (``TORCHJOB_TUNE_CONFIG``): the trial's config merged into
+    ``train_loop_config``; elsewhere the trainer itself."""
+    from torchjob.tune.session import get_trial_config
+    from torchjob.tune.trainables import merged_loop_config
+
+    config = get_trial_config()
+    if config is None:
+        return trainer
+    import copy
+
+    trial = copy.copy(trainer)
+    trial.train_loop_config = merged_loop_config(trainer.train_loop_config, config)
+    return trial

@@ -10,15 +10,22 @@
     )
     best = tuner.fit().get_best_result()
 
-Seed 001's ``DistributedTrainableCreator``, ``distributed_checkpoint_dir`` and
-``is_distributed_trainable`` are here too; see docs/sgd.md.
+The seeds' ``tune.run(trainable, config=..., num_samples=..., stop=...)`` is
+the same engine behind another door; it returns an :class:`ExperimentAnalysis`.
+Seed 001's ``DistributedTrainableCreator``, ``distributed_checkpoint_dir``,
+``checkpoint_dir`` and ``is_distributed_trainable`` are here too, and
+``TuneConfig(backend="cluster", template=...)`` runs every trial as a TorchJob;
+see docs/sgd.md.
 """
 
+from torchjob.tune.analysis import ExperimentAnalysis, Trial, TuneError, run
 from torchjob.tune.search import choice, grid_search, loguniform, randint, uniform
 from torchjob.tune.session import (
     TrialPruned,
     TrialStopped,
+    checkpoint_dir,
     distributed_checkpoint_dir,
+    get_trial_config,
     get_trial_dir,
     is_distributed_trainable,
     report,
@@ -29,21 +36,27 @@ from torchjob.tune.tuner import Result, ResultGrid, RunConfig, TuneConfig, Tuner
 __all__ = [
     "DistributedTrainable",
     "DistributedTrainableCreator",
+    "ExperimentAnalysis",
     "Result",
     "ResultGrid",
     "RunConfig",
     "Trainable",
+    "Trial",
     "TrialPruned",
     "TrialStopped",
     "TuneConfig",
+    "TuneError",
     "Tuner",
+    "checkpoint_dir",
     "choice",
     "distributed_checkpoint_dir",
+    "get_trial_config",
     "get_trial_dir",
     "grid_search",
     "is_distributed_trainable",
     "loguniform",
     "randint",
     "report",
+    "run",
     "uniform",
 ]

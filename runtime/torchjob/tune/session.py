@@ -12,6 +12,8 @@ Two places a trial's code can run:
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import shutil
 import tempfile
 import threading
@@ -19,10 +21,12 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from torchjob import contract
 from torchjob.launch import send_event, worker_info, worker_state
 
 _WORKER_KEY = "torchjob.tune.trial"
 EVENT_TYPE = "tune.report"
+CHECKPOINT_EVENT_TYPE = "tune.checkpoint"
 
 
 class TrialStopped(Exception):
@@ -42,6 +46,8 @@ class Reporter:
     def __init__(self, trial_dir: Path, on_report: Callable[[dict[str, Any]], str]) -> None:
         self.trial_dir = trial_dir
         self._on_report = on_report
+        self.checkpoint: str | None = None
+        """The latest checkpoint directory the trial wrote (``checkpoint_dir``)."""
 
     def report(self, metrics: Mapping[str, Any]) -> None:
         verdict = self._on_report(dict(metrics))
@@ -106,13 +112,24 @@ def get_trial_dir() -> str | None:
     return str(reporter.trial_dir) if reporter is not None else None
 
 
+def _record_checkpoint(path: str) -> None:
+    """Tell the trial's driver where its latest checkpoint is (rank 0 or the driver)."""
+    if _worker_trial() is not None:
+        send_event({"type": CHECKPOINT_EVENT_TYPE, "path": path})
+        return
+    reporter = _reporter()
+    if reporter is not None:
+        reporter.checkpoint = path
+
+
 @contextlib.contextmanager
 def distributed_checkpoint_dir(step: int, disable: bool = False) -> Iterator[str]:
     """A directory to write a checkpoint in; only rank 0's is kept (seed 001).
 
     On rank 0 (or outside a distributed trial) it is ``<trial_dir>/checkpoint_<step>``;
     on other ranks a temporary directory deleted on exit, so the ranks of a trial
-    never write the same checkpoint twice.
+    never write the same checkpoint twice. The kept directory becomes the trial's
+    ``Result.checkpoint`` (``analysis.best_checkpoint``) once the block exits.
     """
     info = worker_info()
     trial_dir = get_trial_dir()
@@ -122,9 +139,35 @@ def distributed_checkpoint_dir(step: int, disable: bool = False) -> Iterator[str
         path = Path(trial_dir) / f"checkpoint_{step:06d}"
         path.mkdir(parents=True, exist_ok=True)
         yield str(path)
+        _record_checkpoint(str(path))
         return
     tmp = tempfile.mkdtemp(prefix="torchjob-ckpt-discard-")
     try:
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def checkpoint_dir(step: int) -> contextlib.AbstractContextManager[str]:
+    """Ray Tune's ``with tune.checkpoint_dir(step=epoch) as d:`` (seed 001): write the
+    trial's checkpoint in ``d``. The same directory as :func:`distributed_checkpoint_dir`,
+    which it is in a distributed trial too (only rank 0's is kept)."""
+    return distributed_checkpoint_dir(step)
+
+
+def get_trial_config() -> dict[str, Any] | None:
+    """In a trial's TorchJob (cluster backend): the trial's config; ``None`` elsewhere.
+
+    A ``TorchTrainer`` there merges it into its ``train_loop_config`` by itself
+    (``config["train_loop_config"]`` and the other top-level keys); other code reads it here.
+    """
+    raw = os.environ.get(contract.TUNE_CONFIG)
+    if not raw:
+        return None
+    try:
+        config = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"environment variable {contract.TUNE_CONFIG} is not JSON: {e}") from e
+    if not isinstance(config, dict):
+        raise ValueError(f"environment variable {contract.TUNE_CONFIG} must hold a JSON object")
+    return config

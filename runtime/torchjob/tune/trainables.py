@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -58,7 +60,11 @@ class DistributedTrainable:
             group.execute(session._set_worker_trial, str(reporter.trial_dir))
 
             def on_event(_rank: int, payload: Any) -> None:
-                if isinstance(payload, dict) and payload.get("type") == session.EVENT_TYPE:
+                if not isinstance(payload, dict):
+                    return
+                if payload.get("type") == session.CHECKPOINT_EVENT_TYPE:
+                    reporter.checkpoint = str(payload["path"])
+                elif payload.get("type") == session.EVENT_TYPE:
                     reporter.report(payload["metrics"])  # raises to stop or prune the trial
 
             group.submit(_call_train_func, (self.train_func, config)).wait(on_event=on_event)
@@ -120,6 +126,61 @@ def is_torch_trainer(obj: Any) -> bool:
     return hasattr(obj, "train_loop_per_worker") and callable(getattr(obj, "fit", None))
 
 
+def _workers(resources: Mapping[str, Any]) -> int | None:
+    for key in ("num_workers", "workers", "replicas"):
+        if key in resources:
+            n = int(resources[key])
+            if n < 1:
+                raise ValueError(f"resources_per_trial[{key!r}] must be >= 1, got {n}")
+            return n
+    return None
+
+
+def with_resources(trainable: Any, resources: Mapping[str, Any]) -> Any:
+    """``resources_per_trial`` applied to a distributed trainable: ``num_workers`` (or
+    ``workers``) sets its processes per trial, ``gpu`` > 0 puts them on GPUs. A function or
+    class trainable runs in the driver: its resources are accepted and have no effect."""
+    if not resources:
+        return trainable
+    known = {"num_workers", "workers", "replicas", "cpu", "gpu", "use_gpu"}
+    unknown = sorted(set(resources) - known)
+    if unknown:
+        raise ValueError(
+            f"resources_per_trial: unknown key(s) {unknown}; use num_workers (or workers), "
+            "gpu and cpu"
+        )
+    n = _workers(resources)
+    gpu = resources.get("use_gpu", resources.get("gpu"))
+    if isinstance(trainable, DistributedTrainable):
+        changes: dict[str, Any] = {}
+        if n is not None:
+            changes["num_workers"] = n
+        if gpu is not None:
+            changes["use_gpu"] = bool(gpu)
+        return dataclasses.replace(trainable, **changes)
+    if is_torch_trainer(trainable):
+        update: dict[str, Any] = {}
+        if n is not None:
+            update["num_workers"] = n
+        if gpu is not None:
+            update["use_gpu"] = bool(gpu)
+        clone = copy.copy(trainable)
+        clone.scaling_config = trainable.scaling_config.model_copy(update=update)
+        return clone
+    return trainable
+
+
+def merged_loop_config(base: Mapping[str, Any] | None, config: Mapping[str, Any]) -> dict[str, Any]:
+    """A trial's ``train_loop_config``: ``config["train_loop_config"]`` and every other
+    top-level key but ``scaling_config``, over the trainer's own."""
+    loop_config = dict(base or {})
+    loop_config.update(config.get("train_loop_config") or {})
+    for key, value in config.items():
+        if key not in ("train_loop_config", "scaling_config"):
+            loop_config[key] = value
+    return loop_config
+
+
 def run_torch_trainer(
     base: Any, config: dict[str, Any], reporter: Reporter, *, name: str, storage_path: str
 ) -> Any:
@@ -133,11 +194,7 @@ def run_torch_trainer(
     """
     from torchjob.train import TorchTrainer
 
-    loop_config = dict(base.train_loop_config or {})
-    loop_config.update(config.get("train_loop_config") or {})
-    for key, value in config.items():
-        if key not in ("train_loop_config", "scaling_config"):
-            loop_config[key] = value
+    loop_config = merged_loop_config(base.train_loop_config, config)
     run_config = base.run_config.model_copy(
         update={"name": name, "storage_path": storage_path, "progress": False}
     )

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchjob.tune import search, trainables
+from torchjob.tune import cluster, search, trainables
 from torchjob.tune.session import CONTINUE, PRUNE, STOP, Reporter, TrialPruned, TrialStopped
 
 if TYPE_CHECKING:
@@ -48,6 +48,21 @@ class TuneConfig:
     pruner: Any = None
     """``None``, ``"median"`` (optuna's MedianPruner) or an ``optuna.pruners.BasePruner``."""
     seed: int | None = None
+    backend: str = "local"
+    """``"local"``: trials run on this machine. ``"cluster"``: every trial is a TorchJob made
+    from ``template`` (see ``torchjob.tune.cluster`` and docs/sgd.md)."""
+    template: Any = None
+    """Cluster backend: the trials' TorchJob manifest (dict, YAML path or ``Manifest``)."""
+    namespace: str | None = None
+    """Cluster backend: where the trials' TorchJobs go (default: the kubeconfig's namespace)."""
+    kubeconfig: str | None = None
+    context: str | None = None
+    cluster_prune: str = "delete"
+    """Cluster backend: what ends a pruned or stopped trial's TorchJob: ``"delete"`` or ``"suspend"``."""
+    poll_interval_s: float = 1.0
+    """Cluster backend: how often a trial's ``status.progress`` is read."""
+    trial_timeout_s: float | None = None
+    """Cluster backend: a trial whose TorchJob has not finished by then fails."""
 
 
 @dataclass
@@ -77,7 +92,10 @@ class Result:
     status: str = TERMINATED
     error: BaseException | None = None
     checkpoint: Any = None
-    """The ``torchjob.train.Checkpoint`` of a TorchTrainer trial, else None."""
+    """The trial's latest ``torchjob.train.Checkpoint`` (a TorchTrainer trial's, the last
+    ``tune.checkpoint_dir``, or a cluster trial's ``status.progress.lastCheckpoint``), else None."""
+    job_name: str | None = None
+    """Cluster backend: the trial's TorchJob."""
 
     @property
     def metrics_dataframe(self) -> pandas.DataFrame:
@@ -180,13 +198,31 @@ class Tuner:
         param_space: Mapping[str, Any] | None = None,
         tune_config: TuneConfig | None = None,
         run_config: Any = None,
+        resources_per_trial: Mapping[str, Any] | None = None,
     ) -> None:
         self.trainable = trainable
-        self.kind = trainables.trial_kind(trainable)
         self.param_space = dict(param_space or {})
         self.tune_config = tune_config or TuneConfig()
         self.run_config = _as_run_config(run_config)
+        self.resources_per_trial = dict(resources_per_trial or {})
         tc = self.tune_config
+        self._template: dict[str, Any] | None = None
+        if tc.backend == "cluster":
+            self.kind = "cluster"
+            if tc.template is None:
+                raise ValueError(
+                    "TuneConfig(backend='cluster') needs template=: the trials' TorchJob manifest"
+                )
+            if tc.cluster_prune not in cluster.PRUNE_ACTIONS:
+                raise ValueError(
+                    f"TuneConfig.cluster_prune must be 'delete' or 'suspend', got {tc.cluster_prune!r}"
+                )
+            self._template = cluster.template_dict(tc.template)
+        elif tc.backend == "local":
+            self.kind = trainables.trial_kind(trainable)
+            self.trainable = trainables.with_resources(trainable, self.resources_per_trial)
+        else:
+            raise ValueError(f"TuneConfig.backend must be 'local' or 'cluster', got {tc.backend!r}")
         if tc.mode is not None and tc.mode not in ("min", "max"):
             raise ValueError(f"TuneConfig.mode must be 'min' or 'max', got {tc.mode!r}")
         if (tc.metric is None) != (tc.mode is None):
@@ -236,6 +272,14 @@ class Tuner:
         name = self.run_config.name or f"{self.kind}_tune_{uuid.uuid4().hex[:6]}"
         root = Path(self.run_config.storage_path or DEFAULT_STORAGE).expanduser() / name
         root.mkdir(parents=True, exist_ok=True)
+        self._name = name
+        self._client: Any = None
+        if self.kind == "cluster":
+            from torchjob.client import TorchJobClient
+
+            self._client = TorchJobClient(
+                kubeconfig=tc.kubeconfig, context=tc.context, namespace=tc.namespace
+            )
         study = self._study()
         lock = threading.Lock()
         plan = [
@@ -288,7 +332,12 @@ class Tuner:
 
         def on_report(metrics: dict[str, Any]) -> str:
             metrics = dict(metrics)
-            metrics["training_iteration"] = len(result.metrics_history) + 1
+            # A cluster trial's reports are numbered by its runtime (status.progress.step):
+            # polling may skip one, and the pruner compares trials at the same step.
+            step = metrics.pop(cluster.STEP_KEY, None)
+            metrics["training_iteration"] = (
+                int(step) if step is not None else len(result.metrics_history) + 1
+            )
             metrics.setdefault("trial_id", trial_id)
             result.metrics_history.append(metrics)
             result.metrics = metrics
@@ -313,6 +362,8 @@ class Tuner:
                     storage_path=str(path.parent),
                 )
                 result.checkpoint = fit_result.checkpoint
+            elif self.kind == "cluster":
+                self._run_cluster_trial(trial_id, config, otrial, reporter, result, lock)
             elif self.kind == "distributed":
                 self.trainable.run_trial(config, reporter)
             elif self.kind == "class":
@@ -327,7 +378,52 @@ class Tuner:
             log.warning("trial %s failed: %s", trial_id, str(e).splitlines()[0] if str(e) else e)
             result.status = ERROR
             result.error = e
+        if result.checkpoint is None and reporter.checkpoint is not None:
+            from torchjob.train.checkpoint import Checkpoint
+
+            result.checkpoint = Checkpoint(reporter.checkpoint)
         return result
+
+
+    def _run_cluster_trial(
+        self,
+        trial_id: str,
+        config: dict[str, Any],
+        otrial: Any,
+        reporter: Reporter,
+        result: Result,
+        lock: threading.Lock,
+    ) -> None:
+        tc = self.tune_config
+        assert self._template is not None
+        manifest = cluster.trial_manifest(
+            self._template,
+            study=self._name,
+            trial_id=trial_id,
+            config=config,
+            namespace=tc.namespace,
+            resources=self.resources_per_trial,
+        )
+        result.job_name = manifest["metadata"]["name"]
+        ckpt = manifest["spec"].get("checkpoint")
+        if isinstance(ckpt, dict) and ckpt.get("path"):
+            result.path = str(ckpt["path"])
+
+        def recheck() -> str:
+            if tc.metric is None:
+                return CONTINUE
+            with lock:
+                return PRUNE if otrial.should_prune() else CONTINUE
+
+        cluster.run_trial(
+            self._client,
+            manifest,
+            reporter,
+            recheck,
+            poll_interval_s=tc.poll_interval_s,
+            timeout_s=tc.trial_timeout_s,
+            prune_action=tc.cluster_prune,
+        )
 
 
 def _should_stop(
