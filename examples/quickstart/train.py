@@ -21,11 +21,13 @@ import torchjob.train.torch  # was: import ray.train.torch
 EPOCHS = int(os.environ.get("QUICKSTART_EPOCHS", "2"))
 
 
-def FashionMNIST(root, train, download, transform=None):  # noqa: N802 - the seed's name
+def FashionMNIST(root, train, download, transform=None):
     """FashionMNIST's shape (1x28x28 images, 10 classes), random but fixed."""
     g = torch.Generator().manual_seed(0)
     n = int(os.environ.get("QUICKSTART_SAMPLES", "512"))
-    return TensorDataset(torch.randn(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g))
+    return TensorDataset(
+        torch.randn(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
+    )
 
 
 def resnet18(num_classes):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import re
 from pathlib import Path
 from typing import Any
 

@@ -22,12 +22,12 @@ EXIT_API_ERROR = 1
 EXIT_USAGE = 2
 
 
-
 def _default_max_restarts() -> int:
     """``spec.failurePolicy.maxRestarts`` when a manifest leaves it out (the API model's default)."""
     from torchjob.api.models import FailurePolicy
 
     return int(FailurePolicy().max_restarts)
+
 
 def _err(msg: str) -> None:
     sys.stderr.write(f"error: {msg}\n")

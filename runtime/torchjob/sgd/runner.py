@@ -264,9 +264,7 @@ class Runner:
             return ShardSampler(dataset, dist.get_world_size(), dist.get_rank())
         return DistributedSampler(dataset, shuffle=shuffle)
 
-    def _loader(
-        self, obj: Any, *, shuffle: bool, exact: bool = False
-    ) -> DataLoader[Any] | None:
+    def _loader(self, obj: Any, *, shuffle: bool, exact: bool = False) -> DataLoader[Any] | None:
         if obj is None:
             return None
         distributed = dist.is_available() and dist.is_initialized()
@@ -284,9 +282,7 @@ class Runner:
                 drop_last=obj.drop_last,
             )
         if isinstance(obj, Dataset):
-            sampler: Any = (
-                self._sampler(obj, shuffle=shuffle, exact=exact) if distributed else None
-            )
+            sampler: Any = self._sampler(obj, shuffle=shuffle, exact=exact) if distributed else None
             return DataLoader(
                 obj,
                 batch_size=self.spec.batch_size_per_worker,

@@ -384,7 +384,6 @@ class Tuner:
             result.checkpoint = Checkpoint(reporter.checkpoint)
         return result
 
-
     def _run_cluster_trial(
         self,
         trial_id: str,
