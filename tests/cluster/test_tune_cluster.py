@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -82,7 +83,9 @@ class Rank0Player:
                     self.jobs.exit_pod(p.metadata.name, 0)
 
 
-def test_trials_are_torchjobs_and_the_median_pruner_deletes_the_bad_ones(jobs: Jobs) -> None:
+def test_trials_are_torchjobs_and_the_median_pruner_deletes_the_bad_ones(
+    jobs: Jobs, tmp_path: Path
+) -> None:
     template = torchjob("trial", replicas=2)
     tuner = tune.Tuner(
         None,
@@ -100,7 +103,7 @@ def test_trials_are_torchjobs_and_the_median_pruner_deletes_the_bad_ones(jobs: J
             poll_interval_s=0.2,
             trial_timeout_s=120,
         ),
-        run_config=tune.RunConfig(name="kwok-study", verbose=0),
+        run_config=tune.RunConfig(name="kwok-study", storage_path=str(tmp_path), verbose=0),
     )
     outcome: dict[str, Any] = {}
 

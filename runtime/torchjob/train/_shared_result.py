@@ -32,8 +32,10 @@ def summarize(spec: WorkerSpec, session: Session) -> dict[str, Any]:
         "best": [],
     }
     if spec.storage_url:
-        storage = CheckpointStorage(spec.storage_url)
-        committed = storage.list_committed()
+        try:
+            committed = CheckpointStorage(spec.storage_url).list_committed()
+        except Exception:  # the run succeeded: an unreadable listing must not fail it
+            committed = []
         if committed:
             summary["latest"] = committed[-1].path
         ranked = rank_checkpoints(committed, spec.score_attribute, spec.score_order)

@@ -50,6 +50,11 @@ def trial_job_name(study: str, trial_id: str) -> str:
     return f"{base}-t{trial_id}"
 
 
+def study_label(study: str) -> str:
+    """The study's name as a label value (what ``-l torchjob.io/tune-study=...`` selects)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", study)[:63].strip("-_.") or "tune"
+
+
 def template_dict(template: Any) -> dict[str, Any]:
     """The template as a plain manifest dict (a copy); a YAML path is loaded and validated."""
     from torchjob.client.manifest import Manifest, load_manifest
@@ -93,7 +98,11 @@ def trial_manifest(
     meta["name"] = name
     if namespace:
         meta["namespace"] = namespace
-    meta["labels"] = {**(meta.get("labels") or {}), STUDY_LABEL: study[:63], TRIAL_LABEL: trial_id}
+    meta["labels"] = {
+        **(meta.get("labels") or {}),
+        STUDY_LABEL: study_label(study),
+        TRIAL_LABEL: trial_id,
+    }
     body.pop("status", None)
     spec = body.setdefault("spec", {})
     containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
