@@ -56,7 +56,7 @@ def test_study_of_torchjob_trials_prunes_and_returns_the_best_checkpoint(
     try:
         analysis = tune.run(
             None,
-            config={"lr": tune.grid_search(lrs), "epochs": 4, "steps": 10, "epoch_seconds": 0.5},
+            config={"lr": tune.grid_search(lrs), "epochs": 6, "steps": 10, "epoch_seconds": 0.5},
             metric="loss",
             mode="min",
             scheduler=optuna.pruners.ThresholdPruner(upper=5.0),
@@ -82,10 +82,10 @@ def test_study_of_torchjob_trials_prunes_and_returns_the_best_checkpoint(
         f"{kubelet.log_of('e2e-study')}"
     )
     # Each trial ran on 2 pods; the pruned ones were stopped after their first report.
-    assert trials[0.001].last_result["training_iteration"] < 4
-    # The finished trials' last report is their runtime's last: 4 epochs.
-    assert trials[0.1].last_result["epoch"] == 3
-    assert trials[0.1].last_result["training_iteration"] == 4
+    assert trials[0.001].last_result["training_iteration"] < 6
+    # The finished trials' last report is their runtime's last: 6 epochs.
+    assert trials[0.1].last_result["epoch"] == 5
+    assert trials[0.1].last_result["training_iteration"] == 6
 
     best = analysis.get_best_trial("loss", "min")
     assert best is not None and best.config["lr"] == 0.1
