@@ -4,7 +4,9 @@ kwok fakes the kubelets of the cluster's other nodes; this test helper plays a
 real one for ``proc-node-0``: it registers the Node, keeps its Lease fresh,
 starts every container bound to it as a subprocess (command + args + env from
 the pod spec, with the pod's ``*.svc`` DNS names mapped to 127.0.0.1 since all
-"pods" share this machine), reports Running / Succeeded / Failed with the
+"pods" share this machine, and each TorchJob's rendezvous port mapped to a free
+port of its own, since two jobs' pods would each have their own IP on a real
+node but share 127.0.0.1 here), reports Running / Succeeded / Failed with the
 exit code, and on deletion sends SIGTERM, waits the grace period, SIGKILLs,
 then removes the pod, as a kubelet does. So the operator's pods run the real
 torchjob runtime, and the test proves operator and runtime agree end to end.
@@ -61,6 +63,7 @@ class ProcessKubelet:
     _stop: threading.Event = field(default_factory=threading.Event)
     _containers: dict[str, _Container] = field(default_factory=dict)
     _threads: list[threading.Thread] = field(default_factory=list)
+    _ports: dict[tuple[str, str], str] = field(default_factory=dict)
 
     @property
     def core(self) -> client.CoreV1Api:
@@ -214,6 +217,21 @@ class ProcessKubelet:
                     "metadata.namespace": pod.metadata.namespace,
                     "spec.nodeName": self.node,
                 }.get(path, "")
+        return self._own_port(pod, env)
+
+    def _own_port(self, pod: Any, env: dict[str, str]) -> dict[str, str]:
+        """Every pod of one TorchJob gets the same rendezvous port, distinct from other jobs'
+        (jobs running at once, e.g. tuning trials, would otherwise all listen on 127.0.0.1:29500)."""
+        port = env.get(contract.RDZV_PORT)
+        job = (pod.metadata.labels or {}).get(contract.LABEL_JOB_NAME)
+        if not port or not job:
+            return env
+        from torchjob.launch import free_port
+
+        own = self._ports.setdefault((pod.metadata.namespace, job), str(free_port()))
+        for name in (contract.RDZV_PORT, contract.MASTER_PORT, contract.PET_MASTER_PORT):
+            if env.get(name) == port:
+                env[name] = own
         return env
 
     def _service_account(self, pod: Any) -> dict[str, str]:
