@@ -56,12 +56,12 @@ SERVICE_NAME: Final = "TORCHJOB_SERVICE"
 SERVICEACCOUNT_DIR: Final = "TORCHJOB_SERVICEACCOUNT_DIR"
 """Where the pod's ServiceAccount token lives (default: the kubelet's standard mount)."""
 TERMINATION_LOG: Final = "TORCHJOB_TERMINATION_LOG"
+"""The container's ``terminationMessagePath``: the runtime writes its failure summary there."""
 TUNE_CONFIG: Final = "TORCHJOB_TUNE_CONFIG"
 """A tuning trial's config (JSON), set by ``torchjob.tune``'s cluster backend; a
 ``TorchTrainer`` in the pod merges it into its ``train_loop_config``."""
 TUNE_TRIAL: Final = "TORCHJOB_TUNE_TRIAL"
 """The trial id of a tuning trial's TorchJob."""
-"""The container's ``terminationMessagePath``: the runtime writes its failure summary there."""
 
 # --- standard torch / torchrun variables ---------------------------------------
 MASTER_ADDR: Final = "MASTER_ADDR"

@@ -1,4 +1,4 @@
-"""Seed 000's creator convention, the exact validation sampler, and is_primary()."""
+"""Seed 000's creator convention, the exact validation sampler, is_primary(), the run help."""
 
 from __future__ import annotations
 
@@ -67,10 +67,26 @@ def test_is_primary_outside_training(monkeypatch: pytest.MonkeyPatch) -> None:
 
     for index, expected in ((0, True), (1, False)):
         pod = PodEnv(
-            job_name="j", namespace="ns", pod_index=index, replicas=2, min_replicas=2,
-            max_replicas=2, nproc_per_node=1, generation=0, rdzv_host="h", rdzv_port=1,
-            backend="gloo", checkpoint_path="",
+            job_name="j", namespace="ns", pod_index=index, replicas=2, nproc_per_node=1,
+            generation=0, rdzv_host="h", rdzv_port=1, backend="gloo",
         )  # fmt: skip
         for key, value in pod.to_env().items():
             monkeypatch.setenv(key, value)
         assert is_primary() is expected
+
+
+def test_run_help_states_the_real_max_restarts_default() -> None:
+    from torchjob.api.models import FailurePolicy
+    from torchjob.cli.main import build_parser
+
+    parser = build_parser()
+    run = next(
+        a.choices["run"]
+        for a in parser._actions
+        if getattr(a, "choices", None) and "run" in a.choices
+    )
+    text = " ".join(run.format_help().split())
+    assert (
+        f"defaults to {FailurePolicy().max_restarts} when the manifest has no failurePolicy" in text
+    )
+    assert "else 0" not in text

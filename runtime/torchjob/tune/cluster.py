@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchjob import contract
+from torchjob.api.models import TorchJobStatus
 from torchjob.tune.session import CONTINUE, Reporter
 
 log = logging.getLogger("torchjob.tune")
@@ -138,28 +139,32 @@ class ProgressReport:
     checkpoint: str | None
 
 
+def _status(job: Mapping[str, Any]) -> TorchJobStatus:
+    return TorchJobStatus.parse(job.get("status"))
+
+
 def progress_report(job: Mapping[str, Any]) -> ProgressReport | None:
     """The report in a TorchJob's ``status.progress`` (``None`` before the first one)."""
-    progress = (job.get("status") or {}).get("progress") or {}
-    step = progress.get("step")
-    if not isinstance(step, int) or isinstance(step, bool):
+    progress = _status(job).progress
+    if progress is None or progress.step is None:
         return None
-    metrics = dict(progress.get("metrics") or {})
-    if isinstance(progress.get("epoch"), int):
-        metrics.setdefault("epoch", progress["epoch"])
-    return ProgressReport(step=step, metrics=metrics, checkpoint=progress.get("lastCheckpoint"))
+    metrics = dict(progress.metrics or {})
+    if progress.epoch is not None:
+        metrics.setdefault("epoch", progress.epoch)
+    return ProgressReport(step=progress.step, metrics=metrics, checkpoint=progress.last_checkpoint)
 
 
 def job_phase(job: Mapping[str, Any]) -> str | None:
-    phase = (job.get("status") or {}).get("phase")
-    return str(phase) if phase else None
+    phase = _status(job).phase
+    return phase.value if phase is not None else None
 
 
 def failure_summary(job: Mapping[str, Any]) -> str:
-    status = job.get("status") or {}
-    last = status.get("lastFailure") or {}
-    conds = [c for c in status.get("conditions") or [] if c.get("status") == "True"]
-    why = last.get("message") or last.get("reason") or (conds[-1].get("message") if conds else "")
+    status = _status(job)
+    last = status.last_failure
+    conds = [c for c in status.conditions or [] if c.status == "True"]
+    why = (last.message or last.reason) if last else ""
+    why = why or (conds[-1].message if conds else "")
     return f"TorchJob {job.get('metadata', {}).get('name')} failed: {why or 'no reason recorded'}"
 
 
