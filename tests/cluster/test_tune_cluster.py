@@ -5,8 +5,9 @@ two pods run, it writes the trial's reports into the TorchJob's
 ``status.progress`` exactly as the runtime's reporter does
 (``torchjob.train.job_status.progress_body``), then ends a good trial through
 kwok's exit stage (both pods exit 0, the operator marks the job Succeeded) and
-leaves a bad one running: optuna's median pruner must stop it, which deletes
-its TorchJob. The real runtime doing the same is tests/cluster/test_e2e_tune.py.
+leaves a bad one running: optuna's median pruner must stop it, which here suspends
+its TorchJob (``cluster_prune="suspend"``: the operator deletes the pods, the object and its
+status stay). The real runtime, with pruned trials deleted, is tests/cluster/test_e2e_tune.py.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class Rank0Player:
             j
             for j in listed
             if not j["metadata"].get("deletionTimestamp")
+            and not (j["spec"].get("runPolicy") or {}).get("suspend")
             and (j.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
         ]
         self.max_in_flight = max(self.max_in_flight, len(in_flight))
@@ -83,7 +85,7 @@ class Rank0Player:
                     self.jobs.exit_pod(p.metadata.name, 0)
 
 
-def test_trials_are_torchjobs_and_the_median_pruner_deletes_the_bad_ones(
+def test_trials_are_torchjobs_and_the_median_pruner_suspends_the_bad_ones(
     jobs: Jobs, tmp_path: Path
 ) -> None:
     template = torchjob("trial", replicas=2)
@@ -102,6 +104,7 @@ def test_trials_are_torchjobs_and_the_median_pruner_deletes_the_bad_ones(
             kubeconfig=str(jobs.cluster.kubeconfig),
             poll_interval_s=0.2,
             trial_timeout_s=120,
+            cluster_prune="suspend",
         ),
         run_config=tune.RunConfig(name="kwok-study", storage_path=str(tmp_path), verbose=0),
     )
@@ -146,8 +149,13 @@ def test_trials_are_torchjobs_and_the_median_pruner_deletes_the_bad_ones(
     assert best.checkpoint is not None
     assert best.checkpoint.path == player.checkpoints[best.job_name]
     assert jobs.status(best.job_name)["phase"] == "Succeeded"
-    # A pruned trial's TorchJob is deleted (its pods go with it).
+    # A pruned trial's TorchJob is suspended: the operator deletes its pods, keeps its status.
     for x in (3.0, 4.0):
         name = by_x[x].job_name
         assert name is not None
-        k.wait_for(lambda n=name: jobs.get(n) is None, 60, f"TorchJob {name} deleted")
+
+        def suspended(n: str = name) -> bool:
+            return jobs.status(n).get("phase") == "Suspended" and not jobs.pods(n)
+
+        k.wait_for(suspended, 60, f"TorchJob {name} suspended, its pods gone")
+        assert jobs.status(name)["progress"]["metrics"]["loss"] == pytest.approx(x / 3)
