@@ -226,9 +226,7 @@ class ProcessKubelet:
         job = (pod.metadata.labels or {}).get(contract.LABEL_JOB_NAME)
         if not port or not job:
             return env
-        from torchjob.launch import free_port
-
-        own = self._ports.setdefault((pod.metadata.namespace, job), str(free_port()))
+        own = self._ports.setdefault((pod.metadata.namespace, job), str(contract.free_port()))
         for name in (contract.RDZV_PORT, contract.MASTER_PORT, contract.PET_MASTER_PORT):
             if env.get(name) == port:
                 env[name] = own
