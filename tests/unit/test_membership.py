@@ -1,8 +1,13 @@
-"""How a kept pod's runtime follows the job's generations (the HTTP path runs in the e2e tests)."""
+"""How a kept pod's runtime follows the job's generations: a watch of the TorchJob, pushed
+events, no request per read (the HTTP path against a real API server runs in the e2e tests)."""
 
 from __future__ import annotations
 
+import io
+import json
 import threading
+import urllib.error
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -10,62 +15,139 @@ import pytest
 from torchjob.train.membership import GenerationTimeout, Membership, MembershipWatch
 
 
-class ScriptedStatus:
-    """The TorchJob status as successive GETs return it."""
+def event(kind: str, rv: int, **status: Any) -> dict[str, Any]:
+    return {"type": kind, "object": {"metadata": {"resourceVersion": str(rv)}, "status": status}}
+
+
+class OpenWatch:
+    """A watch response: the scripted events, then silence until closed (as a live watch)."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.lines = [json.dumps(e).encode() + b"\n" for e in events]
+        self.closed = threading.Event()
+
+    def __iter__(self) -> Any:
+        yield from self.lines
+        self.closed.wait(10)
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+class Ended(OpenWatch):
+    """A watch response that the server ends after its events."""
+
+    def __iter__(self) -> Any:
+        yield from self.lines
+
+
+class ScriptedEndpoint:
+    """The API server as one pod's agent sees it: each watch request gets the next script
+    (a list of events, or an exception); GETs return ``polled``."""
 
     url = "https://api/apis/torchjob.io/v1alpha1/namespaces/ns/torchjobs/j/status"
 
-    def __init__(self, *statuses: dict[str, Any] | Exception) -> None:
-        self.statuses = list(statuses)
-        self.calls = 0
+    def __init__(
+        self, *watches: list[dict[str, Any]] | OpenWatch | Exception, polled: Any = None
+    ) -> None:
+        self.watches = list(watches)
+        self.watch_calls: list[str | None] = []
+        self.gets = 0
+        self.polled = polled
+
+    def watch(self, resource_version: str | None, *, timeout_s: int) -> OpenWatch:
+        self.watch_calls.append(resource_version)
+        item = self.watches.pop(0) if self.watches else []
+        if isinstance(item, Exception):
+            raise item
+        return item if isinstance(item, OpenWatch) else OpenWatch(item)
 
     def call(self, method: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         assert method == "GET" and body is None
-        item = self.statuses[min(self.calls, len(self.statuses) - 1)]
-        self.calls += 1
-        if isinstance(item, Exception):
-            raise item
-        return {"status": item}
+        self.gets += 1
+        return {"status": self.polled}
 
 
-def watch(*statuses: dict[str, Any] | Exception) -> MembershipWatch:
-    return MembershipWatch(ScriptedStatus(*statuses), min_interval_s=0)  # type: ignore[arg-type]
+def follow(endpoint: ScriptedEndpoint) -> MembershipWatch:
+    return MembershipWatch(endpoint, min_interval_s=0.01)  # type: ignore[arg-type]
 
 
-def test_waits_through_errors_and_old_generations_for_the_next_one() -> None:
-    w = watch(
-        OSError("connection refused"),
-        {"currentGeneration": 3, "replicas": 4, "phase": "Restarting"},
-        {"currentGeneration": 4, "replicas": 3, "phase": "Restarting"},
+def test_an_idle_job_costs_one_watch_and_no_request_per_read() -> None:
+    ep = ScriptedEndpoint(
+        [
+            event("ADDED", 10, currentGeneration=3, replicas=4, phase="Running"),
+            event("BOOKMARK", 11),
+            event("MODIFIED", 12, currentGeneration=4, replicas=3, phase="Restarting"),
+        ]
     )
-    assert w.wait_beyond(3, timeout_s=5, poll_s=0) == Membership(4, 3, "Restarting")
+    w = follow(ep)
+    assert w.wait_beyond(3, timeout_s=5, poll_s=0.01) == Membership(4, 3, "Restarting")
+    for _ in range(1000):  # the training loop's on_tick
+        assert w.changed(4) is None
+    assert w.changed(3) == Membership(4, 3, "Restarting")
+    assert ep.watch_calls == [None] and ep.gets == 0
+    w.close()
+
+
+def test_a_broken_watch_resumes_from_the_last_version_and_a_gone_one_from_now() -> None:
+    ep = ScriptedEndpoint(
+        OSError("connection refused"),
+        Ended([event("ADDED", 7, currentGeneration=1, replicas=2)]),  # the server's timeout
+        [{"type": "ERROR", "object": {"code": 410, "message": "too old resource version"}}],
+        [event("ADDED", 20, currentGeneration=2, replicas=2, phase="Running")],
+    )
+    w = follow(ep)
+    assert w.wait_beyond(1, timeout_s=10, poll_s=0.01) == Membership(2, 2, "Running")
+    assert ep.watch_calls == [None, None, "7", None]
+    w.close()
+
+
+def test_without_the_watch_verb_the_agent_polls() -> None:
+    refused = urllib.error.HTTPError("u", 403, "Forbidden", {}, io.BytesIO(b""))  # type: ignore[arg-type]
+    ep = ScriptedEndpoint(refused, polled={"currentGeneration": 5, "replicas": 2})
+    w = follow(ep)
+    assert w.wait_beyond(4, timeout_s=5, poll_s=0.01) == Membership(5, 2)
+    assert w.polling and ep.gets >= 1
+    w.close()
 
 
 def test_a_finished_job_or_a_stop_or_the_deadline_ends_the_wait() -> None:
+    failed = follow(
+        ScriptedEndpoint([event("ADDED", 1, currentGeneration=3, replicas=4, phase="Failed")])
+    )
     with pytest.raises(GenerationTimeout, match="Failed"):
-        watch({"currentGeneration": 3, "replicas": 4, "phase": "Failed"}).wait_beyond(
-            3, timeout_s=5, poll_s=0
+        failed.wait_beyond(3, timeout_s=5, poll_s=0.01)
+    deleted = follow(
+        ScriptedEndpoint(
+            [
+                event("ADDED", 1, currentGeneration=3, replicas=4),
+                event("DELETED", 2, currentGeneration=3, replicas=4),
+            ]
         )
+    )
+    with pytest.raises(GenerationTimeout, match="Failed"):
+        deleted.wait_beyond(3, timeout_s=5, poll_s=0.01)
+    running = [event("ADDED", 1, currentGeneration=3, replicas=4)]
     stop = threading.Event()
     stop.set()
     with pytest.raises(GenerationTimeout, match="stopped"):
-        watch({"currentGeneration": 3, "replicas": 4}).wait_beyond(
-            3, timeout_s=5, poll_s=0, stop=stop
-        )
+        follow(ScriptedEndpoint(running)).wait_beyond(3, timeout_s=5, poll_s=0.01, stop=stop)
     with pytest.raises(GenerationTimeout, match=r"status\.currentGeneration"):
-        watch({"currentGeneration": 3, "replicas": 4}).wait_beyond(3, timeout_s=0, poll_s=0)
+        follow(ScriptedEndpoint(running)).wait_beyond(3, timeout_s=0, poll_s=0.01)
+    for w in (failed, deleted):
+        w.close()
 
 
-def test_changed_only_reports_a_newer_generation() -> None:
-    w = watch({"currentGeneration": 2, "replicas": 2}, {"currentGeneration": 5, "replicas": 2})
-    assert w.changed(2) is None
-    assert w.changed(2) == Membership(5, 2)
-    assert Membership.from_status({"phase": "Pending"}) is None, "not published yet"
+def test_read_returns_the_membership_once_published() -> None:
+    w = follow(ScriptedEndpoint([event("ADDED", 1, phase="Pending")]))
+    assert w.read() is None, "not published yet"
+    w.close()
+    w = follow(ScriptedEndpoint([event("ADDED", 1, currentGeneration=2, replicas=2)]))
+    assert w.read() == Membership(2, 2)
+    w.close()
 
 
 def test_the_restart_backoff_is_read_from_the_status() -> None:
-    from datetime import datetime, timezone
-
     m = Membership.from_status(
         {"currentGeneration": 2, "replicas": 4, "restartAfter": "2026-01-01T00:00:30Z"}
     )

@@ -1,8 +1,9 @@
 """The per-job ServiceAccount, Role and RoleBinding of the workers (pure builders).
 
 Least privilege: the workers may get and patch the status of their own
-TorchJob (``resourceNames``), which is how rank 0 reports progress; nothing
-else. A template that names its own ``serviceAccountName`` (for cloud storage
+TorchJob (``resourceNames``), which is how rank 0 reports progress, and get and
+watch that one TorchJob, which is how a KeepSurvivors pod follows its
+generations; nothing else. A template that names its own ``serviceAccountName`` (for cloud storage
 credentials, say) keeps it; progress is then reported only if that account is
 granted the same.
 """
@@ -54,7 +55,9 @@ def worker_rbac(*, name: str, namespace: str, uid: str) -> list[tuple[str, dict[
                         "apiGroups": [GROUP],
                         "resources": [PLURAL],
                         "resourceNames": [name],
-                        "verbs": ["get"],
+                        # watch: a KeepSurvivors pod follows its job with a watch of this
+                        # one object (fieldSelector metadata.name), not with a poll.
+                        "verbs": ["get", "watch"],
                     },
                 ],
             },

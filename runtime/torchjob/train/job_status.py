@@ -21,6 +21,7 @@ import ssl
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -58,7 +59,9 @@ class JobEndpoint:
     """This pod's TorchJob ``/status``, reached with the pod's ServiceAccount token."""
 
     def __init__(self, *, api_url: str, serviceaccount_dir: Path, namespace: str, name: str):
-        self.url = f"{api_url}/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
+        self.collection_url = f"{api_url}/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}"
+        self.name = name
+        self.url = f"{self.collection_url}/{name}/status"
         self.sa_dir = serviceaccount_dir
         ca = serviceaccount_dir / "ca.crt"
         self._ssl = ssl.create_default_context(cafile=str(ca)) if ca.exists() else None
@@ -89,12 +92,36 @@ class JobEndpoint:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/merge-patch+json"
         # A GET with resourceVersion=0 is served from the API server's watch cache, not by a
-        # quorum read of etcd: every pod of a KeepSurvivors job polls this object.
+        # quorum read of etcd (the fallback poll of an agent whose Role cannot watch).
         url = f"{self.url}?resourceVersion=0" if method == "GET" else self.url
         request = urllib.request.Request(url, data=data, method=method, headers=headers)
-        with urllib.request.urlopen(request, timeout=10, context=self._ssl) as response:
+        with self.urlopen(request, timeout=10) as response:
             result: dict[str, Any] = json.loads(response.read() or b"{}")
         return result
+
+    def watch(self, resource_version: str | None, *, timeout_s: int) -> Any:
+        """Open a watch of this one TorchJob (``fieldSelector=metadata.name``); the response
+        yields one JSON event a line until the server ends it after ``timeout_s``. Without a
+        ``resource_version`` the first event is the object as it is now (ADDED)."""
+        query = {
+            "fieldSelector": f"metadata.name={self.name}",
+            "watch": "1",
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_s),
+        }
+        if resource_version:
+            query["resourceVersion"] = resource_version
+        token = (self.sa_dir / "token").read_text().strip()
+        request = urllib.request.Request(
+            f"{self.collection_url}?{urllib.parse.urlencode(query)}",
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+        )
+        # A silent connection is noticed a little after the server would have ended it.
+        return self.urlopen(request, timeout=timeout_s + 30)
+
+    def urlopen(self, request: urllib.request.Request, timeout: float) -> Any:
+        """Every request of the agent goes through here (one place to count or trace them)."""
+        return urllib.request.urlopen(request, timeout=timeout, context=self._ssl)
 
 
 class JobStatusReporter:

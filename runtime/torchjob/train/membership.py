@@ -3,16 +3,21 @@
 The operator decides membership and publishes it in the TorchJob's status:
 ``currentGeneration`` and ``replicas`` (pods ``<job>-worker-0 .. replicas-1``, rank
 ``i`` on pod ``i``, rendezvous on pod 0). A pod it keeps into a new generation is
-not restarted, so its environment still names the old one: its runtime reads the
-status instead, through the pod's ServiceAccount (the same grant that writes
-``status.progress``), and re-forms the process group when the generation moves.
+not restarted, so its environment still names the old one: its runtime follows the
+status instead, with one watch of the TorchJob through the pod's ServiceAccount (the
+Role that lets pod 0 write ``status.progress`` also allows ``watch`` of this one job),
+and re-forms the process group when the generation moves. An idle job makes no
+request: the API server pushes the status when it changes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import threading
 import time
+import urllib.error
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -64,31 +69,50 @@ class GenerationTimeout(RuntimeError):
 
 
 class MembershipWatch:
-    """Reads the job's membership, at most every ``min_interval_s`` from :meth:`changed`."""
+    """Follows the job's membership with one watch of the TorchJob (``fieldSelector`` on its
+    name): an idle job costs the API server no request per pod, only one open connection
+    that the server renews every ``watch_timeout_s``. A background thread keeps the latest
+    membership; :meth:`changed` and :meth:`wait_beyond` read it without any I/O.
 
-    def __init__(self, endpoint: JobEndpoint, *, min_interval_s: float = 5.0) -> None:
+    Where the pod's Role does not allow ``watch`` (a job created by an older operator), the
+    thread falls back to reading the status every ``min_interval_s``."""
+
+    def __init__(
+        self,
+        endpoint: JobEndpoint,
+        *,
+        min_interval_s: float = 5.0,
+        watch_timeout_s: int = 300,
+        first_read_timeout_s: float = 10.0,
+    ) -> None:
         self.endpoint = endpoint
         self.min_interval_s = min_interval_s
-        self._last_read = 0.0
+        self.watch_timeout_s = watch_timeout_s
+        self.first_read_timeout_s = first_read_timeout_s
+        self._latest: Membership | None = None
+        self._seen = False
+        self._cond = threading.Condition()
+        self._closed = threading.Event()
+        self._response: Any = None
         self._warned = False
+        self.polling = False
+        """True once the watch was refused (403) and the thread polls instead."""
+        self._thread = threading.Thread(target=self._run, name="torchjob-membership", daemon=True)
+        self._thread.start()
 
+    # --- what the trainer asks --------------------------------------------------------------
     def read(self) -> Membership | None:
-        try:
-            job = self.endpoint.call("GET")
-        except (OSError, ValueError) as exc:
-            if not self._warned:
-                self._warned = True
-                log.warning("torchjob: cannot read %s: %s", self.endpoint.url, exc)
-            return None
-        finally:
-            self._last_read = time.monotonic()
-        return Membership.from_status(job.get("status") or {})
+        """The latest membership (waits up to ``first_read_timeout_s`` for the first one)."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self._seen or self._closed.is_set(), self.first_read_timeout_s
+            )
+            return self._latest
 
     def changed(self, generation: int) -> Membership | None:
-        """A membership newer than ``generation``, if one is published (rate-limited)."""
-        if time.monotonic() - self._last_read < self.min_interval_s:
-            return None
-        m = self.read()
+        """A membership newer than ``generation``, if one is published (no I/O)."""
+        with self._cond:
+            m = self._latest
         return m if m is not None and m.generation > generation else None
 
     def wait_beyond(
@@ -100,22 +124,112 @@ class MembershipWatch:
         stop: threading.Event | None = None,
     ) -> Membership:
         """Block until the job moves past ``generation``; raise GenerationTimeout after
-        ``timeout_s``, or when the job finished (no generation will come)."""
+        ``timeout_s``, or when the job finished (no generation will come). ``poll_s`` is how
+        often ``stop`` is looked at; the membership itself arrives through the watch."""
         deadline = time.monotonic() + timeout_s
         while True:
-            m = self.read()
-            if m is not None and m.generation > generation:
-                return m
-            if m is not None and m.phase in TERMINAL_PHASES:
-                raise GenerationTimeout(f"the TorchJob is {m.phase}: no generation will follow")
-            if stop is not None and stop.is_set():
-                raise GenerationTimeout("stopped while waiting for the next generation")
-            if time.monotonic() >= deadline:
-                raise GenerationTimeout(
-                    f"no generation after {generation} within {timeout_s:.0f}s "
-                    f"(the operator publishes it in the TorchJob's status.currentGeneration)"
+            with self._cond:
+                m = self._latest
+                if m is not None and m.generation > generation:
+                    return m
+                if m is not None and m.phase in TERMINAL_PHASES:
+                    raise GenerationTimeout(f"the TorchJob is {m.phase}: no generation will follow")
+                if stop is not None and stop.is_set():
+                    raise GenerationTimeout("stopped while waiting for the next generation")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise GenerationTimeout(
+                        f"no generation after {generation} within {timeout_s:.0f}s "
+                        f"(the operator publishes it in the TorchJob's status.currentGeneration)"
+                    )
+                self._cond.wait(min(left, poll_s) if poll_s > 0 else min(left, 0.01))
+
+    def close(self) -> None:
+        self._closed.set()
+        response = self._response
+        if response is not None:
+            with contextlib.suppress(Exception):
+                response.close()
+        with self._cond:
+            self._cond.notify_all()
+
+    # --- the background thread ----------------------------------------------------------------
+    def _publish(self, status: dict[str, Any] | None) -> None:
+        m = Membership.from_status(status or {})
+        with self._cond:
+            self._seen = True
+            if m is not None:
+                self._latest = m
+            self._cond.notify_all()
+
+    def _warn(self, what: str, exc: BaseException) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("torchjob: cannot %s %s: %s", what, self.endpoint.url, exc)
+
+    def _run(self) -> None:
+        resource_version: str | None = None
+        backoff = 0.5
+        while not self._closed.is_set():
+            if self.polling:
+                self._poll_once()
+                self._closed.wait(self.min_interval_s)
+                continue
+            try:
+                resource_version = self._follow(resource_version)
+                backoff = 0.5
+                continue
+            except urllib.error.HTTPError as exc:
+                if exc.code == 403:
+                    self.polling = True
+                    log.info("torchjob: no watch on %s (%s): polling it", self.endpoint.url, exc)
+                    continue
+                if exc.code == 410:
+                    resource_version = None
+                self._warn("watch", exc)
+            except (OSError, ValueError) as exc:
+                if self._closed.is_set():
+                    return
+                self._warn("watch", exc)
+            self._closed.wait(backoff)
+            backoff = min(backoff * 2, 30.0)
+
+    def _follow(self, resource_version: str | None) -> str | None:
+        """One watch request, until the server ends it; returns where to resume."""
+        response = self.endpoint.watch(resource_version, timeout_s=self.watch_timeout_s)
+        self._response = response
+        try:
+            for line in response:
+                if self._closed.is_set():
+                    break
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                kind = event.get("type")
+                if kind == "ERROR":
+                    if obj.get("code") == 410:  # Gone: the version is too old; start from now
+                        return None
+                    raise ValueError(f"watch error: {obj.get('message') or obj}")
+                resource_version = (obj.get("metadata") or {}).get(
+                    "resourceVersion", resource_version
                 )
-            time.sleep(poll_s)
+                if kind in ("ADDED", "MODIFIED"):
+                    self._publish(obj.get("status"))
+                elif kind == "DELETED":
+                    self._publish({**(obj.get("status") or {}), "phase": "Failed"})
+        finally:
+            self._response = None
+            response.close()
+        return resource_version
+
+    def _poll_once(self) -> None:
+        try:
+            job = self.endpoint.call("GET")
+        except (OSError, ValueError) as exc:
+            self._warn("read", exc)
+            return
+        self._publish(job.get("status"))
 
 
 __all__ = ["GenerationTimeout", "Membership", "MembershipWatch"]
