@@ -75,6 +75,10 @@ cluster-demo: venv cluster ## local cluster + CRD + operator + an example job
 bench: venv ## benchmarks (print figures and ratios; never part of `make test`)
 	$(PY) bench/run_all.py
 
+.PHONY: bench-operator
+bench-operator: venv testbin ## operator cost: torchjob vs Kubeflow training-operator v1.8.1 on a private kwok cluster (BENCH_ARGS="--sizes 20,100,500 --scale-jobs 1000")
+	$(PY) bench/operator_vs_kubeflow.py $(BENCH_ARGS)
+
 .PHONY: e2e-kind
 e2e-kind: ## end-to-end on kind (needs Docker; skips with a message without it)
 	hack/e2e-kind.sh

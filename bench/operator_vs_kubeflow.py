@@ -695,6 +695,7 @@ class Agents:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._restore: Callable[[], None] = lambda: None
 
     def sent(self) -> int:
         with self._lock:
@@ -711,15 +712,19 @@ class Agents:
         (sa_dir / "token").write_text(token)
         if cfg.ssl_ca_cert:
             shutil.copy(cfg.ssl_ca_cert, sa_dir / "ca.crt")
-        counter = self
+        # Count every request the agents send (any version of the runtime: they all go
+        # through urllib.request.urlopen; this process's own client uses urllib3).
+        counter, real_urlopen = self, urllib.request.urlopen
 
-        class CountingEndpoint(JobEndpoint):
-            def urlopen(self, request: urllib.request.Request, timeout: float) -> Any:
-                counter._add()
-                return super().urlopen(request, timeout)
+        def counting_urlopen(*a: Any, **kw: Any) -> Any:
+            counter._add()
+            return real_urlopen(*a, **kw)
+
+        self._restore = lambda: setattr(urllib.request, "urlopen", real_urlopen)
+        urllib.request.urlopen = counting_urlopen
 
         def agent() -> None:
-            endpoint = CountingEndpoint(
+            endpoint = JobEndpoint(
                 api_url=cfg.host, serviceaccount_dir=sa_dir, namespace=self.ns, name=self.job
             )
             watch = MembershipWatch(endpoint)
@@ -743,6 +748,7 @@ class Agents:
         self._stop.set()
         for t in self._threads:
             t.join(10)
+        self._restore()
 
 
 @dataclass
@@ -910,6 +916,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    import torchjob_operator
+
+    log(f"torchjob-operator from {Path(torchjob_operator.__file__).parent}")
     from kubernetes import client, config
 
     kf_binary, kf_crd = build_kubeflow()

@@ -1,7 +1,9 @@
 """Thin kopf adapters: watch TorchJobs and their pods, and run one reconcile loop per job.
 
-kopf does the watching (reconnects, timeouts, namespaces); with several replicas a
-Lease elects the one that reconciles (``leader.py``). Every
+kopf watches the TorchJobs (reconnects, timeouts, namespaces); the pods are
+watched by ``podwatch.PodWatch``, which asks the API server for the operator's own
+pods only (kopf would receive and filter every pod of the cluster). With several
+replicas a Lease elects the one that reconciles (``leader.py``). Every
 event only *pokes* the job's loop; the loop runs ``reconcile_once`` in a
 thread, at most one at a time per job, and sleeps until the next poke or the
 planner's requeue time. This is the work-queue pattern of controller-runtime,
@@ -21,12 +23,12 @@ import kopf
 from kubernetes import client
 from kubernetes import config as kube_config
 
-from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION
 from torchjob_operator import metrics
 from torchjob_operator import settings as settings_mod
 from torchjob_operator.kube import Kube, KubeClient
 from torchjob_operator.leader import LeaderElector
+from torchjob_operator.podwatch import PodWatch
 from torchjob_operator.reconcile import reconcile_once
 
 log = logging.getLogger("torchjob_operator")
@@ -161,6 +163,12 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
     except kube_config.ConfigException:
         kube_config.load_kube_config()  # type: ignore[no-untyped-call]
+    # Enough kept-alive connections for the concurrent creates of a few jobs at once: a
+    # request beyond the pool opens (and then drops) a new TLS connection, which costs
+    # more CPU than the request itself.
+    api_config = client.Configuration.get_default_copy()
+    api_config.connection_pool_maxsize = max(api_config.connection_pool_maxsize or 0, 64)
+    client.Configuration.set_default(api_config)
     if ours.leader_election is not None:
         _elect(ours.leader_election)
 
@@ -190,6 +198,31 @@ async def torchjob_event(event: kopf.RawEvent, name: str, namespace: str | None,
     _reconciler().poke(key)
 
 
-@kopf.on.event("", "v1", "pods", labels={contract.LABEL_JOB_NAME: kopf.PRESENT})
-async def worker_pod_event(labels: kopf.Labels, namespace: str | None, **_: Any) -> None:
-    _reconciler().poke((namespace or "", labels[contract.LABEL_JOB_NAME]))
+POD_WATCH: PodWatch | None = None
+
+
+@kopf.on.startup()
+async def start_pod_watch(**_: Any) -> None:
+    """Pods are watched with a server-side label selector (see ``podwatch``)."""
+    global POD_WATCH
+    loop = asyncio.get_running_loop()
+    reconciler = _reconciler()
+
+    def on_job(namespace: str, job: str) -> None:
+        loop.call_soon_threadsafe(reconciler.poke, (namespace, job))
+
+    ours = settings_mod.SETTINGS
+    POD_WATCH = PodWatch(
+        client.ApiClient(),  # its own pool: a watch holds its connection for minutes
+        on_job,
+        namespaces=ours.namespaces,
+        server_timeout_s=int(ours.watch_server_timeout_s),
+        client_timeout_s=ours.watch_client_timeout_s,
+    )
+    POD_WATCH.start()
+
+
+@kopf.on.cleanup()
+async def stop_pod_watch(**_: Any) -> None:
+    if POD_WATCH is not None:
+        await asyncio.to_thread(POD_WATCH.stop)

@@ -109,6 +109,17 @@ def test_failure_restarts_whole_group_after_backoff() -> None:
     assert {p.generation for p in pods} == {1}
 
 
+def test_the_status_never_counts_pods_the_plan_deletes() -> None:
+    _, view, pods = step(job().replicas(3).max_restarts(2).build(), [], 0)
+    up = [running(p) for p in pods]
+    assert plan(view, up, at(2)).status["readyWorkers"] == 3
+    decided = plan(view, [failed(pods[0], 1), *up[1:]], at(5))
+    assert set(decided.delete) == {"tj-worker-1", "tj-worker-2"} | {"tj-worker-0"}
+    # Written before the deletes: it must not claim the two running pods that are going.
+    assert decided.status["readyWorkers"] == 0
+    assert decided.status["workers"] == "0/3"
+
+
 def blames_peer(p: PodView, summary: str = "rank 0 raised DistBackendError: closed") -> PodView:
     return replace(p, summary=summary, peer_failure=True)
 

@@ -290,11 +290,13 @@ def _plan(d: Draft, pods: Sequence[PodView], current: Sequence[PodView]) -> Plan
         d.delete.extend(p.name for p in d.probes if not p.deleting)
     delete = tuple(dict.fromkeys(d.delete))
     requeue = min(d.requeue) if d.requeue else None
+    # The status never counts a pod this plan deletes: it is written before they go.
+    doomed = set(delete)
     return Plan(
         create=d.create,
         delete=delete,
         create_probes=d.create_probes if d.keep_probes else (),
-        status=render_status(d, current),
+        status=render_status(d, [p for p in current if p.name not in doomed]),
         events=tuple(d.events),
         requeue_after_s=None if requeue is None else max(requeue, 0.5),
         delete_job=d.delete_job,
