@@ -119,7 +119,9 @@ def _reconciler() -> Reconciler:
     global RECONCILER
     if RECONCILER is None:
         leading = settings_mod.SETTINGS.leader_election is None
-        RECONCILER = Reconciler(KubeClient(), leading=leading)
+        RECONCILER = reconciler = Reconciler(KubeClient(), leading=leading)
+        # The operator's own bookkeeping, on /metrics: it must drain when the jobs do.
+        metrics.JOB_LOOPS.set_function(lambda: len(reconciler.loops))
     return RECONCILER
 
 

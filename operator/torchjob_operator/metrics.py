@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 RECONCILES = Counter("torchjob_reconciles_total", "Reconciles of TorchJobs")
 PODS_CREATED = Counter("torchjob_pods_created_total", "Worker pods created")
 PODS_DELETED = Counter("torchjob_pods_deleted_total", "Worker pods deleted")
 TRANSITIONS = Counter("torchjob_phase_transitions_total", "TorchJob phase transitions", ["phase"])
 RECONCILE_ERRORS = Counter("torchjob_reconcile_errors_total", "Reconciles that raised")
+JOB_LOOPS = Gauge(
+    "torchjob_job_loops",
+    "Per-job reconcile loops the operator holds (0 once every TorchJob is gone)",
+)
+POD_EVENTS = Counter(
+    "torchjob_pod_events", "Pod watch events received (only pods with the job-name label)"
+)

@@ -25,6 +25,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from torchjob import contract
+from torchjob_operator import metrics
 
 log = logging.getLogger("torchjob_operator.podwatch")
 
@@ -143,6 +144,7 @@ class PodWatch:
                 )
                 key = job_of(event)
                 if key is not None:
+                    metrics.POD_EVENTS.inc()
                     self.on_job(*key)
         finally:
             self._responses.pop(namespace, None)

@@ -49,6 +49,7 @@ class OperatorProcess:
         self.tag = tag
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.metrics_port = 0
 
     @property
     def log_path(self) -> Path:
@@ -59,6 +60,7 @@ class OperatorProcess:
         answers. Without, return at once (a chaos test may kill it before it is up)."""
         self.starts += 1
         port = free_port()
+        self.metrics_port = free_port()
         log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
             [
@@ -71,6 +73,8 @@ class OperatorProcess:
                 "10",
                 "--liveness",
                 f"http://127.0.0.1:{port}/healthz",
+                "--metrics-port",
+                str(self.metrics_port),
                 *self.args,
             ],
             stdout=log,
@@ -98,6 +102,15 @@ class OperatorProcess:
         except BaseException:
             self.kill()  # never leave an operator running that no fixture will stop
             raise
+
+    def metric(self, name: str) -> float:
+        """One unlabelled sample of the operator's Prometheus /metrics."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(f"{name} "):
+                    return float(line.split()[1])
+        raise AssertionError(f"{name} not in {url}")
 
     def kill(self) -> None:
         """SIGKILL: no chance to clean up, as when a node dies under the operator."""
