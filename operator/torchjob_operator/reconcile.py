@@ -165,9 +165,14 @@ def reconcile_once(
         events.append(Event.of("CreatedService", name=name))
     if decided.create is not None:
         # Before the pods: the ServiceAccount admission plugin rejects pods whose account is missing.
-        for kind, body in worker_rbac(name=name, namespace=namespace, uid=meta["uid"]):
-            if kube.ensure_rbac_object(kind, body):
-                events.append(Event.of(f"Created{kind}", name=body["metadata"]["name"]))
+        made = [
+            kind
+            for kind, body in worker_rbac(name=name, namespace=namespace, uid=meta["uid"])
+            if kube.ensure_rbac_object(kind, body)
+        ]
+        if made:  # one Event for the three (each is one more write to the API server)
+            account = contract.worker_service_account(name)
+            events.append(Event.of("CreatedWorkerAccount", kinds=", ".join(made), name=account))
 
     failures = _create_pods(kube, namespace, worker_bodies, decided, settings, events)
     for body in probe_bodies:
@@ -241,8 +246,17 @@ def _delete_pods(
         return []
     with ThreadPoolExecutor(max_workers=settings.create_concurrency) as pool:
         deleted = list(pool.map(lambda n: (n, kube.delete_pod(namespace, n)), decided.delete))
-    metrics.PODS_DELETED.inc(sum(1 for _, ok in deleted if ok))
-    return [Event.of("DeletedPod", name=n) for n, ok in deleted if ok]
+    gone = [n for n, ok in deleted if ok]
+    metrics.PODS_DELETED.inc(len(gone))
+    return [Event.of("DeletedPod", pods=_pods(gone))] if gone else []
+
+
+def _pods(names: list[str]) -> str:
+    """The pods of one reconcile for its one Event, not one Event per pod: an Event is a
+    write to the API server (and to etcd), and a 64-pod generation would post 64 of them."""
+    if len(names) == 1:
+        return f"pod {names[0]}"
+    return f"{len(names)} pods: {', '.join(names)}"
 
 
 def _worker_bodies(
@@ -288,7 +302,8 @@ def _create_pods(
     failures = [r for _, r in results if isinstance(r, KubeError)]
     created = [n for n, r in results if r is True]
     metrics.PODS_CREATED.inc(len(created))
-    events.extend(Event.of("CreatedPod", name=n, generation=c.generation) for n in created)
+    if created:
+        events.append(Event.of("CreatedPod", pods=_pods(created), generation=c.generation))
     events.extend(Event.of("FailedCreatePod", warning=True, detail=str(e)) for e in failures[:3])
     return failures
 

@@ -55,12 +55,10 @@ REASONS: Final[Mapping[str, str]] = {
     "KeptSurvivors": "generation {generation} keeps {count} running worker(s) ({pods}); "
     "the rest are replaced",
     "CreatedService": "created headless service {name}",
-    "CreatedServiceAccount": "created ServiceAccount {name}",
-    "CreatedRole": "created Role {name}",
-    "CreatedRoleBinding": "created RoleBinding {name}",
-    "CreatedPod": "created pod {name} (generation {generation})",
+    "CreatedWorkerAccount": "created {kinds} {name}",
+    "CreatedPod": "created {pods} (generation {generation})",
     "CreatedProbe": "probing capacity with pod {name}",
-    "DeletedPod": "deleted pod {name}",
+    "DeletedPod": "deleted {pods}",
 }
 SHOWN_AS: Final[Mapping[str, str]] = {
     "WaitingForPodsCreation": "WaitingForPods",
