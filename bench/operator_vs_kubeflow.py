@@ -463,6 +463,10 @@ class Observer:
                 if p.job == job and not p.gone and p.phase == "Running" and p.uid not in exclude
             ]
 
+    def snapshot(self) -> list[PodRec]:
+        with self.lock:
+            return list(self.pods.values())
+
     def uid_of(self, pod: str) -> str:
         with self.lock:
             return self.pods[pod].uid
@@ -543,16 +547,17 @@ class Bench:
         pods = n * PODS_PER_JOB
         timeout = 120 + 1.0 * pods
         wait_for(f"{pods} {flavor.label} pods", lambda: len(obs.pods) >= pods, timeout, 0.1)
-        t_created = max(p.seen for p in obs.pods.values()) - t0
+        t_created = max(p.seen for p in obs.snapshot()) - t0
         wait_for(
             f"{pods} Running {flavor.label} pods",
-            lambda: sum(1 for p in obs.pods.values() if p.running) >= pods,
+            lambda: sum(1 for p in obs.snapshot() if p.running) >= pods,
             timeout,
             0.1,
         )
-        t_running = max(p.running or 0 for p in obs.pods.values()) - t0
+        t_running = max(p.running or 0 for p in obs.snapshot()) - t0
         wait_for(f"{n} Running jobs", lambda: len(obs.jobs_running) >= n, timeout, 0.1)
-        t_jobs = max(obs.jobs_running.values()) - t0
+        with obs.lock:
+            t_jobs = max(obs.jobs_running.values()) - t0
         time.sleep(2)  # let the last status writes land, then count the CPU
         cpu = me.cpu_s() - cpu0
         foreign = them.cpu_s() - other0
