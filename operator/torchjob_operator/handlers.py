@@ -194,10 +194,23 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def torchjob_event(event: kopf.RawEvent, name: str, namespace: str | None, **_: Any) -> None:
     key = (namespace or "", name)
+    reconciler = _reconciler()
     if event.get("type") == "DELETED":
-        _reconciler().forget(key)
+        reconciler.forget(key)
         return
-    _reconciler().poke(key)
+    if event.get("type") == "MODIFIED" and key in reconciler.loops and _status_only(event):
+        return  # our own status write (or the agent's progress): nothing new to plan
+    reconciler.poke(key)
+
+
+def _status_only(event: kopf.RawEvent) -> bool:
+    """The spec is the one the status was planned for, and no deletion started: the change
+    was a status write. Every reconcile ends with one, so poking for it would run a second,
+    idle reconcile (a GET and a LIST) after every change of every job."""
+    body: Any = event.get("object") or {}
+    meta = body.get("metadata") or {}
+    observed = (body.get("status") or {}).get("observedGeneration")
+    return not meta.get("deletionTimestamp") and observed == meta.get("generation")
 
 
 POD_WATCH: PodWatch | None = None
