@@ -45,6 +45,7 @@ class FakeKube:
         self.crash_at: int | None = None
         """Raise Crash instead of the crash_at-th mutating call (0-based)."""
         self.mutations = 0
+        self.events: list[tuple[str, str]] = []
 
     def _mutate(self, what: str) -> None:
         if self.crash_at is not None and self.mutations == self.crash_at:
@@ -108,6 +109,7 @@ class FakeKube:
         self, job: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
     ) -> None:
         self.calls.append(f"event:{reason}")
+        self.events.append((reason, message))
 
     # --- the kubelet and the cluster ---------------------------------------------------
     def run_all(self) -> None:
@@ -196,6 +198,21 @@ def test_the_decision_is_written_before_any_older_pod_is_deleted() -> None:
     assert (status["currentGeneration"], status["restarts"], status["disruptions"]) == (1, 1, 0)
     # Events only after the status landed.
     assert kube.calls.index("patch_job_status") < kube.calls.index("event:WorkerFailed")
+
+
+def test_one_event_per_reconcile_for_its_pods_not_one_per_pod() -> None:
+    # An Event is a write to the API server: 3 pods created is one Event, 3 deleted another.
+    clock = Clock()
+    kube = FakeKube(_spec())
+    _reconcile(kube, clock)
+    created = [m for r, m in kube.events if r == "CreatedPod"]
+    assert created == ["created 3 pods: tj-worker-0, tj-worker-1, tj-worker-2 (generation 0)"]
+    kube.run_all()
+    kube.exit("tj-worker-1", 1)
+    kube.events.clear()
+    _reconcile(kube, clock)
+    deleted = [m for r, m in kube.events if r == "DeletedPod"]
+    assert deleted == ["deleted 3 pods: tj-worker-0, tj-worker-1, tj-worker-2"]
 
 
 def _scenario(inject: str) -> FakeKube:
