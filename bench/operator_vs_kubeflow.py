@@ -168,6 +168,19 @@ def kubectl(kubeconfig: Path, *argv: str, input_: str | None = None) -> str:
     return out.stdout
 
 
+def wait_established(kubeconfig: Path, crd: str) -> None:
+    """``kubectl wait`` fails outright while a fresh CRD has no status yet: retry."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", crd)
+            return
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
 def bench_nodes(pods: int) -> list[dict[str, Any]]:
     """Extra fake CPU nodes (kwok) for ``pods`` pods, 1000 pods each."""
     nodes = []
@@ -257,7 +270,7 @@ def start_kubeflow(binary: Path, crd: Path, kubeconfig: Path, core: Any, workdir
     from kubernetes import client
 
     kubectl(kubeconfig, "apply", "--server-side", "-f", str(crd))
-    kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/pytorchjobs.kubeflow.org")
+    wait_established(kubeconfig, "crd/pytorchjobs.kubeflow.org")
     with contextlib.suppress(client.ApiException):
         core.create_namespace({"metadata": {"name": KF_NAMESPACE}})
     with contextlib.suppress(client.ApiException):
@@ -410,17 +423,24 @@ class Observer:
         from kubernetes import client
 
         core, custom = client.CoreV1Api(self.api), client.CustomObjectsApi(self.api)
-        # The responses are opened here, before any job exists: nothing can be missed.
-        pod_resp = core.list_namespaced_pod(
-            self.namespace, watch=True, timeout_seconds=3600, _preload_content=False
-        )
-        job_resp = custom.list_namespaced_custom_object(
-            self.flavor.group, self.flavor.version, self.namespace, self.flavor.plural,
-            watch=True, timeout_seconds=3600, _preload_content=False,
-        )  # fmt: skip
-        self._responses = [pod_resp, job_resp]
-        threading.Thread(target=self._pods, args=(pod_resp,), daemon=True).start()
-        threading.Thread(target=self._jobs, args=(job_resp,), daemon=True).start()
+
+        def pods(rv: str | None) -> Any:
+            return core.list_namespaced_pod(
+                self.namespace, watch=True, timeout_seconds=3600, resource_version=rv,
+                allow_watch_bookmarks=True, _preload_content=False,
+            )  # fmt: skip
+
+        def jobs(rv: str | None) -> Any:
+            return custom.list_namespaced_custom_object(
+                self.flavor.group, self.flavor.version, self.namespace, self.flavor.plural,
+                watch=True, timeout_seconds=3600, resource_version=rv,
+                allow_watch_bookmarks=True, _preload_content=False,
+            )  # fmt: skip
+
+        # The first responses are opened here, before any job exists: nothing can be missed.
+        self._responses = [pods(None), jobs(None)]
+        for i, (open_, on_event) in enumerate(((pods, self._pod), (jobs, self._job))):
+            threading.Thread(target=self._follow, args=(i, open_, on_event), daemon=True).start()
         return self
 
     def stop(self) -> None:
@@ -429,35 +449,56 @@ class Observer:
             with contextlib.suppress(Exception):
                 r.close()
 
-    def _pods(self, resp: Any) -> None:
-        with contextlib.suppress(Exception):
-            for ev in iter_watch(resp):
-                now = time.monotonic()
-                obj = ev.get("object") or {}
-                meta = obj.get("metadata") or {}
-                name, uid = meta.get("name"), meta.get("uid")
-                job = (meta.get("labels") or {}).get(self.flavor.job_label)
-                if not name or not job:
-                    continue
-                phase = (obj.get("status") or {}).get("phase") or "Pending"
-                with self.lock:
-                    rec = self.pods.get(name)
-                    if rec is None or rec.uid != uid:
-                        rec = self.pods[name] = PodRec(uid, job, now)
-                    rec.phase = phase
-                    if ev.get("type") == "DELETED" or meta.get("deletionTimestamp"):
-                        rec.gone = True
-                    elif phase == "Running" and rec.running is None:
-                        rec.running = now
+    def _follow(
+        self, i: int, open_: Callable[[str | None], Any], on_event: Callable[[dict[str, Any]], None]
+    ) -> None:
+        """Follow one watch; when the stream ends or breaks (a loaded API server drops
+        watches), watch again from the last resourceVersion seen."""
+        rv: str | None = None
+        while not self.stopped:
+            try:
+                for ev in iter_watch(self._responses[i]):
+                    obj = ev.get("object") or {}
+                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                    if ev.get("type") == "ERROR":
+                        rv = None  # 410 Gone: start over from the current state
+                        break
+                    if ev.get("type") != "BOOKMARK":
+                        on_event(ev)
+            except Exception as e:  # report and watch again
+                if not self.stopped:
+                    log(f"{self.namespace}: watch broke ({type(e).__name__}: {e}); watching again")
+            if self.stopped:
+                return
+            time.sleep(0.2)
+            with contextlib.suppress(Exception):
+                self._responses[i] = open_(rv)
 
-    def _jobs(self, resp: Any) -> None:
-        with contextlib.suppress(Exception):
-            for ev in iter_watch(resp):
-                obj = ev.get("object") or {}
-                name = (obj.get("metadata") or {}).get("name")
-                if name and ev.get("type") != "DELETED" and self.flavor.job_running(obj):
-                    with self.lock:
-                        self.jobs_running.setdefault(name, time.monotonic())
+    def _pod(self, ev: dict[str, Any]) -> None:
+        now = time.monotonic()
+        obj = ev.get("object") or {}
+        meta = obj.get("metadata") or {}
+        name, uid = meta.get("name"), meta.get("uid")
+        job = (meta.get("labels") or {}).get(self.flavor.job_label)
+        if not name or not job:
+            return
+        phase = (obj.get("status") or {}).get("phase") or "Pending"
+        with self.lock:
+            rec = self.pods.get(name)
+            if rec is None or rec.uid != uid:
+                rec = self.pods[name] = PodRec(uid, job, now)
+            rec.phase = phase
+            if ev.get("type") == "DELETED" or meta.get("deletionTimestamp"):
+                rec.gone = True
+            elif phase == "Running" and rec.running is None:
+                rec.running = now
+
+    def _job(self, ev: dict[str, Any]) -> None:
+        obj = ev.get("object") or {}
+        name = (obj.get("metadata") or {}).get("name")
+        if name and ev.get("type") != "DELETED" and self.flavor.job_running(obj):
+            with self.lock:
+                self.jobs_running.setdefault(name, time.monotonic())
 
     # --- questions asked of what was seen ---
     def live_running(self, job: str, exclude: frozenset[str] = frozenset()) -> list[PodRec]:
@@ -926,6 +967,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # A TERM (or INT in the background) still stops both operators and deletes the cluster.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import torchjob_operator
 
     log(f"torchjob-operator from {Path(torchjob_operator.__file__).parent}")
@@ -941,7 +985,7 @@ def main(argv: list[str] | None = None) -> int:
     manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": bench_nodes(max_pods)})
     kubectl(kubeconfig, "apply", "-f", "-", input_=manifest)
     kubectl(kubeconfig, "apply", "--server-side", "-f", str(REPO / "crds"))
-    kubectl(kubeconfig, "wait", "--for=condition=Established", f"crd/{TJ_PLURAL}.{TJ_GROUP}")
+    wait_established(kubeconfig, f"crd/{TJ_PLURAL}.{TJ_GROUP}")
     workdir = Path(tempfile.mkdtemp(prefix="bench-operators-"))
     procs: dict[str, Proc] = {}
     try:
