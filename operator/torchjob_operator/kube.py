@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any, Protocol, cast
+from urllib.parse import quote
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -51,23 +52,15 @@ class KubeError(Exception):
         )
 
 
-def _discard(response: Any) -> None:
-    """Read and drop a raw response (``_preload_content=False``): the operator never uses
-    what a write returns, and the client's model deserialization of a Pod costs more CPU
-    than the request itself. Reading it to the end returns the connection to the pool."""
-    response.drain_conn()
-
-
-def _create_once(create: Callable[..., Any], kind: str, body: dict[str, Any]) -> bool:
-    """Create a namespaced object; False on AlreadyExists, so a repeated create is harmless."""
-    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    try:
-        _discard(create(ns, cast(Any, body), _preload_content=False))
-        return True
-    except ApiException as e:
-        if e.status == 409:
-            return False
-        raise KubeError("create", f"{kind} {ns}/{name}", e) from e
+_PATHS: Mapping[str, str] = {
+    "pod": "/api/v1/namespaces/{ns}/pods",
+    "service": "/api/v1/namespaces/{ns}/services",
+    "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
+    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+    "event": "/api/v1/namespaces/{ns}/events",
+}
+"""Where each kind of object the operator creates is POSTed."""
 
 
 class Kube(Protocol):
@@ -97,7 +90,38 @@ class KubeClient:
         self.api = api_client or client.ApiClient()
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
-        self.rbac = client.RbacAuthorizationV1Api(self.api)
+
+    def _send(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> None:
+        """One write with a plain JSON body; what the server returns is read and dropped.
+
+        The generated methods validate a dict body into a model (``V1Pod``) with pydantic,
+        serialize it back and parse the answer into a model again: in a burst that was most
+        of the operator's CPU (bench/README.md has the profile). Errors raise ``ApiException``
+        as the generated methods do."""
+        method, url, headers, _, _ = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response: Any = self.api.call_api(method, url, headers, body)
+        data = response.read()  # to the end: the connection goes back to the pool
+        if not 200 <= response.status <= 299:
+            text = data.decode(errors="replace") if isinstance(data, bytes) else None
+            raise ApiException.from_response(http_resp=response, body=text, data=None)
+
+    def _create_once(self, kind: str, body: dict[str, Any]) -> bool:
+        """Create a namespaced object; False on AlreadyExists, so a repeated create is harmless."""
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            self._send("POST", _PATHS[kind].format(ns=quote(ns)), body)
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise KubeError("create", f"{kind} {ns}/{name}", e) from e
 
     # --- TorchJobs ------------------------------------------------------------------
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -127,18 +151,11 @@ class KubeClient:
 
     def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         """A merge patch of the status subresource: no resourceVersion, so no conflicts to lose."""
+        path = (
+            f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}/{quote(name)}/status"
+        )
         try:
-            response = self.custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                namespace,
-                PLURAL,
-                name,
-                {"status": dict(status)},
-                _content_type="application/merge-patch+json",
-                _preload_content=False,
-            )
-            _discard(response)
+            self._send("PATCH", path, {"status": dict(status)}, "application/merge-patch+json")
         except ApiException as e:
             if e.status == 404:
                 return
@@ -167,15 +184,17 @@ class KubeClient:
 
     def create_pod(self, body: dict[str, Any]) -> bool:
         """Create ``body``; False when it already exists (a repeated plan)."""
-        return _create_once(self.core.create_namespaced_pod, "pod", body)
+        return self._create_once("pod", body)
 
     def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> bool:
         """Merge ``labels`` into the pod's; False when the pod is gone."""
         try:
-            response = self.core.patch_namespaced_pod(
-                name, namespace, {"metadata": {"labels": labels}}, _preload_content=False
+            self._send(
+                "PATCH",
+                f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}",
+                {"metadata": {"labels": labels}},
+                "application/merge-patch+json",
             )
-            _discard(response)
             return True
         except ApiException as e:
             if e.status == 404:
@@ -184,7 +203,7 @@ class KubeClient:
 
     def delete_pod(self, namespace: str, name: str) -> bool:
         try:
-            _discard(self.core.delete_namespaced_pod(name, namespace, _preload_content=False))
+            self._send("DELETE", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}")
             return True
         except ApiException as e:
             if e.status == 404:
@@ -193,16 +212,11 @@ class KubeClient:
 
     def ensure_service(self, body: dict[str, Any]) -> bool:
         """Create the Service ``body``; False when it already exists."""
-        return _create_once(self.core.create_namespaced_service, "service", body)
+        return self._create_once("service", body)
 
     def ensure_rbac_object(self, kind: str, body: dict[str, Any]) -> bool:
         """Create the worker ServiceAccount, Role or RoleBinding; False when it exists."""
-        creators: dict[str, Callable[..., Any]] = {
-            "ServiceAccount": self.core.create_namespaced_service_account,
-            "Role": self.rbac.create_namespaced_role,
-            "RoleBinding": self.rbac.create_namespaced_role_binding,
-        }
-        return _create_once(creators[kind], kind, body)
+        return self._create_once(kind, body)
 
     # --- events ------------------------------------------------------------------------
     def post_event(
@@ -210,7 +224,7 @@ class KubeClient:
     ) -> None:
         """A core/v1 Event on the TorchJob (what `kubectl describe tj` shows). Best effort."""
         meta = job.get("metadata") or {}
-        now = datetime.now(timezone.utc)
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "metadata": {
                 "name": f"{meta.get('name')}.{uuid.uuid4().hex[:12]}",
@@ -235,9 +249,6 @@ class KubeClient:
             "count": 1,
         }
         try:
-            response = self.core.create_namespaced_event(
-                str(meta.get("namespace")), cast(Any, body), _preload_content=False
-            )
-            _discard(response)
+            self._send("POST", _PATHS["event"].format(ns=quote(str(meta.get("namespace")))), body)
         except ApiException as e:
             log.warning("could not post event %s on %s: %s", reason, meta.get("name"), e.reason)
