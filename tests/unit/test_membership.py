@@ -102,6 +102,26 @@ def test_a_broken_watch_resumes_from_the_last_version_and_a_gone_one_from_now() 
     w.close()
 
 
+class ClosedUnderneath(OpenWatch):
+    """http.client when another thread closes the response mid-read: its fp is None."""
+
+    def __iter__(self) -> Any:
+        yield from self.lines
+        self.closed.wait(10)
+        raise AttributeError("'NoneType' object has no attribute 'peek'")
+
+
+def test_closing_mid_read_ends_the_thread_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    crashed: list[Any] = []
+    monkeypatch.setattr(threading, "excepthook", crashed.append)
+    ep = ScriptedEndpoint(ClosedUnderneath([event("ADDED", 1, currentGeneration=0, replicas=2)]))
+    w = follow(ep)
+    assert w.wait_beyond(-1, timeout_s=5, poll_s=0.01) == Membership(0, 2)
+    w.close()
+    w._thread.join(5)
+    assert not w._thread.is_alive() and crashed == []
+
+
 def test_without_the_watch_verb_the_agent_polls() -> None:
     refused = urllib.error.HTTPError("u", 403, "Forbidden", {}, io.BytesIO(b""))  # type: ignore[arg-type]
     ep = ScriptedEndpoint(refused, polled={"currentGeneration": 5, "replicas": 2})

@@ -187,7 +187,9 @@ class MembershipWatch:
                 if exc.code == 410:
                     resource_version = None
                 self._warn("watch", exc)
-            except (OSError, ValueError) as exc:
+            except Exception as exc:  # the watch outlives any error
+                # close() from another thread makes http.client raise anything (even
+                # AttributeError: its fp is gone): a closed watch just ends.
                 if self._closed.is_set():
                     return
                 self._warn("watch", exc)
