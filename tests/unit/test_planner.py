@@ -109,6 +109,12 @@ def test_failure_restarts_whole_group_after_backoff() -> None:
     assert {p.generation for p in pods} == {1}
 
 
+def test_the_service_is_ensured_with_the_pods_not_on_every_reconcile() -> None:
+    _, view, pods = step(job().replicas(3).build(), [], 0)
+    assert plan(view, [], at(0)).ensure_service  # before the first pods
+    assert not plan(view, [running(p) for p in pods], at(2)).ensure_service
+
+
 def test_the_status_never_counts_pods_the_plan_deletes() -> None:
     _, view, pods = step(job().replicas(3).max_restarts(2).build(), [], 0)
     up = [running(p) for p in pods]
