@@ -637,6 +637,10 @@ class Bench:
         core.delete_namespace(ns)
         time.sleep(self.args.settle)
         self.record("rss_after_delete", flavor.key, me.rss_mib())
+        log(
+            f"{flavor.label}: RSS {me.rss_mib():.0f} MiB after the deletion; CPU so far: torchjob "
+            f"{self.procs['tj'].cpu_s():.1f}s, Kubeflow {self.procs['kf'].cpu_s():.1f}s"
+        )
 
     def _react(
         self,
