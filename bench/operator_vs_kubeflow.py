@@ -447,7 +447,9 @@ class Observer:
         self.stopped = True
         for r in self._responses:
             with contextlib.suppress(Exception):
-                r.close()
+                # shutdown(), not close(): close() waits for the lock that the reading
+                # thread holds while it blocks on an idle watch (it hung a 300-job run).
+                r.shutdown()
 
     def _follow(
         self, i: int, open_: Callable[[str | None], Any], on_event: Callable[[dict[str, Any]], None]

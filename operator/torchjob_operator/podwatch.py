@@ -83,8 +83,10 @@ class PodWatch:
     def stop(self) -> None:
         self._stop.set()
         for response in list(self._responses.values()):
-            with contextlib.suppress(Exception):  # closing a dead socket may raise anything
-                response.close()
+            with contextlib.suppress(Exception):  # a dead socket may raise anything
+                # shutdown() unblocks the thread reading an idle watch; close() would wait
+                # for the lock that thread holds (shutdown took the 5 s join timeout).
+                response.shutdown()
         for t in self._threads:
             t.join(5)
 
