@@ -77,7 +77,7 @@ bench: venv ## benchmarks (print figures and ratios; never part of `make test`)
 
 .PHONY: bench-operator
 BENCH_ARGS ?= --sizes 20,100,500 --scale-jobs 1000
-bench-operator: venv testbin ## operator cost: torchjob vs Kubeflow training-operator v1.8.1 on a private kwok cluster, then 1000 TorchJobs (about 45 min; BENCH_ARGS to change)
+bench-operator: venv testbin ## operator cost: torchjob vs Kubeflow training-operator v1.8.1 on a private kwok cluster, then 1000 TorchJobs (45 min or more; BENCH_ARGS to change)
 	$(PY) bench/operator_vs_kubeflow.py $(BENCH_ARGS)
 
 .PHONY: e2e-kind
