@@ -33,10 +33,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from torchjob import contract
-from torchjob.api.models import TorchJobSpec
+from torchjob.api.models import TorchJobSpec, TorchJobStatus
 from torchjob_operator import metrics
 from torchjob_operator.kube import Kube, KubeError
-from torchjob_operator.planner import conditions as cond
 from torchjob_operator.planner.observed import (
     JobState,
     PodView,
@@ -45,6 +44,7 @@ from torchjob_operator.planner.observed import (
     probe_view,
 )
 from torchjob_operator.planner.plan import Event, JobView, Plan, plan
+from torchjob_operator.planner.status import set_not_ready
 from torchjob_operator.resources.pods import headless_service, probe_pod, worker_pod
 from torchjob_operator.resources.rbac import worker_rbac
 from torchjob_operator.settings import OperatorSettings
@@ -82,20 +82,17 @@ def validation_message(err: ValidationError) -> str:
 
 
 def _invalid_status(job: Mapping[str, Any], detail: str, now: datetime) -> dict[str, Any]:
-    conditions = list((job.get("status") or {}).get("conditions") or [])
-    gen = (job.get("metadata") or {}).get("generation")
-    stamp = format_time(now)
-    for type_, value in ((cond.READY, False), (cond.STALLED, True)):
-        conditions, _ = cond.set_condition(
-            conditions,
-            type_=type_,
-            status=value,
-            reason="InvalidSpec",
-            message=detail,
-            now=stamp,
-            observed_generation=gen,
-        )
-    return {"conditions": conditions, "observedGeneration": gen}
+    """The partial status patch of an invalid spec: the conditions, nothing else touched."""
+    prior = TorchJobStatus.parse(job.get("status"))
+    invalid = set_not_ready(
+        TorchJobStatus(conditions=prior.conditions),
+        reason="InvalidSpec",
+        message=detail,
+        stalled=True,
+        now=format_time(now),
+        observed_generation=(job.get("metadata") or {}).get("generation"),
+    )
+    return invalid.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
 def _status_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
@@ -182,19 +179,18 @@ def reconcile_once(
             events.append(Event.of("CreatedProbe", name=probe))
     if failures:
         # Not all pods exist: the generation is not "created" yet, so a later reconcile retries.
-        status["createdGeneration"] = view.state.created_generation
         first = failures[0]
-        reason = "FailedCreatePod"
-        for type_, value in ((cond.READY, False), (cond.STALLED, first.permanent)):
-            status["conditions"], _ = cond.set_condition(
-                status["conditions"],
-                type_=type_,
-                status=value,
-                reason=reason,
-                message=str(first),
-                now=format_time(now),
-                observed_generation=meta.get("generation"),
-            )
+        amended = set_not_ready(
+            TorchJobStatus.parse(status),
+            reason="FailedCreatePod",
+            message=str(first),
+            stalled=first.permanent,
+            now=format_time(now),
+            observed_generation=meta.get("generation"),
+        )
+        status = amended.model_copy(
+            update={"created_generation": view.state.created_generation}
+        ).to_patch()
 
     if _status_changed(old_status, status):
         kube.patch_job_status(namespace, name, status)

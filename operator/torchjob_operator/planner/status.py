@@ -76,6 +76,36 @@ def render_status(d: Draft, current: Sequence[PodView]) -> dict[str, Any]:
     ).to_patch()
 
 
+def set_not_ready(
+    status: TorchJobStatus,
+    *,
+    reason: str,
+    message: str,
+    stalled: bool,
+    now: str,
+    observed_generation: int | None,
+) -> TorchJobStatus:
+    """``status`` with Ready=False and Stalled=``stalled`` for ``reason`` (an invalid spec, a
+    pod that cannot be created), as of ``observed_generation``."""
+    conditions = [c.to_wire() for c in status.conditions or ()]
+    for type_, value in ((cond.READY, False), (cond.STALLED, stalled)):
+        conditions, _ = cond.set_condition(
+            conditions,
+            type_=type_,
+            status=value,
+            reason=reason,
+            message=message,
+            now=now,
+            observed_generation=observed_generation,
+        )
+    return status.model_copy(
+        update={
+            "conditions": [Condition.model_validate(c) for c in conditions],
+            "observed_generation": observed_generation,
+        }
+    )
+
+
 def ready_reason(st: JobState) -> tuple[str, str]:
     """Reason and message of the last decision, kept in the Ready condition."""
     for c in st.conditions:
