@@ -59,7 +59,7 @@ cluster: testbin ## start the local kwok cluster (real apiserver/scheduler/contr
 	hack/cluster.sh up
 
 .PHONY: cluster-down
-cluster-down: ## delete the local cluster (and stop a cluster-demo operator)
+cluster-down: ## delete the local cluster (its real node too; and stop a cluster-demo operator)
 	-@pidfile="$$(dirname "$$(hack/cluster.sh kubeconfig)")/operator.pid"; \
 	  if [ -f "$$pidfile" ] && pid="$$(cat "$$pidfile")" && kill "$$pid" 2>/dev/null; then \
 	    for _ in $$(seq 100); do kill -0 "$$pid" 2>/dev/null || break; sleep 0.1; done; \
@@ -79,6 +79,20 @@ bench: venv ## benchmarks (print figures and ratios; never part of `make test`)
 BENCH_ARGS ?= --sizes 20,100,500 --scale-jobs 1000
 bench-operator: venv testbin ## operator cost: torchjob vs Kubeflow training-operator v1.8.1 on a private kwok cluster, then 1000 TorchJobs (45 min or more; BENCH_ARGS to change)
 	$(PY) bench/operator_vs_kubeflow.py $(BENCH_ARGS)
+
+.PHONY: images
+images: ## build the operator and CPU runtime images with docker or podman (IMAGES="operator runtime" for the CUDA one)
+	hack/images.sh build $(IMAGES)
+
+.PHONY: images-push
+images-push: ## push the images to IMAGE_REPO (e.g. make images-push IMAGE_REPO=ghcr.io/me)
+	hack/images.sh push $(IMAGES)
+
+.PHONY: node
+node: cluster ## join a real node (kubelet + containerd, hack/node.sh) to the local cluster
+	hack/images.sh build operator runtime-cpu pause
+	hack/node.sh up
+	hack/node.sh import $$(for i in operator runtime-cpu pause; do hack/images.sh save $$i; done)
 
 .PHONY: e2e-kind
 e2e-kind: ## end-to-end on kind (needs Docker; skips with a message without it)

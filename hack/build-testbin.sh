@@ -9,7 +9,11 @@
 # Go's own module and build caches (~/go/pkg/mod, ~/.cache/go-build) are used as they are,
 # so a rebuild after a cache wipe of the testbin root is mostly linking.
 #
-# Usage: hack/build-testbin.sh [--print-dir COMPONENT]   (COMPONENT: kubernetes|etcd|kwok|helm)
+# The real-node components (hack/node.sh) are built the same way: kubelet (component "kubelet",
+# the same wrapper module as the control plane) and CoreDNS ("coredns").
+#
+# Usage: hack/build-testbin.sh [--print-dir COMPONENT] [COMPONENT...]
+#   (COMPONENT: kubernetes|etcd|kwok|helm|kubelet|coredns; default: all of them)
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -28,6 +32,8 @@ component_dir() {
     etcd) echo "${ROOT}/etcd-${ETCD_VERSION}" ;;
     kwok) echo "${ROOT}/kwok-${KWOK_VERSION}" ;;
     helm) echo "${ROOT}/helm-${HELM_VERSION}" ;;
+    kubelet) echo "${ROOT}/kubelet-${KUBE_VERSION}" ;;
+    coredns) echo "${ROOT}/coredns-${COREDNS_VERSION}" ;;
     *) die "unknown component: $1" ;;
   esac
 }
@@ -100,28 +106,11 @@ timed() { # timed <name> <function>
   log "${name}: $((end - start))s"
 }
 
-# ---------------------------------------------------------------- kubernetes
-build_kubernetes() {
-  local dir
-  dir="$(component_dir kubernetes)"
-  if fresh "${dir}" kubernetes "${KUBE_VERSION}" \
-    "'${dir}/kube-apiserver' --version" \
-    "'${dir}/kube-controller-manager' --version" \
-    "'${dir}/kube-scheduler' --version" \
-    "'${dir}/kubectl' version --client"; then
-    log "kubernetes ${KUBE_VERSION}: up to date in ${dir}"
-    # `make crds` and the CRD tests read the pod template schema from this module's OpenAPI
-    # document: keep it in the Go module cache even when the binaries come from a cache
-    # (a no-op when it is there already).
-    "${GO}" mod download k8s.io/kubernetes@"${KUBE_VERSION}" ||
-      die "could not download k8s.io/kubernetes@${KUBE_VERSION} (its OpenAPI document is needed by make crds)"
-    return
-  fi
-  log "kubernetes ${KUBE_VERSION}: building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (long on few cores)"
+# kube_wrapper_module <dir>: a go.mod that builds k8s.io/kubernetes ${KUBE_VERSION} from the proxy.
+kube_wrapper_module() {
+  local mod="$1"
   local ver="${KUBE_VERSION#v}"
-  local major="${ver%%.*}" minor_patch="${ver#*.}"
-  local minor="${minor_patch%%.*}"
-  local mod="${WORK}/kubernetes-${KUBE_VERSION}"
+  local minor_patch="${ver#*.}"
   mkdir -p "${mod}"
   "${GO}" mod download k8s.io/kubernetes@"${KUBE_VERSION}"
   local kmod
@@ -143,9 +132,13 @@ build_kubernetes() {
   } >"${mod}/go.mod"
   [[ $(grep -c ' => k8s.io/' "${mod}/go.mod") -gt 20 ]] || die "found no staging replaces in ${kmod}; has k8s.io/kubernetes' layout changed?"
   rm -f "${mod}/go.sum"
-  local tmp="${dir}.tmp.$$"
-  rm -rf "${tmp}"
-  mkdir -p "${tmp}"
+}
+
+# kube_ldflags: -X flags that make the binaries report ${KUBE_VERSION}.
+kube_ldflags() {
+  local ver="${KUBE_VERSION#v}"
+  local major="${ver%%.*}" minor_patch="${ver#*.}"
+  local minor="${minor_patch%%.*}"
   local ld="-s -w" key
   local -A vars=(
     [gitVersion]="${KUBE_VERSION}" [gitMajor]="${major}" [gitMinor]="${minor}"
@@ -156,6 +149,34 @@ build_kubernetes() {
     ld+=" -X k8s.io/component-base/version.${key}=${vars[${key}]}"
     ld+=" -X k8s.io/client-go/pkg/version.${key}=${vars[${key}]}"
   done
+  echo "${ld}"
+}
+
+# ---------------------------------------------------------------- kubernetes
+build_kubernetes() {
+  local dir
+  dir="$(component_dir kubernetes)"
+  if fresh "${dir}" kubernetes "${KUBE_VERSION}" \
+    "'${dir}/kube-apiserver' --version" \
+    "'${dir}/kube-controller-manager' --version" \
+    "'${dir}/kube-scheduler' --version" \
+    "'${dir}/kubectl' version --client"; then
+    log "kubernetes ${KUBE_VERSION}: up to date in ${dir}"
+    # `make crds` and the CRD tests read the pod template schema from this module's OpenAPI
+    # document: keep it in the Go module cache even when the binaries come from a cache
+    # (a no-op when it is there already).
+    "${GO}" mod download k8s.io/kubernetes@"${KUBE_VERSION}" ||
+      die "could not download k8s.io/kubernetes@${KUBE_VERSION} (its OpenAPI document is needed by make crds)"
+    return
+  fi
+  log "kubernetes ${KUBE_VERSION}: building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (long on few cores)"
+  local mod="${WORK}/kubernetes-${KUBE_VERSION}"
+  kube_wrapper_module "${mod}"
+  local tmp="${dir}.tmp.$$"
+  rm -rf "${tmp}"
+  mkdir -p "${tmp}"
+  local ld
+  ld="$(kube_ldflags)"
   # One invocation so the four commands share every compiled package.
   (cd "${mod}" && "${GO}" build -trimpath -ldflags "${ld}" -o "${tmp}/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
@@ -228,6 +249,45 @@ build_helm() {
   publish "${tmp}" "${dir}" helm "${HELM_VERSION}"
 }
 
+# ---------------------------------------------------------------- kubelet (real nodes, hack/node.sh)
+build_kubelet() {
+  local dir
+  dir="$(component_dir kubelet)"
+  if fresh "${dir}" kubelet "${KUBE_VERSION}" "'${dir}/kubelet' --version"; then
+    log "kubelet ${KUBE_VERSION}: up to date in ${dir}"
+    return
+  fi
+  log "kubelet ${KUBE_VERSION}: building (shares most packages with the control plane)"
+  # Its own copy of the wrapper module, so that it never races a concurrent control-plane build.
+  local mod="${WORK}/kubelet-${KUBE_VERSION}"
+  kube_wrapper_module "${mod}"
+  sed -i 's#^module .*#module torchjob.local/testbin/kubelet#' "${mod}/go.mod"
+  local tmp="${dir}.tmp.$$"
+  rm -rf "${tmp}"
+  mkdir -p "${tmp}"
+  local ld
+  ld="$(kube_ldflags)"
+  (cd "${mod}" && "${GO}" build -trimpath -ldflags "${ld}" -o "${tmp}/" k8s.io/kubernetes/cmd/kubelet)
+  "${tmp}/kubelet" --version | grep -q "${KUBE_VERSION}" || die "built kubelet does not report ${KUBE_VERSION}"
+  publish "${tmp}" "${dir}" kubelet "${KUBE_VERSION}"
+}
+
+# ---------------------------------------------------------------- CoreDNS (cluster DNS of real nodes)
+build_coredns() {
+  local dir
+  dir="$(component_dir coredns)"
+  if fresh "${dir}" coredns "${COREDNS_VERSION}" "'${dir}/coredns' -version"; then
+    log "coredns ${COREDNS_VERSION}: up to date in ${dir}"
+    return
+  fi
+  log "coredns ${COREDNS_VERSION}: building"
+  local tmp="${dir}.tmp.$$"
+  rm -rf "${tmp}"
+  mkdir -p "${tmp}"
+  GOBIN="${tmp}" "${GO}" install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@${COREDNS_VERSION}"
+  publish "${tmp}" "${dir}" coredns "${COREDNS_VERSION}"
+}
+
 mkdir -p "${ROOT}" "${WORK}"
 # One build at a time per root: a second `make testbin` waits, then finds everything fresh.
 if command -v flock >/dev/null 2>&1; then
@@ -237,11 +297,11 @@ fi
 total_start=$(date +%s)
 log "Go ${go_version}; GOPROXY=$("${GO}" env GOPROXY); testbin root ${ROOT}"
 components=("${@}")
-[[ ${#components[@]} -gt 0 ]] || components=(kwok etcd kubernetes helm)
+[[ ${#components[@]} -gt 0 ]] || components=(kwok etcd kubernetes helm kubelet coredns)
 for c in "${components[@]}"; do
   case "${c}" in
-    kubernetes | etcd | kwok | helm) timed "${c}" "build_${c}" ;;
-    *) die "unknown component '${c}' (kubernetes|etcd|kwok|helm)" ;;
+    kubernetes | etcd | kwok | helm | kubelet | coredns) timed "${c}" "build_${c}" ;;
+    *) die "unknown component '${c}' (kubernetes|etcd|kwok|helm|kubelet|coredns)" ;;
   esac
 done
 log "total: $(($(date +%s) - total_start))s"

@@ -159,7 +159,7 @@ ensure_nodes() {
 
 # The cluster's config (stages, flags) is fixed at creation: remember what it was made from.
 # Bump CLUSTER_CONFIG_REVISION when the kwokctl flags or node shapes below change.
-CLUSTER_CONFIG_REVISION=2
+CLUSTER_CONFIG_REVISION=3
 config_digest() {
   { cat "${HACK_DIR}/kwok/stages.yaml" "${HACK_DIR}/kwok/logs.yaml"; echo "rev=${CLUSTER_CONFIG_REVISION} gpu=${GPU_NODES}x${GPUS_PER_NODE} cpu=${CPU_NODES}"; } |
     sha256sum | cut -d' ' -f1
@@ -171,6 +171,20 @@ DIGEST_FILE="${CLUSTER_DIR}/torchjob-config.sha256"
 logs_config() {
   local out="${KWOK_WORKDIR}/${NAME}-logs.yaml"
   sed "s|@HACK_KWOK_DIR@|${HACK_DIR}/kwok|g" "${HACK_DIR}/kwok/logs.yaml" >"${out}"
+  echo "${out}"
+}
+
+# Extra kwokctl options for a real node (hack/node.sh): the API server's certificate must also
+# name the addresses pods and the node reach it at (the host end of the node's veth, and the
+# `kubernetes` Service's ClusterIP 10.0.0.1, the default service range's first address).
+node_config() {
+  local out="${KWOK_WORKDIR}/${NAME}-node.yaml"
+  cat >"${out}" <<EOF
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokctlConfiguration
+options:
+  kubeApiserverCertSANs: ["10.0.0.1", "$("${HACK_DIR}/node.sh" cert-sans)"]
+EOF
   echo "${out}"
 }
 
@@ -211,9 +225,11 @@ cmd_up() {
       --disable-qps-limits \
       --heartbeat-factor 1 \
       --extra-args kwok-controller=manage-all-nodes=false \
+      --extra-args kube-apiserver=kubelet-preferred-address-types=InternalIP,Hostname \
       --extra-args "kwok-controller=manage-nodes-with-annotation-selector=${KWOK_NODE_ANNOTATION}" \
       --config "${HACK_DIR}/kwok/stages.yaml" \
       --config "$(logs_config)" \
+      --config "$(node_config)" \
       --timeout 5m \
       --wait 2m >"${KWOK_WORKDIR}/${NAME}-create.log" 2>&1 || {
       cat "${KWOK_WORKDIR}/${NAME}-create.log" >&2
@@ -229,6 +245,10 @@ cmd_up() {
 }
 
 cmd_down() {
+  # A real node (hack/node.sh) first: its processes and veth go with the cluster.
+  if [[ -d "${CLUSTER_DIR}/realnode" ]]; then
+    "${HACK_DIR}/node.sh" down || log "hack/node.sh down failed"
+  fi
   if [[ -x "${KWOKCTL}" && -d "${CLUSTER_DIR}" ]]; then
     # kwokctl delete rejects --kubeconfig "" (v0.8.0: "empty path"); point it at a file of
     # its own so that it never edits ~/.kube/config.

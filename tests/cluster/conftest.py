@@ -5,6 +5,9 @@
   (set TORCHJOB_KEEP_CLUSTER=1 to keep it anyway).
 - ``kube`` (session): a kubernetes.client.ApiClient for it; ``core_v1`` a CoreV1Api.
 - ``namespace``: a fresh namespace per test, deleted afterwards.
+- ``real_node`` (session): a real kubelet + containerd node (hack/node.sh) running the images
+  of hack/images.sh; only tests that ask for it start it. Missing prerequisites skip those
+  tests with what to install, except under CI=true, where they fail.
 
 Without the binaries (`make testbin` not run) the tests are skipped, except under CI=true
 where that is an error: CI must never go green by skipping the cluster tests.
@@ -21,6 +24,7 @@ from typing import Any
 import pytest
 from tests import kube as helpers
 from tests.cluster.operator_harness import CRD_FILE, Jobs, OperatorProcess
+from tests.cluster.realnode import RealNode
 
 
 def _in_ci() -> bool:
@@ -136,14 +140,38 @@ def crd(cluster: helpers.Cluster) -> None:
     helpers.wait_for(established, 60, "CRD torchjobs.torchjob.io Established", interval=0.5)
 
 
+# Operators started by the ``operator`` fixture: the Helm-installed operator of the real-node
+# tests stops them while it runs (two operators would reconcile the same jobs).
+PROCESS_OPERATORS: list[OperatorProcess] = []
+
+
 @pytest.fixture(scope="session")
 def operator(
     cluster: helpers.Cluster, crd: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
     proc = OperatorProcess(cluster, tmp_path_factory.mktemp("operator"))
+    PROCESS_OPERATORS.append(proc)
     proc.start()
     yield proc
     proc.stop()
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster: helpers.Cluster) -> RealNode:
+    problem = RealNode.prerequisites_problem()
+    if problem:
+        msg = (
+            f"the real node (hack/node.sh) cannot run here: {problem}. On Debian: apt-get "
+            "install podman mmdebstrap containerd runc containernetworking-plugins iptables; "
+            "then `make testbin`"
+        )
+        if _in_ci():
+            pytest.fail(f"CI=true and {msg}", pytrace=False)
+        pytest.skip(msg)
+    try:
+        return RealNode.start()
+    except Exception as exc:
+        pytest.fail(f"the real node failed to start: {exc}", pytrace=False)
 
 
 @pytest.fixture

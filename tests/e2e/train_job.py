@@ -8,12 +8,13 @@ resumes from the latest checkpoint rank 0 committed.
     python tests/e2e/train_job.py EPOCHS CRASH_AT [EPOCH_SECONDS]
 
 CRASH_AT -1 never crashes; EPOCH_SECONDS slows each epoch down (a test can then
-preempt a pod mid-run).
+preempt a pod mid-run). With TORCHJOB_E2E_CRASH=raise, rank 1 raises instead of exiting.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -26,6 +27,11 @@ from torchjob.train.torch import TorchTrainer, prepare_model
 
 def train_func(config: dict) -> None:
     ctx = get_context()
+    print(
+        f"rank {ctx.get_world_rank()} of {ctx.get_world_size()} on {socket.gethostname()},"
+        f" group via {os.environ.get('MASTER_ADDR')}",
+        flush=True,
+    )
     torch.manual_seed(0)
     model = prepare_model(torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -51,6 +57,8 @@ def train_func(config: dict) -> None:
             and ctx.get_world_rank() == 1
         ):
             print(f"rank 1 crashing at epoch {epoch}", flush=True)
+            if os.environ.get("TORCHJOB_E2E_CRASH") == "raise":
+                raise RuntimeError(f"rank 1 raised at epoch {epoch}")
             os._exit(1)
         time.sleep(config["epoch_seconds"])
         loss = torch.nn.functional.mse_loss(model(x), y)

@@ -1,0 +1,259 @@
+"""The operator and the runtime in real containers: a real node, a real `helm install`.
+
+hack/node.sh joins a real kubelet + containerd node to the test cluster; the operator image
+(hack/images.sh) is installed with charts/torchjob-operator and runs on that node under the
+chart's ServiceAccount, ClusterRole and security context; the workers run the CPU runtime
+image (Debian's torch) and find each other through the headless Service's DNS names (CoreDNS).
+The training script is tests/e2e/train_job.py, mounted read-only from this checkout.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from tests import kube as k
+from tests.cluster import conftest
+from tests.cluster.operator_harness import Jobs, torchjob
+from tests.cluster.realnode import NODE_LABEL, REPO, TOLERATION, HelmOperator, RealNode, image
+
+from torchjob import contract
+from torchjob.checkpoint import CheckpointStorage
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.realnode]
+
+SCRIPTS = REPO / "tests" / "e2e"
+OPERATOR_NS = "torchjob-system"
+
+
+@pytest.fixture(scope="module")
+def helm_operator(
+    cluster: k.Cluster, core_v1: Any, real_node: RealNode, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[HelmOperator]:
+    # One operator at a time: the process operator of other tests stops (``jobs`` restarts it).
+    for proc in conftest.PROCESS_OPERATORS:
+        proc.stop()
+    op = HelmOperator(cluster, core_v1, OPERATOR_NS, "torchjob")
+    op.helm("uninstall", "torchjob", "--namespace", OPERATOR_NS, "--wait", check=False)
+    op.install(tmp_path_factory.mktemp("helm") / "values.yaml", "--create-namespace")
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/torchjobs.torchjob.io", "--timeout=60s"
+    )
+    yield op
+    op.helm("uninstall", "torchjob", "--namespace", OPERATOR_NS, "--wait", check=False)
+
+
+@pytest.fixture
+def real_jobs(
+    cluster: k.Cluster, kube: Any, namespace: str, helm_operator: HelmOperator
+) -> Jobs:
+    return Jobs(cluster, kube, namespace, helm_operator)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> Path:
+    path = tmp_path / "checkpoints"
+    path.mkdir()
+    path.chmod(0o777)  # the runtime image runs as uid 1000
+    return path
+
+
+def real_template(
+    storage: Path, *args: str, grace: int = 10, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A worker pod on the real node running tests/e2e/train_job.py in the runtime image."""
+    return {
+        "spec": {
+            "nodeSelector": {NODE_LABEL: "true"},
+            "tolerations": [TOLERATION],
+            "terminationGracePeriodSeconds": grace,
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": image("runtime-cpu"),
+                    "imagePullPolicy": "Never",
+                    "command": ["python3", str(SCRIPTS / "train_job.py"), *args],
+                    "env": [
+                        {"name": "OMP_NUM_THREADS", "value": "1"},
+                        *({"name": n, "value": v} for n, v in (env or {}).items()),
+                    ],
+                    "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                    "volumeMounts": [
+                        {"name": "scripts", "mountPath": str(SCRIPTS), "readOnly": True},
+                        {"name": "checkpoints", "mountPath": str(storage)},
+                    ],
+                }
+            ],
+            "volumes": [
+                {"name": "scripts", "hostPath": {"path": str(SCRIPTS), "type": "Directory"}},
+                {"name": "checkpoints", "hostPath": {"path": str(storage), "type": "Directory"}},
+            ],
+        }
+    }
+
+
+def logs(jobs: Jobs, pod: str, *extra: str) -> str:
+    out = jobs.kubectl("logs", pod, *extra, check=False)
+    return out.stdout + out.stderr
+
+
+def wait_finished(jobs: Jobs, name: str, timeout: float = 420) -> dict[str, Any]:
+    def finished() -> dict[str, Any] | None:
+        status = jobs.status(name)
+        return status if status.get("phase") in ("Succeeded", "Failed") else None
+
+    def why() -> str:
+        pods = "\n".join(
+            f"--- kubectl logs {p.metadata.name}:\n{logs(jobs, p.metadata.name, '--tail=15')}"
+            for p in jobs.pods(name)
+        )
+        return f"{name} to finish\n{jobs.describe(name)}\n{pods}"
+
+    return k.wait_for(finished, timeout, why, interval=1.0)  # type: ignore[no-any-return]
+
+
+def test_operator_runs_in_its_pod_under_the_charts_security_context(
+    helm_operator: HelmOperator, real_node: RealNode
+) -> None:
+    pod = helm_operator.wait_ready()
+    assert pod.spec.node_name == real_node.name
+    assert pod.spec.service_account_name == "torchjob-operator"
+    sc = pod.spec.containers[0].security_context
+    assert sc.read_only_root_filesystem and not sc.allow_privilege_escalation
+    assert sc.capabilities.drop == ["ALL"]
+    assert pod.spec.security_context.run_as_non_root
+    status = pod.status.container_statuses[0]
+    assert status.ready and status.restart_count == 0, helm_operator.logs()
+
+
+def test_two_pods_of_two_processes_train_with_gloo_through_the_headless_service_dns(
+    real_jobs: Jobs, storage: Path
+) -> None:
+    real_jobs.apply(
+        torchjob(
+            "ddp",
+            replicas=2,
+            nprocPerNode=2,
+            backend="gloo",
+            template=real_template(storage, "4", "-1"),
+            checkpoint={"path": str(storage)},
+            failurePolicy={"maxRestarts": 0},
+        )
+    )
+    status = wait_finished(real_jobs, "ddp")
+    out = {i: logs(real_jobs, f"ddp-worker-{i}") for i in (0, 1)}
+    assert status["phase"] == "Succeeded", f"{real_jobs.describe('ddp')}\n{out}"
+    master = contract.worker_hostname("ddp", 0, real_jobs.ns)
+    # Every rank joined through the DNS name of pod 0 (the only address the pods were given).
+    for i, ranks in ((0, (0, 1)), (1, (2, 3))):
+        for rank in ranks:
+            assert re.search(
+                rf"rank {rank} of 4 on ddp-worker-{i}\b.*group via {re.escape(master)}", out[i]
+            ), out[i]
+    assert "done: 4 epochs, world size 4" in out[0]
+    assert CheckpointStorage(str(storage)).list_committed(), "rank 0 committed checkpoints"
+    assert (status.get("progress") or {}).get("epoch") == 3, status
+
+
+def test_evicted_worker_stops_every_rank_at_one_checkpoint_and_the_job_resumes(
+    real_jobs: Jobs, storage: Path
+) -> None:
+    """The Eviction API deletes pod 1: its container gets SIGTERM from the kubelet, every rank
+    stops at the same report after rank 0 committed, generation 1 resumes from there."""
+    epochs = 40
+    real_jobs.apply(
+        torchjob(
+            "spot",
+            replicas=2,
+            backend="gloo",
+            template=real_template(storage, str(epochs), "-1", "0.3", grace=30),
+            checkpoint={"path": str(storage)},
+            failurePolicy={"maxRestarts": 0},
+        )
+    )
+    real_jobs.wait(
+        "spot",
+        lambda s: s if (s.get("progress") or {}).get("epoch", -1) >= 2 else None,
+        "rank 0 to report epoch 2",
+        timeout=240,
+    )
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="spot-worker-1"))
+    real_jobs.core.create_namespaced_pod_eviction("spot-worker-1", real_jobs.ns, eviction)
+    # The evicted container's own words, while the pod is terminating or just gone.
+    status = wait_finished(real_jobs, "spot")
+    out0 = logs(real_jobs, "spot-worker-0")
+    assert status["phase"] == "Succeeded", f"{real_jobs.describe('spot')}\n{out0}"
+    assert (status["restarts"], status["disruptions"]) == (0, 1), status
+    assert status["currentGeneration"] == 1
+    resumed = re.search(r"resumed from epoch (\d+) at generation 1", out0)
+    assert resumed, out0
+    assert int(resumed.group(1)) >= 1, "generation 1 started from a checkpoint, not from 0"
+    assert f"done: {epochs} epochs, world size 2" in out0
+
+
+def test_a_worker_that_raises_puts_its_error_in_describe(real_jobs: Jobs, storage: Path) -> None:
+    real_jobs.apply(
+        torchjob(
+            "boom",
+            replicas=2,
+            backend="gloo",
+            template=real_template(storage, "6", "2", env={"TORCHJOB_E2E_CRASH": "raise"}),
+            checkpoint={"path": str(storage)},
+            failurePolicy={"maxRestarts": 0},
+        )
+    )
+    status = wait_finished(real_jobs, "boom")
+    assert status["phase"] == "Failed", real_jobs.describe("boom")
+    assert status["lastFailure"]["pod"] == "boom-worker-1", real_jobs.describe("boom")
+    described = real_jobs.kubectl("describe", "tj", "boom").stdout
+    assert "RuntimeError" in described and "rank 1 raised at epoch 2" in described, described
+
+
+def test_keep_survivors_keeps_the_surviving_pod_and_the_replacement_joins(
+    real_jobs: Jobs, storage: Path
+) -> None:
+    real_jobs.apply(
+        torchjob(
+            "keep",
+            replicas=2,
+            backend="gloo",
+            membershipPolicy="KeepSurvivors",
+            template=real_template(storage, "8", "3", "0.2"),
+            checkpoint={"path": str(storage)},
+            failurePolicy={"maxRestarts": 2, "backoff": {"initialSeconds": 1}},
+        )
+    )
+    survivor = real_jobs.wait_running_pods("keep", 2, generation=0, timeout=180)[0]
+    container = survivor.status.container_statuses[0].container_id
+    status = wait_finished(real_jobs, "keep")
+    out0 = logs(real_jobs, "keep-worker-0")
+    assert status["phase"] == "Succeeded", f"{real_jobs.describe('keep')}\n{out0}"
+    assert (status["restarts"], status["disruptions"], status["currentGeneration"]) == (1, 0, 1)
+    pod0 = real_jobs.core.read_namespaced_pod("keep-worker-0", real_jobs.ns)
+    assert pod0.metadata.uid == survivor.metadata.uid, "pod 0 was kept, not recreated"
+    assert pod0.status.container_statuses[0].container_id == container, "same container"
+    assert pod0.status.container_statuses[0].restart_count == 0
+    assert "this pod stays and waits for generation 1" in out0, out0
+    assert re.search(r"resumed from epoch [23] at generation 1", out0), out0
+    assert "done: 8 epochs, world size 2" in out0
+
+
+def test_helm_upgrade_rolls_the_operator_and_uninstall_keeps_the_crd(
+    helm_operator: HelmOperator, cluster: k.Cluster, tmp_path: Path
+) -> None:
+    before = helm_operator.wait_ready()
+    helm_operator.install(tmp_path / "values.yaml", "--set", "createConcurrency=8", command="upgrade")
+    after = helm_operator.wait_ready()
+    assert after.metadata.uid != before.metadata.uid, "the upgrade replaced the operator pod"
+    assert "--create-concurrency=8" in after.spec.containers[0].args
+    helm_operator.helm("uninstall", "torchjob", "--namespace", OPERATOR_NS, "--wait")
+    k.wait_for(lambda: not helm_operator.pods(), 60, "the operator pod to go")
+    # Helm never deletes a chart's crds/: TorchJobs (and their data) survive an uninstall.
+    crd = cluster.kubectl("get", "crd", "torchjobs.torchjob.io", check=False)
+    assert crd.returncode == 0, crd.stderr
+    # Reinstall for any test that runs after this one in the module.
+    helm_operator.install(tmp_path / "values2.yaml")
