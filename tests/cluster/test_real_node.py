@@ -48,9 +48,7 @@ def helm_operator(
 
 
 @pytest.fixture
-def real_jobs(
-    cluster: k.Cluster, kube: Any, namespace: str, helm_operator: HelmOperator
-) -> Jobs:
+def real_jobs(cluster: k.Cluster, kube: Any, namespace: str, helm_operator: HelmOperator) -> Jobs:
     return Jobs(cluster, kube, namespace, helm_operator)  # type: ignore[arg-type]
 
 
@@ -63,7 +61,11 @@ def storage(tmp_path: Path) -> Path:
 
 
 def real_template(
-    storage: Path, *args: str, grace: int = 10, env: dict[str, str] | None = None
+    storage: Path,
+    *args: str,
+    grace: int = 10,
+    env: dict[str, str] | None = None,
+    script: str = "train_job.py",
 ) -> dict[str, Any]:
     """A worker pod on the real node running tests/e2e/train_job.py in the runtime image."""
     return {
@@ -76,7 +78,7 @@ def real_template(
                     "name": "trainer",
                     "image": image("runtime-cpu"),
                     "imagePullPolicy": "Never",
-                    "command": ["python3", str(SCRIPTS / "train_job.py"), *args],
+                    "command": ["python3", str(SCRIPTS / script), *args],
                     "env": [
                         {"name": "OMP_NUM_THREADS", "value": "1"},
                         *({"name": n, "value": v} for n, v in (env or {}).items()),
@@ -242,11 +244,37 @@ def test_keep_survivors_keeps_the_surviving_pod_and_the_replacement_joins(
     assert "done: 8 epochs, world size 2" in out0
 
 
+def test_the_ray_train_quickstart_runs_as_a_torchjob(real_jobs: Jobs, storage: Path) -> None:
+    """Seed 003, unchanged but for its imports (tests/e2e/seed_quickstart.py), in one pod of 2
+    processes: in pod mode only the pod holding rank 0 gets a Result with a checkpoint, and
+    the seed's step [6] loads it, so a multi-pod run of this exact script fails in pod 1."""
+    real_jobs.apply(
+        torchjob(
+            "quick",
+            replicas=1,
+            nprocPerNode=2,
+            backend="gloo",
+            template=real_template(
+                storage, script="seed_quickstart.py", env={"HOME": str(storage)}
+            ),
+            checkpoint={"path": str(storage)},
+            failurePolicy={"maxRestarts": 0},
+        )
+    )
+    status = wait_finished(real_jobs, "quick")
+    out = logs(real_jobs, "quick-worker-0")
+    assert status["phase"] == "Succeeded", f"{real_jobs.describe('quick')}\n{out}"
+    assert "quickstart done: 3 reports" in out, out
+    assert "'epoch': 2" in out, out
+
+
 def test_helm_upgrade_rolls_the_operator_and_uninstall_keeps_the_crd(
     helm_operator: HelmOperator, cluster: k.Cluster, tmp_path: Path
 ) -> None:
     before = helm_operator.wait_ready()
-    helm_operator.install(tmp_path / "values.yaml", "--set", "createConcurrency=8", command="upgrade")
+    helm_operator.install(
+        tmp_path / "values.yaml", "--set", "createConcurrency=8", command="upgrade"
+    )
     after = helm_operator.wait_ready()
     assert after.metadata.uid != before.metadata.uid, "the upgrade replaced the operator pod"
     assert "--create-concurrency=8" in after.spec.containers[0].args
