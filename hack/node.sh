@@ -342,7 +342,7 @@ cmd_up() {
   setsid unshare --mount --net --propagation private \
     "${STATE}/node-inside.sh" "${STATE}" "${KUBELET}" "${COREDNS}" "${NODE}" "${NODE_IP}" \
     "${HOST_IP}" "${POD_CIDR}" "${NODE_IF}" "${svc_ip}" "${API_PORT}" "${NODE_LABEL}" \
-    "${sysctls[@]}" </dev/null >>"${STATE}/inside.log" 2>&1 &
+    "${sysctls[@]}" </dev/null >>"${STATE}/inside.log" 2>&1 7>&- &
   local pid=$!
   echo "${pid}" >"${STATE}/node.pid"
   # Our end of the veth pair on the host, the other end into the node's namespace.
@@ -409,9 +409,16 @@ cmd_status() {
   fi
 }
 
+# up and down of one node are serialized (parallel pytest sessions share the cluster).
+lock() {
+  mkdir -p "${CLUSTER_DIR}"
+  exec 7>"${CLUSTER_DIR}/.realnode-lock"
+  flock -w 300 7 || die "could not lock ${CLUSTER_DIR}/.realnode-lock within 300s"
+}
+
 case "${1:-}" in
-  up) cmd_up ;;
-  down) cmd_down ;;
+  up) lock && cmd_up ;;
+  down) lock && cmd_down ;;
   import)
     shift
     cmd_import "$@"

@@ -19,6 +19,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,6 +48,10 @@ def _unavailable(reason: str) -> None:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[helpers.Cluster]:
+    kind = os.environ.get("TORCHJOB_E2E_KIND_KUBECONFIG")
+    if kind:  # hack/e2e-kind.sh: a kind cluster, made and deleted by the script
+        yield helpers.Cluster(kubeconfig=Path(kind), started_here=False)
+        return
     missing = helpers.missing_binaries()
     if missing:
         why = helpers.go_toolchain_problem()
@@ -158,6 +163,9 @@ def operator(
 
 @pytest.fixture(scope="session")
 def real_node(cluster: helpers.Cluster) -> RealNode:
+    kind_node = os.environ.get("TORCHJOB_E2E_KIND_NODE")
+    if kind_node:  # hack/e2e-kind.sh loaded the images and labelled the node
+        return RealNode(name=kind_node)
     problem = RealNode.prerequisites_problem()
     if problem:
         msg = (
