@@ -129,19 +129,32 @@ cpu_torch_base() {
 }
 
 # ---------------------------------------------------------------- images
-# build_one <image> <dockerfile> <context> <base> <hash>
+# build_one <image> <dockerfile> <context> <base> <hash> [--build-arg K=V...]
 build_one() {
   local image="$1" dockerfile="$2" context="$3" base="$4" hash="$5" tag
+  shift 5
   tag="$(ref "${image}")"
   if exists "${tag}" && [[ "$(label_of "${tag}")" == "${hash}" ]]; then
     log "${tag}: up to date"
     return
   fi
-  local start=${SECONDS}
+  local start=${SECONDS} old=""
+  exists "${tag}" && old="$("${ENGINE}" image inspect --format '{{.Id}}' "${tag}")"
   log "${tag}: building with ${ENGINE} (BASE=${base})"
-  "${ENGINE}" build --pull=never "${BUILD_ARGS[@]}" --build-arg "BASE=${base}" --label "${LABEL}=${hash}" \
+  "${ENGINE}" build --pull=never "${BUILD_ARGS[@]}" "$@" --build-arg "BASE=${base}" --label "${LABEL}=${hash}" \
     -f "${dockerfile}" -t "${tag}" "${context}" >&2
   log "${tag}: built in $((SECONDS - start))s, $(size_of "${tag}")"
+  # The image this one replaced (now untagged); its layers shared with the new one stay.
+  if [[ -n "${old}" && "${old}" != "$("${ENGINE}" image inspect --format '{{.Id}}' "${tag}")" ]]; then
+    "${ENGINE}" rmi "${old}" >/dev/null 2>&1 || true
+  fi
+}
+
+base_id() { # a short id of a base image (a rebuilt local base rebuilds what is built on it)
+  local id
+  id="$("${ENGINE}" image inspect --format '{{.Id}}' "$1" 2>/dev/null || printf %s "$1" | sha256sum)"
+  id="${id#sha256:}"
+  echo "${id:0:12}"
 }
 
 size_of() { "${ENGINE}" image inspect --format '{{.Size}}' "$1" | awk '{printf "%.0f MB", $1 / 1e6}'; }
@@ -151,7 +164,7 @@ build_image() {
   case "${image}" in
     operator)
       base="$(operator_base)"
-      hash="$(inputs_hash pyproject.toml README.md runtime operator images/operator)-$(printf %s "${base}" | sha256sum | cut -c1-6)"
+      hash="$(inputs_hash pyproject.toml README.md runtime operator images/operator)-$(base_id "${base}")"
       build_one operator "${REPO}/images/operator/Dockerfile" "${REPO}" "${base}" "${hash}"
       ;;
     runtime)
@@ -162,8 +175,11 @@ build_image() {
       ;;
     runtime-cpu)
       base="$(cpu_torch_base)"
-      hash="$(inputs_hash pyproject.toml README.md runtime operator images/runtime)-cpu"
-      build_one runtime-cpu "${REPO}/images/runtime/Dockerfile" "${REPO}" "${base}" "${hash}"
+      hash="$(inputs_hash pyproject.toml README.md runtime operator images/runtime)-cpu-$(base_id "${base}")"
+      # Debian's torch is built without libuv, the default of torch's TCPStore since 2.4:
+      # USE_LIBUV=0 makes init_process_group("env://") use the classic store.
+      build_one runtime-cpu "${REPO}/images/runtime/Dockerfile" "${REPO}" "${base}" "${hash}" \
+        --build-arg USE_LIBUV=0
       ;;
     pause)
       hash="$(inputs_hash images/pause)"

@@ -29,7 +29,7 @@
 #   failCgroupV1: false; containerd restrict_oom_score_adj: no CAP_SYS_RESOURCE here).
 # Binaries: kubelet and CoreDNS from `make testbin` (hack/build-testbin.sh, pinned in
 # hack/versions.env); containerd, runc and the CNI plugins from Debian (apt-get install
-# containerd runc containernetworking-plugins iptables).
+# containerd runc containernetworking-plugins iptables iproute2).
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -48,6 +48,10 @@ CLUSTER_DIR="$(dirname "${KUBECONFIG_PATH}")"
 STATE="${CLUSTER_DIR}/realnode"
 NODE="${NAME}-real-0"
 NODE_LABEL="torchjob.io/real-node"
+# containerd's socket, at its usual path inside the node's mount namespace, where /run/containerd
+# is a bind mount of this node's state (a socket path under the state directory would be too
+# long for a unix socket); from outside: nsenter --target "$(cat ${STATE}/node.pid)" --mount.
+SOCK=/run/containerd/containerd.sock
 
 net_index() {
   if [[ -n "${TORCHJOB_NODE_NET_INDEX:-}" ]]; then
@@ -112,11 +116,11 @@ node_ready() {
 diagnose() {
   {
     echo "--- kubectl describe node ${NODE}"
-    kc describe node "${NODE}" 2>&1 | tail -40
+    kc describe node "${NODE}" 2>&1 | tail -40 || true
     local f
     for f in kubelet containerd coredns inside; do
       echo "--- ${STATE}/${f}.log (tail)"
-      tail -25 "${STATE}/${f}.log" 2>/dev/null
+      tail -25 "${STATE}/${f}.log" 2>/dev/null || true
     done
   } >&2
 }
@@ -150,9 +154,9 @@ version = 2
 root = "${STATE}/containerd/root"
 state = "${STATE}/containerd/state"
 [grpc]
-  address = "${STATE}/containerd/containerd.sock"
+  address = "${SOCK}"
 [ttrpc]
-  address = "${STATE}/containerd/containerd.sock.ttrpc"
+  address = "${SOCK}.ttrpc"
 [plugins."io.containerd.internal.v1.opt"]
   path = "${STATE}/containerd/opt"
 [plugins."io.containerd.grpc.v1.cri"]
@@ -223,7 +227,7 @@ authorization: {mode: AlwaysAllow}
 clusterDomain: cluster.local
 clusterDNS: [${NODE_IP}]
 resolvConf: ${STATE}/resolv.conf
-containerRuntimeEndpoint: unix://${STATE}/containerd/containerd.sock
+containerRuntimeEndpoint: unix://${SOCK}
 podCIDR: ${POD_CIDR}
 failSwapOn: false
 protectKernelDefaults: false
@@ -293,7 +297,7 @@ cleanup() {
 trap cleanup TERM INT EXIT
 containerd --config "${STATE}/containerd/config.toml" >>"${STATE}/containerd.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 300); do [[ -S "${STATE}/containerd/containerd.sock" ]] && break; sleep 0.1; done
+for _ in $(seq 300); do [[ -S /run/containerd/containerd.sock ]] && break; sleep 0.1; done
 "${COREDNS}" -conf "${STATE}/Corefile" >>"${STATE}/coredns.log" 2>&1 &
 pids+=($!)
 "${KUBELET}" --config "${STATE}/kubelet/config.yaml" --kubeconfig "${STATE}/kubeconfig.yaml" \
@@ -314,7 +318,7 @@ cmd_up() {
   start=$(now_ms)
   local missing
   missing="$(missing_prereqs)"
-  [[ -z "${missing}" ]] || die "missing prerequisites: $(tr '\n' ' ' <<<"${missing}")(Debian: apt-get install containerd runc containernetworking-plugins iptables; then make testbin)"
+  [[ -z "${missing}" ]] || die "missing prerequisites: $(tr '\n' ' ' <<<"${missing}")(Debian: apt-get install containerd runc containernetworking-plugins iptables iproute2; then make testbin)"
   kc get --raw /readyz >/dev/null 2>&1 || die "cluster '${NAME}' is not running (hack/cluster.sh up)"
   if pid_of >/dev/null && node_ready; then
     log "node ${NODE} is already running (checked in $(($(now_ms) - start))ms)"
@@ -334,6 +338,11 @@ cmd_up() {
       cat "${cg}/cpuset.cpus" >"${cg}${CGROUP_ROOT}/cpuset.cpus"
       cat "${cg}/cpuset.mems" >"${cg}${CGROUP_ROOT}/cpuset.mems"
     fi
+    # The weight kubelet gives kubepods at the machine's root (1024 per CPU): without it all
+    # of the node's containers together weigh as much as one process outside it.
+    if [[ -f "${cg}${CGROUP_ROOT}/cpu.shares" ]]; then
+      echo $(($(nproc) * 1024)) >"${cg}${CGROUP_ROOT}/cpu.shares"
+    fi
   done
   local svc_ip
   svc_ip="$(kc get service kubernetes -n default -o jsonpath='{.spec.clusterIP}')"
@@ -348,6 +357,7 @@ cmd_up() {
   # Our end of the veth pair on the host, the other end into the node's namespace.
   local i
   for i in $(seq 50); do [[ "$(readlink "/proc/${pid}/ns/net")" != "$(readlink /proc/self/ns/net)" ]] && break; sleep 0.1; done
+  readlink "/proc/${pid}/ns/mnt" >"${STATE}/node.mntns"
   ip link add "${HOST_IF}" type veth peer name "${NODE_IF}" netns "${pid}"
   ip addr add "${HOST_IP}/30" dev "${HOST_IF}"
   ip link set "${HOST_IF}" up
@@ -357,18 +367,20 @@ cmd_up() {
 }
 
 cmd_import() {
-  pid_of >/dev/null || die "node ${NODE} is not running (hack/node.sh up)"
+  local pid
+  pid="$(pid_of)" || die "node ${NODE} is not running (hack/node.sh up)"
   local tar start
   for tar in "$@"; do
     start=$(now_ms)
-    ctr --address "${STATE}/containerd/containerd.sock" -n k8s.io images import --no-unpack "${tar}" >/dev/null ||
+    nsenter --target "${pid}" --mount ctr --address "${SOCK}" -n k8s.io images import --no-unpack "${tar}" >/dev/null ||
       die "ctr images import ${tar} failed"
     log "imported ${tar##*/} in $(($(now_ms) - start))ms"
   done
 }
 
 cmd_down() {
-  local quiet="${1:-}" pid
+  local quiet="${1:-}" pid mntns
+  mntns="$(cat "${STATE}/node.mntns" 2>/dev/null || true)"
   if pid="$(pid_of)"; then
     kill "${pid}" 2>/dev/null || true
     for _ in $(seq 100); do kill -0 "${pid}" 2>/dev/null || break; sleep 0.1; done
@@ -382,8 +394,10 @@ cmd_down() {
         kill -9 "${p}" 2>/dev/null || true
       done
     done
-    for p in $(pgrep -f "containerd-shim-runc-v2 .*-address ${STATE}/" || true); do
-      kill -9 "${p}" 2>/dev/null || true
+    # Shims outlive containerd; they are the ones in the node's mount namespace.
+    for p in $(pgrep -f "containerd-shim-runc-v2 " || true); do
+      [[ -n "${mntns}" && "$(readlink "/proc/${p}/ns/mnt" 2>/dev/null)" == "${mntns}" ]] &&
+        kill -9 "${p}" 2>/dev/null || true
     done
     sleep 0.3
   done

@@ -61,13 +61,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
+    # Our own identity, also given to kopf: kopf's default asks getpass.getuser(), which fails
+    # for a uid without a passwd entry (the chart runs the image as 65532).
+    identity = f"{socket.gethostname()}_{os.getpid()}"
     election = None
     if args.leader_elect:
         try:
             election = settings_mod.ElectionConfig(
                 namespace=args.leader_election_namespace,
                 name=args.leader_election_id,
-                identity=f"{socket.gethostname()}_{os.getpid()}",
+                identity=identity,
                 lease_duration_s=args.lease_duration,
                 renew_deadline_s=args.renew_deadline,
                 retry_period_s=args.retry_period,
@@ -96,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 clusterwide=not args.namespace,
                 namespaces=args.namespace,
                 standalone=True,  # leader election (--leader-elect), not kopf peering
+                identity=identity,
                 liveness_endpoint=args.liveness,
             )
         )

@@ -170,8 +170,8 @@ def real_node(cluster: helpers.Cluster) -> RealNode:
     if problem:
         msg = (
             f"the real node (hack/node.sh) cannot run here: {problem}. On Debian: apt-get "
-            "install podman mmdebstrap containerd runc containernetworking-plugins iptables; "
-            "then `make testbin`"
+            "install podman mmdebstrap containerd runc containernetworking-plugins iptables "
+            "iproute2; then `make testbin`"
         )
         if _in_ci():
             pytest.fail(f"CI=true and {msg}", pytrace=False)

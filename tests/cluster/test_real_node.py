@@ -119,7 +119,7 @@ def wait_finished(jobs: Jobs, name: str, timeout: float = 420) -> dict[str, Any]
 
 
 def test_operator_runs_in_its_pod_under_the_charts_security_context(
-    helm_operator: HelmOperator, real_node: RealNode
+    helm_operator: HelmOperator, real_node: RealNode, kube: Any
 ) -> None:
     pod = helm_operator.wait_ready()
     assert pod.spec.node_name == real_node.name
@@ -130,6 +130,21 @@ def test_operator_runs_in_its_pod_under_the_charts_security_context(
     assert pod.spec.security_context.run_as_non_root
     status = pod.status.container_statuses[0]
     assert status.ready and status.restart_count == 0, helm_operator.logs()
+    # Leader election (the chart's Role on leases): the pod's hostname holds the Lease.
+    leases = client.CoordinationV1Api(kube)
+
+    def holder() -> str | None:
+        lease = leases.read_namespaced_lease("torchjob-operator", OPERATOR_NS)
+        who = lease.spec.holder_identity or ""
+        return who if who.startswith(f"{pod.metadata.name}_") else None
+
+    k.wait_for(
+        holder,
+        60,
+        lambda: f"the operator pod to hold its Lease\n{helm_operator.logs()}",
+        interval=0.5,
+        ignore=(client.ApiException,),
+    )
 
 
 def test_two_pods_of_two_processes_train_with_gloo_through_the_headless_service_dns(
@@ -266,6 +281,31 @@ def test_the_ray_train_quickstart_runs_as_a_torchjob(real_jobs: Jobs, storage: P
     assert status["phase"] == "Succeeded", f"{real_jobs.describe('quick')}\n{out}"
     assert "quickstart done: 3 reports" in out, out
     assert "'epoch': 2" in out, out
+
+
+def test_the_tune_seeds_distributed_trainable_runs_as_a_torchjob(
+    real_jobs: Jobs, storage: Path
+) -> None:
+    """Seed 001 (tests/e2e/seed_tune.py): the Tuner runs in the job's pod, every trial of its
+    grid is a fresh 2-process gloo group in that container (DistributedTrainableCreator)."""
+    real_jobs.apply(
+        torchjob(
+            "tune",
+            replicas=1,
+            backend="gloo",
+            template=real_template(
+                storage, str(storage / "results"), script="seed_tune.py", env={"HOME": str(storage)}
+            ),
+            failurePolicy={"maxRestarts": 0},
+        )
+    )
+    status = wait_finished(real_jobs, "tune")
+    out = logs(real_jobs, "tune-worker-0")
+    assert status["phase"] == "Succeeded", f"{real_jobs.describe('tune')}\n{out}"
+    assert "tune done: 2 trials, 0 errors, best lr 0.05, world size 2, iterations 3" in out, out
+    # distributed_checkpoint_dir kept rank 0's checkpoint only, one per report.
+    kept = sorted(p.name for p in (storage / "results").rglob("checkpoint") if p.is_file())
+    assert kept == ["checkpoint"] * 6, kept
 
 
 def test_helm_upgrade_rolls_the_operator_and_uninstall_keeps_the_crd(
