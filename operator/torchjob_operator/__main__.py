@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         start_http_server(args.metrics_port)
 
     import kopf
+    from kopf._core.engines.peering import Identity  # kopf's NewType of str; not re-exported
 
     from torchjob_operator import handlers  # noqa: F401  (registers the handlers)
 
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 clusterwide=not args.namespace,
                 namespaces=args.namespace,
                 standalone=True,  # leader election (--leader-elect), not kopf peering
-                identity=identity,
+                identity=Identity(identity),
                 liveness_endpoint=args.liveness,
             )
         )
