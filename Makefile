@@ -28,8 +28,12 @@ testbin: ## build (or reuse) the pinned control-plane binaries from the Go modul
 	hack/build-testbin.sh
 
 .PHONY: test
-test: venv testbin ## run the whole suite: unit, runtime (multi-process torch) and cluster tests
-	$(PY) -m pytest tests
+test: venv testbin ## run the whole suite: unit, runtime (multi-process torch) and cluster tests, two sessions at once
+	PY=$(PY) hack/test.sh
+
+.PHONY: test-cluster
+test-cluster: venv testbin ## cluster tests only (control plane, operator, real node)
+	$(PY) -m pytest tests/cluster
 
 .PHONY: test-unit
 test-unit: venv ## unit tests only (no cluster, no multi-process torch)
