@@ -560,8 +560,28 @@ class Bench:
     kubeconfig: Path
     api: Any
     procs: dict[str, Proc]
+    tj_metrics_port: int = 0
     results: dict[tuple[str, str], list[float]] = field(default_factory=dict)
     seq: int = 0
+
+    def tj_counters(self) -> dict[str, float]:
+        """torchjob's own counters (its /metrics): what each reconcile cost in requests."""
+        wanted = {
+            "torchjob_reconciles_total": "reconciles",
+            "torchjob_status_patches_total": "status patches",
+            'torchjob_live_reads_total{kind="job"}': "live GETs",
+            'torchjob_live_reads_total{kind="pods"}': "live LISTs",
+        }
+        out = dict.fromkeys(wanted.values(), 0.0)
+        if not self.tj_metrics_port:
+            return out
+        url = f"http://127.0.0.1:{self.tj_metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                name, _, value = line.rpartition(" ")
+                if name in wanted:
+                    out[wanted[name]] = float(value)
+        return out
 
     def record(self, key: str, flavor: str, value: float) -> None:
         self.results.setdefault((key, flavor), []).append(value)
@@ -580,6 +600,7 @@ class Bench:
         obs = Observer(self.api, ns, flavor).start()
         me, them = self.procs[flavor.key], self.procs[self.other(flavor).key]
         cpu0, other0 = me.cpu_s(), them.cpu_s()
+        counters0 = self.tj_counters()
         names = [f"job-{i:04d}" for i in range(n)]
         t0 = time.monotonic()
         with ThreadPoolExecutor(8) as pool:
@@ -615,6 +636,12 @@ class Bench:
             f"created {t_created:.1f}s, Running {t_running:.1f}s, jobs Running {t_jobs:.1f}s, "
             f"CPU {cpu:.1f}s (the other operator meanwhile {foreign:.1f}s), RSS {rss_loaded:.0f} MiB"
         )
+        if flavor is TJ:
+            counted = self.tj_counters()
+            log(
+                "torchjob per job in the burst: "
+                + ", ".join(f"{(counted[k] - counters0[k]) / n:.2f} {k}" for k in counted)
+            )
         key = f"n{n}"
         self.record(f"{key}.created", flavor.key, t_created)
         self.record(f"{key}.running", flavor.key, t_running)
@@ -1019,14 +1046,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         log("starting Kubeflow training-operator and torchjob-operator")
         procs["kf"] = start_kubeflow(kf_binary, kf_crd, kubeconfig, core, workdir)
-        procs["tj"], _ = start_torchjob(kubeconfig, workdir)
+        procs["tj"], tj_metrics_port = start_torchjob(kubeconfig, workdir)
         time.sleep(args.settle)
         idle = {k: p.rss_mib() for k, p in procs.items()}
         cpu_start = {k: p.cpu_s() for k, p in procs.items()}
         log(
             f"idle RSS: torchjob {idle['tj']:.0f} MiB, Kubeflow {idle['kf']:.0f} MiB; logs in {workdir}"
         )
-        bench = Bench(args, kubeconfig, api, procs)
+        bench = Bench(args, kubeconfig, api, procs, tj_metrics_port)
         for n in args.sizes:
             for repeat in range(args.repeats):
                 order = (TJ, KF) if repeat % 2 == 0 else (KF, TJ)

@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         create_concurrency=args.create_concurrency,
         leader_election=election,
     )
+    from torchjob_operator import memory
+
+    memory.limit_arenas()  # before any thread starts (memory.py says why)
     if args.metrics_port:
         from prometheus_client import start_http_server
 

@@ -2,11 +2,12 @@
 
 kopf watches the TorchJobs (reconnects, timeouts, namespaces); the pods are
 watched by ``podwatch.PodWatch``, which asks the API server for the operator's own
-pods only (kopf would receive and filter every pod of the cluster). With several
-replicas a Lease elects the one that reconciles (``leader.py``). Every
+pods only (kopf would receive and filter every pod of the cluster). Both keep what
+they see in one ``cache.Store``, which the reconciles read instead of the API server.
+With several replicas a Lease elects the one that reconciles (``leader.py``). Every
 event only *pokes* the job's loop; the loop runs ``reconcile_once`` in a
-thread, at most one at a time per job, and sleeps until the next poke or the
-planner's requeue time. This is the work-queue pattern of controller-runtime,
+thread, at most one at a time per job, once the cache shows the job's last writes
+(``Store.catching_up``), and sleeps until the next poke or the planner's requeue time. This is the work-queue pattern of controller-runtime,
 and it needs no finalizer: deleting a TorchJob never waits for the operator.
 """
 
@@ -24,9 +25,10 @@ from kubernetes import client
 from kubernetes import config as kube_config
 
 from torchjob.api.models import GROUP, PLURAL, VERSION
-from torchjob_operator import metrics
+from torchjob_operator import memory, metrics
 from torchjob_operator import settings as settings_mod
-from torchjob_operator.kube import Kube, KubeClient
+from torchjob_operator.cache import CachedKube, Store
+from torchjob_operator.kube import KubeClient
 from torchjob_operator.leader import LeaderElector
 from torchjob_operator.podwatch import PodWatch
 from torchjob_operator.reconcile import reconcile_once
@@ -34,6 +36,10 @@ from torchjob_operator.reconcile import reconcile_once
 log = logging.getLogger("torchjob_operator")
 
 JobKey = tuple[str, str]
+
+TRIM_DELAY_S = 5.0
+"""After the last TorchJob of a burst of deletions is gone, free memory goes back to the
+kernel this many seconds later (``memory.release_freed``): one trim per burst."""
 
 
 @dataclass
@@ -48,10 +54,13 @@ class Reconciler:
     Loops run only while this replica leads (``leader.py``): a standby ignores pokes, and
     on losing the lease every loop is cancelled and none starts again."""
 
-    def __init__(self, kube: Kube, *, leading: bool = True) -> None:
+    def __init__(self, kube: CachedKube, *, leading: bool = True) -> None:
         self.kube = kube
+        self.store = kube.store
         self.loops: dict[JobKey, _Loop] = {}
         self.leading = leading
+        self._trim: asyncio.TimerHandle | None = None
+        self._trim_task: asyncio.Future[bool] | None = None
 
     async def start_leading(self, namespaces: tuple[str, ...]) -> None:
         """Became leader: reconcile every TorchJob, since the watch events came while standing by."""
@@ -80,6 +89,17 @@ class Reconciler:
         loop = self.loops.pop(key, None)
         if loop and loop.task:
             loop.task.cancel()
+        self._release_memory_soon()
+
+    def _release_memory_soon(self) -> None:
+        if self._trim is not None:
+            self._trim.cancel()
+        self._trim = asyncio.get_running_loop().call_later(TRIM_DELAY_S, self._start_trim)
+
+    def _start_trim(self) -> None:
+        self._trim = None
+        # Held until done: the event loop keeps only a weak reference to a task.
+        self._trim_task = asyncio.ensure_future(asyncio.to_thread(memory.release_freed))
 
     async def _run(self, key: JobKey, loop: _Loop) -> None:
         ns, name = key
@@ -87,6 +107,13 @@ class Reconciler:
         error_backoff = 1.0
         while self.leading:
             loop.wake.clear()
+            catching_up = self.store.catching_up(key)
+            if catching_up is not None:
+                # Our last writes are not in the cache yet: the watch events that bring them
+                # poke this loop (or the deadline passes and the next pass reads live).
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(loop.wake.wait(), timeout=catching_up)
+                continue
             try:
                 outcome = await asyncio.to_thread(
                     reconcile_once, self.kube, ns, name, settings=settings
@@ -102,6 +129,7 @@ class Reconciler:
             else:
                 if outcome.gone:
                     self.loops.pop(key, None)
+                    self._release_memory_soon()
                     return
                 delay = outcome.requeue_after_s
             timeout = (
@@ -118,10 +146,16 @@ ELECTOR: LeaderElector | None = None
 def _reconciler() -> Reconciler:
     global RECONCILER
     if RECONCILER is None:
-        leading = settings_mod.SETTINGS.leader_election is None
-        RECONCILER = reconciler = Reconciler(KubeClient(), leading=leading)
+        ours = settings_mod.SETTINGS
+        store = Store(deadline_s=ours.cache_deadline_s)
+        leading = ours.leader_election is None
+        RECONCILER = reconciler = Reconciler(CachedKube(KubeClient(), store), leading=leading)
         # The operator's own bookkeeping, on /metrics: it must drain when the jobs do.
         metrics.JOB_LOOPS.set_function(lambda: len(reconciler.loops))
+        for i, kind in enumerate(("jobs", "pods", "awaiting")):
+            metrics.CACHE_OBJECTS.labels(kind=kind).set_function(
+                lambda i=i: store.sizes()[i]  # type: ignore[misc]
+            )
     return RECONCILER
 
 
@@ -196,10 +230,19 @@ async def torchjob_event(event: kopf.RawEvent, name: str, namespace: str | None,
     key = (namespace or "", name)
     reconciler = _reconciler()
     if event.get("type") == "DELETED":
+        reconciler.store.drop_job(key)
         reconciler.forget(key)
         return
-    if event.get("type") == "MODIFIED" and key in reconciler.loops and _status_only(event):
-        return  # our own status write (or the agent's progress): nothing new to plan
+    body = event.get("object")
+    if body:
+        reconciler.store.put_job(body)
+    if (
+        event.get("type") == "MODIFIED"
+        and key in reconciler.loops
+        and _status_only(event)
+        and not reconciler.store.awaiting(key)
+    ):
+        return  # a status write (ours, or the agent's progress) nobody waits for: nothing to plan
     reconciler.poke(key)
 
 
@@ -230,6 +273,7 @@ async def start_pod_watch(**_: Any) -> None:
     POD_WATCH = PodWatch(
         client.ApiClient(),  # its own pool: a watch holds its connection for minutes
         on_job,
+        reconciler.store,
         namespaces=ours.namespaces,
         server_timeout_s=int(ours.watch_server_timeout_s),
         client_timeout_s=ours.watch_client_timeout_s,

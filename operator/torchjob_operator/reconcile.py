@@ -194,6 +194,7 @@ def reconcile_once(
 
     if _status_changed(old_status, status):
         kube.patch_job_status(namespace, name, status)
+        metrics.STATUS_PATCHES.inc()
         if old_status.get("phase") != status.get("phase"):
             log.info(
                 "phase %s -> %s (generation %s, restarts %s/%s, disruptions %s)",

@@ -38,6 +38,9 @@ class OperatorSettings:
     """Client-side timeout of one watch request; a bit longer than the server's."""
     watch_connect_timeout_s: float = 30.0
     """Seconds to open a watch connection."""
+    cache_deadline_s: float = 10.0
+    """How long a job waits for the watches to show its last writes before its next
+    reconcile reads the API server instead of the cache (``cache.py``)."""
     component: str = "torchjob-operator"
     """Name in the ``source`` of the Events the operator posts."""
     leader_election: ElectionConfig | None = None

@@ -104,7 +104,8 @@ class OperatorProcess:
             raise
 
     def metric(self, name: str) -> float:
-        """One unlabelled sample of the operator's Prometheus /metrics."""
+        """One sample of the operator's Prometheus /metrics: ``name`` with its labels as
+        exposed, e.g. ``torchjob_cache_objects{kind="pods"}``."""
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as r:
             for line in r.read().decode().splitlines():

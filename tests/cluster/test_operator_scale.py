@@ -1,4 +1,4 @@
-"""The operator's own bookkeeping drains when jobs go (what it costs at scale is measured by
+"""The operator's own bookkeeping (its loops, its cache) drains when jobs go (what it costs at scale is measured by
 bench/operator_vs_kubeflow.py, never asserted here)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.cluster
 JOBS = 200
 
 
-def test_bookkeeping_is_empty_after_200_jobs_come_and_go(jobs: Jobs) -> None:
+def test_loops_and_cache_are_empty_after_200_jobs_come_and_go(jobs: Jobs) -> None:
     names = [f"churn-{i:03d}" for i in range(JOBS)]
     with ThreadPoolExecutor(8) as pool:
         list(
@@ -36,7 +36,14 @@ def test_bookkeeping_is_empty_after_200_jobs_come_and_go(jobs: Jobs) -> None:
         return sum(1 for p in pods if p.status.phase == "Running")
 
     k.wait_for(lambda: running_pods() >= JOBS, 180, f"{JOBS} Running pods", interval=1)
-    assert jobs.operator.metric("torchjob_job_loops") >= 1, "the jobs have loops while they live"
+    op = jobs.operator
+    assert op.metric("torchjob_job_loops") >= 1, "the jobs have loops while they live"
+    # The reconciles read the cache the watches fill, not the API server.
+    assert op.metric('torchjob_cache_objects{kind="jobs"}') >= JOBS
+    assert op.metric('torchjob_cache_objects{kind="pods"}') >= JOBS
+    reconciles = op.metric("torchjob_reconciles_total")
+    live = op.metric('torchjob_live_reads_total{kind="pods"}')
+    assert reconciles >= JOBS and live <= reconciles / 10, (reconciles, live)
 
     jobs.custom.delete_collection_namespaced_custom_object(
         GROUP, VERSION, jobs.ns, PLURAL, propagation_policy="Background"
@@ -44,13 +51,27 @@ def test_bookkeeping_is_empty_after_200_jobs_come_and_go(jobs: Jobs) -> None:
 
     def drained() -> bool:
         leftover = jobs.core.list_namespaced_pod(jobs.ns, label_selector=contract.LABEL_JOB_NAME)
-        return not leftover.items and jobs.operator.metric("torchjob_job_loops") == 0
+        return not leftover.items and all(
+            op.metric(m) == 0
+            for m in (
+                "torchjob_job_loops",
+                'torchjob_cache_objects{kind="jobs"}',
+                'torchjob_cache_objects{kind="pods"}',
+                'torchjob_cache_objects{kind="awaiting"}',
+            )
+        )
 
     # Pods deleted by the garbage collector poke their (gone) job once more: the loop that
     # starts for it must find the job gone and end too.
     k.wait_for(
         drained,
         180,
-        lambda: f"torchjob_job_loops={jobs.operator.metric('torchjob_job_loops')}",
+        lambda: (
+            f"torchjob_job_loops={op.metric('torchjob_job_loops')}, cache="
+            + ", ".join(
+                str(op.metric(f'torchjob_cache_objects{{kind="{kind}"}}'))
+                for kind in ("jobs", "pods", "awaiting")
+            )
+        ),
         interval=1,
     )

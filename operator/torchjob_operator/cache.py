@@ -1,0 +1,352 @@
+"""The operator's read cache: its TorchJobs and their pods as its watches last saw them.
+
+Every reconcile used to GET its job and LIST its pods from the API server; in a burst that
+was a fifth of the operator's CPU (bench/README.md has the profile), and an idle job cost
+two requests per resync. Like client-go's informers, ``Store`` keeps the latest object each
+watch delivered (kopf's TorchJob watch, ``podwatch``'s label-selected pod watch) and a
+reconcile reads memory instead.
+
+A cache lags the API server, and a reconcile that read it right after the previous one wrote
+would plan again on what was already done (create pods twice, count one failure twice). So,
+as the ReplicaSet controller does, every write records an *expectation* of what the watch
+shows once it has caught up: the pod exists, the pod is gone or terminating, the pod carries
+the new label, the job's status holds what was patched. A job is not planned from the cache
+while an expectation is unmet; the watch event that meets it pokes the job again. If the
+watch has not caught up after ``deadline_s`` (a broken watch, an overloaded API server), the
+expectations are dropped and that job's next reconcile reads the API server (``CachedKube``),
+so the cache can delay a decision but never make a wrong one. Expectations are predicates on
+what the cache holds, never resourceVersion comparisons: resourceVersions are opaque.
+
+Pods are stored trimmed to what the planner reads (client-go's ``TransformFunc``): no
+``managedFields`` and no containers, so 8000 pods stay a few MiB.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from torchjob import contract
+from torchjob_operator import metrics
+from torchjob_operator.kube import Kube
+
+JobKey = tuple[str, str]
+"""(namespace, name) of a TorchJob."""
+
+Pod = dict[str, Any]
+
+ALL_NAMESPACES = ""
+"""The scope of a cluster-wide pod watch."""
+
+
+def trim_pod(pod: Mapping[str, Any]) -> Pod:
+    """The part of a pod that ``planner.observed`` reads: the rest is never looked at again."""
+    meta = pod.get("metadata") or {}
+    kept_meta = {
+        k: meta[k]
+        for k in ("name", "namespace", "uid", "labels", "deletionTimestamp", "resourceVersion")
+        if k in meta
+    }
+    node = (pod.get("spec") or {}).get("nodeName")
+    return {
+        "metadata": kept_meta,
+        "spec": {"nodeName": node} if node else {},
+        "status": pod.get("status") or {},
+    }
+
+
+def trim_job(job: Mapping[str, Any]) -> dict[str, Any]:
+    """A TorchJob without ``managedFields`` (as large as its spec, and never read)."""
+    meta = {k: v for k, v in (job.get("metadata") or {}).items() if k != "managedFields"}
+    return {**job, "metadata": meta}
+
+
+def job_key_of_pod(pod: Mapping[str, Any]) -> JobKey | None:
+    meta = pod.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(contract.LABEL_JOB_NAME)
+    return (str(meta.get("namespace") or ""), str(job)) if job else None
+
+
+def merge_applied(current: Mapping[str, Any] | None, patch: Mapping[str, Any]) -> bool:
+    """Whether ``current`` already shows the JSON merge patch ``patch`` (RFC 7386): every
+    null is absent, every object matches recursively, every other value is equal."""
+    cur = current or {}
+    for key, want in patch.items():
+        have = cur.get(key)
+        if want is None:
+            if have is not None:
+                return False
+        elif isinstance(want, Mapping):
+            if not isinstance(have, Mapping) or not merge_applied(have, want):
+                return False
+        elif have != want:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class PodExpectation:
+    """What the pod watch shows of pod ``name`` once it has seen one of our writes."""
+
+    name: str
+    kind: Literal["created", "deleted", "labelled"]
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def met(self, pod: Mapping[str, Any] | None) -> bool:
+        if self.kind == "created":
+            return pod is not None
+        if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
+            return True  # gone (or going): nothing more to see of it
+        if self.kind == "deleted":
+            return False
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        return all(labels.get(k) == v for k, v in self.labels.items())
+
+
+@dataclass
+class _Pending:
+    since: float
+    pods: list[PodExpectation] = field(default_factory=list)
+    status: list[Mapping[str, Any]] = field(default_factory=list)
+
+
+class Store:
+    """TorchJobs and their pods as the watches delivered them, and what our writes expect.
+
+    Thread-safe: the watch threads write, the reconcile threads read. Objects are replaced,
+    never changed in place, so a reader may keep what it got without copying it, as long as
+    it does not change it either."""
+
+    def __init__(
+        self, *, deadline_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.deadline_s = deadline_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._jobs: dict[JobKey, dict[str, Any]] = {}
+        self._pods: dict[JobKey, dict[str, Pod]] = {}
+        self._pod_jobs: dict[tuple[str, str], JobKey] = {}
+        self._synced: set[str] = set()
+        self._pending: dict[JobKey, _Pending] = {}
+        self._live: dict[JobKey, set[str]] = {}
+
+    # --- what the watches deliver -------------------------------------------------------
+    def put_job(self, job: Mapping[str, Any]) -> JobKey:
+        meta = job.get("metadata") or {}
+        key = (str(meta.get("namespace") or ""), str(meta.get("name")))
+        with self._lock:
+            self._jobs[key] = trim_job(job)
+        return key
+
+    def drop_job(self, key: JobKey) -> None:
+        """The TorchJob is gone: forget it, its pods go with their own DELETED events."""
+        with self._lock:
+            self._jobs.pop(key, None)
+            self._pending.pop(key, None)
+            self._live.pop(key, None)
+
+    def put_pod(self, pod: Mapping[str, Any]) -> JobKey | None:
+        key = job_key_of_pod(pod)
+        if key is not None:
+            trimmed = trim_pod(pod)
+            name = trimmed["metadata"]["name"]
+            with self._lock:
+                self._pods.setdefault(key, {})[name] = trimmed
+                self._pod_jobs[(key[0], name)] = key
+        return key
+
+    def drop_pod(self, pod: Mapping[str, Any]) -> JobKey | None:
+        key = job_key_of_pod(pod)
+        if key is not None:
+            name = str((pod.get("metadata") or {}).get("name"))
+            with self._lock:
+                self._pod_jobs.pop((key[0], name), None)
+                pods = self._pods.get(key)
+                if pods is not None:
+                    pods.pop(name, None)
+                    if not pods:
+                        del self._pods[key]
+        return key
+
+    def replace_pods(self, scope: str, pods: Iterable[Mapping[str, Any]]) -> set[JobKey]:
+        """A fresh LIST of the pods in ``scope`` (a namespace, or ``ALL_NAMESPACES``): what
+        it holds replaces the cache there, which counts as synced from now on. Returns the
+        jobs whose pods were listed or were cached before (each may have changed)."""
+        fresh: dict[JobKey, dict[str, Pod]] = {}
+        for pod in pods:
+            key = job_key_of_pod(pod)
+            if key is not None:
+                trimmed = trim_pod(pod)
+                fresh.setdefault(key, {})[trimmed["metadata"]["name"]] = trimmed
+        with self._lock:
+            stale = [k for k in self._pods if scope == ALL_NAMESPACES or k[0] == scope]
+            for k in stale:
+                for name in self._pods.pop(k):
+                    self._pod_jobs.pop((k[0], name), None)
+            self._pods.update(fresh)
+            for k, by_name in fresh.items():
+                self._pod_jobs.update(((k[0], name), k) for name in by_name)
+            self._synced.add(scope)
+        return set(stale) | set(fresh)
+
+    # --- what reconciles read -------------------------------------------------------------
+    def job(self, key: JobKey) -> dict[str, Any] | None:
+        with self._lock:
+            return self._jobs.get(key)
+
+    def job_of_pod(self, namespace: str, name: str) -> JobKey | None:
+        """The job of a cached pod; None when the cache does not hold it."""
+        with self._lock:
+            return self._pod_jobs.get((namespace, name))
+
+    def pods_of(self, key: JobKey) -> list[Pod] | None:
+        """The job's pods, or None while no pod watch covering its namespace has synced."""
+        with self._lock:
+            if key[0] not in self._synced and ALL_NAMESPACES not in self._synced:
+                return None
+            return list((self._pods.get(key) or {}).values())
+
+    # --- expectations ---------------------------------------------------------------------
+    def expect_pods(self, key: JobKey, expectations: list[PodExpectation]) -> None:
+        if expectations:
+            with self._lock:
+                self._pending_of(key).pods.extend(expectations)
+
+    def expect_status(self, key: JobKey, patch: Mapping[str, Any]) -> None:
+        if patch:
+            with self._lock:
+                self._pending_of(key).status.append(patch)
+
+    def _pending_of(self, key: JobKey) -> _Pending:
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = self._pending[key] = _Pending(since=self.clock())
+        return pending
+
+    def awaiting(self, key: JobKey) -> bool:
+        """Whether some write to this job has not been seen by the watches yet."""
+        with self._lock:
+            return key in self._pending
+
+    def catching_up(self, key: JobKey) -> float | None:
+        """Seconds to wait for the watches to show this job's last writes; None when they
+        do (plan from the cache) or when the wait ran out (``read_live`` says so then)."""
+        with self._lock:
+            pending = self._pending.get(key)
+            if pending is None:
+                return None
+            pods = self._pods.get(key) or {}
+            pending.pods = [e for e in pending.pods if not e.met(pods.get(e.name))]
+            job = self._jobs.get(key)
+            status = (job or {}).get("status")
+            pending.status = [p for p in pending.status if not merge_applied(status, p)]
+            if not pending.pods and not pending.status:
+                del self._pending[key]
+                return None
+            left = pending.since + self.deadline_s - self.clock()
+            if left > 0:
+                return left
+            del self._pending[key]
+            self._live[key] = {"job", "pods"}
+            metrics.CACHE_EXPIRED.inc()
+            return None
+
+    def read_live(self, key: JobKey, what: Literal["job", "pods"]) -> bool:
+        """Whether this job's next read of ``what`` must go to the API server (its
+        expectations ran out); asking clears it, so only one reconcile pays for it."""
+        with self._lock:
+            left = self._live.get(key)
+            if left is None or what not in left:
+                return False
+            left.discard(what)
+            if not left:
+                del self._live[key]
+            return True
+
+    def sizes(self) -> tuple[int, int, int]:
+        """(jobs, pods, jobs awaiting their writes): the cache's size, for ``/metrics``."""
+        with self._lock:
+            return (
+                len(self._jobs),
+                sum(len(p) for p in self._pods.values()),
+                len(self._pending),
+            )
+
+
+class CachedKube:
+    """``Kube`` that reads from a ``Store`` and writes through to ``live``, recording what
+    every write expects the watches to show. Reads go to ``live`` when the cache cannot
+    answer: a job no watch event has brought yet, a namespace whose pod watch has not
+    listed yet, or a job whose expectations ran out."""
+
+    def __init__(self, live: Kube, store: Store) -> None:
+        self.live = live
+        self.store = store
+
+    # --- reads ----------------------------------------------------------------------------
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        key = (namespace, name)
+        if not self.store.read_live(key, "job"):
+            job = self.store.job(key)
+            if job is not None:
+                return job
+        metrics.LIVE_READS.labels(kind="job").inc()
+        return self.live.get_job(namespace, name)
+
+    def list_worker_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        key = (namespace, job)
+        if not self.store.read_live(key, "pods"):
+            pods = self.store.pods_of(key)
+            if pods is not None:
+                return pods
+        metrics.LIVE_READS.labels(kind="pods").inc()
+        return self.live.list_worker_pods(namespace, job)
+
+    def list_jobs(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
+        return self.live.list_jobs(namespaces)
+
+    # --- writes, each with what it expects ---------------------------------------------------
+    def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        self.live.patch_job_status(namespace, name, status)
+        self.store.expect_status((namespace, name), status)
+
+    def create_pod(self, body: dict[str, Any]) -> bool:
+        created = self.live.create_pod(body)  # False: it exists already, so expect it too
+        key = job_key_of_pod(body)
+        if key is not None:
+            self.store.expect_pods(key, [PodExpectation(body["metadata"]["name"], "created")])
+        return created
+
+    def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> bool:
+        labelled = self.live.label_pod(namespace, name, labels)
+        self._expect(namespace, PodExpectation(name, "labelled", dict(labels)))
+        return labelled
+
+    def delete_pod(self, namespace: str, name: str) -> bool:
+        deleted = self.live.delete_pod(namespace, name)
+        self._expect(namespace, PodExpectation(name, "deleted"))
+        return deleted
+
+    def _expect(self, namespace: str, expectation: PodExpectation) -> None:
+        # A pod the cache does not hold shows nothing that could mislead a plan.
+        key = self.store.job_of_pod(namespace, expectation.name)
+        if key is not None:
+            self.store.expect_pods(key, [expectation])
+
+    # --- the rest goes straight through ----------------------------------------------------
+    def delete_job(self, namespace: str, name: str) -> None:
+        self.live.delete_job(namespace, name)
+
+    def ensure_service(self, body: dict[str, Any]) -> bool:
+        return self.live.ensure_service(body)
+
+    def ensure_rbac_object(self, kind: str, body: dict[str, Any]) -> bool:
+        return self.live.ensure_rbac_object(kind, body)
+
+    def post_event(
+        self, job: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
+    ) -> None:
+        self.live.post_event(job, type_=type_, reason=reason, message=message, component=component)

@@ -1,0 +1,245 @@
+"""The operator's read cache (``torchjob_operator.cache``): what it keeps, and that a
+reconcile planned from it never repeats or re-judges a write the watch has not shown yet.
+
+The watches themselves are exercised by every cluster test (the operator reads only the
+cache there); here a ``Watch`` stands in for them so the lag can be chosen exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from tests.unit.test_reconcile import Clock, FakeKube, _spec
+
+from torchjob import contract
+from torchjob_operator.cache import (
+    ALL_NAMESPACES,
+    CachedKube,
+    PodExpectation,
+    Store,
+    merge_applied,
+    trim_pod,
+)
+from torchjob_operator.planner.observed import pod_view, probe_view
+from torchjob_operator.reconcile import reconcile_once
+from torchjob_operator.settings import OperatorSettings
+
+KEY = ("ns", "tj")
+
+
+class Ticks:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Watch:
+    """Hands the fake API server's state to the store, as kopf's and the pod watch would."""
+
+    def __init__(self, kube: FakeKube, store: Store) -> None:
+        self.kube, self.store = kube, store
+
+    def job(self) -> None:
+        self.store.put_job(copy.deepcopy(self.kube.job))
+
+    def pods(self) -> None:
+        self.store.replace_pods("ns", [copy.deepcopy(p) for p in self.kube.pods.values()])
+
+    def everything(self) -> None:
+        self.job()
+        self.pods()
+
+
+class CountingKube(FakeKube):
+    def __init__(self, spec: dict[str, Any]) -> None:
+        super().__init__(spec)
+        self.reads = 0
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.reads += 1
+        return super().get_job(namespace, name)
+
+    def list_worker_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        self.reads += 1
+        return super().list_worker_pods(namespace, job)
+
+
+def _setup(deadline_s: float = 10.0) -> tuple[CountingKube, Store, CachedKube, Watch, Ticks]:
+    ticks = Ticks()
+    kube = CountingKube(_spec())
+    store = Store(deadline_s=deadline_s, clock=ticks)
+    watch = Watch(kube, store)
+    watch.everything()
+    return kube, store, CachedKube(kube, store), watch, ticks
+
+
+def _reconcile(kube: CachedKube, clock: Clock) -> None:
+    reconcile_once(kube, "ns", "tj", settings=OperatorSettings(), clock=clock)
+
+
+def test_a_reconcile_reads_the_cache_and_waits_for_the_watch_to_show_its_writes() -> None:
+    api, store, cached, watch, _ = _setup()
+    clock = Clock()
+    _reconcile(cached, clock)
+    assert api.calls.count("create_pod") == 3
+    assert api.reads == 0, "the job and its pods came from the cache"
+
+    # The watch has shown nothing yet: the loop must not plan from this cache.
+    assert store.catching_up(KEY) == pytest.approx(10.0)
+    watch.pods()  # the pods arrive, the status patch not yet
+    assert store.catching_up(KEY) is not None
+    watch.job()
+    assert store.catching_up(KEY) is None
+
+    api.calls.clear()
+    _reconcile(cached, clock)
+    assert "create_pod" not in api.calls
+    assert api.reads == 0
+
+
+def test_a_failure_is_counted_once_however_late_the_watch_is() -> None:
+    api, store, cached, watch, _ = _setup()
+    clock = Clock()
+    for _ in range(3):  # to Running, the watch keeping up
+        _reconcile(cached, clock)
+        api.run_all()
+        watch.everything()
+        assert store.catching_up(KEY) is None
+    assert api.job["status"]["phase"] == "Running"
+
+    api.exit("tj-worker-1", 1)
+    watch.everything()
+    _reconcile(cached, clock)
+    assert api.job["status"]["restarts"] == 1
+    # The cache still shows the failed pod and the old status: planning from it now would
+    # judge the same failure again. The expectations hold the loop until both are shown.
+    assert store.catching_up(KEY) is not None
+    watch.job()
+    assert store.catching_up(KEY) is not None, "the deleted pods are still in the cache"
+    watch.pods()
+    assert store.catching_up(KEY) is None
+    _reconcile(cached, clock)
+    assert api.job["status"]["restarts"] == 1
+
+
+def test_when_the_watch_never_catches_up_the_next_reconcile_reads_the_api_server() -> None:
+    api, store, cached, _, ticks = _setup(deadline_s=10.0)
+    clock = Clock()
+    _reconcile(cached, clock)
+    ticks.now += 9.0
+    assert store.catching_up(KEY) == pytest.approx(1.0)
+    ticks.now += 1.5
+    assert store.catching_up(KEY) is None  # ran out
+    api.calls.clear()
+    _reconcile(cached, clock)
+    assert api.reads == 2, "one GET of the job and one LIST of its pods, live"
+    assert "create_pod" not in api.calls, "the live read showed the pods already made"
+    _reconcile(cached, clock)
+    assert api.reads == 2, "only one reconcile pays for the live read"
+
+
+def _realistic_pods() -> list[dict[str, Any]]:
+    kube = FakeKube(_spec())
+    clock = Clock()
+    reconcile_once(kube, "ns", "tj", settings=OperatorSettings(), clock=clock)
+    kube.run_all()
+    kube.exit("tj-worker-1", 137)
+    pods = [copy.deepcopy(p) for p in kube.pods.values()]
+    for p in pods:
+        p["metadata"]["managedFields"] = [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]
+    pods[0]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:09Z"
+    pods[2]["status"]["conditions"].append(
+        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    )
+    probe = copy.deepcopy(pods[2])
+    probe["metadata"]["labels"][contract.LABEL_ROLE] = contract.ROLE_PROBE
+    return [*pods, probe]
+
+
+def test_a_trimmed_pod_tells_the_planner_exactly_what_the_whole_pod_does() -> None:
+    for pod in _realistic_pods():
+        trimmed = trim_pod(pod)
+        assert pod_view(trimmed) == pod_view(pod)
+        assert probe_view(trimmed) == probe_view(pod)
+        assert "managedFields" not in trimmed["metadata"]
+        assert "containers" not in trimmed["spec"]
+        assert trim_pod(trimmed) == trimmed
+
+
+@pytest.mark.parametrize(
+    ("current", "patch", "applied"),
+    [
+        ({"phase": "Running", "restarts": 1}, {"phase": "Running"}, True),
+        ({"phase": "Pending"}, {"phase": "Running"}, False),
+        ({"phase": "Running"}, {"restartAfter": None}, True),
+        ({"restartAfter": "t"}, {"restartAfter": None}, False),
+        ({"lastFailure": {"code": 1, "pod": "p"}}, {"lastFailure": {"code": 1}}, True),
+        ({"lastFailure": {"code": 2}}, {"lastFailure": {"code": 1}}, False),
+        ({"lastFailure": "x"}, {"lastFailure": {"code": 1}}, False),
+        ({"conditions": [{"type": "Ready"}]}, {"conditions": [{"type": "Ready"}]}, True),
+        (
+            {"conditions": [{"type": "Ready"}, {"type": "X"}]},
+            {"conditions": [{"type": "Ready"}]},
+            False,
+        ),
+        (None, {"phase": None}, True),
+        (None, {"phase": "Running"}, False),
+    ],
+)
+def test_merge_applied_follows_rfc7386(
+    current: dict[str, Any] | None, patch: dict[str, Any], applied: bool
+) -> None:
+    assert merge_applied(current, patch) is applied
+
+
+def _pod(name: str, job: str = "tj", ns: str = "ns", **meta: Any) -> dict[str, Any]:
+    labels = {contract.LABEL_JOB_NAME: job}
+    return {"metadata": {"name": name, "namespace": ns, "labels": labels, **meta}, "status": {}}
+
+
+def test_pods_are_unknown_until_their_namespace_is_listed_then_follow_the_watch() -> None:
+    store = Store()
+    assert store.pods_of(KEY) is None
+    changed = store.replace_pods("ns", [_pod("a"), _pod("b", job="other")])
+    assert changed == {("ns", "tj"), ("ns", "other")}
+    assert [p["metadata"]["name"] for p in store.pods_of(KEY) or []] == ["a"]
+    assert store.pods_of(("elsewhere", "tj")) is None, "that namespace was never listed"
+    store.put_pod(_pod("c"))
+    store.drop_pod(_pod("a"))
+    assert [p["metadata"]["name"] for p in store.pods_of(KEY) or []] == ["c"]
+    assert store.job_of_pod("ns", "c") == KEY and store.job_of_pod("ns", "a") is None
+    # A relist replaces what the scope held: "c" vanished while the watch was down.
+    assert store.replace_pods(ALL_NAMESPACES, []) == {("ns", "tj"), ("ns", "other")}
+    assert store.pods_of(KEY) == [] and store.pods_of(("elsewhere", "tj")) == []
+    assert store.sizes() == (0, 0, 0)
+
+
+def test_pod_expectations() -> None:
+    pod = _pod("a")
+    assert PodExpectation("a", "created").met(pod)
+    assert not PodExpectation("a", "created").met(None)
+    assert PodExpectation("a", "deleted").met(None)
+    assert not PodExpectation("a", "deleted").met(pod)
+    assert PodExpectation("a", "deleted").met(_pod("a", deletionTimestamp="t"))
+    relabelled = _pod("a")
+    relabelled["metadata"]["labels"][contract.LABEL_GENERATION] = "2"
+    want = {contract.LABEL_GENERATION: "2"}
+    assert PodExpectation("a", "labelled", want).met(relabelled)
+    assert not PodExpectation("a", "labelled", want).met(pod)
+    assert PodExpectation("a", "labelled", want).met(None), "a pod that is gone shows no lie"
+
+
+def test_a_deleted_job_leaves_nothing_behind() -> None:
+    _, store, cached, _, _ = _setup()
+    _reconcile(cached, Clock())
+    assert store.awaiting(KEY)
+    store.drop_job(KEY)
+    assert not store.awaiting(KEY)
+    assert store.job(KEY) is None
+    assert store.sizes()[0] == 0 and store.sizes()[2] == 0
