@@ -203,11 +203,14 @@ class Store:
             return self._pod_jobs.get((namespace, name))
 
     def pods_of(self, key: JobKey) -> list[Pod] | None:
-        """The job's pods, or None while no pod watch covering its namespace has synced."""
+        """The job's pods in a LIST's order (by name), or None while no pod watch covering
+        its namespace has synced. The order matters: plans and their messages are
+        deterministic in their input, as they were over the API server's LIST."""
         with self._lock:
             if key[0] not in self._synced and ALL_NAMESPACES not in self._synced:
                 return None
-            return list((self._pods.get(key) or {}).values())
+            pods = self._pods.get(key) or {}
+            return [pods[name] for name in sorted(pods)]
 
     # --- expectations ---------------------------------------------------------------------
     def expect_pods(self, key: JobKey, expectations: list[PodExpectation]) -> None:

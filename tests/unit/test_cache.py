@@ -211,9 +211,11 @@ def test_pods_are_unknown_until_their_namespace_is_listed_then_follow_the_watch(
     assert [p["metadata"]["name"] for p in store.pods_of(KEY) or []] == ["a"]
     assert store.pods_of(("elsewhere", "tj")) is None, "that namespace was never listed"
     store.put_pod(_pod("c"))
+    store.put_pod(_pod("0"))
     store.drop_pod(_pod("a"))
-    assert [p["metadata"]["name"] for p in store.pods_of(KEY) or []] == ["c"]
+    assert [p["metadata"]["name"] for p in store.pods_of(KEY) or []] == ["0", "c"], "by name"
     assert store.job_of_pod("ns", "c") == KEY and store.job_of_pod("ns", "a") is None
+    store.drop_pod(_pod("0"))
     # A relist replaces what the scope held: "c" vanished while the watch was down.
     assert store.replace_pods(ALL_NAMESPACES, []) == {("ns", "tj"), ("ns", "other")}
     assert store.pods_of(KEY) == [] and store.pods_of(("elsewhere", "tj")) == []
