@@ -1015,6 +1015,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--keep-cluster", action="store_true", help="leave the cluster running at the end"
     )
     p.add_argument("--json", type=Path, help="also write the raw figures here")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        help="record torchjob-operator with py-spy (pip install py-spy; the thread holding the "
+        "GIL, i.e. its Python CPU) into this file, in "
+        "py-spy's raw (collapsed stacks) format; it samples without stopping the process",
+    )
     args = p.parse_args(argv)  # fmt: skip
     args.sizes = [int(s) for s in str(args.sizes).split(",") if s]
     return args
@@ -1043,10 +1050,18 @@ def main(argv: list[str] | None = None) -> int:
     wait_established(kubeconfig, f"crd/{TJ_PLURAL}.{TJ_GROUP}")
     workdir = Path(tempfile.mkdtemp(prefix="bench-operators-"))
     procs: dict[str, Proc] = {}
+    profiler: subprocess.Popen[bytes] | None = None
     try:
         log("starting Kubeflow training-operator and torchjob-operator")
         procs["kf"] = start_kubeflow(kf_binary, kf_crd, kubeconfig, core, workdir)
         procs["tj"], tj_metrics_port = start_torchjob(kubeconfig, workdir)
+        if args.profile:
+            profiler = subprocess.Popen(
+                [shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"),
+                 "record", "--pid", str(procs["tj"].popen.pid), "--nonblocking", "--gil", "--rate", "100",
+                 "--format", "raw", "--output", str(args.profile)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
         time.sleep(args.settle)
         idle = {k: p.rss_mib() for k, p in procs.items()}
         cpu_start = {k: p.cpu_s() for k, p in procs.items()}
@@ -1089,6 +1104,11 @@ def main(argv: list[str] | None = None) -> int:
             if not p.alive():
                 print(f"warning: {p.name} exited early; see {p.log_path}")
     finally:
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                profiler.wait(60)
+            log(f"profile of torchjob-operator in {args.profile}")
         for p in procs.values():
             p.stop()
         if not args.keep_cluster:

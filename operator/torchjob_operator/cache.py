@@ -41,6 +41,11 @@ Pod = dict[str, Any]
 ALL_NAMESPACES = ""
 """The scope of a cluster-wide pod watch."""
 
+TOMBSTONE_S = 60.0
+"""How long a deleted TorchJob is known to be gone: the garbage collector deletes its pods
+after it, and each of their events pokes the job once more; the cache answers "gone" for
+them instead of a GET per poke."""
+
 
 def trim_pod(pod: Mapping[str, Any]) -> Pod:
     """The part of a pod that ``planner.observed`` reads: the rest is never looked at again."""
@@ -132,6 +137,8 @@ class Store:
         self._synced: set[str] = set()
         self._pending: dict[JobKey, _Pending] = {}
         self._live: dict[JobKey, set[str]] = {}
+        self._gone: dict[JobKey, float] = {}
+        """Deleted jobs, oldest first, with when: tombstones (``TOMBSTONE_S``)."""
 
     # --- what the watches deliver -------------------------------------------------------
     def put_job(self, job: Mapping[str, Any]) -> JobKey:
@@ -139,14 +146,29 @@ class Store:
         key = (str(meta.get("namespace") or ""), str(meta.get("name")))
         with self._lock:
             self._jobs[key] = trim_job(job)
+            self._gone.pop(key, None)
         return key
 
     def drop_job(self, key: JobKey) -> None:
         """The TorchJob is gone: forget it, its pods go with their own DELETED events."""
+        now = self.clock()
         with self._lock:
             self._jobs.pop(key, None)
             self._pending.pop(key, None)
             self._live.pop(key, None)
+            self._gone.pop(key, None)
+            self._gone[key] = now  # the newest last
+            for old, since in list(self._gone.items()):
+                if now - since < TOMBSTONE_S:
+                    break
+                del self._gone[old]
+
+    def is_gone(self, key: JobKey) -> bool:
+        """Whether the watch saw this job deleted (in the last ``TOMBSTONE_S``), and no new
+        one of the same name since."""
+        with self._lock:
+            since = self._gone.get(key)
+        return since is not None and self.clock() - since < TOMBSTONE_S
 
     def put_pod(self, pod: Mapping[str, Any]) -> JobKey | None:
         key = job_key_of_pod(pod)
@@ -296,6 +318,8 @@ class CachedKube:
             job = self.store.job(key)
             if job is not None:
                 return job
+            if self.store.is_gone(key):
+                return None
         metrics.LIVE_READS.labels(kind="job").inc()
         return self.live.get_job(namespace, name)
 

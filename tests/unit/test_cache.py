@@ -16,6 +16,7 @@ from tests.unit.test_reconcile import Clock, FakeKube, _spec
 from torchjob import contract
 from torchjob_operator.cache import (
     ALL_NAMESPACES,
+    TOMBSTONE_S,
     CachedKube,
     PodExpectation,
     Store,
@@ -245,3 +246,20 @@ def test_a_deleted_job_leaves_nothing_behind() -> None:
     assert not store.awaiting(KEY)
     assert store.job(KEY) is None
     assert store.sizes()[0] == 0 and store.sizes()[2] == 0
+
+
+def test_a_deleted_job_is_gone_without_asking_until_its_tombstone_expires() -> None:
+    api, store, cached, _, ticks = _setup()
+    store.drop_job(KEY)
+    assert cached.get_job("ns", "tj") is None, "the pods' last events poke a job known gone"
+    assert api.reads == 0
+    ticks.now += TOMBSTONE_S
+    assert cached.get_job("ns", "tj") is not None and api.reads == 1, "then it asks"
+    store.drop_job(KEY)
+    store.put_job(api.job)  # created again under the same name
+    assert not store.is_gone(KEY)
+    store.drop_job(("ns", "other"))
+    ticks.now += TOMBSTONE_S
+    store.drop_job(("ns", "third"))
+    assert not store.is_gone(("ns", "other")) and store.is_gone(("ns", "third"))
+    assert list(store._gone) == [("ns", "third")], "expired tombstones are pruned"
