@@ -30,6 +30,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--create-concurrency", type=int, default=16, help="pods created in parallel")
     p.add_argument(
+        "--cache-deadline",
+        type=float,
+        default=10.0,
+        help="seconds a job waits for the watches to show its last writes before it reads the "
+        "API server instead of the cache",
+    )
+    p.add_argument(
         "--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)"
     )
     p.add_argument(
@@ -82,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         namespaces=tuple(args.namespace),
         resync_period_s=args.resync_period,
         create_concurrency=args.create_concurrency,
+        cache_deadline_s=args.cache_deadline,
         leader_election=election,
     )
     from torchjob_operator import memory
