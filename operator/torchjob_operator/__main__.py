@@ -30,6 +30,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--create-concurrency", type=int, default=16, help="pods created in parallel")
     p.add_argument(
+        "--max-concurrent-reconciles", type=int, default=6, help="jobs reconciled at once"
+    )
+    p.add_argument(
         "--cache-deadline",
         type=float,
         default=10.0,
@@ -90,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         resync_period_s=args.resync_period,
         create_concurrency=args.create_concurrency,
         cache_deadline_s=args.cache_deadline,
+        max_concurrent_reconciles=args.max_concurrent_reconciles,
         leader_election=election,
     )
     from torchjob_operator import memory

@@ -17,6 +17,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +48,11 @@ kernel this many seconds later (``memory.release_freed``): one trim per burst.""
 class _Loop:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    deferred_since: float | None = None
+    """When a worker-count-only status write was first held back (monotonic)."""
+
+    def may_defer(self, now: float, batch_s: float) -> bool:
+        return self.deferred_since is None or now - self.deferred_since < batch_s
 
 
 class Reconciler:
@@ -115,9 +122,19 @@ class Reconciler:
                     await asyncio.wait_for(loop.wake.wait(), timeout=catching_up)
                 continue
             try:
+                started = time.monotonic()
                 outcome = await asyncio.to_thread(
-                    reconcile_once, self.kube, ns, name, settings=settings
+                    reconcile_once,
+                    self.kube,
+                    ns,
+                    name,
+                    settings=settings,
+                    defer_progress=loop.may_defer(started, settings.progress_batch_s),
                 )
+                if not outcome.deferred:
+                    loop.deferred_since = None
+                elif loop.deferred_since is None:
+                    loop.deferred_since = started
                 error_backoff = 1.0
             except Exception:  # never let one job's error end the operator
                 metrics.RECONCILE_ERRORS.inc()
@@ -205,6 +222,10 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     api_config = client.Configuration.get_default_copy()
     api_config.connection_pool_maxsize = max(api_config.connection_pool_maxsize or 0, 64)
     client.Configuration.set_default(api_config)
+    # asyncio.to_thread's executor runs the reconciles (settings.max_concurrent_reconciles).
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(ours.max_concurrent_reconciles, thread_name_prefix="torchjob-reconcile")
+    )
     if ours.leader_election is not None:
         _elect(ours.leader_election)
 

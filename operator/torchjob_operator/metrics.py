@@ -9,6 +9,10 @@ PODS_CREATED = Counter("torchjob_pods_created_total", "Worker pods created")
 PODS_DELETED = Counter("torchjob_pods_deleted_total", "Worker pods deleted")
 TRANSITIONS = Counter("torchjob_phase_transitions_total", "TorchJob phase transitions", ["phase"])
 STATUS_PATCHES = Counter("torchjob_status_patches_total", "Status writes of TorchJobs")
+STATUS_DEFERRED = Counter(
+    "torchjob_status_deferred_total",
+    "Status writes that only moved worker counts, held back to fold into the next one",
+)
 RECONCILE_ERRORS = Counter("torchjob_reconcile_errors_total", "Reconciles that raised")
 JOB_LOOPS = Gauge(
     "torchjob_job_loops",

@@ -44,7 +44,7 @@ from torchjob_operator.planner.observed import (
     probe_view,
 )
 from torchjob_operator.planner.plan import Event, JobView, Plan, plan
-from torchjob_operator.planner.status import set_not_ready
+from torchjob_operator.planner.status import progress_only, set_not_ready
 from torchjob_operator.resources.pods import headless_service, probe_pod, worker_pod
 from torchjob_operator.resources.rbac import worker_rbac
 from torchjob_operator.settings import OperatorSettings
@@ -70,6 +70,8 @@ class Outcome:
     """Run again after this long even if nothing happens; None: wait for a change."""
     gone: bool = False
     """The TorchJob no longer exists: stop its loop."""
+    deferred: bool = False
+    """A status write that only moved the worker counts was held back (``defer_progress``)."""
 
 
 def validation_message(err: ValidationError) -> str:
@@ -100,8 +102,19 @@ def _status_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
 
 
 def reconcile_once(
-    kube: Kube, namespace: str, name: str, *, settings: OperatorSettings, clock: Clock = utcnow
+    kube: Kube,
+    namespace: str,
+    name: str,
+    *,
+    settings: OperatorSettings,
+    clock: Clock = utcnow,
+    defer_progress: bool = False,
 ) -> Outcome:
+    """One pass over one job. With ``defer_progress`` a status write that would only move
+    the worker counts (``planner.status.progress_only``) is held back and the outcome asks
+    to run again within ``settings.progress_batch_s``: while 8 pods start one by one, their
+    job's status is written when the phase changes, not 8 times (the caller decides when
+    the wait is over)."""
     log = JobLogger(logging.getLogger("torchjob_operator"), {"job": f"{namespace}/{name}"})
     job = kube.get_job(namespace, name)
     if job is None or (job.get("metadata") or {}).get("deletionTimestamp"):
@@ -157,20 +170,32 @@ def reconcile_once(
     events = list(decided.events)
     status = dict(decided.status)
 
-    if decided.ensure_service and kube.ensure_service(
-        headless_service(name=name, namespace=namespace, uid=meta["uid"])
-    ):
+    # The Service and the worker account, all at once (one round trip, not four), and before
+    # the pods: the ServiceAccount admission plugin rejects pods whose account is missing.
+    pool = _fan_out(settings)
+    service = (
+        pool.submit(
+            kube.ensure_service, headless_service(name=name, namespace=namespace, uid=meta["uid"])
+        )
+        if decided.ensure_service
+        else None
+    )
+    rbac = (
+        list(
+            pool.map(
+                lambda kind_body: (kind_body[0], kube.ensure_rbac_object(*kind_body)),
+                worker_rbac(name=name, namespace=namespace, uid=meta["uid"]),
+            )
+        )
+        if decided.create is not None
+        else []
+    )
+    if service is not None and service.result():
         events.append(Event.of("CreatedService", name=name))
-    if decided.create is not None:
-        # Before the pods: the ServiceAccount admission plugin rejects pods whose account is missing.
-        made = [
-            kind
-            for kind, body in worker_rbac(name=name, namespace=namespace, uid=meta["uid"])
-            if kube.ensure_rbac_object(kind, body)
-        ]
-        if made:  # one Event for the three (each is one more write to the API server)
-            account = contract.worker_service_account(name)
-            events.append(Event.of("CreatedWorkerAccount", kinds=", ".join(made), name=account))
+    made = [kind for kind, created in rbac if created]
+    if made:  # one Event for the three (each is one more write to the API server)
+        account = contract.worker_service_account(name)
+        events.append(Event.of("CreatedWorkerAccount", kinds=", ".join(made), name=account))
 
     failures = _create_pods(kube, namespace, worker_bodies, decided, settings, events)
     for body in probe_bodies:
@@ -192,7 +217,18 @@ def reconcile_once(
             update={"created_generation": view.state.created_generation}
         ).to_patch()
 
-    if _status_changed(old_status, status):
+    deferred = (
+        defer_progress
+        and not decided.create
+        and not decided.delete
+        and not decided.relabel
+        and not events
+        and not failures
+        and progress_only(old_status, status)
+    )
+    if deferred:
+        metrics.STATUS_DEFERRED.inc()
+    elif _status_changed(old_status, status):
         kube.patch_job_status(namespace, name, status)
         metrics.STATUS_PATCHES.inc()
         if old_status.get("phase") != status.get("phase"):
@@ -224,7 +260,9 @@ def reconcile_once(
     requeue = decided.requeue_after_s
     if failures:
         requeue = min(requeue or 30.0, 30.0 if failures[0].permanent else 5.0)
-    return Outcome(requeue)
+    if deferred:
+        requeue = min(requeue or settings.progress_batch_s, settings.progress_batch_s)
+    return Outcome(requeue, deferred=deferred)
 
 
 _POOL: ThreadPoolExecutor | None = None

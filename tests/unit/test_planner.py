@@ -472,3 +472,20 @@ def test_user_scale_of_an_elastic_job_is_honoured() -> None:
     view = replace(view, spec=builder.replicas(3).build().spec)
     decided = plan(view, [running(p) for p in pods], at(5))
     assert decided.status["currentGeneration"] == 1 and decided.status["replicas"] == 3
+
+
+def test_progress_only_is_the_counts_and_the_messages_that_quote_them() -> None:
+    from torchjob_operator.planner.status import progress_only
+
+    ready = {"type": "Ready", "status": "False", "reason": "WaitingForPods"}
+    old = {"phase": "Pending", "workers": "1/4", "readyWorkers": 1, "conditions": [
+        {**ready, "message": "1/4 workers ready"}]}  # fmt: skip
+    counts = {**old, "workers": "2/4", "readyWorkers": 2, "conditions": [
+        {**ready, "message": "2/4 workers ready"}]}  # fmt: skip
+    assert progress_only(old, counts)
+    assert not progress_only(old, old), "no change is nothing to hold back"
+    assert not progress_only(old, {**counts, "phase": "Running"})
+    assert not progress_only(old, {**counts, "restarts": 1})
+    flipped = {**counts, "conditions": [{**ready, "status": "True", "message": "x"}]}
+    assert not progress_only(old, flipped)
+    assert not progress_only(old, {**counts, "conditions": []})

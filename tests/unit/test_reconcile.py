@@ -302,3 +302,54 @@ def test_a_spec_the_model_rejects_is_invalid_spec_on_the_first_reconcile() -> No
     _invalid_spec_calls(kube)
     message = {c["type"]: c for c in kube.job["status"]["conditions"]}["Stalled"]["message"]
     assert message.startswith("TorchJob ns/tj has an invalid spec: spec.replicas:"), message
+
+
+def _start(kube: FakeKube, name: str) -> None:
+    kube.pods[name]["spec"]["nodeName"] = "node-1"
+    kube.pods[name]["status"] = {
+        "phase": "Running",
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Ready", "status": "True"},
+        ],
+    }
+
+
+def test_worker_counts_wait_for_the_next_write_but_a_phase_never_waits() -> None:
+    clock = Clock()
+    kube = FakeKube(_spec(replicas=4))
+    settings = OperatorSettings(progress_batch_s=1.0)
+
+    def once(defer: bool) -> reconcile.Outcome:
+        return reconcile_once(
+            kube, "ns", "tj", settings=settings, clock=clock, defer_progress=defer
+        )
+
+    assert not once(True).deferred, "creating the pods is written at once"
+    names = sorted(kube.pods)
+    kube.calls.clear()
+    for name in names[:3]:
+        _start(kube, name)
+        outcome = once(True)
+        assert outcome.deferred and outcome.requeue_after_s == 1.0
+    assert "patch_job_status" not in kube.calls
+    assert kube.job["status"]["workers"] == "0/4"
+
+    # The wait is over (the loop says so): the counts are written.
+    outcome = once(False)
+    assert not outcome.deferred
+    assert kube.calls.count("patch_job_status") == 1
+    assert kube.job["status"]["workers"] == "3/4"
+    ready = next(c for c in kube.job["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["message"] == "3/4 workers ready"
+
+    # The last worker makes the job Running: a phase is never held back.
+    _start(kube, names[3])
+    assert not once(True).deferred
+    assert (kube.job["status"]["phase"], kube.job["status"]["workers"]) == ("Running", "4/4")
+
+    # A failure is a decision, written at once even while counts could wait.
+    kube.exit(names[1], 1)
+    kube.calls.clear()
+    assert not once(True).deferred
+    assert kube.calls[0] == "patch_job_status" and kube.job["status"]["restarts"] == 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torchjob import contract
@@ -74,6 +74,34 @@ def render_status(d: Draft, current: Sequence[PodView]) -> dict[str, Any]:
         succeeded_workers=sum(1 for p in current if p.phase == PodPhase.SUCCEEDED),
         failed_workers=sum(1 for p in current if p.phase == PodPhase.FAILED),
     ).to_patch()
+
+
+PROGRESS_COUNTS = frozenset(
+    {"workers", "readyWorkers", "activeWorkers", "succeededWorkers", "failedWorkers"}
+)
+"""Status fields that only count pods: they change with every pod that starts."""
+
+
+def progress_only(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether the status patch ``new`` changes nothing of ``old`` but how many workers are
+    where (the counts, and the condition messages that quote them: "3/8 workers ready").
+    Such a write may wait a moment and fold into the next one; a phase, a condition's
+    status or reason, a generation or a counter of restarts never waits."""
+    changed = [k for k, v in new.items() if old.get(k) != v]
+    if not changed:
+        return False
+    for key in changed:
+        if key == "conditions":
+            before, after = old.get("conditions") or [], new.get("conditions") or []
+            if len(before) != len(after) or any(
+                (a.get("type"), a.get("status"), a.get("reason"))
+                != (b.get("type"), b.get("status"), b.get("reason"))
+                for a, b in zip(before, after, strict=True)
+            ):
+                return False
+        elif key not in PROGRESS_COUNTS:
+            return False
+    return True
 
 
 def set_not_ready(
