@@ -18,7 +18,8 @@ so the cache can delay a decision but never make a wrong one. Expectations are p
 what the cache holds, never resourceVersion comparisons: resourceVersions are opaque.
 
 Pods are stored trimmed to what the planner reads (client-go's ``TransformFunc``): no
-``managedFields`` and no containers, so 8000 pods stay a few MiB.
+``managedFields``, no containers, only the conditions and container states the planner
+judges, kept as compact JSON bytes, so 8000 pods take about 4 MiB.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
+
+import orjson
 
 from torchjob import contract
 from torchjob_operator import metrics
@@ -38,6 +41,9 @@ JobKey = tuple[str, str]
 
 Pod = dict[str, Any]
 
+_OUR_LABELS = f"{contract.GROUP}/"
+"""The prefix of torchjob's own labels (``torchjob.io/``): the only labels the planner reads."""
+
 ALL_NAMESPACES = ""
 """The scope of a cluster-wide pod watch."""
 
@@ -47,19 +53,53 @@ after it, and each of their events pokes the job once more; the cache answers "g
 them instead of a GET per poke."""
 
 
+_READ_CONDITIONS = frozenset({"Ready", "PodScheduled", "DisruptionTarget", "TerminationTarget"})
+_CONDITION_KEYS = ("type", "status", "reason", "message", "lastTransitionTime")
+
+
+def _trim_container_status(cs: Mapping[str, Any]) -> dict[str, Any]:
+    state = cs.get("state") or {}
+    last = cs.get("lastState") or {}
+    out: dict[str, Any] = {}
+    kept = {k: state[k] for k in ("terminated", "waiting") if k in state}
+    if kept:
+        out["state"] = kept
+    if "terminated" in last:
+        out["lastState"] = {"terminated": last["terminated"]}
+    return out
+
+
 def trim_pod(pod: Mapping[str, Any]) -> Pod:
-    """The part of a pod that ``planner.observed`` reads: the rest is never looked at again."""
+    """The part of a pod that ``planner.observed`` reads, and nothing else: no
+    ``managedFields``, no containers, only torchjob's labels, only the conditions and
+    container states it judges. 8000 pods took 42 MiB of the cache with the whole status,
+    19 MiB trimmed, 4 MiB trimmed and kept as JSON bytes (``Store``)."""
     meta = pod.get("metadata") or {}
-    kept_meta = {
-        k: meta[k]
-        for k in ("name", "namespace", "uid", "labels", "deletionTimestamp", "resourceVersion")
-        if k in meta
+    kept_meta: dict[str, Any] = {k: meta[k] for k in ("name", "namespace") if k in meta}
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k.startswith(_OUR_LABELS)}
+    if labels:
+        kept_meta["labels"] = labels
+    if meta.get("deletionTimestamp"):
+        kept_meta["deletionTimestamp"] = meta["deletionTimestamp"]
+    status = pod.get("status") or {}
+    kept_status: dict[str, Any] = {
+        k: status[k] for k in ("phase", "reason", "message") if status.get(k)
     }
+    conditions = [
+        {k: c[k] for k in _CONDITION_KEYS if c.get(k) is not None}
+        for c in status.get("conditions") or ()
+        if c.get("type") in _READ_CONDITIONS
+    ]
+    if conditions:
+        kept_status["conditions"] = conditions
+    for key in ("initContainerStatuses", "containerStatuses"):
+        if status.get(key):
+            kept_status[key] = [_trim_container_status(cs) for cs in status[key]]
     node = (pod.get("spec") or {}).get("nodeName")
     return {
         "metadata": kept_meta,
         "spec": {"nodeName": node} if node else {},
-        "status": pod.get("status") or {},
+        "status": kept_status,
     }
 
 
@@ -118,6 +158,15 @@ class _Pending:
     status: list[Mapping[str, Any]] = field(default_factory=list)
 
 
+def _compact(pod: Pod) -> bytes:
+    # A copy of exactly its length: orjson's own result keeps its 4 KiB output buffer.
+    return bytes(memoryview(orjson.dumps(pod)))
+
+
+def _decoded(blob: bytes | None) -> Pod | None:
+    return None if blob is None else cast(Pod, orjson.loads(blob))
+
+
 class Store:
     """TorchJobs and their pods as the watches delivered them, and what our writes expect.
 
@@ -132,7 +181,10 @@ class Store:
         self.clock = clock
         self._lock = threading.Lock()
         self._jobs: dict[JobKey, dict[str, Any]] = {}
-        self._pods: dict[JobKey, dict[str, Pod]] = {}
+        self._pods: dict[JobKey, dict[str, bytes]] = {}
+        """Each pod trimmed, then kept as compact JSON: 8000 pods as dicts took 19 MiB, as
+        bytes 4; a reader decodes the few it asks for (a few microseconds each) and gets
+        objects of its own."""
         self._pod_jobs: dict[tuple[str, str], JobKey] = {}
         self._synced: set[str] = set()
         self._pending: dict[JobKey, _Pending] = {}
@@ -175,8 +227,9 @@ class Store:
         if key is not None:
             trimmed = trim_pod(pod)
             name = trimmed["metadata"]["name"]
+            blob = _compact(trimmed)
             with self._lock:
-                self._pods.setdefault(key, {})[name] = trimmed
+                self._pods.setdefault(key, {})[name] = blob
                 self._pod_jobs[(key[0], name)] = key
         return key
 
@@ -197,12 +250,12 @@ class Store:
         """A fresh LIST of the pods in ``scope`` (a namespace, or ``ALL_NAMESPACES``): what
         it holds replaces the cache there, which counts as synced from now on. Returns the
         jobs whose pods were listed or were cached before (each may have changed)."""
-        fresh: dict[JobKey, dict[str, Pod]] = {}
+        fresh: dict[JobKey, dict[str, bytes]] = {}
         for pod in pods:
             key = job_key_of_pod(pod)
             if key is not None:
                 trimmed = trim_pod(pod)
-                fresh.setdefault(key, {})[trimmed["metadata"]["name"]] = trimmed
+                fresh.setdefault(key, {})[trimmed["metadata"]["name"]] = _compact(trimmed)
         with self._lock:
             stale = [k for k in self._pods if scope == ALL_NAMESPACES or k[0] == scope]
             for k in stale:
@@ -232,7 +285,8 @@ class Store:
             if key[0] not in self._synced and ALL_NAMESPACES not in self._synced:
                 return None
             pods = self._pods.get(key) or {}
-            return [pods[name] for name in sorted(pods)]
+            blobs = [pods[name] for name in sorted(pods)]
+        return [orjson.loads(b) for b in blobs]
 
     # --- expectations ---------------------------------------------------------------------
     def expect_pods(self, key: JobKey, expectations: list[PodExpectation]) -> None:
@@ -264,7 +318,7 @@ class Store:
             if pending is None:
                 return None
             pods = self._pods.get(key) or {}
-            pending.pods = [e for e in pending.pods if not e.met(pods.get(e.name))]
+            pending.pods = [e for e in pending.pods if not e.met(_decoded(pods.get(e.name)))]
             job = self._jobs.get(key)
             status = (job or {}).get("status")
             pending.status = [p for p in pending.status if not merge_applied(status, p)]

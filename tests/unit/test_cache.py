@@ -160,7 +160,40 @@ def _realistic_pods() -> list[dict[str, Any]]:
     )
     probe = copy.deepcopy(pods[2])
     probe["metadata"]["labels"][contract.LABEL_ROLE] = contract.ROLE_PROBE
-    return [*pods, probe]
+    pulling = copy.deepcopy(pods[2])
+    pulling["metadata"]["labels"]["app.kubernetes.io/name"] = "theirs"
+    pulling["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {"type": "Initialized", "status": "True", "lastProbeTime": None},
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "t"},
+        ],
+        "initContainerStatuses": [{"name": "init", "state": {"running": {"startedAt": "t"}}}],
+        "containerStatuses": [
+            {
+                "name": "trainer",
+                "image": "img",
+                "ready": False,
+                "state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}},
+                "lastState": {"terminated": {"exitCode": 2, "reason": "Error", "message": "x"}},
+            }
+        ],
+    }
+    unschedulable = copy.deepcopy(pods[2])
+    del unschedulable["spec"]["nodeName"]
+    unschedulable["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+                "lastTransitionTime": "2026-01-01T00:00:03Z",
+            }
+        ],
+    }
+    return [*pods, probe, pulling, unschedulable]
 
 
 def test_a_trimmed_pod_tells_the_planner_exactly_what_the_whole_pod_does() -> None:
