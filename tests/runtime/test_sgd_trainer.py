@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +58,35 @@ def make_trainer(**overrides: Any) -> PyTorchTrainer:
     return PyTorchTrainer(model_creator, data_creator, optimizer_creator, **kwargs)
 
 
+def recording_hook(directory: Path) -> Callable[[], None]:
+    """An initialization_hook that leaves ``hook-<rank>`` (its pid inside) in ``directory``."""
+
+    def hook() -> None:
+        import os
+
+        from torchjob.launch import worker_info
+
+        info = worker_info()
+        assert info is not None
+        (directory / f"hook-{info.rank}").write_text(str(os.getpid()))
+
+    return hook
+
+
 @pytest.fixture(scope="module")
-def trainer() -> Iterator[PyTorchTrainer]:
-    t = make_trainer(scheduler_creator=scheduler_creator, scheduler_step_freq="epoch")
+def hook_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("hooks")
+
+
+@pytest.fixture(scope="module")
+def trainer(hook_dir: Path) -> Iterator[PyTorchTrainer]:
+    # The module's shared trainer also carries the initialization hook under test, so that
+    # test does not start 2 more workers of its own.
+    t = make_trainer(
+        scheduler_creator=scheduler_creator,
+        scheduler_step_freq="epoch",
+        initialization_hook=recording_hook(hook_dir),
+    )
     yield t
     t.shutdown()
 
@@ -163,21 +189,10 @@ def test_use_fp16_on_cpu_trains_under_bf16_autocast() -> None:
         t.shutdown()
 
 
-def test_initialization_hook_runs_on_every_worker(tmp_path: Path) -> None:
-    def hook() -> None:
-        import os
-
-        from torchjob.launch import worker_info
-
-        info = worker_info()
-        assert info is not None
-        (tmp_path / f"hook-{info.rank}").write_text(str(os.getpid()))
-
-    t = make_trainer(initialization_hook=hook)
-    try:
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["hook-0", "hook-1"]
-    finally:
-        t.shutdown()
+def test_initialization_hook_runs_on_every_worker(trainer: PyTorchTrainer, hook_dir: Path) -> None:
+    assert sorted(p.name for p in hook_dir.iterdir()) == ["hook-0", "hook-1"]
+    pids = {int(p.read_text()) for p in hook_dir.iterdir()}
+    assert len(pids) == 2  # two worker processes, one hook call each
 
 
 def test_user_error_names_the_rank_and_is_not_retried() -> None:

@@ -131,13 +131,15 @@ def test_killed_worker_restarts_group_and_loss_continues(tmp_path: Path) -> None
 def test_elastic_shrinks_then_grows_back(tmp_path: Path) -> None:
     result = TorchTrainer(
         step_loop,
-        train_loop_config=_config(tmp_path, 10, faults={"0:2": "kill"}, fault_rank=3),
-        scaling_config=ScalingConfig(num_workers=(2, 4), elastic_grow_cooldown_s=0),
+        # 3 ranks (not 4) prove the same: 11 worker starts became 8 (each imports torch and,
+        # through DDP, torch._dynamo: about 6 s of CPU per worker).
+        train_loop_config=_config(tmp_path, 10, faults={"0:2": "kill"}, fault_rank=2),
+        scaling_config=ScalingConfig(num_workers=(2, 3), elastic_grow_cooldown_s=0),
         run_config=_run_config(tmp_path),  # max_failures=0: a lost worker is not charged
     ).fit()
-    assert result.world_sizes == [4, 3, 4]
+    assert result.world_sizes == [3, 2, 3]
     sizes = [m["world_size"] for m in result.metrics_history]
-    assert sizes[0] == 4 and 3 in sizes and sizes[-1] == 4
+    assert sizes[0] == 3 and 2 in sizes and sizes[-1] == 3
     assert [m["step"] for m in result.metrics_history] == list(range(10))
 
 
