@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     from torchjob_operator import memory
 
     memory.limit_arenas()  # before any thread starts (memory.py says why)
+    if os.environ.get("TORCHJOB_TRACEMALLOC"):
+        memory.trace_allocations(int(os.environ["TORCHJOB_TRACEMALLOC"]))
     if args.metrics_port:
         from prometheus_client import start_http_server
 

@@ -27,7 +27,7 @@ from kubernetes import client
 from kubernetes import config as kube_config
 
 from torchjob.api.models import GROUP, PLURAL, VERSION
-from torchjob_operator import memory, metrics
+from torchjob_operator import memory, metrics, reconcile
 from torchjob_operator import settings as settings_mod
 from torchjob_operator.cache import CachedKube, Store
 from torchjob_operator.kube import KubeClient
@@ -105,8 +105,18 @@ class Reconciler:
 
     def _start_trim(self) -> None:
         self._trim = None
+        idle = not self.loops
         # Held until done: the event loop keeps only a weak reference to a task.
-        self._trim_task = asyncio.ensure_future(asyncio.to_thread(memory.release_freed))
+        self._trim_task = asyncio.ensure_future(asyncio.to_thread(self._release, idle))
+
+    def _release(self, idle: bool) -> bool:
+        """Give memory back; with no job left, also the write pool's threads (their stacks)
+        and the kept-alive connections (their TLS buffers): the next job makes them again."""
+        if idle:
+            reconcile.release_pool()
+            if isinstance(self.kube.live, KubeClient):
+                self.kube.live.close_idle_connections()
+        return memory.release_freed()
 
     async def _run(self, key: JobKey, loop: _Loop) -> None:
         ns, name = key

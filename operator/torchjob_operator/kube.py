@@ -123,6 +123,10 @@ class KubeClient:
                 return False
             raise KubeError("create", f"{kind} {ns}/{name}", e) from e
 
+    def close_idle_connections(self) -> None:
+        """Close the kept-alive connections (the pool opens new ones when asked)."""
+        self.api.rest_client.pool_manager.clear()
+
     # --- TorchJobs ------------------------------------------------------------------
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -19,7 +19,10 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import signal
+import tracemalloc
 from functools import cache
+from types import FrameType
 
 log = logging.getLogger(__name__)
 
@@ -56,3 +59,21 @@ def release_freed() -> bool:
     released = bool(libc.malloc_trim(0))
     log.debug("malloc_trim: %s", "released memory" if released else "nothing to release")
     return released
+
+
+def trace_allocations(frames: int = 1) -> None:
+    """Debugging what holds memory (``TORCHJOB_TRACEMALLOC=<frames>``): trace every
+    allocation, and on SIGUSR1 log the 25 places holding the most (``kill -USR1 <pid>``)."""
+    tracemalloc.start(max(frames, 1))
+
+    def dump(_signum: int, _frame: FrameType | None) -> None:
+        gc.collect()
+        snapshot = tracemalloc.take_snapshot()
+        current, peak = tracemalloc.get_traced_memory()
+        lines = [f"tracemalloc: {current / 2**20:.1f} MiB traced (peak {peak / 2**20:.1f})"]
+        for stat in snapshot.statistics("traceback" if frames > 1 else "lineno")[:25]:
+            where = " <- ".join(str(f) for f in stat.traceback[:frames])
+            lines.append(f"  {stat.size / 2**10:9.0f} KiB {stat.count:8d} blocks  {where}")
+        log.warning("\n".join(lines))
+
+    signal.signal(signal.SIGUSR1, dump)

@@ -282,6 +282,16 @@ def _fan_out(settings: OperatorSettings) -> ThreadPoolExecutor:
         return _POOL
 
 
+def release_pool() -> None:
+    """End the write pool's threads (their stacks go back to the kernel); the next reconcile
+    that writes starts a new pool. Called when the operator has no job left."""
+    global _POOL
+    with _POOL_LOCK:
+        pool, _POOL = _POOL, None
+    if pool is not None:
+        pool.shutdown(wait=True)
+
+
 def _relabel_pods(kube: Kube, namespace: str, decided: Plan, settings: OperatorSettings) -> None:
     """KeepSurvivors: kept pods join the new generation (their runtime follows the status).
     Concurrent like creates and deletes: a 64-pod job must not take 63 round trips in a row."""

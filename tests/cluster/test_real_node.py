@@ -66,8 +66,10 @@ def real_template(
     grace: int = 10,
     env: dict[str, str] | None = None,
     script: str = "train_job.py",
+    scripts: Path = SCRIPTS,
 ) -> dict[str, Any]:
-    """A worker pod on the real node running tests/e2e/train_job.py in the runtime image."""
+    """A worker pod on the real node running ``scripts/script`` (tests/e2e/train_job.py by
+    default) in the runtime image, the scripts' directory mounted from the host."""
     return {
         "spec": {
             "nodeSelector": {NODE_LABEL: "true"},
@@ -78,20 +80,20 @@ def real_template(
                     "name": "trainer",
                     "image": image("runtime-cpu"),
                     "imagePullPolicy": "Never",
-                    "command": ["python3", str(SCRIPTS / script), *args],
+                    "command": ["python3", str(scripts / script), *args],
                     "env": [
                         {"name": "OMP_NUM_THREADS", "value": "1"},
                         *({"name": n, "value": v} for n, v in (env or {}).items()),
                     ],
                     "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
                     "volumeMounts": [
-                        {"name": "scripts", "mountPath": str(SCRIPTS), "readOnly": True},
+                        {"name": "scripts", "mountPath": str(scripts), "readOnly": True},
                         {"name": "checkpoints", "mountPath": str(storage)},
                     ],
                 }
             ],
             "volumes": [
-                {"name": "scripts", "hostPath": {"path": str(SCRIPTS), "type": "Directory"}},
+                {"name": "scripts", "hostPath": {"path": str(scripts), "type": "Directory"}},
                 {"name": "checkpoints", "hostPath": {"path": str(storage), "type": "Directory"}},
             ],
         }
@@ -260,9 +262,9 @@ def test_keep_survivors_keeps_the_surviving_pod_and_the_replacement_joins(
 
 
 def test_the_ray_train_quickstart_runs_as_a_torchjob(real_jobs: Jobs, storage: Path) -> None:
-    """Seed 003, unchanged but for its imports (tests/e2e/seed_quickstart.py), in one pod of 2
-    processes: in pod mode only the pod holding rank 0 gets a Result with a checkpoint, and
-    the seed's step [6] loads it, so a multi-pod run of this exact script fails in pod 1."""
+    """Seed 003 as shipped in examples/quickstart/train.py (the seed's code, imports mapped),
+    in one pod of 2 processes: fit() returns the Result and the seed's step [6] loads the
+    committed checkpoint from it."""
     real_jobs.apply(
         torchjob(
             "quick",
@@ -270,7 +272,10 @@ def test_the_ray_train_quickstart_runs_as_a_torchjob(real_jobs: Jobs, storage: P
             nprocPerNode=2,
             backend="gloo",
             template=real_template(
-                storage, script="seed_quickstart.py", env={"HOME": str(storage)}
+                storage,
+                script="train.py",
+                scripts=REPO / "examples" / "quickstart",
+                env={"HOME": str(storage), "QUICKSTART_EPOCHS": "3"},
             ),
             checkpoint={"path": str(storage)},
             failurePolicy={"maxRestarts": 0},
@@ -279,8 +284,9 @@ def test_the_ray_train_quickstart_runs_as_a_torchjob(real_jobs: Jobs, storage: P
     status = wait_finished(real_jobs, "quick")
     out = logs(real_jobs, "quick-worker-0")
     assert status["phase"] == "Succeeded", f"{real_jobs.describe('quick')}\n{out}"
-    assert "quickstart done: 3 reports" in out, out
     assert "'epoch': 2" in out, out
+    assert re.search(r"\[quickstart\] loaded \S+ \(epoch 2, loss \d", out), out
+    assert "[quickstart] primary: results in" in out, out
 
 
 def test_the_tune_seeds_distributed_trainable_runs_as_a_torchjob(
