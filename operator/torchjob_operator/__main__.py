@@ -25,17 +25,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         help="serve only this namespace (repeatable); default: all",
     )
+    defaults = settings_mod.OperatorSettings()  # one source for every default
     p.add_argument(
-        "--resync-period", type=float, default=60.0, help="seconds between idle reconciles of a job"
+        "--resync-period",
+        type=float,
+        default=defaults.resync_period_s,
+        help="seconds between idle reconciles of a job",
     )
-    p.add_argument("--create-concurrency", type=int, default=16, help="pods created in parallel")
     p.add_argument(
-        "--max-concurrent-reconciles", type=int, default=6, help="jobs reconciled at once"
+        "--create-concurrency",
+        type=int,
+        default=defaults.create_concurrency,
+        help="pods created in parallel",
+    )
+    p.add_argument(
+        "--max-concurrent-reconciles",
+        type=int,
+        default=defaults.max_concurrent_reconciles,
+        help="jobs reconciled at once",
     )
     p.add_argument(
         "--cache-deadline",
         type=float,
-        default=10.0,
+        default=defaults.cache_deadline_s,
         help="seconds a job waits for the watches to show its last writes before it reads the "
         "API server instead of the cache",
     )
