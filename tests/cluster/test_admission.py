@@ -27,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from tests import kube as k
 from tests.cluster.operator_harness import CRD_FILE, Jobs, OperatorProcess
 
+from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION, TorchJobSpec
 from torchjob_operator.resources.pods import worker_pod
 from torchjob_operator.resources.rbac import worker_rbac
@@ -867,10 +868,13 @@ def test_valid_edge_cases_are_accepted_and_get_all_their_pods(
         name = case.name if case.name != "tj" else f"valid-{i}"
         created = _create(custom, admission_ns, case.manifest(name), dry_run=False)
         names[name] = case
-        # The pod of the largest index this job can ever have must be a valid pod too.
+        # The pod of the largest index this job can ever have must be a valid pod too. Its
+        # dry run goes under a job name of the same length that is not this job's: the
+        # operator may already have created a pod of this very name (409 AlreadyExists).
         spec = TorchJobSpec.model_validate(created["spec"])
+        twin = name[:-1] + ("x" if name[-1] != "x" else "y")
         for kind, rbac in worker_rbac(
-            name=name, namespace=admission_ns, uid=created["metadata"]["uid"]
+            name=twin, namespace=admission_ns, uid=created["metadata"]["uid"]
         ):
             if kind == "ServiceAccount":
                 try:
@@ -880,7 +884,7 @@ def test_valid_edge_cases_are_accepted_and_get_all_their_pods(
                         raise
         last = spec.max_replicas - 1
         body = worker_pod(
-            name=name,
+            name=twin,
             namespace=admission_ns,
             uid=created["metadata"]["uid"],
             spec=spec,
@@ -888,6 +892,7 @@ def test_valid_edge_cases_are_accepted_and_get_all_their_pods(
             generation=1,
             replicas=spec.max_replicas,
         )
+        assert len(body["metadata"]["name"]) == len(contract.worker_pod_name(name, last))
         core.create_namespaced_pod(admission_ns, body, dry_run="All")
 
     def all_pods_created() -> bool:
