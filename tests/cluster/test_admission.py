@@ -869,10 +869,12 @@ def test_valid_edge_cases_are_accepted_and_get_all_their_pods(
         created = _create(custom, admission_ns, case.manifest(name), dry_run=False)
         names[name] = case
         # The pod of the largest index this job can ever have must be a valid pod too. Its
-        # dry run goes under a job name of the same length that is not this job's: the
-        # operator may already have created a pod of this very name (409 AlreadyExists).
+        # dry run goes under a job name of the same length that is not this job's (the
+        # operator may already have created a pod of this very name: 409 AlreadyExists), one
+        # twin per job (its ServiceAccount is owned by this job alone).
         spec = TorchJobSpec.model_validate(created["spec"])
-        twin = name[:-1] + ("x" if name[-1] != "x" else "y")
+        twin = ("x" if name[0] != "x" else "y") + name[1:]
+        assert twin not in names and twin != name
         for kind, rbac in worker_rbac(
             name=twin, namespace=admission_ns, uid=created["metadata"]["uid"]
         ):
