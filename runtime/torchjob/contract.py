@@ -26,10 +26,7 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
-
-if TYPE_CHECKING:
-    from torchjob.api.models import TorchJobSpec
+from typing import Final
 
 # --- torchjob's own variables -------------------------------------------------
 JOB_NAME: Final = "TORCHJOB_JOB_NAME"
@@ -188,39 +185,6 @@ class PodEnv:
             PYTHONUNBUFFERED: "1",
         }
         return env
-
-    @classmethod
-    def for_worker(
-        cls,
-        spec: TorchJobSpec,
-        *,
-        job_name: str,
-        namespace: str,
-        index: int,
-        generation: int,
-        replicas: int,
-        rdzv_host: str | None = None,
-        rdzv_port: int = DEFAULT_RDZV_PORT,
-        nproc_per_node: int | None = None,
-    ) -> PodEnv:
-        """What worker ``index`` of a TorchJob gets: the one builder the operator's pods
-        (``torchjob_operator.resources.pods``) and ``torchjob run``'s local pods share.
-        The rendezvous host defaults to pod 0's DNS name behind the headless Service."""
-        return cls(
-            job_name=job_name,
-            namespace=namespace,
-            pod_index=index,
-            replicas=replicas,
-            nproc_per_node=(
-                spec.resolved_nproc_per_node() if nproc_per_node is None else nproc_per_node
-            ),
-            generation=generation,
-            rdzv_host=rdzv_host or worker_hostname(job_name, 0, namespace),
-            rdzv_port=rdzv_port,
-            backend=spec.backend.value,
-            checkpoint_path=spec.checkpoint.location if spec.checkpoint else "",
-            membership=spec.membership_policy.value,
-        )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PodEnv | None:

@@ -14,24 +14,22 @@ from torchjob.contract import KEEP_SURVIVORS, PodEnv
 from torchjob.launch import WorkerDiedError, WorkerGroupError, WorkerGroupStartError
 from torchjob.launch.policy import Resize, RunState
 from torchjob.train import FailureConfig, RunConfig, ScalingConfig
-from torchjob.train._worker_loop import WorkerOutcome
-from torchjob.train.controller import (
+from torchjob.train._spec import WorkerOutcome
+from torchjob.train.controller import Controller
+from torchjob.train.membership import Membership
+from torchjob.train.modes import KeepSurvivorsMode, LocalMode, PodMode
+from torchjob.train.steps import (
     Completed,
-    Controller,
     Crashed,
     Errored,
     Finished,
     Following,
     Interrupted,
-    KeepSurvivorsMode,
-    LocalMode,
-    PodMode,
     Reforming,
     Resizing,
     Restarting,
     Stopped,
 )
-from torchjob.train.membership import Membership
 from torchjob.train.trainer import TorchTrainer
 
 

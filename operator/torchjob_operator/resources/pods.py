@@ -13,6 +13,7 @@ from typing import Any
 
 from torchjob import contract
 from torchjob.api.models import API_VERSION, KIND, TorchJobSpec
+from torchjob.plan.worker_env import worker_pod_env
 
 DEFAULT_GRACE_PERIOD_S = 120
 """Seconds between SIGTERM and SIGKILL: time for rank 0 to write a checkpoint."""
@@ -39,7 +40,7 @@ def job_labels(name: str) -> dict[str, str]:
 def pod_env(
     *, name: str, namespace: str, spec: TorchJobSpec, index: int, generation: int, replicas: int
 ) -> contract.PodEnv:
-    return contract.PodEnv.for_worker(
+    return worker_pod_env(
         spec,
         job_name=name,
         namespace=namespace,

@@ -46,6 +46,7 @@ from torchjob.plan import (
     decide_failure,
     judge_generation,
 )
+from torchjob.plan.worker_env import worker_pod_env
 
 _PYTHON_NAMES = ("python", "python3", f"python3.{sys.version_info.minor}")
 
@@ -89,9 +90,9 @@ def pod_env(
     manifest: Manifest, *, index: int, port: int, generation: int, nproc: int
 ) -> dict[str, str]:
     """The environment of local pod ``index``: ours, then the template's, then the contract's
-    (built by ``PodEnv.for_worker``, as the operator builds a pod's)."""
+    (built by ``worker_pod_env``, as the operator builds a pod's)."""
     container = manifest.container()
-    pod = contract.PodEnv.for_worker(
+    pod = worker_pod_env(
         manifest.job.spec,
         job_name=manifest.name,
         namespace=manifest.namespace or "default",

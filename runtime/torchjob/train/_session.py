@@ -7,13 +7,19 @@ functions (``report``, ``get_checkpoint``, ``get_context``, ``prepare_*``) read 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torchjob.checkpoint import DataPosition
 
 if TYPE_CHECKING:
-    from torchjob.train._prepare import PreparedDataLoader
     from torchjob.train.checkpoint import Checkpoint
+
+
+class PositionedLoader(Protocol):
+    """What the session needs of a prepared DataLoader (``_prepare.PreparedDataLoader``,
+    which imports this module): where it is in its data."""
+
+    def position(self) -> DataPosition: ...
 
 
 class StopTraining(BaseException):
@@ -38,7 +44,7 @@ class Session:
     score_order: str
     checkpoint: Checkpoint | None = None
     resume_positions: list[DataPosition] = field(default_factory=list)
-    loaders: list[PreparedDataLoader] = field(default_factory=list)
+    loaders: list[PositionedLoader] = field(default_factory=list)
     reports: int = 0
     stopped_at_report: int | None = None
     last_metrics: dict[str, Any] | None = None

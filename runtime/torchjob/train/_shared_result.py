@@ -18,7 +18,7 @@ from torchjob.checkpoint import CheckpointStorage, rank_checkpoints
 
 if TYPE_CHECKING:
     from torchjob.train._session import Session
-    from torchjob.train._worker_loop import WorkerSpec
+    from torchjob.train._spec import WorkerSpec
     from torchjob.train.result import Result
 
 

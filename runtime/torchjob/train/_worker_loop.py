@@ -11,43 +11,13 @@ import inspect
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from torchjob.checkpoint import CheckpointError, CheckpointStorage, DataPosition, write_files
 from torchjob.launch import worker_info
 from torchjob.train import _session, _shared_result
+from torchjob.train._spec import WorkerOutcome, WorkerSpec
 from torchjob.train.checkpoint import Checkpoint
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    train_func: Callable[..., Any]
-    config: dict[str, Any] | None
-    storage_url: str | None
-    experiment_name: str
-    run_path: str
-    num_to_keep: int | None
-    score_attribute: str | None
-    score_order: str
-    resume_from: str | None
-    """An explicit ``resume_from_checkpoint`` directory, used when the run has none committed."""
-    share_result: bool = False
-    """Pod mode with several pods: rank 0 sends its final result to every rank (see
-    ``torchjob.train._shared_result``) so every pod's ``fit()`` returns the same ``Result``."""
-    history_before: tuple[dict[str, Any], ...] = ()
-    """Rank 0's reports of earlier generations of this ``fit`` (KeepSurvivors)."""
-
-
-@dataclass(frozen=True)
-class WorkerOutcome:
-    rank: int
-    stopped: bool
-    reports: int
-    stopped_at_report: int | None
-    shared: dict[str, Any] | None = None
-    """The final result rank 0 shared (``WorkerSpec.share_result``), else None."""
-
 
 _Payload = tuple[str, Any, Any]
 

@@ -12,7 +12,8 @@ step. The decisions inside a mode are the pure policies of ``torchjob.launch.pol
 (over ``torchjob.plan``); the controller only carries steps out (waits, messages,
 termination messages, the final :class:`Result` or exception).
 
-Three modes, chosen once from where ``fit()`` runs:
+The steps and the protocols both sides share live in ``torchjob.train.steps``; the modes
+in ``torchjob.train.modes``. Three modes, chosen once from where ``fit()`` runs:
 
 * :class:`LocalMode`: a laptop or a plain machine. Failures restart (or shrink) the
   group within ``FailureConfig``; an elastic run grows back at a report.
@@ -25,311 +26,77 @@ Three modes, chosen once from where ``fit()`` runs:
 
 from __future__ import annotations
 
+import datetime as _dt
 import logging
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, assert_never
+from dataclasses import replace
+from typing import Any, NoReturn, assert_never
 
 from torchjob import contract
-from torchjob.api.models import TERMINAL_PHASES
 from torchjob.checkpoint import CheckpointStorage, rank_checkpoints
 from torchjob.contract import PodEnv
 from torchjob.launch import (
-    CollectiveTimeoutError,
     LaunchError,
     Placement,
-    WorkerDiedError,
     WorkerGroup,
     WorkerGroupError,
-    WorkerGroupStartError,
 )
-from torchjob.launch.policy import (
-    Fail,
-    FailureKind,
-    FailurePolicy,
-    Resize,
-    RestartGroup,
-    RunState,
-    ScalingPolicy,
-    WorkerFailure,
-    next_generation,
-)
+from torchjob.launch.policy import RestartGroup, RunState, next_generation
 from torchjob.launch.termination import failure_message, write_termination_message
 from torchjob.train import _shared_result
-from torchjob.train._worker_loop import WorkerOutcome, WorkerSpec, run_training
+from torchjob.train._spec import WorkerOutcome, WorkerSpec
+from torchjob.train._worker_loop import run_training
 from torchjob.train.checkpoint import Checkpoint
+from torchjob.train.config import RunConfig
 from torchjob.train.errors import TrainingFailedError, TrainingStoppedError
 from torchjob.train.job_status import JobEndpoint, JobStatusReporter, progress_body
-from torchjob.train.membership import GenerationTimeout, Membership, MembershipWatch
+from torchjob.train.membership import GenerationTimeout
+from torchjob.train.modes import KeepSurvivorsMode, choose_mode
 from torchjob.train.progress import ProgressView
 from torchjob.train.result import Result
-
-if TYPE_CHECKING:  # trainer.py imports this module
-    from torchjob.train.trainer import TorchTrainer
+from torchjob.train.steps import (
+    Completed,
+    Crashed,
+    Errored,
+    Finished,
+    Following,
+    GenerationEnd,
+    Interrupted,
+    Reforming,
+    Resizing,
+    Restarting,
+    Running,
+    Step,
+    Stopped,
+    TrainerSettings,
+)
 
 log = logging.getLogger(__name__)
 
-FOLLOW_TIMEOUT_S = 900.0
-"""KeepSurvivors: how long a pod whose group broke waits for the operator's next generation
-(restart backoff plus scheduling of the replacement pods)."""
+DEFAULT_STORAGE = "~/torchjob_results"
+"""Where runs go without ``RunConfig(storage_path=...)``, as Ray uses ``~/ray_results``."""
 
 REFORM_WAIT_S = 1.0
 """KeepSurvivors: pause before forming the same generation again when a peer is not up yet."""
 
 
-# --- steps ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Running:
-    """Form a worker group for ``state``'s generation and run the training function."""
-
-    state: RunState
-
-
-@dataclass(frozen=True)
-class Restarting:
-    """Local: the failure policy starts the next generation (same size, or one smaller)."""
-
-    state: RunState
-    decision: RestartGroup
-
-
-@dataclass(frozen=True)
-class Resizing:
-    """Local elastic: every rank stopped at a report so the group can change size."""
-
-    state: RunState
-    resize: Resize
-
-
-@dataclass(frozen=True)
-class Following:
-    """KeepSurvivors: wait for the operator's next generation, then run it in this pod.
-
-    ``err`` is what broke the group, when something did: if no generation comes, the run
-    ends with it; without one (the group stopped at a report) it ends as stopped or failed.
-    """
-
-    state: RunState
-    why: str
-    err: LaunchError | None = None
-
-
-@dataclass(frozen=True)
-class Reforming:
-    """KeepSurvivors: a member of this generation is not up yet (a replacement still
-    scheduling): form the same generation again."""
-
-    state: RunState
-    why: str
-
-
-@dataclass(frozen=True)
-class Finished:
-    """Every rank returned: ``fit`` returns the Result."""
-
-    outcomes: list[WorkerOutcome]
-
-
-@dataclass(frozen=True)
-class Stopped:
-    """This process was asked to stop (SIGTERM): every rank stopped at one report."""
-
-    at_report: int | None
-
-
-@dataclass(frozen=True)
-class Errored:
-    """The run ends with ``err`` (``message`` says why it was not retried)."""
-
-    err: BaseException
-    message: str
-
-
-Step = Running | Restarting | Resizing | Following | Reforming | Finished | Stopped | Errored
-
-
-# --- how a generation ended --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Completed:
-    outcomes: list[WorkerOutcome]
-
-
-@dataclass(frozen=True)
-class Interrupted:
-    """Every rank stopped at a report: this process's SIGTERM, a resize, a new generation
-    published, or a peer pod stopping the group."""
-
-    outcomes: list[WorkerOutcome]
-
-
-@dataclass(frozen=True)
-class Crashed:
-    err: LaunchError
-
-
-GenerationEnd = Completed | Interrupted | Crashed
-
-
-# --- modes ---------------------------------------------------------------------------------
-
-
-class Mode(Protocol):
-    """What differs between a laptop, a pod, and a KeepSurvivors pod."""
-
-    name: str
-
-    def interrupt(self, c: Controller, state: RunState) -> str | None:
-        """Polled while a generation runs: a reason to stop every rank at its next report."""
-
-    def after_interrupt(self, c: Controller, state: RunState, at_report: int | None) -> Step:
-        """Every rank stopped at a report, and not because this process got SIGTERM."""
-
-    def after_failure(self, c: Controller, state: RunState, err: LaunchError) -> Step:
-        """A retryable failure broke the group while no stop was requested."""
-
-
-class LocalMode:
-    """All ranks are this machine's processes; the controller owns restarts and resizes."""
-
-    name = "local"
-
-    def __init__(self, failure: FailurePolicy, scaling: ScalingPolicy, use_gpu: bool) -> None:
-        self.failure = failure
-        self.scaling = scaling
-        self.use_gpu = use_gpu
-        self.pending: Resize | None = None
-
-    def interrupt(self, c: Controller, state: RunState) -> str | None:
-        if self.scaling.min_workers >= self.scaling.max_workers:
-            return None
-        decision = self.scaling.decide_for(
-            state,
-            now_s=time.monotonic(),
-            available_workers=available_workers(self.scaling.max_workers, self.use_gpu),
-        )
-        if isinstance(decision, Resize):
-            self.pending = decision
-            return decision.reason
-        return None
-
-    def after_interrupt(self, c: Controller, state: RunState, at_report: int | None) -> Step:
-        resize, self.pending = self.pending, None
-        if resize is None:
-            # Only a resize interrupts a local group; anything else is a stop.
-            return Stopped(at_report)
-        return Resizing(state, resize)
-
-    def after_failure(self, c: Controller, state: RunState, err: LaunchError) -> Step:
-        self.pending = None  # a resize decided before the crash is moot now
-        decision = self.failure.decide(state, as_failure(err))
-        if isinstance(decision, Fail):
-            return Errored(err, f"{err}\n(training gave up: {decision.reason})")
-        return Restarting(state, decision)
-
-
-class PodMode:
-    """A TorchJob pod whose job restarts all pods on a failure: fail fast, tell the operator."""
-
-    name = "pod"
-
-    def interrupt(self, c: Controller, state: RunState) -> str | None:
-        return None
-
-    def after_interrupt(self, c: Controller, state: RunState, at_report: int | None) -> Step:
-        # A peer pod stopped the group (it was preempted): this pod ends too.
-        return Stopped(at_report)
-
-    def after_failure(self, c: Controller, state: RunState, err: LaunchError) -> Step:
-        return Errored(err, str(err))
-
-
-class KeepSurvivorsMode:
-    """A TorchJob pod that outlives generations: it follows the job's published membership."""
-
-    name = "keep-survivors"
-
-    def __init__(self, watch: MembershipWatch, membership: Membership) -> None:
-        self.watch = watch
-        self.membership = membership
-        self.next: Membership | None = None
-        self.entered_s = time.monotonic()
-
-    def interrupt(self, c: Controller, state: RunState) -> str | None:
-        moved = self.watch.changed(self.membership.generation)
-        if moved is None:
-            return None
-        self.next = moved
-        return (
-            f"generation {moved.generation} published: stopping all ranks at the next report "
-            "to re-form the group"
-        )
-
-    def after_interrupt(self, c: Controller, state: RunState, at_report: int | None) -> Step:
-        # Not this pod's SIGTERM: a peer pod was preempted, or the generation moved.
-        return Following(state, "the group stopped for a membership change")
-
-    def after_failure(self, c: Controller, state: RunState, err: LaunchError) -> Step:
-        moved = self.watch.read()
-        generation = self.membership.generation
-        if (
-            isinstance(err, WorkerGroupStartError)
-            and err.waiting_for_peers
-            and (moved is None or moved.generation == generation)
-            and (moved is None or moved.phase not in TERMINAL_PHASES)
-            and time.monotonic() - self.entered_s < FOLLOW_TIMEOUT_S
-        ):
-            return Reforming(state, f"the group did not form ({err}); trying again")
-        peer = isinstance(err, WorkerGroupError) and err.peer_failure
-        if peer or (moved is not None and moved.generation > generation):
-            # A peer's loss broke the group: survive it and follow the next generation.
-            return Following(state, f"the group broke ({err})", err=err)
-        return Errored(err, str(err))
-
-    def follow(self, c: Controller, why: str, view: ProgressView) -> None:
-        """Wait for the next generation (raises :class:`GenerationTimeout`), then its backoff."""
-        view.message(
-            f"[torchjob] {why}; this pod stays and waits for generation "
-            f"{self.membership.generation + 1}"
-        )
-        m = self.next
-        if m is None or m.generation <= self.membership.generation:
-            m = self.watch.wait_beyond(
-                self.membership.generation, timeout_s=FOLLOW_TIMEOUT_S, stop=c.stop_requested
-            )
-        self.membership, self.next = m, None
-        self.entered_s = time.monotonic()
-        wait = min(m.backoff_left_s(), FOLLOW_TIMEOUT_S)
-        if wait > 0:
-            # The replacements come after the operator's backoff: forming the group earlier
-            # would only spend the rendezvous timeout waiting for them.
-            view.message(f"[torchjob] restart backoff: the new pods come in {wait:.0f}s")
-            c.stop_requested.wait(wait)
-        index = c.pod.pod_index if c.pod else 0
-        view.message(
-            f"[torchjob] generation {m.generation}: {m.replicas} pods, this one is pod "
-            f"{index}; resuming from the latest checkpoint"
-        )
-
-
 # --- pure helpers --------------------------------------------------------------------------
 
 
-def as_failure(err: LaunchError) -> WorkerFailure:
-    """A launch error reduced to its root cause, for the failure policy."""
-    if isinstance(err, WorkerDiedError):
-        return WorkerFailure(err.rank, FailureKind.DIED, str(err).split(": ", 1)[-1], err.signal)
-    if isinstance(err, CollectiveTimeoutError):
-        return WorkerFailure(err.rank, FailureKind.TIMEOUT, "hung in a collective")
-    if isinstance(err, WorkerGroupError):
-        return WorkerFailure(err.rank, FailureKind.ERROR, f"{err.exc_type}: {err.message}")
-    return WorkerFailure(0, FailureKind.ERROR, str(err))
+def run_location(run_config: RunConfig, pod: PodEnv | None) -> tuple[str, str]:
+    """(experiment name, run directory URL)."""
+    name = run_config.name
+    if pod is not None and pod.checkpoint_path:
+        return name or pod.job_name, pod.checkpoint_path.rstrip("/")
+    if name is None:
+        stamp = _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        name = f"TorchTrainer_{stamp}"
+    root = run_config.storage_path or os.path.expanduser(DEFAULT_STORAGE)
+    return name, f"{root.rstrip('/')}/{name}"
 
 
 def backend(configured: str | None, pod: PodEnv | None) -> str:
@@ -346,15 +113,6 @@ def backend(configured: str | None, pod: PodEnv | None) -> str:
     return wanted or configured or "auto"
 
 
-def available_workers(max_workers: int, use_gpu: bool) -> int:
-    """Workers this machine can run now: one per visible GPU, or any number of CPU processes."""
-    if not use_gpu:
-        return max_workers
-    import torch
-
-    return min(max_workers, torch.cuda.device_count())
-
-
 def shares_result(pod: PodEnv | None) -> bool:
     """Several pods: rank 0 shares the final Result with the others (``_shared_result``)."""
     return pod is not None and pod.replicas > 1
@@ -365,45 +123,16 @@ def retryable(err: LaunchError) -> bool:
     return not (isinstance(err, WorkerGroupError) and err.exc_type == "CheckpointError")
 
 
-def choose_mode(trainer: TorchTrainer, pod: PodEnv | None, endpoint: JobEndpoint | None) -> Mode:
-    """The mode for where ``fit()`` runs (see the module docstring)."""
-    if pod is None:
-        sc = trainer.scaling_config
-        return LocalMode(
-            FailurePolicy(
-                max_failures=trainer.run_config.failure_config.budget,
-                min_workers=sc.min_workers,
-                max_workers=sc.max_workers,
-            ),
-            ScalingPolicy(
-                min_workers=sc.min_workers,
-                max_workers=sc.max_workers,
-                grow_cooldown_s=sc.elastic_grow_cooldown_s,
-            ),
-            use_gpu=sc.use_gpu,
-        )
-    if pod.keeps_survivors:
-        if endpoint is not None:
-            return KeepSurvivorsMode(
-                MembershipWatch(endpoint), Membership(pod.generation, pod.replicas)
-            )
-        log.warning(
-            "torchjob: membershipPolicy KeepSurvivors needs the pod's ServiceAccount "
-            "token to follow generations; a broken group ends this pod instead"
-        )
-    return PodMode()
-
-
 # --- the controller ------------------------------------------------------------------------
 
 
 class Controller:
     """One ``fit``: carries out the steps its mode decides."""
 
-    def __init__(self, trainer: TorchTrainer, pod: PodEnv | None) -> None:
+    def __init__(self, trainer: TrainerSettings, pod: PodEnv | None) -> None:
         self.t = trainer
         self.pod = pod
-        self.name, self.run_url = trainer._run_location(pod)
+        self.name, self.run_url = run_location(trainer.run_config, pod)
         self.history: list[dict[str, Any]] = []
         self.world_sizes: list[int] = []
         self.last_metrics: dict[str, Any] | None = None

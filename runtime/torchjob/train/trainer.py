@@ -9,19 +9,17 @@ pod (follow the job's generations in this process).
 
 from __future__ import annotations
 
-import datetime as _dt
+import copy
 import os
 from collections.abc import Callable
 from typing import Any
 
 from torchjob.contract import PodEnv
+from torchjob.plan.trial import merged_loop_config, trial_config
 from torchjob.train.checkpoint import Checkpoint
 from torchjob.train.config import RunConfig, ScalingConfig, TorchConfig
 from torchjob.train.controller import Controller
 from torchjob.train.result import Result
-
-DEFAULT_STORAGE = "~/torchjob_results"
-"""Where runs go without ``RunConfig(storage_path=...)``, as Ray uses ``~/ray_results``."""
 
 
 class TorchTrainer:
@@ -50,18 +48,6 @@ class TorchTrainer:
         self.resume_from_checkpoint = resume_from_checkpoint
         self.metadata = metadata or {}
 
-    # --- where things go ------------------------------------------------------------
-    def _run_location(self, pod: PodEnv | None) -> tuple[str, str]:
-        """(experiment name, run directory URL)."""
-        name = self.run_config.name
-        if pod is not None and pod.checkpoint_path:
-            return name or pod.job_name, pod.checkpoint_path.rstrip("/")
-        if name is None:
-            stamp = _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-            name = f"TorchTrainer_{stamp}"
-        root = self.run_config.storage_path or os.path.expanduser(DEFAULT_STORAGE)
-        return name, f"{root.rstrip('/')}/{name}"
-
     def fit(self) -> Result:
         """Train to completion and return the :class:`Result`.
 
@@ -74,14 +60,9 @@ class TorchTrainer:
 def _as_trial(trainer: TorchTrainer) -> TorchTrainer:
     """In a tuning trial's TorchJob (``TORCHJOB_TUNE_CONFIG``): the trial's config merged into
     ``train_loop_config``; elsewhere the trainer itself."""
-    from torchjob.tune.session import get_trial_config
-    from torchjob.tune.trainables import merged_loop_config
-
-    config = get_trial_config()
+    config = trial_config(os.environ)
     if config is None:
         return trainer
-    import copy
-
     trial = copy.copy(trainer)
     trial.train_loop_config = merged_loop_config(trainer.train_loop_config, config)
     return trial

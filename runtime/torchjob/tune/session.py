@@ -12,7 +12,6 @@ Two places a trial's code can run:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import tempfile
@@ -21,8 +20,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from torchjob import contract
 from torchjob.launch import send_event, worker_info, worker_state
+from torchjob.plan.trial import trial_config
 
 _WORKER_KEY = "torchjob.tune.trial"
 EVENT_TYPE = "tune.report"
@@ -161,13 +160,4 @@ def get_trial_config() -> dict[str, Any] | None:
     A ``TorchTrainer`` there merges it into its ``train_loop_config`` by itself
     (``config["train_loop_config"]`` and the other top-level keys); other code reads it here.
     """
-    raw = os.environ.get(contract.TUNE_CONFIG)
-    if not raw:
-        return None
-    try:
-        config = json.loads(raw)
-    except ValueError as e:
-        raise ValueError(f"environment variable {contract.TUNE_CONFIG} is not JSON: {e}") from e
-    if not isinstance(config, dict):
-        raise ValueError(f"environment variable {contract.TUNE_CONFIG} must hold a JSON object")
-    return config
+    return trial_config(os.environ)

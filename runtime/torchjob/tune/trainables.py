@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchjob.launch import WorkerGroup
+from torchjob.plan.trial import merged_loop_config
 from torchjob.tune import session
 from torchjob.tune.session import Reporter, TrialStopped
 
@@ -168,17 +169,6 @@ def with_resources(trainable: Any, resources: Mapping[str, Any]) -> Any:
         clone.scaling_config = trainable.scaling_config.model_copy(update=update)
         return clone
     return trainable
-
-
-def merged_loop_config(base: Mapping[str, Any] | None, config: Mapping[str, Any]) -> dict[str, Any]:
-    """A trial's ``train_loop_config``: ``config["train_loop_config"]`` and every other
-    top-level key but ``scaling_config``, over the trainer's own."""
-    loop_config = dict(base or {})
-    loop_config.update(config.get("train_loop_config") or {})
-    for key, value in config.items():
-        if key not in ("train_loop_config", "scaling_config"):
-            loop_config[key] = value
-    return loop_config
 
 
 def run_torch_trainer(

@@ -1,0 +1,42 @@
+"""The env contract of one worker of a TorchJob: the one builder the operator's pods
+(``torchjob_operator.resources.pods``) and ``torchjob run``'s local pods share.
+
+It lives here, above ``torchjob.contract`` and ``torchjob.api``, because it reads the spec:
+the contract names the variables and imports nothing of the API models.
+"""
+
+from __future__ import annotations
+
+from torchjob.api.models import TorchJobSpec
+from torchjob.contract import DEFAULT_RDZV_PORT, PodEnv, worker_hostname
+
+
+def worker_pod_env(
+    spec: TorchJobSpec,
+    *,
+    job_name: str,
+    namespace: str,
+    index: int,
+    generation: int,
+    replicas: int,
+    rdzv_host: str | None = None,
+    rdzv_port: int = DEFAULT_RDZV_PORT,
+    nproc_per_node: int | None = None,
+) -> PodEnv:
+    """What worker ``index`` of a TorchJob gets. The rendezvous host defaults to pod 0's DNS
+    name behind the headless Service."""
+    return PodEnv(
+        job_name=job_name,
+        namespace=namespace,
+        pod_index=index,
+        replicas=replicas,
+        nproc_per_node=(
+            spec.resolved_nproc_per_node() if nproc_per_node is None else nproc_per_node
+        ),
+        generation=generation,
+        rdzv_host=rdzv_host or worker_hostname(job_name, 0, namespace),
+        rdzv_port=rdzv_port,
+        backend=spec.backend.value,
+        checkpoint_path=spec.checkpoint.location if spec.checkpoint else "",
+        membership=spec.membership_policy.value,
+    )

@@ -1,0 +1,243 @@
+"""The three modes of ``TorchTrainer.fit()`` (see ``torchjob.train.controller``): what differs
+between a laptop, a TorchJob pod, and a KeepSurvivors pod. Each mode turns how a generation
+ended into the next step (``torchjob.train.steps``), with the pure policies of
+``torchjob.launch.policy``; the controller carries the steps out.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+from torchjob.api.models import TERMINAL_PHASES
+from torchjob.contract import PodEnv
+from torchjob.launch import (
+    CollectiveTimeoutError,
+    LaunchError,
+    WorkerDiedError,
+    WorkerGroupError,
+    WorkerGroupStartError,
+)
+from torchjob.launch.policy import (
+    Fail,
+    FailureKind,
+    FailurePolicy,
+    Resize,
+    RunState,
+    ScalingPolicy,
+    WorkerFailure,
+)
+from torchjob.train.job_status import JobEndpoint
+from torchjob.train.membership import Membership, MembershipWatch
+from torchjob.train.progress import ProgressView
+from torchjob.train.steps import (
+    Errored,
+    FitContext,
+    Following,
+    Reforming,
+    Resizing,
+    Restarting,
+    Step,
+    Stopped,
+    TrainerSettings,
+)
+
+log = logging.getLogger(__name__)
+
+FOLLOW_TIMEOUT_S = 900.0
+"""KeepSurvivors: how long a pod whose group broke waits for the operator's next generation
+(restart backoff plus scheduling of the replacement pods)."""
+
+
+# --- modes ---------------------------------------------------------------------------------
+
+
+class Mode(Protocol):
+    """What differs between a laptop, a pod, and a KeepSurvivors pod."""
+
+    name: str
+
+    def interrupt(self, c: FitContext, state: RunState) -> str | None:
+        """Polled while a generation runs: a reason to stop every rank at its next report."""
+
+    def after_interrupt(self, c: FitContext, state: RunState, at_report: int | None) -> Step:
+        """Every rank stopped at a report, and not because this process got SIGTERM."""
+
+    def after_failure(self, c: FitContext, state: RunState, err: LaunchError) -> Step:
+        """A retryable failure broke the group while no stop was requested."""
+
+
+class LocalMode:
+    """All ranks are this machine's processes; the controller owns restarts and resizes."""
+
+    name = "local"
+
+    def __init__(self, failure: FailurePolicy, scaling: ScalingPolicy, use_gpu: bool) -> None:
+        self.failure = failure
+        self.scaling = scaling
+        self.use_gpu = use_gpu
+        self.pending: Resize | None = None
+
+    def interrupt(self, c: FitContext, state: RunState) -> str | None:
+        if self.scaling.min_workers >= self.scaling.max_workers:
+            return None
+        decision = self.scaling.decide_for(
+            state,
+            now_s=time.monotonic(),
+            available_workers=available_workers(self.scaling.max_workers, self.use_gpu),
+        )
+        if isinstance(decision, Resize):
+            self.pending = decision
+            return decision.reason
+        return None
+
+    def after_interrupt(self, c: FitContext, state: RunState, at_report: int | None) -> Step:
+        resize, self.pending = self.pending, None
+        if resize is None:
+            # Only a resize interrupts a local group; anything else is a stop.
+            return Stopped(at_report)
+        return Resizing(state, resize)
+
+    def after_failure(self, c: FitContext, state: RunState, err: LaunchError) -> Step:
+        self.pending = None  # a resize decided before the crash is moot now
+        decision = self.failure.decide(state, as_failure(err))
+        if isinstance(decision, Fail):
+            return Errored(err, f"{err}\n(training gave up: {decision.reason})")
+        return Restarting(state, decision)
+
+
+class PodMode:
+    """A TorchJob pod whose job restarts all pods on a failure: fail fast, tell the operator."""
+
+    name = "pod"
+
+    def interrupt(self, c: FitContext, state: RunState) -> str | None:
+        return None
+
+    def after_interrupt(self, c: FitContext, state: RunState, at_report: int | None) -> Step:
+        # A peer pod stopped the group (it was preempted): this pod ends too.
+        return Stopped(at_report)
+
+    def after_failure(self, c: FitContext, state: RunState, err: LaunchError) -> Step:
+        return Errored(err, str(err))
+
+
+class KeepSurvivorsMode:
+    """A TorchJob pod that outlives generations: it follows the job's published membership."""
+
+    name = "keep-survivors"
+
+    def __init__(self, watch: MembershipWatch, membership: Membership) -> None:
+        self.watch = watch
+        self.membership = membership
+        self.next: Membership | None = None
+        self.entered_s = time.monotonic()
+
+    def interrupt(self, c: FitContext, state: RunState) -> str | None:
+        moved = self.watch.changed(self.membership.generation)
+        if moved is None:
+            return None
+        self.next = moved
+        return (
+            f"generation {moved.generation} published: stopping all ranks at the next report "
+            "to re-form the group"
+        )
+
+    def after_interrupt(self, c: FitContext, state: RunState, at_report: int | None) -> Step:
+        # Not this pod's SIGTERM: a peer pod was preempted, or the generation moved.
+        return Following(state, "the group stopped for a membership change")
+
+    def after_failure(self, c: FitContext, state: RunState, err: LaunchError) -> Step:
+        moved = self.watch.read()
+        generation = self.membership.generation
+        if (
+            isinstance(err, WorkerGroupStartError)
+            and err.waiting_for_peers
+            and (moved is None or moved.generation == generation)
+            and (moved is None or moved.phase not in TERMINAL_PHASES)
+            and time.monotonic() - self.entered_s < FOLLOW_TIMEOUT_S
+        ):
+            return Reforming(state, f"the group did not form ({err}); trying again")
+        peer = isinstance(err, WorkerGroupError) and err.peer_failure
+        if peer or (moved is not None and moved.generation > generation):
+            # A peer's loss broke the group: survive it and follow the next generation.
+            return Following(state, f"the group broke ({err})", err=err)
+        return Errored(err, str(err))
+
+    def follow(self, c: FitContext, why: str, view: ProgressView) -> None:
+        """Wait for the next generation (raises :class:`GenerationTimeout`), then its backoff."""
+        view.message(
+            f"[torchjob] {why}; this pod stays and waits for generation "
+            f"{self.membership.generation + 1}"
+        )
+        m = self.next
+        if m is None or m.generation <= self.membership.generation:
+            m = self.watch.wait_beyond(
+                self.membership.generation, timeout_s=FOLLOW_TIMEOUT_S, stop=c.stop_requested
+            )
+        self.membership, self.next = m, None
+        self.entered_s = time.monotonic()
+        wait = min(m.backoff_left_s(), FOLLOW_TIMEOUT_S)
+        if wait > 0:
+            # The replacements come after the operator's backoff: forming the group earlier
+            # would only spend the rendezvous timeout waiting for them.
+            view.message(f"[torchjob] restart backoff: the new pods come in {wait:.0f}s")
+            c.stop_requested.wait(wait)
+        index = c.pod.pod_index if c.pod else 0
+        view.message(
+            f"[torchjob] generation {m.generation}: {m.replicas} pods, this one is pod "
+            f"{index}; resuming from the latest checkpoint"
+        )
+
+
+# --- pure helpers ------------------------------------------------------------------------
+
+
+def as_failure(err: LaunchError) -> WorkerFailure:
+    """A launch error reduced to its root cause, for the failure policy."""
+    if isinstance(err, WorkerDiedError):
+        return WorkerFailure(err.rank, FailureKind.DIED, str(err).split(": ", 1)[-1], err.signal)
+    if isinstance(err, CollectiveTimeoutError):
+        return WorkerFailure(err.rank, FailureKind.TIMEOUT, "hung in a collective")
+    if isinstance(err, WorkerGroupError):
+        return WorkerFailure(err.rank, FailureKind.ERROR, f"{err.exc_type}: {err.message}")
+    return WorkerFailure(0, FailureKind.ERROR, str(err))
+
+
+def available_workers(max_workers: int, use_gpu: bool) -> int:
+    """Workers this machine can run now: one per visible GPU, or any number of CPU processes."""
+    if not use_gpu:
+        return max_workers
+    import torch
+
+    return min(max_workers, torch.cuda.device_count())
+
+
+def choose_mode(trainer: TrainerSettings, pod: PodEnv | None, endpoint: JobEndpoint | None) -> Mode:
+    """The mode for where ``fit()`` runs (see the module docstring)."""
+    if pod is None:
+        sc = trainer.scaling_config
+        return LocalMode(
+            FailurePolicy(
+                max_failures=trainer.run_config.failure_config.budget,
+                min_workers=sc.min_workers,
+                max_workers=sc.max_workers,
+            ),
+            ScalingPolicy(
+                min_workers=sc.min_workers,
+                max_workers=sc.max_workers,
+                grow_cooldown_s=sc.elastic_grow_cooldown_s,
+            ),
+            use_gpu=sc.use_gpu,
+        )
+    if pod.keeps_survivors:
+        if endpoint is not None:
+            return KeepSurvivorsMode(
+                MembershipWatch(endpoint), Membership(pod.generation, pod.replicas)
+            )
+        log.warning(
+            "torchjob: membershipPolicy KeepSurvivors needs the pod's ServiceAccount "
+            "token to follow generations; a broken group ends this pod instead"
+        )
+    return PodMode()
