@@ -119,7 +119,6 @@ def main(argv: list[str] | None = None) -> int:
         start_http_server(args.metrics_port)
 
     import kopf
-    from kopf._core.engines.peering import Identity  # kopf's NewType of str; not re-exported
 
     from torchjob_operator import handlers  # noqa: F401  (registers the handlers)
 
@@ -129,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                 clusterwide=not args.namespace,
                 namespaces=args.namespace,
                 standalone=True,  # leader election (--leader-elect), not kopf peering
-                identity=Identity(identity),
+                # kopf types this as its private NewType of str (not exported); a NewType is
+                # the plain str at run time, so ours is passed as it is. mypy's
+                # warn_unused_ignores flags this line if kopf ever types it as str.
+                identity=identity,  # type: ignore[arg-type]
                 liveness_endpoint=args.liveness,
             )
         )
