@@ -3,12 +3,18 @@
 Every module under runtime/ and operator/ is parsed (not imported); its module-level
 imports (``TYPE_CHECKING`` blocks and function bodies excluded: those are lazy) must not
 name anything in the "never imports" column of its layer's row.
+
+Three rules count *every* import in the text (module level, ``TYPE_CHECKING``, function
+bodies, relative): the project's import graph has no circle; ``torchjob.train`` never
+imports ``torchjob.tune`` (tuning is the layer above training); and nothing imports a
+private module of a dependency (``kopf._core...``), which any release may move.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -103,3 +109,132 @@ def test_module_respects_its_layer(path: Path) -> None:
     imported = module_imports(path)
     bad = sorted(i for i in imported for n in never if _within(i, n) and not _within(name, n))
     assert not bad, f"{name} imports {bad}, which its layer ({', '.join(mods)}) never imports"
+
+
+# --- every import in the text -----------------------------------------------------------
+
+
+def _all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in _modules()}
+
+
+def every_import(path: Path) -> Iterator[tuple[str, str]]:
+    """(module, what is imported from it) for every import anywhere in ``path``: ``import m``
+    gives (``m``, ""), ``from m import x`` gives (``m``, ``x``); relative ones are resolved."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from ((a.name, "") for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            yield from ((module, a.name) for a in node.names)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Project module -> the project modules it imports (a name resolves to the longest
+    module it is within: ``torchjob.train.config.RunConfig`` -> ``torchjob.train.config``)."""
+    modules = _all_modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        # ``from torchjob.train import _session`` is an edge to the submodule, not to the
+        # package (whose __init__ Python runs first in any case).
+        targets = {resolve(f"{m}.{x}" if x else m) for m, x in every_import(path)}
+        graph[name] = {t for t in targets if t is not None and t != name}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+    return circles
+
+
+def test_the_circle_finder_finds_circles() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e2"}, "e2": set()}
+    assert import_circles(graph) == [["a", "b", "c"]]
+    assert import_circles({"x": {"y"}, "y": set()}) == []
+
+
+def test_the_import_graph_sees_lazy_and_type_checking_imports() -> None:
+    graph = import_graph()
+    # _prepare.py imports torch inside functions only, and the operator's __main__ imports
+    # its handlers inside main(): both are edges.
+    assert "torchjob_operator.handlers" in graph["torchjob_operator.__main__"]
+    assert "torchjob.train._session" in graph["torchjob.train._prepare"]
+
+
+def test_no_import_circles() -> None:
+    circles = import_circles(import_graph())
+    assert not circles, "import circles (every import counted, lazy ones too): " + "; ".join(
+        " <-> ".join(c) for c in circles
+    )
+
+
+def test_train_never_imports_tune() -> None:
+    bad = sorted(
+        f"{name} imports {i}"
+        for name, path in _all_modules().items()
+        if _within(name, "torchjob.train")
+        for i, _ in set(every_import(path))
+        if _within(i, "torchjob.tune")
+    )
+    assert not bad, "training must not reach up into tuning: " + "; ".join(bad)
+
+
+def test_no_private_module_of_a_dependency_is_imported() -> None:
+    own = tuple(ROOTS)
+    bad = sorted(
+        f"{name} imports {i}"
+        for name, path in _all_modules().items()
+        for i, _ in set(every_import(path))
+        if not any(_within(i, top) for top in own)
+        and any(part.startswith("_") and not part.startswith("__") for part in i.split("."))
+    )
+    assert not bad, "private modules of dependencies: " + "; ".join(bad)
