@@ -199,6 +199,61 @@ def wait_for(
     raise WaitTimeout("\n".join(parts))
 
 
+def dry_run_pod_until_admitted(
+    core: Any, namespace: str, body: Mapping[str, Any], *, timeout: float = 30.0
+) -> Any:
+    """Dry-run the creation of ``body``, retrying while an admission plugin has not yet seen
+    an object the pod names (created a moment earlier); returns the admitted pod.
+
+    The Priority admission plugin resolves ``priorityClassName`` from its informer only (a
+    just-created PriorityClass gives ``403 no PriorityClass with name X was found`` until the
+    informer has it); the ServiceAccount plugin falls back to a live read, but any 403 of the
+    same "not found yet" shape is retried too. Any other error is raised at once, and the
+    last 403 is reported on timeout: a missing object never passes.
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    not_seen_yet = ("no PriorityClass with name", "error looking up service account")
+
+    def attempt() -> Any:
+        try:
+            return core.create_namespaced_pod(namespace, body, dry_run="All")
+        except ApiException as exc:
+            if exc.status == 403 and any(s in str(exc.body) for s in not_seen_yet):
+                raise _NotAdmittedYet(str(exc.body)) from exc
+            raise
+
+    return wait_for(
+        attempt,
+        timeout,
+        f"pod {body['metadata']['name']} admitted (dry run)",
+        interval=0.2,
+        ignore=(_NotAdmittedYet,),
+    )
+
+
+class _NotAdmittedYet(Exception):
+    """A 403 from an admission plugin that has not seen a just-created object."""
+
+
+def create_priority_class(kube: Any, name: str, value: int, **extra: Any) -> None:
+    """Create (or keep) the PriorityClass ``name`` and return once the Priority admission
+    plugin resolves it (its informer, not just etcd, must have it: see
+    ``dry_run_pod_until_admitted``), so that a pod created next is not refused with 403."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        client.SchedulingV1Api(kube).create_priority_class(
+            {"metadata": {"name": name}, "value": value, **extra}
+        )
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    probe = pod_manifest(f"priority-probe-{name}"[:63].rstrip("-"), priority_class=name)
+    dry_run_pod_until_admitted(client.CoreV1Api(kube), "default", probe)
+
+
 def describe_namespace(core: Any, namespace: str, max_events: int = 40) -> str:
     """A compact `kubectl describe`-like view of the pods and events in a namespace."""
     lines = [f"--- namespace {namespace}: pods"]

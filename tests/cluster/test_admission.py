@@ -29,7 +29,7 @@ from tests.cluster.operator_harness import CRD_FILE, Jobs, OperatorProcess
 
 from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION, TorchJobSpec
-from torchjob_operator.resources.pods import worker_pod
+from torchjob_operator.resources.pods import owner_reference, worker_pod
 from torchjob_operator.resources.rbac import worker_rbac
 
 PRIORITY_CLASS = "torchjob-admission-test"
@@ -855,12 +855,7 @@ def test_valid_edge_cases_are_accepted_and_get_all_their_pods(
 ) -> None:
     if operator.proc is None or operator.proc.poll() is not None:
         operator.start()
-    sched = client.SchedulingV1Api(kube)
-    try:
-        sched.create_priority_class({"metadata": {"name": PRIORITY_CLASS}, "value": 10})
-    except ApiException as e:
-        if e.status != 409:
-            raise
+    k.create_priority_class(kube, PRIORITY_CLASS, 10)  # returns once admission resolves it
     core = client.CoreV1Api(kube)
     jobs = Jobs(cluster, kube, admission_ns, operator)
     names: dict[str, Case] = {}
@@ -871,14 +866,17 @@ def test_valid_edge_cases_are_accepted_and_get_all_their_pods(
         # The pod of the largest index this job can ever have must be a valid pod too. Its
         # dry run goes under a job name of the same length that is not this job's (the
         # operator may already have created a pod of this very name: 409 AlreadyExists), one
-        # twin per job (its ServiceAccount is owned by this job alone).
+        # twin per job. The twin's ServiceAccount is owned by this job (name and uid): an
+        # owner reference naming the twin, a TorchJob that does not exist, is dangling, and
+        # the garbage collector deletes the account (it looks owners up by name), which made
+        # the dry run below fail now and then with 403 'serviceaccount ... not found'.
         spec = TorchJobSpec.model_validate(created["spec"])
         twin = ("x" if name[0] != "x" else "y") + name[1:]
         assert twin not in names and twin != name
-        for kind, rbac in worker_rbac(
-            name=twin, namespace=admission_ns, uid=created["metadata"]["uid"]
-        ):
+        uid = created["metadata"]["uid"]
+        for kind, rbac in worker_rbac(name=twin, namespace=admission_ns, uid=uid):
             if kind == "ServiceAccount":
+                rbac["metadata"]["ownerReferences"] = [owner_reference(name, uid)]
                 try:
                     core.create_namespaced_service_account(admission_ns, rbac)
                 except ApiException as e:
@@ -895,7 +893,7 @@ def test_valid_edge_cases_are_accepted_and_get_all_their_pods(
             replicas=spec.max_replicas,
         )
         assert len(body["metadata"]["name"]) == len(contract.worker_pod_name(name, last))
-        core.create_namespaced_pod(admission_ns, body, dry_run="All")
+        k.dry_run_pod_until_admitted(core, admission_ns, body)
 
     def all_pods_created() -> bool:
         return all(

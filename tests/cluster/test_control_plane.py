@@ -67,12 +67,8 @@ def priority_classes(kube: Any) -> Any:
     sched = client.SchedulingV1Api(kube)
     suffix = uuid.uuid4().hex[:6]
     low, high = f"tj-test-low-{suffix}", f"tj-test-high-{suffix}"
-    sched.create_priority_class(
-        client.V1PriorityClass(metadata=client.V1ObjectMeta(name=low), value=1000)
-    )
-    sched.create_priority_class(
-        client.V1PriorityClass(metadata=client.V1ObjectMeta(name=high), value=100000)
-    )
+    k.create_priority_class(kube, low, 1000)  # each returns once admission resolves it
+    k.create_priority_class(kube, high, 100000)
     try:
         yield low, high
     finally:

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
 from tests import kube as k
 from tests.cluster.operator_harness import (
     REPO,
@@ -253,19 +252,12 @@ def test_restart_budget_exhausted_fails(jobs: Jobs) -> None:
 
 
 def test_preemption_by_the_real_scheduler_is_a_disruption(jobs: Jobs, cluster: k.Cluster) -> None:
-    sched = client.SchedulingV1Api(jobs.core.api_client)
     for name, value in (("tj-test-low", 10), ("tj-test-high", 1000)):
-        try:
-            sched.create_priority_class(
-                {
-                    "metadata": {"name": name},
-                    "value": value,
-                    "preemptionPolicy": "PreemptLowerPriority",
-                }
-            )
-        except client.exceptions.ApiException as e:
-            if e.status != 409:
-                raise
+        # Returns once the Priority admission plugin (an informer) resolves the class: the
+        # operator's pod creates would otherwise be refused with 403 for a moment.
+        k.create_priority_class(
+            jobs.core.api_client, name, value, preemptionPolicy="PreemptLowerPriority"
+        )
     node = cluster.gpu_nodes(jobs.core)[-1]
     gpus = int(jobs.core.read_node(node).status.allocatable["nvidia.com/gpu"])
     # A grace period, as real trainers have: the preempted pod lingers with DisruptionTarget=True.
