@@ -30,7 +30,7 @@ from torchjob.api.models import GROUP, PLURAL, VERSION
 from torchjob_operator import memory, metrics, reconcile
 from torchjob_operator import settings as settings_mod
 from torchjob_operator.cache import CachedKube, Store
-from torchjob_operator.kube import KubeClient
+from torchjob_operator.kube import KubeClient, KubeError
 from torchjob_operator.leader import LeaderElector
 from torchjob_operator.podwatch import PodWatch
 from torchjob_operator.reconcile import reconcile_once
@@ -146,11 +146,22 @@ class Reconciler:
                 elif loop.deferred_since is None:
                     loop.deferred_since = started
                 error_backoff = 1.0
-            except Exception:  # never let one job's error end the operator
-                metrics.RECONCILE_ERRORS.inc()
-                log.exception(
-                    "[%s/%s] reconcile failed; retrying in %.0fs", ns, name, error_backoff
-                )
+            except Exception as exc:  # never let one job's error end the operator
+                if isinstance(exc, KubeError) and exc.namespace_terminating:
+                    # Not a failure: the namespace's deletion removes the job, which ends
+                    # this loop (reconcile_once then finds it gone).
+                    log.info(
+                        "[%s/%s] namespace is being deleted; nothing to create (next look in "
+                        "%.0fs)",
+                        ns,
+                        name,
+                        error_backoff,
+                    )
+                else:
+                    metrics.RECONCILE_ERRORS.inc()
+                    log.exception(
+                        "[%s/%s] reconcile failed; retrying in %.0fs", ns, name, error_backoff
+                    )
                 delay: float | None = error_backoff
                 error_backoff = min(error_backoff * 2, 60.0)
             else:

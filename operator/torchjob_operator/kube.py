@@ -34,6 +34,18 @@ def _status_message(body: object) -> str:
     return str(parsed.get("message", text)) if isinstance(parsed, dict) else text
 
 
+def _status_causes(body: object) -> set[str]:
+    """The ``details.causes[].reason`` of a metav1.Status body (empty when there are none)."""
+    text = body.decode(errors="replace") if isinstance(body, bytes) else str(body or "")
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return set()
+    details = parsed.get("details") if isinstance(parsed, dict) else None
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return {str(c.get("reason")) for c in causes or [] if isinstance(c, dict)}
+
+
 class KubeError(Exception):
     """An API call failed: ``<verb> <object>: <status> <reason>: <message>``."""
 
@@ -43,6 +55,12 @@ class KubeError(Exception):
         self.body = exc.body
         self.detail = _status_message(exc.body)
         super().__init__(f"{verb} {target}: {exc.status} {exc.reason}: {self.detail}")
+
+    @property
+    def namespace_terminating(self) -> bool:
+        """403 NamespaceTerminating: the namespace is being deleted and takes the job with it.
+        No create there can succeed, and none needs to: not an error of the operator's."""
+        return self.status == 403 and "NamespaceTerminating" in _status_causes(self.body)
 
     @property
     def permanent(self) -> bool:

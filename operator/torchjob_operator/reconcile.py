@@ -198,6 +198,9 @@ def reconcile_once(
         events.append(Event.of("CreatedWorkerAccount", kinds=", ".join(made), name=account))
 
     failures = _create_pods(kube, namespace, worker_bodies, decided, settings, events)
+    dying = next((f for f in failures if f.namespace_terminating), None)
+    if dying is not None:
+        raise dying  # the namespace takes the job with it: no FailedCreatePod, no Stalled
     for body in probe_bodies:
         if kube.create_pod(body):
             probe = body["metadata"]["name"]

@@ -14,10 +14,11 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from torchjob import contract
 from torchjob_operator import reconcile
-from torchjob_operator.kube import Kube
+from torchjob_operator.kube import Kube, KubeError
 from torchjob_operator.reconcile import reconcile_once
 from torchjob_operator.settings import OperatorSettings
 
@@ -353,3 +354,45 @@ def test_worker_counts_wait_for_the_next_write_but_a_phase_never_waits() -> None
     kube.calls.clear()
     assert not once(True).deferred
     assert kube.calls[0] == "patch_job_status" and kube.job["status"]["restarts"] == 1
+
+
+# --- a namespace being deleted -----------------------------------------------------------
+
+TERMINATING_BODY = (
+    '{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":'
+    '"pods \\"tj-worker-0\\" is forbidden: unable to create new content in namespace ns '
+    'because it is being terminated","reason":"Forbidden","details":{"name":"tj-worker-0",'
+    '"kind":"pods","causes":[{"reason":"NamespaceTerminating","message":"namespace ns is '
+    'being terminated","field":"metadata.namespace"}]},"code":403}'
+)
+"""What kube-apiserver 1.37 answers to a create in a terminating namespace (copied from one)."""
+
+
+def _api_error(status: int, body: str) -> KubeError:
+    exc = ApiException(status=status, reason="Forbidden")
+    exc.body = body
+    return KubeError("create", "pod ns/tj-worker-0", exc)
+
+
+def test_a_terminating_namespace_is_told_apart_from_other_refusals() -> None:
+    assert _api_error(403, TERMINATING_BODY).namespace_terminating
+    other = '{"kind":"Status","message":"no PriorityClass with name x was found","code":403}'
+    assert not _api_error(403, other).namespace_terminating
+    assert not _api_error(403, "not json").namespace_terminating
+    assert not _api_error(409, TERMINATING_BODY).namespace_terminating
+
+
+class DyingNamespaceKube(FakeKube):
+    def create_pod(self, body: dict[str, Any]) -> bool:
+        raise _api_error(403, TERMINATING_BODY)
+
+
+def test_pods_refused_by_a_terminating_namespace_neither_stall_nor_warn() -> None:
+    """The namespace's deletion takes the job with it: reconcile raises the refusal (the
+    loop logs it at info and looks again) instead of writing Stalled and FailedCreatePod."""
+    kube = DyingNamespaceKube(_spec())
+    with pytest.raises(KubeError) as err:
+        _reconcile(kube, Clock())
+    assert err.value.namespace_terminating
+    assert "patch_job_status" not in kube.calls
+    assert not [reason for reason, _ in kube.events if reason == "FailedCreatePod"]
