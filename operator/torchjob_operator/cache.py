@@ -35,6 +35,7 @@ import orjson
 from torchjob import contract
 from torchjob_operator import metrics
 from torchjob_operator.kube import Kube
+from torchjob_operator.planner.observed import controller_uid
 
 JobKey = tuple[str, str]
 """(namespace, name) of a TorchJob."""
@@ -71,7 +72,7 @@ def _trim_container_status(cs: Mapping[str, Any]) -> dict[str, Any]:
 
 def trim_pod(pod: Mapping[str, Any]) -> Pod:
     """The part of a pod that ``planner.observed`` reads, and nothing else: no
-    ``managedFields``, no containers, only torchjob's labels, only the conditions and
+    ``managedFields``, no containers, only torchjob's labels and the controller's uid, only the conditions and
     container states it judges. 8000 pods took 42 MiB of the cache with the whole status,
     19 MiB trimmed, 4 MiB trimmed and kept as JSON bytes (``Store``)."""
     meta = pod.get("metadata") or {}
@@ -81,6 +82,10 @@ def trim_pod(pod: Mapping[str, Any]) -> Pod:
         kept_meta["labels"] = labels
     if meta.get("deletionTimestamp"):
         kept_meta["deletionTimestamp"] = meta["deletionTimestamp"]
+    # Only the controller's uid: a same-named earlier job's pods are told apart by it.
+    owner = controller_uid(pod)
+    if owner is not None:
+        kept_meta["ownerReferences"] = [{"uid": owner, "controller": True}]
     status = pod.get("status") or {}
     kept_status: dict[str, Any] = {
         k: status[k] for k in ("phase", "reason", "message") if status.get(k)

@@ -20,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION
+from torchjob_operator.planner.observed import controller_uid
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,16 @@ class KubeError(Exception):
         return (
             self.status is not None and 400 <= self.status < 500 and self.status not in (409, 429)
         )
+
+
+class EarlierOwnerError(Exception):
+    """An object the job needs exists under its name with another controller: an earlier
+    TorchJob of the same name was deleted and the garbage collector has not removed its
+    dependents yet. Not an error to report: the job waits until the object is gone."""
+
+    def __init__(self, kind: str, namespace: str, name: str, owner_uid: str | None) -> None:
+        self.kind, self.namespace, self.name, self.owner_uid = kind, namespace, name, owner_uid
+        super().__init__(f"{kind} {namespace}/{name} belongs to another owner ({owner_uid})")
 
 
 _PATHS: Mapping[str, str] = {
@@ -129,6 +140,44 @@ class KubeClient:
         if not 200 <= response.status <= 299:
             text = data.decode(errors="replace") if isinstance(data, bytes) else None
             raise ApiException.from_response(http_resp=response, body=text, data=None)
+
+    def _get_json(self, path: str) -> dict[str, Any] | None:
+        """GET ``path`` as a plain dict; None on NotFound."""
+        method, url, headers, _, _ = self.api.param_serialize(
+            method="GET",
+            resource_path=path,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response: Any = self.api.call_api(method, url, headers)
+        data = response.read()
+        if response.status == 404:
+            return None
+        if not 200 <= response.status <= 299:
+            text = data.decode(errors="replace") if isinstance(data, bytes) else None
+            raise ApiException.from_response(http_resp=response, body=text, data=None)
+        return cast(dict[str, Any], json.loads(data))
+
+    def _ensure_owned(self, kind: str, body: dict[str, Any]) -> bool:
+        """Create ``body``; False when this job's own copy exists. Raises
+        :class:`EarlierOwnerError` when an object of that name belongs to another controller
+        (an earlier TorchJob of the same name whose dependents are not collected yet)."""
+        for _ in range(2):
+            if self._create_once(kind, body):
+                return True
+            ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+            path = f"{_PATHS[kind].format(ns=quote(ns))}/{quote(name)}"
+            try:
+                existing = self._get_json(path)
+            except ApiException as e:
+                raise KubeError("read", f"{kind} {ns}/{name}", e) from e
+            if existing is None:
+                continue  # collected between the create and the read: create it now
+            owner, wanted = controller_uid(existing), controller_uid(body)
+            if owner != wanted:
+                raise EarlierOwnerError(kind, ns, name, owner)
+            return False
+        return False
 
     def _create_once(self, kind: str, body: dict[str, Any]) -> bool:
         """Create a namespaced object; False on AlreadyExists, so a repeated create is harmless."""
@@ -233,12 +282,14 @@ class KubeClient:
             raise KubeError("delete", f"pod {namespace}/{name}", e) from e
 
     def ensure_service(self, body: dict[str, Any]) -> bool:
-        """Create the Service ``body``; False when it already exists."""
-        return self._create_once("service", body)
+        """Create the Service ``body``; False when this job's exists already (raises
+        :class:`EarlierOwnerError` for an earlier same-named job's)."""
+        return self._ensure_owned("service", body)
 
     def ensure_rbac_object(self, kind: str, body: dict[str, Any]) -> bool:
-        """Create the worker ServiceAccount, Role or RoleBinding; False when it exists."""
-        return self._create_once(kind, body)
+        """Create the worker ServiceAccount, Role or RoleBinding; False when this job's exists
+        already (raises :class:`EarlierOwnerError` for an earlier same-named job's)."""
+        return self._ensure_owned(kind, body)
 
     # --- events ------------------------------------------------------------------------
     def post_event(

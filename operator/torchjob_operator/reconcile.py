@@ -35,15 +35,17 @@ from pydantic import ValidationError
 from torchjob import contract
 from torchjob.api.models import TorchJobSpec, TorchJobStatus
 from torchjob_operator import metrics
-from torchjob_operator.kube import Kube, KubeError
+from torchjob_operator.kube import EarlierOwnerError, Kube, KubeError
+from torchjob_operator.planner.conditions import message
 from torchjob_operator.planner.observed import (
     JobState,
     PodView,
     format_time,
     pod_view,
     probe_view,
+    split_by_owner,
 )
-from torchjob_operator.planner.plan import Event, JobView, Plan, plan
+from torchjob_operator.planner.plan import FOREIGN_RECHECK_S, Event, JobView, Plan, plan
 from torchjob_operator.planner.status import progress_only, set_not_ready
 from torchjob_operator.resources.pods import headless_service, probe_pod, worker_pod
 from torchjob_operator.resources.rbac import worker_rbac
@@ -145,7 +147,8 @@ def reconcile_once(
             f"TorchJob {namespace}/{name} has an invalid spec: {validation_message(err)}"
         )
 
-    raw_pods = kube.list_worker_pods(namespace, name)
+    # Only this job's pods count: a same-named earlier job's (another controller uid) wait.
+    raw_pods, foreign = split_by_owner(kube.list_worker_pods(namespace, name), meta["uid"])
     pods = [v for v in (pod_view(p) for p in raw_pods) if v is not None]
     probes = [v for v in (probe_view(p) for p in raw_pods) if v is not None]
     view = JobView(
@@ -154,6 +157,7 @@ def reconcile_once(
         spec=spec,
         state=JobState.from_status(old_status),
         metadata_generation=meta.get("generation"),
+        foreign_pods=foreign,
     )
     try:  # judging and building are pure: an error here is the spec's, and retrying cannot help
         decided = plan(view, pods, now, probes)
@@ -180,17 +184,39 @@ def reconcile_once(
         if decided.ensure_service
         else None
     )
-    rbac = (
-        list(
-            pool.map(
-                lambda kind_body: (kind_body[0], kube.ensure_rbac_object(*kind_body)),
-                worker_rbac(name=name, namespace=namespace, uid=meta["uid"]),
+    try:
+        rbac = (
+            list(
+                pool.map(
+                    lambda kind_body: (kind_body[0], kube.ensure_rbac_object(*kind_body)),
+                    worker_rbac(name=name, namespace=namespace, uid=meta["uid"]),
+                )
             )
+            if decided.create is not None
+            else []
         )
-        if decided.create is not None
-        else []
-    )
-    if service is not None and service.result():
+        created_service = service is not None and service.result()
+    except EarlierOwnerError as earlier:
+        # A same-named earlier job's account or Service is still there (the garbage collector
+        # removes it soon): pods now would run under the account about to vanish. Wait.
+        waiting = set_not_ready(
+            TorchJobStatus.parse(status),
+            reason="WaitingForEarlierJob",
+            message=message(
+                "WaitingForEarlierJob", what=f"{earlier.kind} {earlier.name}", name=name
+            ),
+            stalled=False,
+            now=format_time(now),
+            observed_generation=meta.get("generation"),
+        )
+        status = waiting.model_copy(
+            update={"created_generation": view.state.created_generation}
+        ).to_patch()
+        if _status_changed(old_status, status):
+            kube.patch_job_status(namespace, name, status)
+        log.info("%s", earlier)
+        return Outcome(FOREIGN_RECHECK_S)
+    if created_service:
         events.append(Event.of("CreatedService", name=name))
     made = [kind for kind, created in rbac if created]
     if made:  # one Event for the three (each is one more write to the API server)

@@ -7,11 +7,13 @@ the project's Stages, makes containers exit with chosen codes.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 from tests import kube as k
 from tests.cluster.operator_harness import (
     REPO,
@@ -314,6 +316,80 @@ def test_pod_deleted_by_a_user_is_a_disruption(jobs: Jobs) -> None:
     jobs.wait_running_pods("victim", 2, generation=1)
     status = jobs.wait_phase("victim", "Running")
     assert (status["disruptions"], status["restarts"]) == (1, 0)
+
+
+HOLD = "torchjob.io/test-hold"
+"""A finalizer that keeps a deleted pod present (terminating) until the test removes it."""
+
+
+def test_a_job_recreated_under_the_same_name_waits_for_the_old_pods(jobs: Jobs) -> None:
+    """issue 19: `kubectl delete tj x --wait` then `kubectl apply` of x at once. The old
+    job's pods and its worker ServiceAccount are held present (terminating, by a finalizer)
+    while the new job is reconciled: it must neither count the pods (a spurious disruption
+    threw generation 0 away) nor create pods of the same names, nor create pods that would
+    run under the account about to vanish; once they go, its generation 0 starts."""
+    jobs.apply(torchjob("again", replicas=2))
+    old = [p.metadata.name for p in jobs.wait_running_pods("again", 2, generation=0)]
+    old_uid = jobs.get("again")["metadata"]["uid"]  # type: ignore[index]
+    account = contract.worker_service_account("again")
+    hold = {"metadata": {"finalizers": [HOLD]}}
+    release = {"metadata": {"finalizers": None}}
+    for pod in old:
+        jobs.core.patch_namespaced_pod(pod, jobs.ns, hold)
+    jobs.core.patch_namespaced_service_account(account, jobs.ns, hold)
+
+    def waiting_for(what: str) -> Any:
+        return jobs.wait(
+            "again",
+            lambda s: (
+                s
+                if any(
+                    c.get("reason") == "WaitingForEarlierJob" and what in c.get("message", "")
+                    for c in s.get("conditions") or []
+                )
+                else None
+            ),
+            f"the new job waits for the earlier job's {what}",
+        )
+
+    try:
+        jobs.kubectl("delete", "torchjob", "again", "--wait=true")
+        # The garbage collector deletes the old pods; the finalizer keeps them terminating.
+        k.wait_for(
+            lambda: all(p.metadata.deletion_timestamp for p in jobs.pods("again")),
+            60,
+            "the old job's pods terminating",
+            core=jobs.core,
+            namespace=jobs.ns,
+        )
+        jobs.apply(torchjob("again", replicas=2))
+        status = waiting_for("pods")
+        new_uid = jobs.get("again")["metadata"]["uid"]  # type: ignore[index]
+        assert new_uid != old_uid
+        assert (status["currentGeneration"], status["disruptions"], status["restarts"]) == (0, 0, 0)
+        assert status.get("createdGeneration") is None
+        owners = sorted(p.metadata.owner_references[0].uid for p in jobs.pods("again"))
+        assert owners == [old_uid, old_uid]
+        # The pods go; the old account is still there: still no pod.
+        for pod in old:
+            jobs.core.patch_namespaced_pod(pod, jobs.ns, release)
+        status = waiting_for(f"ServiceAccount {account}")
+        assert (status["currentGeneration"], status["disruptions"], status["restarts"]) == (0, 0, 0)
+        assert jobs.pods("again") == []
+    finally:
+        for pod in old:
+            with contextlib.suppress(client.exceptions.ApiException):
+                jobs.core.patch_namespaced_pod(pod, jobs.ns, release)
+        with contextlib.suppress(client.exceptions.ApiException):
+            jobs.core.patch_namespaced_service_account(account, jobs.ns, release)
+    # The account goes: the new job's generation 0 is created, with nothing counted.
+    pods = jobs.wait_running_pods("again", 2, generation=0)
+    assert {p.metadata.owner_references[0].uid for p in pods} == {new_uid}
+    sa = jobs.core.read_namespaced_service_account(account, jobs.ns)
+    assert sa.metadata.owner_references[0].uid == new_uid
+    status = jobs.wait_phase("again", "Running")
+    assert (status["currentGeneration"], status["disruptions"], status["restarts"]) == (0, 0, 0)
+    assert "WorkerDisrupted" not in jobs.event_reasons("again")
 
 
 def test_node_lost_is_a_disruption(jobs: Jobs, cluster: k.Cluster) -> None:

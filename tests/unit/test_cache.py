@@ -23,7 +23,7 @@ from torchjob_operator.cache import (
     merge_applied,
     trim_pod,
 )
-from torchjob_operator.planner.observed import pod_view, probe_view
+from torchjob_operator.planner.observed import controller_uid, pod_view, probe_view
 from torchjob_operator.reconcile import reconcile_once
 from torchjob_operator.settings import OperatorSettings
 
@@ -197,13 +197,18 @@ def _realistic_pods() -> list[dict[str, Any]]:
 
 
 def test_a_trimmed_pod_tells_the_planner_exactly_what_the_whole_pod_does() -> None:
+    owners = set()
     for pod in _realistic_pods():
         trimmed = trim_pod(pod)
         assert pod_view(trimmed) == pod_view(pod)
         assert probe_view(trimmed) == probe_view(pod)
+        # split_by_owner reads the controller's uid: a recreated job's pods must keep it.
+        assert controller_uid(trimmed) == controller_uid(pod)
+        owners.add(controller_uid(pod))
         assert "managedFields" not in trimmed["metadata"]
         assert "containers" not in trimmed["spec"]
         assert trim_pod(trimmed) == trimmed
+    assert owners - {None}, "the realistic pods carry a controller ownerReference"
 
 
 @pytest.mark.parametrize(

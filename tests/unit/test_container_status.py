@@ -4,6 +4,7 @@ operator, and the kubelet's waiting reasons."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -105,3 +106,24 @@ def test_the_operator_sees_containers_that_cannot_start() -> None:
     pod["status"]["containerStatuses"][0]["state"]["waiting"] = {"reason": "ContainerCreating"}
     normal = pod_view(pod)
     assert normal is not None and normal.waiting == "", "a normal wait is not a problem"
+
+
+def _owned(name: str, uid: str | None, *, controller: bool = True) -> dict[str, Any]:
+    refs = [] if uid is None else [{"uid": uid, "controller": controller, "kind": "TorchJob"}]
+    return {"metadata": {"name": name, "ownerReferences": refs}}
+
+
+def test_only_pods_whose_controller_is_this_job_are_its_own() -> None:
+    from torchjob_operator.planner.observed import controller_uid, split_by_owner
+
+    assert controller_uid(_owned("a", "u2")) == "u2"
+    assert controller_uid(_owned("a", "u2", controller=False)) is None
+    assert controller_uid({"metadata": {}}) is None
+    pods = [
+        _owned("tj-worker-1", "u1"),  # the earlier job's, still terminating
+        _owned("tj-worker-0", "u2"),
+        _owned("tj-worker-0x", None),  # no owner at all: not this job's either
+    ]
+    ours, others = split_by_owner(pods, "u2")
+    assert [p["metadata"]["name"] for p in ours] == ["tj-worker-0"]
+    assert others == ("tj-worker-0x", "tj-worker-1")

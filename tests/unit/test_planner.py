@@ -489,3 +489,33 @@ def test_progress_only_is_the_counts_and_the_messages_that_quote_them() -> None:
     flipped = {**counts, "conditions": [{**ready, "status": "True", "message": "x"}]}
     assert not progress_only(old, flipped)
     assert not progress_only(old, {**counts, "conditions": []})
+
+
+# --- a TorchJob deleted and created again under the same name ------------------------------
+
+
+def test_pods_of_an_earlier_same_named_job_are_waited_for_not_counted() -> None:
+    """issue 19: `kubectl delete tj x --wait` then `kubectl apply` of x at once. The new job
+    must neither count the old pods (a spurious disruption threw generation 0 away) nor create
+    pods of the same names while they are there."""
+    earlier = ("tj-worker-0", "tj-worker-1")
+    view = replace(job().replicas(2).build(), foreign_pods=earlier)
+    decided = plan(view, [], at(0))
+    assert decided.create is None
+    assert decided.delete == ()  # not ours to delete
+    assert (decided.status["currentGeneration"], decided.status["disruptions"]) == (0, 0)
+    assert decided.status["restarts"] == 0
+    assert decided.status.get("createdGeneration") is None
+    assert decided.phase == Phase.PENDING
+    ready = next(c for c in decided.status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "WaitingForEarlierJob"
+    assert "2 pods (tj-worker-0, ...) of an earlier TorchJob named tj" in ready["message"]
+    assert decided.requeue_after_s is not None and decided.requeue_after_s <= 2.0
+    # Asked again while they are still there: the same answer, and no repeated Event.
+    again = plan(with_state(view, decided.status), [], at(1))
+    assert again.create is None and again.events == ()
+    # Once they are gone, generation 0 is created as for any new job.
+    gone = plan(replace(with_state(view, decided.status), foreign_pods=()), [], at(2))
+    assert gone.create is not None and gone.create.generation == 0
+    assert gone.create.indices == (0, 1)
+    assert (gone.status["currentGeneration"], gone.status["disruptions"]) == (0, 0)

@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from torchjob import contract
 from torchjob_operator import reconcile
-from torchjob_operator.kube import Kube, KubeError
+from torchjob_operator.kube import EarlierOwnerError, Kube, KubeError
 from torchjob_operator.reconcile import reconcile_once
 from torchjob_operator.settings import OperatorSettings
 
@@ -396,3 +396,75 @@ def test_pods_refused_by_a_terminating_namespace_neither_stall_nor_warn() -> Non
     assert err.value.namespace_terminating
     assert "patch_job_status" not in kube.calls
     assert not [reason for reason, _ in kube.events if reason == "FailedCreatePod"]
+
+
+# --- a TorchJob deleted and created again under the same name ------------------------------
+
+
+def _earlier_jobs_pods(kube: FakeKube, *, terminating: bool) -> None:
+    """The pods a deleted TorchJob of the same name (uid u0) left: same names and labels."""
+    earlier = FakeKube(_spec())
+    earlier.job["metadata"]["uid"] = "u0"
+    _reconcile(earlier, Clock())
+    earlier.run_all()
+    for pod in earlier.pods.values():
+        if terminating:
+            pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        kube.pods[pod["metadata"]["name"]] = pod
+
+
+@pytest.mark.parametrize("terminating", [True, False], ids=["terminating", "not-yet-collected"])
+def test_a_same_named_earlier_jobs_pods_are_waited_for_not_counted(terminating: bool) -> None:
+    clock = Clock()
+    kube = FakeKube(_spec())  # uid u1
+    _earlier_jobs_pods(kube, terminating=terminating)
+    for _ in range(3):
+        _reconcile(kube, clock)
+        clock.now += timedelta(seconds=2)
+    status = kube.job["status"]
+    assert (status["currentGeneration"], status["disruptions"], status["restarts"]) == (0, 0, 0)
+    assert "create_pod" not in kube.calls and "delete_pod" not in kube.calls
+    assert not [r for r, _ in kube.events if r in ("WorkerDisrupted", "FailedCreatePod")]
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "WaitingForEarlierJob", ready
+    # The garbage collector (or the kubelet) removes them: this job's generation 0 starts.
+    kube.pods.clear()
+    _reconcile(kube, clock)
+    status = kube.job["status"]
+    assert (status["currentGeneration"], status["disruptions"], status["createdGeneration"]) == (
+        0,
+        0,
+        0,
+    )
+    assert sorted(kube.pods) == ["tj-worker-0", "tj-worker-1", "tj-worker-2"]
+    assert {p["metadata"]["ownerReferences"][0]["uid"] for p in kube.pods.values()} == {"u1"}
+
+
+class EarlierAccountKube(FakeKube):
+    """The earlier job's ServiceAccount is still there (not yet collected)."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        super().__init__(spec)
+        self.account_collected = False
+
+    def ensure_rbac_object(self, kind: str, body: dict[str, Any]) -> bool:
+        if kind == "ServiceAccount" and not self.account_collected:
+            raise EarlierOwnerError(kind, "ns", body["metadata"]["name"], "u0")
+        return False
+
+
+def test_an_earlier_jobs_service_account_is_waited_for_before_any_pod() -> None:
+    clock = Clock()
+    kube = EarlierAccountKube(_spec())
+    outcome = reconcile_once(kube, "ns", "tj", settings=OperatorSettings(), clock=clock)
+    assert outcome.requeue_after_s is not None and outcome.requeue_after_s <= 2.0
+    assert "create_pod" not in kube.calls
+    status = kube.job["status"]
+    assert status.get("createdGeneration") is None
+    stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
+    assert (stalled["status"], stalled["reason"]) == ("False", "WaitingForEarlierJob")
+    assert "ServiceAccount tj-worker" in stalled["message"]
+    kube.account_collected = True
+    _reconcile(kube, clock)
+    assert sorted(kube.pods) == ["tj-worker-0", "tj-worker-1", "tj-worker-2"]
+    assert (kube.job["status"]["currentGeneration"], kube.job["status"]["disruptions"]) == (0, 0)

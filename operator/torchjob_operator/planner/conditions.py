@@ -29,6 +29,8 @@ REASONS: Final[Mapping[str, str]] = {
     "WorkerPodsCreated": "worker pods created (generation {generation})",
     "WaitingForPods": "{ready}/{replicas} workers ready",
     "WaitingForPodsCreation": "waiting for worker pods to be created",
+    "WaitingForEarlierJob": "waiting for {what} of an earlier TorchJob named {name} to be "
+    "deleted before creating this one's",
     "AllWorkersRunning": "all {replicas} workers are running (generation {generation})",
     "WorkerFailed": "{detail}; {explanation}",
     "WorkerDisrupted": "{detail}; disruption {disruptions}, the restart budget is not charged",

@@ -20,6 +20,10 @@ class JobView:
     spec: TorchJobSpec
     state: JobState = field(default_factory=JobState)
     metadata_generation: int | None = None
+    foreign_pods: tuple[str, ...] = ()
+    """Pods with this job's name label whose controller is another uid (an earlier TorchJob of
+    this name, being deleted): never judged, counted or deleted; while one exists no pod is
+    created, since a new pod would share its name and DNS name."""
 
 
 @dataclass(frozen=True)

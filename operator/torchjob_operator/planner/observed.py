@@ -96,6 +96,31 @@ class ProbeView:
     deleting: bool = False
 
 
+def controller_uid(obj: Mapping[str, Any]) -> str | None:
+    """The uid in the object's controller ownerReference (``controller: true``), or None."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if ref.get("controller"):
+            uid = ref.get("uid")
+            return str(uid) if uid else None
+    return None
+
+
+def split_by_owner(
+    pods: list[dict[str, Any]], uid: str
+) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+    """(the pods this job controls, the names of the others), for pods carrying its name label.
+
+    A TorchJob deleted and created again under the same name finds the old one's pods still
+    there (terminating, or not yet collected): they carry the same labels and names but
+    another controller uid. They are not this job's to judge, count or delete.
+    """
+    ours = [p for p in pods if controller_uid(p) == uid]
+    others = tuple(
+        sorted(str((p.get("metadata") or {}).get("name", "")) for p in pods if p not in ours)
+    )
+    return ours, others
+
+
 def probe_view(pod: Mapping[str, Any]) -> ProbeView | None:
     """A probe pod dict -> ProbeView; None for any other pod."""
     meta = pod.get("metadata") or {}

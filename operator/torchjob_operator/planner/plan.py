@@ -68,6 +68,9 @@ from torchjob_operator.planner.status import ready_reason, render_status
 
 __all__ = ["CreatePods", "Event", "JobView", "Plan", "plan", "with_state"]
 
+FOREIGN_RECHECK_S = 2.0
+"""How often a job waiting for an earlier same-named job's pods looks again without a poke."""
+
 
 def _finish(d: Draft, pods: Sequence[PodView], *, deadline: bool = False) -> None:
     """Pod clean-up after the end, and the TTL of the finished job."""
@@ -262,6 +265,11 @@ def plan(
         d.requeue.append(seconds)
         backoff = cond.message("BackoffWaiting", seconds=int(seconds + 0.999))
         d.message = f"{d.message.split('; restarting in')[0]}; {backoff}"
+    elif job.foreign_pods and d.created_generation != d.generation:
+        # An earlier TorchJob of this name still has pods (terminating, or not yet collected
+        # by the garbage collector): ours would share their names. Wait, counting nothing;
+        # their deletion pokes this job's loop (same name label), the requeue is a safety net.
+        d.requeue.append(FOREIGN_RECHECK_S)
     elif not stale:
         have = {p.index for p in current}
         todo = tuple(i for i in range(d.replicas) if i not in have)
@@ -280,7 +288,13 @@ def plan(
             if d.start_time is None:
                 d.start_time = now
 
-    active_phase(d, current)
+    if job.foreign_pods and d.create is None and d.created_generation != d.generation:
+        if d.phase != Phase.RESTARTING:
+            first, count = job.foreign_pods[0], len(job.foreign_pods)
+            what = f"pod {first}" if count == 1 else f"{count} pods ({first}, ...)"
+            d.transition(Phase.PENDING, *cond.say("WaitingForEarlierJob", what=what, name=job.name))
+    else:
+        active_phase(d, current)
     return _plan(d, pods, current)
 
 
