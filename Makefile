@@ -59,10 +59,11 @@ test-unit: venv ## unit tests only (no cluster, no multi-process torch)
 	$(PY) -m pytest tests/unit
 
 .PHONY: lint
-lint: venv ## ruff and mypy
+lint: venv ## ruff, mypy, and the chart (helm lint + checkov, hack/lint-chart.sh)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	hack/lint-chart.sh
 
 .PHONY: fmt
 fmt: venv

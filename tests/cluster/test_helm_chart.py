@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import subprocess
+from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 from tests import kube as k
 from tests.cluster.operator_harness import REPO
 
@@ -20,6 +22,20 @@ def helm(*args: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+DIGEST = "sha256:" + "0" * 64
+HARDENED = [
+    "--set",
+    "replicaCount=2",
+    "--set",
+    "networkPolicy.enabled=true",
+    "--set",
+    "networkPolicy.apiServer.cidrs={10.0.0.1/32}",
+    "--set",
+    f"image.digest={DIGEST}",
+]
+"""Every optional part on: what hack/lint-chart.sh lints with checkov."""
+
+
 @pytest.mark.parametrize(
     "values",
     [
@@ -29,6 +45,7 @@ def helm(*args: str) -> subprocess.CompletedProcess[str]:
             id="namespaced-no-metrics",
         ),
         pytest.param(["--set", "replicaCount=2"], id="ha-two-replicas"),
+        pytest.param(HARDENED, id="hardened"),
     ],
 )
 def test_chart_renders_objects_the_api_server_accepts(
@@ -52,6 +69,32 @@ def test_chart_renders_objects_the_api_server_accepts(
     assert "--leader-elect" in args
     role = next(d for d in docs if d["kind"] == "Role")
     assert role["rules"][0]["resources"] == ["leases"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    pdbs = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    if "replicaCount=2" in values:  # one replica stays up through a drain
+        assert len(pdbs) == 1 and pdbs[0]["spec"]["minAvailable"] == 1
+        assert pdbs[0]["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    else:  # a single replica: no PDB, so a drain is never blocked
+        assert pdbs == []
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    if values is HARDENED:
+        assert container["image"] == f"ghcr.io/torchjob/operator@{DIGEST}"
+        (policy,) = policies
+        spec = policy["spec"]
+        assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()
+        assert spec["policyTypes"] == ["Ingress", "Egress"]
+        ingress_ports = {port["port"] for rule in spec["ingress"] for port in rule["ports"]}
+        assert ingress_ports == {"healthz", "metrics"}
+        api, dns = spec["egress"]
+        assert {p["port"] for p in api["ports"]} == {443, 6443}
+        assert api["to"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}]
+        assert {(p["protocol"], p["port"]) for p in dns["ports"]} == {("UDP", 53), ("TCP", 53)}
+        assert dns["to"][0]["podSelector"]["matchLabels"] == {"k8s-app": "kube-dns"}
+    else:
+        assert policies == []
+        assert ":" in container["image"].rsplit("/", 1)[-1] and "@" not in container["image"]
     out = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
     assert out.returncode == 0, out.stderr
 
@@ -60,3 +103,42 @@ def test_chart_crd_is_the_generated_one() -> None:
     assert (CHART / "crds" / "torchjob.io_torchjobs.yaml").read_text() == (
         REPO / "crds" / "torchjob.io_torchjobs.yaml"
     ).read_text()
+
+
+def test_the_pdb_lets_a_drain_take_one_of_two_operator_replicas(
+    cluster: k.Cluster, kube: Any, namespace: str
+) -> None:
+    """The chart's PodDisruptionBudget, computed by the real disruption controller over the
+    chart's own Deployment (two replicas on kwok nodes): one replica may go, not two."""
+    rendered = helm(
+        "template",
+        "torchjob",
+        str(CHART),
+        "--namespace",
+        namespace,
+        *HARDENED,
+        "--set",
+        "nodeSelector.type=kwok",
+        "--set",
+        "tolerations[0].operator=Exists",
+    ).stdout
+    wanted = {"ServiceAccount", "Deployment", "PodDisruptionBudget"}  # namespaced, no RBAC
+    docs = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] in wanted]
+    assert {d["kind"] for d in docs} == wanted
+    cluster.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    (pdb,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    policy = client.PolicyV1Api(kube)
+
+    def computed() -> Any:
+        st = policy.read_namespaced_pod_disruption_budget(pdb["metadata"]["name"], namespace).status
+        ok = st is not None and st.current_healthy == 2 and st.expected_pods == 2
+        return st if ok else None
+
+    status = k.wait_for(
+        computed,
+        90,
+        "the disruption controller to count both operator replicas",
+        core=client.CoreV1Api(kube),
+        namespace=namespace,
+    )
+    assert (status.desired_healthy, status.disruptions_allowed) == (1, 1)
