@@ -150,10 +150,17 @@ def test_scheduler_preempts_lower_priority_pod(
     k.wait_for_pod_gone(core_v1, namespace, "victim", 60)
     preemptor = k.wait_for_pod(core_v1, namespace, "preemptor", _running, 60, "Running")
     assert preemptor.spec.node_name == node
-    events = core_v1.list_namespaced_event(
-        namespace, field_selector="involvedObject.name=victim"
-    ).items
-    assert any(e.reason == "Preempted" for e in events), [e.reason for e in events]
+
+    # The scheduler's event recorder posts asynchronously (a broadcaster, batched): wait for it.
+    def preempted_event() -> bool:
+        events = core_v1.list_namespaced_event(
+            namespace, field_selector="involvedObject.name=victim"
+        ).items
+        return any(e.reason == "Preempted" for e in events)
+
+    k.wait_for(
+        preempted_event, 30, "a Preempted Event on the victim", core=core_v1, namespace=namespace
+    )
 
 
 def test_eviction_api_respects_pdb_then_evicts(kube: Any, core_v1: Any, namespace: str) -> None:

@@ -189,9 +189,12 @@ def test_keep_survivors_replaces_only_the_pod_that_failed(jobs: Jobs) -> None:
     status = jobs.wait_phase("keeper", "Running")
     assert (status["restarts"], status["disruptions"]) == (1, 0)
     assert status["lastFailure"]["pod"] == "keeper-worker-1"
-    kept = [e for e in jobs.wait_events("keeper", "KeptSurvivors") if e.reason == "KeptSurvivors"]
+    # Both Events of that reconcile, waited for together: the operator posts DeletedPod just
+    # after KeptSurvivors, so reading once when KeptSurvivors shows could miss it.
+    events = jobs.wait_events("keeper", "KeptSurvivors", "DeletedPod")
+    kept = [e for e in events if e.reason == "KeptSurvivors"]
     assert "keeper-worker-0, keeper-worker-2" in kept[0].message
-    deleted = [e.message for e in jobs.events("keeper") if e.reason == "DeletedPod"]
+    deleted = [e.message for e in events if e.reason == "DeletedPod"]
     assert deleted == ["deleted pod keeper-worker-1"], deleted
     out = jobs.kubectl(
         "patch",
