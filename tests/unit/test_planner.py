@@ -258,6 +258,9 @@ def test_suspend_deletes_pods_and_resume_starts_new_generation() -> None:
     decided, view, pods = step(suspended_view, [running(p) for p in pods], 5)
     assert decided.phase == Phase.SUSPENDED
     assert set(decided.delete) == {"tj-worker-0", "tj-worker-1"}
+    # kstatus: Ready=True is Current, as for a suspended batch/v1 Job (issue 17).
+    ready = next(c for c in decided.status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "Suspended")
     resumed_view = replace(view, spec=builder.run_policy(suspend=False).build().spec)
     decided = plan(resumed_view, pods, at(10))
     assert decided.create is not None and decided.create.generation == 1
