@@ -13,7 +13,7 @@
 # the same wrapper module as the control plane) and CoreDNS ("coredns").
 #
 # Usage: hack/build-testbin.sh [--print-dir COMPONENT] [COMPONENT...]
-#   (COMPONENT: kubernetes|etcd|kwok|helm|kubelet|coredns|gitops; default: all of them)
+#   (COMPONENT: kubernetes|etcd|kwok|helm|kubelet|coredns|gitops|podgroup-crds; default: all)
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -35,6 +35,7 @@ component_dir() {
     kubelet) echo "${ROOT}/kubelet-${KUBE_VERSION}" ;;
     coredns) echo "${ROOT}/coredns-${COREDNS_VERSION}" ;;
     gitops) echo "${ROOT}/gitops-check-${GOPHER_LUA_VERSION}-${CLI_UTILS_VERSION}" ;;
+    podgroup-crds) echo "${ROOT}/podgroup-crds-${SCHEDULER_PLUGINS_VERSION}" ;;
     *) die "unknown component: $1" ;;
   esac
 }
@@ -310,6 +311,25 @@ build_gitops() {
   publish "${tmp}" "${dir}" gitops "${GOPHER_LUA_VERSION}-${CLI_UTILS_VERSION}-${sum}"
 }
 
+# ---------------------------------------------------------------- PodGroup CRDs (gang scheduling tests)
+build_podgroup-crds() {
+  local dir mod
+  dir="$(component_dir podgroup-crds)"
+  if fresh "${dir}" podgroup-crds "${SCHEDULER_PLUGINS_VERSION}"; then
+    log "podgroup-crds ${SCHEDULER_PLUGINS_VERSION}: up to date in ${dir}"
+    return
+  fi
+  log "podgroup-crds: scheduler-plugins ${SCHEDULER_PLUGINS_VERSION} from the module proxy"
+  mod="$("${GO}" mod download -json "sigs.k8s.io/scheduler-plugins@${SCHEDULER_PLUGINS_VERSION}" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -f "${mod}/config/crd/bases/scheduling.x-k8s.io_podgroups.yaml" ]] \
+    || die "sigs.k8s.io/scheduler-plugins@${SCHEDULER_PLUGINS_VERSION} has no config/crd/bases/scheduling.x-k8s.io_podgroups.yaml"
+  local tmp="${dir}.tmp.$$"
+  rm -rf "${tmp}"
+  mkdir -p "${tmp}"
+  cp "${mod}/config/crd/bases/scheduling.x-k8s.io_podgroups.yaml" "${tmp}/"
+  publish "${tmp}" "${dir}" podgroup-crds "${SCHEDULER_PLUGINS_VERSION}"
+}
+
 mkdir -p "${ROOT}" "${WORK}"
 # One build at a time per root: a second `make testbin` waits, then finds everything fresh.
 if command -v flock >/dev/null 2>&1; then
@@ -319,11 +339,11 @@ fi
 total_start=$(date +%s)
 log "Go ${go_version}; GOPROXY=$("${GO}" env GOPROXY); testbin root ${ROOT}"
 components=("${@}")
-[[ ${#components[@]} -gt 0 ]] || components=(kwok etcd kubernetes helm kubelet coredns gitops)
+[[ ${#components[@]} -gt 0 ]] || components=(kwok etcd kubernetes helm kubelet coredns gitops podgroup-crds)
 for c in "${components[@]}"; do
   case "${c}" in
-    kubernetes | etcd | kwok | helm | kubelet | coredns | gitops) timed "${c}" "build_${c}" ;;
-    *) die "unknown component '${c}' (kubernetes|etcd|kwok|helm|kubelet|coredns|gitops)" ;;
+    kubernetes | etcd | kwok | helm | kubelet | coredns | gitops | podgroup-crds) timed "${c}" "build_${c}" ;;
+    *) die "unknown component '${c}' (kubernetes|etcd|kwok|helm|kubelet|coredns|gitops|podgroup-crds)" ;;
   esac
 done
 log "total: $(($(date +%s) - total_start))s"

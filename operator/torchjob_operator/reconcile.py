@@ -45,7 +45,7 @@ from torchjob_operator.planner.observed import (
 )
 from torchjob_operator.planner.plan import Event, JobView, Plan, plan
 from torchjob_operator.planner.status import progress_only, set_not_ready
-from torchjob_operator.resources.pods import headless_service, probe_pod, worker_pod
+from torchjob_operator.resources.pods import headless_service, pod_group, probe_pod, worker_pod
 from torchjob_operator.resources.rbac import worker_rbac
 from torchjob_operator.settings import OperatorSettings
 
@@ -196,6 +196,19 @@ def reconcile_once(
     if made:  # one Event for the three (each is one more write to the API server)
         account = contract.worker_service_account(name)
         events.append(Event.of("CreatedWorkerAccount", kinds=", ".join(made), name=account))
+
+    # Gang scheduling: the PodGroup holds exactly this generation's pods, before they exist.
+    gang = spec.scheduling.gang
+    if gang is not None and decided.create is not None:
+        group = pod_group(
+            name=name,
+            namespace=namespace,
+            uid=meta["uid"],
+            gang=gang,
+            min_member=decided.create.replicas,
+        )
+        if kube.apply_pod_group(group):
+            events.append(Event.of("CreatedPodGroup", name=name, min=decided.create.replicas))
 
     failures = _create_pods(kube, namespace, worker_bodies, decided, settings, events)
     for body in probe_bodies:

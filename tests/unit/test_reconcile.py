@@ -41,6 +41,7 @@ class FakeKube:
             "status": {},
         }
         self.pods: dict[str, dict[str, Any]] = {}
+        self.pod_groups: dict[str, dict[str, Any]] = {}
         self.calls: list[str] = []
         self.crash_at: int | None = None
         """Raise Crash instead of the crash_at-th mutating call (0-based)."""
@@ -104,6 +105,10 @@ class FakeKube:
 
     def ensure_rbac_object(self, kind: str, body: dict[str, Any]) -> bool:
         return False
+
+    def apply_pod_group(self, body: dict[str, Any]) -> bool:
+        self.pod_groups[body["metadata"]["name"]] = body
+        return True
 
     def post_event(
         self, job: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
@@ -353,3 +358,25 @@ def test_worker_counts_wait_for_the_next_write_but_a_phase_never_waits() -> None
     kube.calls.clear()
     assert not once(True).deferred
     assert kube.calls[0] == "patch_job_status" and kube.job["status"]["restarts"] == 1
+
+
+def test_a_gang_job_gets_its_pod_group_before_its_pods_with_min_member_of_the_generation() -> None:
+    clock = Clock()
+    spec = _spec(3)
+    spec["scheduling"] = {"gang": {"podGroup": "Coscheduling", "scheduleTimeoutSeconds": 90}}
+    kube = FakeKube(spec)
+    _reconcile(kube, clock)
+    group = kube.pod_groups["tj"]
+    assert group["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
+    assert group["spec"] == {"minMember": 3, "scheduleTimeoutSeconds": 90}
+    assert group["metadata"]["ownerReferences"][0]["uid"] == "u1"
+    assert all(
+        p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "tj" for p in kube.pods.values()
+    )
+    assert ("CreatedPodGroup", "created PodGroup tj (minMember 3)") in kube.events
+    # A scale to 2 is a new generation of 2 pods: minMember follows.
+    kube.run_all()
+    kube.job["spec"]["replicas"] = 2
+    kube.job["metadata"]["generation"] = 2
+    _settle(kube, clock)
+    assert kube.pod_groups["tj"]["spec"]["minMember"] == 2

@@ -57,6 +57,7 @@ REASONS: Final[Mapping[str, str]] = {
     "KeptSurvivors": "generation {generation} keeps {count} running worker(s) ({pods}); "
     "the rest are replaced",
     "CreatedService": "created headless service {name}",
+    "CreatedPodGroup": "created PodGroup {name} (minMember {min})",
     "CreatedWorkerAccount": "created {kinds} {name}",
     "CreatedPod": "created {pods} (generation {generation})",
     "CreatedProbe": "probing capacity with pod {name}",

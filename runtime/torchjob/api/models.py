@@ -668,6 +668,36 @@ _MSG_QUEUE = (
 )
 
 
+class GangScheduler(str, Enum):
+    """Which scheduler's PodGroup holds the job's pods until all of them fit."""
+
+    COSCHEDULING = "Coscheduling"
+    """scheduler-plugins' coscheduling plugin: scheduling.x-k8s.io/v1alpha1 PodGroup."""
+    VOLCANO = "Volcano"
+    """Volcano: scheduling.volcano.sh/v1beta1 PodGroup."""
+
+
+class GangSpec(_Model):
+    """Gang scheduling: the operator keeps a PodGroup named after the job whose minMember is
+    the size of the generation it creates (all of its pods, or none, are scheduled)."""
+
+    pod_group: GangScheduler = Field(
+        description="Coscheduling (scheduler-plugins) or Volcano: whose PodGroup to create."
+    )
+    schedule_timeout_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=2**31 - 1,
+        description="Coscheduling only: how long the scheduler waits for the whole group.",
+    )
+    queue: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="Volcano only: the Volcano Queue of the PodGroup (Volcano's default if unset).",
+    )
+
+
 class SchedulingSpec(_Model):
     scheduler_name: str | None = Field(
         default=None,
@@ -686,6 +716,13 @@ class SchedulingSpec(_Model):
         max_length=63,
         description="Kueue LocalQueue; set as the kueue.x-k8s.io/queue-name label.",
         json_schema_extra={CEL: [_cel(f"self.matches(r'{LABEL_VALUE}')", _MSG_QUEUE)]},
+    )
+    gang: GangSpec | None = Field(
+        default=None,
+        description=(
+            "Gang scheduling through a PodGroup (docs/fits-your-cluster.md); set schedulerName "
+            "to the scheduler that reads it."
+        ),
     )
 
     @model_validator(mode="after")
