@@ -199,6 +199,7 @@ def reconcile_once(
 
     # Gang scheduling: the PodGroup holds exactly this generation's pods, before they exist.
     gang = spec.scheduling.gang
+    group_failure: KubeError | None = None
     if gang is not None and decided.create is not None:
         group = pod_group(
             name=name,
@@ -207,10 +208,20 @@ def reconcile_once(
             gang=gang,
             min_member=decided.create.replicas,
         )
-        if kube.apply_pod_group(group):
-            events.append(Event.of("CreatedPodGroup", name=name, min=decided.create.replicas))
+        try:
+            if kube.apply_pod_group(group):
+                events.append(Event.of("CreatedPodGroup", name=name, min=decided.create.replicas))
+        except KubeError as e:
+            # No pods without their group (they would be scheduled one by one): say why and
+            # retry; a missing PodGroup CRD (404) is permanent, so the job is Stalled.
+            group_failure = e
+            events.append(Event.of("FailedCreatePodGroup", warning=True, detail=str(e)))
 
-    failures = _create_pods(kube, namespace, worker_bodies, decided, settings, events)
+    failures = (
+        [group_failure]
+        if group_failure is not None
+        else _create_pods(kube, namespace, worker_bodies, decided, settings, events)
+    )
     for body in probe_bodies:
         if kube.create_pod(body):
             probe = body["metadata"]["name"]
@@ -220,7 +231,7 @@ def reconcile_once(
         first = failures[0]
         amended = set_not_ready(
             TorchJobStatus.parse(status),
-            reason="FailedCreatePod",
+            reason="FailedCreatePodGroup" if group_failure is not None else "FailedCreatePod",
             message=str(first),
             stalled=first.permanent,
             now=format_time(now),

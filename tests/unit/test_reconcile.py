@@ -42,6 +42,7 @@ class FakeKube:
         }
         self.pods: dict[str, dict[str, Any]] = {}
         self.pod_groups: dict[str, dict[str, Any]] = {}
+        self.pod_group_error: Exception | None = None
         self.calls: list[str] = []
         self.crash_at: int | None = None
         """Raise Crash instead of the crash_at-th mutating call (0-based)."""
@@ -107,6 +108,8 @@ class FakeKube:
         return False
 
     def apply_pod_group(self, body: dict[str, Any]) -> bool:
+        if self.pod_group_error is not None:
+            raise self.pod_group_error
         self.pod_groups[body["metadata"]["name"]] = body
         return True
 
@@ -380,3 +383,24 @@ def test_a_gang_job_gets_its_pod_group_before_its_pods_with_min_member_of_the_ge
     kube.job["metadata"]["generation"] = 2
     _settle(kube, clock)
     assert kube.pod_groups["tj"]["spec"]["minMember"] == 2
+
+
+def test_a_gang_job_whose_pod_group_cannot_be_created_gets_no_pods_and_says_why() -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    from torchjob_operator.kube import KubeError
+
+    clock = Clock()
+    spec = _spec(2)
+    spec["scheduling"] = {"gang": {"podGroup": "Volcano"}}
+    kube = FakeKube(spec)
+    kube.pod_group_error = KubeError(
+        "create", "PodGroup ns/tj", ApiException(status=404, reason="Not Found")
+    )
+    _reconcile(kube, clock)
+    assert kube.pods == {}
+    conditions = {c["type"]: c for c in kube.job["status"]["conditions"]}
+    assert conditions["Ready"]["reason"] == "FailedCreatePodGroup"
+    assert conditions["Stalled"]["status"] == "True"  # 404: the CRD is not installed
+    assert "PodGroup ns/tj" in conditions["Ready"]["message"]
+    assert any(r == "FailedCreatePodGroup" for r, _ in kube.events)

@@ -58,6 +58,7 @@ REASONS: Final[Mapping[str, str]] = {
     "the rest are replaced",
     "CreatedService": "created headless service {name}",
     "CreatedPodGroup": "created PodGroup {name} (minMember {min})",
+    "FailedCreatePodGroup": "{detail}",
     "CreatedWorkerAccount": "created {kinds} {name}",
     "CreatedPod": "created {pods} (generation {generation})",
     "CreatedProbe": "probing capacity with pod {name}",
