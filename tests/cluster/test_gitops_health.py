@@ -29,6 +29,9 @@ EXPECTED = {
     "failed": ("Failed", "Degraded"),
     "suspended": ("Current", "Suspended"),  # as a suspended batch/v1 Job (issue 17)
     "unschedulable": ("InProgress", "Progressing"),
+    # `kubectl scale` while the operator is stopped: metadata.generation ahead of
+    # status.observedGeneration (the operator is stopped so that the export cannot race it).
+    "unobserved": ("InProgress", "Progressing"),
 }
 
 
@@ -81,9 +84,22 @@ def test_kstatus_and_argocd_health_of_torchjobs_in_every_phase(jobs: Jobs, tmp_p
         )
         return obj if ok else None
 
+    jobs.apply(torchjob("unobserved", replicas=2))
+    jobs.wait_phase("unobserved", "Running")
     objects = {
-        n: _export(k.wait_for(lambda n=n: observed(n), 30, f"{n} observed")) for n in EXPECTED
+        n: _export(k.wait_for(lambda n=n: observed(n), 30, f"{n} observed"))
+        for n in EXPECTED
+        if n != "unobserved"
     }
+    jobs.operator.stop()
+    try:
+        jobs.kubectl("scale", "tj/unobserved", "--replicas=3")
+        unobserved = jobs.get("unobserved")
+        assert unobserved is not None
+        assert unobserved["metadata"]["generation"] > unobserved["status"]["observedGeneration"]
+        objects["unobserved"] = _export(unobserved)
+    finally:
+        jobs.operator.start()
 
     verdicts = kstatus(list(objects.values()), tmp_path)
     assert {n: verdicts[n]["status"] for n in EXPECTED} == {n: e[0] for n, e in EXPECTED.items()}
