@@ -13,7 +13,7 @@
 # the same wrapper module as the control plane) and CoreDNS ("coredns").
 #
 # Usage: hack/build-testbin.sh [--print-dir COMPONENT] [COMPONENT...]
-#   (COMPONENT: kubernetes|etcd|kwok|helm|kubelet|coredns; default: all of them)
+#   (COMPONENT: kubernetes|etcd|kwok|helm|kubelet|coredns|gitops|podgroup-crds; default: all)
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -34,6 +34,8 @@ component_dir() {
     helm) echo "${ROOT}/helm-${HELM_VERSION}" ;;
     kubelet) echo "${ROOT}/kubelet-${KUBE_VERSION}" ;;
     coredns) echo "${ROOT}/coredns-${COREDNS_VERSION}" ;;
+    gitops) echo "${ROOT}/gitops-check-${GOPHER_LUA_VERSION}-${CLI_UTILS_VERSION}" ;;
+    podgroup-crds) echo "${ROOT}/podgroup-crds-${SCHEDULER_PLUGINS_VERSION}" ;;
     *) die "unknown component: $1" ;;
   esac
 }
@@ -288,6 +290,46 @@ build_coredns() {
   publish "${tmp}" "${dir}" coredns "${COREDNS_VERSION}"
 }
 
+# ---------------------------------------------------------------- gitops-check (Argo CD Lua, kstatus)
+build_gitops() {
+  local dir src="${HACK_DIR}/gitops-check" sum
+  dir="$(component_dir gitops)"
+  # Its source lives in this repository: the stamp's version carries a hash of it.
+  sum="$(cat "${src}/go.mod" "${src}/go.sum" "${src}"/*.go | sha256sum | cut -c1-12)"
+  if fresh "${dir}" gitops "${GOPHER_LUA_VERSION}-${CLI_UTILS_VERSION}-${sum}"; then
+    log "gitops-check: up to date in ${dir}"
+    return
+  fi
+  grep -q "github.com/yuin/gopher-lua ${GOPHER_LUA_VERSION}\$" "${src}/go.mod" \
+    && grep -q "sigs.k8s.io/cli-utils ${CLI_UTILS_VERSION}\$" "${src}/go.mod" \
+    || die "hack/gitops-check/go.mod does not pin gopher-lua ${GOPHER_LUA_VERSION} and cli-utils ${CLI_UTILS_VERSION} (hack/versions.env)"
+  log "gitops-check (gopher-lua ${GOPHER_LUA_VERSION}, kstatus ${CLI_UTILS_VERSION}): building"
+  local tmp="${dir}.tmp.$$"
+  rm -rf "${tmp}"
+  mkdir -p "${tmp}"
+  (cd "${src}" && GOFLAGS="-mod=readonly -buildvcs=false" "${GO}" build -trimpath -ldflags "-s -w" -o "${tmp}/gitops-check" .)
+  publish "${tmp}" "${dir}" gitops "${GOPHER_LUA_VERSION}-${CLI_UTILS_VERSION}-${sum}"
+}
+
+# ---------------------------------------------------------------- PodGroup CRDs (gang scheduling tests)
+build_podgroup-crds() {
+  local dir mod
+  dir="$(component_dir podgroup-crds)"
+  if fresh "${dir}" podgroup-crds "${SCHEDULER_PLUGINS_VERSION}"; then
+    log "podgroup-crds ${SCHEDULER_PLUGINS_VERSION}: up to date in ${dir}"
+    return
+  fi
+  log "podgroup-crds: scheduler-plugins ${SCHEDULER_PLUGINS_VERSION} from the module proxy"
+  mod="$("${GO}" mod download -json "sigs.k8s.io/scheduler-plugins@${SCHEDULER_PLUGINS_VERSION}" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -f "${mod}/config/crd/bases/scheduling.x-k8s.io_podgroups.yaml" ]] \
+    || die "sigs.k8s.io/scheduler-plugins@${SCHEDULER_PLUGINS_VERSION} has no config/crd/bases/scheduling.x-k8s.io_podgroups.yaml"
+  local tmp="${dir}.tmp.$$"
+  rm -rf "${tmp}"
+  mkdir -p "${tmp}"
+  cp "${mod}/config/crd/bases/scheduling.x-k8s.io_podgroups.yaml" "${tmp}/"
+  publish "${tmp}" "${dir}" podgroup-crds "${SCHEDULER_PLUGINS_VERSION}"
+}
+
 mkdir -p "${ROOT}" "${WORK}"
 # One build at a time per root: a second `make testbin` waits, then finds everything fresh.
 if command -v flock >/dev/null 2>&1; then
@@ -297,11 +339,11 @@ fi
 total_start=$(date +%s)
 log "Go ${go_version}; GOPROXY=$("${GO}" env GOPROXY); testbin root ${ROOT}"
 components=("${@}")
-[[ ${#components[@]} -gt 0 ]] || components=(kwok etcd kubernetes helm kubelet coredns)
+[[ ${#components[@]} -gt 0 ]] || components=(kwok etcd kubernetes helm kubelet coredns gitops podgroup-crds)
 for c in "${components[@]}"; do
   case "${c}" in
-    kubernetes | etcd | kwok | helm | kubelet | coredns) timed "${c}" "build_${c}" ;;
-    *) die "unknown component '${c}' (kubernetes|etcd|kwok|helm|kubelet|coredns)" ;;
+    kubernetes | etcd | kwok | helm | kubelet | coredns | gitops | podgroup-crds) timed "${c}" "build_${c}" ;;
+    *) die "unknown component '${c}' (kubernetes|etcd|kwok|helm|kubelet|coredns|gitops|podgroup-crds)" ;;
   esac
 done
 log "total: $(($(date +%s) - total_start))s"

@@ -432,6 +432,9 @@ class CachedKube:
     def ensure_rbac_object(self, kind: str, body: dict[str, Any]) -> bool:
         return self.live.ensure_rbac_object(kind, body)
 
+    def apply_pod_group(self, body: dict[str, Any]) -> bool:
+        return self.live.apply_pod_group(body)
+
     def post_event(
         self, job: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
     ) -> None:

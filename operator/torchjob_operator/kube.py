@@ -88,6 +88,8 @@ _PATHS: Mapping[str, str] = {
     "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
     "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
     "event": "/api/v1/namespaces/{ns}/events",
+    "scheduling.x-k8s.io/v1alpha1": "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups",
+    "scheduling.volcano.sh/v1beta1": "/apis/scheduling.volcano.sh/v1beta1/namespaces/{ns}/podgroups",
 }
 """Where each kind of object the operator creates is POSTed."""
 
@@ -107,6 +109,7 @@ class Kube(Protocol):
     def delete_pod(self, namespace: str, name: str) -> bool: ...
     def ensure_service(self, body: dict[str, Any]) -> bool: ...
     def ensure_rbac_object(self, kind: str, body: dict[str, Any]) -> bool: ...
+    def apply_pod_group(self, body: dict[str, Any]) -> bool: ...
     def post_event(
         self, job: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
     ) -> None: ...
@@ -290,6 +293,24 @@ class KubeClient:
         """Create the worker ServiceAccount, Role or RoleBinding; False when this job's exists
         already (raises :class:`EarlierOwnerError` for an earlier same-named job's)."""
         return self._ensure_owned(kind, body)
+
+    def apply_pod_group(self, body: dict[str, Any]) -> bool:
+        """Create the PodGroup ``body`` (its apiVersion says whose); when it exists, set its
+        spec (minMember follows the generation). True when created."""
+        kind = str(body["apiVersion"])
+        if self._create_once(kind, body):
+            return True
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            self._send(
+                "PATCH",
+                f"{_PATHS[kind].format(ns=quote(ns))}/{quote(name)}",
+                {"spec": body["spec"]},
+                content_type="application/merge-patch+json",
+            )
+        except ApiException as e:
+            raise KubeError("patch", f"PodGroup {ns}/{name}", e) from e
+        return False
 
     # --- events ------------------------------------------------------------------------
     def post_event(

@@ -47,7 +47,7 @@ from torchjob_operator.planner.observed import (
 )
 from torchjob_operator.planner.plan import FOREIGN_RECHECK_S, Event, JobView, Plan, plan
 from torchjob_operator.planner.status import progress_only, set_not_ready
-from torchjob_operator.resources.pods import headless_service, probe_pod, worker_pod
+from torchjob_operator.resources.pods import headless_service, pod_group, probe_pod, worker_pod
 from torchjob_operator.resources.rbac import worker_rbac
 from torchjob_operator.settings import OperatorSettings
 
@@ -223,7 +223,31 @@ def reconcile_once(
         account = contract.worker_service_account(name)
         events.append(Event.of("CreatedWorkerAccount", kinds=", ".join(made), name=account))
 
-    failures = _create_pods(kube, namespace, worker_bodies, decided, settings, events)
+    # Gang scheduling: the PodGroup holds exactly this generation's pods, before they exist.
+    gang = spec.scheduling.gang
+    group_failure: KubeError | None = None
+    if gang is not None and decided.create is not None:
+        group = pod_group(
+            name=name,
+            namespace=namespace,
+            uid=meta["uid"],
+            gang=gang,
+            min_member=decided.create.replicas,
+        )
+        try:
+            if kube.apply_pod_group(group):
+                events.append(Event.of("CreatedPodGroup", name=name, min=decided.create.replicas))
+        except KubeError as e:
+            # No pods without their group (they would be scheduled one by one): say why and
+            # retry; a missing PodGroup CRD (404) is permanent, so the job is Stalled.
+            group_failure = e
+            events.append(Event.of("FailedCreatePodGroup", warning=True, detail=str(e)))
+
+    failures = (
+        [group_failure]
+        if group_failure is not None
+        else _create_pods(kube, namespace, worker_bodies, decided, settings, events)
+    )
     dying = next((f for f in failures if f.namespace_terminating), None)
     if dying is not None:
         raise dying  # the namespace takes the job with it: no FailedCreatePod, no Stalled
@@ -236,7 +260,7 @@ def reconcile_once(
         first = failures[0]
         amended = set_not_ready(
             TorchJobStatus.parse(status),
-            reason="FailedCreatePod",
+            reason="FailedCreatePodGroup" if group_failure is not None else "FailedCreatePod",
             message=str(first),
             stalled=first.permanent,
             now=format_time(now),

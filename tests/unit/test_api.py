@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from pydantic import ValidationError
 from torchjob.api import TorchJob, TorchJobSpec, kube_schema
 from torchjob.api.crd import build_crd as _build_crd
 from torchjob.api.crd import render_crd_yaml as _render_crd_yaml
+from torchjob.api.models import JOB_NAME
 
 REPO = Path(__file__).resolve().parents[2]
 GPU = "nvidia.com/gpu"
@@ -188,3 +190,39 @@ def test_import_api_and_contract_does_not_import_torch() -> None:
     code = "import sys, torchjob.api, torchjob.contract, torchjob.plan, torchjob_operator.planner.plan; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        pytest.param(("scheduling", "schedulerName"), "my scheduler", id="scheduler-with-space"),
+        pytest.param(("runPolicy", "activeDeadlineSeconds"), 2**63 - 1, id="deadline-int64"),
+        pytest.param(("runPolicy", "ttlSecondsAfterFinished"), 2**31 - 1, id="ttl-int32"),
+    ],
+)
+def test_no_rule_stricter_than_kubernetes(field: tuple[str, str], value: object) -> None:
+    """What a Pod or Job accepts, a TorchJob accepts (issue 17); the CRD says the same."""
+    TorchJobSpec.model_validate(spec(**{field[0]: {field[1]: value}}))
+    props = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    node = props["spec"]["properties"][field[0]]["properties"][field[1]]
+    assert "x-kubernetes-validations" not in node and "pattern" not in node
+    if isinstance(value, int):
+        assert node.get("maximum", 2**63 - 1) >= value
+
+
+def test_envfrom_ports_pull_secrets_have_no_count_bound_and_env_the_cel_one() -> None:
+    """No CEL rule iterates envFrom, ports or imagePullSecrets: no bound, as Pods. env's bound
+    is the largest the env-name rule's cost allows (docs/api.md, Bounds)."""
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    pod = schema["properties"]["spec"]["properties"]["template"]["properties"]["spec"]
+    container = pod["properties"]["containers"]["items"]
+    for key in ("envFrom", "ports"):
+        assert "maxItems" not in container["properties"][key], key
+    assert "maxItems" not in pod["properties"]["imagePullSecrets"]
+    assert container["properties"]["env"]["maxItems"] == 1024
+
+
+@pytest.mark.parametrize("name", ["3d-unet", "a", "tj-0"])
+def test_job_name_rule_is_the_service_name_rule(name: str) -> None:
+    assert re.match(JOB_NAME, name)
+    assert not re.match(JOB_NAME, name + "-") and not re.match(JOB_NAME, "a.b")

@@ -258,6 +258,9 @@ def test_suspend_deletes_pods_and_resume_starts_new_generation() -> None:
     decided, view, pods = step(suspended_view, [running(p) for p in pods], 5)
     assert decided.phase == Phase.SUSPENDED
     assert set(decided.delete) == {"tj-worker-0", "tj-worker-1"}
+    # kstatus: Ready=True is Current, as for a suspended batch/v1 Job (issue 17).
+    ready = next(c for c in decided.status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "Suspended")
     resumed_view = replace(view, spec=builder.run_policy(suspend=False).build().spec)
     decided = plan(resumed_view, pods, at(10))
     assert decided.create is not None and decided.create.generation == 1
@@ -272,6 +275,25 @@ def test_deadline_fails_job_and_deletes_running_pods() -> None:
     assert decided.phase == Phase.FAILED
     assert set(decided.delete) == {"tj-worker-0", "tj-worker-1"}
     assert "DeadlineExceeded" in {e.reason for e in decided.events}
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        pytest.param({"activeDeadlineSeconds": 2**63 - 1}, id="deadline-int64-max"),
+        pytest.param({"ttlSecondsAfterFinished": 2**31 - 1}, id="ttl-int32-max"),
+    ],
+)
+def test_never_deadlines_as_kubernetes_accepts_them_plan_without_overflow(policy: dict) -> None:
+    # int64/int32 maxima are what Job accepts (a common "never"); no datetime overflow, and
+    # the job is looked at again no later than a day from now.
+    _, view, pods = step(job().replicas(1).run_policy(**policy).build(), [], 0)
+    mid = plan(view, [running(p) for p in pods], at(10))
+    assert mid.phase == Phase.RUNNING
+    done, view, pods = step(view, [succeeded(p) for p in pods], 20)
+    assert done.phase == Phase.SUCCEEDED and not done.delete_job
+    for decided in (mid, done):
+        assert decided.requeue_after_s is None or decided.requeue_after_s <= 86400
 
 
 def test_ttl_deletes_finished_job() -> None:

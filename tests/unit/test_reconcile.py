@@ -42,6 +42,8 @@ class FakeKube:
             "status": {},
         }
         self.pods: dict[str, dict[str, Any]] = {}
+        self.pod_groups: dict[str, dict[str, Any]] = {}
+        self.pod_group_error: Exception | None = None
         self.calls: list[str] = []
         self.crash_at: int | None = None
         """Raise Crash instead of the crash_at-th mutating call (0-based)."""
@@ -105,6 +107,12 @@ class FakeKube:
 
     def ensure_rbac_object(self, kind: str, body: dict[str, Any]) -> bool:
         return False
+
+    def apply_pod_group(self, body: dict[str, Any]) -> bool:
+        if self.pod_group_error is not None:
+            raise self.pod_group_error
+        self.pod_groups[body["metadata"]["name"]] = body
+        return True
 
     def post_event(
         self, job: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
@@ -468,3 +476,46 @@ def test_an_earlier_jobs_service_account_is_waited_for_before_any_pod() -> None:
     _reconcile(kube, clock)
     assert sorted(kube.pods) == ["tj-worker-0", "tj-worker-1", "tj-worker-2"]
     assert (kube.job["status"]["currentGeneration"], kube.job["status"]["disruptions"]) == (0, 0)
+
+
+def test_a_gang_job_gets_its_pod_group_before_its_pods_with_min_member_of_the_generation() -> None:
+    clock = Clock()
+    spec = _spec(3)
+    spec["scheduling"] = {"gang": {"podGroup": "Coscheduling", "scheduleTimeoutSeconds": 90}}
+    kube = FakeKube(spec)
+    _reconcile(kube, clock)
+    group = kube.pod_groups["tj"]
+    assert group["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
+    assert group["spec"] == {"minMember": 3, "scheduleTimeoutSeconds": 90}
+    assert group["metadata"]["ownerReferences"][0]["uid"] == "u1"
+    assert all(
+        p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "tj" for p in kube.pods.values()
+    )
+    assert ("CreatedPodGroup", "created PodGroup tj (minMember 3)") in kube.events
+    # A scale to 2 is a new generation of 2 pods: minMember follows.
+    kube.run_all()
+    kube.job["spec"]["replicas"] = 2
+    kube.job["metadata"]["generation"] = 2
+    _settle(kube, clock)
+    assert kube.pod_groups["tj"]["spec"]["minMember"] == 2
+
+
+def test_a_gang_job_whose_pod_group_cannot_be_created_gets_no_pods_and_says_why() -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    from torchjob_operator.kube import KubeError
+
+    clock = Clock()
+    spec = _spec(2)
+    spec["scheduling"] = {"gang": {"podGroup": "Volcano"}}
+    kube = FakeKube(spec)
+    kube.pod_group_error = KubeError(
+        "create", "PodGroup ns/tj", ApiException(status=404, reason="Not Found")
+    )
+    _reconcile(kube, clock)
+    assert kube.pods == {}
+    conditions = {c["type"]: c for c in kube.job["status"]["conditions"]}
+    assert conditions["Ready"]["reason"] == "FailedCreatePodGroup"
+    assert conditions["Stalled"]["status"] == "True"  # 404: the CRD is not installed
+    assert "PodGroup ns/tj" in conditions["Ready"]["message"]
+    assert any(r == "FailedCreatePodGroup" for r, _ in kube.events)

@@ -94,7 +94,11 @@ template = st.fixed_dictionaries(
         )
     },
 )
-BIG = st.one_of(st.integers(0, 12), st.integers(-1, 2**33))
+BIG = st.one_of(
+    st.integers(0, 12),
+    st.integers(-1, 2**33),
+    st.sampled_from([2**31 - 1, 2**31, 2**63 - 1, 2**63]),
+)
 spec_dicts = st.fixed_dictionaries(
     {"replicas": st.one_of(st.integers(1, 12), BIG), "template": template},
     optional={

@@ -1,9 +1,11 @@
 """Status conditions: reasons with their meaning, and a setter that keeps transition times stable.
 
 Condition types follow Kubernetes conventions (metav1.Condition). ``Ready`` and
-``Stalled`` follow kstatus, so Flux and Argo CD health checks read a TorchJob
-without custom Lua: Ready=True while training or after success; Stalled=True
-once it failed for good.
+``Stalled`` follow kstatus, so Flux's health checks (kstatus) read a TorchJob
+without custom code: Ready=True while training, after success and while suspended
+(as kstatus treats a suspended batch/v1 Job); Stalled=True once it failed for good.
+Argo CD does not read kstatus for custom resources: it needs the Lua health script
+in ``charts/torchjob-operator/argocd/`` (docs/fits-your-cluster.md).
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ REASONS: Final[Mapping[str, str]] = {
     "KeptSurvivors": "generation {generation} keeps {count} running worker(s) ({pods}); "
     "the rest are replaced",
     "CreatedService": "created headless service {name}",
+    "CreatedPodGroup": "created PodGroup {name} (minMember {min})",
+    "FailedCreatePodGroup": "{detail}",
     "CreatedWorkerAccount": "created {kinds} {name}",
     "CreatedPod": "created {pods} (generation {generation})",
     "CreatedProbe": "probing capacity with pod {name}",

@@ -89,7 +89,11 @@ def _finish(d: Draft, pods: Sequence[PodView], *, deadline: bool = False) -> Non
         if d.now >= due:
             d.delete_job = True
         else:
-            d.requeue.append((due - d.now).total_seconds())
+            d.requeue.append(min((due - d.now).total_seconds(), _MAX_REQUEUE_S))
+
+
+_MAX_REQUEUE_S = 86400.0
+"""A far deadline is looked at again once a day (it may be int64's maximum: a "never")."""
 
 
 def _end(d: Draft, phase: Phase, reason: str, message: str) -> None:
@@ -171,7 +175,7 @@ def plan(
             )
             _finish(d, pods, deadline=True)
             return _plan(d, pods, pods)
-        d.requeue.append(left)
+        d.requeue.append(min(left, _MAX_REQUEUE_S))
 
     # A user's scale (spec.replicas changed) always starts a generation of the new size. An
     # elastic job may run below spec.replicas after a shrink; that is not a scale request.

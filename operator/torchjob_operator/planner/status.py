@@ -28,7 +28,7 @@ def render_status(d: Draft, current: Sequence[PodView]) -> dict[str, Any]:
         cond.SUSPENDED: d.phase == Phase.SUSPENDED,
         cond.SUCCEEDED: d.phase == Phase.SUCCEEDED,
         cond.FAILED: d.phase == Phase.FAILED,
-        cond.READY: d.phase in (Phase.RUNNING, Phase.SUCCEEDED),
+        cond.READY: is_ready(d.phase),
         cond.STALLED: d.phase == Phase.FAILED,
     }
     present = {c.get("type") for c in conditions}
@@ -74,6 +74,14 @@ def render_status(d: Draft, current: Sequence[PodView]) -> dict[str, Any]:
         succeeded_workers=sum(1 for p in current if p.phase == PodPhase.SUCCEEDED),
         failed_workers=sum(1 for p in current if p.phase == PodPhase.FAILED),
     ).to_patch()
+
+
+def is_ready(phase: Phase) -> bool:
+    """The ``Ready`` condition (kstatus: True is Current, False is InProgress): training,
+    succeeded, or suspended. A suspended job is Current, as a suspended batch/v1 Job is for
+    kstatus: it is where its spec asked it to be, so a Flux Kustomization or an Argo CD sync
+    holding it does not wait for its timeout (issue 17)."""
+    return phase in (Phase.RUNNING, Phase.SUCCEEDED, Phase.SUSPENDED)
 
 
 PROGRESS_COUNTS = frozenset(

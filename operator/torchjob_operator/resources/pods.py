@@ -1,4 +1,5 @@
-"""Builders of the manifests the operator creates: worker pods and the headless Service.
+"""Builders of the manifests the operator creates: worker pods, the headless Service and the
+PodGroup of a gang-scheduled job.
 
 Pure functions from the spec to dicts. Every worker pod gets the env contract
 from ``torchjob.contract`` (the runtime parses the same names back), plus the
@@ -12,7 +13,7 @@ import copy
 from typing import Any
 
 from torchjob import contract
-from torchjob.api.models import API_VERSION, KIND, TorchJobSpec
+from torchjob.api.models import API_VERSION, KIND, GangScheduler, GangSpec, TorchJobSpec
 from torchjob.plan.worker_env import worker_pod_env
 
 DEFAULT_GRACE_PERIOD_S = 120
@@ -87,6 +88,8 @@ def worker_pod(
     labels[contract.LABEL_GENERATION] = str(generation)
     if spec.scheduling.queue_name:
         labels[contract.KUEUE_QUEUE_LABEL] = spec.scheduling.queue_name
+    gang_labels, gang_annotations = gang_pod_metadata(name=name, gang=spec.scheduling.gang)
+    labels.update(gang_labels)
 
     pod_spec["hostname"] = pod_name
     pod_spec["subdomain"] = name
@@ -161,7 +164,7 @@ def worker_pod(
             "name": pod_name,
             "namespace": namespace,
             "labels": labels,
-            "annotations": dict(meta.get("annotations") or {}),
+            "annotations": {**(meta.get("annotations") or {}), **gang_annotations},
             "ownerReferences": [owner_reference(name, uid)],
         },
         "spec": pod_spec,
@@ -231,3 +234,49 @@ def probe_pod(
         },
         "spec": probe_spec,
     }
+
+
+# --- gang scheduling (spec.scheduling.gang) ---------------------------------------------
+# The PodGroup is named after the job; its minMember is the number of pods of the generation
+# being created, so an elastic resize or a `kubectl scale` moves it with the job (issue 17).
+# Coscheduling (scheduler-plugins) finds a pod's group by a label, Volcano by an annotation.
+
+COSCHEDULING_API = "scheduling.x-k8s.io/v1alpha1"
+COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
+VOLCANO_API = "scheduling.volcano.sh/v1beta1"
+VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
+
+
+def pod_group(
+    *, name: str, namespace: str, uid: str, gang: GangSpec, min_member: int
+) -> dict[str, Any]:
+    """The PodGroup of job ``name`` holding ``min_member`` pods (owned by the job)."""
+    spec: dict[str, Any] = {"minMember": min_member}
+    if gang.pod_group == GangScheduler.COSCHEDULING:
+        api = COSCHEDULING_API
+        if gang.schedule_timeout_seconds is not None:
+            spec["scheduleTimeoutSeconds"] = gang.schedule_timeout_seconds
+    else:
+        api = VOLCANO_API
+        if gang.queue is not None:
+            spec["queue"] = gang.queue
+    return {
+        "apiVersion": api,
+        "kind": "PodGroup",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": job_labels(name),
+            "ownerReferences": [owner_reference(name, uid)],
+        },
+        "spec": spec,
+    }
+
+
+def gang_pod_metadata(*, name: str, gang: GangSpec | None) -> tuple[dict[str, str], dict[str, str]]:
+    """(labels, annotations) that put a worker pod into its job's PodGroup."""
+    if gang is None:
+        return {}, {}
+    if gang.pod_group == GangScheduler.COSCHEDULING:
+        return {COSCHEDULING_LABEL: name}, {}
+    return {}, {VOLCANO_ANNOTATION: name}

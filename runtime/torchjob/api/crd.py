@@ -127,9 +127,9 @@ NAME_RULES: list[dict[str, Any]] = [
     {
         "rule": f"self.metadata.name.matches(r'{models.JOB_NAME}')",
         "message": (
-            "metadata.name must be a DNS-1035 label: lowercase letters, digits and '-', starting "
-            "with a letter (it names the job's Service and is part of every pod's hostname); "
-            "e.g. resnet-v2 instead of resnet.v2"
+            "metadata.name must be a DNS label: lowercase letters, digits and '-', starting and "
+            "ending with a letter or digit (it names the job's Service and is part of every "
+            "pod's hostname); e.g. resnet-v2 instead of resnet.v2"
         ),
     },
     {

@@ -327,7 +327,9 @@ def run_local(
             while decision.action == "continue":
                 left = deadline_left(spec.run_policy.active_deadline_seconds, start_time, _now())
                 try:
-                    idx, rc = exits.get(timeout=None if left is None else max(left, 0.0))
+                    idx, rc = exits.get(
+                        timeout=None if left is None else min(max(left, 0.0), threading.TIMEOUT_MAX)
+                    )
                 except queue.Empty:
                     pass
                 else:

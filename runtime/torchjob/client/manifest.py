@@ -137,7 +137,7 @@ def check_manifest(doc: Any, source: str = "") -> Manifest:
         else None
     )
     if not (isinstance(name, str) and name):
-        raise ManifestError(source, "metadata.name", "is required (a DNS-1035 name)")
+        raise ManifestError(source, "metadata.name", "is required (a DNS label)")
     try:
         job = TorchJob.model_validate(dict(doc))
     except ValidationError as e:

@@ -9,7 +9,7 @@ counters in the TorchJob status; local launchers keep them in memory. Same rules
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from torchjob.api.models import TorchJobStatus
 from torchjob.plan.failure import FailureDecision, Verdict
@@ -51,4 +51,5 @@ def deadline_left(
     has, None when there is no deadline (or the clock has not started)."""
     if active_deadline_seconds is None or start_time is None:
         return None
-    return (start_time + timedelta(seconds=active_deadline_seconds) - now).total_seconds()
+    # No datetime arithmetic with the deadline: it may be int64's maximum (a common "never").
+    return (start_time - now).total_seconds() + active_deadline_seconds
