@@ -118,7 +118,7 @@ def grid_points(spec: TorchTuneSpec) -> list[dict[str, Any]]:
 
 def max_trials(spec: TorchTuneSpec) -> int:
     if spec.max_trials is not None:
-        return spec.max_trials
+        return int(spec.max_trials)
     if spec.sampler.type is SamplerType.GRID:
         return len(grid_points(spec))
     return DEFAULT_MAX_TRIALS
