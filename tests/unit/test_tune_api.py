@@ -65,7 +65,7 @@ def test_a_valid_study_parses_with_defaults() -> None:
         ),
         (
             {"searchSpace": [{"name": "x", "type": "categorical", "values": []}]},
-            "spec.searchSpace[].values",
+            "values",
         ),
         ({"pruner": {"type": "threshold"}}, "spec.pruner: a threshold pruner needs lower or upper"),
         ({"trialTemplate": {"spec": {"replicas": 0, "template": {}}}}, "replicas"),

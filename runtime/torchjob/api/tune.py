@@ -71,14 +71,6 @@ class Parameter(_Model):
                     _MSG_BOUNDS,
                 ),
                 _cel("self.type != 'loguniform' || !has(self.low) || self.low > 0.0", _MSG_LOG),
-                _cel(
-                    "!(self.type in ['categorical', 'grid']) || (has(self.values) && size(self.values) > 0)",
-                    _MSG_VALUES,
-                ),
-                _cel(
-                    "self.type in ['categorical', 'grid'] || !has(self.values)",
-                    _MSG_NO_VALUES,
-                ),
             ]
         }
     )
@@ -89,8 +81,13 @@ class Parameter(_Model):
     high: float | None = Field(default=None, description="Inclusive (int too: low..high).")
     values: list[Any] | None = Field(
         default=None,
+        min_length=1,
         max_length=1000,
-        description="categorical: the choices; grid: every value is tried.",
+        description=(
+            "categorical: the choices; grid: every value is tried. Any JSON values (the API "
+            "server's CEL cannot see untyped items, so a missing list is reported by the "
+            "operator in the status, and by the Python client before submitting)."
+        ),
         json_schema_extra={"items": {"x-kubernetes-preserve-unknown-fields": True}},
     )
 
