@@ -48,14 +48,14 @@ def study(name: str) -> dict[str, Any]:
 class Player:
     """Plays rank 0 of every trial of one study; SIGKILLs the operator once, mid-study."""
 
-    def __init__(self, jobs: Jobs, name: str) -> None:
+    def __init__(self, jobs: Jobs, name: str, *, kill: bool = True) -> None:
         self.jobs = jobs
         self.name = name
         self.stage: dict[str, int] = {}
         self.x: dict[str, float] = {}
         self.seen: set[str] = set()
         self.max_live = 0
-        self.killed = False
+        self.killed = not kill
 
     def tune(self) -> dict[str, Any]:
         obj: dict[str, Any] = self.jobs.custom.get_namespaced_custom_object(
@@ -122,6 +122,7 @@ def test_a_torchtune_runs_prunes_and_survives_an_operator_sigkill_with_exact_cou
     )
     status = player.tune()["status"]
     assert player.killed, "the operator was SIGKILLed mid-study"
+    assert player.x, "the player played the trials"
     assert status["phase"] == "Succeeded", status
     counts = {
         key: status[key]
@@ -166,6 +167,40 @@ def test_a_torchtune_runs_prunes_and_survives_an_operator_sigkill_with_exact_cou
     assert "Succeeded" in table and "4/4" in table and "0.333" in table, table
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
     assert conditions == {"Ready": "True", "Complete": "True"}
+
+
+def test_python_submits_a_study_and_a_new_process_attaches_to_its_results(
+    jobs: Jobs,
+) -> None:
+    """``tune.submit`` from a Tuner-style param_space; ``tune.attach(name)`` (what a notebook
+    that closed and reopened does) reads the same study back as a ResultGrid."""
+    from torchjob import tune
+
+    kubeconfig = str(jobs.cluster.kubeconfig)
+    manifest = tune.study_manifest(
+        "py-tune",
+        {"x": tune.grid_search([1.0, 2.0, 3.0, 4.0])},
+        metric="loss",
+        mode="min",
+        template=torchjob("trial", replicas=2),
+        max_concurrent_trials=2,
+        pruner="median",
+    )
+    manifest["spec"]["pruner"]["startupTrials"] = 2
+    submitted = tune.submit(manifest, namespace=jobs.ns, kubeconfig=kubeconfig)
+    player = Player(jobs, "py-tune", kill=False)
+    k.wait_for(
+        player.tick,
+        180,
+        lambda: f"the study to finish; {player.tune().get('status')}",
+        interval=0.3,
+    )
+    grid = tune.attach("py-tune", namespace=jobs.ns, kubeconfig=kubeconfig).wait(timeout_s=30)
+    assert submitted.status["phase"] == "Succeeded"
+    assert [r.status for r in grid] == ["TERMINATED", "TERMINATED", "PRUNED", "PRUNED"]
+    best = grid.get_best_result()
+    assert best.config == {"x": 1.0} and best.metrics["loss"] == pytest.approx(1 / 3)
+    assert best.checkpoint is not None and best.checkpoint.path == f"/checkpoints/{best.job_name}/3"
 
 
 @pytest.mark.parametrize(
