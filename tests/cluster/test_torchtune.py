@@ -164,6 +164,7 @@ def test_a_torchtune_runs_prunes_and_survives_an_operator_sigkill_with_exact_cou
             k.wait_for(lambda n=t["name"]: jobs.get(n) is None, 60, f"{t['name']} deleted")
     # kubectl get tt shows the progress and the best value.
     table = jobs.kubectl("get", "tt", name).stdout
+    print(table)
     assert "Succeeded" in table and "4/4" in table and "0.333" in table, table
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
     assert conditions == {"Ready": "True", "Complete": "True"}
