@@ -133,3 +133,20 @@ def test_get_best_config_with_an_unreported_metric_lists_the_reported_ones() -> 
         ValueError, match=r"no trial reported the metric 'loss'; the trials reported: acc, epoch"
     ):
         analysis.get_best_config(metric="loss", mode="min")
+
+
+def test_cli_tune_submit_rejects_a_bad_study_before_sending(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    from torchjob.cli.main import EXIT_USAGE, main
+
+    body = study_manifest(
+        "bad", {"x": tune.uniform(0, 1)}, metric="loss", mode="min", template=TEMPLATE
+    )
+    body["spec"]["searchSpace"] = []
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(body))
+    assert main(["tune", "submit", "-f", str(path), "--kubeconfig", "/nonexistent"]) == EXIT_USAGE
+    assert "spec.searchSpace must list at least one parameter" in capsys.readouterr().err

@@ -144,12 +144,13 @@ def cmd_tune_submit(args: argparse.Namespace) -> int:
 
     with open(args.filename) as f:
         docs = [d for d in yaml.safe_load_all(f) if d]
-    client = _tune_client(args)
-    for doc in docs:
+    for doc in docs:  # all of them before anything is sent
         try:
             validate_study(doc)
         except TorchJobInvalid as e:
             raise ManifestError(args.filename, e.field or "<document>", e.problem) from e
+    client = _tune_client(args)
+    for doc in docs:
         created = client.create(doc, namespace=args.namespace)
         meta = created.get("metadata", {})
         print(
