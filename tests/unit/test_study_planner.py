@@ -227,3 +227,36 @@ def test_the_status_of_1000_trials_fits_in_one_object() -> None:
     size = len(json.dumps(plan.status, separators=(",", ":")))
     print(f"status of 1000 trials: {size} bytes ({size / 1000:.0f} B/trial)")
     assert size < 1_000_000
+
+
+@pytest.mark.parametrize(
+    ("pruner", "loss", "pruned"),
+    [
+        ({"type": "threshold", "upper": 5.0}, 6.0, True),
+        ({"type": "threshold", "upper": 5.0}, 4.0, False),
+        (
+            {"type": "hyperband", "minResource": 1, "maxResource": 9, "reductionFactor": 3},
+            1.0,
+            None,
+        ),
+    ],
+)
+def test_threshold_and_hyperband_judge_a_rebuilt_study(
+    pruner: dict[str, Any], loss: float, pruned: bool | None
+) -> None:
+    tt = tune(
+        searchSpace=[{"name": "x", "type": "uniform", "low": 0, "high": 1}],
+        sampler={"type": "tpe", "seed": 1},
+        pruner=pruner,
+        parallelism=2,
+        maxTrials=4,
+    )
+    tt["status"] = plan_study(tt, {}, NOW).status
+    world = {"study-t0": job("Running", 1, loss=loss), "study-t1": job("Running", 2, loss=loss)}
+    plan = plan_study(tt, world, NOW)
+    states = [t["state"] for t in plan.status["trials"]]
+    if pruned is None:  # hyperband: a verdict without error, each trial judged once
+        assert set(states[:2]) <= {"Running", "Pruned"}
+    else:
+        assert states[:2] == (["Pruned", "Pruned"] if pruned else ["Running", "Running"])
+        assert len(states) == (4 if pruned else 2)  # the freed slots take new trials
