@@ -17,6 +17,7 @@ say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 say "installing the TorchJob CRD (generated from torchjob.api)"
 k apply --server-side --force-conflicts -f "${REPO}/crds/torchjob.io_torchjobs.yaml"
+k apply --server-side --force-conflicts -f "${REPO}/crds/torchjob.io_torchtunes.yaml"
 k wait --for=condition=Established crd/torchjobs.torchjob.io --timeout=60s
 
 say "starting the operator (log: ${STATE}/operator.log)"

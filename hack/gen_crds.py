@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write crds/torchjob.io_torchjobs.yaml from torchjob.api (run by `make crds`).
+"""Write crds/torchjob.io_torchjobs.yaml and torchjob.io_torchtunes.yaml from torchjob.api (run by `make crds`).
 
 The pod template schema comes from the OpenAPI document of Kubernetes KUBE_VERSION in the Go
 module cache (torchjob.api.kube_schema); when it is missing, this downloads that one module
@@ -15,11 +15,13 @@ import subprocess
 import sys
 
 from torchjob.api import kube_schema
-from torchjob.api.crd import render_crd_yaml
+from torchjob.api.crd import render_crd_yaml, render_tune_crd_yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TARGET = ROOT / "crds" / "torchjob.io_torchjobs.yaml"
 CHART_COPY = ROOT / "charts" / "torchjob-operator" / "crds" / "torchjob.io_torchjobs.yaml"
+TUNE_TARGET = ROOT / "crds" / "torchjob.io_torchtunes.yaml"
+TUNE_CHART_COPY = ROOT / "charts" / "torchjob-operator" / "crds" / "torchjob.io_torchtunes.yaml"
 
 
 def _ensure_openapi() -> None:
@@ -42,8 +44,9 @@ def _ensure_openapi() -> None:
 
 def main() -> int:
     _ensure_openapi()
-    text = render_crd_yaml()
-    for path in (TARGET, CHART_COPY):
+    outputs = {TARGET: render_crd_yaml(), CHART_COPY: render_crd_yaml()}
+    outputs[TUNE_TARGET] = outputs[TUNE_CHART_COPY] = render_tune_crd_yaml()
+    for path, text in outputs.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         print(f"wrote {path.relative_to(ROOT)}")

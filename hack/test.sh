@@ -30,7 +30,8 @@ run() {
 }
 
 E2E=(tests/cluster/test_real_node.py tests/cluster/test_e2e_runtime.py
-     tests/cluster/test_e2e_tune.py tests/cluster/test_tune_cluster.py)
+     tests/cluster/test_e2e_tune.py tests/cluster/test_tune_cluster.py
+     tests/cluster/test_e2e_torchtune.py)
 ignore_e2e=()
 for f in "${E2E[@]}"; do ignore_e2e+=("--ignore=${f}"); done
 

@@ -27,6 +27,7 @@ from kubernetes import client
 from kubernetes import config as kube_config
 
 from torchjob.api.models import GROUP, PLURAL, VERSION
+from torchjob.api.tune import PLURAL as TUNE_PLURAL
 from torchjob_operator import memory, metrics, reconcile
 from torchjob_operator import settings as settings_mod
 from torchjob_operator.cache import CachedKube, Store
@@ -34,6 +35,7 @@ from torchjob_operator.kube import KubeClient, KubeError
 from torchjob_operator.leader import LeaderElector
 from torchjob_operator.podwatch import PodWatch
 from torchjob_operator.reconcile import reconcile_once
+from torchjob_operator.tune import list_tunes, reconcile_study, study_of_job
 
 log = logging.getLogger("torchjob_operator")
 
@@ -177,7 +179,77 @@ class Reconciler:
                 await asyncio.wait_for(loop.wake.wait(), timeout=timeout)
 
 
+class StudyReconciler:
+    """One asyncio task per TorchTune, as ``Reconciler`` has per TorchJob: pokes (the study's
+    own events, and every event of one of its trial TorchJobs) coalesce into one
+    ``reconcile_study`` in a worker thread. Runs only while this replica leads."""
+
+    def __init__(self, kube: CachedKube, *, leading: bool = True) -> None:
+        self.kube = kube
+        self.loops: dict[JobKey, _Loop] = {}
+        self.leading = leading
+
+    async def start_leading(self, namespaces: tuple[str, ...]) -> None:
+        self.leading = True
+        assert isinstance(self.kube.live, KubeClient)
+        for key in await asyncio.to_thread(list_tunes, self.kube.live, namespaces):
+            self.poke(key)
+
+    def stop_leading(self) -> None:
+        self.leading = False
+        for key in list(self.loops):
+            self.forget(key)
+
+    def poke(self, key: JobKey) -> None:
+        if not self.leading:
+            return
+        loop = self.loops.get(key)
+        if loop is None or loop.task is None or loop.task.done():
+            loop = _Loop()
+            self.loops[key] = loop
+            loop.task = asyncio.create_task(
+                self._run(key, loop), name=f"torchtune:{key[0]}/{key[1]}"
+            )
+        loop.wake.set()
+
+    def forget(self, key: JobKey) -> None:
+        loop = self.loops.pop(key, None)
+        if loop and loop.task:
+            loop.task.cancel()
+
+    async def _run(self, key: JobKey, loop: _Loop) -> None:
+        ns, name = key
+        settings = settings_mod.SETTINGS
+        error_backoff = 1.0
+        while self.leading:
+            loop.wake.clear()
+            delay: float | None
+            try:
+                outcome = await asyncio.to_thread(reconcile_study, self.kube, ns, name)
+                error_backoff = 1.0
+            except Exception:  # never let one study's error end the operator
+                metrics.RECONCILE_ERRORS.inc()
+                log.exception(
+                    "[%s/%s] study reconcile failed; retrying in %.0fs", ns, name, error_backoff
+                )
+                delay = error_backoff
+                error_backoff = min(error_backoff * 2, 60.0)
+            else:
+                if outcome.gone:
+                    self.loops.pop(key, None)
+                    return
+                delay = outcome.requeue_after_s
+                if delay == 0.0:
+                    continue
+            timeout = (
+                settings.resync_period_s if delay is None else min(delay, settings.resync_period_s)
+            )
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(loop.wake.wait(), timeout=timeout)
+
+
 RECONCILER: Reconciler | None = None
+STUDIES: StudyReconciler | None = None
 ELECTOR: LeaderElector | None = None
 
 
@@ -188,6 +260,8 @@ def _reconciler() -> Reconciler:
         store = Store(deadline_s=ours.cache_deadline_s)
         leading = ours.leader_election is None
         RECONCILER = reconciler = Reconciler(CachedKube(KubeClient(), store), leading=leading)
+        global STUDIES
+        STUDIES = StudyReconciler(reconciler.kube, leading=leading)
         # The operator's own bookkeeping, on /metrics: it must drain when the jobs do.
         metrics.JOB_LOOPS.set_function(lambda: len(reconciler.loops))
         for i, kind in enumerate(("jobs", "pods", "awaiting")):
@@ -195,6 +269,12 @@ def _reconciler() -> Reconciler:
                 lambda i=i: store.sizes()[i]  # type: ignore[misc]
             )
     return RECONCILER
+
+
+def _studies() -> StudyReconciler:
+    _reconciler()
+    assert STUDIES is not None
+    return STUDIES
 
 
 def _elect(config: settings_mod.ElectionConfig) -> None:
@@ -205,16 +285,23 @@ def _elect(config: settings_mod.ElectionConfig) -> None:
     reconciler = _reconciler()
     namespaces = settings_mod.SETTINGS.namespaces
 
+    studies = _studies()
+
     def started() -> None:
         loop.call_soon_threadsafe(
             lambda: loop.create_task(reconciler.start_leading(namespaces), name="start-leading")
+        )
+        loop.call_soon_threadsafe(
+            lambda: loop.create_task(studies.start_leading(namespaces), name="studies-leading")
         )
 
     def stopped() -> None:
         # Stop the loops from this thread's view at once, then end the process: a reconcile
         # in flight in a worker thread must not outlive the lease.
         reconciler.leading = False
+        studies.leading = False
         loop.call_soon_threadsafe(reconciler.stop_leading)
+        loop.call_soon_threadsafe(studies.stop_leading)
         log.error("leader election lost: exiting so that only the new leader reconciles")
         logging.shutdown()
         os._exit(1)
@@ -258,6 +345,7 @@ async def release_lease(**_: Any) -> None:
     if ELECTOR is None:
         return
     _reconciler().stop_leading()
+    _studies().stop_leading()
     await asyncio.get_running_loop().run_in_executor(None, ELECTOR.release)
 
 
@@ -274,10 +362,16 @@ async def torchjob_event(event: kopf.RawEvent, name: str, namespace: str | None,
     if event.get("type") == "DELETED":
         reconciler.store.drop_job(key)
         reconciler.forget(key)
+        study = study_of_job(event.get("object") or {})
+        if study is not None:
+            _studies().poke((namespace or "", study))
         return
     body = event.get("object")
     if body:
         reconciler.store.put_job(body)
+        study = study_of_job(body)
+        if study is not None:  # a trial's progress or phase: its study judges it
+            _studies().poke((namespace or "", study))
     if (
         event.get("type") == "MODIFIED"
         and key in reconciler.loops
@@ -286,6 +380,16 @@ async def torchjob_event(event: kopf.RawEvent, name: str, namespace: str | None,
     ):
         return  # a status write (ours, or the agent's progress) nobody waits for: nothing to plan
     reconciler.poke(key)
+
+
+@kopf.on.event(GROUP, VERSION, TUNE_PLURAL)
+async def torchtune_event(event: kopf.RawEvent, name: str, namespace: str | None, **_: Any) -> None:
+    key = (namespace or "", name)
+    studies = _studies()
+    if event.get("type") == "DELETED":
+        studies.forget(key)  # its trial TorchJobs go with it (ownerReferences)
+        return
+    studies.poke(key)
 
 
 def _status_only(event: kopf.RawEvent) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from tests import kube as helpers
-from tests.cluster.operator_harness import CRD_FILE, Jobs, OperatorProcess
+from tests.cluster.operator_harness import CRD_FILE, TUNE_CRD_FILE, Jobs, OperatorProcess
 from tests.cluster.realnode import RealNode
 
 
@@ -128,21 +128,25 @@ def namespace(request: pytest.FixtureRequest, core_v1: Any) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def crd(cluster: helpers.Cluster) -> None:
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+    for path in (CRD_FILE, TUNE_CRD_FILE):
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
 
-    def established() -> bool:
+    def established(crd_name: str) -> bool:
         # Not `kubectl wait`: it fails at once while the new CRD has no status.conditions yet
         # (the pod template schema and its CEL rules take a moment to compile on a busy machine).
         out = cluster.kubectl(
             "get",
-            "crd/torchjobs.torchjob.io",
+            f"crd/{crd_name}",
             "-o",
             "jsonpath={.status.conditions[?(@.type=='Established')].status}",
             check=False,
         )
         return out.stdout.strip() == "True"
 
-    helpers.wait_for(established, 60, "CRD torchjobs.torchjob.io Established", interval=0.5)
+    for crd_name in ("torchjobs.torchjob.io", "torchtunes.torchjob.io"):
+        helpers.wait_for(
+            lambda n=crd_name: established(n), 60, f"CRD {crd_name} Established", interval=0.5
+        )
 
 
 # Operators started by the ``operator`` fixture: the Helm-installed operator of the real-node

@@ -30,6 +30,7 @@ from torchjob.api.models import GROUP, PLURAL, VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "torchjob.io_torchjobs.yaml"
+TUNE_CRD_FILE = REPO / "crds" / "torchjob.io_torchtunes.yaml"
 
 
 def free_port() -> int:

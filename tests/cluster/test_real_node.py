@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from tests import kube as k
 from tests.cluster import conftest
@@ -40,9 +41,8 @@ def helm_operator(
     op = HelmOperator(cluster, core_v1, OPERATOR_NS, "torchjob")
     op.helm("uninstall", "torchjob", "--namespace", OPERATOR_NS, "--wait", check=False)
     op.install(tmp_path_factory.mktemp("helm") / "values.yaml", "--create-namespace")
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/torchjobs.torchjob.io", "--timeout=60s"
-    )
+    for crd in ("crd/torchjobs.torchjob.io", "crd/torchtunes.torchjob.io"):
+        cluster.kubectl("wait", "--for=condition=Established", crd, "--timeout=60s")
     yield op
     op.helm("uninstall", "torchjob", "--namespace", OPERATOR_NS, "--wait", check=False)
 
@@ -312,6 +312,47 @@ def test_the_tune_seeds_distributed_trainable_runs_as_a_torchjob(
     # distributed_checkpoint_dir kept rank 0's checkpoint only, one per report.
     kept = sorted(p.name for p in (storage / "results").rglob("checkpoint") if p.is_file())
     assert kept == ["checkpoint"] * 6, kept
+
+
+def test_a_torchtune_runs_the_tune_seeds_trainable_in_real_containers_to_the_best_checkpoint(
+    real_jobs: Jobs, storage: Path
+) -> None:
+    """examples/tune/torchtune.yaml on the real node: the Helm-installed operator runs the
+    study, each of the 4 trials is a TorchJob of 2 containers running examples/tune/trial.py
+    (the Tune seed's trainable) in the runtime image, the threshold pruner deletes the trials
+    whose loss is too high, and the best trial's committed checkpoint holds the trained model."""
+    study = yaml.safe_load((REPO / "examples" / "tune" / "torchtune.yaml").read_text())
+    spec = study["spec"]["trialTemplate"]["spec"]
+    spec["checkpoint"] = {"path": str(storage)}
+    spec["template"] = real_template(
+        storage, script="trial.py", scripts=REPO / "examples" / "tune", env={"HOME": str(storage)}
+    )
+    real_jobs.apply(study)
+
+    def finished() -> dict[str, Any] | None:
+        obj = real_jobs.custom.get_namespaced_custom_object(
+            "torchjob.io", "v1alpha1", real_jobs.ns, "torchtunes", "lr-search"
+        )
+        status: dict[str, Any] = obj.get("status") or {}
+        return status if status.get("phase") in ("Succeeded", "Failed") else None
+
+    status = k.wait_for(finished, 540, "the TorchTune lr-search to finish", interval=2.0)
+    assert status["phase"] == "Succeeded", status
+    states = {t["params"]["lr"]: t["state"] for t in status["trials"]}
+    assert states == {0.1: "Succeeded", 0.05: "Succeeded", 0.001: "Pruned", 0.0005: "Pruned"}, (
+        status
+    )
+    best = status["bestTrial"]
+    assert best["params"] == {"lr": 0.1}
+    committed = CheckpointStorage(str(storage / best["name"])).list_committed()
+    assert best["checkpoint"] == committed[-1].path
+    import torch
+
+    weight = torch.load(Path(best["checkpoint"]) / "model.pt")["weight"].item()
+    assert abs(weight - 3.0) < 0.1
+    table = real_jobs.kubectl("get", "tt", "lr-search").stdout
+    print(table)
+    assert "4/4" in table
 
 
 def test_helm_upgrade_rolls_the_operator_and_uninstall_keeps_the_crd(

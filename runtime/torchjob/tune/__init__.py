@@ -30,6 +30,7 @@ from torchjob.tune.session import (
     is_distributed_trainable,
     report,
 )
+from torchjob.tune.study import Study, attach, study_manifest, submit
 from torchjob.tune.trainables import DistributedTrainable, DistributedTrainableCreator, Trainable
 from torchjob.tune.tuner import Result, ResultGrid, RunConfig, TuneConfig, Tuner
 
@@ -40,6 +41,7 @@ __all__ = [
     "Result",
     "ResultGrid",
     "RunConfig",
+    "Study",
     "Trainable",
     "Trial",
     "TrialPruned",
@@ -47,6 +49,7 @@ __all__ = [
     "TuneConfig",
     "TuneError",
     "Tuner",
+    "attach",
     "checkpoint_dir",
     "choice",
     "distributed_checkpoint_dir",
@@ -58,5 +61,7 @@ __all__ = [
     "randint",
     "report",
     "run",
+    "study_manifest",
+    "submit",
     "uniform",
 ]

@@ -101,8 +101,22 @@ class ExperimentAnalysis:
         self, metric: str | None = None, mode: str | None = None, scope: str = "last"
     ) -> Trial | None:
         """The trial with the best ``metric`` (its last value, or its best with ``scope="all"``);
-        ``None`` when no trial reported it."""
+        ``None`` when every trial that reported it failed. A metric no trial reported is a
+        mistake (a typo, the wrong key): ``ValueError`` listing the metrics they reported."""
         metric, mode = self._mm(metric, mode)
+        reported = sorted(
+            {
+                k
+                for t in self.trials
+                for m in (t.result.metrics_history or [t.result.metrics])
+                for k in m
+            }
+        )
+        if self.trials and metric not in reported:
+            raise ValueError(
+                f"no trial reported the metric {metric!r}; the trials reported: "
+                f"{', '.join(reported) or 'nothing'}"
+            )
         try:
             best = self.result_grid.get_best_result(metric, mode, scope)
         except RuntimeError:

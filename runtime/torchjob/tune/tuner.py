@@ -63,6 +63,11 @@ class TuneConfig:
     """Cluster backend: how often a trial's ``status.progress`` is read."""
     trial_timeout_s: float | None = None
     """Cluster backend: a trial whose TorchJob has not finished by then fails."""
+    study: bool = False
+    """Cluster backend: submit the search as a TorchTune that the operator runs (it survives
+    this process: ``tune.attach(name)`` follows it again) instead of driving the trials from
+    here. ``search_alg`` and ``pruner`` must then be names (``"optuna"``/``"random"``,
+    ``"median"``/``"asha"``/``"hyperband"``), not optuna objects."""
 
 
 @dataclass
@@ -269,6 +274,8 @@ class Tuner:
     def fit(self) -> ResultGrid:
         """Run every trial; failures are recorded in their :class:`Result`, never raised."""
         tc = self.tune_config
+        if self.kind == "cluster" and tc.study:
+            return self._fit_study()
         name = self.run_config.name or f"{self.kind}_tune_{uuid.uuid4().hex[:6]}"
         root = Path(self.run_config.storage_path or DEFAULT_STORAGE).expanduser() / name
         root.mkdir(parents=True, exist_ok=True)
@@ -383,6 +390,33 @@ class Tuner:
 
             result.checkpoint = Checkpoint(reporter.checkpoint)
         return result
+
+    def _fit_study(self) -> ResultGrid:
+        """Submit the search as a TorchTune and follow it to the end."""
+        from torchjob.tune import study as study_mod
+
+        tc = self.tune_config
+        if tc.metric is None or tc.mode not in ("min", "max"):
+            raise ValueError("TuneConfig(study=True) needs metric= and mode='min'|'max'")
+        name = self.run_config.name or f"tune-{uuid.uuid4().hex[:6]}"
+        manifest = study_mod.study_manifest(
+            name,
+            self.param_space,
+            metric=tc.metric,
+            mode=tc.mode,
+            template=tc.template,
+            num_samples=tc.num_samples,
+            search_alg=tc.search_alg,
+            pruner=tc.pruner,
+            max_concurrent_trials=tc.max_concurrent_trials,
+            seed=tc.seed,
+            prune_action=tc.cluster_prune,
+            namespace=tc.namespace,
+        )
+        handle = study_mod.submit(
+            manifest, namespace=tc.namespace, kubeconfig=tc.kubeconfig, context=tc.context
+        )
+        return handle.wait(poll_interval_s=tc.poll_interval_s)
 
     def _run_cluster_trial(
         self,

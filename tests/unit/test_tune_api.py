@@ -1,0 +1,106 @@
+"""The TorchTune models: what they accept, what they reject (naming the field), and that the
+committed CRD is the one generated from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from torchjob.api.crd import build_tune_crd, render_tune_crd_yaml
+from torchjob.api.tune import TorchTune, TorchTuneSpec
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def study(**spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "searchSpace": [{"name": "lr", "type": "loguniform", "low": 1e-4, "high": 1e-1}],
+        "objective": {"metric": "loss", "mode": "min"},
+        "maxTrials": 4,
+        "trialTemplate": {
+            "spec": {
+                "replicas": 2,
+                "template": {"spec": {"containers": [{"name": "trainer", "image": "t:1"}]}},
+            }
+        },
+    }
+    body.update(spec)
+    return {
+        "apiVersion": "torchjob.io/v1alpha1",
+        "kind": "TorchTune",
+        "metadata": {"name": "s"},
+        "spec": body,
+    }
+
+
+def test_a_valid_study_parses_with_defaults() -> None:
+    tt = TorchTune.model_validate(study())
+    assert tt.spec.parallelism == 1
+    assert tt.spec.sampler.type.value == "tpe"
+    assert tt.spec.pruner.type.value == "none"
+    assert tt.spec.trial_template.spec.replicas == 2
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"searchSpace": []}, "spec.searchSpace must list at least one parameter"),
+        (
+            {"searchSpace": [{"name": "x", "type": "grid", "values": [1, 2]}]},
+            "spec.sampler.type must be grid",
+        ),
+        (
+            {
+                "searchSpace": [{"name": "x", "type": "uniform", "low": 0, "high": 1}],
+                "sampler": {"type": "grid"},
+            },
+            "the grid sampler enumerates only grid and categorical",
+        ),
+        (
+            {"searchSpace": [{"name": "x", "type": "uniform", "low": 1, "high": 0}]},
+            "spec.searchSpace[].low and high",
+        ),
+        (
+            {"searchSpace": [{"name": "x", "type": "categorical", "values": []}]},
+            "values",
+        ),
+        ({"pruner": {"type": "threshold"}}, "spec.pruner: a threshold pruner needs lower or upper"),
+        ({"trialTemplate": {"spec": {"replicas": 0, "template": {}}}}, "replicas"),
+    ],
+)
+def test_bad_studies_are_rejected_naming_the_field(spec: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        TorchTune.model_validate(study(**spec))
+    assert field in str(err.value)
+
+
+def test_the_trial_template_is_validated_as_a_torchjob_spec_in_the_crd() -> None:
+    crd = build_tune_crd()
+    version = crd["spec"]["versions"][0]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    job_spec = spec["properties"]["trialTemplate"]["properties"]["spec"]
+    assert job_spec["properties"]["template"]["properties"]["spec"]["required"] == ["containers"]
+    assert job_spec["x-kubernetes-validations"], "the TorchJob spec's CEL rules"
+    messages = [r["message"] for r in spec["x-kubernetes-validations"]]
+    assert any("spec.searchSpace must list" in m for m in messages)
+    assert crd["spec"]["names"]["shortNames"] == ["tt"]
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Best"] == ".status.bestValue"
+    assert columns["Trials"] == ".status.progress"
+
+
+def test_committed_tune_crd_is_generated_from_the_models() -> None:
+    committed = (REPO / "crds" / "torchjob.io_torchtunes.yaml").read_text()
+    assert committed == render_tune_crd_yaml(), "crds/ is stale: run `make crds`"
+    chart = REPO / "charts" / "torchjob-operator" / "crds" / "torchjob.io_torchtunes.yaml"
+    assert chart.read_text() == committed
+
+
+def test_spec_round_trips_in_camel_case() -> None:
+    spec = TorchTuneSpec.model_validate(study()["spec"])
+    wire = spec.to_wire()
+    assert wire["maxTrials"] == 4
+    assert wire["trialTemplate"]["spec"]["replicas"] == 2
