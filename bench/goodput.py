@@ -65,6 +65,8 @@ from tests.cluster.realnode import (  # noqa: E402
     image,
 )
 
+from torchjob.api.models import GROUP, PLURAL, VERSION  # noqa: E402
+
 WORKER = REPO / "bench" / "_goodput_worker.py"
 OPERATOR_NS = "torchjob-system"
 JOB = "gp"
@@ -129,7 +131,7 @@ def manifest(args: argparse.Namespace, policy: str, storage: Path, events: Path)
     if policy == "Elastic":
         spec["elastic"] = {"minReplicas": max(1, args.replicas - 1), "maxReplicas": args.replicas}
     return {
-        "apiVersion": "torchjob.io/v1alpha1",
+        "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "TorchJob",
         "metadata": {"name": JOB},
         "spec": spec,
@@ -240,7 +242,7 @@ def hard_kill(pod: Any) -> int:
 
 
 def wait_step_after(events: Path, t: float, gen_above: int, timeout: float) -> dict[str, Any]:
-    return k.wait_for(  # type: ignore[no-any-return]
+    return k.wait_for(
         lambda: next(
             (
                 e
@@ -266,7 +268,7 @@ def run_row(
     duration: float,
     index: int,
 ) -> Row:
-    ns = f"goodput-{index}"
+    ns = f"goodput-{args.run_id}-{index}"
     row = Row(policy, mode)
     core.create_namespace({"metadata": {"name": ns}})
     k.wait_for(lambda: _has_default_sa(core, ns), 60, f"the default ServiceAccount in {ns}")
@@ -352,8 +354,9 @@ def run_row(
     else:
         time.sleep(args.mtbf)  # the last recovery's next interval counts too
     t_end = time.time()
-    status = (custom.get_namespaced_custom_object("torchjob.io", "v1alpha1", "torchjobs", ns, JOB)
-              .get("status") or {})  # fmt: skip
+    status = (
+        custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, JOB).get("status") or {}
+    )
     row.restarts, row.disruptions = status.get("restarts", 0), status.get("disruptions", 0)
     cluster.kubectl("-n", ns, "delete", "torchjob", JOB, "--wait=false")
     k.wait_for(lambda: not core.list_namespaced_pod(ns).items, args.grace + 120, "pods gone")
@@ -451,6 +454,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--start-timeout", type=float, default=300.0)
     p.add_argument("--keep-cluster", action="store_true", help="leave the cluster and node up")
     args = p.parse_args(argv)
+    args.run_id = time.strftime("%H%M%S")
     for pol in args.policies.split(","):
         if pol not in ("RecreateGroup", "KeepSurvivors", "Elastic"):
             p.error(f"--policies: unknown policy {pol!r} (RecreateGroup, KeepSurvivors, Elastic)")
