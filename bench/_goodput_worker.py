@@ -64,6 +64,7 @@ def train_func(config: dict[str, float]) -> None:
     emit("group", rank=rank, world=world)
     torch.manual_seed(0)
     model = prepare_model(torch.nn.Linear(16, 1))
+    emit("model", rank=rank, world=world)  # DDP built (its constructor imports torch._dynamo)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     step, samples = 0, 0
     ckpt = get_checkpoint()

@@ -24,7 +24,8 @@ Per policy (``RecreateGroup``, ``KeepSurvivors``, ``Elastic`` = KeepSurvivors wi
 - the median time in each phase of a recovery: operator reaction (eviction -> the first new pod
   exists; 0 when no pod is created), pod start (-> the slowest process of the new generation
   runs its first line), imports (-> torch and torchjob.train imported), group (-> inside the
-  training function), restore (-> checkpoint loaded) and first step.
+  training function), DDP (-> ``prepare_model`` returned), restore (-> checkpoint loaded) and
+  first step.
 
     python bench/goodput.py [--mtbf 60] [--grace 30] [--evictions 10] [--replicas 2]
                             [--policies RecreateGroup,KeepSurvivors,Elastic]
@@ -70,8 +71,8 @@ from torchjob.api.models import GROUP, PLURAL, VERSION  # noqa: E402
 WORKER = REPO / "bench" / "_goodput_worker.py"
 OPERATOR_NS = "torchjob-system"
 JOB = "gp"
-PHASES = ("reaction", "pod start", "imports", "group", "restore", "first step")
-EVENT_ORDER = ("start", "imported", "group", "restored")
+PHASES = ("reaction", "pod start", "imports", "group", "DDP", "restore", "first step")
+EVENT_ORDER = ("start", "imported", "group", "model", "restored")
 
 
 def log(msg: str) -> None:
@@ -337,7 +338,7 @@ def run_row(
         new_pods = [t for uid, t in watch.added.items() if uid not in known or t > rec.t_evict]
         b = {"reaction": min(new_pods, default=rec.t_evict)}
         prev = b["reaction"]
-        for name, ev in zip(PHASES[1:5], EVENT_ORDER, strict=True):
+        for name, ev in zip(PHASES[1:6], EVENT_ORDER, strict=True):
             ts = [e["t"] for e in evs if e["ev"] == ev]
             if ts:
                 prev = max(prev, max(ts))
