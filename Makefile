@@ -99,6 +99,10 @@ cluster-demo: venv cluster ## local cluster + CRD + operator + an example job
 bench: venv ## benchmarks (print figures and ratios; never part of `make test`)
 	$(PY) bench/run_all.py
 
+.PHONY: bench-goodput
+bench-goodput: venv testbin ## goodput under preemption on the real node: policies x graceful/hard evictions (over an hour with the defaults; BENCH_ARGS to change)
+	$(PY) bench/goodput.py $(BENCH_ARGS)
+
 .PHONY: bench-operator
 BENCH_ARGS ?= --sizes 20,100,500 --scale-jobs 1000
 bench-operator: venv testbin ## operator cost: torchjob vs Kubeflow training-operator v1.8.1 on a private kwok cluster, then 1000 TorchJobs (45 min or more; BENCH_ARGS to change)

@@ -1,0 +1,123 @@
+"""The workload of bench/goodput.py: fixed-cost steps written the way docs/runtime.md tells
+users to write a training loop (checkpoint every N steps and on ``should_stop()``).
+
+    python bench/_goodput_worker.py EVENTS STEP_SECONDS CKPT_EVERY MAX_STEPS BATCH
+
+Appends one JSON line per event to EVENTS (a file on the storage every pod shares): ``start``
+(before any import), ``imported`` (torch and torchjob.train imported), ``group`` (inside the
+training function: the process group is formed), ``restored`` (checkpoint loaded), ``step``
+(rank 0, every step) and ``commit`` (rank 0, after a checkpoint committed). Every line carries
+the wall clock, the pod, the rank and the generation, so the benchmark can cut a recovery
+into phases. ``samples`` counts the samples the job's lineage processed (world size x BATCH
+per step), kept in the checkpoint, so it is exact across world sizes.
+"""
+
+from __future__ import annotations
+
+import time
+
+T0 = time.time()
+
+import json  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+
+EVENTS = sys.argv[1]
+
+
+def emit(ev: str, **fields: object) -> None:
+    line = {
+        "ev": ev,
+        "t": time.time(),
+        "pod": socket.gethostname(),
+        "gen": int(os.environ.get("TORCHJOB_GENERATION", "0")),
+        "pid": os.getpid(),
+        **fields,
+    }
+    with open(EVENTS, "a") as f:  # O_APPEND: one short line per write
+        f.write(json.dumps(line) + "\n")
+
+
+emit("start", t_start=T0)
+
+import torch  # noqa: E402
+
+from torchjob.train import (  # noqa: E402
+    Checkpoint,
+    RunConfig,
+    ScalingConfig,
+    get_checkpoint,
+    get_context,
+    report,
+    should_stop,
+)
+from torchjob.train.torch import TorchTrainer, prepare_model  # noqa: E402
+
+emit("imported")
+
+
+def train_func(config: dict[str, float]) -> None:
+    ctx = get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    emit("group", rank=rank, world=world)
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Linear(16, 1))
+    emit("model", rank=rank, world=world)  # DDP built (its constructor imports torch._dynamo)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    step, samples = 0, 0
+    ckpt = get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            state = torch.load(os.path.join(d, "state.pt"))
+        getattr(model, "module", model).load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step, samples = state["step"], state["samples"]
+    emit("restored", rank=rank, world=world, step=step, samples=samples)
+    batch = int(config["batch"])
+    x = torch.randn(batch, 16)
+    while step < config["max_steps"]:
+        time.sleep(config["step_seconds"])  # the fixed cost of a step
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        step += 1
+        samples += batch * world
+        if rank == 0:
+            emit("step", rank=rank, world=world, step=step, samples=samples)
+        stop = should_stop()
+        if stop or step % int(config["ckpt_every"]) == 0 or step >= config["max_steps"]:
+            metrics = {"step": step, "samples": samples}
+            if rank == 0:
+                with tempfile.TemporaryDirectory() as d:
+                    state = {
+                        "model": getattr(model, "module", model).state_dict(),
+                        "opt": opt.state_dict(),
+                        "step": step,
+                        "samples": samples,
+                    }
+                    torch.save(state, os.path.join(d, "state.pt"))
+                    report(metrics, checkpoint=Checkpoint.from_directory(d))
+                emit("commit", rank=rank, world=world, step=step, samples=samples)
+            else:
+                report(metrics)
+        if stop:
+            return
+
+
+if __name__ == "__main__":
+    step_seconds, ckpt_every = float(sys.argv[2]), int(sys.argv[3])
+    max_steps, batch = int(sys.argv[4]), int(sys.argv[5])
+    TorchTrainer(
+        train_func,
+        train_loop_config={
+            "step_seconds": step_seconds,
+            "ckpt_every": ckpt_every,
+            "max_steps": max_steps,
+            "batch": batch,
+        },
+        scaling_config=ScalingConfig(num_workers=1),
+        run_config=RunConfig(name="goodput"),
+    ).fit()

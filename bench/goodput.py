@@ -1,0 +1,514 @@
+"""Goodput under preemption: what a preemption costs a TorchJob, on the project's real node.
+
+The real node (kubelet + containerd, hack/node.sh), the operator installed by the Helm chart
+(tests/cluster/realnode.py), and one TorchJob per row running bench/_goodput_worker.py:
+fixed-cost steps written the way docs/runtime.md tells users to write a loop (a checkpoint
+every ``--ckpt-every`` steps and on ``should_stop()``). A preemption storm hits a random
+running worker pod every ``--mtbf`` seconds (+-20 % jitter, seeded), ``--evictions`` times:
+
+- ``graceful``: the Eviction API, the pod's own ``terminationGracePeriodSeconds`` (``--grace``);
+- ``hard``: every process of the container killed with SIGKILL on the node (a node that
+  vanishes: no SIGTERM, nothing saved), found through the pod UID in their cgroup.
+
+Per policy (``RecreateGroup``, ``KeepSurvivors``, ``Elastic`` = KeepSurvivors with
+``elastic.minReplicas = replicas - 1``) and per mode it prints:
+
+- goodput: committed samples / (ideal rate x the same wall time). The ideal rate is measured in
+  the same invocation by a row without evictions (same job, full size): its committed samples
+  over its wall time. Wall time runs from the job's first step to the end of the row, when the
+  bench deletes the TorchJob; the workers then stop at ``should_stop()`` and commit, so
+  "committed" includes the steps done up to the end;
+- recovery p50/p95: eviction -> the first step of the new membership (rank 0's step event);
+- lost steps: steps done before an eviction that the next membership did not resume from;
+- restarts charged (``status.restarts``) and disruptions (``status.disruptions``);
+- the median time in each phase of a recovery: operator reaction (eviction -> the first new pod
+  exists; 0 when no pod is created), pod start (-> the slowest process of the new generation
+  runs its first line), imports (-> torch and torchjob.train imported), group (-> inside the
+  training function), DDP (-> ``prepare_model`` returned), restore (-> checkpoint loaded) and
+  first step.
+
+    python bench/goodput.py [--mtbf 60] [--grace 30] [--evictions 10] [--replicas 2]
+                            [--policies RecreateGroup,KeepSurvivors,Elastic]
+                            [--modes graceful,hard] [--seed 0] [--keep-cluster]
+    make bench-goodput            # the defaults: well over an hour for all six rows
+
+It asserts nothing and never runs in ``make test``. The figures depend on the machine: on a
+shared, loaded machine compare the rows of one run, not figures across runs. Kubeflow's
+PyTorchJob (elasticPolicy under torchrun) beside it is not implemented yet; the bench says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests import kube as k  # noqa: E402
+from tests.cluster.realnode import (  # noqa: E402
+    NODE_LABEL,
+    TOLERATION,
+    HelmOperator,
+    RealNode,
+    image,
+)
+
+from torchjob.api.models import GROUP, PLURAL, VERSION  # noqa: E402
+
+WORKER = REPO / "bench" / "_goodput_worker.py"
+OPERATOR_NS = "torchjob-system"
+JOB = "gp"
+PHASES = ("reaction", "pod start", "imports", "group", "DDP", "restore", "first step")
+EVENT_ORDER = ("start", "imported", "group", "model", "restored")
+
+
+def log(msg: str) -> None:
+    print(f"[goodput {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------ the job
+
+
+def manifest(args: argparse.Namespace, policy: str, storage: Path, events: Path) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "replicas": args.replicas,
+        "backend": "gloo",
+        "membershipPolicy": "RecreateGroup" if policy == "RecreateGroup" else "KeepSurvivors",
+        "checkpoint": {"path": str(storage)},
+        "failurePolicy": {"maxRestarts": 1000, "backoff": {"initialSeconds": 1, "maxSeconds": 1}},
+        "template": {
+            "spec": {
+                "nodeSelector": {NODE_LABEL: "true"},
+                "tolerations": [TOLERATION],
+                "terminationGracePeriodSeconds": args.grace,
+                "containers": [
+                    {
+                        "name": "trainer",
+                        "image": image("runtime-cpu"),
+                        "imagePullPolicy": "Never",
+                        "command": [
+                            "python3",
+                            str(WORKER),
+                            str(events),
+                            str(args.step_seconds),
+                            str(args.ckpt_every),
+                            str(10**9),
+                            str(args.batch),
+                        ],
+                        "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+                        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                        "volumeMounts": [
+                            {"name": "bench", "mountPath": str(WORKER.parent), "readOnly": True},
+                            {"name": "storage", "mountPath": str(storage.parent)},
+                        ],
+                    }
+                ],
+                "volumes": [
+                    {
+                        "name": "bench",
+                        "hostPath": {"path": str(WORKER.parent), "type": "Directory"},
+                    },
+                    {
+                        "name": "storage",
+                        "hostPath": {"path": str(storage.parent), "type": "Directory"},
+                    },
+                ],
+            }
+        },
+    }
+    if policy == "Elastic":
+        spec["elastic"] = {"minReplicas": max(1, args.replicas - 1), "maxReplicas": args.replicas}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TorchJob",
+        "metadata": {"name": JOB},
+        "spec": spec,
+    }
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    out = []
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line being written
+    return out
+
+
+class PodWatch:
+    """Wall-clock times at which pods of the job appear (watch ADDED), by UID."""
+
+    def __init__(self, core: Any, ns: str) -> None:
+        self.core, self.ns = core, ns
+        self.added: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from kubernetes import watch
+
+        while not self._stop.is_set():
+            w = watch.Watch()
+            try:
+                for ev in w.stream(self.core.list_namespaced_pod, self.ns, timeout_seconds=30):
+                    uid = ev["object"].metadata.uid
+                    self.added.setdefault(uid, time.time())
+                    if self._stop.is_set():
+                        break
+            except Exception:  # a dropped watch is resumed
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+# ------------------------------------------------------------------------------ a row
+
+
+@dataclass
+class Recovery:
+    t_evict: float
+    pod: str
+    gen_before: int
+    step_before: int = 0
+    boundaries: dict[str, float] = field(default_factory=dict)
+    first_step: float | None = None
+    resumed_step: int | None = None
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.first_step is None else self.first_step - self.t_evict
+
+
+@dataclass
+class Row:
+    policy: str
+    mode: str
+    wall: float = 0.0
+    committed: int = 0
+    recoveries: list[Recovery] = field(default_factory=list)
+    restarts: int = 0
+    disruptions: int = 0
+    note: str = ""
+
+
+def running_pods(core: Any, ns: str) -> list[Any]:
+    return [
+        p
+        for p in core.list_namespaced_pod(ns).items
+        if p.metadata.deletion_timestamp is None and p.status.phase == "Running"
+    ]
+
+
+def hard_kill(pod: Any) -> int:
+    """SIGKILL every process of the pod's containers on this host (the real node's kubelet
+    runs them here); returns how many were killed."""
+    uid = pod.metadata.uid
+    keys = (uid, uid.replace("-", "_"))
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cgroup = Path(f"/proc/{entry}/cgroup").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if any(key in cgroup for key in keys) and b"python" in cmdline:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+            except OSError:
+                continue
+    return killed
+
+
+def wait_step_after(events: Path, t: float, gen_above: int, timeout: float) -> dict[str, Any]:
+    return k.wait_for(
+        lambda: next(
+            (
+                e
+                for e in read_events(events)
+                if e["ev"] == "step" and e["t"] > t and e["gen"] > gen_above
+            ),
+            None,
+        ),
+        timeout,
+        f"a step of a generation above {gen_above} in {events}",
+        interval=0.2,
+    )
+
+
+def run_row(
+    args: argparse.Namespace,
+    cluster: k.Cluster,
+    core: Any,
+    custom: Any,
+    policy: str,
+    mode: str,
+    evictions: int,
+    duration: float,
+    index: int,
+) -> Row:
+    ns = f"goodput-{args.run_id}-{index}"
+    row = Row(policy, mode)
+    core.create_namespace({"metadata": {"name": ns}})
+    k.wait_for(lambda: _has_default_sa(core, ns), 60, f"the default ServiceAccount in {ns}")
+    base = Path(tempfile.mkdtemp(prefix=f"tj-goodput-{index}-"))
+    base.chmod(0o777)
+    storage = base / "checkpoints"
+    storage.mkdir()
+    storage.chmod(0o777)
+    events = base / "events.jsonl"
+    events.touch()
+    events.chmod(0o666)
+    watch = PodWatch(core, ns)
+    rng = random.Random(args.seed * 1000 + index)
+    cluster.kubectl(
+        "-n", ns, "apply", "-f", "-", input=json.dumps(manifest(args, policy, storage, events))
+    )
+    first = k.wait_for(
+        lambda: next((e for e in read_events(events) if e["ev"] == "step"), None),
+        args.start_timeout,
+        f"the first step of {policy}/{mode}",
+        interval=0.2,
+    )
+    t_first = first["t"]
+    log(
+        f"{policy}/{mode}: first step {t_first - min(watch.added.values(), default=t_first):.1f}s after the first pod"
+    )
+    for i in range(evictions):
+        time.sleep(max(0.0, args.mtbf * rng.uniform(0.8, 1.2)))
+        pods = running_pods(core, ns)
+        if not pods:
+            log("no running pod to preempt; waiting for one")
+            k.wait_for(lambda: running_pods(core, ns) or None, args.start_timeout, "a running pod")
+            pods = running_pods(core, ns)
+        victim = rng.choice(sorted(pods, key=lambda p: p.metadata.name))
+        steps = [e for e in read_events(events) if e["ev"] == "step"]
+        gen = max(e["gen"] for e in steps)
+        rec = Recovery(time.time(), victim.metadata.name, gen, steps[-1]["step"])
+        if mode == "graceful":
+            from kubernetes import client
+
+            core.create_namespaced_pod_eviction(
+                victim.metadata.name,
+                ns,
+                client.V1Eviction(metadata=client.V1ObjectMeta(name=victim.metadata.name)),
+            )
+        else:
+            if hard_kill(victim) == 0:
+                row.note = "hard: no process found on this host; force-deleted instead"
+                core.delete_namespaced_pod(victim.metadata.name, ns, grace_period_seconds=0)
+        known = set(watch.added)
+        try:
+            step = wait_step_after(events, rec.t_evict, gen, args.start_timeout)
+        except k.WaitTimeout:
+            log(f"{policy}/{mode}: eviction {i + 1} did not recover in {args.start_timeout}s")
+            row.recoveries.append(rec)
+            break
+        rec.first_step = step["t"]
+        new_gen = step["gen"]
+        evs = [e for e in read_events(events) if e["gen"] == new_gen]
+        restored = [e for e in evs if e["ev"] == "restored"]
+        rec.resumed_step = min((e["step"] for e in restored), default=None)
+        last_before = [
+            e["step"] for e in read_events(events) if e["ev"] == "step" and e["gen"] < new_gen
+        ]
+        rec.step_before = max(last_before, default=rec.step_before)
+        new_pods = [t for uid, t in watch.added.items() if uid not in known or t > rec.t_evict]
+        b = {"reaction": min(new_pods, default=rec.t_evict)}
+        prev = b["reaction"]
+        for name, ev in zip(PHASES[1:6], EVENT_ORDER, strict=True):
+            ts = [e["t"] for e in evs if e["ev"] == ev]
+            if ts:
+                prev = max(prev, max(ts))
+            b[name] = prev
+        b["first step"] = max(prev, rec.first_step)
+        rec.boundaries = b
+        row.recoveries.append(rec)
+        log(
+            f"{policy}/{mode}: preemption {i + 1}/{evictions} of {rec.pod}: "
+            f"first step of generation {new_gen} after {rec.seconds:.1f}s"
+        )
+    if duration > 0:
+        time.sleep(max(0.0, t_first + duration - time.time()))
+    else:
+        time.sleep(args.mtbf)  # the last recovery's next interval counts too
+    t_end = time.time()
+    status = (
+        custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, JOB).get("status") or {}
+    )
+    row.restarts, row.disruptions = status.get("restarts", 0), status.get("disruptions", 0)
+    cluster.kubectl("-n", ns, "delete", "torchjob", JOB, "--wait=false")
+    k.wait_for(lambda: not core.list_namespaced_pod(ns).items, args.grace + 120, "pods gone")
+    commits = [e for e in read_events(events) if e["ev"] == "commit"]
+    row.committed = max((e["samples"] for e in commits), default=0)
+    row.wall = t_end - t_first
+    watch.stop()
+    core.delete_namespace(ns)
+    return row
+
+
+def _has_default_sa(core: Any, ns: str) -> bool:
+    return any(
+        sa.metadata.name == "default" for sa in core.list_namespaced_service_account(ns).items
+    )
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def report(args: argparse.Namespace, baseline: Row, rows: list[Row]) -> None:
+    rate = baseline.committed / baseline.wall if baseline.wall else float("nan")
+    nominal = args.replicas * args.batch / args.step_seconds
+    print()
+    print(
+        f"goodput under preemption: {args.replicas} pods x 1 gloo worker, {args.step_seconds}s "
+        f"steps, checkpoint every {args.ckpt_every} steps and on should_stop(), grace "
+        f"{args.grace}s, a random worker every {args.mtbf}s (+-20%), {args.evictions} per row"
+    )
+    print(
+        f"ideal rate (no evictions, {baseline.wall:.0f}s): {rate:.1f} samples/s "
+        f"({rate / nominal:.2f} of the nominal {nominal:.0f}/s)"
+    )
+    head = (
+        f"{'policy':<14}{'mode':<10}{'goodput':>8}{'rec p50':>8}{'rec p95':>8}{'lost':>6}"
+        f"{'restarts':>9}{'disr':>5}  " + "  ".join(f"{p:>10}" for p in PHASES)
+    )
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        secs = [x.seconds for x in r.recoveries if x.seconds is not None]
+        lost = sum(
+            max(0, x.step_before - x.resumed_step)
+            for x in r.recoveries
+            if x.resumed_step is not None
+        )
+        phases = []
+        for i, name in enumerate(PHASES):
+            prev = "t_evict" if i == 0 else PHASES[i - 1]
+            d = [
+                x.boundaries[name] - (x.t_evict if prev == "t_evict" else x.boundaries[prev])
+                for x in r.recoveries
+                if x.boundaries
+            ]
+            phases.append(f"{statistics.median(d):>9.1f}s" if d else f"{'-':>10}")
+        good = r.committed / (rate * r.wall) if r.wall and rate else float("nan")
+        failed = len(r.recoveries) - len(secs)
+        print(
+            f"{r.policy:<14}{r.mode:<10}{good:>8.3f}{pct(secs, 0.5):>7.1f}s{pct(secs, 0.95):>7.1f}s"
+            f"{lost:>6}{r.restarts:>9}{r.disruptions:>5}  "
+            + "  ".join(phases)
+            + (f"   ({failed} not recovered)" if failed else "")
+            + (f"   {r.note}" if r.note else "")
+        )
+    print(
+        "Kubeflow PyTorchJob v1.8.1 (elasticPolicy, torchrun): not measured; not implemented "
+        "in this benchmark yet."
+    )
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--mtbf", type=float, default=60.0, help="seconds between preemptions")
+    p.add_argument("--grace", type=int, default=30, help="terminationGracePeriodSeconds")
+    p.add_argument("--evictions", type=int, default=10, help="preemptions per row")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--step-seconds", type=float, default=0.1)
+    p.add_argument("--ckpt-every", type=int, default=50, help="steps between checkpoints")
+    p.add_argument("--batch", type=int, default=32, help="samples per worker per step")
+    p.add_argument("--policies", default="RecreateGroup,KeepSurvivors,Elastic")
+    p.add_argument("--modes", default="graceful,hard")
+    p.add_argument("--baseline-seconds", type=float, default=0.0,
+                   help="length of the row without evictions (default: mtbf x (evictions+1))")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--start-timeout", type=float, default=300.0)
+    p.add_argument("--keep-cluster", action="store_true", help="leave the cluster and node up")
+    args = p.parse_args(argv)
+    args.run_id = time.strftime("%H%M%S")
+    for pol in args.policies.split(","):
+        if pol not in ("RecreateGroup", "KeepSurvivors", "Elastic"):
+            p.error(f"--policies: unknown policy {pol!r} (RecreateGroup, KeepSurvivors, Elastic)")
+    for mode in args.modes.split(","):
+        if mode not in ("graceful", "hard"):
+            p.error(f"--modes: unknown mode {mode!r} (graceful, hard)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from kubernetes import client
+
+    problem = RealNode.prerequisites_problem()
+    if problem:
+        print(f"the real node cannot run here: {problem}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    log("cluster up")
+    kubeconfig = k.cluster_up()
+    cluster = k.Cluster(kubeconfig=kubeconfig)
+    log("images and the real node")
+    node = RealNode.start()
+    log(f"real node {node.name}: " + ", ".join(f"{n} {s:.0f}s" for n, s in node.timings.items()))
+    api = cluster.api_client()
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    op = HelmOperator(cluster, core, OPERATOR_NS, "torchjob")
+    op.helm("uninstall", "torchjob", "--namespace", OPERATOR_NS, "--wait", check=False)
+    with tempfile.TemporaryDirectory() as d:
+        op.install(Path(d) / "values.yaml", "--create-namespace")
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/torchjobs.torchjob.io", "--timeout=60s"
+    )
+    try:
+        duration = args.baseline_seconds or args.mtbf * (args.evictions + 1)
+        log(f"baseline: {duration:.0f}s without evictions")
+        baseline = run_row(args, cluster, core, custom, "RecreateGroup", "none", 0, duration, 0)
+        rows = []
+        index = 1
+        for mode in args.modes.split(","):
+            for policy in args.policies.split(","):
+                rows.append(
+                    run_row(args, cluster, core, custom, policy, mode, args.evictions, 0, index)
+                )
+                index += 1
+        report(args, baseline, rows)
+    finally:
+        op.helm("uninstall", "torchjob", "--namespace", OPERATOR_NS, "--wait", check=False)
+        if not args.keep_cluster:
+            subprocess.run(["bash", str(REPO / "hack" / "cluster.sh"), "down"], check=False)
+    log(f"done in {time.monotonic() - started:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

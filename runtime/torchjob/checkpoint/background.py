@@ -1,0 +1,97 @@
+"""Checkpoints committed in the background: the caller pays for a hard link, not a copy.
+
+``BackgroundCommitter.submit(local_dir, ...)`` hard-links the files of ``local_dir`` into a
+staging directory beside it (a copy only where links are impossible, e.g. another
+filesystem) and returns; one background thread then runs ``CheckpointStorage.commit`` on the
+staged files, with the same atomic protocol and ``_COMMITTED`` marker as a synchronous commit.
+The caller may delete ``local_dir`` at once (the staged links keep the data).
+
+At most one commit is in flight: ``submit`` waits for the previous one first, so memory and
+disk stay bounded and checkpoints commit in the order they were reported. ``wait()`` drains
+and re-raises a failed commit's error; a process killed mid-commit leaves at most a
+``.tmp-checkpoint_*`` directory, which readers ignore (storage.py), never a checkpoint that
+looks committed and is not complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from torchjob.checkpoint.storage import CheckpointStorage, CommittedCheckpoint
+
+
+def stage(local_dir: str) -> str:
+    """A new directory beside ``local_dir`` holding the same files (hard links, else copies)."""
+    parent = os.path.dirname(os.path.abspath(local_dir))
+    staged = tempfile.mkdtemp(prefix=".torchjob-staged-", dir=parent)
+    for root, _dirs, files in os.walk(local_dir):
+        rel_root = os.path.relpath(root, local_dir)
+        for name in files:
+            src = os.path.join(root, name)
+            dst = os.path.normpath(os.path.join(staged, rel_root, name))
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copy2(src, dst)
+    return staged
+
+
+class BackgroundCommitter:
+    """Commits staged checkpoints to one ``CheckpointStorage`` on a background thread."""
+
+    def __init__(
+        self,
+        storage: CheckpointStorage,
+        on_commit: Callable[[CommittedCheckpoint], None] | None = None,
+    ) -> None:
+        self.storage = storage
+        self.on_commit = on_commit
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.committed: list[CommittedCheckpoint] = []
+
+    def submit(
+        self,
+        local_dir: str,
+        *,
+        metrics: dict[str, Any] | None = None,
+        data_positions: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Stage ``local_dir`` and commit it in the background (after the previous commit)."""
+        self.wait()
+        staged = stage(local_dir)
+
+        def run() -> None:
+            try:
+                ckpt = self.storage.commit(staged, metrics=metrics, data_positions=data_positions)
+                self.committed.append(ckpt)
+                if self.on_commit is not None:
+                    self.on_commit(ckpt)
+            except BaseException as e:  # re-raised by wait() in the caller's thread
+                self._error = e
+            finally:
+                shutil.rmtree(staged, ignore_errors=True)
+
+        self._thread = threading.Thread(target=run, name="torchjob-checkpoint-commit", daemon=True)
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> CommittedCheckpoint | None:
+        """Block until no commit is in flight; re-raise the error of a failed one. Returns the
+        latest committed checkpoint of this committer."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return self.committed[-1] if self.committed else None
