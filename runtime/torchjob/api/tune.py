@@ -22,7 +22,7 @@ from pydantic import ConfigDict, Field, model_validator
 from torchjob.api.models import (
     CEL,
     GROUP,
-    MAX_JOB_SECONDS,
+    MAX_DEADLINE_SECONDS,
     Condition,
     ObjectMeta,
     TorchJobSpec,
@@ -227,8 +227,9 @@ class TorchTuneSpec(_Model):
     active_deadline_seconds: int | None = Field(
         default=None,
         ge=1,
-        le=MAX_JOB_SECONDS,
         description="The study stops its trials and fails this long after it started.",
+        # int64, as activeDeadlineSeconds on a TorchJob, Job or Pod (see RunPolicy).
+        json_schema_extra={"format": "int64"},
     )
     prune_action: PruneAction = Field(
         default=PruneAction.DELETE,
@@ -249,6 +250,9 @@ class TorchTuneSpec(_Model):
             raise ValueError(_MSG_GRID_SAMPLER)
         if grid and not kinds <= {ParameterType.GRID, ParameterType.CATEGORICAL}:
             raise ValueError(_MSG_GRID_ONLY)
+        d = self.active_deadline_seconds
+        if d is not None and d > MAX_DEADLINE_SECONDS:
+            raise ValueError("spec.activeDeadlineSeconds must fit in int64 (at most 2^63-1)")
         return self
 
 
