@@ -9,9 +9,8 @@ import pytest
 
 from torchjob import tune
 from torchjob.api.tune import TorchTune
-from torchjob.tune.analysis import ExperimentAnalysis
+from torchjob.tune.result import ExperimentAnalysis, Result, ResultGrid
 from torchjob.tune.study import result_grid, study_manifest
-from torchjob.tune.tuner import Result, ResultGrid
 
 TEMPLATE: dict[str, Any] = {
     "apiVersion": "torchjob.io/v1alpha1",

@@ -18,7 +18,8 @@ Seed 001's ``DistributedTrainableCreator``, ``distributed_checkpoint_dir``,
 see docs/sgd.md.
 """
 
-from torchjob.tune.analysis import ExperimentAnalysis, Trial, TuneError, run
+from torchjob.tune.analysis import TuneError, run
+from torchjob.tune.result import ExperimentAnalysis, Result, ResultGrid, Trial
 from torchjob.tune.search import choice, grid_search, loguniform, randint, uniform
 from torchjob.tune.session import (
     TrialPruned,
@@ -32,7 +33,7 @@ from torchjob.tune.session import (
 )
 from torchjob.tune.study import Study, attach, study_manifest, submit
 from torchjob.tune.trainables import DistributedTrainable, DistributedTrainableCreator, Trainable
-from torchjob.tune.tuner import Result, ResultGrid, RunConfig, TuneConfig, Tuner
+from torchjob.tune.tuner import RunConfig, TuneConfig, Tuner
 
 __all__ = [
     "DistributedTrainable",

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchjob.tune import search
-from torchjob.tune.tuner import ERROR, PRUNED, TERMINATED, Result, ResultGrid
+from torchjob.tune.result import ERROR, PRUNED, TERMINATED, ExperimentAnalysis, Result, ResultGrid
 
 _SAMPLERS = {"optuna": "tpe", "tpe": "tpe", "random": "random", "grid": "grid", "cmaes": "cmaes"}
 _PRUNERS = {
@@ -192,8 +192,6 @@ class Study:
         return result_grid(self.get())
 
     def analysis(self) -> Any:
-        from torchjob.tune.analysis import ExperimentAnalysis
-
         grid = self.results()
         return ExperimentAnalysis(grid, grid._metric, grid._mode)
 

@@ -15,22 +15,22 @@ import logging
 import math
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchjob.tune import cluster, search, trainables
+from torchjob.tune.result import ERROR, PRUNED, TERMINATED, Result, ResultGrid
 from torchjob.tune.session import CONTINUE, PRUNE, STOP, Reporter, TrialPruned, TrialStopped
 
 if TYPE_CHECKING:
-    import pandas
+    pass
 
 log = logging.getLogger("torchjob.tune")
 
 DEFAULT_STORAGE = str(Path.home() / "torchjob_results")
-TERMINATED, PRUNED, ERROR = "TERMINATED", "PRUNED", "ERROR"
 
 
 @dataclass
@@ -83,108 +83,6 @@ class RunConfig:
     storage_path: str | None = None
     stop: Mapping[str, float] | Callable[[dict[str, Any]], bool] | None = None
     verbose: int = 1
-
-
-@dataclass
-class Result:
-    """One trial: its config, last metrics, history, checkpoint and status."""
-
-    trial_id: str
-    config: dict[str, Any]
-    metrics: dict[str, Any] = field(default_factory=dict)
-    metrics_history: list[dict[str, Any]] = field(default_factory=list)
-    path: str = ""
-    status: str = TERMINATED
-    error: BaseException | None = None
-    checkpoint: Any = None
-    """The trial's latest ``torchjob.train.Checkpoint`` (a TorchTrainer trial's, the last
-    ``tune.checkpoint_dir``, or a cluster trial's ``status.progress.lastCheckpoint``), else None."""
-    job_name: str | None = None
-    """Cluster backend: the trial's TorchJob."""
-
-    @property
-    def metrics_dataframe(self) -> pandas.DataFrame:
-        import pandas
-
-        return pandas.DataFrame(self.metrics_history)
-
-
-class ResultGrid:
-    """The trials of one ``Tuner.fit()``, in the order they were started."""
-
-    def __init__(self, results: list[Result], metric: str | None, mode: str | None) -> None:
-        self._results = results
-        self._metric = metric
-        self._mode = mode
-
-    def __len__(self) -> int:
-        return len(self._results)
-
-    def __getitem__(self, index: int) -> Result:
-        return self._results[index]
-
-    def __iter__(self) -> Iterator[Result]:
-        return iter(self._results)
-
-    @property
-    def errors(self) -> list[BaseException]:
-        return [r.error for r in self._results if r.error is not None]
-
-    @property
-    def num_errors(self) -> int:
-        return len(self.errors)
-
-    @property
-    def num_terminated(self) -> int:
-        return sum(1 for r in self._results if r.status == TERMINATED)
-
-    def get_best_result(
-        self, metric: str | None = None, mode: str | None = None, scope: str = "last"
-    ) -> Result:
-        """The trial with the best ``metric`` (its last value, or its best with ``scope="all"``).
-
-        Trials that failed or never reported the metric are skipped.
-        """
-        metric = metric or self._metric
-        mode = mode or self._mode
-        if metric is None or mode not in ("min", "max"):
-            raise ValueError(
-                "get_best_result needs a metric and mode='min'|'max' (here or in TuneConfig)"
-            )
-        if scope not in ("last", "all"):
-            raise ValueError(f"scope must be 'last' or 'all', got {scope!r}")
-        best: Result | None = None
-        best_value: float | None = None
-        for r in self._results:
-            if r.error is not None:
-                continue
-            if scope == "last":
-                values = [r.metrics[metric]] if metric in r.metrics else []
-            else:
-                values = [m[metric] for m in r.metrics_history if metric in m]
-            for v in values:
-                fv = float(v)
-                if search.is_better(fv, best_value, mode):
-                    best, best_value = r, fv
-        if best is None:
-            raise RuntimeError(f"no trial reported {metric!r} without failing")
-        return best
-
-    def get_dataframe(self) -> pandas.DataFrame:
-        """One row per trial: its last metrics, ``config/...`` columns, status and path."""
-        import pandas
-
-        rows = []
-        for r in self._results:
-            row = dict(r.metrics)
-            row.update(search.flatten(r.config))
-            row.update({"trial_id": r.trial_id, "status": r.status, "logdir": r.path})
-            rows.append(row)
-        return pandas.DataFrame(rows)
-
-    @property
-    def dataframe(self) -> pandas.DataFrame:
-        return self.get_dataframe()
 
 
 class Tuner:
