@@ -57,24 +57,30 @@ class _Loop:
         return self.deferred_since is None or now - self.deferred_since < batch_s
 
 
-class Reconciler:
-    """One asyncio task per TorchJob; pokes coalesce, so a burst of pod events is one reconcile.
+class _Loops:
+    """One asyncio task per object key; pokes coalesce, so a burst of events is one reconcile.
 
     Loops run only while this replica leads (``leader.py``): a standby ignores pokes, and
-    on losing the lease every loop is cancelled and none starts again."""
+    on losing the lease every loop is cancelled and none starts again. Subclasses say how
+    to list their objects (``_keys``) and run one loop (``_run``)."""
+
+    kind = "object"
 
     def __init__(self, kube: CachedKube, *, leading: bool = True) -> None:
         self.kube = kube
-        self.store = kube.store
         self.loops: dict[JobKey, _Loop] = {}
         self.leading = leading
-        self._trim: asyncio.TimerHandle | None = None
-        self._trim_task: asyncio.Future[bool] | None = None
+
+    def _keys(self, namespaces: tuple[str, ...]) -> list[JobKey]:
+        raise NotImplementedError
+
+    async def _run(self, key: JobKey, loop: _Loop) -> None:
+        raise NotImplementedError
 
     async def start_leading(self, namespaces: tuple[str, ...]) -> None:
-        """Became leader: reconcile every TorchJob, since the watch events came while standing by."""
+        """Became leader: reconcile every object, since the watch events came while standing by."""
         self.leading = True
-        for key in await asyncio.to_thread(self.kube.list_jobs, namespaces):
+        for key in await asyncio.to_thread(self._keys, namespaces):
             self.poke(key)
 
     def stop_leading(self) -> None:
@@ -90,7 +96,7 @@ class Reconciler:
             loop = _Loop()
             self.loops[key] = loop
             loop.task = asyncio.create_task(
-                self._run(key, loop), name=f"torchjob:{key[0]}/{key[1]}"
+                self._run(key, loop), name=f"{self.kind}:{key[0]}/{key[1]}"
             )
         loop.wake.set()
 
@@ -98,6 +104,24 @@ class Reconciler:
         loop = self.loops.pop(key, None)
         if loop and loop.task:
             loop.task.cancel()
+
+
+class Reconciler(_Loops):
+    """One loop per TorchJob, running ``reconcile_once`` in a worker thread."""
+
+    kind = "torchjob"
+
+    def __init__(self, kube: CachedKube, *, leading: bool = True) -> None:
+        super().__init__(kube, leading=leading)
+        self.store = kube.store
+        self._trim: asyncio.TimerHandle | None = None
+        self._trim_task: asyncio.Future[bool] | None = None
+
+    def _keys(self, namespaces: tuple[str, ...]) -> list[JobKey]:
+        return list(self.kube.list_jobs(namespaces))
+
+    def forget(self, key: JobKey) -> None:
+        super().forget(key)
         self._release_memory_soon()
 
     def _release_memory_soon(self) -> None:
@@ -179,43 +203,16 @@ class Reconciler:
                 await asyncio.wait_for(loop.wake.wait(), timeout=timeout)
 
 
-class StudyReconciler:
-    """One asyncio task per TorchTune, as ``Reconciler`` has per TorchJob: pokes (the study's
-    own events, and every event of one of its trial TorchJobs) coalesce into one
-    ``reconcile_study`` in a worker thread. Runs only while this replica leads."""
+class StudyReconciler(_Loops):
+    """One loop per TorchTune, as ``Reconciler`` has per TorchJob: pokes (the study's own
+    events, and every event of one of its trial TorchJobs) coalesce into one
+    ``reconcile_study`` in a worker thread."""
 
-    def __init__(self, kube: CachedKube, *, leading: bool = True) -> None:
-        self.kube = kube
-        self.loops: dict[JobKey, _Loop] = {}
-        self.leading = leading
+    kind = "torchtune"
 
-    async def start_leading(self, namespaces: tuple[str, ...]) -> None:
-        self.leading = True
+    def _keys(self, namespaces: tuple[str, ...]) -> list[JobKey]:
         assert isinstance(self.kube.live, KubeClient)
-        for key in await asyncio.to_thread(list_tunes, self.kube.live, namespaces):
-            self.poke(key)
-
-    def stop_leading(self) -> None:
-        self.leading = False
-        for key in list(self.loops):
-            self.forget(key)
-
-    def poke(self, key: JobKey) -> None:
-        if not self.leading:
-            return
-        loop = self.loops.get(key)
-        if loop is None or loop.task is None or loop.task.done():
-            loop = _Loop()
-            self.loops[key] = loop
-            loop.task = asyncio.create_task(
-                self._run(key, loop), name=f"torchtune:{key[0]}/{key[1]}"
-            )
-        loop.wake.set()
-
-    def forget(self, key: JobKey) -> None:
-        loop = self.loops.pop(key, None)
-        if loop and loop.task:
-            loop.task.cancel()
+        return list(list_tunes(self.kube.live, namespaces))
 
     async def _run(self, key: JobKey, loop: _Loop) -> None:
         ns, name = key
