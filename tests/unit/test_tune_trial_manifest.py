@@ -121,3 +121,14 @@ def test_trial_config_reaches_a_torch_trainer_in_the_pod(monkeypatch: pytest.Mon
     monkeypatch.setenv(contract.TUNE_CONFIG, "[1]")
     with pytest.raises(ValueError, match=contract.TUNE_CONFIG):
         tune.get_trial_config()
+
+
+def test_a_studys_flat_parameters_nest_into_the_trials_config() -> None:
+    from torchjob.plan.trial import nested_config
+
+    flat = {"train_loop_config/lr": 0.1, "train_loop_config/opt/beta": 0.9, "seed": 3}
+    assert nested_config(flat) == {
+        "train_loop_config": {"lr": 0.1, "opt": {"beta": 0.9}},
+        "seed": 3,
+    }
+    assert nested_config({}) == {}

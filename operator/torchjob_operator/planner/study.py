@@ -59,6 +59,7 @@ from torchjob.api.tune import (
     TrialRecord,
     TrialState,
 )
+from torchjob.plan.trial import nested_config
 
 STUDY_LABEL = "torchjob.io/tune-study"
 TRIAL_LABEL = "torchjob.io/tune-trial"
@@ -122,18 +123,6 @@ def max_trials(spec: TorchTuneSpec) -> int:
     if spec.sampler.type is SamplerType.GRID:
         return len(grid_points(spec))
     return DEFAULT_MAX_TRIALS
-
-
-def nested_config(params: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"a/b": 1, "c": 2}`` -> ``{"a": {"b": 1}, "c": 2}``: the trial's config."""
-    config: dict[str, Any] = {}
-    for path, value in params.items():
-        *parents, last = path.split("/")
-        node = config
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[last] = value
-    return config
 
 
 # --- optuna, rebuilt from the status ----------------------------------------------------

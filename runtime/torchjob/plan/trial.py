@@ -41,3 +41,16 @@ def merged_loop_config(base: Mapping[str, Any] | None, config: Mapping[str, Any]
         if key not in ("train_loop_config", "scaling_config"):
             loop_config[key] = value
     return loop_config
+
+
+def nested_config(params: Mapping[str, Any]) -> dict[str, Any]:
+    """A study's flat parameters as the trial's config: ``{"a/b": 1, "c": 2}`` ->
+    ``{"a": {"b": 1}, "c": 2}`` (the TorchTune planner and its Python client both read them)."""
+    config: dict[str, Any] = {}
+    for path, value in params.items():
+        *parents, last = path.split("/")
+        node = config
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return config

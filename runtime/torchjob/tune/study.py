@@ -14,6 +14,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from torchjob.plan.trial import nested_config
 from torchjob.tune import search
 from torchjob.tune.result import ERROR, PRUNED, TERMINATED, ExperimentAnalysis, Result, ResultGrid
 
@@ -117,17 +118,6 @@ def study_manifest(
     return body
 
 
-def _nested(params: Mapping[str, Any]) -> dict[str, Any]:
-    config: dict[str, Any] = {}
-    for path, value in params.items():
-        *parents, last = path.split("/")
-        node = config
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[last] = value
-    return config
-
-
 class StudyTrialFailed(RuntimeError):
     """A trial of a TorchTune failed; the message is the study's record of why."""
 
@@ -155,7 +145,7 @@ def result_grid(obj: Mapping[str, Any]) -> ResultGrid:
         results.append(
             Result(
                 trial_id=f"{t['number']:05d}",
-                config=_nested(t.get("params") or {}),
+                config=nested_config(t.get("params") or {}),
                 metrics=dict(history[-1]) if history else {},
                 metrics_history=history,
                 path=str(t.get("checkpoint") or ""),
