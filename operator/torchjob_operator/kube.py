@@ -209,18 +209,23 @@ class KubeClient:
 
     def list_jobs(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
         """(namespace, name) of every TorchJob in ``namespaces`` (all when empty)."""
+        return self.list_keys(PLURAL, namespaces)
+
+    def list_keys(self, plural: str, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
+        """(namespace, name) of every object of this API group's ``plural`` in ``namespaces``
+        (all when empty)."""
         try:
             pages: list[Any] = (
                 [
-                    self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)
+                    self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, plural)
                     for ns in namespaces
                 ]
                 if namespaces
-                else [self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)]
+                else [self.custom.list_cluster_custom_object(GROUP, VERSION, plural)]
             )
             items = [i for page in pages for i in page["items"]]
         except ApiException as e:
-            raise KubeError("list", "torchjobs", e) from e
+            raise KubeError("list", plural, e) from e
         return [(i["metadata"]["namespace"], i["metadata"]["name"]) for i in items]
 
     def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:

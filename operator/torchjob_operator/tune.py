@@ -56,18 +56,7 @@ def get_tune(live: KubeClient, namespace: str, name: str) -> dict[str, Any] | No
 
 
 def list_tunes(live: KubeClient, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
-    try:
-        pages: list[Any] = (
-            [
-                live.custom.list_namespaced_custom_object(GROUP, VERSION, ns, TUNE_PLURAL)
-                for ns in namespaces
-            ]
-            if namespaces
-            else [live.custom.list_cluster_custom_object(GROUP, VERSION, TUNE_PLURAL)]
-        )
-    except ApiException as e:
-        raise KubeError("list", "torchtunes", e) from e
-    return [(i["metadata"]["namespace"], i["metadata"]["name"]) for p in pages for i in p["items"]]
+    return live.list_keys(TUNE_PLURAL, namespaces)
 
 
 def _write_status(live: KubeClient, tune: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
