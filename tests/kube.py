@@ -139,10 +139,15 @@ def kubectl(
 
     With ``check`` a non-zero exit raises AssertionError carrying kubectl's stderr.
     """
+    config = Path(kubeconfig or default_kubeconfig())
     cmd = [
         str(kubectl_path()),
         "--kubeconfig",
-        str(kubeconfig or default_kubeconfig()),
+        str(config),
+        # Discovery cached per cluster, not in ~/.kube/cache: what kubectl resolves (kinds,
+        # short names, categories) depends on this cluster's CRDs alone, as on a new machine.
+        "--cache-dir",
+        str(config.parent / "kubectl-cache"),
         *args,
     ]
     proc = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from torchjob.api import crd
 from torchjob.api.crd import build_tune_crd, render_tune_crd_yaml
 from torchjob.api.tune import TorchTune, TorchTuneSpec
 
@@ -104,3 +105,17 @@ def test_spec_round_trips_in_camel_case() -> None:
     wire = spec.to_wire()
     assert wire["maxTrials"] == 4
     assert wire["trialTemplate"]["spec"]["replicas"] == 2
+
+
+def test_no_category_shadows_a_resource_name() -> None:
+    """kubectl expands a category before it looks up a resource: a category named like a
+    resource turns ``kubectl delete torchjob x`` into a delete over every kind in it."""
+    crds = [crd.build_crd(), crd.build_tune_crd()]
+    names = set()
+    for c in crds:
+        n = c["spec"]["names"]
+        names |= {n["plural"], n["singular"], n["kind"].lower(), *n["shortNames"]}
+    for c in crds:
+        categories = set(c["spec"]["names"]["categories"])
+        assert categories == {"all", "torch"}
+        assert not categories & names, categories & names

@@ -145,6 +145,12 @@ NAME_RULES: list[dict[str, Any]] = [
 """Rules on the whole object: the job's name is part of every worker's name and hostname."""
 
 
+CATEGORIES = ("all", "torch")
+"""``kubectl get torch`` lists TorchJobs and TorchTunes. Never a resource's own name: kubectl
+expands a category before it looks for a resource, so a category ``torchjob`` that holds two
+kinds makes ``kubectl delete torchjob NAME`` fail with "you must specify only one resource"."""
+
+
 def _root_schema(
     description: str, rules: list[dict[str, Any]], spec: dict[str, Any], status: dict[str, Any]
 ) -> dict[str, Any]:
@@ -193,7 +199,7 @@ def _crd(
                 "plural": plural,
                 "singular": singular,
                 "shortNames": list(short_names),
-                "categories": ["all", "torchjob"],
+                "categories": list(CATEGORIES),
             },
             "versions": [
                 {
