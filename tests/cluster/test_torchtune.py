@@ -212,6 +212,16 @@ def test_python_submits_a_study_and_a_new_process_attaches_to_its_results(
             {"sampler": {"type": "tpe"}},
             "spec.sampler.type must be grid when spec.searchSpace has a grid parameter",
         ),
+        # categorical and grid need values: the schema's anyOf (CEL cannot see values).
+        ({"searchSpace": [{"name": "x", "type": "grid"}]}, "spec.searchSpace[0].values: Required"),
+        (
+            {"searchSpace": [{"name": "x", "type": "categorical"}]},
+            "spec.searchSpace[0].values: Required value",
+        ),
+        (
+            {"searchSpace": [{"name": "x", "type": "categorical", "values": []}]},
+            "spec.searchSpace[0].values in body should have at least 1 items",
+        ),
         ({"trialTemplate": {"spec": {"replicas": 2}}}, "spec.trialTemplate.spec.template"),
         (
             {"trialTemplate": {"spec": {**torchjob("t")["spec"], "replicas": 0}}},

@@ -68,6 +68,10 @@ def test_a_valid_study_parses_with_defaults() -> None:
             {"searchSpace": [{"name": "x", "type": "categorical", "values": []}]},
             "values",
         ),
+        (
+            {"searchSpace": [{"name": "x", "type": "categorical"}]},
+            "spec.searchSpace[].values must list at least one value",
+        ),
         ({"pruner": {"type": "threshold"}}, "spec.pruner: a threshold pruner needs lower or upper"),
         ({"trialTemplate": {"spec": {"replicas": 0, "template": {}}}}, "replicas"),
     ],
@@ -87,6 +91,12 @@ def test_the_trial_template_is_validated_as_a_torchjob_spec_in_the_crd() -> None
     assert job_spec["x-kubernetes-validations"], "the TorchJob spec's CEL rules"
     messages = [r["message"] for r in spec["x-kubernetes-validations"]]
     assert any("spec.searchSpace must list" in m for m in messages)
+    # categorical/grid without values: an OpenAPI anyOf (CEL cannot see the untyped values).
+    param = spec["properties"]["searchSpace"]["items"]
+    assert param["anyOf"][0] == {
+        "required": ["values"],
+        "properties": {"type": {"enum": ["categorical", "grid"]}},
+    }
     assert crd["spec"]["names"]["shortNames"] == ["tt"]
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns["Best"] == ".status.bestValue"

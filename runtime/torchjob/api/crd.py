@@ -5,7 +5,8 @@ fails when the committed YAML differs, so the CRD is never edited by hand.
 
 Pydantic emits JSON Schema (``$ref``, ``anyOf`` with ``null``, ``const``);
 Kubernetes wants a *structural* OpenAPI v3 schema. ``to_structural`` bridges
-the two: references are inlined, optional types lose their ``null`` branch,
+the two: references are inlined, optional types lose their ``null`` branch (an ``anyOf``
+whose branches name no type is a value validation and stays),
 ``int | str`` becomes ``x-kubernetes-int-or-string``, and models that accept
 unknown fields keep them with ``x-kubernetes-preserve-unknown-fields``.
 
@@ -47,7 +48,9 @@ def to_structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any
         if "description" in schema:
             node["description"] = schema["description"]
 
-    if "anyOf" in node:
+    if "anyOf" in node and all("type" not in b and "$ref" not in b for b in node["anyOf"]):
+        pass  # a value validation (no types in its branches): structural, kept as written
+    elif "anyOf" in node:
         branches = [b for b in node.pop("anyOf") if b.get("type") != "null"]
         types = {b.get("type") for b in branches}
         if len(branches) == 1:

@@ -71,7 +71,16 @@ class Parameter(_Model):
                     _MSG_BOUNDS,
                 ),
                 _cel("self.type != 'loguniform' || !has(self.low) || self.low > 0.0", _MSG_LOG),
-            ]
+            ],
+            # CEL cannot see ``values`` (its items are untyped JSON, which the API server
+            # leaves out of CEL's view), so "categorical and grid need values" is an OpenAPI
+            # value validation. The API server reports the failing branch that matched most,
+            # so the one with ``required`` comes first and names the field:
+            # "spec.searchSpace[0].values: Required value".
+            "anyOf": [
+                {"required": ["values"], "properties": {"type": {"enum": ["categorical", "grid"]}}},
+                {"properties": {"type": {"enum": ["uniform", "loguniform", "int"]}}},
+            ],
         }
     )
 
@@ -84,9 +93,8 @@ class Parameter(_Model):
         min_length=1,
         max_length=1000,
         description=(
-            "categorical: the choices; grid: every value is tried. Any JSON values (the API "
-            "server's CEL cannot see untyped items, so a missing list is reported by the "
-            "operator in the status, and by the Python client before submitting)."
+            "categorical: the choices; grid: every value is tried (required for both, at "
+            "least one). Any JSON values."
         ),
         json_schema_extra={"items": {"x-kubernetes-preserve-unknown-fields": True}},
     )
