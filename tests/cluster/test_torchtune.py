@@ -13,9 +13,11 @@ trial reports a poor step 1 and waits to be pruned.
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 from tests import kube as k
 from tests.cluster.operator_harness import Jobs, torchjob
 
@@ -202,6 +204,74 @@ def test_python_submits_a_study_and_a_new_process_attaches_to_its_results(
     best = grid.get_best_result()
     assert best.config == {"x": 1.0} and best.metrics["loss"] == pytest.approx(1 / 3)
     assert best.checkpoint is not None and best.checkpoint.path == f"/checkpoints/{best.job_name}/3"
+
+
+def test_tune_run_with_the_cluster_backend_submits_a_torchtune_and_follows_it(
+    jobs: Jobs,
+) -> None:
+    """``tune.run(..., tune_config=TuneConfig(backend="cluster"))``: the search is a TorchTune
+    the operator runs (a constant in the config travels as a one-value categorical, the pruner
+    is the TorchTune's spec.pruner), and the call returns its analysis once it is done."""
+    from torchjob import tune
+
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["analysis"] = tune.run(
+                None,
+                config={"x": tune.grid_search([1.0, 2.0, 3.0, 4.0]), "epochs": 3},
+                metric="loss",
+                mode="min",
+                scheduler={"type": "median", "startupTrials": 2},
+                max_concurrent_trials=2,
+                name="run-tune",
+                verbose=0,
+                tune_config=tune.TuneConfig(
+                    backend="cluster",
+                    template=torchjob("trial", replicas=2),
+                    namespace=jobs.ns,
+                    kubeconfig=str(jobs.cluster.kubeconfig),
+                    poll_interval_s=0.3,
+                ),
+            )
+        except BaseException as e:  # surfaced by the assertion below
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    player = Player(jobs, "run-tune", kill=False)
+
+    def finished() -> bool:
+        player.tick()
+        return not thread.is_alive()
+
+    # The TorchTune appears a moment after tune.run starts: until then tick() reads a 404.
+    k.wait_for(
+        finished,
+        180,
+        lambda: f"tune.run to return; {outcome}",
+        interval=0.3,
+        ignore=(ApiException,),
+    )
+    assert "error" not in outcome, outcome.get("error")
+    analysis: tune.ExperimentAnalysis = outcome["analysis"]
+    by_x = {t.config["x"]: t for t in analysis.trials}
+    assert {x: t.status for x, t in by_x.items()} == {
+        1.0: "TERMINATED",
+        2.0: "TERMINATED",
+        3.0: "PRUNED",
+        4.0: "PRUNED",
+    }
+    assert analysis.best_config == {"x": 1.0, "epochs": 3}
+    best = analysis.get_best_trial()
+    assert best is not None and best.result.job_name is not None
+    assert analysis.best_checkpoint is not None
+    assert analysis.best_checkpoint.path == f"/checkpoints/{best.result.job_name}/3"
+    # It was a TorchTune: the operator's status says so, and every trial got the constant.
+    status = player.tune()["status"]
+    assert status["phase"] == "Succeeded" and status["trialsCreated"] == 4
+    assert {t["params"]["epochs"] for t in status["trials"]} == {3}
 
 
 @pytest.mark.parametrize(

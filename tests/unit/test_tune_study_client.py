@@ -66,9 +66,11 @@ def test_a_grid_uses_the_grid_sampler_and_counts_its_points() -> None:
     assert body["spec"]["maxTrials"] == 12
 
 
-def test_a_constant_in_the_space_is_refused_naming_it() -> None:
-    with pytest.raises(ValueError, match=r"param_space\['epochs'\]"):
-        study_manifest("c", {"epochs": 3}, metric="loss", mode="min", template=TEMPLATE)
+def test_an_unknown_pruner_name_is_refused_naming_the_setting() -> None:
+    with pytest.raises(ValueError, match="pruner: a TorchTune takes one of"):
+        study_manifest(
+            "c", {"x": tune.uniform(0, 1)}, metric="loss", mode="min", template=TEMPLATE, pruner="x"
+        )
 
 
 def test_a_status_reads_back_as_a_result_grid() -> None:

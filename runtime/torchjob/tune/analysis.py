@@ -10,18 +10,16 @@ arguments and wraps its :class:`ResultGrid`: one engine (optuna), two doors.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torchjob.tune.result import ERROR, ExperimentAnalysis
 from torchjob.tune.tuner import RunConfig, TuneConfig, Tuner
 
-if TYPE_CHECKING:
-    pass
-
 
 def _pruner(scheduler: Any) -> Any:
-    """``scheduler=`` of Ray's ``tune.run``: ``None``, ``"median"`` or an optuna pruner."""
-    if scheduler is None or scheduler == "median":
+    """``scheduler=`` of Ray's ``tune.run``: ``None``, a name, a TorchTune ``spec.pruner`` dict
+    (both checked by the backend that uses them) or an optuna pruner."""
+    if scheduler is None or isinstance(scheduler, str | Mapping):
         return scheduler
     try:
         import optuna
@@ -31,7 +29,8 @@ def _pruner(scheduler: Any) -> Any:
     except ImportError:  # pragma: no cover - optuna is a dependency
         pass
     raise ValueError(
-        "tune.run(scheduler=...) takes None, 'median' or an optuna pruner "
+        "tune.run(scheduler=...) takes None, a name ('median'), a TorchTune spec.pruner dict "
+        "(backend='cluster') or an optuna pruner "
         f"(Ray's trial schedulers are not available); got {type(scheduler).__name__}"
     )
 
@@ -62,10 +61,11 @@ def run(
     ``run_or_experiment`` is anything ``Tuner`` takes (a function of ``config``,
     a ``Trainable`` subclass such as ``torchjob.sgd.PyTorchTrainable``, a
     ``DistributedTrainableCreator(...)`` or a ``TorchTrainer``), or ``None`` with
-    ``tune_config=TuneConfig(backend="cluster", template=...)``.
-    ``resources_per_trial={"num_workers": 4, "gpu": 1}`` sizes a distributed
-    trial (``replicas``/``nproc_per_node`` for cluster trials); ``scheduler``
-    is ``"median"`` or an optuna pruner; ``local_dir`` is ``storage_path``.
+    ``tune_config=TuneConfig(backend="cluster", template=...)`` (the search is then a
+    TorchTune the operator runs). ``resources_per_trial={"num_workers": 4, "gpu": 1}`` sizes
+    a distributed trial (``replicas``/``nproc_per_node`` for cluster trials); ``scheduler``
+    is ``"median"`` or an optuna pruner (cluster: a name or a TorchTune ``spec.pruner``
+    dict); ``local_dir`` is ``storage_path``.
     Raises ``TuneError`` when a trial failed, unless ``raise_on_failed_trial=False``.
     """
     ignored = {"checkpoint_freq", "checkpoint_at_end", "keep_checkpoints_num", "progress_reporter"}

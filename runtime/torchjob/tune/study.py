@@ -2,8 +2,10 @@
 follows one by name (a notebook can close and reattach; the study lives in the cluster).
 
 ``study_manifest`` turns a Tuner-style ``param_space`` (``tune.uniform``, ``loguniform``,
-``randint``, ``choice``, ``grid_search``; nested dicts become ``a/b`` names) and the
-search settings into a TorchTune; :class:`Study` reads its status back as the same
+``randint``, ``choice``, ``grid_search``; nested dicts become ``a/b`` names; a constant is a
+one-value ``categorical``) and the search settings into a TorchTune; it is what
+``Tuner(..., TuneConfig(backend="cluster"))`` and ``tune.run`` submit. :class:`Study` reads
+its status back as the same
 ``ResultGrid`` / ``ExperimentAnalysis`` a local run returns. The trials' checkpoints are the
 paths their TorchJobs reported (``status.progress.lastCheckpoint``).
 """
@@ -11,6 +13,8 @@ paths their TorchJobs reported (``status.progress.lastCheckpoint``).
 from __future__ import annotations
 
 import copy
+import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,8 +34,9 @@ _PRUNERS = {
 
 
 def search_space(param_space: Mapping[str, Any], prefix: str = "") -> list[dict[str, Any]]:
-    """The ``spec.searchSpace`` of a Tuner ``param_space`` (constants are not searched:
-    put them in the template)."""
+    """The ``spec.searchSpace`` of a Tuner ``param_space``. A constant becomes a one-value
+    ``categorical``: the trial's config is what the operator writes into the pod, so the
+    constant must travel in the study (raises ``ValueError`` naming one that is not JSON)."""
     out: list[dict[str, Any]] = []
     for key, leaf in param_space.items():
         name = f"{prefix}{key}"
@@ -48,11 +53,43 @@ def search_space(param_space: Mapping[str, Any], prefix: str = "") -> list[dict[
         elif isinstance(leaf, search.GridSearch):
             out.append({"name": name, "type": "grid", "values": list(leaf.values)})
         else:
-            raise ValueError(
-                f"param_space[{name!r}]: a TorchTune searches tune.uniform/loguniform/randint/"
-                f"choice/grid_search; put the constant {leaf!r} in the trial template instead"
-            )
+            try:
+                json.dumps(leaf, allow_nan=False)
+            except (TypeError, ValueError) as e:
+                raise ValueError(
+                    f"param_space[{name!r}]: a TorchTune's values are JSON; {leaf!r} is not "
+                    f"({e}): put it in the trial's code or template instead"
+                ) from None
+            out.append({"name": name, "type": "categorical", "values": [leaf]})
     return out
+
+
+def _pruner_spec(pruner: Any) -> dict[str, Any]:
+    if isinstance(pruner, Mapping):
+        return dict(pruner)
+    if (pruner is None or isinstance(pruner, str)) and pruner in _PRUNERS:
+        return {"type": _PRUNERS[pruner]}
+    raise ValueError(
+        f"pruner: a TorchTune takes one of {sorted(map(str, _PRUNERS))} or its spec.pruner as a "
+        f"dict (e.g. {{'type': 'threshold', 'upper': 5.0}}); got {pruner!r} (an optuna pruner "
+        "object runs only in this process: backend='local')"
+    )
+
+
+def _sized(spec: dict[str, Any], resources: Mapping[str, Any]) -> None:
+    """``resources_per_trial`` (``replicas``/``workers``/``num_workers``, ``nproc_per_node``)
+    over the template's sizes; ``cpu``/``gpu`` come from the template's containers."""
+    for key, value in resources.items():
+        if key in ("replicas", "workers", "num_workers"):
+            spec["replicas"] = int(value)
+            spec.pop("elastic", None)  # a size asked for per trial is a fixed size
+        elif key in ("nproc_per_node", "nprocPerNode"):
+            spec["nprocPerNode"] = value
+        elif key not in ("cpu", "gpu"):
+            raise ValueError(
+                f"resources_per_trial[{key!r}]: a TorchTune's trials take replicas (or workers, "
+                "num_workers) and nproc_per_node; cpu/gpu come from the template"
+            )
 
 
 def study_manifest(
@@ -64,25 +101,23 @@ def study_manifest(
     template: Any,
     num_samples: int = 1,
     search_alg: str = "optuna",
-    pruner: str | None = None,
+    pruner: str | Mapping[str, Any] | None = None,
     max_concurrent_trials: int = 1,
     seed: int | None = None,
     prune_action: str = "delete",
     namespace: str | None = None,
+    resources: Mapping[str, Any] | None = None,
+    trial_timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """The TorchTune of one search. ``template`` is a TorchJob manifest (dict, YAML path or
-    ``Manifest``); its spec becomes every trial's."""
-    from torchjob.tune.cluster import template_dict
-
+    ``Manifest``); its spec, sized by ``resources`` and bounded by ``trial_timeout_s``
+    (``runPolicy.activeDeadlineSeconds``), becomes every trial's. ``pruner`` is a name or the
+    TorchTune's ``spec.pruner`` as a dict."""
     space = search_space(param_space)
     grid = any(p["type"] == "grid" for p in space)
     if not isinstance(search_alg, str) or search_alg not in _SAMPLERS:
         raise ValueError(
             f"search_alg: a TorchTune takes one of {sorted(_SAMPLERS)}, got {search_alg!r}"
-        )
-    if not isinstance(pruner, str | None) or pruner not in _PRUNERS:
-        raise ValueError(
-            f"pruner: a TorchTune takes one of {sorted(map(str, _PRUNERS))}, got {pruner!r}"
         )
     sampler: dict[str, Any] = {"type": "grid" if grid else _SAMPLERS[search_alg]}
     if seed is not None:
@@ -96,6 +131,11 @@ def study_manifest(
     else:
         max_trials = num_samples
     job = template_dict(template)
+    job_spec = copy.deepcopy(job.get("spec") or {})
+    _sized(job_spec, resources or {})
+    if trial_timeout_s is not None:
+        run_policy = job_spec.setdefault("runPolicy", {})
+        run_policy["activeDeadlineSeconds"] = max(1, math.ceil(trial_timeout_s))
     meta = {k: v for k, v in (job.get("metadata") or {}).items() if k in ("labels", "annotations")}
     body: dict[str, Any] = {
         "apiVersion": "torchjob.io/v1alpha1",
@@ -105,17 +145,30 @@ def study_manifest(
             "searchSpace": space,
             "objective": {"metric": metric, "mode": mode},
             "sampler": sampler,
-            "pruner": {"type": _PRUNERS[pruner]},
+            "pruner": _pruner_spec(pruner),
             "parallelism": max_concurrent_trials,
             "maxTrials": max_trials,
             "pruneAction": "Suspend" if prune_action == "suspend" else "Delete",
-            "trialTemplate": {
-                "spec": copy.deepcopy(job["spec"]),
-                **({"metadata": meta} if meta else {}),
-            },
+            "trialTemplate": {"spec": job_spec, **({"metadata": meta} if meta else {})},
         },
     }
     return body
+
+
+def template_dict(template: Any) -> dict[str, Any]:
+    """The template as a plain manifest dict (a copy); a YAML path is loaded and validated."""
+    from torchjob.client.manifest import Manifest, load_manifest
+
+    if isinstance(template, Manifest):
+        return copy.deepcopy(template.raw)
+    if isinstance(template, Mapping):
+        return copy.deepcopy(dict(template))
+    if isinstance(template, str) or hasattr(template, "__fspath__"):
+        return copy.deepcopy(load_manifest(template).raw)
+    raise TypeError(
+        "TuneConfig.template must be a TorchJob manifest: a dict, a YAML path or a "
+        f"torchjob.client.Manifest; got {type(template).__name__}"
+    )
 
 
 class StudyTrialFailed(RuntimeError):
@@ -203,8 +256,17 @@ def submit(
     context: str | None = None,
 ) -> Study:
     """Create a TorchTune (a manifest from :func:`study_manifest`, or a YAML dict)."""
+    from torchjob.client.errors import TorchJobAlreadyExists
+
     client = _client(namespace, kubeconfig, context)
-    created = client.create(manifest)
+    try:
+        created = client.create(manifest)
+    except TorchJobAlreadyExists as e:
+        name = (manifest.get("metadata") or {}).get("name")
+        raise TorchJobAlreadyExists(
+            f"{e}: tune.attach({name!r}) follows it; delete it (torchjob tune delete {name}) "
+            "to run the search again"
+        ) from e
     return Study(created["metadata"]["name"], client)
 
 

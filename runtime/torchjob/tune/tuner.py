@@ -7,6 +7,11 @@ leaves are expanded outside optuna into a cartesian product, each point tried
 results are worse than the median of their peers are stopped early. Trials run
 one at a time by default (``max_concurrent_trials``), each on its own worker
 group, so a trial's failure never touches another.
+
+``TuneConfig(backend="cluster")`` hands the whole search to the cluster instead: ``fit``
+submits it as a TorchTune (``torchjob.tune.study``), which the operator runs with the same
+optuna samplers and pruners, every trial a TorchJob, and follows it to the end; the study
+survives this process (``tune.attach(name)`` follows it again).
 """
 
 from __future__ import annotations
@@ -19,14 +24,11 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from torchjob.tune import cluster, search, trainables
+from torchjob.tune import search, study, trainables
 from torchjob.tune.result import ERROR, PRUNED, TERMINATED, Result, ResultGrid
 from torchjob.tune.session import CONTINUE, PRUNE, STOP, Reporter, TrialPruned, TrialStopped
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("torchjob.tune")
 
@@ -43,31 +45,32 @@ class TuneConfig:
     num_samples: int = 1
     """Trials per grid point (or in all, without grid_search)."""
     search_alg: Any = "optuna"
-    """``"optuna"`` (TPE), ``"random"``, or an ``optuna.samplers.BaseSampler``."""
+    """``"optuna"`` (TPE), ``"random"``, or an ``optuna.samplers.BaseSampler``. Cluster backend:
+    a name (``"optuna"``/``"tpe"``, ``"random"``, ``"cmaes"``; grid_search uses the grid
+    sampler), as the TorchTune's ``spec.sampler.type``."""
     max_concurrent_trials: int = 1
     pruner: Any = None
-    """``None``, ``"median"`` (optuna's MedianPruner) or an ``optuna.pruners.BasePruner``."""
+    """``None``, ``"median"`` (optuna's MedianPruner) or an ``optuna.pruners.BasePruner``.
+    Cluster backend: ``None``, ``"median"``, ``"asha"``, ``"hyperband"``, or the TorchTune's
+    ``spec.pruner`` as a dict (``{"type": "threshold", "upper": 5.0}``)."""
     seed: int | None = None
     backend: str = "local"
-    """``"local"``: trials run on this machine. ``"cluster"``: every trial is a TorchJob made
-    from ``template`` (see ``torchjob.tune.cluster`` and docs/sgd.md)."""
+    """``"local"``: trials run on this machine. ``"cluster"``: the search is a TorchTune the
+    operator runs, every trial a TorchJob made from ``template`` (see docs/sgd.md)."""
     template: Any = None
     """Cluster backend: the trials' TorchJob manifest (dict, YAML path or ``Manifest``)."""
     namespace: str | None = None
-    """Cluster backend: where the trials' TorchJobs go (default: the kubeconfig's namespace)."""
+    """Cluster backend: where the TorchTune and its trials go (default: the kubeconfig's)."""
     kubeconfig: str | None = None
     context: str | None = None
     cluster_prune: str = "delete"
-    """Cluster backend: what ends a pruned or stopped trial's TorchJob: ``"delete"`` or ``"suspend"``."""
-    poll_interval_s: float = 1.0
-    """Cluster backend: how often a trial's ``status.progress`` is read."""
+    """Cluster backend: what ends a pruned trial's TorchJob: ``"delete"`` or ``"suspend"``
+    (the TorchTune's ``spec.pruneAction``)."""
+    poll_interval_s: float = 2.0
+    """Cluster backend: how often ``fit`` reads the TorchTune's status while it waits."""
     trial_timeout_s: float | None = None
-    """Cluster backend: a trial whose TorchJob has not finished by then fails."""
-    study: bool = False
-    """Cluster backend: submit the search as a TorchTune that the operator runs (it survives
-    this process: ``tune.attach(name)`` follows it again) instead of driving the trials from
-    here. ``search_alg`` and ``pruner`` must then be names (``"optuna"``/``"random"``,
-    ``"median"``/``"asha"``/``"hyperband"``), not optuna objects."""
+    """Cluster backend: each trial TorchJob's ``runPolicy.activeDeadlineSeconds``: a trial
+    not finished by then fails."""
 
 
 @dataclass
@@ -112,15 +115,6 @@ class Tuner:
         self._template: dict[str, Any] | None = None
         if tc.backend == "cluster":
             self.kind = "cluster"
-            if tc.template is None:
-                raise ValueError(
-                    "TuneConfig(backend='cluster') needs template=: the trials' TorchJob manifest"
-                )
-            if tc.cluster_prune not in cluster.PRUNE_ACTIONS:
-                raise ValueError(
-                    f"TuneConfig.cluster_prune must be 'delete' or 'suspend', got {tc.cluster_prune!r}"
-                )
-            self._template = cluster.template_dict(tc.template)
         elif tc.backend == "local":
             self.kind = trainables.trial_kind(trainable)
             self.trainable = trainables.with_resources(trainable, self.resources_per_trial)
@@ -136,6 +130,8 @@ class Tuner:
             raise ValueError("TuneConfig.max_concurrent_trials must be >= 1")
         if tc.pruner is not None and tc.metric is None:
             raise ValueError("a pruner needs TuneConfig.metric and mode")
+        if self.kind == "cluster":
+            self._manifest = self._study_manifest()
         if self.kind == "class" and self.run_config.stop is None:
             raise ValueError(
                 "a Trainable class steps until a stop criterion: pass "
@@ -163,29 +159,37 @@ class Tuner:
             pruner: Any = optuna.pruners.NopPruner()
         elif tc.pruner == "median":
             pruner = optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=1)
-        else:
+        elif isinstance(tc.pruner, optuna.pruners.BasePruner):
             pruner = tc.pruner
+        else:
+            raise ValueError(
+                "TuneConfig.pruner must be None, 'median' or an optuna pruner (a TorchTune "
+                f"spec.pruner dict is for backend='cluster'); got {tc.pruner!r}"
+            )
         if tc.mode == "max":
             return optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
         return optuna.create_study(direction="minimize", sampler=sampler, pruner=pruner)
 
     def fit(self) -> ResultGrid:
-        """Run every trial; failures are recorded in their :class:`Result`, never raised."""
+        """Run every trial; failures are recorded in their :class:`Result`, never raised.
+
+        Cluster backend: submit the TorchTune and wait for it (interrupting the wait leaves the
+        study running; ``tune.attach(name)`` follows it again)."""
         tc = self.tune_config
-        if self.kind == "cluster" and tc.study:
-            return self._fit_study()
+        if self.kind == "cluster":
+            handle = study.submit(
+                self._manifest, namespace=tc.namespace, kubeconfig=tc.kubeconfig, context=tc.context
+            )
+            log.info(
+                "TorchTune %s submitted; the operator runs it (tune.attach(%r) follows it again)",
+                handle.name,
+                handle.name,
+            )
+            return handle.wait(poll_interval_s=tc.poll_interval_s)
         name = self.run_config.name or f"{self.kind}_tune_{uuid.uuid4().hex[:6]}"
         root = Path(self.run_config.storage_path or DEFAULT_STORAGE).expanduser() / name
         root.mkdir(parents=True, exist_ok=True)
-        self._name = name
-        self._client: Any = None
-        if self.kind == "cluster":
-            from torchjob.client import TorchJobClient
-
-            self._client = TorchJobClient(
-                kubeconfig=tc.kubeconfig, context=tc.context, namespace=tc.namespace
-            )
-        study = self._study()
+        optuna_study = self._study()
         lock = threading.Lock()
         plan = [
             point for point in search.grid_points(self.param_space) for _ in range(tc.num_samples)
@@ -194,13 +198,13 @@ class Tuner:
 
         def run(index: int) -> None:
             with lock:
-                otrial = study.ask()
+                otrial = optuna_study.ask()
                 config = search.resolve(self.param_space, plan[index], otrial)
             trial_id = f"{index:05d}"
             result = self._run_trial(trial_id, config, otrial, root / f"trial_{trial_id}", lock)
             results[index] = result
             with lock:
-                self._tell(study, otrial, result)
+                self._tell(optuna_study, otrial, result)
             if self.run_config.verbose:
                 shown = result.metrics.get(tc.metric) if tc.metric else result.metrics
                 log.info("trial %s %s: %s=%s", trial_id, result.status, tc.metric, shown)
@@ -237,12 +241,7 @@ class Tuner:
 
         def on_report(metrics: dict[str, Any]) -> str:
             metrics = dict(metrics)
-            # A cluster trial's reports are numbered by its runtime (status.progress.step):
-            # polling may skip one, and the pruner compares trials at the same step.
-            step = metrics.pop(cluster.STEP_KEY, None)
-            metrics["training_iteration"] = (
-                int(step) if step is not None else len(result.metrics_history) + 1
-            )
+            metrics["training_iteration"] = len(result.metrics_history) + 1
             metrics.setdefault("trial_id", trial_id)
             result.metrics_history.append(metrics)
             result.metrics = metrics
@@ -267,8 +266,6 @@ class Tuner:
                     storage_path=str(path.parent),
                 )
                 result.checkpoint = fit_result.checkpoint
-            elif self.kind == "cluster":
-                self._run_cluster_trial(trial_id, config, otrial, reporter, result, lock)
             elif self.kind == "distributed":
                 self.trainable.run_trial(config, reporter)
             elif self.kind == "class":
@@ -289,16 +286,28 @@ class Tuner:
             result.checkpoint = Checkpoint(reporter.checkpoint)
         return result
 
-    def _fit_study(self) -> ResultGrid:
-        """Submit the search as a TorchTune and follow it to the end."""
-        from torchjob.tune import study as study_mod
-
+    def _study_manifest(self) -> dict[str, Any]:
+        """The TorchTune of this search (checked now, so a bad setting fails before ``fit``)."""
         tc = self.tune_config
-        if tc.metric is None or tc.mode not in ("min", "max"):
-            raise ValueError("TuneConfig(study=True) needs metric= and mode='min'|'max'")
-        name = self.run_config.name or f"tune-{uuid.uuid4().hex[:6]}"
-        manifest = study_mod.study_manifest(
-            name,
+        if tc.template is None:
+            raise ValueError(
+                "TuneConfig(backend='cluster') needs template=: the trials' TorchJob manifest"
+            )
+        if tc.cluster_prune not in ("delete", "suspend"):
+            raise ValueError(
+                f"TuneConfig.cluster_prune must be 'delete' or 'suspend', got {tc.cluster_prune!r}"
+            )
+        if tc.metric is None or tc.mode is None:
+            raise ValueError(
+                "TuneConfig(backend='cluster') needs metric= and mode=: the TorchTune's objective"
+            )
+        if self.run_config.stop is not None:
+            raise ValueError(
+                "RunConfig.stop: a TorchTune's trials run to the end of their own script "
+                "(prune them with TuneConfig.pruner, bound them with trial_timeout_s)"
+            )
+        return study.study_manifest(
+            self.run_config.name or f"tune-{uuid.uuid4().hex[:6]}",
             self.param_space,
             metric=tc.metric,
             mode=tc.mode,
@@ -310,50 +319,8 @@ class Tuner:
             seed=tc.seed,
             prune_action=tc.cluster_prune,
             namespace=tc.namespace,
-        )
-        handle = study_mod.submit(
-            manifest, namespace=tc.namespace, kubeconfig=tc.kubeconfig, context=tc.context
-        )
-        return handle.wait(poll_interval_s=tc.poll_interval_s)
-
-    def _run_cluster_trial(
-        self,
-        trial_id: str,
-        config: dict[str, Any],
-        otrial: Any,
-        reporter: Reporter,
-        result: Result,
-        lock: threading.Lock,
-    ) -> None:
-        tc = self.tune_config
-        assert self._template is not None
-        manifest = cluster.trial_manifest(
-            self._template,
-            study=self._name,
-            trial_id=trial_id,
-            config=config,
-            namespace=tc.namespace,
             resources=self.resources_per_trial,
-        )
-        result.job_name = manifest["metadata"]["name"]
-        ckpt = manifest["spec"].get("checkpoint")
-        if isinstance(ckpt, dict) and ckpt.get("path"):
-            result.path = str(ckpt["path"])
-
-        def recheck() -> str:
-            if tc.metric is None:
-                return CONTINUE
-            with lock:
-                return PRUNE if otrial.should_prune() else CONTINUE
-
-        cluster.run_trial(
-            self._client,
-            manifest,
-            reporter,
-            recheck,
-            poll_interval_s=tc.poll_interval_s,
-            timeout_s=tc.trial_timeout_s,
-            prune_action=tc.cluster_prune,
+            trial_timeout_s=tc.trial_timeout_s,
         )
 
 
