@@ -3,13 +3,14 @@
     python examples/tune/study.py [--namespace NS] [--template examples/tune/trial-job.yaml]
 
 Needs a cluster running the torchjob operator and an image holding examples/tune/trial.py.
-Trials whose first report shows a loss above 5 are pruned (optuna's ThresholdPruner): their
-TorchJobs are deleted. The best config and its checkpoint come back here.
+``tune.run`` submits the search as a TorchTune named ``lr-study`` (the same study as
+examples/tune/torchtune.yaml) that the operator runs, and waits for it: stop this script and
+``tune.attach("lr-study")`` or ``kubectl get tt lr-study`` follows it still. Trials whose loss
+is above 5 at a report are pruned (optuna's threshold pruner, in the operator): their TorchJobs
+are deleted. The best config and its checkpoint come back here.
 """
 
 import argparse
-
-import optuna
 
 from torchjob import tune
 
@@ -30,8 +31,9 @@ def main() -> None:
         },
         metric="loss",
         mode="min",
-        scheduler=optuna.pruners.ThresholdPruner(upper=5.0),
+        scheduler={"type": "threshold", "upper": 5.0},  # the TorchTune's spec.pruner
         max_concurrent_trials=2,
+        name="lr-study",
         tune_config=tune.TuneConfig(
             backend="cluster",
             template=args.template,

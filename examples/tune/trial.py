@@ -1,9 +1,10 @@
 """One tuning trial as a TorchJob: an ordinary TorchTrainer script (see study.py).
 
-In a trial's TorchJob, ``torchjob.tune``'s cluster backend sets ``TORCHJOB_TUNE_CONFIG`` and
-``TorchTrainer`` merges the trial's config (here ``{"lr": ...}``) into ``train_loop_config``;
-run alone (``python trial.py``) it trains with the defaults below. Rank 0's reports reach the
-TorchJob's ``status.progress``, where the tuner reads them and optuna's pruner judges them.
+In a trial's TorchJob (the operator makes one per trial of a TorchTune: study.py or
+torchtune.yaml), ``TORCHJOB_TUNE_CONFIG`` holds the trial's config and ``TorchTrainer`` merges
+it (here ``{"lr": ...}``) into ``train_loop_config``; run alone (``python trial.py``) it trains
+with the defaults below. Rank 0's reports reach the TorchJob's ``status.progress``, where the
+operator reads them and optuna's pruner judges them.
 
 The model is a toy with a known optimum: one weight ``w`` fitted by SGD to 3.0, the loss
 ``(w - 3)^2`` after each epoch of ``steps`` SGD steps. A small ``lr`` converges slowly, so its

@@ -14,8 +14,8 @@ The seeds' ``tune.run(trainable, config=..., num_samples=..., stop=...)`` is
 the same engine behind another door; it returns an :class:`ExperimentAnalysis`.
 Seed 001's ``DistributedTrainableCreator``, ``distributed_checkpoint_dir``,
 ``checkpoint_dir`` and ``is_distributed_trainable`` are here too, and
-``TuneConfig(backend="cluster", template=...)`` runs every trial as a TorchJob;
-see docs/sgd.md.
+``TuneConfig(backend="cluster", template=...)`` submits the search as a TorchTune that the
+operator runs, every trial a TorchJob (``attach(name)`` follows it again); see docs/sgd.md.
 """
 
 from torchjob.tune.analysis import TuneError, run
