@@ -116,7 +116,16 @@ def test_a_cluster_tuner_refuses_what_a_torchtune_cannot_hold_before_submitting(
         )
 
 
-def test_other_backends_and_a_cluster_pruner_for_a_local_search_are_refused() -> None:
+def test_a_trainable_for_the_cluster_other_backends_and_a_cluster_pruner_locally_are_refused() -> (
+    None
+):
+    with pytest.raises(ValueError, match="pass None as the trainable, not function"):
+        tune.Tuner(
+            lambda c: None,
+            tune_config=tune.TuneConfig(
+                backend="cluster", template=TEMPLATE, metric="loss", mode="min"
+            ),
+        )
     with pytest.raises(ValueError, match="backend must be"):
         tune.Tuner(lambda c: None, tune_config=tune.TuneConfig(backend="ray"))
     with pytest.raises(ValueError, match=r"spec\.pruner dict is for backend='cluster'"):

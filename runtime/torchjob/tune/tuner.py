@@ -94,7 +94,8 @@ class Tuner:
     ``trainable`` is a ``torchjob.train.TorchTrainer`` (its ``train_loop_config``
     is searched through ``param_space["train_loop_config"]``), a
     :func:`DistributedTrainableCreator` trainable, a :class:`Trainable`
-    subclass (e.g. ``torchjob.sgd.PyTorchTrainable``) or a function of ``config``.
+    subclass (e.g. ``torchjob.sgd.PyTorchTrainable``) or a function of ``config``; with
+    ``TuneConfig(backend="cluster")`` it is ``None`` (the template holds the trial's code).
     """
 
     def __init__(
@@ -112,9 +113,13 @@ class Tuner:
         self.run_config = _as_run_config(run_config)
         self.resources_per_trial = dict(resources_per_trial or {})
         tc = self.tune_config
-        self._template: dict[str, Any] | None = None
         if tc.backend == "cluster":
             self.kind = "cluster"
+            if trainable is not None:
+                raise ValueError(
+                    "TuneConfig(backend='cluster') runs the code of its template's containers: "
+                    f"pass None as the trainable, not {type(trainable).__name__}"
+                )
         elif tc.backend == "local":
             self.kind = trainables.trial_kind(trainable)
             self.trainable = trainables.with_resources(trainable, self.resources_per_trial)
