@@ -76,7 +76,8 @@ def trim_pod(pod: Mapping[str, Any]) -> Pod:
     container states it judges. 8000 pods took 42 MiB of the cache with the whole status,
     19 MiB trimmed, 4 MiB trimmed and kept as JSON bytes (``Store``)."""
     meta = pod.get("metadata") or {}
-    kept_meta: dict[str, Any] = {k: meta[k] for k in ("name", "namespace") if k in meta}
+    # The uid: deletes carry it as a precondition, so a plan never deletes a newer same-named pod.
+    kept_meta: dict[str, Any] = {k: meta[k] for k in ("name", "namespace", "uid") if k in meta}
     labels = {k: v for k, v in (meta.get("labels") or {}).items() if k.startswith(_OUR_LABELS)}
     if labels:
         kept_meta["labels"] = labels
@@ -144,10 +145,18 @@ class PodExpectation:
     name: str
     kind: Literal["created", "deleted", "labelled"]
     labels: Mapping[str, str] = field(default_factory=dict)
+    """"labelled": the labels the pod must show; "created": the labels that tell the created
+    pod from an earlier one of the same name (its generation), which may still be cached."""
 
     def met(self, pod: Mapping[str, Any] | None) -> bool:
         if self.kind == "created":
-            return pod is not None
+            # The pod of the last generation keeps its name: until the watch brings the
+            # DELETED of that one and the ADDED of ours, the cache may hold the old pod, and
+            # a plan from it would delete our new pod by name.
+            if pod is None:
+                return False
+            have = (pod.get("metadata") or {}).get("labels") or {}
+            return all(have.get(k) == v for k, v in self.labels.items())
         if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
             return True  # gone (or going): nothing more to see of it
         if self.kind == "deleted":
@@ -403,7 +412,11 @@ class CachedKube:
         created = self.live.create_pod(body)  # False: it exists already, so expect it too
         key = job_key_of_pod(body)
         if key is not None:
-            self.store.expect_pods(key, [PodExpectation(body["metadata"]["name"], "created")])
+            generation = (body["metadata"].get("labels") or {}).get(contract.LABEL_GENERATION)
+            labels = {contract.LABEL_GENERATION: generation} if generation is not None else {}
+            self.store.expect_pods(
+                key, [PodExpectation(body["metadata"]["name"], "created", labels)]
+            )
         return created
 
     def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> bool:
@@ -411,8 +424,8 @@ class CachedKube:
         self._expect(namespace, PodExpectation(name, "labelled", dict(labels)))
         return labelled
 
-    def delete_pod(self, namespace: str, name: str) -> bool:
-        deleted = self.live.delete_pod(namespace, name)
+    def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> bool:
+        deleted = self.live.delete_pod(namespace, name, uid)
         self._expect(namespace, PodExpectation(name, "deleted"))
         return deleted
 

@@ -106,7 +106,7 @@ class Kube(Protocol):
     def list_worker_pods(self, namespace: str, job: str) -> list[dict[str, Any]]: ...
     def create_pod(self, body: dict[str, Any]) -> bool: ...
     def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> bool: ...
-    def delete_pod(self, namespace: str, name: str) -> bool: ...
+    def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> bool: ...
     def ensure_service(self, body: dict[str, Any]) -> bool: ...
     def ensure_rbac_object(self, kind: str, body: dict[str, Any]) -> bool: ...
     def apply_pod_group(self, body: dict[str, Any]) -> bool: ...
@@ -280,12 +280,19 @@ class KubeClient:
                 return False
             raise KubeError("label", f"pod {namespace}/{name}", e) from e
 
-    def delete_pod(self, namespace: str, name: str) -> bool:
+    def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> bool:
+        """Delete the pod; with ``uid``, only that pod (a precondition): False when it is
+        gone, even if a newer pod of the same name exists (409 Conflict: left alone)."""
+        body = (
+            {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
+            if uid
+            else None
+        )
         try:
-            self._send("DELETE", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}")
+            self._send("DELETE", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}", body)
             return True
         except ApiException as e:
-            if e.status == 404:
+            if e.status == 404 or (uid and e.status == 409):
                 return False
             raise KubeError("delete", f"pod {namespace}/{name}", e) from e
 

@@ -297,7 +297,8 @@ def reconcile_once(
             metrics.TRANSITIONS.labels(phase=status["phase"]).inc()
     # Only now that the decision is recorded: older generations' pods go (or join, relabelled).
     _relabel_pods(kube, namespace, decided, settings)
-    events += _delete_pods(kube, namespace, decided, settings)
+    uids = {p["metadata"]["name"]: p["metadata"].get("uid") for p in raw_pods}
+    events += _delete_pods(kube, namespace, decided, uids, settings)
     for ev in events:
         kube.post_event(
             job, type_=ev.type, reason=ev.reason, message=ev.message, component=settings.component
@@ -355,12 +356,20 @@ def _relabel_pods(kube: Kube, namespace: str, decided: Plan, settings: OperatorS
 
 
 def _delete_pods(
-    kube: Kube, namespace: str, decided: Plan, settings: OperatorSettings
+    kube: Kube,
+    namespace: str,
+    decided: Plan,
+    uids: Mapping[str, str | None],
+    settings: OperatorSettings,
 ) -> list[Event]:
+    """Delete the plan's pods, each only as the pod the plan saw (its uid a precondition):
+    a same-named pod created since (the next generation's) is never deleted by a stale plan."""
     if not decided.delete:
         return []
     pool = _fan_out(settings)
-    deleted = list(pool.map(lambda n: (n, kube.delete_pod(namespace, n)), decided.delete))
+    deleted = list(
+        pool.map(lambda n: (n, kube.delete_pod(namespace, n, uids.get(n))), decided.delete)
+    )
     gone = [n for n, ok in deleted if ok]
     metrics.PODS_DELETED.inc(len(gone))
     return [Event.of("DeletedPod", pods=_pods(gone))] if gone else []

@@ -276,6 +276,21 @@ def test_pod_expectations() -> None:
     assert PodExpectation("a", "labelled", want).met(None), "a pod that is gone shows no lie"
 
 
+def test_a_created_pod_is_not_mistaken_for_the_same_named_pod_of_the_last_generation() -> None:
+    """Generation 1's worker-0 was created; the watch has not yet brought the DELETED of
+    generation 0's worker-0 (terminating) nor the ADDED of ours. Planning from that cache
+    would delete our new pod by name (a spurious disruption, seen in CI)."""
+    gen = contract.LABEL_GENERATION
+    created = PodExpectation("a", "created", {gen: "1"})
+    old = _pod("a", deletionTimestamp="t")
+    old["metadata"]["labels"][gen] = "0"
+    assert not created.met(old)
+    assert not created.met(None)
+    ours = _pod("a")
+    ours["metadata"]["labels"][gen] = "1"
+    assert created.met(ours)
+
+
 def test_a_deleted_job_leaves_nothing_behind() -> None:
     _, store, cached, _, _ = _setup()
     _reconcile(cached, Clock())

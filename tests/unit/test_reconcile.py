@@ -95,9 +95,10 @@ class FakeKube:
         self.pods[name]["metadata"]["labels"].update(labels)
         return True
 
-    def delete_pod(self, namespace: str, name: str) -> bool:
+    def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> bool:
         if name not in self.pods:
             return False
+        assert uid is None or self.pods[name]["metadata"].get("uid") in (None, uid)
         self._mutate("delete_pod")
         del self.pods[name]
         return True
