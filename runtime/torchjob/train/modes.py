@@ -134,6 +134,27 @@ class KeepSurvivorsMode:
         self.next: Membership | None = None
         self.entered_s = time.monotonic()
 
+    def await_own_generation(self, c: FitContext, view: ProgressView) -> None:
+        """A pod created ahead of its generation waits until the operator publishes it.
+
+        An elastic job that lost a pod goes on smaller at once, and the operator creates the
+        replacement for the *next* generation (a joiner, docs/api.md): it starts and imports
+        while the smaller group trains, and forms the group only once that generation is
+        published; forming it earlier would meet the smaller group's rendezvous on pod 0.
+        Raises :class:`GenerationTimeout` when the job ends or stops first."""
+        own = self.membership.generation
+        m = self.watch.read()
+        if m is None or m.generation >= own:
+            return
+        view.message(
+            f"[torchjob] this pod joins generation {own}; the job runs generation "
+            f"{m.generation}: waiting until it grows"
+        )
+        self.membership = self.watch.wait_beyond(
+            own - 1, timeout_s=FOLLOW_TIMEOUT_S, stop=c.stop_requested
+        )
+        self.entered_s = time.monotonic()
+
     def interrupt(self, c: FitContext, state: RunState) -> str | None:
         moved = self.watch.changed(self.membership.generation)
         if moved is None:
