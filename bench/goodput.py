@@ -22,7 +22,8 @@ Per policy (``RecreateGroup``, ``KeepSurvivors``, ``Elastic`` = KeepSurvivors wi
 - lost steps: steps done before an eviction that the next membership did not resume from;
 - restarts charged (``status.restarts``) and disruptions (``status.disruptions``);
 - the median time in each phase of a recovery: operator reaction (eviction -> the first new pod
-  exists; 0 when no pod is created), pod start (-> the slowest process of the new generation
+  exists; 0 when no pod is created before the recovery's first step, as when an elastic job
+  goes on smaller), pod start (-> the slowest process of the new generation
   runs its first line), imports (-> torch and torchjob.train imported), group (-> inside the
   training function), DDP (-> ``prepare_model`` returned), restore (-> checkpoint loaded) and
   first step.
@@ -335,7 +336,13 @@ def run_row(
             e["step"] for e in read_events(events) if e["ev"] == "step" and e["gen"] < new_gen
         ]
         rec.step_before = max(last_before, default=rec.step_before)
-        new_pods = [t for uid, t in watch.added.items() if uid not in known or t > rec.t_evict]
+        # Pods created for this recovery: after the eviction and before its first step (an
+        # elastic job's replacement joins later, at a grow: it is not on this recovery's path).
+        new_pods = [
+            t
+            for uid, t in watch.added.items()
+            if (uid not in known or t > rec.t_evict) and t <= rec.first_step
+        ]
         b = {"reaction": min(new_pods, default=rec.t_evict)}
         prev = b["reaction"]
         for name, ev in zip(PHASES[1:6], EVENT_ORDER, strict=True):
