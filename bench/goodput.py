@@ -426,7 +426,7 @@ def run_row(
             custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, JOB).get("status") or {}
         )
         row.restarts, row.disruptions = status.get("restarts", 0), status.get("disruptions", 0)
-        cluster.kubectl("-n", ns, "delete", "torchjob", JOB, "--wait=false")
+        cluster.kubectl("-n", ns, "delete", "torchjobs", JOB, "--wait=false")
     k.wait_for(lambda: not core.list_namespaced_pod(ns).items, args.grace + 120, "pods gone")
     commits = [e for e in read_events(events) if e["ev"] == "commit"]
     row.committed = max((e["samples"] for e in commits), default=0)
