@@ -4,7 +4,8 @@ no torchjob): a checkpoint every CKPT_EVERY steps and when any rank got SIGTERM 
 all-reduced every step, so rank 0 saves even when another pod is the one evicted), then the
 signalled processes leave and the others carry on until torchrun re-forms the group.
 
-    torchrun bench/_goodput_torchrun.py EVENTS STEP_SECONDS CKPT_EVERY MAX_STEPS BATCH
+    python3 bench/_goodput_torchrun.py --torchrun bench/_goodput_torchrun.py \
+        EVENTS STEP_SECONDS CKPT_EVERY MAX_STEPS BATCH      # torchrun's arguments from PET_*
 
 It emits the same events as bench/_goodput_worker.py. Kubeflow has no generation number: the
 group's rank 0 counts the groups it formed in ``generation`` beside the checkpoint (a shared
@@ -17,11 +18,29 @@ import time
 
 T0 = time.time()
 
+import sys  # noqa: E402
+
+if len(sys.argv) > 1 and sys.argv[1] == "--torchrun":
+    # The image's torch (Debian's python3-torch) is built without libuv, and torchrun's c10d
+    # rendezvous asks TCPStore for libuv unconditionally: start torchrun with that one default
+    # changed (USE_LIBUV=0 in the pod's env covers the other stores). Nothing else differs.
+    import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend as c10d_backend
+    from torch.distributed.run import main as torchrun
+
+    tcp_store = c10d_backend.TCPStore
+
+    def _store(*args: object, **kwargs: object) -> object:
+        kwargs.setdefault("use_libuv", False)
+        return tcp_store(*args, **kwargs)
+
+    c10d_backend.TCPStore = _store  # type: ignore[assignment,misc]
+    torchrun(sys.argv[2:])
+    sys.exit(0)
+
 import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
-import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 EVENTS = Path(sys.argv[1])

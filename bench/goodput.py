@@ -157,11 +157,12 @@ def kubeflow_manifest(args: argparse.Namespace, storage: Path, events: Path) -> 
     container["name"] = "pytorch"  # the container Kubeflow looks for
     container["command"] = [
         "python3",
-        "-m",
-        "torch.distributed.run",
+        str(TORCHRUN_WORKER),
+        "--torchrun",  # torchrun, with the one default this image's torch needs (see there)
         str(TORCHRUN_WORKER),
         *container["command"][2:],
     ]
+    container["env"] = [*container["env"], {"name": "USE_LIBUV", "value": "0"}]
     container["ports"] = [{"name": "pytorchjob-port", "containerPort": KF_RDZV_PORT}]
     return {
         "apiVersion": "kubeflow.org/v1",
@@ -337,12 +338,22 @@ def run_row(
         else manifest(args, policy, storage, events)
     )
     cluster.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(body))
-    first = k.wait_for(
-        lambda: next((e for e in read_events(events) if e["ev"] == "step"), None),
-        args.start_timeout,
-        f"the first step of {policy}/{mode}",
-        interval=0.2,
-    )
+    try:
+        first = k.wait_for(
+            lambda: next((e for e in read_events(events) if e["ev"] == "step"), None),
+            args.start_timeout,
+            f"the first step of {policy}/{mode}",
+            interval=0.2,
+        )
+    except k.WaitTimeout:
+        # One row that never trains must not cost the others: say so in its line.
+        log(f"{policy}/{mode}: no first step in {args.start_timeout:.0f}s; skipping the row")
+        row.note = f"never made a first step in {args.start_timeout:.0f}s"
+        kind = "pytorchjobs" if policy == KUBEFLOW else "torchjobs"
+        cluster.kubectl("-n", ns, "delete", kind, JOB, "--wait=false", check=False)
+        watch.stop()
+        core.delete_namespace(ns)
+        return row
     t_first = first["t"]
     log(
         f"{policy}/{mode}: first step {t_first - min(watch.added.values(), default=t_first):.1f}s after the first pod"
