@@ -20,20 +20,28 @@ T0 = time.time()
 
 import sys  # noqa: E402
 
-if len(sys.argv) > 1 and sys.argv[1] == "--torchrun":
-    # The image's torch (Debian's python3-torch) is built without libuv, and torchrun's c10d
-    # rendezvous asks TCPStore for libuv unconditionally: start torchrun with that one default
-    # changed (USE_LIBUV=0 in the pod's env covers the other stores). Nothing else differs.
+
+def _without_libuv() -> None:
+    """The image's torch (Debian's python3-torch) is built without libuv, and torchrun's c10d
+    rendezvous and the workers' agent-store client create TCPStores with libuv's default
+    (on): turn that one default off, in the agent and in the workers. Nothing else."""
+    import torch.distributed as dist
     import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend as c10d_backend
+    import torch.distributed.rendezvous as rendezvous
+
+    class _Store(dist.TCPStore):  # type: ignore[misc]
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            kwargs.setdefault("use_libuv", False)
+            super().__init__(*args, **kwargs)
+
+    for module in (dist, c10d_backend, rendezvous):
+        module.TCPStore = _Store  # type: ignore[attr-defined]
+
+
+if len(sys.argv) > 1 and sys.argv[1] == "--torchrun":
     from torch.distributed.run import main as torchrun
 
-    tcp_store = c10d_backend.TCPStore
-
-    def _store(*args: object, **kwargs: object) -> object:
-        kwargs.setdefault("use_libuv", False)
-        return tcp_store(*args, **kwargs)
-
-    c10d_backend.TCPStore = _store  # type: ignore[assignment,misc]
+    _without_libuv()
     torchrun(sys.argv[2:])
     sys.exit(0)
 
@@ -70,6 +78,7 @@ emit("start", t_start=T0)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+_without_libuv()
 emit("imported")
 
 stop_requested = False
