@@ -25,9 +25,13 @@ def _without_libuv() -> None:
     """The image's torch (Debian's python3-torch) is built without libuv, and torchrun's c10d
     rendezvous and the workers' agent-store client create TCPStores with libuv's default
     (on): turn that one default off, in the agent and in the workers. Nothing else."""
+    import importlib
+
     import torch.distributed as dist
     import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend as c10d_backend
-    import torch.distributed.rendezvous as rendezvous
+
+    # The module, not the function torch.distributed.rendezvous that shadows its name.
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")
 
     class _Store(dist.TCPStore):  # type: ignore[misc]
         def __init__(self, *args: object, **kwargs: object) -> None:
