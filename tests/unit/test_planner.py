@@ -580,13 +580,17 @@ def test_elastic_goes_on_smaller_at_once_and_grows_back_when_the_replacement_run
         2,
         2,
     )
+    assert joining.create.joiners, "created ahead: their pods get the joiner's readiness probe"
     assert joining.status["currentGeneration"] == 1, "the job goes on at 1 meanwhile"
     assert "CreatedJoiner" in {e.reason for e in joining.events}
     # Pending joiner: kept (not stale), not a member, nothing else happens.
     pending = plan(view, pods, at(10))
     assert pending.delete == () and pending.create is None
     assert pending.status["currentGeneration"] == 1
-    # It runs: generation 2 at the full size, the survivor relabelled, nothing recreated.
+    # Running but not ready (its runtime does not wait to join yet): no grow.
+    started = plan(view, [running(pods[0]), replace(running(pods[1]), ready=False)], at(11))
+    assert started.status["currentGeneration"] == 1
+    # Ready: generation 2 at the full size, the survivor relabelled, nothing recreated.
     grown, view, pods = step(view, [running(p) for p in pods], 12)
     assert grown.status["currentGeneration"] == 2 and grown.status["replicas"] == 2
     assert grown.relabel == ("tj-worker-0",) and grown.create is None and grown.delete == ()

@@ -87,6 +87,7 @@ def grow_with_joiners(d: Draft, current: Sequence[PodView], pods: Sequence[PodVi
             d.requeue.append((ready_at - d.now).total_seconds())
             return
     joining = {p.index: p for p in joiners(d, pods)}
+    # Ready: the joiner's runtime waits to join (its readiness probe), not merely started.
     if len(joining) == want and all(
         p.phase == PodPhase.RUNNING and p.ready for p in joining.values()
     ):
@@ -98,7 +99,7 @@ def grow_with_joiners(d: Draft, current: Sequence[PodView], pods: Sequence[PodVi
     taken = {p.index for p in pods}
     free = tuple(i for i in range(d.replicas, top) if i not in taken)
     if free:
-        d.create = CreatePods(indices=free, generation=d.generation + 1, replicas=top)
+        d.create = CreatePods(indices=free, generation=d.generation + 1, replicas=top, joiners=True)
         d.events.append(
             Event.of(
                 "CreatedJoiner",
