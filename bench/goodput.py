@@ -29,13 +29,17 @@ Per policy (``RecreateGroup``, ``KeepSurvivors``, ``Elastic`` = KeepSurvivors wi
   first step.
 
     python bench/goodput.py [--mtbf 60] [--grace 30] [--evictions 10] [--replicas 2]
-                            [--policies RecreateGroup,KeepSurvivors,Elastic]
+                            [--policies RecreateGroup,KeepSurvivors,Elastic,Kubeflow]
                             [--modes graceful,hard] [--seed 0] [--keep-cluster]
-    make bench-goodput            # the defaults: well over an hour for all six rows
+    make bench-goodput            # the defaults: well over an hour for all eight rows
+
+``Kubeflow`` is what a user would pick instead: Kubeflow's PyTorchJob v1.8.1 with
+``elasticPolicy`` under torchrun (``kubeflow_manifest``), the training-operator built and run
+as in bench/operator_vs_kubeflow.py, the same node, evictions and loop
+(bench/_goodput_torchrun.py).
 
 It asserts nothing and never runs in ``make test``. The figures depend on the machine: on a
-shared, loaded machine compare the rows of one run, not figures across runs. Kubeflow's
-PyTorchJob (elasticPolicy under torchrun) beside it is not implemented yet; the bench says so.
+shared, loaded machine compare the rows of one run, not figures across runs.
 """
 
 from __future__ import annotations
