@@ -22,19 +22,24 @@ Per policy (``RecreateGroup``, ``KeepSurvivors``, ``Elastic`` = KeepSurvivors wi
 - lost steps: steps done before an eviction that the next membership did not resume from;
 - restarts charged (``status.restarts``) and disruptions (``status.disruptions``);
 - the median time in each phase of a recovery: operator reaction (eviction -> the first new pod
-  exists; 0 when no pod is created), pod start (-> the slowest process of the new generation
+  exists; 0 when no pod is created before the recovery's first step, as when an elastic job
+  goes on smaller), pod start (-> the slowest process of the new generation
   runs its first line), imports (-> torch and torchjob.train imported), group (-> inside the
   training function), DDP (-> ``prepare_model`` returned), restore (-> checkpoint loaded) and
   first step.
 
     python bench/goodput.py [--mtbf 60] [--grace 30] [--evictions 10] [--replicas 2]
-                            [--policies RecreateGroup,KeepSurvivors,Elastic]
+                            [--policies RecreateGroup,KeepSurvivors,Elastic,Kubeflow]
                             [--modes graceful,hard] [--seed 0] [--keep-cluster]
-    make bench-goodput            # the defaults: well over an hour for all six rows
+    make bench-goodput            # the defaults: well over an hour for all eight rows
+
+``Kubeflow`` is what a user would pick instead: Kubeflow's PyTorchJob v1.8.1 with
+``elasticPolicy`` under torchrun (``kubeflow_manifest``), the training-operator built and run
+as in bench/operator_vs_kubeflow.py, the same node, evictions and loop
+(bench/_goodput_torchrun.py).
 
 It asserts nothing and never runs in ``make test``. The figures depend on the machine: on a
-shared, loaded machine compare the rows of one run, not figures across runs. Kubeflow's
-PyTorchJob (elasticPolicy under torchrun) beside it is not implemented yet; the bench says so.
+shared, loaded machine compare the rows of one run, not figures across runs.
 """
 
 from __future__ import annotations
@@ -69,6 +74,9 @@ from tests.cluster.realnode import (  # noqa: E402
 from torchjob.api.models import GROUP, PLURAL, VERSION  # noqa: E402
 
 WORKER = REPO / "bench" / "_goodput_worker.py"
+TORCHRUN_WORKER = REPO / "bench" / "_goodput_torchrun.py"
+KUBEFLOW = "Kubeflow"
+POLICIES = ("RecreateGroup", "KeepSurvivors", "Elastic", KUBEFLOW)
 OPERATOR_NS = "torchjob-system"
 JOB = "gp"
 PHASES = ("reaction", "pod start", "imports", "group", "DDP", "restore", "first step")
@@ -136,6 +144,50 @@ def manifest(args: argparse.Namespace, policy: str, storage: Path, events: Path)
         "kind": "TorchJob",
         "metadata": {"name": JOB},
         "spec": spec,
+    }
+
+
+KF_RDZV_PORT = 23456
+
+
+def kubeflow_manifest(args: argparse.Namespace, storage: Path, events: Path) -> dict[str, Any]:
+    """What a user would pick instead: Kubeflow's PyTorchJob v1.8.1, Workers only, with
+    ``elasticPolicy`` (c10d rendezvous on worker-0, ``minReplicas = replicas - 1``) under
+    torchrun, ``restartPolicy: OnFailure`` as Kubeflow's elastic example has it; the same
+    node, image, grace period, steps and checkpoint cadence (bench/_goodput_torchrun.py)."""
+    torchjob_spec = manifest(args, "RecreateGroup", storage, events)["spec"]["template"]
+    template = json.loads(json.dumps(torchjob_spec))
+    container = template["spec"]["containers"][0]
+    container["name"] = "pytorch"  # the container Kubeflow looks for
+    container["command"] = [
+        "python3",
+        str(TORCHRUN_WORKER),
+        "--torchrun",  # torchrun, with the one default this image's torch needs (see there)
+        str(TORCHRUN_WORKER),
+        *container["command"][2:],
+    ]
+    container["env"] = [*container["env"], {"name": "USE_LIBUV", "value": "0"}]
+    container["ports"] = [{"name": "pytorchjob-port", "containerPort": KF_RDZV_PORT}]
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": JOB},
+        "spec": {
+            "elasticPolicy": {
+                "rdzvBackend": "c10d",
+                "minReplicas": max(1, args.replicas - 1),
+                "maxReplicas": args.replicas,
+                "maxRestarts": 1000,
+                "nProcPerNode": 1,
+            },
+            "pytorchReplicaSpecs": {
+                "Worker": {
+                    "replicas": args.replicas,
+                    "restartPolicy": "OnFailure",
+                    "template": template,
+                }
+            },
+        },
     }
 
 
@@ -207,7 +259,8 @@ class Row:
     committed: int = 0
     recoveries: list[Recovery] = field(default_factory=list)
     restarts: int = 0
-    disruptions: int = 0
+    """TorchJob: ``status.restarts``; Kubeflow: container restarts of the pods left at the end."""
+    disruptions: int | None = 0
     note: str = ""
 
 
@@ -283,15 +336,28 @@ def run_row(
     events.chmod(0o666)
     watch = PodWatch(core, ns)
     rng = random.Random(args.seed * 1000 + index)
-    cluster.kubectl(
-        "-n", ns, "apply", "-f", "-", input=json.dumps(manifest(args, policy, storage, events))
+    body = (
+        kubeflow_manifest(args, storage, events)
+        if policy == KUBEFLOW
+        else manifest(args, policy, storage, events)
     )
-    first = k.wait_for(
-        lambda: next((e for e in read_events(events) if e["ev"] == "step"), None),
-        args.start_timeout,
-        f"the first step of {policy}/{mode}",
-        interval=0.2,
-    )
+    cluster.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(body))
+    try:
+        first = k.wait_for(
+            lambda: next((e for e in read_events(events) if e["ev"] == "step"), None),
+            args.start_timeout,
+            f"the first step of {policy}/{mode}",
+            interval=0.2,
+        )
+    except k.WaitTimeout:
+        # One row that never trains must not cost the others: say so in its line.
+        log(f"{policy}/{mode}: no first step in {args.start_timeout:.0f}s; skipping the row")
+        row.note = f"never made a first step in {args.start_timeout:.0f}s"
+        kind = "pytorchjobs" if policy == KUBEFLOW else "torchjobs"
+        cluster.kubectl("-n", ns, "delete", kind, JOB, "--wait=false", check=False)
+        watch.stop()
+        core.delete_namespace(ns)
+        return row
     t_first = first["t"]
     log(
         f"{policy}/{mode}: first step {t_first - min(watch.added.values(), default=t_first):.1f}s after the first pod"
@@ -335,7 +401,13 @@ def run_row(
             e["step"] for e in read_events(events) if e["ev"] == "step" and e["gen"] < new_gen
         ]
         rec.step_before = max(last_before, default=rec.step_before)
-        new_pods = [t for uid, t in watch.added.items() if uid not in known or t > rec.t_evict]
+        # Pods created for this recovery: after the eviction and before its first step (an
+        # elastic job's replacement joins later, at a grow: it is not on this recovery's path).
+        new_pods = [
+            t
+            for uid, t in watch.added.items()
+            if (uid not in known or t > rec.t_evict) and t <= rec.first_step
+        ]
         b = {"reaction": min(new_pods, default=rec.t_evict)}
         prev = b["reaction"]
         for name, ev in zip(PHASES[1:6], EVENT_ORDER, strict=True):
@@ -355,11 +427,21 @@ def run_row(
     else:
         time.sleep(args.mtbf)  # the last recovery's next interval counts too
     t_end = time.time()
-    status = (
-        custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, JOB).get("status") or {}
-    )
-    row.restarts, row.disruptions = status.get("restarts", 0), status.get("disruptions", 0)
-    cluster.kubectl("-n", ns, "delete", "torchjob", JOB, "--wait=false")
+    if policy == KUBEFLOW:
+        # No restart budget to charge here: what torchrun restarted is the container restarts.
+        row.restarts = sum(
+            cs.restart_count
+            for p in core.list_namespaced_pod(ns).items
+            for cs in p.status.container_statuses or ()
+        )
+        row.disruptions = None
+        cluster.kubectl("-n", ns, "delete", "pytorchjob", JOB, "--wait=false")
+    else:
+        status = (
+            custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, JOB).get("status") or {}
+        )
+        row.restarts, row.disruptions = status.get("restarts", 0), status.get("disruptions", 0)
+        cluster.kubectl("-n", ns, "delete", "torchjobs", JOB, "--wait=false")
     k.wait_for(lambda: not core.list_namespaced_pod(ns).items, args.grace + 120, "pods gone")
     commits = [e for e in read_events(events) if e["ev"] == "commit"]
     row.committed = max((e["samples"] for e in commits), default=0)
@@ -422,17 +504,20 @@ def report(args: argparse.Namespace, baseline: Row, rows: list[Row]) -> None:
             phases.append(f"{statistics.median(d):>9.1f}s" if d else f"{'-':>10}")
         good = r.committed / (rate * r.wall) if r.wall and rate else float("nan")
         failed = len(r.recoveries) - len(secs)
+        disr = "-" if r.disruptions is None else str(r.disruptions)
         print(
             f"{r.policy:<14}{r.mode:<10}{good:>8.3f}{pct(secs, 0.5):>7.1f}s{pct(secs, 0.95):>7.1f}s"
-            f"{lost:>6}{r.restarts:>9}{r.disruptions:>5}  "
+            f"{lost:>6}{r.restarts:>9}{disr:>5}  "
             + "  ".join(phases)
             + (f"   ({failed} not recovered)" if failed else "")
             + (f"   {r.note}" if r.note else "")
         )
-    print(
-        "Kubeflow PyTorchJob v1.8.1 (elasticPolicy, torchrun): not measured; not implemented "
-        "in this benchmark yet."
-    )
+    if any(r.policy == KUBEFLOW for r in rows):
+        print(
+            "Kubeflow = PyTorchJob v1.8.1, elasticPolicy (c10d on worker-0, min "
+            f"{max(1, args.replicas - 1)}, max {args.replicas}) under torchrun; its 'restarts' "
+            "are container restarts (no budget is charged), 'disr' is not counted"
+        )
 
 
 # ------------------------------------------------------------------------------ main
@@ -447,7 +532,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-seconds", type=float, default=0.1)
     p.add_argument("--ckpt-every", type=int, default=50, help="steps between checkpoints")
     p.add_argument("--batch", type=int, default=32, help="samples per worker per step")
-    p.add_argument("--policies", default="RecreateGroup,KeepSurvivors,Elastic")
+    p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--modes", default="graceful,hard")
     p.add_argument("--baseline-seconds", type=float, default=0.0,
                    help="length of the row without evictions (default: mtbf x (evictions+1))")  # fmt: skip
@@ -457,8 +542,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.run_id = time.strftime("%H%M%S")
     for pol in args.policies.split(","):
-        if pol not in ("RecreateGroup", "KeepSurvivors", "Elastic"):
-            p.error(f"--policies: unknown policy {pol!r} (RecreateGroup, KeepSurvivors, Elastic)")
+        if pol not in POLICIES:
+            p.error(f"--policies: unknown policy {pol!r} ({', '.join(POLICIES)})")
     for mode in args.modes.split(","):
         if mode not in ("graceful", "hard"):
             p.error(f"--modes: unknown mode {mode!r} (graceful, hard)")
@@ -489,7 +574,16 @@ def main(argv: list[str] | None = None) -> int:
     cluster.kubectl(
         "wait", "--for=condition=Established", "crd/torchjobs.torchjob.io", "--timeout=60s"
     )
+    kubeflow = None
+    workdir = Path(tempfile.mkdtemp(prefix="tj-goodput-"))
     try:
+        if KUBEFLOW in args.policies.split(","):
+            sys.path.insert(0, str(REPO / "bench"))
+            import operator_vs_kubeflow as kf
+
+            binary, crd = kf.build_kubeflow()
+            kubeflow = kf.start_kubeflow(binary, crd, kubeconfig, core, workdir)
+            log(f"Kubeflow training-operator {kf.KF_VERSION} runs (log {kubeflow.log_path})")
         duration = args.baseline_seconds or args.mtbf * (args.evictions + 1)
         log(f"baseline: {duration:.0f}s without evictions")
         baseline = run_row(args, cluster, core, custom, "RecreateGroup", "none", 0, duration, 0)
@@ -503,6 +597,8 @@ def main(argv: list[str] | None = None) -> int:
                 index += 1
         report(args, baseline, rows)
     finally:
+        if kubeflow is not None:
+            kubeflow.stop()
         op.helm("uninstall", "torchjob", "--namespace", OPERATOR_NS, "--wait", check=False)
         if not args.keep_cluster:
             subprocess.run(["bash", str(REPO / "hack" / "cluster.sh"), "down"], check=False)

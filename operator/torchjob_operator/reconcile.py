@@ -398,6 +398,7 @@ def _worker_bodies(
             index=i,
             generation=c.generation,
             replicas=c.replicas,
+            joiner=c.joiners,
         )
         for i in c.indices
     ]

@@ -80,6 +80,10 @@ PET_RDZV_ID: Final = "PET_RDZV_ID"
 PYTHONUNBUFFERED: Final = "PYTHONUNBUFFERED"
 
 DEFAULT_RDZV_PORT: Final = 29500
+JOINER_READY_FILE: Final = "/tmp/torchjob-joiner-ready"
+"""Written by a joiner's runtime once it waits for its generation (its interpreter has imported
+the training script): the readiness probe the operator gives joiner pods tests for it, and an
+elastic job grows back only to ready joiners."""
 DEFAULT_TERMINATION_LOG: Final = "/dev/termination-log"
 """The kubelet's default ``terminationMessagePath``."""
 """Port of the generation's TCPStore on its rank-0 pod (torch's default)."""

@@ -395,6 +395,81 @@ def test_a_job_recreated_under_the_same_name_waits_for_the_old_pods(jobs: Jobs) 
     assert "WorkerDisrupted" not in jobs.event_reasons("again")
 
 
+def test_an_elastic_job_goes_on_smaller_while_the_evicted_pod_still_terminates(
+    jobs: Jobs,
+) -> None:
+    """issue 16: the Eviction API takes worker 1 of an elastic KeepSurvivors job; a finalizer
+    keeps it terminating (as its checkpoint in the grace period would). Before it is gone the
+    operator has already published the smaller generation with the survivor in it; once its
+    name is free the replacement is created for the next generation, and the job grows back
+    to it when it runs. The survivor is never restarted, nothing is charged."""
+    jobs.apply(
+        torchjob(
+            "shrinky",
+            replicas=2,
+            membershipPolicy="KeepSurvivors",
+            elastic={"minReplicas": 1, "maxReplicas": 2},
+            failurePolicy={"maxRestarts": 0},
+        )
+    )
+    before = {p.metadata.name: p.metadata.uid for p in jobs.wait_running_pods("shrinky", 2, 0)}
+    jobs.wait_phase("shrinky", "Running")
+    jobs.core.patch_namespaced_pod(
+        "shrinky-worker-1", jobs.ns, {"metadata": {"finalizers": [HOLD]}}
+    )
+    try:
+        eviction = client.V1Eviction(
+            metadata=client.V1ObjectMeta(name="shrinky-worker-1", namespace=jobs.ns)
+        )
+        jobs.core.create_namespaced_pod_eviction("shrinky-worker-1", jobs.ns, eviction)
+        status = jobs.wait(
+            "shrinky",
+            lambda s: s if s.get("currentGeneration") == 1 else None,
+            "the smaller generation",
+        )
+        assert (status["replicas"], status["worldSize"]) == (1, 1)
+        assert (status["disruptions"], status["restarts"]) == (1, 0)
+        # Decided while the evicted pod is still there, and the survivor follows it in place.
+        evictee = jobs.core.read_namespaced_pod("shrinky-worker-1", jobs.ns)
+        assert evictee.metadata.deletion_timestamp is not None
+        assert evictee.metadata.uid == before["shrinky-worker-1"]
+        conditions = {c.type: c.reason for c in evictee.status.conditions or []}
+        assert conditions.get("DisruptionTarget") == "EvictionByEvictionAPI"
+        k.wait_for(
+            lambda: (
+                jobs.core.read_namespaced_pod("shrinky-worker-0", jobs.ns).metadata.labels[
+                    contract.LABEL_GENERATION
+                ]
+                == "1"
+            ),
+            30,
+            "the survivor relabelled with generation 1",
+        )
+        assert [p.metadata.name for p in jobs.pods("shrinky")] == [
+            "shrinky-worker-0",
+            "shrinky-worker-1",
+        ], "no pod can be created while the evicted one holds its name"
+        jobs.wait_events("shrinky", "ShrunkAfterDisruption")
+    finally:
+        with contextlib.suppress(client.exceptions.ApiException):
+            jobs.core.patch_namespaced_pod(
+                "shrinky-worker-1", jobs.ns, {"metadata": {"finalizers": None}}
+            )
+    # The name is free: the replacement joins; generation 2 is the full size again.
+    pods = jobs.wait_running_pods("shrinky", 2, generation=2)
+    after = {p.metadata.name: p for p in pods}
+    assert after["shrinky-worker-0"].metadata.uid == before["shrinky-worker-0"]
+    joiner = env_of(after["shrinky-worker-1"])
+    assert (joiner[contract.GENERATION], joiner[contract.WORLD_SIZE]) == ("2", "2")
+    status = jobs.wait(
+        "shrinky",
+        lambda s: s if s.get("currentGeneration") == 2 and s.get("phase") == "Running" else None,
+        "grown back to 2",
+    )
+    assert (status["replicas"], status["disruptions"], status["restarts"]) == (2, 1, 0)
+    jobs.wait_events("shrinky", "CreatedJoiner", "ScaledUp")
+
+
 def test_node_lost_is_a_disruption(jobs: Jobs, cluster: k.Cluster) -> None:
     fast_eviction = [
         {"key": taint, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 1}

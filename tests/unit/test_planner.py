@@ -541,3 +541,117 @@ def test_pods_of_an_earlier_same_named_job_are_waited_for_not_counted() -> None:
     assert gone.create is not None and gone.create.generation == 0
     assert gone.create.indices == (0, 1)
     assert (gone.status["currentGeneration"], gone.status["disruptions"]) == (0, 0)
+
+
+# --- issue 16: act on an eviction while the evicted pod still checkpoints -----------------------
+
+
+def evicted(p: PodView) -> PodView:
+    """A running pod the Eviction API took: DisruptionTarget set, terminating (its grace period)."""
+    return replace(running(p), disruption="EvictionByEvictionAPI", deleting=True)
+
+
+def elastic_keep(replicas: int = 2, lo: int = 1) -> JobView:
+    return job().replicas(replicas).elastic(lo, replicas).keep_survivors().build()
+
+
+def test_elastic_goes_on_smaller_at_once_and_grows_back_when_the_replacement_runs() -> None:
+    _, view, pods = step(elastic_keep(), [], 0)
+    up = [running(p) for p in pods]
+    # The evicted pod is still there (checkpointing in its grace period): decided anyway.
+    terminating = [up[0], evicted(up[1])]
+    decided, view, _ = step(view, terminating, 5)
+    assert decided.status["currentGeneration"] == 1 and decided.status["replicas"] == 1
+    assert (decided.status["restarts"], decided.status["disruptions"]) == (0, 1)
+    assert decided.relabel == ("tj-worker-0",) and decided.create is None
+    assert decided.delete == (), "the evicted pod is already going; the survivor stays"
+    assert "ShrunkAfterDisruption" in {e.reason for e in decided.events}
+    assert decided.status["worldSize"] == 1
+    survivor = replace(up[0], generation=1)
+    # While the evicted pod terminates its name is taken: nothing is created.
+    waiting = plan(view, [survivor, evicted(up[1])], at(6))
+    assert waiting.create is None and waiting.status["currentGeneration"] == 1
+    assert waiting.phase == Phase.RUNNING
+    # The name is free: the replacement is created at once, for the *next* generation.
+    joining, view, pods = step(view, [survivor], 9)
+    assert joining.create is not None
+    assert (joining.create.indices, joining.create.generation, joining.create.replicas) == (
+        (1,),
+        2,
+        2,
+    )
+    assert joining.create.joiners, "created ahead: their pods get the joiner's readiness probe"
+    assert joining.status["currentGeneration"] == 1, "the job goes on at 1 meanwhile"
+    assert "CreatedJoiner" in {e.reason for e in joining.events}
+    # Pending joiner: kept (not stale), not a member, nothing else happens.
+    pending = plan(view, pods, at(10))
+    assert pending.delete == () and pending.create is None
+    assert pending.status["currentGeneration"] == 1
+    # Running but not ready (its runtime does not wait to join yet): no grow.
+    started = plan(view, [running(pods[0]), replace(running(pods[1]), ready=False)], at(11))
+    assert started.status["currentGeneration"] == 1
+    # Ready: generation 2 at the full size, the survivor relabelled, nothing recreated.
+    grown, view, pods = step(view, [running(p) for p in pods], 12)
+    assert grown.status["currentGeneration"] == 2 and grown.status["replicas"] == 2
+    assert grown.relabel == ("tj-worker-0",) and grown.create is None and grown.delete == ()
+    assert "ScaledUp" in {e.reason for e in grown.events}
+    assert (grown.status["restarts"], grown.status["disruptions"]) == (0, 1)
+    settled = plan(view, [running(p) for p in pods], at(13))
+    assert settled.phase == Phase.RUNNING and settled.status["currentGeneration"] == 2
+    assert settled.create is None and settled.delete == () and settled.relabel == ()
+
+
+def test_a_forced_deletion_shrinks_and_creates_the_joiner_on_the_next_pass() -> None:
+    _, view, pods = step(elastic_keep(), [], 0)
+    up = [running(p) for p in pods]
+    decided, view, pods = step(view, [up[0]], 5)  # worker 1 vanished (grace 0, --force)
+    assert decided.status["currentGeneration"] == 1 and decided.status["replicas"] == 1
+    nxt = plan(view, pods, at(5.5))
+    assert nxt.create is not None and nxt.create.indices == (1,) and nxt.create.generation == 2
+
+
+@pytest.mark.parametrize(
+    ("replicas", "lo", "lost", "keep"),
+    [
+        pytest.param(2, 1, (0,), True, id="pod0-lost-no-gapless-survivors"),
+        pytest.param(3, 2, (1, 2), True, id="below-min"),
+        pytest.param(2, 1, (1,), False, id="recreate-group"),
+    ],
+)
+def test_a_disruption_replaces_at_full_size_when_survivors_cannot_go_on(
+    replicas: int, lo: int, lost: tuple[int, ...], keep: bool
+) -> None:
+    builder = job().replicas(replicas).elastic(lo, replicas)
+    view = (builder.keep_survivors() if keep else builder).build()
+    _, view, pods = step(view, [], 0)
+    observed = [evicted(p) if p.index in lost else running(p) for p in pods]
+    decided = plan(view, observed, at(5))
+    assert decided.status["currentGeneration"] == 1
+    assert decided.status["replicas"] == replicas
+    assert "WorkerDisrupted" in {e.reason for e in decided.events}
+    assert decided.create is None, "the lost pods' names are still taken"
+
+
+def test_a_failed_joiner_is_replaced_not_waited_for() -> None:
+    _, view, pods = step(elastic_keep(), [], 0)
+    up = [running(p) for p in pods]
+    _, view, _ = step(view, [up[0], evicted(up[1])], 5)
+    survivor = replace(up[0], generation=1)
+    _, view, pods = step(view, [survivor], 6)
+    joiner = next(p for p in pods if p.index == 1)
+    broken = plan(view, [survivor, failed(joiner, 1)], at(8))
+    assert broken.delete == ("tj-worker-1",) and broken.status["currentGeneration"] == 1
+    again = plan(view, [survivor], at(9))
+    assert again.create is not None and again.create.indices == (1,)
+
+
+def test_keep_survivors_publishes_the_generation_before_the_evicted_pod_is_gone() -> None:
+    _, view, pods = step(job().replicas(2).keep_survivors().build(), [], 0)
+    up = [running(p) for p in pods]
+    decided, view, _ = step(view, [up[0], evicted(up[1])], 5)
+    assert decided.status["currentGeneration"] == 1 and decided.relabel == ("tj-worker-0",)
+    assert decided.create is None
+    survivor = replace(up[0], generation=1)
+    gone = plan(view, [survivor], at(7))
+    assert gone.create is not None and gone.create.indices == (1,)
+    assert gone.create.generation == 1

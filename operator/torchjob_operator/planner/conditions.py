@@ -36,6 +36,9 @@ REASONS: Final[Mapping[str, str]] = {
     "AllWorkersRunning": "all {replicas} workers are running (generation {generation})",
     "WorkerFailed": "{detail}; {explanation}",
     "WorkerDisrupted": "{detail}; disruption {disruptions}, the restart budget is not charged",
+    "ShrunkAfterDisruption": "{detail}; disruption {disruptions}, the restart budget is not "
+    "charged; continuing at once with {replicas} of {target} workers (min {min}) while the "
+    "replacement starts",
     "Rescaled": "replicas changed from {old} to {replicas}; starting generation {generation}",
     "BackoffWaiting": "restarting in {seconds}s",
     "Suspended": "the job is suspended; its pods were deleted",
@@ -64,6 +67,8 @@ REASONS: Final[Mapping[str, str]] = {
     "CreatedWorkerAccount": "created {kinds} {name}",
     "CreatedPod": "created {pods} (generation {generation})",
     "CreatedProbe": "probing capacity with pod {name}",
+    "CreatedJoiner": "replacement {pods} starting for generation {generation}; it joins at a "
+    "step boundary once it runs",
     "DeletedPod": "deleted {pods}",
 }
 SHOWN_AS: Final[Mapping[str, str]] = {

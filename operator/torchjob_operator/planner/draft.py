@@ -47,6 +47,8 @@ class CreatePods:
     indices: tuple[int, ...]
     generation: int
     replicas: int
+    joiners: bool = False
+    """Created ahead of ``generation`` (not yet published): an elastic job's replacements."""
 
 
 @dataclass(frozen=True)

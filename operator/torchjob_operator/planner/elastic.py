@@ -1,4 +1,12 @@
-"""Elastic sizing: shrink to the capacity that exists, grow back once probes prove it."""
+"""Elastic sizing: shrink to the capacity that exists, grow back once probes prove it.
+
+Under ``membershipPolicy: KeepSurvivors`` a lost pod costs no waiting: the job goes on at
+once with the pods that survive (``shrink_at_once``), the replacement is created as soon as
+its name is free, for the *next* generation (a *joiner*: it starts, imports torch and waits
+for that generation to be published), and the job grows back to it at a step boundary once
+it runs (``grow_with_joiners``). Capacity probes are not needed there: a joiner that cannot
+be placed just stays Pending, as a probe would.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +14,104 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from torchjob import contract
-from torchjob.api.models import Phase
+from torchjob.api.models import MembershipPolicy, Phase
 from torchjob_operator.planner import conditions as cond
-from torchjob_operator.planner.draft import Draft
+from torchjob_operator.planner.draft import CreatePods, Draft, Event
 from torchjob_operator.planner.observed import PodPhase, PodView
 
 
-def fit_to_capacity(d: Draft, current: Sequence[PodView]) -> None:
+def target_replicas(d: Draft) -> int:
+    """The size an elastic job grows back to: ``spec.replicas`` within ``maxReplicas``."""
+    el = d.job.spec.elastic
+    assert el is not None
+    return min(d.job.spec.replicas, el.max_replicas)
+
+
+def shrink_at_once(d: Draft, survivors: Sequence[PodView]) -> int | None:
+    """After a disruption: the smaller size to continue at right away, or None.
+
+    Only for an elastic ``KeepSurvivors`` job whose generation was created, and only when
+    the survivors are pods ``0..m-1`` with ``minReplicas <= m``: the runtime gives pod ``i``
+    rank ``i`` and rendezvous on pod 0, so survivors with a gap (pod 0 lost) cannot form a
+    group by themselves. Then the job is replaced at its full size, as without elasticity.
+    """
+    el = d.job.spec.elastic
+    if (
+        el is None
+        or d.job.spec.membership_policy != MembershipPolicy.KEEP_SURVIVORS
+        or d.created_generation != d.generation
+    ):
+        return None
+    indices = sorted(p.index for p in survivors)
+    m = len(indices)
+    if m == 0 or indices != list(range(m)) or m < el.min_replicas or m >= target_replicas(d):
+        return None
+    return m
+
+
+def joiners(d: Draft, pods: Sequence[PodView]) -> list[PodView]:
+    """Replacement pods created ahead for the next generation (indices beyond the current
+    size, labelled ``generation + 1``, still running or about to): not members yet, not
+    stale either. One that ended (it failed, or was taken away) is stale and is replaced."""
+    if d.job.spec.elastic is None or d.job.spec.membership_policy != (
+        MembershipPolicy.KEEP_SURVIVORS
+    ):
+        return []
+    top = target_replicas(d)
+    return [
+        p
+        for p in pods
+        if d.replicas <= p.index < top and p.generation == d.generation + 1 and p.active
+    ]
+
+
+def grow_with_joiners(d: Draft, current: Sequence[PodView], pods: Sequence[PodView]) -> None:
+    """KeepSurvivors: create the missing pods as joiners of generation g+1 as soon as their
+    names are free; once every joiner runs, publish generation g+1 at the full size (the
+    survivors stop at their next report and re-form the group with the joiners).
+
+    ``scaleUpCooldownSeconds`` counts from the last capacity-driven rescale (``ScaledDown`` /
+    ``ScaledUp``); a shrink after a disruption sets none, so the replacement joins at once.
+    """
+    el = d.job.spec.elastic
+    assert el is not None
+    top = target_replicas(d)
+    want = top - d.replicas
+    alive = [p for p in current if not p.deleting]
+    running = len(alive) == d.replicas and all(p.phase == PodPhase.RUNNING for p in alive)
+    if want <= 0 or not running:
+        return
+    if d.last_rescale is not None:
+        ready_at = d.last_rescale + timedelta(seconds=el.scale_up_cooldown_seconds)
+        if d.now < ready_at:
+            d.requeue.append((ready_at - d.now).total_seconds())
+            return
+    joining = {p.index: p for p in joiners(d, pods)}
+    # Ready: the joiner's runtime waits to join (its readiness probe), not merely started.
+    if len(joining) == want and all(
+        p.phase == PodPhase.RUNNING and p.ready for p in joining.values()
+    ):
+        old = d.replicas
+        d.next_generation(top)
+        d.created_generation = d.generation  # every pod of it exists: nothing to create
+        d.transition(Phase.RESTARTING, *cond.say("ScaledUp", want=want, old=old, replicas=top))
+        return
+    taken = {p.index for p in pods}
+    free = tuple(i for i in range(d.replicas, top) if i not in taken)
+    if free:
+        d.create = CreatePods(indices=free, generation=d.generation + 1, replicas=top, joiners=True)
+        d.events.append(
+            Event.of(
+                "CreatedJoiner",
+                pods=", ".join(contract.worker_pod_name(d.job.name, i) for i in free),
+                generation=d.generation + 1,
+            )
+        )
+
+
+def fit_to_capacity(
+    d: Draft, current: Sequence[PodView], pods: Sequence[PodView] | None = None
+) -> None:
     """Elastic jobs: shrink to what fits, grow back when capacity returns.
 
     Shrink: workers unschedulable for ``scaleDownAfterSeconds`` are dropped and the
@@ -58,7 +157,10 @@ def fit_to_capacity(d: Draft, current: Sequence[PodView]) -> None:
                 warning=True,
             )
         return
-    want = min(d.job.spec.replicas, el.max_replicas) - d.replicas
+    if d.job.spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS:
+        grow_with_joiners(d, current, current if pods is None else pods)
+        return
+    want = target_replicas(d) - d.replicas
     running = len(alive) == d.replicas and all(p.phase == PodPhase.RUNNING for p in alive)
     if want <= 0 or not running:
         return

@@ -61,7 +61,12 @@ from torchjob.plan import (
 )
 from torchjob_operator.planner import conditions as cond
 from torchjob_operator.planner.draft import CreatePods, Draft, Event, JobView, Plan
-from torchjob_operator.planner.elastic import fit_to_capacity
+from torchjob_operator.planner.elastic import (
+    fit_to_capacity,
+    joiners,
+    shrink_at_once,
+    target_replicas,
+)
 from torchjob_operator.planner.observed import JobState, PodView, ProbeView, format_time
 from torchjob_operator.planner.phase import active_phase
 from torchjob_operator.planner.status import ready_reason, render_status
@@ -214,14 +219,32 @@ def plan(
         return _plan(d, pods, current)
 
     if verdict.outcome == Outcome.DISRUPTED:
-        d.count(d.counters().disrupted(), spec.replicas)
+        smaller = shrink_at_once(d, [p for p in current if _survives(p)])
+        d.count(d.counters().disrupted(), smaller or spec.replicas)
         d.restart_after = None
-        d.transition(
-            Phase.RESTARTING,
-            "WorkerDisrupted",
-            cond.message("WorkerDisrupted", detail=verdict.detail, disruptions=d.disruptions),
-            warning=True,
-        )
+        if smaller is not None and spec.elastic is not None:
+            # Go on with the survivors now (the lost pod may still be checkpointing for its
+            # grace period); its replacement joins the generation after this one.
+            d.created_generation = d.generation
+            d.transition(
+                Phase.RESTARTING,
+                *cond.say(
+                    "ShrunkAfterDisruption",
+                    detail=verdict.detail,
+                    disruptions=d.disruptions,
+                    replicas=smaller,
+                    target=target_replicas(d),
+                    min=spec.elastic.min_replicas,
+                ),
+                warning=True,
+            )
+        else:
+            d.transition(
+                Phase.RESTARTING,
+                "WorkerDisrupted",
+                cond.message("WorkerDisrupted", detail=verdict.detail, disruptions=d.disruptions),
+                warning=True,
+            )
     elif verdict.outcome == Outcome.FAILED:
         culprit = verdict.culprit
         assert isinstance(culprit, PodView)
@@ -245,11 +268,13 @@ def plan(
         d.transition(Phase.RESTARTING, "WorkerFailed", text, warning=True)
 
     if spec.elastic is not None and verdict.outcome == Outcome.HEALTHY:
-        fit_to_capacity(d, current)
+        fit_to_capacity(d, current, pods)
 
-    # Pods of another generation (or beyond the group) go first: they share names and rendezvous.
+    # Pods of another generation (or beyond the group) go first: they share names and
+    # rendezvous. Joiners (created ahead for the next generation) are neither.
     current = _members(d, pods)
-    stale = [p for p in pods if p not in current]
+    joining = joiners(d, pods)
+    stale = [p for p in pods if p not in current and p not in joining]
     d.delete.extend(p.name for p in stale if not p.deleting)
     kept = [p for p in current if p.generation != d.generation]
     if kept:

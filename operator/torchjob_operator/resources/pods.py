@@ -75,8 +75,13 @@ def worker_pod(
     index: int,
     generation: int,
     replicas: int,
+    joiner: bool = False,
 ) -> dict[str, Any]:
-    """The manifest of worker ``index`` of generation ``generation``."""
+    """The manifest of worker ``index`` of generation ``generation``.
+
+    A ``joiner`` (an elastic job's replacement, created ahead of its generation) gets a
+    readiness probe on ``contract.JOINER_READY_FILE``: Ready means its runtime has started
+    and waits to join, so the job grows back to it without waiting for its imports."""
     template = copy.deepcopy(spec.template.to_wire())
     meta = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template["spec"]
@@ -150,6 +155,12 @@ def worker_pod(
         if pvc and pvc.mount_path not in mounted:
             mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": pvc.mount_path})
         _gpu_requests_equal_limits(container.setdefault("resources", {}))
+        if i == 0 and joiner and "readinessProbe" not in container:
+            container["readinessProbe"] = {
+                "exec": {"command": ["test", "-e", contract.JOINER_READY_FILE]},
+                "periodSeconds": 1,
+                "failureThreshold": 1,
+            }
         if i == 0:
             ports: list[dict[str, Any]] = container.setdefault("ports", [])
             if not any(p.get("containerPort") == contract.DEFAULT_RDZV_PORT for p in ports):

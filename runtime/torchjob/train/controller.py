@@ -261,6 +261,13 @@ class Controller:
     def _loop(self, view: ProgressView) -> Result:
         if self.storage is not None and self.storage.is_local:
             self.storage.remove_incomplete()
+        if isinstance(self.mode, KeepSurvivorsMode):
+            try:
+                self.mode.await_own_generation(self, view)
+            except GenerationTimeout as timeout:
+                if self.stop_requested.is_set():
+                    self._raise_stopped(None)
+                self._raise_failed(timeout, str(timeout))
         step: Step = Running(
             RunState(
                 num_workers=self.t.scaling_config.max_workers,

@@ -6,12 +6,14 @@ ended into the next step (``torchjob.train.steps``), with the pure policies of
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from pathlib import Path
 from typing import Protocol
 
 from torchjob.api.models import TERMINAL_PHASES
-from torchjob.contract import PodEnv
+from torchjob.contract import JOINER_READY_FILE, PodEnv
 from torchjob.launch import (
     CollectiveTimeoutError,
     LaunchError,
@@ -128,10 +130,43 @@ class KeepSurvivorsMode:
 
     name = "keep-survivors"
 
-    def __init__(self, watch: MembershipWatch, membership: Membership) -> None:
+    def __init__(
+        self,
+        watch: MembershipWatch,
+        membership: Membership,
+        *,
+        ready_file: Path = Path(JOINER_READY_FILE),
+    ) -> None:
         self.watch = watch
         self.membership = membership
+        self.ready_file = ready_file
         self.next: Membership | None = None
+        self.entered_s = time.monotonic()
+
+    def await_own_generation(self, c: FitContext, view: ProgressView) -> None:
+        """A pod created ahead of its generation waits until the operator publishes it.
+
+        An elastic job that lost a pod goes on smaller at once, and the operator creates the
+        replacement for the *next* generation (a joiner, docs/api.md): it starts and imports
+        while the smaller group trains, and forms the group only once that generation is
+        published; forming it earlier would meet the smaller group's rendezvous on pod 0.
+        While it waits, ``ready_file`` exists: the joiner pod's readiness probe, so the
+        operator grows the job only once the joiner is this far. Raises
+        :class:`GenerationTimeout` when the job ends or stops first."""
+        own = self.membership.generation
+        m = self.watch.read()
+        if m is None or m.generation >= own:
+            return
+        # Ready to join (the joiner's readiness probe): the operator grows back only now.
+        with contextlib.suppress(OSError):
+            self.ready_file.touch()
+        view.message(
+            f"[torchjob] this pod joins generation {own}; the job runs generation "
+            f"{m.generation}: waiting until it grows"
+        )
+        self.membership = self.watch.wait_beyond(
+            own - 1, timeout_s=FOLLOW_TIMEOUT_S, stop=c.stop_requested
+        )
         self.entered_s = time.monotonic()
 
     def interrupt(self, c: FitContext, state: RunState) -> str | None:
