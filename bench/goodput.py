@@ -138,7 +138,11 @@ def manifest(args: argparse.Namespace, policy: str, storage: Path, events: Path)
         },
     }
     if policy == "Elastic":
-        spec["elastic"] = {"minReplicas": max(1, args.replicas - 1), "maxReplicas": args.replicas}
+        spec["elastic"] = {
+            "minReplicas": max(1, args.replicas - 1),
+            "maxReplicas": args.replicas,
+            "shrinkOnDisruption": args.shrink_on_disruption,
+        }
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "TorchJob",
@@ -537,6 +541,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--baseline-seconds", type=float, default=0.0,
                    help="length of the row without evictions (default: mtbf x (evictions+1))")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--shrink-on-disruption",
+        action="store_true",
+        help="the Elastic row goes on with the survivors at once (spec.elastic.shrinkOnDisruption)",
+    )
     p.add_argument("--start-timeout", type=float, default=300.0)
     p.add_argument("--keep-cluster", action="store_true", help="leave the cluster and node up")
     args = p.parse_args(argv)

@@ -408,7 +408,7 @@ def test_an_elastic_job_goes_on_smaller_while_the_evicted_pod_still_terminates(
             "shrinky",
             replicas=2,
             membershipPolicy="KeepSurvivors",
-            elastic={"minReplicas": 1, "maxReplicas": 2},
+            elastic={"minReplicas": 1, "maxReplicas": 2, "shrinkOnDisruption": True},
             failurePolicy={"maxRestarts": 0},
         )
     )

@@ -552,7 +552,9 @@ def evicted(p: PodView) -> PodView:
 
 
 def elastic_keep(replicas: int = 2, lo: int = 1) -> JobView:
-    return job().replicas(replicas).elastic(lo, replicas).keep_survivors().build()
+    builder = job().replicas(replicas).elastic(lo, replicas).keep_survivors()
+    builder.spec["elastic"]["shrinkOnDisruption"] = True
+    return builder.build()
 
 
 def test_elastic_goes_on_smaller_at_once_and_grows_back_when_the_replacement_runs() -> None:
@@ -616,12 +618,16 @@ def test_a_forced_deletion_shrinks_and_creates_the_joiner_on_the_next_pass() -> 
         pytest.param(2, 1, (0,), True, id="pod0-lost-no-gapless-survivors"),
         pytest.param(3, 2, (1, 2), True, id="below-min"),
         pytest.param(2, 1, (1,), False, id="recreate-group"),
+        pytest.param(2, 1, (1,), None, id="not-asked-for"),
     ],
 )
 def test_a_disruption_replaces_at_full_size_when_survivors_cannot_go_on(
-    replicas: int, lo: int, lost: tuple[int, ...], keep: bool
+    replicas: int, lo: int, lost: tuple[int, ...], keep: bool | None
 ) -> None:
+    """``keep`` None: KeepSurvivors without ``shrinkOnDisruption`` (the default)."""
     builder = job().replicas(replicas).elastic(lo, replicas)
+    builder.spec["elastic"]["shrinkOnDisruption"] = keep is not None
+    keep = keep is None or keep
     view = (builder.keep_survivors() if keep else builder).build()
     _, view, pods = step(view, [], 0)
     observed = [evicted(p) if p.index in lost else running(p) for p in pods]

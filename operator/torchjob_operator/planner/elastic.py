@@ -30,7 +30,8 @@ def target_replicas(d: Draft) -> int:
 def shrink_at_once(d: Draft, survivors: Sequence[PodView]) -> int | None:
     """After a disruption: the smaller size to continue at right away, or None.
 
-    Only for an elastic ``KeepSurvivors`` job whose generation was created, and only when
+    Only for an elastic ``KeepSurvivors`` job that asks for it (``shrinkOnDisruption``) and
+    whose generation was created, and only when
     the survivors are pods ``0..m-1`` with ``minReplicas <= m``: the runtime gives pod ``i``
     rank ``i`` and rendezvous on pod 0, so survivors with a gap (pod 0 lost) cannot form a
     group by themselves. Then the job is replaced at its full size, as without elasticity.
@@ -38,6 +39,7 @@ def shrink_at_once(d: Draft, survivors: Sequence[PodView]) -> int | None:
     el = d.job.spec.elastic
     if (
         el is None
+        or not el.shrink_on_disruption
         or d.job.spec.membership_policy != MembershipPolicy.KEEP_SURVIVORS
         or d.created_generation != d.generation
     ):

@@ -441,6 +441,16 @@ class ElasticPolicy(_Model):
         le=MAX_WAIT_SECONDS,
         description="Seconds between a membership change and the next grow step.",
     )
+    shrink_on_disruption: bool = Field(
+        default=False,
+        description=(
+            "With membershipPolicy KeepSurvivors: when a worker is disrupted, go on at once "
+            "with the survivors (pods 0..m-1, at least minReplicas) and let the replacement "
+            "join the generation after; off: replace it at full size. Off by default: today "
+            "the survivors re-form their ranks from the checkpoint, so each eviction costs two "
+            "re-formations (docs/runtime.md has the measurement)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> ElasticPolicy:
