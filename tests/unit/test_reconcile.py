@@ -114,6 +114,32 @@ class FakeKube:
         self.pod_groups[body["metadata"]["name"]] = body
         return True
 
+    # Kueue: the Workloads the operator writes (no Kueue here: nothing admits them).
+    workloads: dict[str, dict[str, Any]]
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return getattr(self, "workloads", {}).get(name)
+
+    def create_workload(self, body: dict[str, Any]) -> bool:
+        store = self.__dict__.setdefault("workloads", {})
+        if body["metadata"]["name"] in store:
+            return False
+        store[body["metadata"]["name"]] = body
+        return True
+
+    def delete_workload(self, namespace: str, name: str, uid: str) -> bool:
+        return self.__dict__.setdefault("workloads", {}).pop(name, None) is not None
+
+    def patch_workload_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
+        wl = self.__dict__.setdefault("workloads", {}).get(name)
+        if wl is None:
+            return False
+        wl.setdefault("status", {}).update(patch["status"])
+        return True
+
+    def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
+        return None
+
     def post_event(
         self, job: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
     ) -> None:
