@@ -153,7 +153,11 @@ def reconcile_once(
     pods = [v for v in (pod_view(p) for p in raw_pods) if v is not None]
     probes = [v for v in (probe_view(p) for p in raw_pods) if v is not None]
     state = JobState.from_status(old_status)
-    queue = kueue.queue_of(meta.get("labels") or {}, spec.scheduling.queue_name)
+    queue = kueue.queue_of(
+        meta.get("labels") or {},
+        spec.scheduling.queue_name,
+        ((job.get("spec") or {}).get("template") or {}).get("metadata", {}).get("labels"),
+    )
     workload: dict[str, Any] | None = None
     gate: kueue.Gate | None = None
     kueue_events: list[Event] = []

@@ -33,6 +33,7 @@ def ready(status: dict[str, Any]) -> dict[str, Any]:
 def test_queue_from_the_label_or_the_spec() -> None:
     assert kueue.queue_of({kueue.QUEUE_LABEL: "a"}, "b") == "a"
     assert kueue.queue_of({}, "b") == "b"
+    assert kueue.queue_of({}, None, {kueue.QUEUE_LABEL: "c"}) == "c"
     assert kueue.queue_of({}, None) is None
 
 

@@ -56,11 +56,16 @@ def workload_name(job: str) -> str:
     return f"torchjob-{job}"
 
 
-def queue_of(labels: Mapping[str, str], spec_queue: str | None) -> str | None:
+def queue_of(
+    labels: Mapping[str, str],
+    spec_queue: str | None,
+    template_labels: Mapping[str, str] | None = None,
+) -> str | None:
     """The LocalQueue of a job: its ``kueue.x-k8s.io/queue-name`` label, else
-    ``spec.scheduling.queueName``; None: Kueue does not manage it
+    ``spec.scheduling.queueName``, else the pod template's label (the API refuses a template
+    label that differs from queueName); None: Kueue does not manage it
     (``manageJobsWithoutQueueName`` is not supported)."""
-    return labels.get(QUEUE_LABEL) or spec_queue or None
+    return labels.get(QUEUE_LABEL) or spec_queue or (template_labels or {}).get(QUEUE_LABEL)
 
 
 @dataclass(frozen=True)
