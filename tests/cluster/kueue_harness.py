@@ -29,6 +29,7 @@ import yaml
 from tests import kube as k
 from tests.cluster.operator_harness import free_port
 
+METRICS_CERTS = Path("/etc/kueue/metrics/certs")
 CONVERTED = ("workloads", "clusterqueues", "localqueues", "cohorts")
 MUTATING = "torchjob-test-kueue-mutating"
 VALIDATING = "torchjob-test-kueue-validating"
@@ -94,6 +95,14 @@ class KueueProcess:
             check=True,
             capture_output=True,
         )
+        # With its cert manager off, Kueue serves metrics with a certificate it reads from this
+        # fixed path (cmd/kueue/main.go) and exits without one: any certificate does.
+        if not (METRICS_CERTS / "tls.crt").is_file():
+            METRICS_CERTS.mkdir(parents=True, exist_ok=True)
+            for name in ("tls.key", "tls.crt"):
+                tmp = METRICS_CERTS / f".{name}.{os.getpid()}"
+                tmp.write_bytes((certs / name).read_bytes())
+                tmp.replace(METRICS_CERTS / name)
         return base64.b64encode((certs / "tls.crt").read_bytes()).decode()
 
     def _install(self, ca: str) -> None:
