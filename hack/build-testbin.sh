@@ -13,7 +13,7 @@
 # the same wrapper module as the control plane) and CoreDNS ("coredns").
 #
 # Usage: hack/build-testbin.sh [--print-dir COMPONENT] [COMPONENT...]
-#   (COMPONENT: kubernetes|etcd|kwok|helm|kubelet|coredns|gitops|podgroup-crds; default: all)
+#   (COMPONENT: kubernetes|etcd|kwok|helm|kubelet|coredns|gitops|podgroup-crds|kueue; default: all)
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -36,6 +36,7 @@ component_dir() {
     coredns) echo "${ROOT}/coredns-${COREDNS_VERSION}" ;;
     gitops) echo "${ROOT}/gitops-check-${GOPHER_LUA_VERSION}-${CLI_UTILS_VERSION}" ;;
     podgroup-crds) echo "${ROOT}/podgroup-crds-${SCHEDULER_PLUGINS_VERSION}" ;;
+    kueue) echo "${ROOT}/kueue-${KUEUE_VERSION}" ;;
     *) die "unknown component: $1" ;;
   esac
 }
@@ -338,11 +339,33 @@ if command -v flock >/dev/null 2>&1; then
 fi
 total_start=$(date +%s)
 log "Go ${go_version}; GOPROXY=$("${GO}" env GOPROXY); testbin root ${ROOT}"
+# ---------------------------------------------------------------- kueue
+build_kueue() {
+  local dir
+  dir="$(component_dir kueue)"
+  if fresh "${dir}" kueue "${KUEUE_VERSION}"; then
+    log "kueue ${KUEUE_VERSION}: up to date in ${dir}"
+    return
+  fi
+  log "kueue ${KUEUE_VERSION}: building cmd/kueue from the module proxy (a few minutes cold)"
+  local mod
+  mod="$("${GO}" mod download -json "sigs.k8s.io/kueue@${KUEUE_VERSION}" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -n "${mod}" && -d "${mod}/cmd/kueue" ]] || die "sigs.k8s.io/kueue@${KUEUE_VERSION}: no cmd/kueue in the module"
+  local tmp="${dir}.tmp.$$"
+  rm -rf "${tmp}"
+  mkdir -p "${tmp}/crds"
+  # Its own go.mod and go.sum, read-only in the module cache: exactly the release's dependencies.
+  (cd "${mod}" && GOFLAGS="-mod=readonly -buildvcs=false" "${GO}" build -trimpath -ldflags "-s -w" -o "${tmp}/kueue" ./cmd/kueue)
+  cp "${mod}"/config/components/crd/bases/*.yaml "${tmp}/crds/"
+  cp "${mod}/config/components/webhook/manifests.yaml" "${tmp}/webhooks.yaml"
+  publish "${tmp}" "${dir}" kueue "${KUEUE_VERSION}"
+}
+
 components=("${@}")
-[[ ${#components[@]} -gt 0 ]] || components=(kwok etcd kubernetes helm kubelet coredns gitops podgroup-crds)
+[[ ${#components[@]} -gt 0 ]] || components=(kwok etcd kubernetes helm kubelet coredns gitops podgroup-crds kueue)
 for c in "${components[@]}"; do
   case "${c}" in
-    kubernetes | etcd | kwok | helm | kubelet | coredns | gitops | podgroup-crds) timed "${c}" "build_${c}" ;;
+    kubernetes | etcd | kwok | helm | kubelet | coredns | gitops | podgroup-crds | kueue) timed "${c}" "build_${c}" ;;
     *) die "unknown component '${c}' (kubernetes|etcd|kwok|helm|kubelet|coredns|gitops|podgroup-crds)" ;;
   esac
 done

@@ -448,6 +448,21 @@ class CachedKube:
     def apply_pod_group(self, body: dict[str, Any]) -> bool:
         return self.live.apply_pod_group(body)
 
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.live.get_workload(namespace, name)
+
+    def create_workload(self, body: dict[str, Any]) -> bool:
+        return self.live.create_workload(body)
+
+    def delete_workload(self, namespace: str, name: str, uid: str) -> bool:
+        return self.live.delete_workload(namespace, name, uid)
+
+    def patch_workload_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
+        return self.live.patch_workload_status(namespace, name, patch)
+
+    def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
+        return self.live.get_kueue_object(plural, name)
+
     def post_event(
         self, job: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
     ) -> None:

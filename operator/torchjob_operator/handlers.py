@@ -389,6 +389,16 @@ async def torchtune_event(event: kopf.RawEvent, name: str, namespace: str | None
     studies.poke(key)
 
 
+@kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads")
+async def workload_event(event: kopf.RawEvent, namespace: str | None, **_: Any) -> None:
+    """A TorchJob's Workload changed (admitted, evicted, ...): its job plans again. kopf
+    watches Workloads only where Kueue's CRDs exist."""
+    body: Any = event.get("object") or {}
+    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "TorchJob":
+            _reconciler().poke((namespace or "", str(ref.get("name"))))
+
+
 def _status_only(event: kopf.RawEvent) -> bool:
     """The spec is the one the status was planned for, and no deletion started: the change
     was a status write. Every reconcile ends with one, so poking for it would run a second,

@@ -90,7 +90,9 @@ _PATHS: Mapping[str, str] = {
     "event": "/api/v1/namespaces/{ns}/events",
     "scheduling.x-k8s.io/v1alpha1": "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups",
     "scheduling.volcano.sh/v1beta1": "/apis/scheduling.volcano.sh/v1beta1/namespaces/{ns}/podgroups",
+    "Workload": "/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads",
 }
+_KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 """Where each kind of object the operator creates is POSTed."""
 
 
@@ -110,6 +112,13 @@ class Kube(Protocol):
     def ensure_service(self, body: dict[str, Any]) -> bool: ...
     def ensure_rbac_object(self, kind: str, body: dict[str, Any]) -> bool: ...
     def apply_pod_group(self, body: dict[str, Any]) -> bool: ...
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def create_workload(self, body: dict[str, Any]) -> bool: ...
+    def delete_workload(self, namespace: str, name: str, uid: str) -> bool: ...
+    def patch_workload_status(
+        self, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> bool: ...
+    def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None: ...
     def post_event(
         self, job: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
     ) -> None: ...
@@ -323,6 +332,57 @@ class KubeClient:
         except ApiException as e:
             raise KubeError("patch", f"PodGroup {ns}/{name}", e) from e
         return False
+
+    # --- Kueue (planner/kueue.py) ------------------------------------------------------
+    def _workload_path(self, namespace: str, name: str) -> str:
+        return f"{_PATHS['Workload'].format(ns=quote(namespace))}/{quote(name)}"
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._get_json(self._workload_path(namespace, name))
+        except ApiException as e:
+            raise KubeError("read", f"Workload {namespace}/{name}", e) from e
+
+    def create_workload(self, body: dict[str, Any]) -> bool:
+        """Create the job's Workload; False when it exists already."""
+        return self._create_once("Workload", body)
+
+    def delete_workload(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete the Workload whose uid is ``uid`` (never a newer one); False when gone."""
+        try:
+            self._send(
+                "DELETE",
+                self._workload_path(namespace, name),
+                {"preconditions": {"uid": uid}, "propagationPolicy": "Background"},
+            )
+            return True
+        except ApiException as e:
+            if e.status in (404, 409):
+                return False
+            raise KubeError("delete", f"Workload {namespace}/{name}", e) from e
+
+    def patch_workload_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
+        """Merge-patch the Workload's status; False on a conflict (the patch carries the
+        resourceVersion it was computed from: Kueue wrote meanwhile, the next pass retries)."""
+        try:
+            self._send(
+                "PATCH",
+                f"{self._workload_path(namespace, name)}/status",
+                dict(patch),
+                content_type="application/merge-patch+json",
+            )
+            return True
+        except ApiException as e:
+            if e.status in (404, 409):
+                return False
+            raise KubeError("patch", f"Workload {namespace}/{name} status", e) from e
+
+    def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
+        """A cluster-scoped Kueue object (a ResourceFlavor, a WorkloadPriorityClass)."""
+        try:
+            return self._get_json(f"{_KUEUE}/{plural}/{quote(name)}")
+        except ApiException as e:
+            raise KubeError("read", f"{plural}/{name}", e) from e
 
     # --- events ------------------------------------------------------------------------
     def post_event(

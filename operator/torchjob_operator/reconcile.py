@@ -33,9 +33,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from torchjob import contract
-from torchjob.api.models import TorchJobSpec, TorchJobStatus
+from torchjob.api.models import Phase, TorchJobSpec, TorchJobStatus
 from torchjob_operator import metrics
 from torchjob_operator.kube import EarlierOwnerError, Kube, KubeError
+from torchjob_operator.planner import kueue
 from torchjob_operator.planner.conditions import message
 from torchjob_operator.planner.observed import (
     JobState,
@@ -151,17 +152,38 @@ def reconcile_once(
     raw_pods, foreign = split_by_owner(kube.list_worker_pods(namespace, name), meta["uid"])
     pods = [v for v in (pod_view(p) for p in raw_pods) if v is not None]
     probes = [v for v in (probe_view(p) for p in raw_pods) if v is not None]
+    state = JobState.from_status(old_status)
+    queue = kueue.queue_of(
+        meta.get("labels") or {},
+        spec.scheduling.queue_name,
+        ((job.get("spec") or {}).get("template") or {}).get("metadata", {}).get("labels"),
+    )
+    workload: dict[str, Any] | None = None
+    gate: kueue.Gate | None = None
+    kueue_events: list[Event] = []
+    if queue is not None:
+        try:
+            workload, gate = _sync_workload(kube, job, spec, queue, state, kueue_events)
+        except (KubeError, KueueProblem) as e:
+            # No pods without an admission: say why, and try again soon.
+            gate = kueue.Gate(workload=kueue.workload_name(name), queue=queue)
+            kueue_events.append(Event.of("FailedWorkload", warning=True, detail=str(e)))
+            log.warning("%s", e)
     view = JobView(
         name=name,
         namespace=namespace,
         spec=spec,
-        state=JobState.from_status(old_status),
+        state=state,
         metadata_generation=meta.get("generation"),
         foreign_pods=foreign,
+        kueue=gate,
     )
     try:  # judging and building are pure: an error here is the spec's, and retrying cannot help
         decided = plan(view, pods, now, probes)
         worker_bodies = _worker_bodies(name, namespace, meta["uid"], spec, decided)
+        if gate is not None:
+            for body in worker_bodies:
+                kueue.apply_admission(body, gate.assignment)
         probe_bodies = [
             probe_pod(name=name, namespace=namespace, uid=meta["uid"], spec=spec, index=index)
             for index in decided.create_probes
@@ -171,7 +193,7 @@ def reconcile_once(
         return invalid(
             f"TorchJob {namespace}/{name} cannot be run as specified: {type(err).__name__}: {err}"
         )
-    events = list(decided.events)
+    events = kueue_events + list(decided.events)
     status = dict(decided.status)
 
     # The Service and the worker account, all at once (one round trip, not four), and before
@@ -304,6 +326,9 @@ def reconcile_once(
             job, type_=ev.type, reason=ev.reason, message=ev.message, component=settings.component
         )
 
+    if workload is not None:
+        _settle_workload(kube, job, workload, raw_pods, decided, now, settings.component, log)
+
     if decided.delete_job:
         log.info(
             "deleting finished job (ttlSecondsAfterFinished=%s)",
@@ -312,11 +337,124 @@ def reconcile_once(
         kube.delete_job(namespace, name)
         return Outcome(None, gone=True)
     requeue = decided.requeue_after_s
+    if queue is not None and (
+        workload is None or any(e.reason == "FailedWorkload" for e in events)
+    ):
+        requeue = min(requeue or 5.0, 5.0)  # the Workload is being (re)made: look again soon
     if failures:
         requeue = min(requeue or 30.0, 30.0 if failures[0].permanent else 5.0)
     if deferred:
         requeue = min(requeue or settings.progress_batch_s, settings.progress_batch_s)
     return Outcome(requeue, deferred=deferred)
+
+
+class KueueProblem(Exception):
+    """The job's Workload cannot be made as asked (a missing WorkloadPriorityClass)."""
+
+
+def _sync_workload(
+    kube: Kube,
+    job: Mapping[str, Any],
+    spec: TorchJobSpec,
+    queue: str,
+    state: JobState,
+    events: list[Event],
+) -> tuple[dict[str, Any] | None, kueue.Gate]:
+    """Make the job's Workload exist as the spec wants it; its gate for the planner.
+    Returns (the Workload read, or None when it was just created or deleted; the gate)."""
+    meta = job["metadata"]
+    name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
+    wl_name = kueue.workload_name(name)
+    waiting = kueue.Gate(workload=wl_name, queue=queue)
+    existing = kube.get_workload(namespace, wl_name)
+    if state.phase is not None and state.phase.is_terminal:
+        return existing, kueue.Gate(admitted=True, workload=wl_name, queue=queue)
+    if existing is not None and not kueue.owned_by(existing, uid):
+        return None, waiting  # an earlier same-named job's: the garbage collector removes it
+    labels = meta.get("labels") or {}
+    priority_class = labels.get(kueue.PRIORITY_LABEL)
+    priority = None
+    if priority_class:
+        wpc = kube.get_kueue_object("workloadpriorityclasses", priority_class)
+        if wpc is None:
+            raise KueueProblem(
+                f"WorkloadPriorityClass {priority_class} (label {kueue.PRIORITY_LABEL} of "
+                f"TorchJob {namespace}/{name}) does not exist"
+            )
+        priority = int(wpc.get("value", 0))
+    worker = worker_pod(
+        name=name,
+        namespace=namespace,
+        uid=uid,
+        spec=spec,
+        index=0,
+        generation=0,
+        replicas=spec.replicas,
+    )
+    desired = kueue.desired_workload(
+        name=name,
+        namespace=namespace,
+        uid=uid,
+        queue=queue,
+        count=spec.replicas,
+        worker=worker,
+        priority_class=priority_class,
+        priority=priority,
+    )
+    if existing is None:
+        if kube.create_workload(desired):
+            events.append(
+                Event.of("CreatedWorkload", name=wl_name, queue=queue, count=spec.replicas)
+            )
+        return None, waiting
+    if not kueue.matches(existing, desired):
+        if kube.delete_workload(namespace, wl_name, existing["metadata"]["uid"]):
+            events.append(Event.of("DeletedWorkload", name=wl_name))
+        return None, waiting
+    flavors: dict[str, Mapping[str, Any]] = {}
+    for flavor in kueue.flavor_names(existing):
+        rf = kube.get_kueue_object("resourceflavors", flavor)
+        flavors[flavor] = (rf or {}).get("spec") or {}
+    return existing, kueue.gate_of(existing, flavors, queue=queue)
+
+
+def _settle_workload(
+    kube: Kube,
+    job: Mapping[str, Any],
+    workload: Mapping[str, Any],
+    raw_pods: list[dict[str, Any]],
+    decided: Plan,
+    now: datetime,
+    component: str,
+    log: logging.LoggerAdapter,  # type: ignore[type-arg]
+) -> None:
+    """After the pods: an evicted job's quota goes back once no pod is left; a finished
+    job's Workload is marked Finished. Events go straight out (the status is written)."""
+    meta = workload["metadata"]
+    stamp = format_time(now)
+    phase = decided.phase
+    patch: Mapping[str, Any] | None = None
+    reason = ""
+    values: dict[str, Any] = {"name": meta["name"]}
+    if phase.is_terminal:
+        patch = kueue.finish_patch(
+            workload,
+            succeeded=phase == Phase.SUCCEEDED,
+            message=f"TorchJob {phase.value}",
+            now=stamp,
+        )
+        reason, values["result"] = "FinishedWorkload", phase.value
+    elif not raw_pods:
+        patch = kueue.release_patch(workload, stamp)
+        reason = "ReleasedQuota"
+    if patch is None:
+        return
+    if kube.patch_workload_status(meta["namespace"], meta["name"], patch):
+        ev = Event.of(reason, **values)
+        kube.post_event(
+            job, type_=ev.type, reason=ev.reason, message=ev.message, component=component
+        )
+        log.info("%s", ev.message)
 
 
 _POOL: ThreadPoolExecutor | None = None

@@ -115,6 +115,32 @@ class FakeKube:
         self.pod_groups[body["metadata"]["name"]] = body
         return True
 
+    # Kueue: the Workloads the operator writes (no Kueue here: nothing admits them).
+    workloads: dict[str, dict[str, Any]]
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return getattr(self, "workloads", {}).get(name)
+
+    def create_workload(self, body: dict[str, Any]) -> bool:
+        store = self.__dict__.setdefault("workloads", {})
+        if body["metadata"]["name"] in store:
+            return False
+        store[body["metadata"]["name"]] = body
+        return True
+
+    def delete_workload(self, namespace: str, name: str, uid: str) -> bool:
+        return self.__dict__.setdefault("workloads", {}).pop(name, None) is not None
+
+    def patch_workload_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
+        wl = self.__dict__.setdefault("workloads", {}).get(name)
+        if wl is None:
+            return False
+        wl.setdefault("status", {}).update(patch["status"])
+        return True
+
+    def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
+        return None
+
     def post_event(
         self, job: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
     ) -> None:
@@ -520,3 +546,38 @@ def test_a_gang_job_whose_pod_group_cannot_be_created_gets_no_pods_and_says_why(
     assert conditions["Stalled"]["status"] == "True"  # 404: the CRD is not installed
     assert "PodGroup ns/tj" in conditions["Ready"]["message"]
     assert any(r == "FailedCreatePodGroup" for r, _ in kube.events)
+
+
+def test_a_queued_job_runs_only_while_its_workload_is_admitted() -> None:
+    """Kueue's protocol end to end over the fake: Workload, admission, eviction, release."""
+    clock = Clock()
+    kube = FakeKube({**_spec(2), "scheduling": {"queueName": "lq"}})
+    _settle(kube, clock, passes=2)
+    wl = kube.workloads["torchjob-tj"]
+    assert wl["metadata"]["ownerReferences"][0]["uid"] == "u1"
+    assert wl["spec"]["podSets"][0]["count"] == 2
+    assert kube.pods == {} and kube.job["status"]["phase"] == "Suspended"
+
+    admitted = [
+        {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+        {"type": "Admitted", "status": "True", "reason": "Admitted"},
+    ]
+    admission = {"clusterQueue": "cq", "podSetAssignments": [{"name": "workers", "flavors": {}}]}
+    wl["status"] = {"conditions": admitted, "admission": admission}
+    _settle(kube, clock, passes=3)
+    assert kube.job["status"]["phase"] == "Running" and len(kube.pods) == 2
+    assert all(
+        "kueue.x-k8s.io/queue-name" not in p["metadata"]["labels"] for p in kube.pods.values()
+    )
+
+    evicted = {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "by hi"}
+    wl["status"]["conditions"] = [*admitted, evicted]
+    _settle(kube, clock, passes=3)
+    status = kube.job["status"]
+    assert kube.pods == {} and status["phase"] == "Suspended"
+    assert (status["restarts"], status["disruptions"]) == (0, 1)
+    assert wl["status"]["admission"] is None  # the quota handed back once the pods were gone
+    assert (
+        "ReleasedQuota",
+        "no worker left after the eviction of Workload torchjob-tj: its quota is handed back and Kueue queues it again",
+    ) in kube.events

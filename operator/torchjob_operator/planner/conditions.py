@@ -42,6 +42,10 @@ REASONS: Final[Mapping[str, str]] = {
     "Rescaled": "replicas changed from {old} to {replicas}; starting generation {generation}",
     "BackoffWaiting": "restarting in {seconds}s",
     "Suspended": "the job is suspended; its pods were deleted",
+    "WaitingForAdmission": "waiting for Kueue to admit Workload {workload} (LocalQueue {queue}); "
+    "no pod runs before",
+    "AdmissionEvicted": "Kueue evicted Workload {workload} ({detail}); the workers stop and "
+    "checkpoint, the job resumes from it when admitted again; the restart budget is not charged",
     "Resumed": "the job resumed",
     "AllWorkersSucceeded": "all {replicas} workers exited 0",
     "PermanentFailure": "{detail}; {explanation}",
@@ -70,6 +74,12 @@ REASONS: Final[Mapping[str, str]] = {
     "CreatedJoiner": "replacement {pods} starting for generation {generation}; it joins at a "
     "step boundary once it runs",
     "DeletedPod": "deleted {pods}",
+    "CreatedWorkload": "created Workload {name} in LocalQueue {queue} ({count} pods)",
+    "DeletedWorkload": "deleted Workload {name}: the job's pod set changed; a new one queues",
+    "ReleasedQuota": "no worker left after the eviction of Workload {name}: its quota is "
+    "handed back and Kueue queues it again",
+    "FinishedWorkload": "marked Workload {name} Finished ({result})",
+    "FailedWorkload": "{detail}",
 }
 SHOWN_AS: Final[Mapping[str, str]] = {
     "WaitingForPodsCreation": "WaitingForPods",

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from torchjob.api.models import FailureRecord, Phase, TorchJobSpec
 from torchjob.plan import Counters
 from torchjob_operator.planner import conditions as cond
+from torchjob_operator.planner.kueue import Gate
 from torchjob_operator.planner.observed import JobState, ProbeView
 
 
@@ -24,6 +25,8 @@ class JobView:
     """Pods with this job's name label whose controller is another uid (an earlier TorchJob of
     this name, being deleted): never judged, counted or deleted; while one exists no pod is
     created, since a new pod would share its name and DNS name."""
+    kueue: Gate | None = None
+    """The job's Kueue Workload (planner/kueue.py); None: Kueue does not manage the job."""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,9 @@ Semantics (docs/api.md explains them for users):
 * A disruption (DisruptionTarget, Kueue's TerminationTarget, node loss, a pod
   deleted by someone else) starts a new generation at once and never consumes
   ``maxRestarts``.
+* A job Kueue manages (``planner.kueue``) runs only while its Workload is admitted: before,
+  and after an eviction, it is held like a suspended one (no pods; an eviction counts as a
+  disruption, never against ``maxRestarts``); an admission resumes it in a new generation.
 * ``suspend`` deletes the pods and keeps the status; resuming starts a new
   generation and resets the deadline clock (as batch/v1 Job does).
 * ``activeDeadlineSeconds`` counts from ``startTime``; ``plan`` asks to be
@@ -67,6 +70,7 @@ from torchjob_operator.planner.elastic import (
     shrink_at_once,
     target_replicas,
 )
+from torchjob_operator.planner.kueue import Gate
 from torchjob_operator.planner.observed import JobState, PodView, ProbeView, format_time
 from torchjob_operator.planner.phase import active_phase
 from torchjob_operator.planner.status import ready_reason, render_status
@@ -161,6 +165,10 @@ def plan(
         d.restart_after = None
         d.transition(Phase.SUSPENDED, "Suspended", cond.message("Suspended"))
         return _plan(d, pods, [])
+
+    gate = job.kueue
+    if gate is not None and not gate.admitted:
+        return _hold(d, pods, gate)
 
     if st.phase is None:
         d.transition(Phase.PENDING, *cond.say("WaitingForPodsCreation"))
@@ -325,6 +333,31 @@ def plan(
     else:
         active_phase(d, current)
     return _plan(d, pods, current)
+
+
+def _hold(d: Draft, pods: Sequence[PodView], gate: Gate) -> Plan:
+    """Kueue has not admitted the job, or evicted it: no pod runs (deleted gracefully, so
+    the workers checkpoint on SIGTERM) and the job waits suspended. An eviction of a job
+    that had pods is a disruption, never a restart: it is counted once, when it happens."""
+    d.delete.extend(p.name for p in pods if not p.deleting)
+    d.start_time = None
+    d.restart_after = None
+    if gate.evicted is not None:
+        if d.phase not in (None, Phase.SUSPENDED) and d.created_generation is not None:
+            d.disruptions += 1
+        d.transition(
+            Phase.SUSPENDED,
+            "AdmissionEvicted",
+            cond.message("AdmissionEvicted", workload=gate.workload, detail=gate.evicted),
+            warning=True,
+        )
+    else:
+        d.transition(
+            Phase.SUSPENDED,
+            "WaitingForAdmission",
+            cond.message("WaitingForAdmission", workload=gate.workload, queue=gate.queue),
+        )
+    return _plan(d, pods, [])
 
 
 def _plan(d: Draft, pods: Sequence[PodView], current: Sequence[PodView]) -> Plan:

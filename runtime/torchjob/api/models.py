@@ -724,7 +724,10 @@ class SchedulingSpec(_Model):
         default=None,
         min_length=1,
         max_length=63,
-        description="Kueue LocalQueue; set as the kueue.x-k8s.io/queue-name label.",
+        description=(
+            "Kueue LocalQueue (as the kueue.x-k8s.io/queue-name label of the TorchJob): the "
+            "job's Workload queues there and no pod runs before it is admitted."
+        ),
         json_schema_extra={CEL: [_cel(f"self.matches(r'{LABEL_VALUE}')", _MSG_QUEUE)]},
     )
     gang: GangSpec | None = Field(

@@ -1,0 +1,217 @@
+"""The real Kueue controller manager (``make testbin`` builds it) against the test cluster.
+
+Kueue runs as a process on this machine, like the operator under test, so the API server
+reaches its webhooks on 127.0.0.1 (docs/development.md):
+
+* one self-signed serving certificate for 127.0.0.1 (openssl), in the certDir of Kueue's
+  config; Kueue's internal cert manager is off (it writes a Secret for an in-cluster Service);
+* Kueue's CRDs, taken from the release (config/components/crd/bases), with the conversion
+  webhook that its kustomization adds (workloads, clusterqueues, localqueues, cohorts), pointed
+  at ``https://127.0.0.1:<port>/convert``;
+* its admission webhooks for its own API (config/components/webhook/manifests.yaml, those
+  whose path names kueue-x-k8s-io), each with ``url: https://127.0.0.1:<port><path>``: the
+  webhooks of the integrations (batch Jobs, pods, ...) are not registered, so no pod or Job of
+  the other tests ever goes through Kueue;
+* the configuration: ``manageJobsWithoutQueueName: false``, only the ``batch/job``
+  integration, the visibility API server off, every port a free one on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tests import kube as k
+from tests.cluster.operator_harness import free_port
+
+METRICS_CERTS = Path("/etc/kueue/metrics/certs")
+CONVERTED = ("workloads", "clusterqueues", "localqueues", "cohorts")
+MUTATING = "torchjob-test-kueue-mutating"
+VALIDATING = "torchjob-test-kueue-validating"
+
+
+def kueue_dir() -> Path:
+    return k.testbin_root() / f"kueue-{k.read_versions()['KUEUE_VERSION']}"
+
+
+def missing() -> str | None:
+    d = kueue_dir()
+    if not (d / "kueue").is_file() or not (d / "crds").is_dir():
+        return f"{d} is incomplete: run `make testbin` (or hack/build-testbin.sh kueue)"
+    return None
+
+
+class KueueProcess:
+    def __init__(self, cluster: k.Cluster, work: Path) -> None:
+        self.cluster = cluster
+        self.work = work
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = free_port()
+        self.health_port = free_port()
+
+    @property
+    def log_path(self) -> Path:
+        return self.work / "kueue.log"
+
+    def logs(self, tail: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-tail:])
+        except OSError:
+            return "(no log)"
+
+    def _certificate(self) -> str:
+        certs = self.work / "certs"
+        certs.mkdir(exist_ok=True)
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-keyout",
+                str(certs / "tls.key"),
+                "-out",
+                str(certs / "tls.crt"),
+                "-subj",
+                "/CN=kueue-webhook-127.0.0.1",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,digitalSignature,keyEncipherment,keyCertSign",
+                "-addext",
+                "extendedKeyUsage=serverAuth",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        # With its cert manager off, Kueue serves metrics with a certificate it reads from this
+        # fixed path (cmd/kueue/main.go) and exits without one: any certificate does.
+        if not (METRICS_CERTS / "tls.crt").is_file():
+            METRICS_CERTS.mkdir(parents=True, exist_ok=True)
+            for name in ("tls.key", "tls.crt"):
+                tmp = METRICS_CERTS / f".{name}.{os.getpid()}"
+                tmp.write_bytes((certs / name).read_bytes())
+                tmp.replace(METRICS_CERTS / name)
+        return base64.b64encode((certs / "tls.crt").read_bytes()).decode()
+
+    def _install(self, ca: str) -> None:
+        base = f"https://127.0.0.1:{self.port}"
+        docs: list[dict[str, Any]] = []
+        for path in sorted((kueue_dir() / "crds").glob("*.yaml")):
+            crd = yaml.safe_load(path.read_text())
+            if crd["spec"]["names"]["plural"] in CONVERTED:
+                crd["spec"]["conversion"] = {
+                    "strategy": "Webhook",
+                    "webhook": {
+                        "clientConfig": {"url": f"{base}/convert", "caBundle": ca},
+                        "conversionReviewVersions": ["v1"],
+                    },
+                }
+            docs.append(crd)
+        for doc in yaml.safe_load_all((kueue_dir() / "webhooks.yaml").read_text()):
+            if not doc:
+                continue
+            hooks = [
+                h
+                for h in doc["webhooks"]
+                if "kueue-x-k8s-io" in h["clientConfig"]["service"]["path"]
+            ]
+            for h in hooks:
+                h["clientConfig"] = {
+                    "url": base + h["clientConfig"]["service"]["path"],
+                    "caBundle": ca,
+                }
+            mutating = doc["kind"] == "MutatingWebhookConfiguration"
+            doc["metadata"] = {"name": MUTATING if mutating else VALIDATING}
+            doc["webhooks"] = hooks
+            docs.append(doc)
+        docs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}})
+        self.cluster.kubectl(
+            "apply", "--server-side", "--force-conflicts", "-f", "-",
+            input=yaml.safe_dump_all(docs),
+        )  # fmt: skip
+        for crd in docs:
+            if crd["kind"] == "CustomResourceDefinition":
+                self.cluster.kubectl(
+                    "wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}",
+                    "--timeout=60s",
+                )  # fmt: skip
+
+    def _config(self) -> Path:
+        config = {
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+            "kind": "Configuration",
+            "namespace": "kueue-system",
+            "manageJobsWithoutQueueName": False,
+            "internalCertManagement": {"enable": False},
+            "webhook": {
+                "port": self.port,
+                "host": "127.0.0.1",
+                "certDir": str(self.work / "certs"),
+            },
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{self.health_port}"},
+            "metrics": {"bindAddress": f"127.0.0.1:{free_port()}"},
+            "leaderElection": {"leaderElect": False},
+            "integrations": {"frameworks": ["batch/job"]},
+            "featureGates": {"VisibilityOnDemand": False},
+        }
+        path = self.work / "kueue-config.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    def start(self) -> None:
+        self._install(self._certificate())
+        log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
+        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)}
+        self.proc = subprocess.Popen(
+            [str(kueue_dir() / "kueue"), f"--config={self._config()}", "--zap-log-level=2"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+        def ready() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"Kueue exited with {self.proc.returncode}:\n{self.logs()}")
+            try:
+                url = f"http://127.0.0.1:{self.health_port}/readyz"
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+
+        k.wait_for(ready, 120, lambda: f"Kueue ready\n{self.logs()}", interval=0.5)
+
+    def stop(self) -> None:
+        """Remove what points at this process (a later session installs its own), then end it."""
+        self.cluster.kubectl(
+            "delete", "--ignore-not-found", "--wait=false",
+            f"mutatingwebhookconfiguration/{MUTATING}",
+            f"validatingwebhookconfiguration/{VALIDATING}",
+            check=False,
+        )  # fmt: skip
+        for plural in CONVERTED:  # a conversion webhook that is gone would block namespace deletion
+            self.cluster.kubectl(
+                "patch", f"crd/{plural}.kueue.x-k8s.io", "--type=merge",
+                "-p", '{"spec":{"conversion":{"strategy":"None","webhook":null}}}',
+                check=False,
+            )  # fmt: skip
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
