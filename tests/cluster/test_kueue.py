@@ -7,6 +7,7 @@ saying why.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -112,12 +113,41 @@ def queue(kueue: KueueProcess, kube: Any, namespace: str) -> Iterator[str]:
         namespace,
     )
     yield "lq"
+    _remove_queue(custom, namespace, cq, flavor)
+
+
+def _remove_queue(custom: Any, namespace: str, cq: str, flavor: str) -> None:
+    """Take the queue down while Kueue still runs: it removes its ``resource-in-use``
+    finalizers only once nothing uses a ClusterQueue or flavor, and only while it runs (a
+    reused cluster would otherwise keep them, undeletable, and a CRD deletion would hang)."""
+    custom.delete_collection_namespaced_custom_object(
+        "torchjob.io", "v1alpha1", namespace, "torchjobs"
+    )
+
+    def workloads_gone() -> bool:
+        items = custom.list_namespaced_custom_object(*KUEUE, namespace, "workloads")["items"]
+        return not items
+
+    k.wait_for(workloads_gone, 60, f"the Workloads of {namespace} to go", interval=0.5)
+    with contextlib.suppress(client.ApiException):
+        custom.delete_namespaced_custom_object(*KUEUE, namespace, "localqueues", "lq")
     for plural, name in (("clusterqueues", cq), ("resourceflavors", flavor)):
         try:
             custom.delete_cluster_custom_object(*KUEUE, plural, name)
         except client.ApiException as e:
             if e.status != 404:
                 raise
+
+        def gone(plural: str = plural, name: str = name) -> bool:
+            try:
+                custom.get_cluster_custom_object(*KUEUE, plural, name)
+            except client.ApiException as e:
+                if e.status == 404:
+                    return True
+                raise
+            return False
+
+        k.wait_for(gone, 60, f"{plural} {name} to go (Kueue drops its finalizer)", interval=0.5)
 
 
 def queued_job(name: str, queue: str, priority: str | None = None) -> dict[str, Any]:
