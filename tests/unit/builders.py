@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -89,3 +90,29 @@ def failed(p: PodView, code: int = 1, at_s: float = 0.0) -> PodView:
 
 def preempted(p: PodView, reason: str = "PreemptionByScheduler") -> PodView:
     return replace(p, phase=PodPhase.FAILED, exit_code=137, disruption=reason, scheduled=True)
+
+
+TRIAL_TEMPLATE: dict[str, Any] = {
+    "spec": {
+        "replicas": 2,
+        "template": {"spec": {"containers": [{"name": "trainer", "image": "t:1"}]}},
+    }
+}
+
+
+def torchtune(
+    search_space: list[dict[str, Any]], metadata: dict[str, Any], **spec: Any
+) -> dict[str, Any]:
+    """A TorchTune manifest minimizing ``loss`` over ``search_space``; ``spec`` overrides."""
+    body: dict[str, Any] = {
+        "searchSpace": search_space,
+        "objective": {"metric": "loss", "mode": "min"},
+        "trialTemplate": copy.deepcopy(TRIAL_TEMPLATE),
+        **spec,
+    }
+    return {
+        "apiVersion": "torchjob.io/v1alpha1",
+        "kind": "TorchTune",
+        "metadata": metadata,
+        "spec": body,
+    }

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from tests.unit.builders import torchtune
 
 from torchjob import contract
 from torchjob_operator.planner.study import plan_study
@@ -16,25 +17,9 @@ NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 def tune(**spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "searchSpace": [{"name": "x", "type": "grid", "values": [1.0, 2.0, 3.0, 4.0]}],
-        "sampler": {"type": "grid"},
-        "objective": {"metric": "loss", "mode": "min"},
-        "parallelism": 2,
-        "trialTemplate": {
-            "spec": {
-                "replicas": 2,
-                "template": {"spec": {"containers": [{"name": "trainer", "image": "t:1"}]}},
-            }
-        },
-    }
-    body.update(spec)
-    return {
-        "apiVersion": "torchjob.io/v1alpha1",
-        "kind": "TorchTune",
-        "metadata": {"name": "study", "namespace": "ns", "uid": "u-1", "generation": 1},
-        "spec": body,
-    }
+    grid = [{"name": "x", "type": "grid", "values": [1.0, 2.0, 3.0, 4.0]}]
+    meta = {"name": "study", "namespace": "ns", "uid": "u-1", "generation": 1}
+    return torchtune(grid, meta, **{"sampler": {"type": "grid"}, "parallelism": 2, **spec})
 
 
 def job(phase: str | None = None, step: int | None = None, **metrics: float) -> dict[str, Any]:

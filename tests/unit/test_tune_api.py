@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from tests.unit.builders import torchtune
 
 from torchjob.api import crd
 from torchjob.api.crd import build_tune_crd, render_tune_crd_yaml
@@ -17,24 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def study(**spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "searchSpace": [{"name": "lr", "type": "loguniform", "low": 1e-4, "high": 1e-1}],
-        "objective": {"metric": "loss", "mode": "min"},
-        "maxTrials": 4,
-        "trialTemplate": {
-            "spec": {
-                "replicas": 2,
-                "template": {"spec": {"containers": [{"name": "trainer", "image": "t:1"}]}},
-            }
-        },
-    }
-    body.update(spec)
-    return {
-        "apiVersion": "torchjob.io/v1alpha1",
-        "kind": "TorchTune",
-        "metadata": {"name": "s"},
-        "spec": body,
-    }
+    space = [{"name": "lr", "type": "loguniform", "low": 1e-4, "high": 1e-1}]
+    return torchtune(space, {"name": "s"}, **{"maxTrials": 4, **spec})
 
 
 def test_a_valid_study_parses_with_defaults() -> None:
