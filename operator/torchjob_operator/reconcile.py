@@ -164,10 +164,16 @@ def reconcile_once(
     if queue is not None:
         try:
             workload, gate = _sync_workload(kube, job, spec, queue, state, kueue_events)
-        except (KubeError, KueueProblem) as e:
-            # No pods without an admission: say why, and try again soon.
-            gate = kueue.Gate(workload=kueue.workload_name(name), queue=queue)
-            kueue_events.append(Event.of("FailedWorkload", warning=True, detail=str(e)))
+        except KubeError as e:
+            if e.status != 404:
+                gate = _failed_workload(name, queue, e, kueue_events)
+                log.warning("%s", e)
+            elif state.phase is None:
+                # The Workload API is not served: Kueue is not installed, and its queue label
+                # is inert, as on a batch Job; the job runs without an admission (gate None).
+                kueue_events.append(Event.of("KueueNotInstalled", warning=True, queue=queue))
+        except KueueProblem as e:
+            gate = _failed_workload(name, queue, e, kueue_events)
             log.warning("%s", e)
     view = JobView(
         name=name,
@@ -337,15 +343,19 @@ def reconcile_once(
         kube.delete_job(namespace, name)
         return Outcome(None, gone=True)
     requeue = decided.requeue_after_s
-    if queue is not None and (
-        workload is None or any(e.reason == "FailedWorkload" for e in events)
-    ):
+    if gate is not None and (workload is None or any(e.reason == "FailedWorkload" for e in events)):
         requeue = min(requeue or 5.0, 5.0)  # the Workload is being (re)made: look again soon
     if failures:
         requeue = min(requeue or 30.0, 30.0 if failures[0].permanent else 5.0)
     if deferred:
         requeue = min(requeue or settings.progress_batch_s, settings.progress_batch_s)
     return Outcome(requeue, deferred=deferred)
+
+
+def _failed_workload(name: str, queue: str, err: Exception, events: list[Event]) -> kueue.Gate:
+    """No pods without an admission: say why (the Warning Event), and try again soon."""
+    events.append(Event.of("FailedWorkload", warning=True, detail=str(err)))
+    return kueue.Gate(workload=kueue.workload_name(name), queue=queue)
 
 
 class KueueProblem(Exception):

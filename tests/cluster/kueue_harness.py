@@ -195,7 +195,17 @@ class KueueProcess:
         k.wait_for(ready, 120, lambda: f"Kueue ready\n{self.logs()}", interval=0.5)
 
     def stop(self) -> None:
-        """Remove what points at this process (a later session installs its own), then end it."""
+        """Uninstall Kueue from the cluster and end the process: its CRDs go while it still
+        runs (it removes its own finalizers), so the tests after this module (and a session
+        that reuses the cluster) see a cluster without Kueue, where a queue label is inert."""
+        crds = [
+            f"crd/{yaml.safe_load(path.read_text())['metadata']['name']}"
+            for path in sorted((kueue_dir() / "crds").glob("*.yaml"))
+        ]
+        self.cluster.kubectl(
+            "delete", "--ignore-not-found", "--wait=true", "--timeout=60s", *crds,
+            check=False, timeout=90,
+        )  # fmt: skip
         self.cluster.kubectl(
             "delete", "--ignore-not-found", "--wait=false",
             f"mutatingwebhookconfiguration/{MUTATING}",

@@ -581,3 +581,29 @@ def test_a_queued_job_runs_only_while_its_workload_is_admitted() -> None:
         "ReleasedQuota",
         "no worker left after the eviction of Workload torchjob-tj: its quota is handed back and Kueue queues it again",
     ) in kube.events
+
+
+class NoKueueKube(FakeKube):
+    """A cluster without Kueue: the Workload API is not served (404 on every request)."""
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None  # the client reads a 404 as "no such object"
+
+    def create_workload(self, body: dict[str, Any]) -> bool:
+        raise _api_error(404, '{"kind":"Status","reason":"NotFound","code":404}')
+
+
+def test_a_queued_job_runs_ungated_when_kueue_is_not_installed() -> None:
+    """As on a batch Job, the queue label is inert without Kueue: the job runs, and says so
+    once (a Warning Event), instead of waiting for an admission that nothing would give."""
+    kube = NoKueueKube({**_spec(2), "scheduling": {"queueName": "lq"}})
+    clock = Clock()
+    _reconcile(kube, clock)
+    assert sorted(kube.pods) == ["tj-worker-0", "tj-worker-1"]
+    assert [r for r, _ in kube.events].count("KueueNotInstalled") == 1
+    assert not [r for r, _ in kube.events if r == "FailedWorkload"]
+    kube.run_all()
+    clock.now += timedelta(seconds=1)
+    _reconcile(kube, clock)
+    assert kube.job["status"]["phase"] == "Running"
+    assert [r for r, _ in kube.events].count("KueueNotInstalled") == 1, "said once"

@@ -80,6 +80,8 @@ REASONS: Final[Mapping[str, str]] = {
     "handed back and Kueue queues it again",
     "FinishedWorkload": "marked Workload {name} Finished ({result})",
     "FailedWorkload": "{detail}",
+    "KueueNotInstalled": "queue {queue} is set but the cluster serves no Kueue Workload API "
+    "(kueue.x-k8s.io/v1beta2): the queue label is inert and the job runs without an admission",
 }
 SHOWN_AS: Final[Mapping[str, str]] = {
     "WaitingForPodsCreation": "WaitingForPods",
