@@ -245,3 +245,14 @@ def test_keep_survivors_a_preemption_costs_only_the_preempted_pod(
     assert "the group stopped for a membership change" in logs[0], logs[0]
     assert f"resumed from epoch {int(stops[0]) - 1} at generation 1" in logs[0], logs[0]
     assert f"done: {epochs} epochs, world size 2" in logs[0]
+    # Re-formed in place: pod 0's worker process trained both generations, and the new pod 1
+    # holds the same parameters as the survivor after the first step of generation 1.
+    firsts = {
+        (int(g), int(r)): (int(pid), params)
+        for i in (0, 1)
+        for g, r, pid, params in re.findall(
+            r"^generation (\d+) rank (\d+) pid (\d+) params (.*)$", logs[i], re.M
+        )
+    }
+    assert firsts[(0, 0)][0] == firsts[(1, 0)][0], f"rank 0 changed process\n{logs[0]}"
+    assert firsts[(1, 1)][1] == firsts[(1, 0)][1], f"newcomer differs\n{logs}"

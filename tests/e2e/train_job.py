@@ -65,6 +65,15 @@ def train_func(config: dict) -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if epoch == start:
+            # What a test compares across a membership change: the process that trains this
+            # generation, and the parameters every rank holds after its first step.
+            params = torch.cat([p.detach().flatten() for p in model.parameters()])
+            print(
+                f"generation {os.environ['TORCHJOB_GENERATION']} rank {ctx.get_world_rank()}"
+                f" pid {os.getpid()} params {[round(v, 6) for v in params.tolist()]}",
+                flush=True,
+            )
         metrics = {"epoch": epoch, "loss": loss.item()}
         if ctx.get_world_rank() == 0:
             with tempfile.TemporaryDirectory() as d:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
+from pathlib import Path
 
 import pytest
+from tests.kube import wait_for
 
 from torchjob.launch import (
     CollectiveTimeoutError,
+    LaunchError,
     Placement,
     WorkerDiedError,
     WorkerGroup,
@@ -133,3 +137,130 @@ def test_a_rank_elsewhere_that_never_comes_is_waiting_for_peers_not_a_local_faul
         local.start()
     local.shutdown(timeout_s=0)
     assert not own.value.waiting_for_peers
+
+
+def _pod(index: int, world: int, port: int, generation: int) -> Placement:
+    """Pod ``index`` of a ``world``-pod job, one rank per pod, rendezvous on this host."""
+    return Placement(
+        world_size=world,
+        local_world_size=1,
+        rank_offset=index,
+        node_rank=index,
+        num_nodes=world,
+        master_addr="127.0.0.1",
+        master_port=port,
+        generation=generation,
+    )
+
+
+def _reform_together(*moves: tuple[WorkerGroup, Placement]) -> None:
+    """Re-form several "pods" at once (each ``reform`` blocks until its group is formed)."""
+    errors: list[BaseException] = []
+
+    def run(group: WorkerGroup, placement: Placement) -> None:
+        try:
+            group.reform(placement)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=m) for m in moves]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+
+
+def _remember(value: float) -> tuple[int, int, int, float]:
+    """Keep ``value`` in this process; return (pid, rank, world size, sum over the group)."""
+    info = worker_info()
+    assert info is not None
+    worker_state().setdefault("kept", value)
+    return os.getpid(), info.rank, info.world_size, _all_reduce_sum(worker_state()["kept"])
+
+
+def test_a_survivor_re_forms_in_place_when_a_peer_leaves_and_a_newcomer_joins() -> None:
+    """KeepSurvivors' mechanism: pod 0's worker process outlives its peer. It re-forms the
+    group alone (a shrink), then with a newcomer that started unformed (a grow), keeping
+    its PID and what it holds in memory; the newcomer meets it under the new generation."""
+    port = free_port()
+    survivor = WorkerGroup(1, timeout_s=30, placement=_pod(0, 2, port, 0))
+    leaver = WorkerGroup(1, timeout_s=30, placement=_pod(1, 2, port, 0))
+    newcomer = WorkerGroup(1, timeout_s=30, placement=_pod(1, 2, port, 2))
+    try:
+        survivor.start(form=False)
+        leaver.start(form=False)
+        assert not survivor.formed
+        _reform_together((survivor, _pod(0, 2, port, 0)), (leaver, _pod(1, 2, port, 0)))
+        first = survivor.submit(_remember, (1.0,))
+        assert leaver.execute(_remember, 2.0)[0][1:] == (1, 2, 3.0)
+        ((pid, rank, world, total),) = first.wait()
+        assert (rank, world, total) == (0, 2, 3.0)
+
+        leaver.shutdown()  # the peer is evicted: generation 1 is pod 0 alone
+        survivor.reform(_pod(0, 1, port, 1))
+        assert survivor.execute(_remember, 9.0) == [(pid, 0, 1, 1.0)]  # same process, state kept
+
+        newcomer.start(form=False)  # imports while the job runs smaller
+        _reform_together((survivor, _pod(0, 2, port, 2)), (newcomer, _pod(1, 2, port, 2)))
+        assert survivor.pids == [pid]
+        grown = survivor.submit(_remember, (9.0,))
+        assert newcomer.execute(_remember, 5.0)[0][1:] == (1, 2, 6.0)
+        assert grown.wait() == [(pid, 0, 2, 6.0)]
+    finally:
+        for g in (survivor, leaver, newcomer):
+            g.shutdown(timeout_s=0)
+
+
+def test_a_group_that_cannot_re_form_says_so() -> None:
+    group = WorkerGroup(1, timeout_s=30)
+    with pytest.raises(LaunchError, match="cannot be re-formed"):
+        group.reform(Placement.local(1))
+    group.start()
+    try:
+        assert not group.can_reform(Placement.local(2))
+    finally:
+        group.shutdown()
+
+
+def _all_reduce_forever(marker: str) -> None:
+    _all_reduce_sum(1.0)
+    Path(f"{marker}.{_rank()}").touch()  # this rank's first collective completed
+    while True:
+        _all_reduce_sum(1.0)
+
+
+def test_a_gloo_survivor_of_a_vanished_peer_re_forms_in_place(tmp_path: Path) -> None:
+    """A hard loss (the peer pod's process SIGKILLed mid-collective): the survivor's rank
+    raises a broken connection, its process is sound, and it joins the next generation
+    without a restart; a failure of its own would not allow that."""
+    port = free_port()
+    survivor = WorkerGroup(1, backend="gloo", timeout_s=30, placement=_pod(0, 2, port, 0))
+    victim = WorkerGroup(1, backend="gloo", timeout_s=30, placement=_pod(1, 2, port, 0))
+    newcomer = WorkerGroup(1, backend="gloo", timeout_s=30, placement=_pod(1, 2, port, 1))
+    try:
+        survivor.start(form=False)
+        victim.start(form=False)
+        _reform_together((survivor, _pod(0, 2, port, 0)), (victim, _pod(1, 2, port, 0)))
+        pid = survivor.pids[0]
+        marker = tmp_path / "looping"
+        running = survivor.submit(_all_reduce_forever, (str(marker),))
+        victim.submit(_all_reduce_forever, (str(marker),))
+        wait_for(
+            lambda: Path(f"{marker}.1").exists(), 60, "the victim to enter its collective loop"
+        )
+        os.kill(victim.pids[0], signal.SIGKILL)
+        with pytest.raises(WorkerGroupError) as lost:
+            running.wait()
+        assert lost.value.peer_failure, str(lost.value)
+        assert survivor.is_broken and survivor.can_reform(_pod(0, 2, port, 1))
+
+        newcomer.start(form=False)
+        _reform_together((survivor, _pod(0, 2, port, 1)), (newcomer, _pod(1, 2, port, 1)))
+        assert not survivor.is_broken
+        back = survivor.submit(_remember, (1.0,))
+        assert newcomer.execute(_remember, 2.0)[0][1:] == (1, 2, 3.0)
+        assert back.wait() == [(pid, 0, 2, 3.0)]  # the same process
+    finally:
+        for g in (survivor, victim, newcomer):
+            g.shutdown(timeout_s=0)

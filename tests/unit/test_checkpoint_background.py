@@ -106,3 +106,37 @@ def test_sigkill_during_a_background_commit_never_leaves_a_committed_partial(
             assert {data[0] for data in files.values()} == {ckpt.metrics["i"] % 256}
         storage.remove_incomplete()
         assert not [n for n in os.listdir(run) if n.startswith(".tmp-")]
+
+
+def test_a_file_rewritten_in_place_during_its_commit_is_an_error_not_a_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """torch.save() over the same path truncates the inode the staged link shares: the
+    commit must notice, name the file, and commit nothing."""
+    storage = CheckpointStorage(str(tmp_path / "run"))
+    src = _user_dir(tmp_path, 1, size=64 << 20)
+    rewritten = False
+
+    def rewrite_then_verify() -> None:
+        nonlocal rewritten
+        with open(Path(src) / "model.pt", "r+b") as f:  # same inode, as torch.save does
+            f.write(b"\x02" * 10)
+        rewritten = True
+
+    committer = BackgroundCommitter(storage)
+    real_commit = storage.commit
+
+    def commit(*args: object, verify: object = None, **kwargs: object):  # type: ignore[no-untyped-def]
+        def both() -> None:
+            rewrite_then_verify()
+            assert callable(verify)
+            verify()
+
+        return real_commit(*args, verify=both, **kwargs)  # type: ignore[arg-type]
+
+    storage.commit = commit  # type: ignore[method-assign]
+    committer.submit(src, metrics={"i": 1})
+    with pytest.raises(CheckpointError, match=r"model\.pt.*rewritten") as info:
+        committer.wait()
+    assert rewritten and "async_commit=False" in str(info.value)
+    assert storage.list_committed() == []

@@ -4,7 +4,9 @@
 staging directory beside it (a copy only where links are impossible, e.g. another
 filesystem) and returns; one background thread then runs ``CheckpointStorage.commit`` on the
 staged files, with the same atomic protocol and ``_COMMITTED`` marker as a synchronous commit.
-The caller may delete ``local_dir`` at once (the staged links keep the data).
+The caller may delete ``local_dir`` at once (the staged links keep the data). A caller that
+instead rewrites a file of ``local_dir`` in place (same inode) while its commit runs gets a
+:class:`CheckpointError` naming the file, and nothing committed: a link cannot protect that.
 
 At most one commit is in flight: ``submit`` waits for the previous one first, so memory and
 disk stay bounded and checkpoints commit in the order they were reported. ``wait()`` drains
@@ -22,7 +24,32 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from torchjob.checkpoint.errors import CheckpointError
 from torchjob.checkpoint.storage import CheckpointStorage, CommittedCheckpoint
+
+
+def _fingerprint(staged: str) -> dict[str, tuple[int, int]]:
+    """(mtime in ns, size) of every staged file: a write through any link changes it."""
+    out: dict[str, tuple[int, int]] = {}
+    for root, _dirs, files in os.walk(staged):
+        for name in files:
+            path = os.path.join(root, name)
+            st = os.stat(path)
+            out[os.path.relpath(path, staged)] = (st.st_mtime_ns, st.st_size)
+    return out
+
+
+def _unchanged_since(staged: str, before: dict[str, tuple[int, int]], origin: str) -> None:
+    """Raise if a staged file changed after staging (its user rewrote it in place)."""
+    after = _fingerprint(staged)
+    changed = sorted(rel for rel, fp in before.items() if after.get(rel) != fp)
+    if changed:
+        raise CheckpointError(
+            os.path.join(origin, changed[0]),
+            "was rewritten while its checkpoint was being committed in the background; "
+            "write each checkpoint to a new directory (tempfile.TemporaryDirectory()) or "
+            "set CheckpointConfig(async_commit=False)",
+        )
 
 
 def stage(local_dir: str) -> str:
@@ -66,10 +93,16 @@ class BackgroundCommitter:
         """Stage ``local_dir`` and commit it in the background (after the previous commit)."""
         self.wait()
         staged = stage(local_dir)
+        before = _fingerprint(staged)
 
         def run() -> None:
             try:
-                ckpt = self.storage.commit(staged, metrics=metrics, data_positions=data_positions)
+                ckpt = self.storage.commit(
+                    staged,
+                    metrics=metrics,
+                    data_positions=data_positions,
+                    verify=lambda: _unchanged_since(staged, before, local_dir),
+                )
                 self.committed.append(ckpt)
                 if self.on_commit is not None:
                     self.on_commit(ckpt)

@@ -27,6 +27,7 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,8 +132,12 @@ class CheckpointStorage:
         metrics: dict[str, Any] | None = None,
         data_positions: list[dict[str, Any]] | None = None,
         index: int | None = None,
+        verify: Callable[[], None] | None = None,
     ) -> CommittedCheckpoint:
-        """Copy ``local_dir`` in as the next checkpoint and commit it atomically."""
+        """Copy ``local_dir`` in as the next checkpoint and commit it atomically.
+
+        ``verify`` runs after the files are copied and before the checkpoint is marked
+        committed; if it raises, nothing is committed (the copy is left as incomplete)."""
         files = _local_files(local_dir)
         index = self.next_index() if index is None else index
         name = checkpoint_dir_name(index)
@@ -152,19 +157,26 @@ class CheckpointStorage:
         final = self._join(name)
         try:
             if self.is_local:
-                self._commit_local(files, name, manifest_bytes, marker_bytes)
+                self._commit_local(files, name, manifest_bytes, marker_bytes, verify)
             else:
                 self.fs.makedirs(final, exist_ok=True)
                 for rel, p in files.items():
                     self.fs.put_file(p, f"{final}/{rel}")
                 self.fs.pipe_file(f"{final}/{MANIFEST}", manifest_bytes)
+                if verify is not None:
+                    verify()
                 self.fs.pipe_file(f"{final}/{MARKER}", marker_bytes)
         except OSError as e:
             raise CheckpointError(self._url_of(name), f"saving failed: {e}") from e
         return self._from_manifest(name, manifest)
 
     def _commit_local(
-        self, files: dict[str, str], name: str, manifest_bytes: bytes, marker_bytes: bytes
+        self,
+        files: dict[str, str],
+        name: str,
+        manifest_bytes: bytes,
+        marker_bytes: bytes,
+        verify: Callable[[], None] | None,
     ) -> None:
         os.makedirs(self.root, exist_ok=True)
         tmp = self._join(f".tmp-{name}-{uuid.uuid4().hex[:8]}")
@@ -177,6 +189,8 @@ class CheckpointStorage:
                 os.fsync(f.fileno())
         _write_synced(os.path.join(tmp, MANIFEST), manifest_bytes)
         _fsync_dir(tmp)
+        if verify is not None:
+            verify()
         final = self._join(name)
         os.rename(tmp, final)
         _fsync_dir(self.root)

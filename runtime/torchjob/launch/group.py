@@ -140,6 +140,11 @@ class Execution(Generic[T]):
             # Peers may be stuck in a collective unless every rank returned a plain exception.
             if pending or any(f.kind != "user" for f in failures):
                 self._group._broken = True
+                # Every local rank answered, each with a broken connection to another host:
+                # the processes themselves are sound (see ``WorkerGroup.can_reform``).
+                self._group._peer_loss_only = not pending and all(
+                    f.kind == "peer" for f in failures
+                )
             raise _root_cause(failures, hung=[w.rank for w in pending.values()])
         return [results[w.local_rank] for w in self._workers]
 
@@ -242,6 +247,8 @@ class WorkerGroup:
         self._next_task = 0
         self._broken = False
         self._busy = False
+        self._formed = False
+        self._peer_loss_only = False
 
     # --- properties -----------------------------------------------------------------
     @property
@@ -272,10 +279,15 @@ class WorkerGroup:
         return self._broken
 
     # --- lifecycle ------------------------------------------------------------------
-    def start(self) -> None:
-        """Spawn the workers, wait until all joined the process group and ran ``init_hook``."""
+    def start(self, *, form: bool = True) -> None:
+        """Spawn the workers, wait until all joined the process group and ran ``init_hook``.
+
+        With ``form=False`` the workers start, import torch and wait unformed: a
+        :meth:`reform` forms their first group later (a pod that joins a running job
+        imports while it waits for its generation)."""
         if self._workers:
             raise LaunchError("worker group already started")
+        self._formed = form
         self._placement = self._placement.with_port()
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         server.bind(("127.0.0.1", 0))
@@ -292,6 +304,7 @@ class WorkerGroup:
                 "use_gpu": self._use_gpu,
                 "timeout_s": self._timeout_s,
                 "init_hook": cloudpickle.dumps(self._init_hook) if self._init_hook else None,
+                "form": form,
             }
             for w in self._workers:
                 assert w.conn is not None
@@ -301,16 +314,58 @@ class WorkerGroup:
             self.shutdown(timeout_s=0)
             raise
 
-    def _spawn(self, local_rank: int, token: str) -> _Worker:
+    @property
+    def formed(self) -> bool:
+        """True once the workers are in a process group (see ``start(form=False)``)."""
+        return self._formed
+
+    def can_reform(self, placement: Placement) -> bool:
+        """Whether :meth:`reform` can move this group's processes to ``placement``.
+
+        Not after a failure of its own; but a gloo group broken only because another host's
+        ranks vanished (every local rank raised a broken connection, none hung or died) can:
+        its processes leave the dead group and join the next one (NCCL communicators that
+        saw a peer die are not safe to reuse: such a group starts new processes)."""
+        healthy = not self._broken or (self._peer_loss_only and self._backend == "gloo")
+        return (
+            bool(self._workers)
+            and healthy
+            and all(w.conn is not None and w.proc.poll() is None for w in self._workers)
+            and placement.local_world_size == self._num_workers
+        )
+
+    def reform(self, placement: Placement, env: dict[str, str] | None = None) -> None:
+        """Move the running workers into the process group ``placement`` names, in place.
+
+        Each worker leaves its current group (if any) and joins the new one in the same
+        process: no new interpreter, no import, and what it holds (``worker_state``, the
+        CUDA context) stays. Ranks and the environment follow ``placement`` and ``env``,
+        as :meth:`start` would set them. Raises :class:`WorkerGroupStartError` like
+        :meth:`start` (the group is then broken: shut it down)."""
+        if not self.can_reform(placement):
+            raise LaunchError("this worker group cannot be re-formed; start a new one")
+        self._placement = placement.with_port()
+        self._env.update(env or {})
+        try:
+            for w in self._workers:
+                assert w.conn is not None
+                w.conn.send(("reform", self._rank_env(w.local_rank, with_base=False)))
+            self._await_ready()
+        except BaseException:
+            self._broken, self._peer_loss_only = True, False
+            raise
+        for w in self._workers:
+            w.rank = self._placement.rank_offset + w.local_rank
+        self._formed = True
+        self._broken = self._peer_loss_only = False
+
+    def _rank_env(self, local_rank: int, *, with_base: bool = True) -> dict[str, str]:
+        """The torchrun variables of one local rank under the current placement."""
         p = self._placement
-        rank = p.rank_offset + local_rank
-        assert self._server is not None
-        host, port = self._server.getsockname()
-        package_root = str(Path(__file__).resolve().parents[2])
-        env = {
-            **os.environ,
+        return {
+            **(dict(os.environ) if with_base else {}),
             **self._env,
-            contract.RANK: str(rank),
+            contract.RANK: str(p.rank_offset + local_rank),
             contract.LOCAL_RANK: str(local_rank),
             contract.WORLD_SIZE: str(p.world_size),
             contract.LOCAL_WORLD_SIZE: str(p.local_world_size),
@@ -320,6 +375,16 @@ class WorkerGroup:
             contract.MASTER_PORT: str(p.master_port),
             contract.TORCHELASTIC_RESTART_COUNT: str(p.generation),
             contract.TORCHELASTIC_RUN_ID: p.run_id,
+        }
+
+    def _spawn(self, local_rank: int, token: str) -> _Worker:
+        p = self._placement
+        rank = p.rank_offset + local_rank
+        assert self._server is not None
+        host, port = self._server.getsockname()
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = {
+            **self._rank_env(local_rank),
             contract.PYTHONUNBUFFERED: "1",
             ENV_DRIVER_ADDR: f"{host}:{port}",
             ENV_TOKEN: token,

@@ -146,6 +146,37 @@ def _error_msg(kind: str, task_id: int, exc: BaseException) -> tuple[Any, ...]:
     return (kind, task_id, type(exc).__qualname__, str(exc), tb, classify_failure(exc))
 
 
+_SERVER: dict[int, Any] = {}
+"""The TCPStore this process serves, by port (rank 0 only). It outlives a re-formation, so a
+surviving rank 0 keeps serving the rendezvous on the same port: a new store could not bind it."""
+
+
+def _rendezvous_store(timeout: timedelta) -> Any:
+    """This generation's store: rank 0 serves the TCPStore on ``MASTER_PORT`` (kept across
+    re-formations), the others connect to it; keys live under the generation's prefix, so a
+    re-formed group never reads a previous generation's keys, and a fresh process (a joiner)
+    and a survivor meet in the same place."""
+    import torch.distributed as dist
+
+    addr = os.environ["MASTER_ADDR"]
+    port = int(os.environ["MASTER_PORT"])
+    # Images whose torch lacks libuv set USE_LIBUV=0, as init_process_group("env://") reads it.
+    use_libuv = os.environ.get("USE_LIBUV", "1") not in ("0", "false", "False")
+    if int(os.environ["RANK"]) == 0:
+        store = _SERVER.get(port)
+        if store is None:
+            store = dist.TCPStore(  # type: ignore[attr-defined]  # re-exported from torch._C
+                addr, port, None, True, timeout, wait_for_workers=False, use_libuv=use_libuv
+            )
+            _SERVER[port] = store
+    else:
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            addr, port, None, False, timeout, use_libuv=use_libuv
+        )
+    generation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"torchjob/g{generation}", store)  # type: ignore[attr-defined]
+
+
 def _init_process_group(init: dict[str, Any]) -> str:
     import torch
     import torch.distributed as dist
@@ -156,14 +187,56 @@ def _init_process_group(init: dict[str, Any]) -> str:
         local_rank = int(os.environ["LOCAL_RANK"])
         torch.cuda.set_device(local_rank)
         device = f"cuda:{local_rank}"
+    timeout = timedelta(seconds=float(init["timeout_s"]))
     dist.init_process_group(
         backend=backend,
-        init_method="env://",
+        store=_rendezvous_store(timeout),
         rank=int(os.environ["RANK"]),
         world_size=int(os.environ["WORLD_SIZE"]),
-        timeout=timedelta(seconds=float(init["timeout_s"])),
+        timeout=timeout,
     )
     return device
+
+
+def _form(init: dict[str, Any]) -> None:
+    """Join this generation's process group (as the environment names it) and set ``_INFO``."""
+    global _INFO
+    device = _init_process_group(init)
+    _INFO = WorkerInfo(
+        rank=int(os.environ["RANK"]),
+        local_rank=int(os.environ["LOCAL_RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
+        node_rank=int(os.environ.get("NODE_RANK", "0")),
+        generation=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        backend=init["backend"],
+        device=device,
+    )
+
+
+def _reform(init: dict[str, Any], env: dict[str, str]) -> None:
+    """Leave the current process group (if any) and join the one ``env`` names, in this
+    process: the interpreter, its imports, its CUDA context and its ``worker_state`` stay."""
+    import torch.distributed as dist
+
+    global _INFO
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _INFO = None
+    os.environ.update(env)
+    _STOP.clear()
+    _form(init)
+
+
+def _warm_up() -> None:
+    """A process waiting to be formed imports what the first step needs meanwhile:
+    DDP's constructor imports the compiler stack (seconds of CPU), and so does
+    ``torch.compiler.reset()``, the public way to load it (nothing is compiled yet)."""
+    import torch.compiler
+    import torch.distributed
+    import torch.nn.parallel
+
+    torch.compiler.reset()
 
 
 def _connect() -> Connection:
@@ -174,7 +247,7 @@ def _connect() -> Connection:
 
 
 def main() -> int:
-    global _CONN, _INFO
+    global _CONN
     signal.signal(signal.SIGTERM, lambda _s, _f: _STOP.set())
     conn = _connect()
     _CONN = conn
@@ -184,17 +257,10 @@ def main() -> int:
     assert kind == "init"
     sys.path[:] = list(init["sys_path"])
     try:
-        device = _init_process_group(init)
-        _INFO = WorkerInfo(
-            rank=int(os.environ["RANK"]),
-            local_rank=int(os.environ["LOCAL_RANK"]),
-            world_size=int(os.environ["WORLD_SIZE"]),
-            local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
-            node_rank=int(os.environ.get("NODE_RANK", "0")),
-            generation=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-            backend=init["backend"],
-            device=device,
-        )
+        if init.get("form", True):
+            _form(init)
+        else:
+            _warm_up()
         if init["init_hook"] is not None:
             hook: Callable[[], None] = cloudpickle.loads(init["init_hook"])
             hook()
@@ -209,6 +275,14 @@ def main() -> int:
             break
         if msg[0] == "exit":
             break
+        if msg[0] == "reform":
+            try:
+                _reform(init, msg[1])
+            except BaseException as exc:
+                _send(conn, _error_msg("init_err", 0, exc))
+                continue
+            _send(conn, ("ready",))
+            continue
         _, task_id, payload = msg
         _TASK_ID[0] = task_id
         try:

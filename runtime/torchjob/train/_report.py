@@ -2,19 +2,28 @@
 
 ``report`` is collective: every rank calls it at the same point. Rank 0 commits
 the checkpoint to storage (only rank 0 needs storage access), then all ranks
-all-reduce their stop flags, which doubles as the barrier after the commit. If
-any rank was asked to stop (SIGTERM, a resize), every rank leaves at this same
-report, after the checkpoint is safe.
+all-reduce their stop flags. If any rank was asked to stop (SIGTERM, a resize),
+every rank leaves at this same report, after the checkpoint is safe.
+
+With ``CheckpointConfig.async_commit`` (the default) rank 0 stages the checkpoint's
+files by hard links and commits them on a background thread
+(:class:`~torchjob.checkpoint.background.BackgroundCommitter`: the same atomic protocol,
+one commit in flight), so a report costs the link, not the copy; the commit is
+announced by a ``checkpoint`` event when it lands. A stop waits for it before the
+group leaves, and so does the end of the generation.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchjob.checkpoint import CheckpointStorage
+from torchjob.checkpoint import CheckpointStorage, CommittedCheckpoint
 from torchjob.launch import send_event, stop_requested
 from torchjob.train import _session
 from torchjob.train.checkpoint import Checkpoint
+
+if TYPE_CHECKING:
+    from torchjob.checkpoint.background import BackgroundCommitter
 
 
 def _agree_to_stop(local_stop: bool) -> bool:
@@ -30,6 +39,48 @@ def _agree_to_stop(local_stop: bool) -> bool:
     return bool(flag.item())
 
 
+def _committer(s: _session.Session) -> BackgroundCommitter:
+    """Rank 0's background committer for this generation (created at its first checkpoint)."""
+    from torchjob.checkpoint.background import BackgroundCommitter
+
+    if s.committer is None:
+        assert s.storage_url is not None
+        storage = CheckpointStorage(s.storage_url)
+        report_of: dict[str, int] = {}
+
+        def landed(ckpt: CommittedCheckpoint) -> None:
+            storage.apply_retention(
+                s.num_to_keep, score_attribute=s.score_attribute, score_order=s.score_order
+            )
+            send_event(
+                {
+                    "type": "checkpoint",
+                    "path": ckpt.path,
+                    "index": ckpt.index,
+                    "report": report_of.pop(ckpt.path, None),
+                    "generation": s.generation,
+                }
+            )
+
+        s.committer = BackgroundCommitter(storage, on_commit=landed)
+    return s.committer
+
+
+def _commit(s: _session.Session, checkpoint: Checkpoint, metrics: dict[str, Any]) -> Any:
+    """Rank 0: commit ``checkpoint`` now (returns it) or hand it to the background (None)."""
+    assert s.storage_url is not None
+    with checkpoint.as_directory() as local_dir:
+        if s.async_commit:
+            _committer(s).submit(local_dir, metrics=metrics, data_positions=s.data_positions())
+            return None
+        storage = CheckpointStorage(s.storage_url)
+        committed = storage.commit(local_dir, metrics=metrics, data_positions=s.data_positions())
+    storage.apply_retention(
+        s.num_to_keep, score_attribute=s.score_attribute, score_order=s.score_order
+    )
+    return committed
+
+
 def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
     """Report ``metrics`` (rank 0's are kept) and optionally a checkpoint (rank 0's is saved)."""
     s = _session.current()
@@ -39,15 +90,10 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> Non
     s.last_metrics = dict(metrics)
     s.history.append(dict(metrics))
     committed = None
-    if s.world_rank == 0 and checkpoint is not None and s.storage_url:
-        storage = CheckpointStorage(s.storage_url)
-        with checkpoint.as_directory() as local_dir:
-            committed = storage.commit(
-                local_dir, metrics=metrics, data_positions=s.data_positions()
-            )
-        storage.apply_retention(
-            s.num_to_keep, score_attribute=s.score_attribute, score_order=s.score_order
-        )
+    saving = s.world_rank == 0 and checkpoint is not None and bool(s.storage_url)
+    if saving:
+        assert checkpoint is not None
+        committed = _commit(s, checkpoint, metrics)
     if s.world_rank == 0:
         send_event(
             {
@@ -55,6 +101,7 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> Non
                 "metrics": dict(metrics),
                 "checkpoint_path": committed.path if committed else None,
                 "checkpoint_index": committed.index if committed else None,
+                "checkpoint_pending": saving and committed is None,
                 "world_size": s.world_size,
                 "generation": s.generation,
                 "report": s.reports,
@@ -62,6 +109,7 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> Non
         )
     stop = _agree_to_stop(stop_requested())
     if stop:
+        s.drain()  # the stop's checkpoint is committed before the group leaves
         s.stopped_at_report = s.reports
         raise _session.StopTraining()
 

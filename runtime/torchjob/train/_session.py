@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torchjob.checkpoint import DataPosition
 
 if TYPE_CHECKING:
+    from torchjob.checkpoint.background import BackgroundCommitter
     from torchjob.train.checkpoint import Checkpoint
 
 
@@ -50,6 +51,14 @@ class Session:
     last_metrics: dict[str, Any] | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     """Every report of this worker in this generation (rank 0's become the Result's)."""
+    async_commit: bool = False
+    committer: BackgroundCommitter | None = None
+    """Rank 0 with ``async_commit``: the background commits of this generation's reports."""
+
+    def drain(self) -> None:
+        """Wait for rank 0's background commit in flight (re-raising its error)."""
+        if self.committer is not None:
+            self.committer.wait()
 
     def data_positions(self) -> list[dict[str, Any]]:
         return [loader.position().to_dict() for loader in self.loaders]

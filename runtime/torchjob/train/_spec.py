@@ -29,6 +29,8 @@ class WorkerSpec:
     ``torchjob.train._shared_result``) so every pod's ``fit()`` returns the same ``Result``."""
     history_before: tuple[dict[str, Any], ...] = ()
     """Rank 0's reports of earlier generations of this ``fit`` (KeepSurvivors)."""
+    async_commit: bool = True
+    """``CheckpointConfig.async_commit``: rank 0 commits reported checkpoints in the background."""
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ the user's ``train_func`` runs with a session that ``report`` and friends use.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import shutil
 import tempfile
@@ -98,15 +99,22 @@ def run_training(spec: WorkerSpec) -> WorkerOutcome:
         score_order=spec.score_order,
         checkpoint=checkpoint,
         resume_positions=positions,
+        async_commit=spec.async_commit and info.rank == 0,
     )
     _session.set_current(session)
     stopped = False
     shared = None
     try:
-        if _accepts_config(spec.train_func):
-            spec.train_func(dict(spec.config or {}))
-        else:
-            spec.train_func()
+        try:
+            if _accepts_config(spec.train_func):
+                spec.train_func(dict(spec.config or {}))
+            else:
+                spec.train_func()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                session.drain()  # what was reported before the failure still lands
+            raise
+        session.drain()  # the run's checkpoints are committed before its result is built
         if spec.share_result:
             shared = _shared_result.share(spec, session)
     except _session.StopTraining:

@@ -62,6 +62,11 @@ class CheckpointConfig(_Config):
     num_to_keep: int | None = Field(default=None, ge=1)
     checkpoint_score_attribute: str | None = None
     checkpoint_score_order: Literal["max", "min"] = "max"
+    async_commit: bool = True
+    """``report(..., checkpoint=...)`` returns once the checkpoint's files are staged (hard
+    links) and commits them to storage on a background thread, one at a time, with the same
+    atomic protocol; a stop, a failure and the end of the run wait for it. ``False``: every
+    report waits until its checkpoint is committed (Ray's behaviour)."""
 
 
 class FailureConfig(_Config):

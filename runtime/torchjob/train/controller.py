@@ -148,6 +148,8 @@ class Controller:
             else None
         )
         self.mode = choose_mode(trainer, pod, endpoint)
+        self._kept: WorkerGroup | None = None
+        """KeepSurvivors: this pod's worker processes between generations (see ``_prestart``)."""
 
     # --- what a generation needs ---------------------------------------------------------
     def _spec(self) -> WorkerSpec:
@@ -165,6 +167,7 @@ class Controller:
             resume_from=resume._url if resume is not None else None,
             share_result=shares_result(self._pod_now()),
             history_before=tuple(self.history),
+            async_commit=cc.async_commit,
         )
 
     def _pod_now(self) -> PodEnv | None:
@@ -174,25 +177,71 @@ class Controller:
         m = self.mode.membership
         return replace(self.pod, generation=m.generation, replicas=m.replicas)
 
-    def _group(self, state: RunState) -> WorkerGroup:
-        tc = self.t.torch_config
+    def _placement(self, state: RunState) -> tuple[Placement, dict[str, str]]:
+        """Where this generation's local workers go, and the env they get besides torchrun's."""
         pod = self._pod_now()
-        env: dict[str, str] = {}
-        if pod is not None:
-            placement = Placement.from_pod_env(pod)
-            n = placement.local_world_size
-            env = {contract.GENERATION: str(pod.generation), contract.REPLICAS: str(pod.replicas)}
-        else:
-            n = state.num_workers
-            placement = Placement.local(n, generation=state.generation)
+        if pod is None:
+            return Placement.local(state.num_workers, generation=state.generation), {}
+        env = {contract.GENERATION: str(pod.generation), contract.REPLICAS: str(pod.replicas)}
+        return Placement.from_pod_env(pod), env
+
+    def _new_group(self, placement: Placement, env: dict[str, str]) -> WorkerGroup:
+        tc = self.t.torch_config
         return WorkerGroup(
-            n,
-            backend=backend(tc.backend, pod),
+            placement.local_world_size,
+            backend=backend(tc.backend, self._pod_now()),
             use_gpu=self.t.scaling_config.use_gpu,
             timeout_s=tc.timeout_s,
             placement=placement,
             env=env,
         )
+
+    def _prestart(self, state: RunState, view: ProgressView) -> None:
+        """KeepSurvivors: start this pod's worker processes unformed, before its first
+        generation, so that they import torch while the pod waits (a joiner waits for the
+        job to grow); every generation then forms its group in these same processes."""
+        placement, env = self._placement(state)
+        group = self._new_group(placement, env)
+        try:
+            group.start(form=False)
+        except LaunchError as err:
+            view.message(f"[torchjob] could not start the workers ahead: {err}")
+            return
+        self._kept = group
+
+    def _take_group(self, placement: Placement, env: dict[str, str]) -> WorkerGroup:
+        """The workers for this generation: the kept processes, re-formed in place when they
+        fit ``placement``, else a new group (both ready to run)."""
+        kept, self._kept = self._kept, None
+        if kept is not None and kept.can_reform(placement):
+            try:
+                kept.reform(placement, env)
+                return kept
+            except LaunchError:
+                kept.shutdown(timeout_s=0)
+                raise
+        if kept is not None:
+            kept.shutdown(timeout_s=0)
+        group = self._new_group(placement, env)
+        try:
+            group.start()
+        except LaunchError:
+            group.shutdown(timeout_s=0)
+            raise
+        return group
+
+    def _keeps(self, group: WorkerGroup, placement: Placement) -> bool:
+        """KeepSurvivors: whether this generation's processes serve the next one."""
+        return (
+            isinstance(self.mode, KeepSurvivorsMode)
+            and not self.stop_requested.is_set()
+            and group.can_reform(placement)
+        )
+
+    def _release(self) -> None:
+        if self._kept is not None:
+            self._kept.shutdown(timeout_s=10)
+            self._kept = None
 
     def _install_sigterm(self) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():
@@ -255,25 +304,26 @@ class Controller:
                 return self._loop(view)
         finally:
             restore()
+            self._release()
             if self.job_status is not None:
                 self.job_status.close()
 
     def _loop(self, view: ProgressView) -> Result:
         if self.storage is not None and self.storage.is_local:
             self.storage.remove_incomplete()
+        state = RunState(
+            num_workers=self.t.scaling_config.max_workers,
+            generation_started_s=time.monotonic(),
+        )
         if isinstance(self.mode, KeepSurvivorsMode):
+            self._prestart(state, view)
             try:
                 self.mode.await_own_generation(self, view)
             except GenerationTimeout as timeout:
                 if self.stop_requested.is_set():
                     self._raise_stopped(None)
                 self._raise_failed(timeout, str(timeout))
-        step: Step = Running(
-            RunState(
-                num_workers=self.t.scaling_config.max_workers,
-                generation_started_s=time.monotonic(),
-            )
-        )
+        step: Step = Running(replace(state, generation_started_s=time.monotonic()))
         while True:
             match step:
                 case Running(state):
@@ -323,12 +373,24 @@ class Controller:
         pod = self._pod_now()
         self.world_sizes.append(state.num_workers if pod is None else pod.world_size)
         view.generation(state.generation, state.num_workers)
-        group = self._group(state)
+        placement, env = self._placement(state)
         current = state
         signalled = False
+        group: WorkerGroup | None = None
 
         def on_event(_rank: int, event: dict[str, Any]) -> None:
             nonlocal current
+            if event.get("type") == "checkpoint":  # a background commit finished
+                current = replace(
+                    current, checkpoints_in_generation=current.checkpoints_in_generation + 1
+                )
+                if self.job_status is not None and self.last_metrics is not None:
+                    self.job_status.report(
+                        progress_body(
+                            self.last_metrics, reports=len(self.history), checkpoint=event["path"]
+                        )
+                    )
+                return
             if event.get("type") != "report":
                 return
             self.last_metrics = event["metrics"]
@@ -349,7 +411,7 @@ class Controller:
 
         def on_tick() -> None:
             nonlocal signalled
-            if signalled:
+            if signalled or group is None:
                 return
             if self.stop_requested.is_set():
                 reason: str | None = "SIGTERM: stopping all ranks at the next report"
@@ -361,16 +423,24 @@ class Controller:
                 signalled = True
 
         try:
-            group.start()
+            group = self._take_group(placement, env)
             outcomes = group.submit(run_training, (self._spec(),)).wait(
                 on_event=on_event, on_tick=on_tick
             )
         except LaunchError as err:
-            group.shutdown(timeout_s=0)
+            if group is not None and self._keeps(group, placement):
+                self._kept = group  # another pod's loss broke the group: these processes stay
+            elif group is not None:
+                group.shutdown(timeout_s=0)
             return Crashed(err)
-        group.shutdown(timeout_s=10)
         if any(o.stopped for o in outcomes):
+            if self._keeps(group, placement):
+                # Stopped for a membership change: the processes stay for the next generation.
+                self._kept = group
+            else:
+                group.shutdown(timeout_s=10)
             return Interrupted(outcomes)
+        group.shutdown(timeout_s=10)
         return Completed(outcomes)
 
     # --- carrying steps out ----------------------------------------------------------------
