@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ def data_loop(config: dict[str, Any]) -> None:
             state = torch.load(os.path.join(d, "state.pt"))
         epoch, step = state["epoch"], state["step"]  # re-enter the same epoch: the loader skips
     log = Path(config["log_dir"]) / f"rank{rank}-gen{generation}.jsonl"
+    in_generation = 0
     while epoch < EPOCHS:
         loader.sampler.set_epoch(epoch)
         for in_epoch, (x,) in enumerate(loader, start=1):
@@ -55,6 +57,12 @@ def data_loop(config: dict[str, Any]) -> None:
                 f.write(json.dumps({"step": step, "ids": [int(v) for v in x.tolist()]}) + "\n")
             if (generation, epoch, in_epoch) == KILL_AT and rank == 2:
                 os.kill(os.getpid(), signal.SIGKILL)
+            in_generation += 1
+            if generation == 1 and in_generation == 3:
+                # The smaller group waits here (after two checkpoints) until the driver grows
+                # it back: the grow happens mid-epoch whatever the speed of the reports.
+                while not torchjob.train.should_stop():
+                    time.sleep(0.05)
             with tempfile.TemporaryDirectory() as d:
                 if rank == 0:
                     torch.save({"epoch": epoch, "step": step}, os.path.join(d, "state.pt"))

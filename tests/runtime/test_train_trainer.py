@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,11 @@ def step_loop(config: dict[str, Any]) -> None:
                 raise ValueError(f"injected failure at step {step}")
             elif action == "sigterm-driver":
                 os.kill(os.getppid(), signal.SIGTERM)
+        if config.get("hold") == f"{ctx.get_generation()}:{step}":
+            # Every rank waits here until the group is asked to stop (a resize): the run
+            # cannot end before the driver's decision, however fast its reports are.
+            while not torchjob.train.should_stop():
+                time.sleep(0.05)
         log = Path(config["log_dir"]) / f"rank{ctx.get_world_rank()}-gen{ctx.get_generation()}.json"
         log.write_text(json.dumps({"last_step": step}))
         with tempfile.TemporaryDirectory() as d:
@@ -133,7 +139,9 @@ def test_elastic_shrinks_then_grows_back(tmp_path: Path) -> None:
         step_loop,
         # 3 ranks (not 4) prove the same: 11 worker starts became 8 (each imports torch and,
         # through DDP, torch._dynamo: about 6 s of CPU per worker).
-        train_loop_config=_config(tmp_path, 10, faults={"0:2": "kill"}, fault_rank=2),
+        # Generation 1 (2 workers) holds at step 5 until the driver grows it back (after its
+        # first checkpoint, steps 3 and 4).
+        train_loop_config=_config(tmp_path, 10, faults={"0:2": "kill"}, fault_rank=2, hold="1:5"),
         scaling_config=ScalingConfig(num_workers=(2, 3), elastic_grow_cooldown_s=0),
         run_config=_run_config(tmp_path),  # max_failures=0: a lost worker is not charged
     ).fit()
@@ -178,7 +186,7 @@ def test_corrupt_checkpoint_error_names_path(tmp_path: Path) -> None:
 
 
 def test_sigterm_stops_all_ranks_at_the_same_step_with_a_checkpoint(tmp_path: Path) -> None:
-    config = _config(tmp_path, 50, faults={"0:3": "sigterm-driver"})
+    config = _config(tmp_path, 50, faults={"0:3": "sigterm-driver"}, hold="0:4")
     with pytest.raises(TrainingStoppedError) as info:
         TorchTrainer(
             step_loop,
