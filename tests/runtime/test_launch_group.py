@@ -264,3 +264,49 @@ def test_a_gloo_survivor_of_a_vanished_peer_re_forms_in_place(tmp_path: Path) ->
     finally:
         for g in (survivor, victim, newcomer):
             g.shutdown(timeout_s=0)
+
+
+_START_PROBE = """
+import json, os, sys, threading
+import torch
+import xml.dom.minidom  # imported by this driver only: a forked worker has it, a fresh one not
+from torchjob.launch import WorkerGroup
+
+def probe():
+    import torch
+    return {"pid": os.getpid(), "ppid": os.getppid(), "rank": os.environ["RANK"],
+            "threads": torch.get_num_threads(), "sentinel": "xml.dom.minidom" in sys.modules}
+
+with WorkerGroup(2, backend="gloo") as g:
+    out = {"method": g.start_method, "workers": g.execute(probe), "driver": os.getpid()}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("start", ["auto", "spawn"])
+def test_workers_fork_from_a_single_threaded_cpu_driver_unless_told_not_to(start: str) -> None:
+    """The driver's imports are the forked workers' (no second ``import torch``); each worker
+    still gets its own rank env and one intra-op thread; ``spawn`` keeps fresh interpreters."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCHJOB_WORKER_START": start}
+    env.pop("OMP_NUM_THREADS", None)
+    done = subprocess.run(
+        [sys.executable, "-c", _START_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    forked = start == "auto"
+    assert out["method"] == ("fork" if forked else "spawn")
+    workers = out["workers"]
+    assert [w["rank"] for w in workers] == ["0", "1"]
+    assert all(w["ppid"] == out["driver"] and w["pid"] != out["driver"] for w in workers)
+    assert all(w["threads"] == 1 for w in workers), workers
+    assert all(w["sentinel"] is forked for w in workers), workers

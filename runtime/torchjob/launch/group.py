@@ -1,8 +1,9 @@
 """WorkerGroup: N local worker processes forming one ``torch.distributed`` process group.
 
 The driver (``TorchTrainer.fit``, the RaySGD trainer, tests) owns a group, sends
-it functions and gets per-rank results back. Each worker is a fresh interpreter
-(``python -m torchjob.launch._entry``) connected to the driver by a socket; the
+it functions and gets per-rank results back. Each worker is forked from the driver where
+that is safe, else a fresh interpreter (``torchjob.launch._start``), connected to the
+driver by a socket; the
 socket doubles as the liveness signal: when it closes, the worker is gone and its
 exit status says why. Failures are reduced to one root cause (see
 :meth:`Execution.wait`) so the caller does not have to read N stack traces.
@@ -27,6 +28,7 @@ from typing import Any, Generic, TypeVar
 import cloudpickle
 
 from torchjob import contract
+from torchjob.launch import _start
 from torchjob.launch.errors import (
     CollectiveTimeoutError,
     LaunchError,
@@ -75,7 +77,7 @@ def _check_gpu_count(num_workers: int, use_gpu: bool) -> None:
 class _Worker:
     local_rank: int
     rank: int
-    proc: subprocess.Popen[bytes]
+    proc: _start.WorkerProcess
     conn: Connection | None = None
 
     def exitcode(self, wait_s: float = 5.0) -> int | None:
@@ -249,6 +251,9 @@ class WorkerGroup:
         self._busy = False
         self._formed = False
         self._peer_loss_only = False
+        self.start_method: _start.StartMethod | None = None
+        """How the last worker started: forked from this process, or a fresh interpreter
+        (``torchjob.launch._start``)."""
 
     # --- properties -----------------------------------------------------------------
     @property
@@ -403,11 +408,11 @@ class WorkerGroup:
         # torchrun's default: one intra-op thread per process when several share a host.
         if "OMP_NUM_THREADS" not in env and p.local_world_size > 1:
             env["OMP_NUM_THREADS"] = "1"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "torchjob.launch._entry"],
-            env=env,
-            start_new_session=True,  # terminal Ctrl-C goes to the driver only
+        method, _why = _start.current_choice(env, use_gpu=self._use_gpu, backend=self._backend)
+        proc: _start.WorkerProcess = (
+            _start.ForkedProcess(env) if method == "fork" else _start.spawn(env)
         )
+        self.start_method = method
         return _Worker(local_rank=local_rank, rank=rank, proc=proc)
 
     def _accept(self, token: str) -> None:

@@ -411,6 +411,7 @@ class Controller:
 
         def on_tick() -> None:
             nonlocal signalled
+            view.tick()
             if signalled or group is None:
                 return
             if self.stop_requested.is_set():

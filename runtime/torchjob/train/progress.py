@@ -41,6 +41,9 @@ class ProgressView:
                 TimeElapsedColumn(),
                 console=self._console,
                 transient=False,
+                # No refresh thread: the controller calls tick() twice a second, so the
+                # driver stays single-threaded and can fork its workers (launch._start).
+                auto_refresh=False,
             )
             self._progress.start()
             self._task = self._progress.add_task("starting", total=self._total, metrics="")
@@ -50,6 +53,11 @@ class ProgressView:
         if self._progress is not None:
             self._progress.stop()
 
+    def tick(self) -> None:
+        """Redraw (the spinner and the elapsed time move between reports)."""
+        if self._progress is not None:
+            self._progress.refresh()
+
     def message(self, text: str) -> None:
         self._console.print(text, markup=False, highlight=False, soft_wrap=True)
 
@@ -57,6 +65,7 @@ class ProgressView:
         self._generation, self._workers = generation, workers
         if self._progress is not None:
             self._progress.update(self._task, description=f"gen {generation} · {workers} workers")
+            self._progress.refresh()
 
     def report(self, metrics: dict[str, Any], index: int) -> None:
         if self._progress is None:
@@ -69,3 +78,4 @@ class ProgressView:
             description=f"gen {self._generation} · {self._workers} workers · report {index}",
             metrics=_fmt(metrics),
         )
+        self._progress.refresh()
