@@ -657,7 +657,11 @@ def test_keep_survivors_publishes_the_generation_before_the_evicted_pod_is_gone(
     decided, view, _ = step(view, [up[0], evicted(up[1])], 5)
     assert decided.status["currentGeneration"] == 1 and decided.relabel == ("tj-worker-0",)
     assert decided.create is None
+    # Published in the same write: the evicted pod, still checkpointing, is not a member of
+    # generation 1 (its runtime stops rather than join in its successor's place).
+    assert decided.status["replacedWorkers"] == ["tj-worker-1"]
     survivor = replace(up[0], generation=1)
     gone = plan(view, [survivor], at(7))
     assert gone.create is not None and gone.create.indices == (1,)
     assert gone.create.generation == 1
+    assert gone.status["replacedWorkers"] is None  # gone: nothing left to exclude

@@ -175,6 +175,45 @@ def test_keep_survivors_reforms_while_a_peer_is_not_up(tmp_path: Path) -> None:
     assert isinstance(survivor(tmp_path, done)._next(STATE, Crashed(late)), Errored)
 
 
+def replaced(tmp_path: Path, published: Membership | None, name: str) -> Controller:
+    c = Controller(trainer(tmp_path), pod(membership=KEEP_SURVIVORS))
+    c.mode = KeepSurvivorsMode(Watch(published), Membership(0, 2), pod_name=name)  # type: ignore[arg-type]
+    return c
+
+
+def test_an_evicted_pod_stops_rather_than_join_the_generation_that_replaces_it(
+    tmp_path: Path,
+) -> None:
+    """The operator publishes generation 1 while the evicted pod 1 still runs: pod 1 (created
+    for generation 0) is listed as replaced, so it stops instead of re-forming, at a report
+    or after a broken group; pod 0, kept, follows."""
+    g1 = Membership(1, 2, replaced=("job-worker-1",))
+    evicted = replaced(tmp_path, g1, "job-worker-1")
+    assert isinstance(evicted.mode, KeepSurvivorsMode)
+    assert "replaces this pod (job-worker-1)" in (evicted.mode.interrupt(evicted, STATE) or "")
+    assert evicted._next(STATE, stopped(4)) == Stopped(4)
+    peer = WorkerGroupError(0, "DistBackendError", "connection reset", peer_failure=True)
+    assert replaced(tmp_path, g1, "job-worker-1")._next(STATE, Crashed(peer)) == Stopped(None)
+
+    kept = replaced(tmp_path, g1, "job-worker-0")
+    assert isinstance(kept.mode, KeepSurvivorsMode)
+    assert kept.mode.interrupt(kept, STATE) is not None and kept.mode.leaving is None
+    assert isinstance(kept._next(STATE, stopped(4)), Following)
+
+
+def test_the_pod_that_replaces_a_lost_one_is_a_member_under_the_same_name() -> None:
+    g1 = Membership(1, 2, replaced=("job-worker-1",))
+    assert g1.excludes("job-worker-1", created_in=0)
+    assert not g1.excludes("job-worker-1", created_in=1)  # the successor, created for g1
+    assert not g1.excludes("job-worker-0", created_in=0)  # a survivor
+    assert (
+        Membership.from_status(
+            {"currentGeneration": 1, "replicas": 2, "replacedWorkers": ["job-worker-1"]}
+        )
+        == g1
+    )
+
+
 def test_keep_survivors_ends_on_its_own_failure(tmp_path: Path) -> None:
     step = survivor(tmp_path, Membership(0, 2))._next(STATE, Crashed(RAISED))
     assert isinstance(step, Errored) and step.err is RAISED

@@ -91,6 +91,8 @@ class Draft:
     last_failure: FailureRecord | None
     spec_replicas: int | None = None
     last_rescale: datetime | None = None
+    replaced: list[str] = field(default_factory=list)
+    """KeepSurvivors: stale pods whose index the current generation gives to a new pod."""
     probes: tuple[ProbeView, ...] = ()
     create_probes: tuple[int, ...] = ()
     keep_probes: bool = False

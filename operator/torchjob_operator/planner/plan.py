@@ -284,6 +284,11 @@ def plan(
     joining = joiners(d, pods)
     stale = [p for p in pods if p not in current and p not in joining]
     d.delete.extend(p.name for p in stale if not p.deleting)
+    if spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS:
+        # Published with the generation, while a lost pod may still run (an evicted pod
+        # checkpoints for its grace period): its runtime must not join the new generation,
+        # in its successor's place or beyond the new size.
+        d.replaced = sorted(p.name for p in stale)
     kept = [p for p in current if p.generation != d.generation]
     if kept:
         d.relabel = [p.name for p in kept]

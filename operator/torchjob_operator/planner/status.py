@@ -60,6 +60,7 @@ def render_status(d: Draft, current: Sequence[PodView]) -> dict[str, Any]:
         selector=_selector(d.job.name),
         current_generation=d.generation,
         created_generation=d.created_generation,
+        replaced_workers=d.replaced or None,
         spec_replicas=d.spec_replicas,
         last_rescale_time=format_time(d.last_rescale) if d.last_rescale else None,
         world_size=d.replicas * d.job.spec.resolved_nproc_per_node(),

@@ -1018,6 +1018,14 @@ class TorchJobStatus(_Model):
         default=None,
         description="Latest generation whose pods were all created (a later loss is a disruption).",
     )
+    replaced_workers: list[str] | None = Field(
+        default=None,
+        description=(
+            "KeepSurvivors: pods of an earlier generation, still present, that are not members"
+            " of the current one (a new pod may take their name): their runtime stops instead"
+            " of joining the current generation's group."
+        ),
+    )
     start_time: str | None = None
     completion_time: str | None = None
     progress: Progress | None = None

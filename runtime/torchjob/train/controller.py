@@ -465,6 +465,8 @@ class Controller:
         assert isinstance(self.mode, KeepSurvivorsMode)
         try:
             self.mode.follow(self, why, view)
+            if self.mode.leaving:
+                return Stopped(at_report=None)
         except GenerationTimeout as timeout:
             if err is not None:
                 return Errored(err, str(err))  # nothing came: end with what broke the group

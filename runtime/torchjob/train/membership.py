@@ -35,6 +35,8 @@ class Membership:
     phase: str | None = None
     restart_after: datetime | None = None
     """During a restart backoff: the operator creates the replacement pods no earlier."""
+    replaced: tuple[str, ...] = ()
+    """Pods of earlier generations that are not members of this one (``replacedWorkers``)."""
 
     @classmethod
     def from_status(cls, status: dict[str, Any]) -> Membership | None:
@@ -54,7 +56,14 @@ class Membership:
             replicas=s.replicas,
             phase=s.phase.value if s.phase else None,
             restart_after=after,
+            replaced=tuple(s.replaced_workers or ()),
         )
+
+    def excludes(self, pod_name: str, created_in: int) -> bool:
+        """Whether the pod ``pod_name``, created for generation ``created_in``, is not a member
+        of this generation: the operator lists it as replaced (a pod created for this
+        generation or a later one may carry the same name, and is a member)."""
+        return pod_name in self.replaced and created_in < self.generation
 
     def backoff_left_s(self, now: datetime | None = None) -> float:
         """Seconds until the replacement pods may be created (0 when not in a backoff)."""

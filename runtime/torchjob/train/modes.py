@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from torchjob.api.models import TERMINAL_PHASES
-from torchjob.contract import JOINER_READY_FILE, PodEnv
+from torchjob.contract import JOINER_READY_FILE, PodEnv, worker_pod_name
 from torchjob.launch import (
     CollectiveTimeoutError,
     LaunchError,
@@ -135,13 +135,18 @@ class KeepSurvivorsMode:
         watch: MembershipWatch,
         membership: Membership,
         *,
+        pod_name: str = "",
         ready_file: Path = Path(JOINER_READY_FILE),
     ) -> None:
         self.watch = watch
         self.membership = membership
+        self.pod_name = pod_name
+        self.created_in = membership.generation
         self.ready_file = ready_file
         self.next: Membership | None = None
         self.entered_s = time.monotonic()
+        self.leaving: str | None = None
+        """Why this pod is not a member of the published generation (it stops, not re-forms)."""
 
     def await_own_generation(self, c: FitContext, view: ProgressView) -> None:
         """A pod created ahead of its generation waits until the operator publishes it.
@@ -169,10 +174,22 @@ class KeepSurvivorsMode:
         )
         self.entered_s = time.monotonic()
 
+    def _excluded(self, m: Membership | None) -> bool:
+        """``m`` lists this pod as replaced (it was evicted, or is beyond the new size)."""
+        if m is None or not m.excludes(self.pod_name, self.created_in):
+            return False
+        self.leaving = (
+            f"generation {m.generation} replaces this pod ({self.pod_name}): it stops "
+            "instead of re-forming"
+        )
+        return True
+
     def interrupt(self, c: FitContext, state: RunState) -> str | None:
         moved = self.watch.changed(self.membership.generation)
         if moved is None:
             return None
+        if self._excluded(moved):
+            return self.leaving
         self.next = moved
         return (
             f"generation {moved.generation} published: stopping all ranks at the next report "
@@ -180,12 +197,16 @@ class KeepSurvivorsMode:
         )
 
     def after_interrupt(self, c: FitContext, state: RunState, at_report: int | None) -> Step:
+        if self.leaving or self._excluded(self.watch.read()):
+            return Stopped(at_report)
         # Not this pod's SIGTERM: a peer pod was preempted, or the generation moved.
         return Following(state, "the group stopped for a membership change")
 
     def after_failure(self, c: FitContext, state: RunState, err: LaunchError) -> Step:
         moved = self.watch.read()
         generation = self.membership.generation
+        if self._excluded(moved):
+            return Stopped(at_report=None)
         if (
             isinstance(err, WorkerGroupStartError)
             and err.waiting_for_peers
@@ -211,6 +232,9 @@ class KeepSurvivorsMode:
             m = self.watch.wait_beyond(
                 self.membership.generation, timeout_s=FOLLOW_TIMEOUT_S, stop=c.stop_requested
             )
+        if self._excluded(m):
+            view.message(f"[torchjob] {self.leaving}")
+            return
         self.membership, self.next = m, None
         self.entered_s = time.monotonic()
         wait = min(m.backoff_left_s(), FOLLOW_TIMEOUT_S)
@@ -269,7 +293,9 @@ def choose_mode(trainer: TrainerSettings, pod: PodEnv | None, endpoint: JobEndpo
     if pod.keeps_survivors:
         if endpoint is not None:
             return KeepSurvivorsMode(
-                MembershipWatch(endpoint), Membership(pod.generation, pod.replicas)
+                MembershipWatch(endpoint),
+                Membership(pod.generation, pod.replicas),
+                pod_name=worker_pod_name(pod.job_name, pod.pod_index),
             )
         log.warning(
             "torchjob: membershipPolicy KeepSurvivors needs the pod's ServiceAccount "
