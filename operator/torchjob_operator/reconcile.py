@@ -547,6 +547,7 @@ def _worker_bodies(
             generation=c.generation,
             replicas=c.replicas,
             joiner=c.joiners,
+            members=c.members,
         )
         for i in c.indices
     ]

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Final
 
 # --- torchjob's own variables -------------------------------------------------
@@ -141,6 +141,15 @@ class PodEnv:
     backend: str = "auto"
     checkpoint_path: str = ""
     membership: str = "RecreateGroup"
+    node_rank: int | None = None
+    """This pod's rank among the generation's pods when it is not ``pod_index`` (KeepSurvivors:
+    ``status.members`` puts survivors first, so a generation that lost pod 0 has another
+    rank 0 and its rendezvous on that pod)."""
+
+    @property
+    def group_rank(self) -> int:
+        """The pod's rank among pods (torchrun's node rank): its ranks start at this x nproc."""
+        return self.pod_index if self.node_rank is None else self.node_rank
 
     @property
     def keeps_survivors(self) -> bool:
@@ -174,15 +183,15 @@ class PodEnv:
             MASTER_ADDR: self.rdzv_host,
             MASTER_PORT: str(self.rdzv_port),
             WORLD_SIZE: str(self.world_size),
-            RANK: str(self.pod_index),
-            NODE_RANK: str(self.pod_index),
-            GROUP_RANK: str(self.pod_index),
+            RANK: str(self.group_rank),
+            NODE_RANK: str(self.group_rank),
+            GROUP_RANK: str(self.group_rank),
             LOCAL_WORLD_SIZE: str(self.nproc_per_node),
             TORCHELASTIC_RESTART_COUNT: str(self.generation),
             TORCHELASTIC_RUN_ID: self.run_id,
             PET_NNODES: str(self.replicas),
             PET_NPROC_PER_NODE: str(self.nproc_per_node),
-            PET_NODE_RANK: str(self.pod_index),
+            PET_NODE_RANK: str(self.group_rank),
             PET_MASTER_ADDR: self.rdzv_host,
             PET_MASTER_PORT: str(self.rdzv_port),
             PET_RDZV_ID: self.run_id,
@@ -214,10 +223,12 @@ class PodEnv:
                 raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
 
         replicas = integer(REPLICAS)
+        pod_index = integer(POD_INDEX)
+        node_rank = integer(NODE_RANK, pod_index)
         return cls(
             job_name=env[JOB_NAME],
             namespace=env.get(NAMESPACE, "default"),
-            pod_index=integer(POD_INDEX),
+            pod_index=pod_index,
             replicas=replicas,
             nproc_per_node=integer(NPROC_PER_NODE, 1),
             generation=integer(GENERATION, 0),
@@ -226,7 +237,26 @@ class PodEnv:
             backend=env.get(BACKEND, "auto"),
             checkpoint_path=env.get(CHECKPOINT_PATH, ""),
             membership=env.get(MEMBERSHIP) or "RecreateGroup",
+            node_rank=None if node_rank == pod_index else node_rank,
         )
+
+
+def follow_members(pod: PodEnv, generation: int, ranked: Sequence[int]) -> PodEnv:
+    """``pod`` as a member of a later generation whose pods are ``ranked`` (indices in rank
+    order, ``status.members``): its rank among pods is its place there, and a rendezvous
+    host that names a worker of the job (the operator's default) names the first member."""
+    rank = list(ranked).index(pod.pod_index) if pod.pod_index in ranked else None
+    host = pod.rdzv_host
+    prefix, suffix = f"{pod.job_name}-worker-", f".{pod.job_name}.{pod.namespace}.svc"
+    if ranked and host.startswith(prefix) and host.endswith(suffix):
+        host = worker_hostname(pod.job_name, ranked[0], pod.namespace)
+    return replace(
+        pod,
+        generation=generation,
+        replicas=len(ranked),
+        node_rank=None if rank is None or rank == pod.pod_index else rank,
+        rdzv_host=host,
+    )
 
 
 # --- the termination message: the runtime's failure summary, read by the operator ---------

@@ -256,3 +256,60 @@ def test_keep_survivors_a_preemption_costs_only_the_preempted_pod(
     }
     assert firsts[(0, 0)][0] == firsts[(1, 0)][0], f"rank 0 changed process\n{logs[0]}"
     assert firsts[(1, 1)][1] == firsts[(1, 0)][1], f"newcomer differs\n{logs}"
+
+
+def test_losing_pod_0_the_survivor_goes_on_as_rank_0_in_its_own_process(
+    jobs: Jobs, kubelet: ProcessKubelet, tmp_path: Path
+) -> None:
+    """An elastic KeepSurvivors job (shrinkOnDisruption) loses pod 0, the rank 0 that hosts
+    the rendezvous: pod 1 goes on at once as rank 0 of a group of one (status.members [1]),
+    in the same worker process, from the checkpoint of the stop; the replacement pod 0 joins
+    behind it (members [1, 0]) and receives the same parameters. Nothing is charged."""
+    storage = tmp_path / "checkpoints"
+    epochs = 40
+    manifest = torchjob(
+        "lead",
+        replicas=2,
+        backend="gloo",
+        membershipPolicy="KeepSurvivors",
+        elastic={"minReplicas": 1, "maxReplicas": 2, "shrinkOnDisruption": True},
+        template=_e2e_template(str(epochs), "-1", "0.2", grace=30),
+        checkpoint={"path": str(storage)},
+        failurePolicy={"maxRestarts": 0},
+    )
+    jobs.apply(manifest)
+    pods = jobs.wait_running_pods("lead", 2, generation=0, timeout=120)
+    survivor = next(p for p in pods if p.metadata.name == "lead-worker-1")
+    jobs.wait(
+        "lead",
+        lambda s: s if (s.get("progress") or {}).get("epoch", -1) >= 3 else None,
+        "rank 0 to report epoch 3",
+        timeout=180,
+    )
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="lead-worker-0"))
+    jobs.core.create_namespaced_pod_eviction("lead-worker-0", jobs.ns, eviction)
+
+    status = _wait_finished(jobs, kubelet, "lead")
+    logs = {i: kubelet.log_of(f"lead-worker-{i}") for i in (0, 1)}
+    assert status["phase"] == "Succeeded", f"{jobs.describe('lead')}\n{logs}"
+    assert (status["restarts"], status["disruptions"], status["currentGeneration"]) == (0, 1, 2)
+    assert status["members"] == [1, 0], status
+    pod1 = jobs.core.read_namespaced_pod("lead-worker-1", jobs.ns)
+    assert pod1.metadata.uid == survivor.metadata.uid, "the survivor kept its pod"
+    firsts = {
+        (int(g), int(r)): (int(pid), params)
+        for i in (0, 1)
+        for g, r, pid, params in re.findall(
+            r"^generation (\d+) rank (\d+) pid (\d+) params (.*)$", logs[i], re.M
+        )
+    }
+    # Pod 1's worker was rank 1, then rank 0 alone, then rank 0 of two: one process.
+    assert firsts[(0, 1)][0] == firsts[(1, 0)][0] == firsts[(2, 0)][0], f"{firsts}\n{logs[1]}"
+    assert firsts[(2, 1)][1] == firsts[(2, 0)][1], f"the newcomer differs\n{logs}"
+    assert f"done: {epochs} epochs, world size 2" in logs[1], logs[1]
+    assert "rank 0 of 1 on" in logs[1], f"pod 1 led generation 1 alone\n{logs[1]}"
+    said = "".join(kubelet.termination_messages("lead-worker-0"))
+    stops = re.findall(r"^torchjob: training stopped on request at report (\d+)", said)
+    assert len(stops) == 1, f"{said}\n{logs}"
+    # Generation 1 resumed from the checkpoint the evicted rank 0 committed as it stopped.
+    assert f"resumed from epoch {int(stops[0]) - 1} at generation 1" in logs[1], logs[1]

@@ -216,8 +216,9 @@ def test_quota_admits_one_job_the_second_waits_without_pods_and_starts_when_quot
     # Kueue writes QuotaReserved=False when it has tried and found no room; the
     # Workload may exist a moment before Kueue's controller first looks at it.
     k.wait_for(
-        lambda: (condition(workload(jobs, "second"), "QuotaReserved") or {}).get("status")
-        == "False",
+        lambda: (
+            (condition(workload(jobs, "second"), "QuotaReserved") or {}).get("status") == "False"
+        ),
         30,
         lambda: f"Workload torchjob-second QuotaReserved=False\n{workload(jobs, 'second')}",
     )

@@ -615,7 +615,6 @@ def test_a_forced_deletion_shrinks_and_creates_the_joiner_on_the_next_pass() -> 
 @pytest.mark.parametrize(
     ("replicas", "lo", "lost", "keep"),
     [
-        pytest.param(2, 1, (0,), True, id="pod0-lost-no-gapless-survivors"),
         pytest.param(3, 2, (1, 2), True, id="below-min"),
         pytest.param(2, 1, (1,), False, id="recreate-group"),
         pytest.param(2, 1, (1,), None, id="not-asked-for"),
@@ -636,6 +635,50 @@ def test_a_disruption_replaces_at_full_size_when_survivors_cannot_go_on(
     assert decided.status["replicas"] == replicas
     assert "WorkerDisrupted" in {e.reason for e in decided.events}
     assert decided.create is None, "the lost pods' names are still taken"
+
+
+def test_losing_pod_0_goes_on_with_a_survivor_as_rank_0_and_the_replacement_joins_last() -> None:
+    """Any survivor can lead (status.members): pod 0's loss costs what any pod's loss costs."""
+    _, view, pods = step(elastic_keep(), [], 0)
+    up = [running(p) for p in pods]
+    assert "members" not in {k for k, v in plan(view, up, at(1)).status.items() if v is not None}
+    decided, view, _ = step(view, [evicted(up[0]), up[1]], 5)
+    assert decided.status["currentGeneration"] == 1 and decided.status["replicas"] == 1
+    assert decided.status["members"] == [1], "pod 1 is rank 0 of generation 1"
+    assert decided.relabel == ("tj-worker-1",) and decided.create is None
+    assert decided.status["replacedWorkers"] == ["tj-worker-0"]
+    assert "ShrunkAfterDisruption" in {e.reason for e in decided.events}
+    survivor = replace(up[1], generation=1)
+    # The name is free: worker-0 is created as the joiner of generation 2, ranked after pod 1.
+    joining, view, pods = step(view, [survivor], 9)
+    assert joining.create is not None and joining.create.indices == (0,)
+    assert (joining.create.generation, joining.create.members) == (2, (1, 0))
+    assert joining.status["members"] == [1]
+    grown, view, pods = step(view, [running(p) for p in pods], 12)
+    assert grown.status["currentGeneration"] == 2 and grown.status["members"] == [1, 0]
+    assert grown.relabel == ("tj-worker-1",) and grown.create is None and grown.delete == ()
+    # Losing the new rank 0 (pod 1) goes on with pod 0 alone.
+    by_index = {p.index: running(p) for p in pods}
+    again = plan(view, [by_index[0], evicted(by_index[1])], at(20))
+    assert again.status["currentGeneration"] == 3 and again.status["members"] is None
+    assert again.status["replicas"] == 1 and again.status["replacedWorkers"] == ["tj-worker-1"]
+
+
+def test_keep_survivors_replaces_pod_0_at_full_size_behind_the_survivors() -> None:
+    _, view, pods = step(job().replicas(3).keep_survivors().build(), [], 0)
+    up = [running(p) for p in pods]
+    decided, view, _ = step(view, [evicted(up[0]), up[1], up[2]], 5)
+    assert decided.status["members"] == [1, 2, 0] and decided.status["replicas"] == 3
+    gone, view, _ = step(view, [replace(p, generation=1) for p in up[1:]], 7)
+    assert gone.create is not None and gone.create.indices == (0,)
+    assert gone.create.members == (1, 2, 0)
+
+
+def test_recreate_group_never_reorders_ranks() -> None:
+    _, view, pods = step(job().replicas(2).build(), [], 0)
+    up = [running(p) for p in pods]
+    decided = plan(view, [evicted(up[0]), up[1]], at(5))
+    assert decided.status["currentGeneration"] == 1 and decided.status["members"] is None
 
 
 def test_a_failed_joiner_is_replaced_not_waited_for() -> None:

@@ -217,3 +217,60 @@ def test_the_pod_that_replaces_a_lost_one_is_a_member_under_the_same_name() -> N
 def test_keep_survivors_ends_on_its_own_failure(tmp_path: Path) -> None:
     step = survivor(tmp_path, Membership(0, 2))._next(STATE, Crashed(RAISED))
     assert isinstance(step, Errored) and step.err is RAISED
+
+
+def test_a_survivor_leads_the_generation_that_lost_pod_0(tmp_path: Path) -> None:
+    """status.members [1]: pod 1 runs rank 0, hosts the rendezvous and owns the storage."""
+    c = Controller(
+        trainer(tmp_path),
+        pod(membership=KEEP_SURVIVORS, rdzv_host="job-worker-0.job.ns.svc"),
+    )
+    assert c.storage is None and c.job_status is None, "pod 1 does not lead generation 0"
+    c.mode = KeepSurvivorsMode(  # type: ignore[assignment]
+        Watch(None),  # type: ignore[arg-type]
+        Membership.from_status({"currentGeneration": 1, "replicas": 1, "members": [1]})
+        or Membership(0, 0),
+        pod_name="job-worker-1",
+        pod_index=1,
+    )
+    now = c._pod_now()
+    assert now is not None
+    assert (now.group_rank, now.world_size, now.rdzv_host) == (0, 1, "job-worker-1.job.ns.svc")
+    assert now.to_env()["RANK"] == "0" and now.to_env()["TORCHJOB_POD_INDEX"] == "1"
+    assert c.storage is not None, "rank 0's pod reads and lists the checkpoints"
+
+
+def test_a_pod_left_out_of_a_later_generation_stops(tmp_path: Path) -> None:
+    """A joiner created for generation 2 whose generation was overtaken by a shrink to
+    members [1] is no member of it: it stops (the operator deletes it) instead of forming a
+    group it has no rank in."""
+    g2 = Membership.from_status({"currentGeneration": 2, "replicas": 1, "members": [1]})
+    c = Controller(trainer(tmp_path), pod(membership=KEEP_SURVIVORS, pod_index=0, generation=2))
+    c.mode = KeepSurvivorsMode(Watch(g2), Membership(2, 2), pod_name="job-worker-0", pod_index=0)  # type: ignore[arg-type]
+    assert isinstance(c.mode, KeepSurvivorsMode) and c.mode._excluded(g2)
+    assert "has no place for this pod (job-worker-0)" in (c.mode.leaving or "")
+    assert c._next(STATE, stopped(3)) == Stopped(3)
+    # A survivor created in generation 0 that is a member of generation 2 follows it.
+    kept = KeepSurvivorsMode(Watch(g2), Membership(0, 2), pod_name="job-worker-1", pod_index=1)  # type: ignore[arg-type]
+    assert not kept._excluded(g2)
+
+
+def test_the_env_names_the_rank_among_pods_and_the_first_members_host() -> None:
+    from torchjob.api.models import TorchJobSpec
+    from torchjob.plan.worker_env import worker_pod_env
+
+    spec = TorchJobSpec.model_validate(
+        {"replicas": 2, "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}}
+    )
+    env = worker_pod_env(
+        spec, job_name="j", namespace="n", index=0, generation=2, replicas=2, members=(1, 0)
+    )
+    wire = env.to_env()
+    assert (wire["RANK"], wire["TORCHJOB_POD_INDEX"], wire["MASTER_ADDR"]) == (
+        "1",
+        "0",
+        "j-worker-1.j.n.svc",
+    )
+    assert PodEnv.from_env(wire) == env
+    canonical = worker_pod_env(spec, job_name="j", namespace="n", index=1, generation=0, replicas=2)
+    assert canonical.node_rank is None and canonical.to_env()["RANK"] == "1"

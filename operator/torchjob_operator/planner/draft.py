@@ -52,6 +52,8 @@ class CreatePods:
     replicas: int
     joiners: bool = False
     """Created ahead of ``generation`` (not yet published): an elastic job's replacements."""
+    members: tuple[int, ...] | None = None
+    """The rank order of ``generation`` when it is not ``0..replicas-1`` (see ``Draft.members``)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,10 @@ class Draft:
     restart_after: datetime | None
     created_generation: int | None
     last_failure: FailureRecord | None
+    members: tuple[int, ...] | None = None
+    """KeepSurvivors: the current generation's pod indices in rank order, when they are not
+    ``0..replicas-1``: survivors first, in their old rank order, then new pods. A generation
+    that lost pod 0 goes on with a survivor as rank 0 and the rendezvous on it."""
     spec_replicas: int | None = None
     last_rescale: datetime | None = None
     replaced: list[str] = field(default_factory=list)
@@ -114,15 +120,28 @@ class Draft:
     def counters(self) -> Counters:
         return Counters(self.generation, self.restarts, self.disruptions)
 
-    def count(self, counters: Counters, replicas: int) -> None:
-        """Adopt the counters of a decision (``torchjob.plan.generation``) and the new size."""
+    @property
+    def ranked(self) -> tuple[int, ...]:
+        """The current generation's pod indices in rank order."""
+        return self.members if self.members is not None else tuple(range(self.replicas))
+
+    def count(
+        self, counters: Counters, replicas: int, members: tuple[int, ...] | None = None
+    ) -> None:
+        """Adopt the counters of a decision (``torchjob.plan.generation``) and the new size
+        (pods ``members`` in rank order; default ``0..replicas-1``)."""
         self.generation, self.restarts, self.disruptions = (
             counters.generation,
             counters.restarts,
             counters.disruptions,
         )
-        self.replicas = replicas
+        self.resize(replicas, members)
 
-    def next_generation(self, replicas: int) -> None:
+    def resize(self, replicas: int, members: tuple[int, ...] | None = None) -> None:
+        assert members is None or len(members) == replicas, (members, replicas)
+        self.replicas = replicas
+        self.members = None if members is None or members == tuple(range(replicas)) else members
+
+    def next_generation(self, replicas: int, members: tuple[int, ...] | None = None) -> None:
         """A resize: the next generation, charged to no counter."""
-        self.count(self.counters().resized(), replicas)
+        self.count(self.counters().resized(), replicas, members)

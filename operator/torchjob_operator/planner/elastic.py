@@ -27,14 +27,14 @@ def target_replicas(d: Draft) -> int:
     return min(d.job.spec.replicas, el.max_replicas)
 
 
-def shrink_at_once(d: Draft, survivors: Sequence[PodView]) -> int | None:
-    """After a disruption: the smaller size to continue at right away, or None.
+def shrink_at_once(d: Draft, survivors: Sequence[PodView]) -> tuple[int, ...] | None:
+    """After a disruption: the pods to continue with right away, in rank order, or None.
 
     Only for an elastic ``KeepSurvivors`` job that asks for it (``shrinkOnDisruption``) and
-    whose generation was created, and only when
-    the survivors are pods ``0..m-1`` with ``minReplicas <= m``: the runtime gives pod ``i``
-    rank ``i`` and rendezvous on pod 0, so survivors with a gap (pod 0 lost) cannot form a
-    group by themselves. Then the job is replaced at its full size, as without elasticity.
+    whose generation was created, and only when ``minReplicas <= m`` survivors remain. Any
+    survivors will do: they keep their rank order and the first becomes rank 0 (the
+    rendezvous moves to it, ``status.members``), so losing pod 0 costs what losing any other
+    pod costs. Otherwise (too few left) the job is replaced at its full size.
     """
     el = d.job.spec.elastic
     if (
@@ -44,11 +44,24 @@ def shrink_at_once(d: Draft, survivors: Sequence[PodView]) -> int | None:
         or d.created_generation != d.generation
     ):
         return None
-    indices = sorted(p.index for p in survivors)
-    m = len(indices)
-    if m == 0 or indices != list(range(m)) or m < el.min_replicas or m >= target_replicas(d):
+    alive = {p.index for p in survivors}
+    kept = tuple(i for i in d.ranked if i in alive)
+    if not kept or len(kept) < el.min_replicas or len(kept) >= target_replicas(d):
         return None
-    return m
+    return kept
+
+
+def survivors_first(
+    d: Draft, survivors: Sequence[PodView], replicas: int
+) -> tuple[int, ...] | None:
+    """KeepSurvivors, replaced at full size: the survivors in their rank order, then the new
+    pods (so rank 0 and the rendezvous stay on a pod that runs, whose DNS name resolves, and
+    the newcomers join it). ``None`` (pods ``0..replicas-1``) for ``RecreateGroup``."""
+    if d.job.spec.membership_policy != MembershipPolicy.KEEP_SURVIVORS:
+        return None
+    alive = {p.index for p in survivors}
+    kept = [i for i in d.ranked if i in alive and i < replicas]
+    return tuple(kept) + tuple(i for i in range(replicas) if i not in kept)
 
 
 def joiners(d: Draft, pods: Sequence[PodView]) -> list[PodView]:
@@ -60,10 +73,11 @@ def joiners(d: Draft, pods: Sequence[PodView]) -> list[PodView]:
     ):
         return []
     top = target_replicas(d)
+    ranked = set(d.ranked)
     return [
         p
         for p in pods
-        if d.replicas <= p.index < top and p.generation == d.generation + 1 and p.active
+        if p.index not in ranked and p.index < top and p.generation == d.generation + 1 and p.active
     ]
 
 
@@ -94,14 +108,22 @@ def grow_with_joiners(d: Draft, current: Sequence[PodView], pods: Sequence[PodVi
         p.phase == PodPhase.RUNNING and p.ready for p in joining.values()
     ):
         old = d.replicas
-        d.next_generation(top)
+        d.next_generation(top, d.ranked + tuple(sorted(joining)))
         d.created_generation = d.generation  # every pod of it exists: nothing to create
         d.transition(Phase.RESTARTING, *cond.say("ScaledUp", want=want, old=old, replicas=top))
         return
     taken = {p.index for p in pods}
-    free = tuple(i for i in range(d.replicas, top) if i not in taken)
+    ranked = set(d.ranked)
+    free = tuple(i for i in range(top) if i not in taken and i not in ranked)
     if free:
-        d.create = CreatePods(indices=free, generation=d.generation + 1, replicas=top, joiners=True)
+        grown = d.ranked + tuple(sorted(set(joining) | set(free)))
+        d.create = CreatePods(
+            indices=free,
+            generation=d.generation + 1,
+            replicas=top,
+            joiners=True,
+            members=None if grown == tuple(range(top)) else grown,
+        )
         d.events.append(
             Event.of(
                 "CreatedJoiner",
@@ -144,7 +166,10 @@ def fit_to_capacity(
             return
         if placed < d.replicas:
             old = d.replicas
-            d.next_generation(placed)
+            on_nodes = {p.index for p in alive if p.scheduled}
+            keep = d.job.spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS
+            # KeepSurvivors goes on with the placed pods themselves; RecreateGroup makes new ones.
+            d.next_generation(placed, tuple(i for i in d.ranked if i in on_nodes) if keep else None)
             d.last_rescale = d.now
             d.transition(
                 Phase.RESTARTING,

@@ -68,6 +68,7 @@ from torchjob_operator.planner.elastic import (
     fit_to_capacity,
     joiners,
     shrink_at_once,
+    survivors_first,
     target_replicas,
 )
 from torchjob_operator.planner.kueue import Gate
@@ -121,10 +122,11 @@ def _members(d: Draft, pods: Sequence[PodView]) -> list[PodView]:
     pods of earlier generations that survive (the plan relabels them). Everything else is
     stale and goes before new pods are created, since names and rendezvous are shared."""
     keep = d.job.spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS
+    ranked = set(d.ranked)
     return [
         p
         for p in pods
-        if p.index < d.replicas
+        if p.index in ranked
         and (
             p.generation == d.generation or (keep and p.generation < d.generation and _survives(p))
         )
@@ -142,6 +144,7 @@ def plan(
         phase=st.phase,
         generation=st.generation,
         replicas=st.replicas or spec.replicas,
+        members=st.members if st.replicas else None,
         restarts=st.restarts,
         disruptions=st.disruptions,
         start_time=st.start_time,
@@ -204,14 +207,14 @@ def plan(
                 cond.message("Rescaled", old=old, replicas=d.replicas, generation=d.generation),
             )
         else:  # nothing created for this generation yet: just adopt the new size
-            d.replicas = spec.replicas
+            d.resize(spec.replicas)
     d.spec_replicas = spec.replicas
 
     current = _members(d, pods)
     missing: list[int] = []
     if d.created_generation == d.generation:
         have = {p.index for p in current}
-        missing = [i for i in range(d.replicas) if i not in have]
+        missing = [i for i in d.ranked if i not in have]
     verdict = judge_generation(current, replicas=d.replicas, missing=missing, now=now)
     if verdict.recheck_after_s is not None:
         d.requeue.append(verdict.recheck_after_s)
@@ -227,8 +230,16 @@ def plan(
         return _plan(d, pods, current)
 
     if verdict.outcome == Outcome.DISRUPTED:
-        smaller = shrink_at_once(d, [p for p in current if _survives(p)])
-        d.count(d.counters().disrupted(), smaller or spec.replicas)
+        survivors = [p for p in current if _survives(p)]
+        smaller = shrink_at_once(d, survivors)
+        if smaller is not None:
+            d.count(d.counters().disrupted(), len(smaller), smaller)
+        else:
+            d.count(
+                d.counters().disrupted(),
+                spec.replicas,
+                survivors_first(d, survivors, spec.replicas),
+            )
         d.restart_after = None
         if smaller is not None and spec.elastic is not None:
             # Go on with the survivors now (the lost pod may still be checkpointing for its
@@ -314,9 +325,11 @@ def plan(
         d.requeue.append(FOREIGN_RECHECK_S)
     elif not stale:
         have = {p.index for p in current}
-        todo = tuple(i for i in range(d.replicas) if i not in have)
+        todo = tuple(i for i in d.ranked if i not in have)
         if todo and d.created_generation != d.generation:
-            d.create = CreatePods(indices=todo, generation=d.generation, replicas=d.replicas)
+            d.create = CreatePods(
+                indices=todo, generation=d.generation, replicas=d.replicas, members=d.members
+            )
             d.created_generation = d.generation
             d.restart_after = None
             if d.start_time is None:

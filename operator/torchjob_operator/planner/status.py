@@ -60,6 +60,7 @@ def render_status(d: Draft, current: Sequence[PodView]) -> dict[str, Any]:
         selector=_selector(d.job.name),
         current_generation=d.generation,
         created_generation=d.created_generation,
+        members=list(d.members) if d.members is not None else None,
         replaced_workers=d.replaced or None,
         spec_replicas=d.spec_replicas,
         last_rescale_time=format_time(d.last_rescale) if d.last_rescale else None,

@@ -10,6 +10,7 @@ GPU requests equal to limits, and a grace period long enough to checkpoint.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 from torchjob import contract
@@ -39,7 +40,14 @@ def job_labels(name: str) -> dict[str, str]:
 
 
 def pod_env(
-    *, name: str, namespace: str, spec: TorchJobSpec, index: int, generation: int, replicas: int
+    *,
+    name: str,
+    namespace: str,
+    spec: TorchJobSpec,
+    index: int,
+    generation: int,
+    replicas: int,
+    members: Sequence[int] | None = None,
 ) -> contract.PodEnv:
     return worker_pod_env(
         spec,
@@ -48,6 +56,7 @@ def pod_env(
         index=index,
         generation=generation,
         replicas=replicas,
+        members=members,
     )
 
 
@@ -76,6 +85,7 @@ def worker_pod(
     generation: int,
     replicas: int,
     joiner: bool = False,
+    members: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """The manifest of worker ``index`` of generation ``generation``.
 
@@ -124,6 +134,7 @@ def worker_pod(
         index=index,
         generation=generation,
         replicas=replicas,
+        members=members,
     ).to_env()
     contract_env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
     contract_env.append(

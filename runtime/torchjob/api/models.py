@@ -1018,6 +1018,15 @@ class TorchJobStatus(_Model):
         default=None,
         description="Latest generation whose pods were all created (a later loss is a disruption).",
     )
+    members: list[int] | None = Field(
+        default=None,
+        description=(
+            "KeepSurvivors: the pod indices of the current generation in rank order (pod"
+            " members[i] runs ranks i*nprocPerNode and up; the rendezvous is on members[0])."
+            " Absent: pods 0..replicas-1 in index order. A generation that lost pod 0 goes on"
+            " with a survivor as rank 0."
+        ),
+    )
     replaced_workers: list[str] | None = Field(
         default=None,
         description=(

@@ -46,12 +46,12 @@ class Placement:
 
     @classmethod
     def from_pod_env(cls, pod: PodEnv) -> Placement:
-        """This pod's share of the job: ``nproc_per_node`` ranks from ``pod_index * nproc``."""
+        """This pod's share of the job: ``nproc_per_node`` ranks from ``group_rank * nproc``."""
         return cls(
             world_size=pod.world_size,
             local_world_size=pod.nproc_per_node,
-            rank_offset=pod.pod_index * pod.nproc_per_node,
-            node_rank=pod.pod_index,
+            rank_offset=pod.group_rank * pod.nproc_per_node,
+            node_rank=pod.group_rank,
             num_nodes=pod.replicas,
             master_addr=pod.rdzv_host,
             master_port=pod.rdzv_port,

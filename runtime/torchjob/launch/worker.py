@@ -151,6 +151,24 @@ _SERVER: dict[int, Any] = {}
 surviving rank 0 keeps serving the rendezvous on the same port: a new store could not bind it."""
 
 
+def _serve_store(addr: str, port: int, timeout: timedelta, use_libuv: bool) -> Any:
+    """Rank 0's TCPStore server. The port may still be held for a moment by the process that
+    served it before: rank 0 moves between pods that share an address only where pods share
+    a network (several "pods" on one host); it is retried until ``timeout``, never longer."""
+    import torch.distributed as dist
+
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        try:
+            return dist.TCPStore(  # type: ignore[attr-defined]  # re-exported from torch._C
+                addr, port, None, True, timeout, wait_for_workers=False, use_libuv=use_libuv
+            )
+        except RuntimeError as exc:  # DistNetworkError is a RuntimeError
+            if "in use" not in str(exc).lower() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _rendezvous_store(timeout: timedelta) -> Any:
     """This generation's store: rank 0 serves the TCPStore on ``MASTER_PORT`` (kept across
     re-formations), the others connect to it; keys live under the generation's prefix, so a
@@ -165,9 +183,7 @@ def _rendezvous_store(timeout: timedelta) -> Any:
     if int(os.environ["RANK"]) == 0:
         store = _SERVER.get(port)
         if store is None:
-            store = dist.TCPStore(  # type: ignore[attr-defined]  # re-exported from torch._C
-                addr, port, None, True, timeout, wait_for_workers=False, use_libuv=use_libuv
-            )
+            store = _serve_store(addr, port, timeout, use_libuv)
             _SERVER[port] = store
     else:
         store = dist.TCPStore(  # type: ignore[attr-defined]

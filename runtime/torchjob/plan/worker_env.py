@@ -7,6 +7,8 @@ the contract names the variables and imports nothing of the API models.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torchjob.api.models import TorchJobSpec
 from torchjob.contract import DEFAULT_RDZV_PORT, PodEnv, worker_hostname
 
@@ -22,9 +24,14 @@ def worker_pod_env(
     rdzv_host: str | None = None,
     rdzv_port: int = DEFAULT_RDZV_PORT,
     nproc_per_node: int | None = None,
+    members: Sequence[int] | None = None,
 ) -> PodEnv:
-    """What worker ``index`` of a TorchJob gets. The rendezvous host defaults to pod 0's DNS
-    name behind the headless Service."""
+    """What worker ``index`` of a TorchJob gets. ``members`` is the generation's rank order
+    of pod indices (``status.members``; default ``0..replicas-1``): the pod's rank is its
+    place in it, and the rendezvous host defaults to the DNS name of its first pod behind
+    the headless Service."""
+    first = members[0] if members else 0
+    rank = list(members).index(index) if members and index in members else index
     return PodEnv(
         job_name=job_name,
         namespace=namespace,
@@ -34,9 +41,10 @@ def worker_pod_env(
             spec.resolved_nproc_per_node() if nproc_per_node is None else nproc_per_node
         ),
         generation=generation,
-        rdzv_host=rdzv_host or worker_hostname(job_name, 0, namespace),
+        rdzv_host=rdzv_host or worker_hostname(job_name, first, namespace),
         rdzv_port=rdzv_port,
         backend=spec.backend.value,
         checkpoint_path=spec.checkpoint.location if spec.checkpoint else "",
         membership=spec.membership_policy.value,
+        node_rank=None if rank == index else rank,
     )

@@ -110,6 +110,9 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> Non
     stop = _agree_to_stop(stop_requested())
     if stop:
         s.drain()  # the stop's checkpoint is committed before the group leaves
+        # ... and no rank leaves before it is: the next generation's rank 0 may be another
+        # pod (status.members), which reads the latest committed checkpoint at once.
+        _agree_to_stop(True)
         s.stopped_at_report = s.reports
         raise _session.StopTraining()
 

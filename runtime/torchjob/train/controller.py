@@ -137,19 +137,37 @@ class Controller:
         self.world_sizes: list[int] = []
         self.last_metrics: dict[str, Any] | None = None
         self.stop_requested = threading.Event()
-        self.storage = (
-            CheckpointStorage(self.run_url) if pod is None or pod.pod_index == 0 else None
-        )
-        endpoint = JobEndpoint.from_env(pod) if pod is not None else None
-        # Pod 0's agent reports progress into the TorchJob's status (per-job ServiceAccount).
-        self.job_status = (
-            JobStatusReporter(endpoint)
-            if endpoint is not None and pod is not None and pod.pod_index == 0
-            else None
-        )
-        self.mode = choose_mode(trainer, pod, endpoint)
+        self._storage: CheckpointStorage | None = None
+        self._endpoint = JobEndpoint.from_env(pod) if pod is not None else None
+        self._job_status: JobStatusReporter | None = None
+        self.mode = choose_mode(trainer, pod, self._endpoint)
         self._kept: WorkerGroup | None = None
         """KeepSurvivors: this pod's worker processes between generations (see ``_prestart``)."""
+
+    # --- what rank 0's pod does ------------------------------------------------------------
+    def _leads(self) -> bool:
+        """This pod runs rank 0 now (the laptop always does): it reads and lists checkpoints
+        and reports progress. Under KeepSurvivors the role moves with ``status.members``."""
+        pod = self._pod_now()
+        return pod is None or pod.group_rank == 0
+
+    @property
+    def storage(self) -> CheckpointStorage | None:
+        """The run's checkpoint storage, on the pod that runs rank 0 (others never touch it)."""
+        if not self._leads():
+            return None
+        if self._storage is None:
+            self._storage = CheckpointStorage(self.run_url)
+        return self._storage
+
+    @property
+    def job_status(self) -> JobStatusReporter | None:
+        """Rank 0's pod reports progress into the TorchJob's status (per-job ServiceAccount)."""
+        if self._endpoint is None or not self._leads():
+            return None
+        if self._job_status is None:
+            self._job_status = JobStatusReporter(self._endpoint)
+        return self._job_status
 
     # --- what a generation needs ---------------------------------------------------------
     def _spec(self) -> WorkerSpec:
@@ -175,7 +193,9 @@ class Controller:
         if self.pod is None or not isinstance(self.mode, KeepSurvivorsMode):
             return self.pod
         m = self.mode.membership
-        return replace(self.pod, generation=m.generation, replicas=m.replicas)
+        if m.members is None and m.generation == self.pod.generation:
+            return self.pod  # the generation the operator wrote this pod's env for
+        return contract.follow_members(self.pod, m.generation, m.ranked)
 
     def _placement(self, state: RunState) -> tuple[Placement, dict[str, str]]:
         """Where this generation's local workers go, and the env they get besides torchrun's."""
@@ -305,12 +325,18 @@ class Controller:
         finally:
             restore()
             self._release()
-            if self.job_status is not None:
-                self.job_status.close()
+            if self._job_status is not None:
+                self._job_status.close()
 
     def _loop(self, view: ProgressView) -> Result:
-        if self.storage is not None and self.storage.is_local:
-            self.storage.remove_incomplete()
+        storage = self.storage
+        if (
+            storage is not None
+            and storage.is_local
+            and (self.pod is None or self.pod.generation == 0)
+        ):
+            # Only at the run's very start: later, an earlier rank 0 may still be committing.
+            storage.remove_incomplete()
         state = RunState(
             num_workers=self.t.scaling_config.max_workers,
             generation_started_s=time.monotonic(),

@@ -1,8 +1,9 @@
 """Following the job's generations from inside a pod (``membershipPolicy: KeepSurvivors``).
 
 The operator decides membership and publishes it in the TorchJob's status:
-``currentGeneration`` and ``replicas`` (pods ``<job>-worker-0 .. replicas-1``, rank
-``i`` on pod ``i``, rendezvous on pod 0). A pod it keeps into a new generation is
+``currentGeneration``, ``replicas`` and ``members`` (the pod indices in rank order; absent:
+pods ``<job>-worker-0 .. replicas-1``, rank ``i`` on pod ``i``; the rendezvous is on the first
+member). A pod it keeps into a new generation is
 not restarted, so its environment still names the old one: its runtime follows the
 status instead, with one watch of the TorchJob through the pod's ServiceAccount (the
 Role that lets pod 0 write ``status.progress`` also allows ``watch`` of this one job),
@@ -37,6 +38,17 @@ class Membership:
     """During a restart backoff: the operator creates the replacement pods no earlier."""
     replaced: tuple[str, ...] = ()
     """Pods of earlier generations that are not members of this one (``replacedWorkers``)."""
+    members: tuple[int, ...] | None = None
+    """Pod indices in rank order (``status.members``); None: ``0..replicas-1``."""
+
+    @property
+    def ranked(self) -> tuple[int, ...]:
+        return self.members if self.members is not None else tuple(range(self.replicas))
+
+    def node_rank(self, pod_index: int) -> int | None:
+        """The pod's rank among the generation's pods; None when it is not a member."""
+        ranked = self.ranked
+        return ranked.index(pod_index) if pod_index in ranked else None
 
     @classmethod
     def from_status(cls, status: dict[str, Any]) -> Membership | None:
@@ -57,6 +69,11 @@ class Membership:
             phase=s.phase.value if s.phase else None,
             restart_after=after,
             replaced=tuple(s.replaced_workers or ()),
+            members=(
+                tuple(s.members)
+                if s.members and len(s.members) == s.replicas and len(set(s.members)) == s.replicas
+                else None
+            ),
         )
 
     def excludes(self, pod_name: str, created_in: int) -> bool:

@@ -31,7 +31,7 @@ from torchjob.launch.policy import (
     WorkerFailure,
 )
 from torchjob.train.job_status import JobEndpoint
-from torchjob.train.membership import Membership, MembershipWatch
+from torchjob.train.membership import GenerationTimeout, Membership, MembershipWatch
 from torchjob.train.progress import ProgressView
 from torchjob.train.steps import (
     Errored,
@@ -136,11 +136,13 @@ class KeepSurvivorsMode:
         membership: Membership,
         *,
         pod_name: str = "",
+        pod_index: int | None = None,
         ready_file: Path = Path(JOINER_READY_FILE),
     ) -> None:
         self.watch = watch
         self.membership = membership
         self.pod_name = pod_name
+        self.pod_index = pod_index
         self.created_in = membership.generation
         self.ready_file = ready_file
         self.next: Membership | None = None
@@ -160,27 +162,42 @@ class KeepSurvivorsMode:
         :class:`GenerationTimeout` when the job ends or stops first."""
         own = self.membership.generation
         m = self.watch.read()
-        if m is None or m.generation >= own:
+        if m is None:
             return
-        # Ready to join (the joiner's readiness probe): the operator grows back only now.
-        with contextlib.suppress(OSError):
-            self.ready_file.touch()
-        view.message(
-            f"[torchjob] this pod joins generation {own}; the job runs generation "
-            f"{m.generation}: waiting until it grows"
-        )
-        self.membership = self.watch.wait_beyond(
-            own - 1, timeout_s=FOLLOW_TIMEOUT_S, stop=c.stop_requested
-        )
-        self.entered_s = time.monotonic()
+        if m.generation < own:
+            # Ready to join (the joiner's readiness probe): the operator grows back only now.
+            with contextlib.suppress(OSError):
+                self.ready_file.touch()
+            view.message(
+                f"[torchjob] this pod joins generation {own}; the job runs generation "
+                f"{m.generation}: waiting until it grows"
+            )
+            m = self.watch.wait_beyond(own - 1, timeout_s=FOLLOW_TIMEOUT_S, stop=c.stop_requested)
+            self.membership = m
+            self.entered_s = time.monotonic()
+        elif m.generation == own:
+            self.membership = m  # with its rank order (status.members)
+        if self._excluded(m):
+            raise GenerationTimeout(self.leaving or "not a member")
 
     def _excluded(self, m: Membership | None) -> bool:
-        """``m`` lists this pod as replaced (it was evicted, or is beyond the new size)."""
-        if m is None or not m.excludes(self.pod_name, self.created_in):
+        """``m`` lists this pod as replaced (it was evicted, or is beyond the new size), or
+        is a generation at or after the one this pod was created for that leaves it out
+        (the operator deletes such a pod: a joiner whose generation was overtaken)."""
+        if m is None:
+            return False
+        if m.excludes(self.pod_name, self.created_in):
+            why = "replaces this pod"
+        elif (
+            self.pod_index is not None
+            and m.generation >= self.created_in
+            and m.node_rank(self.pod_index) is None
+        ):
+            why = "has no place for this pod"
+        else:
             return False
         self.leaving = (
-            f"generation {m.generation} replaces this pod ({self.pod_name}): it stops "
-            "instead of re-forming"
+            f"generation {m.generation} {why} ({self.pod_name}): it stops instead of re-forming"
         )
         return True
 
@@ -244,9 +261,10 @@ class KeepSurvivorsMode:
             view.message(f"[torchjob] restart backoff: the new pods come in {wait:.0f}s")
             c.stop_requested.wait(wait)
         index = c.pod.pod_index if c.pod else 0
+        rank = m.node_rank(index)
         view.message(
             f"[torchjob] generation {m.generation}: {m.replicas} pods, this one is pod "
-            f"{index}; resuming from the latest checkpoint"
+            f"{index} (rank {rank} among pods); resuming from the latest checkpoint"
         )
 
 
@@ -296,6 +314,7 @@ def choose_mode(trainer: TrainerSettings, pod: PodEnv | None, endpoint: JobEndpo
                 MembershipWatch(endpoint),
                 Membership(pod.generation, pod.replicas),
                 pod_name=worker_pod_name(pod.job_name, pod.pod_index),
+                pod_index=pod.pod_index,
             )
         log.warning(
             "torchjob: membershipPolicy KeepSurvivors needs the pod's ServiceAccount "
