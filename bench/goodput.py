@@ -11,7 +11,9 @@ running worker pod every ``--mtbf`` seconds (+-20 % jitter, seeded), ``--evictio
   vanishes: no SIGTERM, nothing saved), found through the pod UID in their cgroup.
 
 Per policy (``RecreateGroup``, ``KeepSurvivors``, ``Elastic`` = KeepSurvivors with
-``elastic.minReplicas = replicas - 1``) and per mode it prints:
+``elastic.minReplicas = replicas - 1``, ``Standby`` = that with ``elastic.standbyReplicas``
+(``--standby``, default 1) and ``shrinkOnDisruption``) and per mode it prints (the storm hits
+pods that train, the members of the current generation, never a standby):
 
 - goodput: committed samples / (ideal rate x the same wall time). The ideal rate is measured in
   the same invocation by a row without evictions (same job, full size): its committed samples
@@ -29,7 +31,7 @@ Per policy (``RecreateGroup``, ``KeepSurvivors``, ``Elastic`` = KeepSurvivors wi
   first step.
 
     python bench/goodput.py [--mtbf 60] [--grace 30] [--evictions 10] [--replicas 2]
-                            [--policies RecreateGroup,KeepSurvivors,Elastic,Kubeflow]
+                            [--policies RecreateGroup,KeepSurvivors,Elastic,Standby,Kubeflow]
                             [--modes graceful,hard] [--seed 0] [--keep-cluster]
     make bench-goodput            # the defaults: well over an hour for all eight rows
 
@@ -76,7 +78,7 @@ from torchjob.api.models import GROUP, PLURAL, VERSION  # noqa: E402
 WORKER = REPO / "bench" / "_goodput_worker.py"
 TORCHRUN_WORKER = REPO / "bench" / "_goodput_torchrun.py"
 KUBEFLOW = "Kubeflow"
-POLICIES = ("RecreateGroup", "KeepSurvivors", "Elastic", KUBEFLOW)
+POLICIES = ("RecreateGroup", "KeepSurvivors", "Elastic", "Standby", KUBEFLOW)
 OPERATOR_NS = "torchjob-system"
 JOB = "gp"
 PHASES = ("reaction", "pod start", "imports", "group", "DDP", "restore", "first step")
@@ -142,6 +144,14 @@ def manifest(args: argparse.Namespace, policy: str, storage: Path, events: Path)
             "minReplicas": max(1, args.replicas - 1),
             "maxReplicas": args.replicas,
             "shrinkOnDisruption": args.shrink_on_disruption,
+        }
+    if policy == "Standby":
+        # Warm standbys take a lost pod's place at once; without a ready one, go on smaller.
+        spec["elastic"] = {
+            "minReplicas": max(1, args.replicas - 1),
+            "maxReplicas": args.replicas,
+            "standbyReplicas": args.standby,
+            "shrinkOnDisruption": True,
         }
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
@@ -268,11 +278,22 @@ class Row:
     note: str = ""
 
 
-def running_pods(core: Any, ns: str) -> list[Any]:
+def running_pods(core: Any, ns: str, custom: Any = None) -> list[Any]:
+    """Running pods that train: for a TorchJob (``custom`` given) the members of its current
+    generation (``status.members``), not standbys waiting to join; every pod for Kubeflow."""
+    members: set[str] | None = None
+    if custom is not None:
+        status = (
+            custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, JOB).get("status") or {}
+        )
+        ranked = status.get("members") or list(range(status.get("replicas") or 0))
+        members = {str(i) for i in ranked}
     return [
         p
         for p in core.list_namespaced_pod(ns).items
-        if p.metadata.deletion_timestamp is None and p.status.phase == "Running"
+        if p.metadata.deletion_timestamp is None
+        and p.status.phase == "Running"
+        and (members is None or (p.metadata.labels or {}).get("torchjob.io/pod-index") in members)
     ]
 
 
@@ -366,13 +387,16 @@ def run_row(
     log(
         f"{policy}/{mode}: first step {t_first - min(watch.added.values(), default=t_first):.1f}s after the first pod"
     )
+    trains = custom if policy != KUBEFLOW else None
     for i in range(evictions):
         time.sleep(max(0.0, args.mtbf * rng.uniform(0.8, 1.2)))
-        pods = running_pods(core, ns)
+        pods = running_pods(core, ns, trains)
         if not pods:
             log("no running pod to preempt; waiting for one")
-            k.wait_for(lambda: running_pods(core, ns) or None, args.start_timeout, "a running pod")
-            pods = running_pods(core, ns)
+            k.wait_for(
+                lambda: running_pods(core, ns, trains) or None, args.start_timeout, "a running pod"
+            )
+            pods = running_pods(core, ns, trains)
         victim = rng.choice(sorted(pods, key=lambda p: p.metadata.name))
         steps = [e for e in read_events(events) if e["ev"] == "step"]
         gen = max(e["gen"] for e in steps)
@@ -545,6 +569,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--shrink-on-disruption",
         action="store_true",
         help="the Elastic row goes on with the survivors at once (spec.elastic.shrinkOnDisruption)",
+    )
+    p.add_argument(
+        "--standby", type=int, default=1, help="the Standby row's spec.elastic.standbyReplicas"
     )
     p.add_argument("--start-timeout", type=float, default=300.0)
     p.add_argument("--keep-cluster", action="store_true", help="leave the cluster and node up")

@@ -21,7 +21,9 @@ def apply(p: Plan, pods: list[PodView]) -> list[PodView]:
     gen = p.status["currentGeneration"]
     left = [replace(x, generation=gen) if x.name in p.relabel else x for x in left]
     if p.create:
-        left += [pod(i, p.create.generation) for i in p.create.indices]
+        left += [
+            replace(pod(i, p.create.generation), joiner=p.create.joiners) for i in p.create.indices
+        ]
     return left
 
 
@@ -679,6 +681,77 @@ def test_recreate_group_never_reorders_ranks() -> None:
     up = [running(p) for p in pods]
     decided = plan(view, [evicted(up[0]), up[1]], at(5))
     assert decided.status["currentGeneration"] == 1 and decided.status["members"] is None
+
+
+def standby_job(replicas: int = 2, standby: int = 1) -> JobView:
+    builder = job().replicas(replicas).elastic(replicas, replicas).keep_survivors()
+    builder.spec["elastic"]["standbyReplicas"] = standby
+    return builder.build()
+
+
+def with_ready_standby() -> tuple[JobView, list[PodView]]:
+    """Generation 0 of 2 workers runs, and standby pod 2 waits to join (ready)."""
+    created, view, pods = step(standby_job(), [], 0)
+    assert created.create is not None and created.create.indices == (0, 1)
+    up = [running(p) for p in pods]
+    standby, view, pods = step(view, up, 2)
+    assert standby.create is not None and standby.create.indices == (2,)
+    assert standby.create.joiners, "a standby gets the joiner's label and readiness probe"
+    assert standby.status["currentGeneration"] == 0 and standby.status["standbyWorkers"] == 0
+    assert "CreatedJoiner" in {e.reason for e in standby.events}
+    pods = [running(p) for p in pods]
+    settled, view, _ = step(view, pods, 3)
+    assert settled.create is None and settled.delete == ()
+    assert settled.status["standbyWorkers"] == 1 and settled.status["workers"] == "2/2"
+    return view, pods
+
+
+def test_a_ready_standby_takes_an_evicted_pods_place_at_once() -> None:
+    view, pods = with_ready_standby()
+    by = {p.index: p for p in pods}
+    decided, view, _ = step(view, [evicted(by[0]), by[1], by[2]], 5)
+    assert decided.status["currentGeneration"] == 1 and decided.status["members"] == [1, 2]
+    assert (decided.status["restarts"], decided.status["disruptions"]) == (0, 1)
+    assert decided.create is None, "nothing to start: the standby is already running"
+    assert decided.status["restartAfter"] is None
+    assert decided.relabel == ("tj-worker-1",), "the standby was labelled for generation 1"
+    assert decided.status["replacedWorkers"] == ["tj-worker-0"]
+    assert "StandbyTookOver" in {e.reason for e in decided.events}
+    # Once the evicted pod is gone, its index comes back as the new standby.
+    kept = [replace(by[1], generation=1), replace(by[2], generation=1)]
+    again, view, pods = step(view, kept, 7)
+    assert again.create is not None and again.create.indices == (0,) and again.create.joiners
+    assert again.status["currentGeneration"] == 1 and again.status["standbyWorkers"] == 0
+
+
+def test_a_hard_loss_is_charged_but_the_standby_takes_over_without_backoff() -> None:
+    view, pods = with_ready_standby()
+    by = {p.index: p for p in pods}
+    decided = plan(view, [by[0], failed(by[1], 137, at_s=4), by[2]], at(5))
+    assert decided.status["currentGeneration"] == 1 and decided.status["members"] == [0, 2]
+    assert (decided.status["restarts"], decided.status["disruptions"]) == (1, 0)
+    assert decided.status["restartAfter"] is None and decided.create is None
+    assert decided.delete == ("tj-worker-1",)
+
+
+def test_without_a_ready_standby_the_job_is_replaced_at_full_size() -> None:
+    _, view, pods = step(standby_job(), [], 0)
+    up = [running(p) for p in pods]
+    _, view, pods = step(view, up, 2)
+    starting = [p if p.index != 2 else replace(p, ready=False) for p in (running(p) for p in pods)]
+    by = {p.index: p for p in starting}
+    decided = plan(view, [evicted(by[0]), by[1], by[2]], at(5))
+    assert decided.status["currentGeneration"] == 1 and decided.status["members"] == [1, 0]
+    assert "WorkerDisrupted" in {e.reason for e in decided.events}
+
+
+def test_standby_replicas_need_keep_survivors() -> None:
+    from pydantic import ValidationError
+
+    builder = job().replicas(2).elastic(2, 2)
+    builder.spec["elastic"]["standbyReplicas"] = 1
+    with pytest.raises(ValidationError, match=r"standbyReplicas needs spec\.membershipPolicy"):
+        builder.build()
 
 
 def test_a_failed_joiner_is_replaced_not_waited_for() -> None:

@@ -10,14 +10,17 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from torchjob.contract import KEEP_SURVIVORS, PodEnv
 from torchjob.launch import WorkerDiedError, WorkerGroupError, WorkerGroupStartError
 from torchjob.launch.policy import Resize, RunState
 from torchjob.train import FailureConfig, RunConfig, ScalingConfig
 from torchjob.train._spec import WorkerOutcome
 from torchjob.train.controller import Controller
-from torchjob.train.membership import Membership
+from torchjob.train.membership import GenerationTimeout, Membership
 from torchjob.train.modes import KeepSurvivorsMode, LocalMode, PodMode
+from torchjob.train.progress import ProgressView
 from torchjob.train.steps import (
     Completed,
     Crashed,
@@ -247,7 +250,9 @@ def test_a_pod_left_out_of_a_later_generation_stops(tmp_path: Path) -> None:
     g2 = Membership.from_status({"currentGeneration": 2, "replicas": 1, "members": [1]})
     c = Controller(trainer(tmp_path), pod(membership=KEEP_SURVIVORS, pod_index=0, generation=2))
     c.mode = KeepSurvivorsMode(Watch(g2), Membership(2, 2), pod_name="job-worker-0", pod_index=0)  # type: ignore[arg-type]
-    assert isinstance(c.mode, KeepSurvivorsMode) and c.mode._excluded(g2)
+    assert isinstance(c.mode, KeepSurvivorsMode)
+    c.mode.joined = True  # it was a member (a joiner or standby that never was just waits)
+    assert c.mode._excluded(g2)
     assert "has no place for this pod (job-worker-0)" in (c.mode.leaving or "")
     assert c._next(STATE, stopped(3)) == Stopped(3)
     # A survivor created in generation 0 that is a member of generation 2 follows it.
@@ -274,3 +279,59 @@ def test_the_env_names_the_rank_among_pods_and_the_first_members_host() -> None:
     assert PodEnv.from_env(wire) == env
     canonical = worker_pod_env(spec, job_name="j", namespace="n", index=1, generation=0, replicas=2)
     assert canonical.node_rank is None and canonical.to_env()["RANK"] == "1"
+
+
+class Script:
+    """A job whose published membership moves through ``steps`` as a pod waits on it."""
+
+    def __init__(self, *steps: Membership) -> None:
+        self.steps = list(steps)
+
+    def read(self) -> Membership | None:
+        return self.steps[0]
+
+    def changed(self, generation: int) -> Membership | None:
+        return None
+
+    def wait_beyond(self, generation: int, **_: Any) -> Membership:
+        self.steps = [m for m in self.steps if m.generation > generation]
+        return self.steps[0]
+
+
+def test_a_standby_waits_through_generations_without_it_and_joins_the_one_that_names_it(
+    tmp_path: Path,
+) -> None:
+    def gen(n: int, members: list[int], **status: Any) -> Membership:
+        m = Membership.from_status(
+            {"currentGeneration": n, "replicas": len(members), "members": members, **status}
+        )
+        assert m is not None
+        return m
+
+    ready = tmp_path / "ready"
+    standby = pod(
+        membership=KEEP_SURVIVORS, pod_index=2, generation=1, rdzv_host="job-worker-0.job.ns.svc"
+    )
+    c = Controller(trainer(tmp_path), standby)
+    watch = Script(gen(0, [1, 0]), gen(1, [0, 1]), gen(2, [1, 2]))
+    c.mode = KeepSurvivorsMode(
+        watch, Membership(1, 2), pod_name="job-worker-2", pod_index=2, ready_file=ready
+    )  # type: ignore[arg-type]
+    assert isinstance(c.mode, KeepSurvivorsMode)
+    with ProgressView(enabled=False, total_epochs=None) as view:
+        c.mode.await_own_generation(c, view)
+    assert ready.exists(), "ready (its readiness probe) while it waits"
+    assert c.mode.membership.generation == 2 and c.mode.joined
+    now = c._pod_now()
+    assert now is not None
+    assert (now.group_rank, now.world_size, now.rdzv_host) == (1, 2, "job-worker-1.job.ns.svc")
+
+    listed = Script(gen(2, [0, 1], replacedWorkers=["job-worker-2"]))
+    gone = KeepSurvivorsMode(
+        listed, Membership(1, 2), pod_name="job-worker-2", pod_index=2, ready_file=ready
+    )  # type: ignore[arg-type]
+    with (
+        ProgressView(enabled=False, total_epochs=None) as view,
+        pytest.raises(GenerationTimeout, match="replaces"),
+    ):
+        gone.await_own_generation(c, view)

@@ -95,6 +95,8 @@ class Draft:
     """KeepSurvivors: the current generation's pod indices in rank order, when they are not
     ``0..replicas-1``: survivors first, in their old rank order, then new pods. A generation
     that lost pod 0 goes on with a survivor as rank 0 and the rendezvous on it."""
+    standby_ready: int | None = None
+    """Joiners ready to take a worker's place (``status.standbyWorkers``; None: not elastic)."""
     spec_replicas: int | None = None
     last_rescale: datetime | None = None
     replaced: list[str] = field(default_factory=list)

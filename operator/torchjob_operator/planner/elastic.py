@@ -64,65 +64,116 @@ def survivors_first(
     return tuple(kept) + tuple(i for i in range(replicas) if i not in kept)
 
 
+def standby_target(d: Draft) -> int:
+    """Warm standby pods to keep beside the workers (``elastic.standbyReplicas``)."""
+    el = d.job.spec.elastic
+    if el is None or d.job.spec.membership_policy != MembershipPolicy.KEEP_SURVIVORS:
+        return 0
+    return el.standby_replicas
+
+
 def joiners(d: Draft, pods: Sequence[PodView]) -> list[PodView]:
-    """Replacement pods created ahead for the next generation (indices beyond the current
-    size, labelled ``generation + 1``, still running or about to): not members yet, not
-    stale either. One that ended (it failed, or was taken away) is stale and is replaced."""
+    """Pods created ahead of the generation that takes them in (``contract.LABEL_JOINER``;
+    an older operator's: labelled ``generation + 1``): replacements and warm standbys, still
+    running or about to, with an index within ``target + standbyReplicas``. Not members yet,
+    not stale either. One that ended (it failed, or was taken away) is stale and is replaced."""
     if d.job.spec.elastic is None or d.job.spec.membership_policy != (
         MembershipPolicy.KEEP_SURVIVORS
     ):
         return []
-    top = target_replicas(d)
+    pool = target_replicas(d) + standby_target(d)
     ranked = set(d.ranked)
     return [
         p
         for p in pods
-        if p.index not in ranked and p.index < top and p.generation == d.generation + 1 and p.active
+        if p.index not in ranked
+        and p.index < pool
+        and (p.joiner or p.generation == d.generation + 1)
+        and p.active
     ]
 
 
+def ready_joiners(d: Draft, pods: Sequence[PodView]) -> list[PodView]:
+    """Joiners whose runtime waits to join (their readiness probe), by index."""
+    return sorted(
+        (p for p in joiners(d, pods) if p.phase == PodPhase.RUNNING and p.ready and p.scheduled),
+        key=lambda p: p.index,
+    )
+
+
+def replace_with_standbys(
+    d: Draft, survivors: Sequence[PodView], pods: Sequence[PodView]
+) -> tuple[int, ...] | None:
+    """After a loss: the next generation at full size right away, the survivors first and
+    ready joiners (warm standbys) in the lost pods' places; None when too few are ready.
+    Nothing is started: the survivors and the standbys re-form the group in their processes."""
+    el = d.job.spec.elastic
+    if (
+        el is None
+        or d.job.spec.membership_policy != MembershipPolicy.KEEP_SURVIVORS
+        or d.created_generation != d.generation
+    ):
+        return None
+    alive = {p.index for p in survivors}
+    kept = tuple(i for i in d.ranked if i in alive)
+    need = target_replicas(d) - len(kept)
+    ready = [p.index for p in ready_joiners(d, pods) if p.index not in alive]
+    if need <= 0 or len(ready) < need:
+        return None
+    return kept + tuple(ready[:need])
+
+
 def grow_with_joiners(d: Draft, current: Sequence[PodView], pods: Sequence[PodView]) -> None:
-    """KeepSurvivors: create the missing pods as joiners of generation g+1 as soon as their
-    names are free; once every joiner runs, publish generation g+1 at the full size (the
-    survivors stop at their next report and re-form the group with the joiners).
+    """KeepSurvivors: keep ``target - replicas`` joiners plus ``standbyReplicas`` standbys,
+    created as soon as their names are free; once enough joiners wait to join, publish
+    generation g+1 at the full size (the survivors stop at their next report and re-form the
+    group with the joiners), and the other joiners stay as standbys.
 
     ``scaleUpCooldownSeconds`` counts from the last capacity-driven rescale (``ScaledDown`` /
     ``ScaledUp``); a shrink after a disruption sets none, so the replacement joins at once.
+    Standbys are created regardless of it.
     """
     el = d.job.spec.elastic
     assert el is not None
     top = target_replicas(d)
     want = top - d.replicas
+    standby = standby_target(d)
     alive = [p for p in current if not p.deleting]
     running = len(alive) == d.replicas and all(p.phase == PodPhase.RUNNING for p in alive)
-    if want <= 0 or not running:
+    if want <= 0 and standby == 0:
         return
-    if d.last_rescale is not None:
+    cooling = False
+    if want > 0 and d.last_rescale is not None:
         ready_at = d.last_rescale + timedelta(seconds=el.scale_up_cooldown_seconds)
         if d.now < ready_at:
             d.requeue.append((ready_at - d.now).total_seconds())
-            return
-    joining = {p.index: p for p in joiners(d, pods)}
-    # Ready: the joiner's runtime waits to join (its readiness probe), not merely started.
-    if len(joining) == want and all(
-        p.phase == PodPhase.RUNNING and p.ready for p in joining.values()
-    ):
+            cooling = True
+    if want > 0 and not running and standby == 0:
+        return
+    joining = joiners(d, pods)
+    ready = ready_joiners(d, pods)
+    if want > 0 and running and not cooling and len(ready) >= want:
         old = d.replicas
-        d.next_generation(top, d.ranked + tuple(sorted(joining)))
+        d.next_generation(top, d.ranked + tuple(p.index for p in ready[:want]))
         d.created_generation = d.generation  # every pod of it exists: nothing to create
         d.transition(Phase.RESTARTING, *cond.say("ScaledUp", want=want, old=old, replicas=top))
         return
+    if want > 0 and cooling and standby == 0:
+        return
+    missing = max(want, 0) + standby - len(joining)
     taken = {p.index for p in pods}
     ranked = set(d.ranked)
-    free = tuple(i for i in range(top) if i not in taken and i not in ranked)
+    free = tuple(i for i in range(top + standby) if i not in taken and i not in ranked)[
+        : max(missing, 0)
+    ]
     if free:
-        grown = d.ranked + tuple(sorted(set(joining) | set(free)))
+        grown = d.ranked + tuple(sorted({p.index for p in joining} | set(free)))[: max(want, 0)]
         d.create = CreatePods(
             indices=free,
             generation=d.generation + 1,
-            replicas=top,
+            replicas=len(grown) if want > 0 else top,
             joiners=True,
-            members=None if grown == tuple(range(top)) else grown,
+            members=None if want <= 0 or grown == tuple(range(len(grown))) else grown,
         )
         d.events.append(
             Event.of(

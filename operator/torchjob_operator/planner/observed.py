@@ -59,6 +59,8 @@ class PodView:
     """One line on why the container stopped: from its termination message, if it left one."""
     peer_failure: bool = False
     """The runtime said this pod failed only because a peer did (not a root cause)."""
+    joiner: bool = False
+    """Created ahead of the generation that takes it in (``contract.LABEL_JOINER``)."""
 
     @property
     def active(self) -> bool:
@@ -207,6 +209,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         name=meta.get("name", ""),
         index=index,
         generation=generation,
+        joiner=labels.get(contract.LABEL_JOINER) == "true",
         phase=phase,
         ready=bool(ready_cond and ready_cond.get("status") == "True"),
         deleting=meta.get("deletionTimestamp") is not None,

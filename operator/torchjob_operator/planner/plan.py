@@ -49,6 +49,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from torchjob import contract
 from torchjob.api.models import (
     CleanPodPolicy,
     FailureRecord,
@@ -67,6 +68,8 @@ from torchjob_operator.planner.draft import CreatePods, Draft, Event, JobView, P
 from torchjob_operator.planner.elastic import (
     fit_to_capacity,
     joiners,
+    ready_joiners,
+    replace_with_standbys,
     shrink_at_once,
     survivors_first,
     target_replicas,
@@ -229,8 +232,22 @@ def plan(
         _finish(d, pods)
         return _plan(d, pods, current)
 
-    if verdict.outcome == Outcome.DISRUPTED:
-        survivors = [p for p in current if _survives(p)]
+    survivors = [p for p in current if _survives(p)]
+    standbys = (
+        replace_with_standbys(d, survivors, pods)
+        if verdict.outcome in (Outcome.DISRUPTED, Outcome.FAILED)
+        else None
+    )
+    if verdict.outcome == Outcome.DISRUPTED and standbys is not None:
+        d.count(d.counters().disrupted(), len(standbys), standbys)
+        _took_over(
+            d,
+            standbys,
+            survivors,
+            verdict.detail,
+            f"disruption {d.disruptions}, the restart budget is not charged",
+        )
+    elif verdict.outcome == Outcome.DISRUPTED:
         smaller = shrink_at_once(d, survivors)
         if smaller is not None:
             d.count(d.counters().disrupted(), len(smaller), smaller)
@@ -251,7 +268,7 @@ def plan(
                     "ShrunkAfterDisruption",
                     detail=verdict.detail,
                     disruptions=d.disruptions,
-                    replicas=smaller,
+                    replicas=len(smaller),
                     target=target_replicas(d),
                     min=spec.elastic.min_replicas,
                 ),
@@ -282,9 +299,14 @@ def plan(
             _end(d, Phase.FAILED, decision.verdict.value, text)
             _finish(d, pods)
             return _plan(d, pods, current)
-        d.count(d.counters().restarted(decision), spec.replicas)
-        d.restart_after = now + timedelta(seconds=decision.backoff_s)
-        d.transition(Phase.RESTARTING, "WorkerFailed", text, warning=True)
+        if standbys is not None:
+            # Charged as any restart, but no pod is started: no backoff to wait for.
+            d.count(d.counters().restarted(decision), len(standbys), standbys)
+            _took_over(d, standbys, survivors, verdict.detail, decision.explanation)
+        else:
+            d.count(d.counters().restarted(decision), spec.replicas)
+            d.restart_after = now + timedelta(seconds=decision.backoff_s)
+            d.transition(Phase.RESTARTING, "WorkerFailed", text, warning=True)
 
     if spec.elastic is not None and verdict.outcome == Outcome.HEALTHY:
         fit_to_capacity(d, current, pods)
@@ -293,6 +315,8 @@ def plan(
     # rendezvous. Joiners (created ahead for the next generation) are neither.
     current = _members(d, pods)
     joining = joiners(d, pods)
+    if spec.elastic is not None and spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS:
+        d.standby_ready = len(ready_joiners(d, pods))
     stale = [p for p in pods if p not in current and p not in joining]
     d.delete.extend(p.name for p in stale if not p.deleting)
     if spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS:
@@ -351,6 +375,33 @@ def plan(
     else:
         active_phase(d, current)
     return _plan(d, pods, current)
+
+
+def _took_over(
+    d: Draft,
+    members: tuple[int, ...],
+    survivors: Sequence[PodView],
+    detail: str,
+    counted: str,
+) -> None:
+    """Ready standbys took the lost pods' places in generation ``d.generation``: every pod
+    of it exists (nothing to create, no backoff)."""
+    d.created_generation = d.generation
+    d.restart_after = None
+    alive = {p.index for p in survivors}
+    took = ", ".join(contract.worker_pod_name(d.job.name, i) for i in members if i not in alive)
+    d.transition(
+        Phase.RESTARTING,
+        *cond.say(
+            "StandbyTookOver",
+            detail=detail,
+            counted=counted,
+            pods=took,
+            generation=d.generation,
+            replicas=len(members),
+        ),
+        warning=True,
+    )
 
 
 def _hold(d: Draft, pods: Sequence[PodView], gate: Gate) -> Plan:

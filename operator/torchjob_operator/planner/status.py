@@ -62,6 +62,7 @@ def render_status(d: Draft, current: Sequence[PodView]) -> dict[str, Any]:
         created_generation=d.created_generation,
         members=list(d.members) if d.members is not None else None,
         replaced_workers=d.replaced or None,
+        standby_workers=d.standby_ready,
         spec_replicas=d.spec_replicas,
         last_rescale_time=format_time(d.last_rescale) if d.last_rescale else None,
         world_size=d.replicas * d.job.spec.resolved_nproc_per_node(),

@@ -101,6 +101,8 @@ def worker_pod(
     labels.update(job_labels(name))
     labels[contract.LABEL_POD_INDEX] = str(index)
     labels[contract.LABEL_GENERATION] = str(generation)
+    if joiner:
+        labels[contract.LABEL_JOINER] = "true"
     if spec.scheduling.queue_name:
         labels[contract.KUEUE_QUEUE_LABEL] = spec.scheduling.queue_name
     gang_labels, gang_annotations = gang_pod_metadata(name=name, gang=spec.scheduling.gang)

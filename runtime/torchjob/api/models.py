@@ -451,6 +451,17 @@ class ElasticPolicy(_Model):
             "re-formations (docs/runtime.md has the measurement)."
         ),
     )
+    standby_replicas: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_REPLICAS,
+        description=(
+            "With membershipPolicy KeepSurvivors: warm standby pods kept beside the workers,"
+            " their runtime started and torch imported, waiting to join. A lost worker's place"
+            " is taken by a ready standby in the next generation at once (no pod to start), and"
+            " a new standby is created in its stead. Counted in status.standbyWorkers."
+        ),
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> ElasticPolicy:
@@ -794,6 +805,13 @@ _SPEC_RULES = [
         "self.replicas <= self.elastic.maxReplicas)",
         "spec.replicas must lie between spec.elastic.minReplicas and spec.elastic.maxReplicas",
     ),
+    _cel(
+        "!has(self.elastic) || !has(self.elastic.standbyReplicas) || "
+        "self.elastic.standbyReplicas == 0 || "
+        "(has(self.membershipPolicy) && self.membershipPolicy == 'KeepSurvivors')",
+        "spec.elastic.standbyReplicas needs spec.membershipPolicy KeepSurvivors (a standby joins"
+        " the survivors' group; RecreateGroup recreates every pod)",
+    ),
     _cel("has(self.checkpoint) == has(oldSelf.checkpoint)", _MSG_CHECKPOINT_PRESENCE),
     _cel(
         "!has(self.scheduling) || !has(self.scheduling.schedulerName) || "
@@ -881,6 +899,15 @@ class TorchJobSpec(_Model):
         ):
             raise ValueError(
                 "spec.replicas must lie between spec.elastic.minReplicas and spec.elastic.maxReplicas"
+            )
+        if (
+            self.elastic
+            and self.elastic.standby_replicas
+            and self.membership_policy != MembershipPolicy.KEEP_SURVIVORS
+        ):
+            raise ValueError(
+                "spec.elastic.standbyReplicas needs spec.membershipPolicy KeepSurvivors (a standby"
+                " joins the survivors' group; RecreateGroup recreates every pod)"
             )
         extra = self.template.spec.model_extra or {}
         labels = (self.template.metadata.labels if self.template.metadata else None) or {}
@@ -1025,6 +1052,13 @@ class TorchJobStatus(_Model):
             " members[i] runs ranks i*nprocPerNode and up; the rendezvous is on members[0])."
             " Absent: pods 0..replicas-1 in index order. A generation that lost pod 0 goes on"
             " with a survivor as rank 0."
+        ),
+    )
+    standby_workers: int | None = Field(
+        default=None,
+        description=(
+            "Pods waiting to join (spec.elastic.standbyReplicas, or an elastic job's"
+            " replacements) that are ready to take a worker's place."
         ),
     )
     replaced_workers: list[str] | None = Field(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Protocol
@@ -147,38 +148,50 @@ class KeepSurvivorsMode:
         self.ready_file = ready_file
         self.next: Membership | None = None
         self.entered_s = time.monotonic()
+        self.joined = False
+        """This pod has been a member of a generation (a joiner or standby: not yet)."""
         self.leaving: str | None = None
         """Why this pod is not a member of the published generation (it stops, not re-forms)."""
 
     def await_own_generation(self, c: FitContext, view: ProgressView) -> None:
-        """A pod created ahead of its generation waits until the operator publishes it.
+        """A pod created ahead of its generation waits until the operator publishes one that
+        includes it.
 
         An elastic job that lost a pod goes on smaller at once, and the operator creates the
-        replacement for the *next* generation (a joiner, docs/api.md): it starts and imports
-        while the smaller group trains, and forms the group only once that generation is
-        published; forming it earlier would meet the smaller group's rendezvous on pod 0.
-        While it waits, ``ready_file`` exists: the joiner pod's readiness probe, so the
-        operator grows the job only once the joiner is this far. Raises
-        :class:`GenerationTimeout` when the job ends or stops first."""
+        replacement for the *next* generation (a joiner, docs/api.md); a warm standby
+        (``elastic.standbyReplicas``) waits until a generation takes it in a lost pod's
+        place. Either starts and imports while the group trains, and forms the group only
+        once a generation names it (``status.members``); forming it earlier would meet the
+        running group's rendezvous. While it waits, ``ready_file`` exists: the joiner pod's
+        readiness probe, so the operator counts on it only once it is this far. Raises
+        :class:`GenerationTimeout` when the job ends or stops first, or the operator lists
+        this pod as replaced."""
         own = self.membership.generation
         m = self.watch.read()
         if m is None:
+            self.joined = True
             return
-        if m.generation < own:
-            # Ready to join (the joiner's readiness probe): the operator grows back only now.
+        told = False
+        while m.generation < own or (
+            self.pod_index is not None and m.node_rank(self.pod_index) is None
+        ):
+            if m.excludes(self.pod_name, self.created_in):
+                self._excluded(m)
+                raise GenerationTimeout(self.leaving or "replaced")
+            # Ready to join (the joiner's readiness probe): the operator counts on it now.
             with contextlib.suppress(OSError):
                 self.ready_file.touch()
-            view.message(
-                f"[torchjob] this pod joins generation {own}; the job runs generation "
-                f"{m.generation}: waiting until it grows"
-            )
-            m = self.watch.wait_beyond(own - 1, timeout_s=FOLLOW_TIMEOUT_S, stop=c.stop_requested)
-            self.membership = m
-            self.entered_s = time.monotonic()
-        elif m.generation == own:
+            if not told:
+                view.message(
+                    f"[torchjob] this pod waits to join (created for generation {own}); the "
+                    f"job runs generation {m.generation}"
+                )
+                told = True
+            m = self.watch.wait_beyond(m.generation, timeout_s=math.inf, stop=c.stop_requested)
+        if m.generation >= own:
             self.membership = m  # with its rank order (status.members)
-        if self._excluded(m):
-            raise GenerationTimeout(self.leaving or "not a member")
+        self.entered_s = time.monotonic()
+        self.joined = True
 
     def _excluded(self, m: Membership | None) -> bool:
         """``m`` lists this pod as replaced (it was evicted, or is beyond the new size), or
@@ -189,7 +202,8 @@ class KeepSurvivorsMode:
         if m.excludes(self.pod_name, self.created_in):
             why = "replaces this pod"
         elif (
-            self.pod_index is not None
+            self.joined
+            and self.pod_index is not None
             and m.generation >= self.created_in
             and m.node_rank(self.pod_index) is None
         ):
