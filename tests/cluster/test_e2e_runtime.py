@@ -34,7 +34,8 @@ def kubelet(kube: object, tmp_path: Path) -> Iterator[ProcessKubelet]:
     node.stop()
 
 
-def _e2e_template(*args: str, grace: int = 10) -> dict:
+def _e2e_template(*args: str, grace: int = 10, hold_until: int | None = None) -> dict:
+    """``hold_until``: the last epoch waits until the job runs that generation."""
     template = worker_template(
         nodeSelector={NODE_LABEL: "true"},
         tolerations=[{"key": TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}],
@@ -43,6 +44,10 @@ def _e2e_template(*args: str, grace: int = 10) -> dict:
     container = template["spec"]["containers"][0]
     container["command"] = [sys.executable, "tests/e2e/train_job.py"]
     container["args"] = list(args)
+    if hold_until is not None:
+        container.setdefault("env", []).append(
+            {"name": "TORCHJOB_E2E_HOLD_UNTIL_GENERATION", "value": str(hold_until)}
+        )
     return template
 
 
@@ -273,7 +278,7 @@ def test_losing_pod_0_the_survivor_goes_on_as_rank_0_in_its_own_process(
         backend="gloo",
         membershipPolicy="KeepSurvivors",
         elastic={"minReplicas": 1, "maxReplicas": 2, "shrinkOnDisruption": True},
-        template=_e2e_template(str(epochs), "-1", "0.2", grace=30),
+        template=_e2e_template(str(epochs), "-1", "0.2", grace=30, hold_until=2),
         checkpoint={"path": str(storage)},
         failurePolicy={"maxRestarts": 0},
     )
@@ -312,4 +317,77 @@ def test_losing_pod_0_the_survivor_goes_on_as_rank_0_in_its_own_process(
     stops = re.findall(r"^torchjob: training stopped on request at report (\d+)", said)
     assert len(stops) == 1, f"{said}\n{logs}"
     # Generation 1 resumed from the checkpoint the evicted rank 0 committed as it stopped.
+    assert f"resumed from epoch {int(stops[0]) - 1} at generation 1" in logs[1], logs[1]
+
+
+def test_a_warm_standby_takes_the_evicted_pods_place_and_a_new_standby_starts(
+    jobs: Jobs, kubelet: ProcessKubelet, tmp_path: Path
+) -> None:
+    """elastic.standbyReplicas 1: pod 2 starts beside the two workers and waits. Pod 0 (rank
+    0) is evicted: generation 1 is pods [1, 2] at once, pod 1 leads it in its own process and
+    the standby receives the same parameters; pod 0 comes back as the new standby."""
+    storage = tmp_path / "checkpoints"
+    epochs = 40
+    manifest = torchjob(
+        "warm",
+        replicas=2,
+        backend="gloo",
+        membershipPolicy="KeepSurvivors",
+        elastic={"minReplicas": 2, "maxReplicas": 2, "standbyReplicas": 1},
+        template=_e2e_template(str(epochs), "-1", "0.2", grace=30, hold_until=1),
+        checkpoint={"path": str(storage)},
+        failurePolicy={"maxRestarts": 0},
+    )
+    jobs.apply(manifest)
+    jobs.wait(
+        "warm",
+        lambda s: s if s.get("standbyWorkers") == 1 else None,
+        "the standby to wait, ready",
+        timeout=180,
+    )
+    pods = {p.metadata.name: p for p in jobs.core.list_namespaced_pod(jobs.ns).items}
+    assert set(pods) == {"warm-worker-0", "warm-worker-1", "warm-worker-2"}, set(pods)
+    assert pods["warm-worker-2"].metadata.labels[contract.LABEL_JOINER] == "true"
+    jobs.wait(
+        "warm",
+        lambda s: s if (s.get("progress") or {}).get("epoch", -1) >= 3 else None,
+        "rank 0 to report epoch 3",
+        timeout=180,
+    )
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="warm-worker-0"))
+    jobs.core.create_namespaced_pod_eviction("warm-worker-0", jobs.ns, eviction)
+    jobs.wait(
+        "warm",
+        lambda s: (
+            s if s.get("currentGeneration", 0) >= 1 and s.get("standbyWorkers") == 1 else None
+        ),
+        "the new standby (pod 0) to wait, ready",
+        timeout=180,
+    )
+
+    status = _wait_finished(jobs, kubelet, "warm")
+    logs = {i: kubelet.log_of(f"warm-worker-{i}") for i in (0, 1, 2)}
+    assert status["phase"] == "Succeeded", f"{jobs.describe('warm')}\n{logs}"
+    assert (status["restarts"], status["disruptions"], status["currentGeneration"]) == (0, 1, 1)
+    assert status["members"] == [1, 2], status
+    assert (
+        pods["warm-worker-1"].metadata.uid
+        == jobs.core.read_namespaced_pod("warm-worker-1", jobs.ns).metadata.uid
+    ), "the survivor kept its pod"
+    reasons = [e.reason for e in jobs.core.list_namespaced_event(jobs.ns).items]
+    assert "StandbyTookOver" in reasons, reasons
+    firsts = {
+        (int(g), int(r)): (int(pid), params)
+        for i in (1, 2)
+        for g, r, pid, params in re.findall(
+            r"^generation (\d+) rank (\d+) pid (\d+) params (.*)$", logs[i], re.M
+        )
+    }
+    assert firsts[(0, 1)][0] == firsts[(1, 0)][0], f"pod 1 kept its process\n{logs[1]}"
+    assert firsts[(1, 1)][1] == firsts[(1, 0)][1], f"the standby differs\n{logs}"
+    assert "this pod waits to join" in logs[2], logs[2]
+    assert f"done: {epochs} epochs, world size 2" in logs[1], logs[1]
+    said = "".join(kubelet.termination_messages("warm-worker-0"))
+    stops = re.findall(r"^torchjob: training stopped on request at report (\d+)", said)
+    assert len(stops) >= 1, f"{said}\n{logs}"
     assert f"resumed from epoch {int(stops[0]) - 1} at generation 1" in logs[1], logs[1]

@@ -9,6 +9,8 @@ resumes from the latest checkpoint rank 0 committed.
 
 CRASH_AT -1 never crashes; EPOCH_SECONDS slows each epoch down (a test can then
 preempt a pod mid-run). With TORCHJOB_E2E_CRASH=raise, rank 1 raises instead of exiting.
+With TORCHJOB_E2E_HOLD_UNTIL_GENERATION=N the last epoch waits (reporting) until the job
+runs generation N, so a test's membership changes happen before training ends.
 """
 
 from __future__ import annotations
@@ -50,7 +52,13 @@ def train_func(config: dict) -> None:
             f"resumed from epoch {state['epoch']} at generation {os.environ['TORCHJOB_GENERATION']}",
             flush=True,
         )
+    hold = int(os.environ.get("TORCHJOB_E2E_HOLD_UNTIL_GENERATION", "-1"))
     for epoch in range(start, config["epochs"]):
+        while epoch == config["epochs"] - 1 and int(os.environ["TORCHJOB_GENERATION"]) < hold:
+            # Reports let a membership change stop this generation; the next one resumes
+            # from the previous epoch's checkpoint and trains the last epoch.
+            time.sleep(config["epoch_seconds"] or 0.1)
+            report({"epoch": epoch - 1, "holding": 1})
         if (
             os.environ.get("TORCHJOB_GENERATION") == "0"
             and epoch == config["crash_at"]

@@ -62,7 +62,10 @@ def test_a_joiner_of_a_job_that_ended_gives_up(tmp_path: Path) -> None:
     try:
         with pytest.raises(GenerationTimeout, match="Succeeded"):
             mode.await_own_generation(c, view(out))  # type: ignore[arg-type]
-        assert "this pod waits to join (created for generation 2); the job runs generation 1" in out.getvalue()
+        assert (
+            "this pod waits to join (created for generation 2); the job runs generation 1"
+            in out.getvalue()
+        )
         assert ready.exists(), "it said it was ready to join (its readiness probe) before waiting"
     finally:
         mode.watch.close()

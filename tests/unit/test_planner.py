@@ -781,3 +781,28 @@ def test_keep_survivors_publishes_the_generation_before_the_evicted_pod_is_gone(
     assert gone.create is not None and gone.create.indices == (1,)
     assert gone.create.generation == 1
     assert gone.status["replacedWorkers"] is None  # gone: nothing left to exclude
+
+
+def test_a_joiner_stranded_by_the_end_of_training_does_not_hold_the_job() -> None:
+    """The grow to a joiner was published as the survivor finished training: the survivor
+    exits 0, the joiner waits for a group that cannot form. Ten seconds later the job has
+    succeeded and the joiner is deleted; before that the other member may still finish."""
+    _, view, pods = step(elastic_keep(), [], 0)
+    up = [running(p) for p in pods]
+    _, view, _ = step(view, [evicted(up[0]), up[1]], 5)
+    survivor = replace(up[1], generation=1)
+    _, view, pods = step(view, [survivor], 9)
+    grown, view, pods = step(view, [running(p) for p in pods], 12)
+    assert grown.status["currentGeneration"] == 2 and grown.status["members"] == [1, 0]
+    by = {p.index: running(p) for p in pods}
+    ended = [by[0], succeeded(replace(by[1], finished_at=at(13)))]
+    waiting = plan(view, ended, at(15))
+    assert waiting.phase == Phase.RUNNING and waiting.delete == ()
+    assert waiting.requeue_after_s is not None and waiting.requeue_after_s <= 8
+    done = plan(view, ended, at(24))
+    assert done.phase == Phase.SUCCEEDED and "tj-worker-0" in done.delete
+    # RecreateGroup keeps waiting for every worker (each pod trains to the end itself).
+    _, rview, rpods = step(job().replicas(2).build(), [], 0)
+    rby = {p.index: running(p) for p in rpods}
+    mixed = [rby[0], succeeded(replace(rby[1], finished_at=at(1)))]
+    assert plan(rview, mixed, at(60)).phase != Phase.SUCCEEDED

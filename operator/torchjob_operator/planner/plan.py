@@ -75,7 +75,13 @@ from torchjob_operator.planner.elastic import (
     target_replicas,
 )
 from torchjob_operator.planner.kueue import Gate
-from torchjob_operator.planner.observed import JobState, PodView, ProbeView, format_time
+from torchjob_operator.planner.observed import (
+    JobState,
+    PodPhase,
+    PodView,
+    ProbeView,
+    format_time,
+)
 from torchjob_operator.planner.phase import active_phase
 from torchjob_operator.planner.status import ready_reason, render_status
 
@@ -221,7 +227,19 @@ def plan(
     verdict = judge_generation(current, replicas=d.replicas, missing=missing, now=now)
     if verdict.recheck_after_s is not None:
         d.requeue.append(verdict.recheck_after_s)
+    stranded = _stranded_by_success(d, current, verdict.outcome)
 
+    if stranded is not None:
+        # Training ended on a member before the others could form this generation with it.
+        _end(
+            d,
+            Phase.SUCCEEDED,
+            "AllWorkersSucceeded",
+            cond.message("AllWorkersSucceeded", replicas=d.replicas),
+        )
+        d.delete.extend(p.name for p in stranded)
+        _finish(d, pods)
+        return _plan(d, pods, current)
     if verdict.outcome == Outcome.SUCCEEDED:
         _end(
             d,
@@ -402,6 +420,35 @@ def _took_over(
         ),
         warning=True,
     )
+
+
+STRANDED_GRACE = timedelta(seconds=10)
+"""How long the other members may take to finish after one KeepSurvivors member succeeded."""
+
+
+def _stranded_by_success(
+    d: Draft, current: Sequence[PodView], outcome: Outcome
+) -> list[PodView] | None:
+    """KeepSurvivors: the members still running ``STRANDED_GRACE`` after another member of
+    the generation exited 0 (None while that is not the case).
+
+    A pod exits 0 only once training ended (the last report is collective, rank 0 commits
+    first). A generation published at the moment training ended (a grow to a joiner) can
+    never form without that pod: its other members wait for a group that will not come.
+    Healthy members finish within seconds of each other, so they never wait that long."""
+    if outcome != Outcome.HEALTHY or d.job.spec.membership_policy != (
+        MembershipPolicy.KEEP_SURVIVORS
+    ):
+        return None
+    done = [p.finished_at for p in current if p.phase == PodPhase.SUCCEEDED]
+    if not done or any(p.phase == PodPhase.FAILED for p in current):
+        return None
+    first = min((t for t in done if t is not None), default=d.now)
+    due = first + STRANDED_GRACE
+    if d.now < due:
+        d.requeue.append((due - d.now).total_seconds())
+        return None
+    return [p for p in current if p.active]
 
 
 def _hold(d: Draft, pods: Sequence[PodView], gate: Gate) -> Plan:

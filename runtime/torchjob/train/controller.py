@@ -220,7 +220,14 @@ class Controller:
         """KeepSurvivors: start this pod's worker processes unformed, before its first
         generation, so that they import torch while the pod waits (a joiner waits for the
         job to grow); every generation then forms its group in these same processes."""
-        placement, env = self._placement(state)
+        try:
+            placement, env = self._placement(state)
+        except ValueError:
+            # A standby has no rank in the generation its env names: its processes start
+            # unformed, and any placement of their number will do until one names it.
+            pod = self._pod_now()
+            assert pod is not None
+            placement, env = Placement.local(pod.nproc_per_node, generation=pod.generation), {}
         group = self._new_group(placement, env)
         try:
             group.start(form=False)
@@ -348,6 +355,11 @@ class Controller:
             except GenerationTimeout as timeout:
                 if self.stop_requested.is_set():
                     self._raise_stopped(None)
+                ended = self.mode.watch.read()
+                if ended is not None and ended.phase == "Succeeded":
+                    # A standby (or joiner) the job never needed: the job is done, so is it.
+                    view.message(f"[torchjob] {timeout}; this pod was not needed")
+                    return self.result()
                 self._raise_failed(timeout, str(timeout))
         step: Step = Running(replace(state, generation_started_s=time.monotonic()))
         while True:
