@@ -444,11 +444,11 @@ class ElasticPolicy(_Model):
     shrink_on_disruption: bool = Field(
         default=False,
         description=(
-            "With membershipPolicy KeepSurvivors: when a worker is disrupted, go on at once "
-            "with the survivors (pods 0..m-1, at least minReplicas) and let the replacement "
-            "join the generation after; off: replace it at full size. Off by default: today "
-            "the survivors re-form their ranks from the checkpoint, so each eviction costs two "
-            "re-formations (docs/runtime.md has the measurement)."
+            "With membershipPolicy KeepSurvivors: when a worker is disrupted and no standby is"
+            " ready, go on at once with the survivors (any of them, at least minReplicas; the"
+            " first becomes rank 0, status.members) and let the replacement join the generation"
+            " after; off: replace it at full size. Each such eviction costs two re-formations"
+            " (shrink, grow); docs/runtime.md has the measurement."
         ),
     )
     standby_replicas: int = Field(
