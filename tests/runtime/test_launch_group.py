@@ -310,3 +310,27 @@ def test_workers_fork_from_a_single_threaded_cpu_driver_unless_told_not_to(start
     assert all(w["ppid"] == out["driver"] and w["pid"] != out["driver"] for w in workers)
     assert all(w["threads"] == 1 for w in workers), workers
     assert all(w["sentinel"] is forked for w in workers), workers
+
+
+def test_rank_0_serves_the_store_once_the_previous_holder_lets_the_port_go() -> None:
+    """Rank 0 moves between pods; where "pods" share an address (the e2e process kubelet)
+    the previous rank 0 may still hold the port for a moment: the new one waits for it, and
+    gives up with the bind error after its timeout."""
+    import socket
+    from datetime import timedelta
+
+    from torchjob.contract import free_port
+    from torchjob.launch.worker import _serve_store
+
+    port = free_port()
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.bind(("127.0.0.1", port))
+    holder.listen(1)
+    with pytest.raises(RuntimeError, match="in use"):
+        _serve_store("127.0.0.1", port, timedelta(seconds=0.5), use_libuv=True)
+    released = threading.Timer(0.5, holder.close)
+    released.start()
+    store = _serve_store("127.0.0.1", port, timedelta(seconds=30), use_libuv=True)
+    released.join()
+    store.set("k", "v")
+    assert store.get("k") == b"v"
