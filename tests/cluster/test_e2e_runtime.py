@@ -51,6 +51,30 @@ def _e2e_template(*args: str, grace: int = 10, hold_until: int | None = None) ->
     return template
 
 
+def _first_steps(*logs: str) -> dict[tuple[int, int], tuple[int, str]]:
+    """(generation, rank) -> (pid, parameters after its first step), from train_job.py's logs:
+    which process trained each generation, and what every rank held after that step."""
+    return {
+        (int(g), int(r)): (int(pid), params)
+        for log in logs
+        for g, r, pid, params in re.findall(
+            r"^generation (\d+) rank (\d+) pid (\d+) params (.*)$", log, re.M
+        )
+    }
+
+
+def _evict_after_epoch_3(jobs: Jobs, name: str, pod: str) -> None:
+    """Once rank 0 reported epoch 3 (a checkpoint exists), the Eviction API takes ``pod``."""
+    jobs.wait(
+        name,
+        lambda s: s if (s.get("progress") or {}).get("epoch", -1) >= 3 else None,
+        "rank 0 to report epoch 3",
+        timeout=180,
+    )
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod))
+    jobs.core.create_namespaced_pod_eviction(pod, jobs.ns, eviction)
+
+
 def _wait_finished(jobs: Jobs, kubelet: ProcessKubelet, name: str) -> dict:
     def finished() -> dict | None:
         status = jobs.status(name)
@@ -228,14 +252,7 @@ def test_keep_survivors_a_preemption_costs_only_the_preempted_pod(
     )
     jobs.apply(manifest)
     survivor = jobs.wait_running_pods("kept", 2, generation=0, timeout=120)[0]
-    jobs.wait(
-        "kept",
-        lambda s: s if (s.get("progress") or {}).get("epoch", -1) >= 3 else None,
-        "rank 0 to report epoch 3",
-        timeout=180,
-    )
-    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="kept-worker-1"))
-    jobs.core.create_namespaced_pod_eviction("kept-worker-1", jobs.ns, eviction)
+    _evict_after_epoch_3(jobs, "kept", "kept-worker-1")
 
     status = _wait_finished(jobs, kubelet, "kept")
     logs = {i: kubelet.log_of(f"kept-worker-{i}") for i in (0, 1)}
@@ -252,13 +269,7 @@ def test_keep_survivors_a_preemption_costs_only_the_preempted_pod(
     assert f"done: {epochs} epochs, world size 2" in logs[0]
     # Re-formed in place: pod 0's worker process trained both generations, and the new pod 1
     # holds the same parameters as the survivor after the first step of generation 1.
-    firsts = {
-        (int(g), int(r)): (int(pid), params)
-        for i in (0, 1)
-        for g, r, pid, params in re.findall(
-            r"^generation (\d+) rank (\d+) pid (\d+) params (.*)$", logs[i], re.M
-        )
-    }
+    firsts = _first_steps(logs[0], logs[1])
     assert firsts[(0, 0)][0] == firsts[(1, 0)][0], f"rank 0 changed process\n{logs[0]}"
     assert firsts[(1, 1)][1] == firsts[(1, 0)][1], f"newcomer differs\n{logs}"
 
@@ -285,14 +296,7 @@ def test_losing_pod_0_the_survivor_goes_on_as_rank_0_in_its_own_process(
     jobs.apply(manifest)
     pods = jobs.wait_running_pods("lead", 2, generation=0, timeout=120)
     survivor = next(p for p in pods if p.metadata.name == "lead-worker-1")
-    jobs.wait(
-        "lead",
-        lambda s: s if (s.get("progress") or {}).get("epoch", -1) >= 3 else None,
-        "rank 0 to report epoch 3",
-        timeout=180,
-    )
-    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="lead-worker-0"))
-    jobs.core.create_namespaced_pod_eviction("lead-worker-0", jobs.ns, eviction)
+    _evict_after_epoch_3(jobs, "lead", "lead-worker-0")
 
     status = _wait_finished(jobs, kubelet, "lead")
     logs = {i: kubelet.log_of(f"lead-worker-{i}") for i in (0, 1)}
@@ -301,13 +305,7 @@ def test_losing_pod_0_the_survivor_goes_on_as_rank_0_in_its_own_process(
     assert status["members"] == [1, 0], status
     pod1 = jobs.core.read_namespaced_pod("lead-worker-1", jobs.ns)
     assert pod1.metadata.uid == survivor.metadata.uid, "the survivor kept its pod"
-    firsts = {
-        (int(g), int(r)): (int(pid), params)
-        for i in (0, 1)
-        for g, r, pid, params in re.findall(
-            r"^generation (\d+) rank (\d+) pid (\d+) params (.*)$", logs[i], re.M
-        )
-    }
+    firsts = _first_steps(logs[0], logs[1])
     # Pod 1's worker was rank 1, then rank 0 alone, then rank 0 of two: one process.
     assert firsts[(0, 1)][0] == firsts[(1, 0)][0] == firsts[(2, 0)][0], f"{firsts}\n{logs[1]}"
     assert firsts[(2, 1)][1] == firsts[(2, 0)][1], f"the newcomer differs\n{logs}"
@@ -348,14 +346,7 @@ def test_a_warm_standby_takes_the_evicted_pods_place_and_a_new_standby_starts(
     pods = {p.metadata.name: p for p in jobs.core.list_namespaced_pod(jobs.ns).items}
     assert set(pods) == {"warm-worker-0", "warm-worker-1", "warm-worker-2"}, set(pods)
     assert pods["warm-worker-2"].metadata.labels[contract.LABEL_JOINER] == "true"
-    jobs.wait(
-        "warm",
-        lambda s: s if (s.get("progress") or {}).get("epoch", -1) >= 3 else None,
-        "rank 0 to report epoch 3",
-        timeout=180,
-    )
-    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="warm-worker-0"))
-    jobs.core.create_namespaced_pod_eviction("warm-worker-0", jobs.ns, eviction)
+    _evict_after_epoch_3(jobs, "warm", "warm-worker-0")
     jobs.wait(
         "warm",
         lambda s: (
@@ -376,13 +367,7 @@ def test_a_warm_standby_takes_the_evicted_pods_place_and_a_new_standby_starts(
     ), "the survivor kept its pod"
     reasons = [e.reason for e in jobs.core.list_namespaced_event(jobs.ns).items]
     assert "StandbyTookOver" in reasons, reasons
-    firsts = {
-        (int(g), int(r)): (int(pid), params)
-        for i in (1, 2)
-        for g, r, pid, params in re.findall(
-            r"^generation (\d+) rank (\d+) pid (\d+) params (.*)$", logs[i], re.M
-        )
-    }
+    firsts = _first_steps(logs[1], logs[2])
     assert firsts[(0, 1)][0] == firsts[(1, 0)][0], f"pod 1 kept its process\n{logs[1]}"
     assert firsts[(1, 1)][1] == firsts[(1, 0)][1], f"the standby differs\n{logs}"
     assert "this pod waits to join" in logs[2], logs[2]
