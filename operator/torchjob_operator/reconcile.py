@@ -406,7 +406,8 @@ def _sync_workload(
         namespace=namespace,
         uid=uid,
         queue=queue,
-        count=spec.replicas,
+        # Standbys run pods too: Kueue admits the quota for them with the workers.
+        count=spec.replicas + spec.standby_replicas,
         worker=worker,
         priority_class=priority_class,
         priority=priority,
@@ -414,7 +415,12 @@ def _sync_workload(
     if existing is None:
         if kube.create_workload(desired):
             events.append(
-                Event.of("CreatedWorkload", name=wl_name, queue=queue, count=spec.replicas)
+                Event.of(
+                    "CreatedWorkload",
+                    name=wl_name,
+                    queue=queue,
+                    count=spec.replicas + spec.standby_replicas,
+                )
             )
         return None, waiting
     if not kueue.matches(existing, desired):

@@ -66,10 +66,7 @@ def survivors_first(
 
 def standby_target(d: Draft) -> int:
     """Warm standby pods to keep beside the workers (``elastic.standbyReplicas``)."""
-    el = d.job.spec.elastic
-    if el is None or d.job.spec.membership_policy != MembershipPolicy.KEEP_SURVIVORS:
-        return 0
-    return el.standby_replicas
+    return d.job.spec.standby_replicas
 
 
 def joiners(d: Draft, pods: Sequence[PodView]) -> list[PodView]:

@@ -937,6 +937,13 @@ class TorchJobSpec(_Model):
     def max_replicas(self) -> int:
         return self.elastic.max_replicas if self.elastic else self.replicas
 
+    @property
+    def standby_replicas(self) -> int:
+        """Warm standby pods kept beside the workers (``elastic.standbyReplicas``, KeepSurvivors)."""
+        if self.elastic is None or self.membership_policy != MembershipPolicy.KEEP_SURVIVORS:
+            return 0
+        return self.elastic.standby_replicas
+
     def gpus_per_pod(self) -> int:
         """GPUs the first container asks for (limits, else requests)."""
         resources = self.template.spec.containers[0].resources or {}
