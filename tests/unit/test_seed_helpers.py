@@ -90,3 +90,23 @@ def test_run_help_states_the_real_max_restarts_default() -> None:
         f"defaults to {FailurePolicy().max_restarts} when the manifest has no failurePolicy" in text
     )
     assert "else 0" not in text
+
+
+def test_is_primary_after_fit_follows_where_rank_0_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pod 1 led the last generation (status.members [1, 0]): after its fit() it is the
+    primary, and pod 0 is not, whatever their indices say."""
+    from torchjob.contract import PodEnv
+    from torchjob.train import _session
+
+    pod = PodEnv(
+        job_name="j", namespace="ns", pod_index=0, replicas=2, nproc_per_node=1,
+        generation=2, rdzv_host="h", rdzv_port=1, backend="gloo",
+    )  # fmt: skip
+    for key, value in pod.to_env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(_session, "_FIT_LED", [None])
+    assert is_primary(), "before any fit: pod 0"
+    _session.set_fit_led(False)
+    assert not is_primary()
+    _session.set_fit_led(True)
+    assert is_primary()

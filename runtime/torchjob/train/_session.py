@@ -76,3 +76,15 @@ def current() -> Session | None:
 
 def set_current(session: Session | None) -> None:
     _CURRENT[0] = session
+
+
+_FIT_LED: list[bool | None] = [None]
+"""Whether this process's last ``fit()`` ran rank 0 in its last generation (None: no fit yet)."""
+
+
+def fit_led() -> bool | None:
+    return _FIT_LED[0]
+
+
+def set_fit_led(led: bool) -> None:
+    _FIT_LED[0] = led

@@ -67,10 +67,15 @@ def get_context() -> TrainContext:
 
 def is_primary() -> bool:
     """True where side effects belong: global rank 0 inside ``train_func``; after ``fit()``,
-    the driver on a laptop or pod 0 of a TorchJob (every pod's ``fit()`` returns the same
-    ``Result``, so code after it runs everywhere: upload or print once with this)."""
+    the driver on a laptop or the pod of a TorchJob that ran rank 0 last (pod 0 unless a
+    ``KeepSurvivors`` job moved rank 0, ``status.members``); before any ``fit()``, pod 0.
+    Every pod's ``fit()`` returns the same ``Result``, so code after it runs everywhere:
+    upload or print once with this."""
     s = _session.current()
     if s is not None:
         return s.world_rank == 0
+    led = _session.fit_led()
+    if led is not None:  # rank 0 may have moved to another pod (status.members)
+        return led
     pod = PodEnv.from_env()
     return pod is None or pod.pod_index == 0

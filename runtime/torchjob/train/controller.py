@@ -47,7 +47,7 @@ from torchjob.launch import (
 )
 from torchjob.launch.policy import RestartGroup, RunState, next_generation
 from torchjob.launch.termination import failure_message, write_termination_message
-from torchjob.train import _shared_result
+from torchjob.train import _session, _shared_result
 from torchjob.train._spec import WorkerOutcome, WorkerSpec
 from torchjob.train._worker_loop import run_training
 from torchjob.train.checkpoint import Checkpoint
@@ -332,6 +332,7 @@ class Controller:
         finally:
             restore()
             self._release()
+            _session.set_fit_led(self._leads())
             if self._job_status is not None:
                 self._job_status.close()
 
