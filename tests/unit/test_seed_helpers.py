@@ -61,6 +61,9 @@ def test_shard_sampler_covers_each_sample_exactly_once(size: int, world: int) ->
 
 
 def test_is_primary_outside_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchjob.train import _session
+
+    monkeypatch.setattr(_session, "_FIT_LED", [None])  # no fit() ran in this process
     monkeypatch.delenv(contract.JOB_NAME, raising=False)
     assert is_primary()
     from torchjob.contract import PodEnv
