@@ -257,7 +257,7 @@ class JobState:
             phase=s.phase,
             generation=s.current_generation or 0,
             replicas=s.replicas or 0,
-            members=_members(s.members, s.replicas or 0),
+            members=s.rank_order(),
             created_generation=s.created_generation,
             spec_replicas=s.spec_replicas or None,
             last_rescale=_time(s.last_rescale_time),
@@ -269,15 +269,6 @@ class JobState:
             last_failure=s.last_failure,
             conditions=tuple(c.to_wire() for c in s.conditions or ()),
         )
-
-
-def _members(members: list[int] | None, replicas: int) -> tuple[int, ...] | None:
-    """``status.members`` when it is a usable rank order of ``replicas`` distinct pods."""
-    if not members or len(members) != replicas or len(set(members)) != len(members):
-        return None
-    if any(i < 0 for i in members):
-        return None
-    return tuple(members)
 
 
 def _time(value: str | None) -> datetime | None:

@@ -1080,6 +1080,14 @@ class TorchJobStatus(_Model):
     completion_time: str | None = None
     progress: Progress | None = None
 
+    def rank_order(self) -> tuple[int, ...] | None:
+        """``members`` when it is a usable rank order (``replicas`` distinct, non-negative pod
+        indices); None otherwise, which both readers take as ``0..replicas-1``."""
+        m, n = self.members, self.replicas or 0
+        if not m or len(m) != n or len(set(m)) != n or min(m) < 0:
+            return None
+        return tuple(m)
+
     def to_patch(self) -> dict[str, Any]:
         """The operator's JSON merge patch of ``/status``: every field it owns, ``None`` as an
         explicit null (which clears it), and ``progress`` left out: the pod's agent owns it."""

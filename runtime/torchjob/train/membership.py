@@ -69,11 +69,7 @@ class Membership:
             phase=s.phase.value if s.phase else None,
             restart_after=after,
             replaced=tuple(s.replaced_workers or ()),
-            members=(
-                tuple(s.members)
-                if s.members and len(s.members) == s.replicas and len(set(s.members)) == s.replicas
-                else None
-            ),
+            members=s.rank_order(),
         )
 
     def excludes(self, pod_name: str, created_in: int) -> bool:
