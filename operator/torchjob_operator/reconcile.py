@@ -401,27 +401,21 @@ def _sync_workload(
         generation=0,
         replicas=spec.replicas,
     )
+    # Standbys run pods too: Kueue admits the quota for them with the workers.
+    count = spec.replicas + spec.standby_replicas
     desired = kueue.desired_workload(
         name=name,
         namespace=namespace,
         uid=uid,
         queue=queue,
-        # Standbys run pods too: Kueue admits the quota for them with the workers.
-        count=spec.replicas + spec.standby_replicas,
+        count=count,
         worker=worker,
         priority_class=priority_class,
         priority=priority,
     )
     if existing is None:
         if kube.create_workload(desired):
-            events.append(
-                Event.of(
-                    "CreatedWorkload",
-                    name=wl_name,
-                    queue=queue,
-                    count=spec.replicas + spec.standby_replicas,
-                )
-            )
+            events.append(Event.of("CreatedWorkload", name=wl_name, queue=queue, count=count))
         return None, waiting
     if not kueue.matches(existing, desired):
         if kube.delete_workload(namespace, wl_name, existing["metadata"]["uid"]):

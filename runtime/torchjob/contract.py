@@ -244,11 +244,17 @@ class PodEnv:
         )
 
 
+def rank_among(ranked: Sequence[int], pod_index: int) -> int | None:
+    """Pod ``pod_index``'s rank among a generation's pods ``ranked`` (indices in rank order,
+    ``status.members``): its place there; None when it is not a member."""
+    return list(ranked).index(pod_index) if pod_index in ranked else None
+
+
 def follow_members(pod: PodEnv, generation: int, ranked: Sequence[int]) -> PodEnv:
     """``pod`` as a member of a later generation whose pods are ``ranked`` (indices in rank
     order, ``status.members``): its rank among pods is its place there, and a rendezvous
     host that names a worker of the job (the operator's default) names the first member."""
-    rank = list(ranked).index(pod.pod_index) if pod.pod_index in ranked else None
+    rank = rank_among(ranked, pod.pod_index)
     host = pod.rdzv_host
     prefix, suffix = f"{pod.job_name}-worker-", f".{pod.job_name}.{pod.namespace}.svc"
     if ranked and host.startswith(prefix) and host.endswith(suffix):

@@ -27,6 +27,12 @@ def target_replicas(d: Draft) -> int:
     return min(d.job.spec.replicas, el.max_replicas)
 
 
+def in_rank_order(d: Draft, survivors: Sequence[PodView]) -> tuple[int, ...]:
+    """The survivors' pod indices in the current generation's rank order."""
+    alive = {p.index for p in survivors}
+    return tuple(i for i in d.ranked if i in alive)
+
+
 def shrink_at_once(d: Draft, survivors: Sequence[PodView]) -> tuple[int, ...] | None:
     """After a disruption: the pods to continue with right away, in rank order, or None.
 
@@ -44,8 +50,7 @@ def shrink_at_once(d: Draft, survivors: Sequence[PodView]) -> tuple[int, ...] | 
         or d.created_generation != d.generation
     ):
         return None
-    alive = {p.index for p in survivors}
-    kept = tuple(i for i in d.ranked if i in alive)
+    kept = in_rank_order(d, survivors)
     if not kept or len(kept) < el.min_replicas or len(kept) >= target_replicas(d):
         return None
     return kept
@@ -59,14 +64,8 @@ def survivors_first(
     the newcomers join it). ``None`` (pods ``0..replicas-1``) for ``RecreateGroup``."""
     if d.job.spec.membership_policy != MembershipPolicy.KEEP_SURVIVORS:
         return None
-    alive = {p.index for p in survivors}
-    kept = [i for i in d.ranked if i in alive and i < replicas]
-    return tuple(kept) + tuple(i for i in range(replicas) if i not in kept)
-
-
-def standby_target(d: Draft) -> int:
-    """Warm standby pods to keep beside the workers (``elastic.standbyReplicas``)."""
-    return d.job.spec.standby_replicas
+    kept = tuple(i for i in in_rank_order(d, survivors) if i < replicas)
+    return kept + tuple(i for i in range(replicas) if i not in kept)
 
 
 def joiners(d: Draft, pods: Sequence[PodView]) -> list[PodView]:
@@ -78,7 +77,7 @@ def joiners(d: Draft, pods: Sequence[PodView]) -> list[PodView]:
         MembershipPolicy.KEEP_SURVIVORS
     ):
         return []
-    pool = target_replicas(d) + standby_target(d)
+    pool = target_replicas(d) + d.job.spec.standby_replicas
     ranked = set(d.ranked)
     return [
         p
@@ -111,10 +110,9 @@ def replace_with_standbys(
         or d.created_generation != d.generation
     ):
         return None
-    alive = {p.index for p in survivors}
-    kept = tuple(i for i in d.ranked if i in alive)
+    kept = in_rank_order(d, survivors)
     need = target_replicas(d) - len(kept)
-    ready = [p.index for p in ready_joiners(d, pods) if p.index not in alive]
+    ready = [p.index for p in ready_joiners(d, pods) if p.index not in kept]
     if need <= 0 or len(ready) < need:
         return None
     return kept + tuple(ready[:need])
@@ -134,7 +132,7 @@ def grow_with_joiners(d: Draft, current: Sequence[PodView], pods: Sequence[PodVi
     assert el is not None
     top = target_replicas(d)
     want = top - d.replicas
-    standby = standby_target(d)
+    standby = d.job.spec.standby_replicas
     alive = [p for p in current if not p.deleting]
     running = len(alive) == d.replicas and all(p.phase == PodPhase.RUNNING for p in alive)
     if want <= 0 and standby == 0:

@@ -67,6 +67,7 @@ from torchjob_operator.planner import conditions as cond
 from torchjob_operator.planner.draft import CreatePods, Draft, Event, JobView, Plan
 from torchjob_operator.planner.elastic import (
     fit_to_capacity,
+    in_rank_order,
     joiners,
     ready_joiners,
     replace_with_standbys,
@@ -406,8 +407,8 @@ def _took_over(
     of it exists (nothing to create, no backoff)."""
     d.created_generation = d.generation
     d.restart_after = None
-    alive = {p.index for p in survivors}
-    took = ", ".join(contract.worker_pod_name(d.job.name, i) for i in members if i not in alive)
+    kept = in_rank_order(d, survivors)
+    took = ", ".join(contract.worker_pod_name(d.job.name, i) for i in members if i not in kept)
     d.transition(
         Phase.RESTARTING,
         *cond.say(

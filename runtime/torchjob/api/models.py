@@ -799,6 +799,10 @@ _TEMPLATE_LABELS = (
     "(has(self.template.metadata) && has(self.template.metadata.labels) ? "
     "self.template.metadata.labels : {})"
 )
+_MSG_STANDBY = (
+    "spec.elastic.standbyReplicas needs spec.membershipPolicy KeepSurvivors (a standby joins the"
+    " survivors' group; RecreateGroup recreates every pod)"
+)
 _SPEC_RULES = [
     _cel(
         "!has(self.elastic) || (self.replicas >= self.elastic.minReplicas && "
@@ -809,8 +813,7 @@ _SPEC_RULES = [
         "!has(self.elastic) || !has(self.elastic.standbyReplicas) || "
         "self.elastic.standbyReplicas == 0 || "
         "(has(self.membershipPolicy) && self.membershipPolicy == 'KeepSurvivors')",
-        "spec.elastic.standbyReplicas needs spec.membershipPolicy KeepSurvivors (a standby joins"
-        " the survivors' group; RecreateGroup recreates every pod)",
+        _MSG_STANDBY,
     ),
     _cel("has(self.checkpoint) == has(oldSelf.checkpoint)", _MSG_CHECKPOINT_PRESENCE),
     _cel(
@@ -905,10 +908,7 @@ class TorchJobSpec(_Model):
             and self.elastic.standby_replicas
             and self.membership_policy != MembershipPolicy.KEEP_SURVIVORS
         ):
-            raise ValueError(
-                "spec.elastic.standbyReplicas needs spec.membershipPolicy KeepSurvivors (a standby"
-                " joins the survivors' group; RecreateGroup recreates every pod)"
-            )
+            raise ValueError(_MSG_STANDBY)
         extra = self.template.spec.model_extra or {}
         labels = (self.template.metadata.labels if self.template.metadata else None) or {}
         s = self.scheduling

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from torchjob.api.models import TorchJobSpec
-from torchjob.contract import DEFAULT_RDZV_PORT, PodEnv, worker_hostname
+from torchjob.contract import DEFAULT_RDZV_PORT, PodEnv, rank_among, worker_hostname
 
 
 def worker_pod_env(
@@ -31,7 +31,7 @@ def worker_pod_env(
     place in it, and the rendezvous host defaults to the DNS name of its first pod behind
     the headless Service."""
     first = members[0] if members else 0
-    rank = list(members).index(index) if members and index in members else index
+    rank = rank_among(members, index) if members else None
     return PodEnv(
         job_name=job_name,
         namespace=namespace,
@@ -46,5 +46,5 @@ def worker_pod_env(
         backend=spec.backend.value,
         checkpoint_path=spec.checkpoint.location if spec.checkpoint else "",
         membership=spec.membership_policy.value,
-        node_rank=None if rank == index else rank,
+        node_rank=None if rank is None or rank == index else rank,
     )

@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from torchjob.api.models import TERMINAL_PHASES, TorchJobStatus
+from torchjob.contract import rank_among
 from torchjob.train.job_status import JobEndpoint
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,7 @@ class Membership:
 
     def node_rank(self, pod_index: int) -> int | None:
         """The pod's rank among the generation's pods; None when it is not a member."""
-        ranked = self.ranked
-        return ranked.index(pod_index) if pod_index in ranked else None
+        return rank_among(self.ranked, pod_index)
 
     @classmethod
     def from_status(cls, status: dict[str, Any]) -> Membership | None:
