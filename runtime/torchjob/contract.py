@@ -101,6 +101,8 @@ ROLE_WORKER: Final = "worker"
 ROLE_PROBE: Final = "probe"
 """Placeholder pods that test for free capacity before an elastic job grows."""
 KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+WORKER_SUFFIX: Final = "-worker-"
+"""Between a job's name and a worker's index in the pod's name and hostname (worker_pod_name)."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from torchjob.api import kube_schema, models, tune
+from torchjob.api.models import rules
 
 _DROP = {"title", "$defs"}
 _VALIDATIONS = models.CEL
@@ -124,27 +125,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 
-_WORKERS = "(has(self.spec.elastic) ? self.spec.elastic.maxReplicas : self.spec.replicas)"
-_SUFFIX_LEN = f"({len(models.WORKER_SUFFIX)} + size(string({_WORKERS} - 1)))"
-NAME_RULES: list[dict[str, Any]] = [
-    {
-        "rule": f"self.metadata.name.matches(r'{models.JOB_NAME}')",
-        "message": (
-            "metadata.name must be a DNS label: lowercase letters, digits and '-', starting and "
-            "ending with a letter or digit (it names the job's Service and is part of every "
-            "pod's hostname); e.g. resnet-v2 instead of resnet.v2"
-        ),
-    },
-    {
-        "rule": f"size(self.metadata.name) + {_SUFFIX_LEN} <= 63",
-        "message": (
-            "metadata.name is too long: every pod hostname <name>-worker-<index> must fit in 63 "
-            "characters for the largest index the job can have (spec.replicas - 1, or "
-            "spec.elastic.maxReplicas - 1); shorten the name (54 characters fit 10 workers, "
-            "53 fit 100)"
-        ),
-    },
-]
+NAME_RULES: list[dict[str, Any]] = rules.cel_of("TorchJob")
 """Rules on the whole object: the job's name is part of every worker's name and hostname."""
 
 

@@ -1,0 +1,138 @@
+"""Pydantic models of the TorchJob custom resource: the single source of truth.
+
+The CRD in ``crds/`` is generated from these models (``make crds``, see
+``torchjob.api.crd``); the operator parses every object with them, and the
+runtime and CLI validate manifests with them. Python attribute names are
+snake_case; the wire format (and the CRD) is camelCase, as Kubernetes expects.
+
+The package, by concern:
+
+* ``limits``: bounds, name patterns and resource quantities;
+* ``rule`` and ``rules``: the rule table. Each cross-field rule is one entry (its CEL for
+  the CRD's ``x-kubernetes-validations``, its message, its Python check), so
+  ``torchjob run -f job.yaml`` rejects what the cluster would, with the same words;
+* ``pod_types``: what the CRD adds to Kubernetes' pod template types (bounds and their rules);
+* ``template``, ``spec``, ``status``, ``job``: the models.
+
+Import the names from here (``from torchjob.api.models import TorchJobSpec``).
+"""
+
+from torchjob.api.models.base import CEL
+from torchjob.api.models.base import _cel as _cel
+from torchjob.api.models.base import _Model as _Model
+from torchjob.api.models.base import _Passthrough as _Passthrough
+from torchjob.api.models.job import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+    ObjectMeta,
+    TorchJob,
+)
+from torchjob.api.models.limits import (
+    DNS_LABEL,
+    DNS_SUBDOMAIN,
+    GPU_RESOURCE,
+    JOB_NAME,
+    LABEL_KEY,
+    LABEL_VALUE,
+    MAX_BACKOFF_FACTOR,
+    MAX_BACKOFF_SECONDS,
+    MAX_DEADLINE_SECONDS,
+    MAX_NPROC_PER_NODE,
+    MAX_PATH,
+    MAX_REPLICAS,
+    MAX_RESTARTS,
+    MAX_TTL_SECONDS,
+    MAX_WAIT_SECONDS,
+    RESERVED_LABELS,
+    parse_quantity,
+)
+from torchjob.api.models.pod_types import TEMPLATE_RULES
+from torchjob.api.models.rule import Rule
+from torchjob.api.models.rules import RULES
+from torchjob.api.models.spec import (
+    Backend,
+    Backoff,
+    CheckpointSpec,
+    CleanPodPolicy,
+    ElasticPolicy,
+    ExitCode,
+    FailurePolicy,
+    GangScheduler,
+    GangSpec,
+    MembershipPolicy,
+    PvcSource,
+    RunPolicy,
+    SchedulingSpec,
+    TorchJobSpec,
+)
+from torchjob.api.models.status import (
+    TERMINAL_PHASES,
+    Condition,
+    FailureRecord,
+    Phase,
+    Progress,
+    TorchJobStatus,
+)
+from torchjob.api.models.template import Container, ObjectMetaTemplate, PodSpec, PodTemplateSpec
+
+__all__ = [
+    "API_VERSION",
+    "CEL",
+    "DNS_LABEL",
+    "DNS_SUBDOMAIN",
+    "GPU_RESOURCE",
+    "GROUP",
+    "JOB_NAME",
+    "KIND",
+    "LABEL_KEY",
+    "LABEL_VALUE",
+    "MAX_BACKOFF_FACTOR",
+    "MAX_BACKOFF_SECONDS",
+    "MAX_DEADLINE_SECONDS",
+    "MAX_NPROC_PER_NODE",
+    "MAX_PATH",
+    "MAX_REPLICAS",
+    "MAX_RESTARTS",
+    "MAX_TTL_SECONDS",
+    "MAX_WAIT_SECONDS",
+    "PLURAL",
+    "RESERVED_LABELS",
+    "RULES",
+    "SHORT_NAMES",
+    "SINGULAR",
+    "TEMPLATE_RULES",
+    "TERMINAL_PHASES",
+    "VERSION",
+    "Backend",
+    "Backoff",
+    "CheckpointSpec",
+    "CleanPodPolicy",
+    "Condition",
+    "Container",
+    "ElasticPolicy",
+    "ExitCode",
+    "FailurePolicy",
+    "FailureRecord",
+    "GangScheduler",
+    "GangSpec",
+    "MembershipPolicy",
+    "ObjectMeta",
+    "ObjectMetaTemplate",
+    "Phase",
+    "PodSpec",
+    "PodTemplateSpec",
+    "Progress",
+    "PvcSource",
+    "Rule",
+    "RunPolicy",
+    "SchedulingSpec",
+    "TorchJob",
+    "TorchJobSpec",
+    "TorchJobStatus",
+    "parse_quantity",
+]

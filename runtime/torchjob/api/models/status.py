@@ -1,0 +1,158 @@
+"""The status of a TorchJob: what the operator (and rank 0's progress report) writes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, ValidationError
+
+from torchjob.api.models.base import _Model
+
+
+class Phase(str, Enum):
+    """Lifecycle of a TorchJob. ``is_terminal`` phases never change again."""
+
+    PENDING = "Pending"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+TERMINAL_PHASES = frozenset(p.value for p in Phase if p.is_terminal)
+"""The wire values of the phases after which a TorchJob never changes again."""
+
+
+class Condition(_Model):
+    """A metav1.Condition."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class FailureRecord(_Model):
+    pod: str
+    exit_code: int | None = None
+    reason: str = ""
+    message: str = ""
+    time: str | None = None
+
+
+class Progress(_Model):
+    """Training progress reported by rank 0."""
+
+    model_config = ConfigDict(extra="allow")
+
+    epoch: int | None = None
+    step: int | None = None
+    metrics: dict[str, Any] | None = Field(
+        default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+    last_checkpoint: str | None = None
+    update_time: str | None = None
+
+
+class TorchJobStatus(_Model):
+    model_config = ConfigDict(extra="allow")
+
+    phase: Phase | None = None
+    conditions: list[Condition] | None = None
+    observed_generation: int | None = None
+    replicas: int | None = Field(default=None, description="Workers of the current generation.")
+    ready_workers: int | None = None
+    active_workers: int | None = None
+    succeeded_workers: int | None = None
+    failed_workers: int | None = None
+    workers: str | None = Field(default=None, description="ready/desired, for kubectl get.")
+    selector: str | None = Field(
+        default=None, description="Label selector of the workers (scale subresource)."
+    )
+    current_generation: int | None = Field(
+        default=None, description="Membership generation of the pods."
+    )
+    world_size: int | None = None
+    restarts: int | None = Field(default=None, description="Group restarts caused by failures.")
+    disruptions: int | None = Field(
+        default=None, description="Membership changes caused by disruptions."
+    )
+    last_failure: FailureRecord | None = None
+    restart_after: str | None = Field(
+        default=None, description="Backoff: next generation not before this time."
+    )
+    spec_replicas: int | None = Field(
+        default=None,
+        description="spec.replicas the current size was decided from (tells a user's scale from a shrink).",
+    )
+    last_rescale_time: str | None = Field(default=None, description="Last elastic shrink or grow.")
+    created_generation: int | None = Field(
+        default=None,
+        description="Latest generation whose pods were all created (a later loss is a disruption).",
+    )
+    members: list[int] | None = Field(
+        default=None,
+        description=(
+            "KeepSurvivors: the pod indices of the current generation in rank order (pod"
+            " members[i] runs ranks i*nprocPerNode and up; the rendezvous is on members[0])."
+            " Absent: pods 0..replicas-1 in index order. A generation that lost pod 0 goes on"
+            " with a survivor as rank 0."
+        ),
+    )
+    standby_workers: int | None = Field(
+        default=None,
+        description=(
+            "Pods waiting to join (spec.elastic.standbyReplicas, or an elastic job's"
+            " replacements) that are ready to take a worker's place."
+        ),
+    )
+    replaced_workers: list[str] | None = Field(
+        default=None,
+        description=(
+            "KeepSurvivors: pods of an earlier generation, still present, that are not members"
+            " of the current one (a new pod may take their name): their runtime stops instead"
+            " of joining the current generation's group."
+        ),
+    )
+    start_time: str | None = None
+    completion_time: str | None = None
+    progress: Progress | None = None
+
+    def rank_order(self) -> tuple[int, ...] | None:
+        """``members`` when it is a usable rank order (``replicas`` distinct, non-negative pod
+        indices); None otherwise, which both readers take as ``0..replicas-1``."""
+        m, n = self.members, self.replicas or 0
+        if not m or len(m) != n or len(set(m)) != n or min(m) < 0:
+            return None
+        return tuple(m)
+
+    def to_patch(self) -> dict[str, Any]:
+        """The operator's JSON merge patch of ``/status``: every field it owns, ``None`` as an
+        explicit null (which clears it), and ``progress`` left out: the pod's agent owns it."""
+        return self.model_dump(by_alias=True, mode="json", exclude={"progress"})
+
+    @classmethod
+    def parse(cls, status: Mapping[str, Any] | None) -> TorchJobStatus:
+        """The status as the API server holds it, tolerating fields another writer left
+        malformed: each such field reads as absent (the operator rewrites it)."""
+        raw = dict(status or {})
+        for _ in range(len(raw) + 1):
+            try:
+                return cls.model_validate(raw)
+            except ValidationError as err:
+                bad = {e["loc"][0] for e in err.errors() if e["loc"]}
+                if not bad & raw.keys():
+                    break
+                for key in bad:
+                    raw.pop(str(key), None)
+        return cls()
