@@ -21,7 +21,7 @@ from torchjob.api.models.limits import (
     RESERVED_LABELS,
 )
 from torchjob.api.models.pod_types import KUBE_FIELD, POD_TYPE_RULES
-from torchjob.api.models.rule import Quantity, Resources, Rule, cel_on, enforce_rules
+from torchjob.api.models.rule import Rule, cel_on, enforce_rules
 
 # --- why a rule has no Python check ------------------------------------------------------
 
@@ -363,6 +363,3 @@ def cel_of(on: str, field: str = "") -> list[Any]:
 def enforce(subject: str, obj: object) -> None:
     """Raise the first rule on ``subject`` that ``obj`` breaks (``ValueError``, its message)."""
     enforce_rules(RULES, subject, obj)
-
-
-__all__ = ["RULES", "Quantity", "Resources", "Rule", "cel_of", "enforce"]

@@ -13,7 +13,8 @@ from pydantic import Field, model_validator
 
 from torchjob.api.models.base import _Passthrough
 from torchjob.api.models.limits import parse_quantity
-from torchjob.api.models.rules import Quantity, Resources, enforce
+from torchjob.api.models.rule import Quantity, Resources
+from torchjob.api.models.rules import enforce
 
 
 class Container(_Passthrough):
