@@ -41,10 +41,12 @@ from torchjob.plan import (
     Member,
     MemberPhase,
     Outcome,
+    RestartRules,
     Verdict,
     deadline_left,
-    decide_failure,
+    decide_restart,
     judge_generation,
+    killed_from_outside,
 )
 from torchjob.plan.worker_env import worker_pod_env
 
@@ -110,9 +112,6 @@ def pod_env(
     return env
 
 
-_OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
-
-
 @dataclass(frozen=True)
 class LocalMember:
     """One local pod's process as a ``torchjob.plan.Member``."""
@@ -147,7 +146,7 @@ def process_member(
     if returncode < 0:
         sig = signal.Signals(-returncode)
         code = 128 - returncode
-        taken = f"killed by {sig.name}" if sig in _OUTSIDE_SIGNALS else None
+        taken = f"killed by {sig.name}" if killed_from_outside(sig) else None
         return LocalMember(name, index, MemberPhase.FAILED, code, sig.name, taken, finished_at)
     return LocalMember(name, index, MemberPhase.FAILED, returncode, "Error", None, finished_at)
 
@@ -187,21 +186,22 @@ def decide(
     culprit = j.culprit.index if j.culprit is not None else None
     if j.outcome is Outcome.SUCCEEDED:
         return LocalDecision("succeed", counters, "AllWorkersSucceeded")
-    if j.outcome is Outcome.DISRUPTED:
-        return LocalDecision(
-            "restart", counters.disrupted(), "WorkerDisrupted", j.detail, 0.0, culprit
+    if j.outcome in (Outcome.DISRUPTED, Outcome.FAILED):
+        d = decide_restart(
+            counters,
+            RestartRules.of(spec.failure_policy),
+            disrupted=j.outcome is Outcome.DISRUPTED,
+            workers=len(members),
+            exit_code=None if j.culprit is None else j.culprit.exit_code,
         )
-    if j.outcome is Outcome.FAILED:
-        assert j.culprit is not None
-        d = decide_failure(
-            j.culprit.exit_code, restarts=counters.restarts, policy=spec.failure_policy
-        )
+        if d.verdict is Verdict.DISRUPTED:
+            return LocalDecision("restart", d.counters, "WorkerDisrupted", j.detail, 0.0, culprit)
         detail = f"{j.detail}; {d.explanation}"
-        if d.verdict is Verdict.RESTART_GROUP:
+        if d.restarts:
             return LocalDecision(
-                "restart", counters.restarted(d), "WorkerFailed", detail, d.backoff_s, culprit
+                "restart", d.counters, "WorkerFailed", detail, d.backoff_s, culprit
             )
-        return LocalDecision("fail", counters, d.verdict.value, detail, 0.0, culprit)
+        return LocalDecision("fail", d.counters, d.verdict.value, detail, 0.0, culprit)
     return LocalDecision("continue", counters)
 
 

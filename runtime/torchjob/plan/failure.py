@@ -2,9 +2,9 @@
 
 The restart counter is passed in (never kept in a policy object), so deciding twice
 gives the same answer: the operator replays a decision after a crash and gets the
-same one. The policy is plain values (``RestartRules``): the operator builds them from
-the TorchJob's ``spec.failurePolicy`` (``RestartRules.of``), local launchers from their
-own budget.
+same one. The policy is plain values (``RestartRules``): the operator and ``torchjob run`` build
+them from the TorchJob's ``spec.failurePolicy`` (``RestartRules.of``), ``TorchTrainer``
+and ``PyTorchTrainer`` from their own budget.
 """
 
 from __future__ import annotations
@@ -67,12 +67,8 @@ class FailureDecision:
     explanation: str = ""
 
 
-def is_permanent(exit_code: int | None, policy: FailurePolicy) -> bool:
+def is_permanent(exit_code: int | None, rules: RestartRules) -> bool:
     """Exit-code classes: listed permanent codes, or anything outside an explicit retryable list."""
-    return _is_permanent(exit_code, RestartRules.of(policy))
-
-
-def _is_permanent(exit_code: int | None, rules: RestartRules) -> bool:
     if exit_code is None:
         return False
     if exit_code in rules.permanent_exit_codes:
@@ -85,13 +81,9 @@ _MAX_EXPONENT = 1024
 a float power past the float range raises OverflowError, which means "the cap"."""
 
 
-def backoff_seconds(restart_number: int, policy: FailurePolicy) -> float:
+def backoff_seconds(restart_number: int, rules: RestartRules) -> float:
     """Delay before restart number ``restart_number`` (1-based): initial * factor^(n-1), capped
     at ``maxSeconds``. Never overflows: the exponent is capped, and so is the result."""
-    return _backoff_seconds(restart_number, RestartRules.of(policy))
-
-
-def _backoff_seconds(restart_number: int, rules: RestartRules) -> float:
     if restart_number <= 0:
         return 0.0
     exponent = min(restart_number - 1, _MAX_EXPONENT)
@@ -106,21 +98,16 @@ def decide_failure(
     exit_code: int | None,
     *,
     restarts: int,
-    policy: FailurePolicy,
+    rules: RestartRules,
     permanent: bool | None = None,
 ) -> FailureDecision:
-    """What to do after a failure, given the restarts already spent.
+    """The failure verdict alone, given the restarts already spent (``decide_restart`` is the
+    whole decision after a lost generation, counters included).
 
     ``permanent`` overrides the exit-code classes for launchers that know the class from
     elsewhere (``PyTorchTrainer.train``: a user's exception is never retried).
     """
-    return _decide_failure(exit_code, restarts, RestartRules.of(policy), permanent)
-
-
-def _decide_failure(
-    exit_code: int | None, restarts: int, rules: RestartRules, permanent: bool | None
-) -> FailureDecision:
-    if permanent if permanent is not None else _is_permanent(exit_code, rules):
+    if permanent if permanent is not None else is_permanent(exit_code, rules):
         what = f"exit code {exit_code}" if exit_code is not None else "this failure"
         return FailureDecision(
             Verdict.FAIL_PERMANENT,
@@ -137,7 +124,7 @@ def _decide_failure(
     n = restarts + 1
     return FailureDecision(
         Verdict.RESTART_GROUP,
-        backoff_s=_backoff_seconds(n, rules),
+        backoff_s=backoff_seconds(n, rules),
         restarts_after=n,
         explanation=f"restart {n}/{'unlimited' if limit is None else limit}",
     )

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torchjob.plan.failure import RestartRules, Verdict, _decide_failure
+from torchjob.plan.failure import RestartRules, Verdict, decide_failure
 from torchjob.plan.generation import Counters
 
 
@@ -85,9 +85,9 @@ def decide_restart(
                 explanation=f"disruption {counters.disruptions + 1}: shrinking to "
                 f"{workers - 1} workers, the restart budget is not charged",
             )
-    d = _decide_failure(exit_code, counters.restarts, rules, permanent)
+    d = decide_failure(exit_code, restarts=counters.restarts, rules=rules, permanent=permanent)
     if d.verdict is not Verdict.RESTART_GROUP:
         return RestartDecision(d.verdict, counters, workers, explanation=d.explanation)
-    return RestartDecision(
-        d.verdict, counters.restarted(d), workers, d.backoff_s, explanation=d.explanation
-    )
+    after = counters.restarted()
+    assert after.restarts == d.restarts_after, (after, d)
+    return RestartDecision(d.verdict, after, workers, d.backoff_s, explanation=d.explanation)
