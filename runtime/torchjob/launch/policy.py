@@ -36,12 +36,13 @@ from torchjob.plan import (
 __all__ = [
     "Fail",
     "FailureKind",
-    "FailurePolicy",
+    "GroupFailureDecision",
+    "GroupFailurePolicy",
+    "GroupScalingPolicy",
     "Noop",
     "Resize",
     "RestartGroup",
     "RunState",
-    "ScalingPolicy",
     "WorkerFailure",
     "next_generation",
 ]
@@ -109,12 +110,14 @@ class Fail:
     reason: str
 
 
-FailureDecision = RestartGroup | Fail
+GroupFailureDecision = RestartGroup | Fail
+"""What a local worker group does after a failure (``GroupFailurePolicy.decide``)."""
 
 
 @dataclass(frozen=True)
-class FailurePolicy:
-    """Whether a generation's failure restarts the group, shrinks it, or ends the run."""
+class GroupFailurePolicy:
+    """A local worker group's failure policy: whether a generation's failure restarts the
+    group, shrinks it, or ends the run (the TorchJob CRD's is ``api.models.FailurePolicy``)."""
 
     max_failures: int | None
     """Charged failures allowed; ``None`` is unlimited (Ray's ``max_failures=-1``)."""
@@ -125,7 +128,7 @@ class FailurePolicy:
     def elastic(self) -> bool:
         return self.min_workers < self.max_workers
 
-    def decide(self, state: RunState, failure: WorkerFailure) -> FailureDecision:
+    def decide(self, state: RunState, failure: WorkerFailure) -> GroupFailureDecision:
         # The job rules' decision (torchjob.plan.decide_restart): in an elastic group a worker
         # killed from outside is a disruption that shrinks the group, never charged, while
         # the group stays at or above min_workers; anything else is a charged failure (no
@@ -160,8 +163,9 @@ class FailurePolicy:
 
 
 @dataclass(frozen=True)
-class ScalingPolicy(resize.ScalingPolicy):
-    """``torchjob.plan.ScalingPolicy`` over a :class:`RunState`."""
+class GroupScalingPolicy(resize.ScalingPolicy):
+    """A local worker group's scaling policy: ``torchjob.plan.ScalingPolicy`` over a
+    :class:`RunState`."""
 
     def decide_for(
         self, state: RunState, *, now_s: float, available_workers: int
