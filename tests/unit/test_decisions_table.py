@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from torchjob.api.models import FailurePolicy
+from torchjob.client.local import LocalMember
 from torchjob.launch.policy import RunState, next_generation
 from torchjob.plan import (
     Counters,
@@ -35,37 +36,17 @@ T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 POLICY = {"maxRestarts": 3, "backoff": {"initialSeconds": 10, "factor": 2.0, "maxSeconds": 300}}
 
 
-@dataclass(frozen=True)
-class Worker:
-    """A ``torchjob.plan.Member``: a pod or a local process, as the rules see it."""
-
-    name: str
-    index: int
-    phase: MemberPhase = MemberPhase.RUNNING
-    exit_code: int | None = None
-    reason: str = ""
-    disruption: str | None = None
-    deleting: bool = False
-    finished_at: datetime | None = None
-    summary: str = ""
-    peer_failure: bool = False
-
-    @property
-    def active(self) -> bool:
-        return self.phase in (MemberPhase.PENDING, MemberPhase.RUNNING)
-
-
-def worker(i: int, w: str) -> Worker:
-    """Per worker: "run", "ok", "exit:<code>", "preempted"."""
+def worker(i: int, w: str) -> LocalMember:
+    """Per worker: "run", "ok", "exit:<code>", "preempted" (a ``torchjob.plan.Member``)."""
     done = T0 + timedelta(seconds=5)
     if w == "ok":
-        return Worker(f"w{i}", i, MemberPhase.SUCCEEDED, 0, "Completed", finished_at=done)
+        return LocalMember(f"w{i}", i, MemberPhase.SUCCEEDED, 0, "Completed", finished_at=done)
     if w == "preempted":
-        return Worker(f"w{i}", i, MemberPhase.FAILED, 143, "Error", "preempted", finished_at=done)
+        return LocalMember(f"w{i}", i, MemberPhase.FAILED, 143, "Error", "preempted", done)
     if w.startswith("exit:"):
         code = int(w.split(":")[1])
-        return Worker(f"w{i}", i, MemberPhase.FAILED, code, "Error", finished_at=done)
-    return Worker(f"w{i}", i)
+        return LocalMember(f"w{i}", i, MemberPhase.FAILED, code, "Error", finished_at=done)
+    return LocalMember(f"w{i}", i)
 
 
 @dataclass(frozen=True)
