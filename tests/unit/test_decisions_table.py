@@ -1,4 +1,4 @@
-"""One table of scenarios for the one set of job rules (``torchjob.plan``).
+"""One table of scenarios for the one set of job rules (``torchjob.rules``).
 
 The operator's planner, ``torchjob run``, TorchTrainer's controller and
 ``PyTorchTrainer.train`` all decide what follows a generation with the same functions:
@@ -20,7 +20,7 @@ import pytest
 from torchjob.api.models import FailurePolicy
 from torchjob.client.local import LocalMember
 from torchjob.launch.policy import RunState, next_generation
-from torchjob.plan import (
+from torchjob.rules import (
     Counters,
     MemberPhase,
     Outcome,
@@ -37,7 +37,7 @@ POLICY = {"maxRestarts": 3, "backoff": {"initialSeconds": 10, "factor": 2.0, "ma
 
 
 def worker(i: int, w: str) -> LocalMember:
-    """Per worker: "run", "ok", "exit:<code>", "preempted" (a ``torchjob.plan.Member``)."""
+    """Per worker: "run", "ok", "exit:<code>", "preempted" (a ``torchjob.rules.Member``)."""
     done = T0 + timedelta(seconds=5)
     if w == "ok":
         return LocalMember(f"w{i}", i, MemberPhase.SUCCEEDED, 0, "Completed", finished_at=done)

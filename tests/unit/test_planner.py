@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tests.unit.builders import at, failed, job, pod, preempted, running, succeeded
 
 from torchjob.api.models import Phase
-from torchjob.plan import RestartRules, Verdict, backoff_seconds, decide_failure
+from torchjob.rules import RestartRules, Verdict, backoff_seconds, decide_failure
 from torchjob_operator.planner.observed import PodView
 from torchjob_operator.planner.plan import JobView, Plan, plan, with_state
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from tests.unit.builders import T0
 
 from torchjob.api.models import TorchJobSpec
-from torchjob.plan import RestartRules, backoff_seconds
+from torchjob.rules import RestartRules, backoff_seconds
 from torchjob_operator.planner.observed import JobState, PodPhase, PodView, ProbeView
 from torchjob_operator.planner.plan import JobView, plan
 from torchjob_operator.resources.pods import probe_pod, worker_pod

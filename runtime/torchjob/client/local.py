@@ -8,7 +8,7 @@ free port. So a manifest that works here sees the same environment contract on
 the cluster. What the local runner does not do: images, volumes, ``valueFrom``
 env, resources (other than counting GPUs for ``nprocPerNode: gpu``).
 
-Failure semantics are the operator's (``torchjob.plan``, the same functions): when a
+Failure semantics are the operator's (``torchjob.rules``, the same functions): when a
 pod fails the whole group is stopped and judged; a process killed by a signal from
 outside is a disruption (never charged), a non-zero exit a failure: a permanent exit
 code (``spec.failurePolicy``) ends the run, otherwise the group restarts as the next
@@ -35,7 +35,7 @@ from typing import IO, Literal
 
 from torchjob import contract
 from torchjob.client.manifest import Manifest
-from torchjob.plan import (
+from torchjob.rules import (
     Counters,
     Member,
     MemberPhase,
@@ -47,7 +47,7 @@ from torchjob.plan import (
     judge_generation,
     killed_from_outside,
 )
-from torchjob.plan.worker_env import worker_pod_env
+from torchjob.rules.worker_env import worker_pod_env
 
 _PYTHON_NAMES = ("python", "python3", f"python3.{sys.version_info.minor}")
 
@@ -113,7 +113,7 @@ def pod_env(
 
 @dataclass(frozen=True)
 class LocalMember:
-    """One local pod's process as a ``torchjob.plan.Member``."""
+    """One local pod's process as a ``torchjob.rules.Member``."""
 
     name: str
     index: int
@@ -173,7 +173,7 @@ def decide(
     now: datetime,
 ) -> LocalDecision:
     """The local launcher's decision over one generation: the operator's rules
-    (``torchjob.plan``), with local processes as the members. ``rules`` are the manifest's
+    (``torchjob.rules``), with local processes as the members. ``rules`` are the manifest's
     ``spec.failurePolicy`` (``RestartRules.of``), ``deadline_s`` its
     ``activeDeadlineSeconds``."""
     left = deadline_left(deadline_s, start_time, now)

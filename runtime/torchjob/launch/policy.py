@@ -3,7 +3,7 @@
 Ray Train V2's split: policies return decision *values*; the controller
 (``torchjob.train.controller.Controller``) carries them out. The rules themselves
 (``decide_restart``: restart budget, backoff, counters, shrinking; growing back) are
-``torchjob.plan``'s, the ones the operator and ``torchjob run`` use; this module maps
+``torchjob.rules``'s, the ones the operator and ``torchjob run`` use; this module maps
 worker processes' failures onto them. Policies hold configuration
 only. Counters (failures charged, generation, reports) live in the
 :class:`RunState` passed in, so ``decide`` gives the same answer for the same
@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from torchjob.plan import (
+from torchjob.rules import (
     Counters,
     Noop,
     Resize,
@@ -129,7 +129,7 @@ class GroupFailurePolicy:
         return self.min_workers < self.max_workers
 
     def decide(self, state: RunState, failure: WorkerFailure) -> GroupFailureDecision:
-        # The job rules' decision (torchjob.plan.decide_restart): in an elastic group a worker
+        # The job rules' decision (torchjob.rules.decide_restart): in an elastic group a worker
         # killed from outside is a disruption that shrinks the group, never charged, while
         # the group stays at or above min_workers; anything else is a charged failure (no
         # backoff, no exit-code classes).
@@ -164,7 +164,7 @@ class GroupFailurePolicy:
 
 @dataclass(frozen=True)
 class GroupScalingPolicy(resize.ScalingPolicy):
-    """A local worker group's scaling policy: ``torchjob.plan.ScalingPolicy`` over a
+    """A local worker group's scaling policy: ``torchjob.rules.ScalingPolicy`` over a
     :class:`RunState`."""
 
     def decide_for(
@@ -179,7 +179,7 @@ class GroupScalingPolicy(resize.ScalingPolicy):
 
 
 def next_generation(state: RunState, num_workers: int, *, charged: bool, now_s: float) -> RunState:
-    """The state of the generation that follows a restart or resize (``torchjob.plan.Counters``:
+    """The state of the generation that follows a restart or resize (``torchjob.rules.Counters``:
     a charged restart counts a failure, a shrink a disruption, a grow neither)."""
     c = state.counters
     if charged:

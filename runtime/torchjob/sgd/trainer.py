@@ -28,7 +28,7 @@ from torchjob.launch import (
     WorkerGroup,
     WorkerGroupStartError,
 )
-from torchjob.plan import Counters, RestartRules, decide_restart
+from torchjob.rules import Counters, RestartRules, decide_restart
 from torchjob.sgd import runner, steps
 
 log = logging.getLogger("torchjob.sgd")
@@ -267,7 +267,7 @@ class PyTorchTrainer:
             try:
                 stats = group.execute(runner.train, num_steps, dict(info or {}))
             except _RETRYABLE as e:
-                # The job rules (torchjob.plan.decide_restart): a lost worker is a failure
+                # The job rules (torchjob.rules.decide_restart): a lost worker is a failure
                 # that a restart can fix; the budget is max_retries, no backoff.
                 decision = decide_restart(
                     Counters(restarts=attempt),

@@ -2,7 +2,7 @@
 
 A generation ends in a failure (a worker's own non-zero exit, exception or hang) or a
 disruption (the worker was taken away). ``decide_restart`` turns that into the next step,
-with the counters already moved (``torchjob.plan.generation``):
+with the counters already moved (``torchjob.rules.generation``):
 
 * a disruption starts the next generation at once and charges no budget; where a
   disruption shrinks the group (``shrink_floor``: TorchTrainer's elastic local group)
@@ -10,7 +10,7 @@ with the counters already moved (``torchjob.plan.generation``):
   the floor is charged as a failure instead;
 * a failure fails at once when its exit code is permanent, fails when the restart budget
   is spent, and otherwise restarts the group after the backoff, one restart charged
-  (``torchjob.plan.failure``).
+  (``torchjob.rules.failure``).
 
 The operator's planner, ``torchjob run``, TorchTrainer's controller and
 ``PyTorchTrainer.train`` call it with plain ``RestartRules``; what each does around it
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torchjob.plan.failure import RestartRules, Verdict, decide_failure
-from torchjob.plan.generation import Counters
+from torchjob.rules.failure import RestartRules, Verdict, decide_failure
+from torchjob.rules.generation import Counters
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""The decisions every launcher shares: pure, typed, torch-free and Kubernetes-free.
+"""The job rules: the decisions every launcher shares, pure, typed, torch-free and
+Kubernetes-free, over plain values (counters and policies are passed in).
 
-One set of rules for the operator (``torchjob_operator.planner``, the Kubernetes view),
+One set of rules for the operator (its TorchJob planner, the Kubernetes view),
 ``torchjob run`` (``torchjob.client.local``), ``TorchTrainer``'s controller
 (``torchjob.train.trainer`` through ``torchjob.launch.policy``) and
 ``PyTorchTrainer.train`` (``torchjob.sgd.trainer``), so a job fails, restarts and
@@ -19,12 +20,16 @@ counts disruptions the same way on a laptop and on a cluster:
   shrink, with the counters moved.
 * ``resize``: when a shrunk elastic group grows back.
 
+Two builders live here too because both the operator and the local launchers need them
+and they sit above ``torchjob.api``: ``worker_env`` (the env contract of one worker) and
+``trial`` (a tuning trial's config and how it merges into ``train_loop_config``).
+
 Nothing here imports torch, kubernetes or kopf (``tests/unit/test_layers.py``).
 """
 
 from __future__ import annotations
 
-from torchjob.plan.failure import (
+from torchjob.rules.failure import (
     FailureDecision,
     RestartRules,
     Verdict,
@@ -32,8 +37,8 @@ from torchjob.plan.failure import (
     decide_failure,
     is_permanent,
 )
-from torchjob.plan.generation import Counters, deadline_left
-from torchjob.plan.member import (
+from torchjob.rules.generation import Counters, deadline_left
+from torchjob.rules.member import (
     OUTSIDE_SIGNALS,
     ROOT_CAUSE_GRACE,
     Judgement,
@@ -43,8 +48,8 @@ from torchjob.plan.member import (
     judge_generation,
     killed_from_outside,
 )
-from torchjob.plan.resize import Noop, Resize, ScalingDecision, ScalingPolicy
-from torchjob.plan.restart import RestartDecision, decide_restart
+from torchjob.rules.resize import Noop, Resize, ScalingDecision, ScalingPolicy
+from torchjob.rules.restart import RestartDecision, decide_restart
 
 __all__ = [
     "OUTSIDE_SIGNALS",

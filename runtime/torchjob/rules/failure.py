@@ -55,7 +55,7 @@ class Verdict(str, Enum):
     FAIL_BUDGET_EXHAUSTED = "RestartLimitExceeded"
     DISRUPTED = "Disrupted"
     """Taken away, not failed: the next generation at once, charged to no budget
-    (``torchjob.plan.restart.decide_restart`` only; ``decide_failure`` never says it)."""
+    (``torchjob.rules.restart.decide_restart`` only; ``decide_failure`` never says it)."""
 
 
 @dataclass(frozen=True)
