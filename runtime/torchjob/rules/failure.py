@@ -2,9 +2,9 @@
 
 The restart counter is passed in (never kept in a policy object), so deciding twice
 gives the same answer: the operator replays a decision after a crash and gets the
-same one. The policy is plain values (``RestartRules``): the operator and ``torchjob run`` build
-them from the TorchJob's ``spec.failurePolicy`` (``RestartRules.of``), ``TorchTrainer``
-and ``PyTorchTrainer`` from their own budget.
+same one. The policy is plain values (``RestartRules``): the operator and ``torchjob run``
+build them from the TorchJob's ``spec.failurePolicy`` (``RestartRules.of``),
+``TorchTrainer`` and ``PyTorchTrainer`` from their own budget.
 """
 
 from __future__ import annotations
