@@ -1,46 +1,67 @@
-"""One table of scenarios, two launchers: ``torchjob run`` (local processes) and the
-operator's planner (pods) must reach the same verdict, because both ask ``torchjob.plan``.
+"""One table of scenarios for the one set of job rules (``torchjob.rules``).
 
-Each scenario is written once, as what happened to the workers of a running generation;
-it is then played through ``torchjob.client.local.decide`` (members are local processes,
-a preemption is a process killed by SIGTERM) and through ``torchjob_operator.planner.plan``
-(members are pods, a preemption is a DisruptionTarget condition).
+The operator's planner, ``torchjob run``, TorchTrainer's controller and
+``PyTorchTrainer.train`` all decide what follows a generation with the same functions:
+the deadline (``deadline_left``), the judgement (``judge_generation``) and the decision
+after a lost generation (``decide_restart``, over plain ``RestartRules``). Each scenario
+is written once, as what happened to the workers of a running generation, and played
+through those functions; the verdict is asserted.
 """
 
 from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from tests.unit.builders import T0, at, failed, job, pod, preempted, running, succeeded
 
-from torchjob.api.models import TorchJobSpec
-from torchjob.client.local import decide, process_member
+from torchjob.api.models import FailurePolicy
+from torchjob.client.local import LocalMember
 from torchjob.launch.policy import RunState, next_generation
-from torchjob.plan import Counters
-from torchjob_operator.planner.observed import PodView
-from torchjob_operator.planner.plan import plan
+from torchjob.rules import (
+    Counters,
+    MemberPhase,
+    Outcome,
+    RestartRules,
+    Verdict,
+    deadline_left,
+    decide_restart,
+    judge_generation,
+    killed_from_outside,
+)
 
-POLICY = {"backoff": {"initialSeconds": 10, "factor": 2.0, "maxSeconds": 300}}
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+POLICY = {"maxRestarts": 3, "backoff": {"initialSeconds": 10, "factor": 2.0, "maxSeconds": 300}}
+
+
+def worker(i: int, w: str) -> LocalMember:
+    """Per worker: "run", "ok", "exit:<code>", "preempted" (a ``torchjob.rules.Member``)."""
+    done = T0 + timedelta(seconds=5)
+    if w == "ok":
+        return LocalMember(f"w{i}", i, MemberPhase.SUCCEEDED, 0, "Completed", finished_at=done)
+    if w == "preempted":
+        return LocalMember(f"w{i}", i, MemberPhase.FAILED, 143, "Error", "preempted", done)
+    if w.startswith("exit:"):
+        code = int(w.split(":")[1])
+        return LocalMember(f"w{i}", i, MemberPhase.FAILED, code, "Error", finished_at=done)
+    return LocalMember(f"w{i}", i)
 
 
 @dataclass(frozen=True)
 class Scenario:
     workers: tuple[str, ...]
-    """Per worker: "run", "ok", "exit:<code>", "preempted"."""
     restarts: int = 0
-    spec: tuple[tuple[str, Any], ...] = ()
+    policy: tuple[tuple[str, Any], ...] = ()
+    deadline_s: int | None = None
     now_s: float = 60.0
-    started_s: float = 0.0
 
 
 @dataclass(frozen=True)
-class Verdict:
-    action: str
-    reason: str
+class Expected:
+    verdict: str
+    """A ``Verdict`` value, or "succeed", "continue", "deadline"."""
     counters: Counters
     backoff_s: float = 0.0
 
@@ -48,153 +69,171 @@ class Verdict:
 SCENARIOS = {
     "failure": (
         Scenario(("run", "exit:1")),
-        Verdict("restart", "WorkerFailed", Counters(1, 1, 0), 10.0),
+        Expected(Verdict.RESTART_GROUP, Counters(1, 1, 0), 10.0),
     ),
     "second-failure-backs-off-longer": (
         Scenario(("exit:1", "run"), restarts=1),
-        Verdict("restart", "WorkerFailed", Counters(1, 2, 0), 20.0),
+        Expected(Verdict.RESTART_GROUP, Counters(1, 2, 0), 20.0),
     ),
     "permanent-code": (
-        Scenario(("run", "exit:42"), spec=(("permanentExitCodes", [42]),)),
-        Verdict("fail", "PermanentFailure", Counters(0, 0, 0)),
+        Scenario(("run", "exit:42"), policy=(("permanentExitCodes", [42]),)),
+        Expected(Verdict.FAIL_PERMANENT, Counters(0, 0, 0)),
     ),
     "outside-retryable": (
-        Scenario(("run", "exit:3"), spec=(("retryableExitCodes", [1, 2]),)),
-        Verdict("fail", "PermanentFailure", Counters(0, 0, 0)),
+        Scenario(("run", "exit:3"), policy=(("retryableExitCodes", [1, 2]),)),
+        Expected(Verdict.FAIL_PERMANENT, Counters(0, 0, 0)),
     ),
     "budget-spent": (
         Scenario(("exit:1", "run"), restarts=3),
-        Verdict("fail", "RestartLimitExceeded", Counters(0, 3, 0)),
+        Expected(Verdict.FAIL_BUDGET_EXHAUSTED, Counters(0, 3, 0)),
     ),
     "preemption": (
         Scenario(("run", "preempted")),
-        Verdict("restart", "WorkerDisrupted", Counters(1, 0, 1)),
+        Expected(Verdict.DISRUPTED, Counters(1, 0, 1)),
     ),
     "preemption-beats-a-peer-failure": (
         Scenario(("exit:1", "preempted")),
-        Verdict("restart", "WorkerDisrupted", Counters(1, 0, 1)),
+        Expected(Verdict.DISRUPTED, Counters(1, 0, 1)),
     ),
     "success": (
         Scenario(("ok", "ok")),
-        Verdict("succeed", "AllWorkersSucceeded", Counters(0, 0, 0)),
+        Expected("succeed", Counters(0, 0, 0)),
     ),
     "still-running": (
         Scenario(("ok", "run")),
-        Verdict("continue", "", Counters(0, 0, 0)),
+        Expected("continue", Counters(0, 0, 0)),
     ),
     "deadline": (
-        Scenario(("run", "run"), now_s=100.0, spec=(("activeDeadlineSeconds", 30),)),
-        Verdict("fail", "DeadlineExceeded", Counters(0, 0, 0)),
+        Scenario(("run", "run"), now_s=100.0, deadline_s=30),
+        Expected("deadline", Counters(0, 0, 0)),
     ),
 }
 
 
-def _spec_dict(s: Scenario) -> dict[str, Any]:
-    policy: dict[str, Any] = {"maxRestarts": 3, **POLICY}
-    run_policy: dict[str, Any] = {}
-    for key, value in s.spec:
-        if key == "activeDeadlineSeconds":
-            run_policy[key] = value
-        else:
-            policy[key] = value
-    spec: dict[str, Any] = {
-        "replicas": len(s.workers),
-        "failurePolicy": policy,
-        "template": {"spec": {"containers": [{"name": "trainer", "image": "img"}]}},
-    }
-    if run_policy:
-        spec["runPolicy"] = run_policy
-    return spec
-
-
-def through_local(s: Scenario) -> Verdict:
-    codes = {"run": None, "ok": 0, "preempted": -signal.SIGTERM}
-    members = [
-        process_member("tj", i, codes[w] if w in codes else int(w.split(":")[1]), at(5))
-        for i, w in enumerate(s.workers)
-    ]
-    d = decide(
-        TorchJobSpec.model_validate(_spec_dict(s)),
-        Counters(restarts=s.restarts),
-        members,
-        start_time=at(s.started_s),
-        now=at(s.now_s),
+def play(s: Scenario) -> Expected:
+    counters = Counters(restarts=s.restarts)
+    left = deadline_left(s.deadline_s, T0, T0 + timedelta(seconds=s.now_s))
+    if left is not None and left <= 0:
+        return Expected("deadline", counters)
+    members = [worker(i, w) for i, w in enumerate(s.workers)]
+    j = judge_generation(members, replicas=len(members))
+    if j.outcome is Outcome.SUCCEEDED:
+        return Expected("succeed", counters)
+    if j.outcome not in (Outcome.DISRUPTED, Outcome.FAILED):
+        return Expected("continue", counters)
+    d = decide_restart(
+        counters,
+        RestartRules.of(FailurePolicy.model_validate({**POLICY, **dict(s.policy)})),
+        disrupted=j.outcome is Outcome.DISRUPTED,
+        workers=len(members),
+        exit_code=None if j.culprit is None else j.culprit.exit_code,
     )
-    return Verdict(d.action, d.reason, d.counters, d.backoff_s)
-
-
-def _pod(i: int, w: str) -> PodView:
-    p = running(pod(i))
-    if w == "ok":
-        return succeeded(p)
-    if w == "preempted":
-        return preempted(p)
-    if w.startswith("exit:"):
-        return failed(p, int(w.split(":")[1]), at_s=5)
-    return p
-
-
-def through_operator(s: Scenario) -> Verdict:
-    b = job().with_status(
-        phase="Running",
-        currentGeneration=0,
-        createdGeneration=0,
-        replicas=len(s.workers),
-        specReplicas=len(s.workers),
-        restarts=s.restarts,
-        disruptions=0,
-        startTime="2026-01-01T00:00:00Z",
-    )
-    b.spec = _spec_dict(s)
-    now = at(s.now_s)
-    decided = plan(b.build(), [_pod(i, w) for i, w in enumerate(s.workers)], now)
-    st = decided.status
-    ready = next(c for c in st["conditions"] if c["type"] == "Ready")
-    action = {
-        "Restarting": "restart",
-        "Failed": "fail",
-        "Succeeded": "succeed",
-    }.get(st["phase"], "continue")
-    backoff = 0.0
-    if st.get("restartAfter"):
-        after = datetime.fromisoformat(st["restartAfter"].replace("Z", "+00:00"))
-        backoff = (after - now).total_seconds()
-    return Verdict(
-        action,
-        ready["reason"] if action != "continue" else "",
-        Counters(st["currentGeneration"], st["restarts"], st["disruptions"]),
-        backoff,
-    )
+    assert d.workers == len(members)
+    assert d.restarts is (d.verdict in (Verdict.RESTART_GROUP, Verdict.DISRUPTED))
+    assert d.charged is (d.verdict is Verdict.RESTART_GROUP)
+    return Expected(d.verdict, d.counters, d.backoff_s)
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_local_launcher_and_operator_reach_the_same_verdict(name: str) -> None:
+def test_the_job_rules_reach_the_verdict(name: str) -> None:
     scenario, expected = SCENARIOS[name]
-    local, operator = through_local(scenario), through_operator(scenario)
-    assert local == expected, f"torchjob run: {local}"
-    assert operator == expected, f"operator: {operator}"
+    assert play(scenario) == expected
 
 
-def test_rescale_starts_a_generation_charged_to_no_counter() -> None:
-    # The operator: kubectl scale 2 -> 3.
-    b = (
-        job()
-        .replicas(3)
-        .with_status(
-            phase="Running",
-            currentGeneration=0,
-            createdGeneration=0,
-            replicas=2,
-            specReplicas=2,
-            restarts=1,
-            disruptions=1,
+@pytest.mark.parametrize(
+    ("workers", "floor", "disrupted", "max_restarts", "restarts", "expected"),
+    [
+        pytest.param(4, 2, True, 0, 0, (Verdict.DISRUPTED, 3, Counters(1, 0, 1)), id="shrinks"),
+        pytest.param(
+            2, 2, True, 0, 0, (Verdict.FAIL_BUDGET_EXHAUSTED, 2, Counters(0, 0, 0)), id="at-floor"
+        ),
+        pytest.param(
+            2, 2, True, 1, 0, (Verdict.RESTART_GROUP, 2, Counters(1, 1, 0)), id="at-floor-charged"
+        ),
+        pytest.param(
+            4,
+            2,
+            False,
+            1,
+            0,
+            (Verdict.RESTART_GROUP, 4, Counters(1, 1, 0)),
+            id="failure-keeps-size",
+        ),
+        pytest.param(
+            2,
+            None,
+            False,
+            None,
+            1000,
+            (Verdict.RESTART_GROUP, 2, Counters(1, 1001, 0)),
+            id="no-limit",
+        ),
+    ],
+)
+def test_a_disruption_shrinks_down_to_the_floor_then_is_charged(
+    workers: int,
+    floor: int | None,
+    disrupted: bool,
+    max_restarts: int | None,
+    restarts: int,
+    expected: tuple[Verdict, int, Counters],
+) -> None:
+    d = decide_restart(
+        Counters(restarts=restarts),
+        RestartRules(max_restarts=max_restarts),
+        disrupted=disrupted,
+        workers=workers,
+        shrink_floor=floor,
+    )
+    assert (d.verdict, d.workers, d.counters) == expected
+    assert d.backoff_s == 0.0
+
+
+def test_permanent_overrides_the_exit_code_classes() -> None:
+    rules = RestartRules(max_restarts=1, permanent_exit_codes=frozenset({1}))
+    retried = decide_restart(
+        Counters(), rules, disrupted=False, workers=1, exit_code=1, permanent=False
+    )
+    assert retried.verdict is Verdict.RESTART_GROUP
+    failed = decide_restart(Counters(), rules, disrupted=False, workers=1, permanent=True)
+    assert failed.verdict is Verdict.FAIL_PERMANENT and failed.counters == Counters()
+
+
+def test_restart_rules_of_a_failure_policy() -> None:
+    rules = RestartRules.of(
+        FailurePolicy.model_validate(
+            {**POLICY, "permanentExitCodes": [42], "retryableExitCodes": [1]}
         )
     )
-    st = plan(b.build(), [running(pod(0)), running(pod(1))], T0 + timedelta(seconds=1)).status
-    operator = Counters(st["currentGeneration"], st["restarts"], st["disruptions"])
+    assert rules == RestartRules(
+        max_restarts=3,
+        backoff_initial_s=10,
+        backoff_factor=2.0,
+        backoff_max_s=300,
+        permanent_exit_codes=frozenset({42}),
+        retryable_exit_codes=frozenset({1}),
+    )
+
+
+@pytest.mark.parametrize(
+    ("sig", "killed"),
+    [
+        (signal.SIGKILL, True),
+        (signal.SIGTERM, True),
+        (signal.SIGINT, True),
+        (signal.SIGHUP, True),
+        (signal.SIGSEGV, False),
+        (signal.SIGABRT, False),
+        (None, False),
+    ],
+)
+def test_killed_from_outside(sig: int | None, killed: bool) -> None:
+    assert killed_from_outside(sig) is killed
+
+
+def test_a_grow_starts_a_generation_charged_to_no_counter() -> None:
     # TorchTrainer: an elastic group grows back from 2 to 3 workers.
     s = next_generation(
         RunState(num_workers=2, failures=1, disruptions=1), 3, charged=False, now_s=1.0
     )
-    local = Counters(s.generation, s.failures, s.disruptions)
-    assert operator == local == Counters(0, 1, 1).resized() == Counters(1, 1, 1)
+    assert s.counters == Counters(0, 1, 1).resized() == Counters(1, 1, 1)

@@ -1,4 +1,4 @@
-"""FailurePolicy and ScalingPolicy: pure decisions, table-driven."""
+"""GroupFailurePolicy and GroupScalingPolicy: pure decisions, table-driven."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pytest
 from torchjob.launch.policy import (
     Fail,
     FailureKind,
-    FailurePolicy,
+    GroupFailurePolicy,
+    GroupScalingPolicy,
     Noop,
     Resize,
     RestartGroup,
     RunState,
-    ScalingPolicy,
     WorkerFailure,
     next_generation,
 )
@@ -31,49 +31,49 @@ HUNG = WorkerFailure(rank=3, kind=FailureKind.TIMEOUT, message="collective timed
     ("policy", "state", "failure", "expected"),
     [
         pytest.param(
-            FailurePolicy(max_failures=0, min_workers=3, max_workers=3),
+            GroupFailurePolicy(max_failures=0, min_workers=3, max_workers=3),
             RunState(num_workers=3),
             KILLED,
             Fail,
             id="fixed-no-budget-fails",
         ),
         pytest.param(
-            FailurePolicy(max_failures=2, min_workers=3, max_workers=3),
+            GroupFailurePolicy(max_failures=2, min_workers=3, max_workers=3),
             RunState(num_workers=3, failures=1),
             KILLED,
             RestartGroup(num_workers=3, reason="", charged=True),
             id="fixed-kill-restarts-same-size-charged",
         ),
         pytest.param(
-            FailurePolicy(max_failures=2, min_workers=3, max_workers=3),
+            GroupFailurePolicy(max_failures=2, min_workers=3, max_workers=3),
             RunState(num_workers=3, failures=2),
             RAISED,
             Fail,
             id="fixed-budget-spent",
         ),
         pytest.param(
-            FailurePolicy(max_failures=0, min_workers=2, max_workers=4),
+            GroupFailurePolicy(max_failures=0, min_workers=2, max_workers=4),
             RunState(num_workers=4),
             KILLED,
             RestartGroup(num_workers=3, reason="", charged=False),
             id="elastic-kill-shrinks-uncharged",
         ),
         pytest.param(
-            FailurePolicy(max_failures=0, min_workers=2, max_workers=4),
+            GroupFailurePolicy(max_failures=0, min_workers=2, max_workers=4),
             RunState(num_workers=2),
             KILLED,
             Fail,
             id="elastic-at-min-kill-is-charged",
         ),
         pytest.param(
-            FailurePolicy(max_failures=1, min_workers=2, max_workers=4),
+            GroupFailurePolicy(max_failures=1, min_workers=2, max_workers=4),
             RunState(num_workers=4),
             EXIT3,
             RestartGroup(num_workers=4, reason="", charged=True),
             id="elastic-nonzero-exit-is-a-failure",
         ),
         pytest.param(
-            FailurePolicy(max_failures=None, min_workers=2, max_workers=2),
+            GroupFailurePolicy(max_failures=None, min_workers=2, max_workers=2),
             RunState(num_workers=2, failures=1000),
             HUNG,
             RestartGroup(num_workers=2, reason="", charged=True),
@@ -82,7 +82,7 @@ HUNG = WorkerFailure(rank=3, kind=FailureKind.TIMEOUT, message="collective timed
     ],
 )
 def test_failure_policy(
-    policy: FailurePolicy, state: RunState, failure: WorkerFailure, expected: object
+    policy: GroupFailurePolicy, state: RunState, failure: WorkerFailure, expected: object
 ) -> None:
     decision = policy.decide(state, failure)
     if expected is Fail:
@@ -96,7 +96,7 @@ def test_failure_policy(
 
 
 def test_failure_policy_is_deterministic() -> None:
-    policy = FailurePolicy(max_failures=1, min_workers=1, max_workers=1)
+    policy = GroupFailurePolicy(max_failures=1, min_workers=1, max_workers=1)
     state = RunState(num_workers=1)
     assert policy.decide(state, RAISED) == policy.decide(state, RAISED)
 
@@ -133,7 +133,7 @@ def test_failure_policy_is_deterministic() -> None:
     ],
 )
 def test_scaling_policy(state: RunState, now: float, available: int, expected: object) -> None:
-    decision = ScalingPolicy(min_workers=2, max_workers=4, grow_cooldown_s=10).decide_for(
+    decision = GroupScalingPolicy(min_workers=2, max_workers=4, grow_cooldown_s=10).decide_for(
         state, now_s=now, available_workers=available
     )
     assert type(decision) is type(expected)

@@ -91,7 +91,7 @@ def _within(name: str, prefix: str) -> bool:
 def test_the_table_is_read() -> None:
     rows = layer_table()
     assert len(rows) >= 8
-    assert any("torchjob.plan" in mods for mods, _ in rows)
+    assert any("torchjob.rules" in mods for mods, _ in rows)
 
 
 def _modules() -> list[Path]:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tests.unit.builders import at, failed, job, pod, preempted, running, succeeded
 
 from torchjob.api.models import Phase
-from torchjob.plan import Verdict, backoff_seconds, decide_failure
+from torchjob.rules import RestartRules, Verdict, backoff_seconds, decide_failure
 from torchjob_operator.planner.observed import PodView
 from torchjob_operator.planner.plan import JobView, Plan, plan, with_state
 
@@ -335,14 +335,14 @@ def test_scale_starts_new_generation_with_new_size() -> None:
 
 
 def test_backoff_is_exponential_and_capped() -> None:
-    policy = (
+    policy = RestartRules.of(
         job()
         .max_restarts(10, backoff={"initialSeconds": 5, "maxSeconds": 30, "factor": 2})
         .build()
         .spec.failure_policy
     )
     assert [backoff_seconds(n, policy) for n in range(1, 6)] == [5, 10, 20, 30, 30]
-    assert decide_failure(1, restarts=10, policy=policy).verdict == Verdict.FAIL_BUDGET_EXHAUSTED
+    assert decide_failure(1, restarts=10, rules=policy).verdict == Verdict.FAIL_BUDGET_EXHAUSTED
 
 
 # --- invariants ----------------------------------------------------------------------

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from torchjob import contract
-from torchjob.sgd import runner
+from torchjob.sgd import creators, data, runner
 from torchjob.train import is_primary
 
 
@@ -15,14 +15,14 @@ def test_optimizer_creator_may_return_criterion_and_optimizer() -> None:
     model = nn.Linear(1, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loss = nn.MSELoss()
-    assert runner.split_optimizer_creator_result((loss, opt), None) == (loss, opt)
-    assert runner.split_optimizer_creator_result(opt, None) == (None, opt)
+    assert creators.split_optimizer_creator_result((loss, opt), None) == (loss, opt)
+    assert creators.split_optimizer_creator_result(opt, None) == (None, opt)
     two = (opt, torch.optim.SGD(model.parameters(), lr=0.2))
-    assert runner.split_optimizer_creator_result(two, None) == (None, two)
+    assert creators.split_optimizer_creator_result(two, None) == (None, two)
     with pytest.raises(ValueError, match="loss_creator= is given too"):
-        runner.split_optimizer_creator_result((loss, opt), nn.MSELoss)
+        creators.split_optimizer_creator_result((loss, opt), nn.MSELoss)
     with pytest.raises(ValueError, match=r"non-optimizers at \['0: Linear', '1: Linear'\]"):
-        runner.split_optimizer_creator_result((model, model), None)
+        creators.split_optimizer_creator_result((model, model), None)
 
 
 def _spec(**kw: object) -> runner.RunnerSpec:
@@ -53,9 +53,9 @@ def test_a_replica_without_any_loss_fails_when_built() -> None:
 
 @pytest.mark.parametrize(("size", "world"), [(397, 2), (5, 3), (1, 2), (0, 2)])
 def test_shard_sampler_covers_each_sample_exactly_once(size: int, world: int) -> None:
-    shards = [list(runner.ShardSampler(range(size), world, r)) for r in range(world)]
+    shards = [list(data.ShardSampler(range(size), world, r)) for r in range(world)]
     assert sorted(i for s in shards for i in s) == list(range(size))
-    assert [len(runner.ShardSampler(range(size), world, r)) for r in range(world)] == [
+    assert [len(data.ShardSampler(range(size), world, r)) for r in range(world)] == [
         len(s) for s in shards
     ]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from torchjob.sgd.runner import config_last
+from torchjob.sgd.creators import config_last
 from torchjob.sgd.trainer import SGDConfigError, aggregate_stats, grad_scaler_args
 
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from tests.unit.builders import T0
 
 from torchjob.api.models import TorchJobSpec
-from torchjob.plan import backoff_seconds
+from torchjob.rules import RestartRules, backoff_seconds
 from torchjob_operator.planner.observed import JobState, PodPhase, PodView, ProbeView
 from torchjob_operator.planner.plan import JobView, plan
 from torchjob_operator.resources.pods import probe_pod, worker_pod
@@ -231,7 +231,9 @@ def test_plan_and_builders_never_raise_on_an_accepted_spec(
         probe_pod(name="tj", namespace="ns", uid="u", spec=spec, index=i)
     for n in (1, 2, 1025, 10_000, 10**6):
         assert (
-            0 <= backoff_seconds(n, spec.failure_policy) <= spec.failure_policy.backoff.max_seconds
+            0
+            <= backoff_seconds(n, RestartRules.of(spec.failure_policy))
+            <= spec.failure_policy.backoff.max_seconds
         )
 
 
@@ -246,13 +248,15 @@ def test_gpu_count_of_an_accepted_spec_is_a_whole_number(body: dict[str, Any]) -
 
 def test_backoff_never_overflows() -> None:
     """Issue 7: restart 1025 of a job with the default factor 2 raised OverflowError (2.0**1024)."""
-    policy = TorchJobSpec.model_validate(
-        {
-            "replicas": 1,
-            "failurePolicy": {"maxRestarts": 10_000},
-            "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}},
-        }
-    ).failure_policy
+    policy = RestartRules.of(
+        TorchJobSpec.model_validate(
+            {
+                "replicas": 1,
+                "failurePolicy": {"maxRestarts": 10_000},
+                "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}},
+            }
+        ).failure_policy
+    )
     assert backoff_seconds(1025, policy) == 300.0
     assert backoff_seconds(10_000, policy) == 300.0
     assert [backoff_seconds(n, policy) for n in (1, 2, 3)] == [10.0, 20.0, 40.0]

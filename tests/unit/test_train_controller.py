@@ -262,7 +262,7 @@ def test_a_pod_left_out_of_a_later_generation_stops(tmp_path: Path) -> None:
 
 def test_the_env_names_the_rank_among_pods_and_the_first_members_host() -> None:
     from torchjob.api.models import TorchJobSpec
-    from torchjob.plan.worker_env import worker_pod_env
+    from torchjob.rules.worker_env import worker_pod_env
 
     spec = TorchJobSpec.model_validate(
         {"replicas": 2, "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}}

@@ -171,7 +171,7 @@ def test_trial_config_reaches_a_torch_trainer_in_the_pod(monkeypatch: pytest.Mon
 
 
 def test_a_studys_flat_parameters_nest_into_the_trials_config() -> None:
-    from torchjob.plan.trial import nested_config
+    from torchjob.rules.trial import nested_config
 
     flat = {"train_loop_config/lr": 0.1, "train_loop_config/opt/beta": 0.9, "seed": 3}
     assert nested_config(flat) == {

@@ -8,7 +8,7 @@ free port. So a manifest that works here sees the same environment contract on
 the cluster. What the local runner does not do: images, volumes, ``valueFrom``
 env, resources (other than counting GPUs for ``nprocPerNode: gpu``).
 
-Failure semantics are the operator's (``torchjob.plan``, the same functions): when a
+Failure semantics are the operator's (``torchjob.rules``, the same functions): when a
 pod fails the whole group is stopped and judged; a process killed by a signal from
 outside is a disruption (never charged), a non-zero exit a failure: a permanent exit
 code (``spec.failurePolicy``) ends the run, otherwise the group restarts as the next
@@ -29,24 +29,25 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import IO, Literal
 
 from torchjob import contract
-from torchjob.api.models import TorchJobSpec
 from torchjob.client.manifest import Manifest
-from torchjob.plan import (
+from torchjob.rules import (
     Counters,
     Member,
     MemberPhase,
     Outcome,
+    RestartRules,
     Verdict,
     deadline_left,
-    decide_failure,
+    decide_restart,
     judge_generation,
+    killed_from_outside,
 )
-from torchjob.plan.worker_env import worker_pod_env
+from torchjob.rules.worker_env import worker_pod_env
 
 _PYTHON_NAMES = ("python", "python3", f"python3.{sys.version_info.minor}")
 
@@ -110,12 +111,9 @@ def pod_env(
     return env
 
 
-_OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
-
-
 @dataclass(frozen=True)
 class LocalMember:
-    """One local pod's process as a ``torchjob.plan.Member``."""
+    """One local pod's process as a ``torchjob.rules.Member``."""
 
     name: str
     index: int
@@ -147,7 +145,7 @@ def process_member(
     if returncode < 0:
         sig = signal.Signals(-returncode)
         code = 128 - returncode
-        taken = f"killed by {sig.name}" if sig in _OUTSIDE_SIGNALS else None
+        taken = f"killed by {sig.name}" if killed_from_outside(sig) else None
         return LocalMember(name, index, MemberPhase.FAILED, code, sig.name, taken, finished_at)
     return LocalMember(name, index, MemberPhase.FAILED, returncode, "Error", None, finished_at)
 
@@ -166,7 +164,8 @@ class LocalDecision:
 
 
 def decide(
-    spec: TorchJobSpec,
+    rules: RestartRules,
+    deadline_s: int | None,
     counters: Counters,
     members: Sequence[Member],
     *,
@@ -174,34 +173,34 @@ def decide(
     now: datetime,
 ) -> LocalDecision:
     """The local launcher's decision over one generation: the operator's rules
-    (``torchjob.plan``), with local processes as the members."""
-    left = deadline_left(spec.run_policy.active_deadline_seconds, start_time, now)
+    (``torchjob.rules``), with local processes as the members. ``rules`` are the manifest's
+    ``spec.failurePolicy`` (``RestartRules.of``), ``deadline_s`` its
+    ``activeDeadlineSeconds``."""
+    left = deadline_left(deadline_s, start_time, now)
     if left is not None and left <= 0:
         return LocalDecision(
-            "fail",
-            counters,
-            "DeadlineExceeded",
-            f"activeDeadlineSeconds={spec.run_policy.active_deadline_seconds} exceeded",
+            "fail", counters, "DeadlineExceeded", f"activeDeadlineSeconds={deadline_s} exceeded"
         )
     j = judge_generation(members, replicas=len(members))
     culprit = j.culprit.index if j.culprit is not None else None
     if j.outcome is Outcome.SUCCEEDED:
         return LocalDecision("succeed", counters, "AllWorkersSucceeded")
-    if j.outcome is Outcome.DISRUPTED:
-        return LocalDecision(
-            "restart", counters.disrupted(), "WorkerDisrupted", j.detail, 0.0, culprit
+    if j.outcome in (Outcome.DISRUPTED, Outcome.FAILED):
+        d = decide_restart(
+            counters,
+            rules,
+            disrupted=j.outcome is Outcome.DISRUPTED,
+            workers=len(members),
+            exit_code=None if j.culprit is None else j.culprit.exit_code,
         )
-    if j.outcome is Outcome.FAILED:
-        assert j.culprit is not None
-        d = decide_failure(
-            j.culprit.exit_code, restarts=counters.restarts, policy=spec.failure_policy
-        )
+        if d.verdict is Verdict.DISRUPTED:
+            return LocalDecision("restart", d.counters, "WorkerDisrupted", j.detail, 0.0, culprit)
         detail = f"{j.detail}; {d.explanation}"
-        if d.verdict is Verdict.RESTART_GROUP:
+        if d.restarts:
             return LocalDecision(
-                "restart", counters.restarted(d), "WorkerFailed", detail, d.backoff_s, culprit
+                "restart", d.counters, "WorkerFailed", detail, d.backoff_s, culprit
             )
-        return LocalDecision("fail", counters, d.verdict.value, detail, 0.0, culprit)
+        return LocalDecision("fail", d.counters, d.verdict.value, detail, 0.0, culprit)
     return LocalDecision("continue", counters)
 
 
@@ -289,9 +288,10 @@ def run_local(
     argv = local_argv(container.argv)
     nproc = resolve_nproc_per_node(manifest.nproc_per_node)
     spec = manifest.job.spec
+    deadline_s = spec.run_policy.active_deadline_seconds
+    rules = RestartRules.of(spec.failure_policy)
     if max_restarts is not None:
-        policy = spec.failure_policy.model_copy(update={"max_restarts": max_restarts})
-        spec = spec.model_copy(update={"failure_policy": policy})
+        rules = replace(rules, max_restarts=max_restarts)
     counters = Counters()
     start_time = _now()
     while True:
@@ -325,7 +325,7 @@ def run_local(
         decision = LocalDecision("continue", counters)
         try:
             while decision.action == "continue":
-                left = deadline_left(spec.run_policy.active_deadline_seconds, start_time, _now())
+                left = deadline_left(deadline_s, start_time, _now())
                 try:
                     idx, rc = exits.get(
                         timeout=None if left is None else min(max(left, 0.0), threading.TIMEOUT_MAX)
@@ -335,7 +335,9 @@ def run_local(
                 else:
                     codes[idx] = rc
                     members[idx] = process_member(manifest.name, idx, rc, _now())
-                decision = decide(spec, counters, members, start_time=start_time, now=_now())
+                decision = decide(
+                    rules, deadline_s, counters, members, start_time=start_time, now=_now()
+                )
         except KeyboardInterrupt:
             printer.note("interrupted: stopping all pods")
             _stop(procs, grace_period_s)
@@ -359,7 +361,7 @@ def run_local(
         if decision.action == "fail":
             printer.note(
                 f"job {manifest.name} failed ({decision.reason}): {decision.detail} "
-                f"(restarts used {counters.restarts}/{spec.failure_policy.max_restarts})"
+                f"(restarts used {counters.restarts}/{rules.max_restarts})"
             )
             rc = codes.get(decision.culprit, 1) if decision.culprit is not None else 1
             return LocalRunResult(
@@ -369,7 +371,7 @@ def run_local(
         wait = f" in {decision.backoff_s:g}s" if decision.backoff_s else ""
         printer.note(
             f"{decision.reason}: {decision.detail}; restarting the group as generation "
-            f"{counters.generation}{wait} ({counters.restarts}/{spec.failure_policy.max_restarts} "
+            f"{counters.generation}{wait} ({counters.restarts}/{rules.max_restarts} "
             f"restarts, {counters.disruptions} disruptions)"
         )
         if decision.backoff_s:

@@ -42,8 +42,10 @@ from torchjob.launch.errors import (
     WorkerGroupStartError,
     describe_exit,
 )
-from torchjob.launch.group import Execution, WorkerGroup, resolve_backend
+from torchjob.launch.execution import Execution
+from torchjob.launch.group import WorkerGroup
 from torchjob.launch.placement import Placement
+from torchjob.launch.startup import resolve_backend
 from torchjob.launch.worker import (
     WorkerInfo,
     request_stop,

@@ -1,12 +1,12 @@
 """WorkerGroup: N local worker processes forming one ``torch.distributed`` process group.
 
-The driver (``TorchTrainer.fit``, the RaySGD trainer, tests) owns a group, sends
-it functions and gets per-rank results back. Each worker is forked from the driver where
-that is safe, else a fresh interpreter (``torchjob.launch._start``), connected to the
-driver by a socket; the
-socket doubles as the liveness signal: when it closes, the worker is gone and its
-exit status says why. Failures are reduced to one root cause (see
-:meth:`Execution.wait`) so the caller does not have to read N stack traces.
+The driver (``TorchTrainer.fit``, the RaySGD trainer, tests) owns a group, sends it
+functions and gets per-rank results back. Each worker is forked from the driver where that
+is safe, else a fresh interpreter (``torchjob.launch._start``), connected to the driver by
+a socket (the handshake: ``torchjob.launch.startup``); the socket doubles as the liveness
+signal: when it closes, the worker is gone and its exit status says why. Failures are
+reduced to one root cause (``torchjob.launch.execution``, :meth:`Execution.wait`) so the
+caller does not have to read N stack traces.
 """
 
 from __future__ import annotations
@@ -20,194 +20,26 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import cloudpickle
 
 from torchjob import contract
 from torchjob.launch import _start
-from torchjob.launch.errors import (
-    CollectiveTimeoutError,
-    LaunchError,
-    WorkerDiedError,
-    WorkerGroupError,
-    WorkerGroupStartError,
-)
+from torchjob.launch.errors import LaunchError, WorkerDiedError
+from torchjob.launch.execution import Execution, WorkerHandle
 from torchjob.launch.placement import Placement
+from torchjob.launch.startup import (
+    accept_workers,
+    await_ready,
+    check_gpu_count,
+    rank_env,
+    resolve_backend,
+)
 from torchjob.launch.worker import ENV_DRIVER_ADDR, ENV_TOKEN
 
 T = TypeVar("T")
-EventHandler = Callable[[int, Any], None]
-"""``on_event(rank, payload)``: a payload a worker sent with :func:`send_event`."""
-
-
-def resolve_backend(backend: str, use_gpu: bool) -> str:
-    """``auto`` -> ``nccl`` when GPUs are used and present, else ``gloo``."""
-    if backend not in ("auto", "gloo", "nccl"):
-        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
-    if backend != "auto":
-        return backend
-    if not use_gpu:
-        return "gloo"
-    import torch
-
-    return "nccl" if torch.cuda.is_available() else "gloo"
-
-
-def _check_gpu_count(num_workers: int, use_gpu: bool) -> None:
-    """One GPU per local worker: more workers than visible GPUs cannot start (as in Ray)."""
-    if not use_gpu:
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        return  # CPU fallback, as documented
-    visible = torch.cuda.device_count()
-    if num_workers > visible:
-        raise ValueError(
-            f"use_gpu=True runs one worker per GPU: {num_workers} workers on this host, "
-            f"but {visible} GPU(s) visible; use num_workers <= {visible} or use_gpu=False"
-        )
-
-
-@dataclass
-class _Worker:
-    local_rank: int
-    rank: int
-    proc: _start.WorkerProcess
-    conn: Connection | None = None
-
-    def exitcode(self, wait_s: float = 5.0) -> int | None:
-        try:
-            return self.proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            return None
-
-
-@dataclass
-class _Failure:
-    rank: int
-    kind: str  # "user", "peer", "timeout" or "died"
-    at: float
-    error: LaunchError
-
-
-class Execution(Generic[T]):
-    """A function running on some of the group's workers; :meth:`wait` collects it."""
-
-    def __init__(self, group: WorkerGroup, task_id: int, workers: list[_Worker]) -> None:
-        self._group = group
-        self._task_id = task_id
-        self._workers = workers
-
-    def wait(
-        self,
-        *,
-        on_event: EventHandler | None = None,
-        on_tick: Callable[[], None] | None = None,
-        tick_s: float = 0.5,
-        grace_s: float = 3.0,
-    ) -> list[T]:
-        """Results in rank order, or raise the root cause of the failure.
-
-        After the first failure the others get ``grace_s`` to report theirs, so that
-        a worker death is preferred over the broken-connection errors it causes in
-        its peers, and a collective timeout can name the rank that never joined.
-        ``on_tick`` runs about every ``tick_s`` seconds (the trainer polls signals
-        and scaling decisions there).
-        """
-        pending = {w.conn: w for w in self._workers if w.conn is not None}
-        results: dict[int, T] = {}
-        failures: list[_Failure] = []
-        first_failure: float | None = None
-        while pending:
-            if first_failure is not None and time.monotonic() - first_failure > grace_s:
-                break
-            for conn in wait(list(pending), timeout=tick_s):
-                assert isinstance(conn, Connection)
-                worker = pending[conn]
-                failure = self._receive(worker, conn, results, on_event)
-                if failure is None and worker.local_rank not in results:
-                    continue
-                del pending[conn]
-                if failure is not None:
-                    failures.append(failure)
-                    first_failure = first_failure or failure.at
-            if on_tick is not None:
-                on_tick()
-        if failures:
-            # Peers may be stuck in a collective unless every rank returned a plain exception.
-            if pending or any(f.kind != "user" for f in failures):
-                self._group._broken = True
-                # Every local rank answered, each with a broken connection to another host:
-                # the processes themselves are sound (see ``WorkerGroup.can_reform``).
-                self._group._peer_loss_only = not pending and all(
-                    f.kind == "peer" for f in failures
-                )
-            raise _root_cause(failures, hung=[w.rank for w in pending.values()])
-        return [results[w.local_rank] for w in self._workers]
-
-    def _receive(
-        self,
-        worker: _Worker,
-        conn: Connection,
-        results: dict[int, T],
-        on_event: EventHandler | None,
-    ) -> _Failure | None:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            worker.conn = None
-            died = WorkerDiedError(worker.rank, worker.exitcode())
-            return _Failure(worker.rank, "died", time.monotonic(), died)
-        kind = msg[0]
-        if msg[1] != self._task_id:
-            return None  # left over from an earlier, abandoned task
-        if kind == "event":
-            if on_event is not None:
-                on_event(worker.rank, cloudpickle.loads(msg[2]))
-            return None
-        if kind == "ok":
-            results[worker.local_rank] = cloudpickle.loads(msg[2])
-            return None
-        _, _, exc_type, message, tb, failure_kind = msg
-        err = WorkerGroupError(worker.rank, exc_type, message, tb)
-        return _Failure(worker.rank, failure_kind, time.monotonic(), err)
-
-
-def _root_cause(failures: list[_Failure], *, hung: list[int]) -> LaunchError:
-    """The failure that explains the others.
-
-    A worker's own exception or death comes first (earliest wins); peers'
-    broken-connection errors are consequences. Timeouts without such a cause
-    mean some rank never joined the collective: the ranks still running.
-    """
-    primary = [f for f in failures if f.kind in ("user", "died")]
-    timeouts = [f for f in failures if f.kind == "timeout"]
-    if not primary and timeouts:
-        reporters = {f.rank for f in timeouts}
-        suspects = sorted(hung) or sorted({f.rank for f in failures} - reporters)
-        if suspects:
-            first = timeouts[0].error
-            detail = first.message if isinstance(first, WorkerGroupError) else str(first)
-            return CollectiveTimeoutError(
-                suspects[0], hung_ranks=suspects, detail=detail.splitlines()[0][:200]
-            )
-    root = min(primary or failures, key=lambda f: f.at)
-    if isinstance(root.error, WorkerGroupError):
-        others = {f.rank: str(f.error) for f in failures if f is not root}
-        return WorkerGroupError(
-            root.error.rank,
-            root.error.exc_type,
-            root.error.message,
-            root.error.traceback_text,
-            other_failures=others,
-            peer_failure=root.kind == "peer",
-        )
-    return root.error
 
 
 class WorkerGroup:
@@ -235,7 +67,7 @@ class WorkerGroup:
             raise ValueError(
                 f"num_workers={num_workers} but placement runs {placement.local_world_size} locally"
             )
-        _check_gpu_count(num_workers, use_gpu)
+        check_gpu_count(num_workers, use_gpu)
         self._num_workers = num_workers
         self._backend = resolve_backend(backend, use_gpu)
         self._use_gpu = use_gpu
@@ -244,7 +76,7 @@ class WorkerGroup:
         self._env = dict(env or {})
         self._init_hook = init_hook
         self._start_timeout_s = start_timeout_s
-        self._workers: list[_Worker] = []
+        self._workers: list[WorkerHandle] = []
         self._server: socket.socket | None = None
         self._next_task = 0
         self._broken = False
@@ -302,7 +134,7 @@ class WorkerGroup:
         try:
             for local_rank in range(self._num_workers):
                 self._workers.append(self._spawn(local_rank, token))
-            self._accept(token)
+            accept_workers(self._server, self._workers, token, timeout_s=self._start_timeout_s)
             init = {
                 "sys_path": list(sys.path),
                 "backend": self._backend,
@@ -365,24 +197,9 @@ class WorkerGroup:
         self._broken = self._peer_loss_only = False
 
     def _rank_env(self, local_rank: int, *, with_base: bool = True) -> dict[str, str]:
-        """The torchrun variables of one local rank under the current placement."""
-        p = self._placement
-        return {
-            **(dict(os.environ) if with_base else {}),
-            **self._env,
-            contract.RANK: str(p.rank_offset + local_rank),
-            contract.LOCAL_RANK: str(local_rank),
-            contract.WORLD_SIZE: str(p.world_size),
-            contract.LOCAL_WORLD_SIZE: str(p.local_world_size),
-            contract.GROUP_RANK: str(p.node_rank),
-            contract.NODE_RANK: str(p.node_rank),
-            contract.MASTER_ADDR: p.master_addr,
-            contract.MASTER_PORT: str(p.master_port),
-            contract.TORCHELASTIC_RESTART_COUNT: str(p.generation),
-            contract.TORCHELASTIC_RUN_ID: p.run_id,
-        }
+        return rank_env(self._placement, self._env, local_rank, with_base=with_base)
 
-    def _spawn(self, local_rank: int, token: str) -> _Worker:
+    def _spawn(self, local_rank: int, token: str) -> WorkerHandle:
         p = self._placement
         rank = p.rank_offset + local_rank
         assert self._server is not None
@@ -413,63 +230,17 @@ class WorkerGroup:
             _start.ForkedProcess(env) if method == "fork" else _start.spawn(env)
         )
         self.start_method = method
-        return _Worker(local_rank=local_rank, rank=rank, proc=proc)
-
-    def _accept(self, token: str) -> None:
-        assert self._server is not None
-        deadline = time.monotonic() + self._start_timeout_s
-        self._server.settimeout(0.5)
-        joined = 0
-        while joined < self._num_workers:
-            if time.monotonic() > deadline:
-                raise WorkerGroupStartError(
-                    f"{self._num_workers - joined} worker(s) did not connect within "
-                    f"{self._start_timeout_s:.0f}s"
-                )
-            for w in self._workers:
-                code = w.proc.poll()
-                if code is not None and w.conn is None:
-                    raise WorkerGroupStartError(
-                        f"rank {w.rank} worker exited during start-up: {WorkerDiedError(w.rank, code).args[0]}"
-                    )
-            try:
-                sock, _ = self._server.accept()
-            except TimeoutError:
-                continue
-            sock.settimeout(None)
-            conn = Connection(sock.detach())
-            hello = conn.recv()
-            if hello[0] != "hello" or hello[1] != token:
-                conn.close()
-                continue
-            self._workers[hello[2]].conn = conn
-            joined += 1
+        return WorkerHandle(local_rank=local_rank, rank=rank, proc=proc)
 
     def _await_ready(self) -> None:
-        deadline = time.monotonic() + self._start_timeout_s + self._timeout_s
-        pending = {w.conn: w for w in self._workers if w.conn is not None}
-        while pending:
-            if time.monotonic() > deadline:
-                ranks = sorted(w.rank for w in pending.values())
-                raise WorkerGroupStartError(
-                    f"rank(s) {ranks} did not join the process group", waiting_for_peers=True
-                )
-            for conn in wait(list(pending), timeout=0.5):
-                assert isinstance(conn, Connection)
-                w = pending.pop(conn)
-                try:
-                    msg = conn.recv()
-                except (EOFError, OSError):
-                    raise WorkerGroupStartError(
-                        f"rank {w.rank} worker died while joining the process group: "
-                        f"{WorkerDiedError(w.rank, w.exitcode()).args[0]}"
-                    ) from None
-                if msg[0] == "init_err":
-                    _, _, exc_type, message, _tb, kind = msg
-                    raise WorkerGroupStartError(
-                        f"rank {w.rank} failed to initialize: {exc_type}: {message}",
-                        waiting_for_peers=kind in ("timeout", "peer"),
-                    )
+        await_ready(self._workers, timeout_s=self._start_timeout_s + self._timeout_s)
+
+    def mark_broken(self, *, peer_loss_only: bool) -> None:
+        """After a failed execution (:class:`Execution`): peers may be stuck in a collective.
+        ``peer_loss_only``: every local rank answered, each with a broken connection to
+        another host (see :meth:`can_reform`)."""
+        self._broken = True
+        self._peer_loss_only = peer_loss_only
 
     def shutdown(self, timeout_s: float = 10) -> None:
         """Ask workers to exit; kill those still alive after ``timeout_s`` (and their children)."""

@@ -2,9 +2,9 @@
 
 Ray Train V2's split: policies return decision *values*; the controller
 (``torchjob.train.controller.Controller``) carries them out. The rules themselves
-(restart budget, backoff, counters, growing back) are ``torchjob.plan``'s, the
-ones the operator and ``torchjob run`` use; this module maps worker processes'
-failures onto them. Policies hold configuration
+(``decide_restart``: restart budget, backoff, counters, shrinking; growing back) are
+``torchjob.rules``'s, the ones the operator and ``torchjob run`` use; this module maps
+worker processes' failures onto them. Policies hold configuration
 only. Counters (failures charged, generation, reports) live in the
 :class:`RunState` passed in, so ``decide`` gives the same answer for the same
 inputs and every branch is unit-testable without processes.
@@ -20,23 +20,29 @@ same size and is charged, as in Ray Train.
 from __future__ import annotations
 
 import enum
-import signal
-import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-from torchjob.api import models as api
-from torchjob.api.models import Backoff
-from torchjob.plan import Counters, Noop, Resize, Verdict, decide_failure, resize
+from torchjob.rules import (
+    Counters,
+    Noop,
+    Resize,
+    RestartRules,
+    Verdict,
+    decide_restart,
+    killed_from_outside,
+    resize,
+)
 
 __all__ = [
     "Fail",
     "FailureKind",
-    "FailurePolicy",
+    "GroupFailureDecision",
+    "GroupFailurePolicy",
+    "GroupScalingPolicy",
     "Noop",
     "Resize",
     "RestartGroup",
     "RunState",
-    "ScalingPolicy",
     "WorkerFailure",
     "next_generation",
 ]
@@ -64,12 +70,7 @@ class WorkerFailure:
     @property
     def killed(self) -> bool:
         """The process was killed from outside (lost machine, OOM killer, preemption)."""
-        return self.kind is FailureKind.DIED and self.signal in (
-            signal.SIGKILL,
-            signal.SIGTERM,
-            signal.SIGINT,
-            signal.SIGHUP,
-        )
+        return self.kind is FailureKind.DIED and killed_from_outside(self.signal)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,11 @@ class RunState:
     checkpoints_in_generation: int = 0
     """Checkpoints committed since this generation started (progress to keep before a resize)."""
     generation_started_s: float = 0.0
+
+    @property
+    def counters(self) -> Counters:
+        """The job rules' counters (``failures`` are the restarts charged)."""
+        return Counters(self.generation, self.failures, self.disruptions)
 
 
 @dataclass(frozen=True)
@@ -104,62 +110,62 @@ class Fail:
     reason: str
 
 
-FailureDecision = RestartGroup | Fail
-
-
-_UNLIMITED = sys.maxsize
+GroupFailureDecision = RestartGroup | Fail
+"""What a local worker group does after a failure (``GroupFailurePolicy.decide``)."""
 
 
 @dataclass(frozen=True)
-class FailurePolicy:
-    """Whether a generation's failure restarts the group, shrinks it, or ends the run."""
+class GroupFailurePolicy:
+    """A local worker group's failure policy: whether a generation's failure restarts the
+    group, shrinks it, or ends the run (the TorchJob CRD's is ``api.models.FailurePolicy``)."""
 
     max_failures: int | None
     """Charged failures allowed; ``None`` is unlimited (Ray's ``max_failures=-1``)."""
     min_workers: int
     max_workers: int
-    backoff: Backoff = field(default_factory=lambda: Backoff(initial_seconds=0, max_seconds=0))
-    """Delay before a charged restart (``torchjob.plan.backoff_seconds``); none by default."""
 
     @property
     def elastic(self) -> bool:
         return self.min_workers < self.max_workers
 
-    def _policy(self) -> api.FailurePolicy:
-        budget = _UNLIMITED if self.max_failures is None else self.max_failures
-        # Not a TorchJob spec: the CRD's bound on maxRestarts (10000) does not apply to a
-        # local budget, and unlimited is sys.maxsize, so no validation here.
-        return api.FailurePolicy.model_construct(max_restarts=budget, backoff=self.backoff)
-
-    def decide(self, state: RunState, failure: WorkerFailure) -> FailureDecision:
-        if self.elastic and failure.killed and state.num_workers - 1 >= self.min_workers:
-            # Taken away, not failed: a disruption, never charged (the operator's rule too).
+    def decide(self, state: RunState, failure: WorkerFailure) -> GroupFailureDecision:
+        # The job rules' decision (torchjob.rules.decide_restart): in an elastic group a worker
+        # killed from outside is a disruption that shrinks the group, never charged, while
+        # the group stays at or above min_workers; anything else is a charged failure (no
+        # backoff, no exit-code classes).
+        d = decide_restart(
+            state.counters,
+            RestartRules(max_restarts=self.max_failures),
+            disrupted=self.elastic and failure.killed,
+            workers=state.num_workers,
+            shrink_floor=self.min_workers,
+        )
+        if d.verdict is Verdict.DISRUPTED:
             return RestartGroup(
-                num_workers=state.num_workers - 1,
+                num_workers=d.workers,
                 reason=f"rank {failure.rank} lost ({failure.message}); shrinking, not charged",
                 charged=False,
             )
-        # A worker's own failure: the shared verdict (budget, backoff).
-        d = decide_failure(None, restarts=state.failures, policy=self._policy())
-        if d.verdict is not Verdict.RESTART_GROUP:
+        if not d.restarts:
             return Fail(
                 reason=f"rank {failure.rank} failed ({failure.message}) and the failure budget "
                 f"is spent: max_failures={self.max_failures}"
             )
-        left = None if self.max_failures is None else self.max_failures - d.restarts_after
+        n = d.counters.restarts
+        left = None if self.max_failures is None else self.max_failures - n
         budget = "unlimited" if left is None else f"{left} left"
         return RestartGroup(
-            num_workers=state.num_workers,
-            reason=f"rank {failure.rank} failed ({failure.message}); restart {d.restarts_after} "
-            f"charged, {budget}",
+            num_workers=d.workers,
+            reason=f"rank {failure.rank} failed ({failure.message}); restart {n} charged, {budget}",
             charged=True,
             backoff_s=d.backoff_s,
         )
 
 
 @dataclass(frozen=True)
-class ScalingPolicy(resize.ScalingPolicy):
-    """``torchjob.plan.ScalingPolicy`` over a :class:`RunState`."""
+class GroupScalingPolicy(resize.ScalingPolicy):
+    """A local worker group's scaling policy: ``torchjob.rules.ScalingPolicy`` over a
+    :class:`RunState`."""
 
     def decide_for(
         self, state: RunState, *, now_s: float, available_workers: int
@@ -173,11 +179,11 @@ class ScalingPolicy(resize.ScalingPolicy):
 
 
 def next_generation(state: RunState, num_workers: int, *, charged: bool, now_s: float) -> RunState:
-    """The state of the generation that follows a restart or resize (``torchjob.plan.Counters``:
+    """The state of the generation that follows a restart or resize (``torchjob.rules.Counters``:
     a charged restart counts a failure, a shrink a disruption, a grow neither)."""
-    c = Counters(state.generation, state.failures, state.disruptions)
+    c = state.counters
     if charged:
-        c = replace(c, generation=c.generation + 1, restarts=c.restarts + 1)
+        c = c.restarted()
     elif num_workers < state.num_workers:
         c = c.disrupted()
     else:

@@ -22,14 +22,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from torchjob.api.models import Backoff, FailurePolicy
 from torchjob.launch import (
     CollectiveTimeoutError,
     WorkerDiedError,
     WorkerGroup,
     WorkerGroupStartError,
 )
-from torchjob.plan import Verdict, decide_failure
+from torchjob.rules import Counters, RestartRules, decide_restart
 from torchjob.sgd import runner, steps
 
 log = logging.getLogger("torchjob.sgd")
@@ -268,19 +267,18 @@ class PyTorchTrainer:
             try:
                 stats = group.execute(runner.train, num_steps, dict(info or {}))
             except _RETRYABLE as e:
-                # The shared verdict (torchjob.plan): the budget is max_retries, no backoff.
-                decision = decide_failure(
-                    None,
-                    restarts=attempt,
-                    # model_construct: a local budget, not bound by the CRD's maxRestarts limit.
-                    policy=FailurePolicy.model_construct(
-                        max_restarts=max_retries, backoff=Backoff(initial_seconds=0)
-                    ),
+                # The job rules (torchjob.rules.decide_restart): a lost worker is a failure
+                # that a restart can fix; the budget is max_retries, no backoff.
+                decision = decide_restart(
+                    Counters(restarts=attempt),
+                    RestartRules(max_restarts=max_retries),
+                    disrupted=False,
+                    workers=self.num_replicas,
                     permanent=False,
                 )
-                if decision.verdict is not Verdict.RESTART_GROUP:
+                if not decision.restarts:
                     raise
-                attempt = decision.restarts_after
+                attempt = decision.counters.restarts
                 log.warning(
                     "train pass failed (%s); restarting %d workers from the checkpoint taken "
                     "before the pass (retry %d/%d)",

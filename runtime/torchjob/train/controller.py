@@ -9,7 +9,7 @@ Ray Train V2's split. The controller moves through *steps* (:data:`Step`)::
 ``Running`` forms a worker group for one generation and runs the training function;
 how it ended (:data:`GenerationEnd`) is handed to the *mode*, which returns the next
 step. The decisions inside a mode are the pure policies of ``torchjob.launch.policy``
-(over ``torchjob.plan``); the controller only carries steps out (waits, messages,
+(over ``torchjob.rules``); the controller only carries steps out (waits, messages,
 termination messages, the final :class:`Result` or exception).
 
 The steps and the protocols both sides share live in ``torchjob.train.steps``; the modes

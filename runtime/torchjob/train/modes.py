@@ -25,10 +25,10 @@ from torchjob.launch import (
 from torchjob.launch.policy import (
     Fail,
     FailureKind,
-    FailurePolicy,
+    GroupFailurePolicy,
+    GroupScalingPolicy,
     Resize,
     RunState,
-    ScalingPolicy,
     WorkerFailure,
 )
 from torchjob.train.job_status import JobEndpoint
@@ -76,7 +76,9 @@ class LocalMode:
 
     name = "local"
 
-    def __init__(self, failure: FailurePolicy, scaling: ScalingPolicy, use_gpu: bool) -> None:
+    def __init__(
+        self, failure: GroupFailurePolicy, scaling: GroupScalingPolicy, use_gpu: bool
+    ) -> None:
         self.failure = failure
         self.scaling = scaling
         self.use_gpu = use_gpu
@@ -310,12 +312,12 @@ def choose_mode(trainer: TrainerSettings, pod: PodEnv | None, endpoint: JobEndpo
     if pod is None:
         sc = trainer.scaling_config
         return LocalMode(
-            FailurePolicy(
+            GroupFailurePolicy(
                 max_failures=trainer.run_config.failure_config.budget,
                 min_workers=sc.min_workers,
                 max_workers=sc.max_workers,
             ),
-            ScalingPolicy(
+            GroupScalingPolicy(
                 min_workers=sc.min_workers,
                 max_workers=sc.max_workers,
                 grow_cooldown_s=sc.elastic_grow_cooldown_s,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torchjob.contract import PodEnv
-from torchjob.plan.trial import merged_loop_config, trial_config
+from torchjob.rules.trial import merged_loop_config, trial_config
 from torchjob.train.checkpoint import Checkpoint
 from torchjob.train.config import RunConfig, ScalingConfig, TorchConfig
 from torchjob.train.controller import Controller

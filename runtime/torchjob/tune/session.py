@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from torchjob.launch import send_event, worker_info, worker_state
-from torchjob.plan.trial import trial_config
+from torchjob.rules.trial import trial_config
 
 _WORKER_KEY = "torchjob.tune.trial"
 EVENT_TYPE = "tune.report"

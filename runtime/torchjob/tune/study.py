@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from torchjob.plan.trial import nested_config
+from torchjob.rules.trial import nested_config
 from torchjob.tune import search
 from torchjob.tune.result import ERROR, PRUNED, TERMINATED, ExperimentAnalysis, Result, ResultGrid
 

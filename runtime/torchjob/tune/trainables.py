@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchjob.launch import WorkerGroup
-from torchjob.plan.trial import merged_loop_config
+from torchjob.rules.trial import merged_loop_config
 from torchjob.tune import session
 from torchjob.tune.session import Reporter, TrialStopped
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from torchjob.api.models import TorchJobStatus
-from torchjob.plan.failure import FailureDecision, Verdict
 
 
 @dataclass(frozen=True)
@@ -32,15 +31,17 @@ class Counters:
             disruptions=s.disruptions or 0,
         )
 
-    def restarted(self, decision: FailureDecision) -> Counters:
-        """After a failure whose verdict is RESTART_GROUP."""
-        assert decision.verdict is Verdict.RESTART_GROUP, decision
-        return replace(self, generation=self.generation + 1, restarts=decision.restarts_after)
+    def restarted(self) -> Counters:
+        """After a failure restart (``decide_restart``'s RESTART_GROUP): one restart charged."""
+        return replace(self, generation=self.generation + 1, restarts=self.restarts + 1)
 
     def disrupted(self) -> Counters:
+        """After a disruption: counted, charged to no budget."""
         return replace(self, generation=self.generation + 1, disruptions=self.disruptions + 1)
 
     def resized(self) -> Counters:
+        """After a resize (a user's scale, an elastic shrink or grow, a resume): charged to no
+        counter."""
         return replace(self, generation=self.generation + 1)
 
 

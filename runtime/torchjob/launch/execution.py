@@ -1,0 +1,174 @@
+"""One function running on a worker group, and how its failures reduce to one root cause.
+
+:meth:`WorkerGroup.submit` sends a function to some of the group's workers and returns an
+:class:`Execution`; :meth:`Execution.wait` collects the per-rank results (and the events
+the workers send meanwhile), or raises the failure that explains the others, so the caller
+does not have to read N stack traces.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any, Generic, Protocol, TypeVar
+
+import cloudpickle
+
+from torchjob.launch import _start
+from torchjob.launch.errors import (
+    CollectiveTimeoutError,
+    LaunchError,
+    WorkerDiedError,
+    WorkerGroupError,
+)
+
+T = TypeVar("T")
+EventHandler = Callable[[int, Any], None]
+"""``on_event(rank, payload)``: a payload a worker sent with :func:`send_event`."""
+
+
+class Group(Protocol):
+    """What an execution needs of its :class:`~torchjob.launch.WorkerGroup`."""
+
+    def mark_broken(self, *, peer_loss_only: bool) -> None: ...
+
+
+@dataclass
+class WorkerHandle:
+    """The driver's end of one worker: its process and its connection (None once lost)."""
+
+    local_rank: int
+    rank: int
+    proc: _start.WorkerProcess
+    conn: Connection | None = None
+
+    def exitcode(self, wait_s: float = 5.0) -> int | None:
+        try:
+            return self.proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+@dataclass
+class _Failure:
+    rank: int
+    kind: str  # "user", "peer", "timeout" or "died"
+    at: float
+    error: LaunchError
+
+
+class Execution(Generic[T]):
+    """A function running on some of the group's workers; :meth:`wait` collects it."""
+
+    def __init__(self, group: Group, task_id: int, workers: list[WorkerHandle]) -> None:
+        self._group = group
+        self._task_id = task_id
+        self._workers = workers
+
+    def wait(
+        self,
+        *,
+        on_event: EventHandler | None = None,
+        on_tick: Callable[[], None] | None = None,
+        tick_s: float = 0.5,
+        grace_s: float = 3.0,
+    ) -> list[T]:
+        """Results in rank order, or raise the root cause of the failure.
+
+        After the first failure the others get ``grace_s`` to report theirs, so that
+        a worker death is preferred over the broken-connection errors it causes in
+        its peers, and a collective timeout can name the rank that never joined.
+        ``on_tick`` runs about every ``tick_s`` seconds (the trainer polls signals
+        and scaling decisions there).
+        """
+        pending = {w.conn: w for w in self._workers if w.conn is not None}
+        results: dict[int, T] = {}
+        failures: list[_Failure] = []
+        first_failure: float | None = None
+        while pending:
+            if first_failure is not None and time.monotonic() - first_failure > grace_s:
+                break
+            for conn in wait(list(pending), timeout=tick_s):
+                assert isinstance(conn, Connection)
+                worker = pending[conn]
+                failure = self._receive(worker, conn, results, on_event)
+                if failure is None and worker.local_rank not in results:
+                    continue
+                del pending[conn]
+                if failure is not None:
+                    failures.append(failure)
+                    first_failure = first_failure or failure.at
+            if on_tick is not None:
+                on_tick()
+        if failures:
+            # Peers may be stuck in a collective unless every rank returned a plain exception.
+            if pending or any(f.kind != "user" for f in failures):
+                # Every local rank answered, each with a broken connection to another host:
+                # the processes themselves are sound (see ``WorkerGroup.can_reform``).
+                self._group.mark_broken(
+                    peer_loss_only=not pending and all(f.kind == "peer" for f in failures)
+                )
+            raise _root_cause(failures, hung=[w.rank for w in pending.values()])
+        return [results[w.local_rank] for w in self._workers]
+
+    def _receive(
+        self,
+        worker: WorkerHandle,
+        conn: Connection,
+        results: dict[int, T],
+        on_event: EventHandler | None,
+    ) -> _Failure | None:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            worker.conn = None
+            died = WorkerDiedError(worker.rank, worker.exitcode())
+            return _Failure(worker.rank, "died", time.monotonic(), died)
+        kind = msg[0]
+        if msg[1] != self._task_id:
+            return None  # left over from an earlier, abandoned task
+        if kind == "event":
+            if on_event is not None:
+                on_event(worker.rank, cloudpickle.loads(msg[2]))
+            return None
+        if kind == "ok":
+            results[worker.local_rank] = cloudpickle.loads(msg[2])
+            return None
+        _, _, exc_type, message, tb, failure_kind = msg
+        err = WorkerGroupError(worker.rank, exc_type, message, tb)
+        return _Failure(worker.rank, failure_kind, time.monotonic(), err)
+
+
+def _root_cause(failures: list[_Failure], *, hung: list[int]) -> LaunchError:
+    """The failure that explains the others.
+
+    A worker's own exception or death comes first (earliest wins); peers'
+    broken-connection errors are consequences. Timeouts without such a cause
+    mean some rank never joined the collective: the ranks still running.
+    """
+    primary = [f for f in failures if f.kind in ("user", "died")]
+    timeouts = [f for f in failures if f.kind == "timeout"]
+    if not primary and timeouts:
+        reporters = {f.rank for f in timeouts}
+        suspects = sorted(hung) or sorted({f.rank for f in failures} - reporters)
+        if suspects:
+            first = timeouts[0].error
+            detail = first.message if isinstance(first, WorkerGroupError) else str(first)
+            return CollectiveTimeoutError(
+                suspects[0], hung_ranks=suspects, detail=detail.splitlines()[0][:200]
+            )
+    root = min(primary or failures, key=lambda f: f.at)
+    if isinstance(root.error, WorkerGroupError):
+        others = {f.rank: str(f.error) for f in failures if f is not root}
+        return WorkerGroupError(
+            root.error.rank,
+            root.error.exc_type,
+            root.error.message,
+            root.error.traceback_text,
+            other_failures=others,
+            peer_failure=root.kind == "peer",
+        )
+    return root.error

@@ -1,0 +1,132 @@
+"""Starting a worker group's processes: the backend, the GPU check, each rank's torchrun
+environment, and the handshake.
+
+The handshake: every worker connects back to the driver's socket and says hello with the
+group's token (:func:`accept_workers`), is sent its ``init`` message, and answers once it
+joined the process group (:func:`await_ready`); a worker that exits or fails on the way
+is reported as a :class:`WorkerGroupStartError` naming its rank.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection, wait
+
+from torchjob import contract
+from torchjob.launch.errors import WorkerDiedError, WorkerGroupStartError
+from torchjob.launch.execution import WorkerHandle
+from torchjob.launch.placement import Placement
+
+
+def resolve_backend(backend: str, use_gpu: bool) -> str:
+    """``auto`` -> ``nccl`` when GPUs are used and present, else ``gloo``."""
+    if backend not in ("auto", "gloo", "nccl"):
+        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
+    if backend != "auto":
+        return backend
+    if not use_gpu:
+        return "gloo"
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def check_gpu_count(num_workers: int, use_gpu: bool) -> None:
+    """One GPU per local worker: more workers than visible GPUs cannot start (as in Ray)."""
+    if not use_gpu:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        return  # CPU fallback, as documented
+    visible = torch.cuda.device_count()
+    if num_workers > visible:
+        raise ValueError(
+            f"use_gpu=True runs one worker per GPU: {num_workers} workers on this host, "
+            f"but {visible} GPU(s) visible; use num_workers <= {visible} or use_gpu=False"
+        )
+
+
+def rank_env(
+    placement: Placement, env: dict[str, str], local_rank: int, *, with_base: bool = True
+) -> dict[str, str]:
+    """The torchrun variables of one local rank under ``placement`` (over ``env``, and over
+    this process's environment ``with_base``)."""
+    p = placement
+    return {
+        **(dict(os.environ) if with_base else {}),
+        **env,
+        contract.RANK: str(p.rank_offset + local_rank),
+        contract.LOCAL_RANK: str(local_rank),
+        contract.WORLD_SIZE: str(p.world_size),
+        contract.LOCAL_WORLD_SIZE: str(p.local_world_size),
+        contract.GROUP_RANK: str(p.node_rank),
+        contract.NODE_RANK: str(p.node_rank),
+        contract.MASTER_ADDR: p.master_addr,
+        contract.MASTER_PORT: str(p.master_port),
+        contract.TORCHELASTIC_RESTART_COUNT: str(p.generation),
+        contract.TORCHELASTIC_RUN_ID: p.run_id,
+    }
+
+
+def accept_workers(
+    server: socket.socket, workers: Sequence[WorkerHandle], token: str, *, timeout_s: float
+) -> None:
+    """Wait until every worker connected back with ``token``; each gets its connection."""
+    deadline = time.monotonic() + timeout_s
+    server.settimeout(0.5)
+    joined = 0
+    while joined < len(workers):
+        if time.monotonic() > deadline:
+            raise WorkerGroupStartError(
+                f"{len(workers) - joined} worker(s) did not connect within {timeout_s:.0f}s"
+            )
+        for w in workers:
+            code = w.proc.poll()
+            if code is not None and w.conn is None:
+                raise WorkerGroupStartError(
+                    f"rank {w.rank} worker exited during start-up: {WorkerDiedError(w.rank, code).args[0]}"
+                )
+        try:
+            sock, _ = server.accept()
+        except TimeoutError:
+            continue
+        sock.settimeout(None)
+        conn = Connection(sock.detach())
+        hello = conn.recv()
+        if hello[0] != "hello" or hello[1] != token:
+            conn.close()
+            continue
+        workers[hello[2]].conn = conn
+        joined += 1
+
+
+def await_ready(workers: Sequence[WorkerHandle], *, timeout_s: float) -> None:
+    """Wait until every worker joined the process group (or reported why it could not)."""
+    deadline = time.monotonic() + timeout_s
+    pending = {w.conn: w for w in workers if w.conn is not None}
+    while pending:
+        if time.monotonic() > deadline:
+            ranks = sorted(w.rank for w in pending.values())
+            raise WorkerGroupStartError(
+                f"rank(s) {ranks} did not join the process group", waiting_for_peers=True
+            )
+        for conn in wait(list(pending), timeout=0.5):
+            assert isinstance(conn, Connection)
+            w = pending.pop(conn)
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                raise WorkerGroupStartError(
+                    f"rank {w.rank} worker died while joining the process group: "
+                    f"{WorkerDiedError(w.rank, w.exitcode()).args[0]}"
+                ) from None
+            if msg[0] == "init_err":
+                _, _, exc_type, message, _tb, kind = msg
+                raise WorkerGroupStartError(
+                    f"rank {w.rank} failed to initialize: {exc_type}: {message}",
+                    waiting_for_peers=kind in ("timeout", "peer"),
+                )
