@@ -56,7 +56,7 @@ FOLLOW_TIMEOUT_S = 900.0
 # --- modes ---------------------------------------------------------------------------------
 
 
-class Mode(Protocol):
+class FitMode(Protocol):
     """What differs between a laptop, a pod, and a KeepSurvivors pod."""
 
     name: str
@@ -305,7 +305,9 @@ def available_workers(max_workers: int, use_gpu: bool) -> int:
     return min(max_workers, torch.cuda.device_count())
 
 
-def choose_mode(trainer: TrainerSettings, pod: PodEnv | None, endpoint: JobEndpoint | None) -> Mode:
+def choose_mode(
+    trainer: TrainerSettings, pod: PodEnv | None, endpoint: JobEndpoint | None
+) -> FitMode:
     """The mode for where ``fit()`` runs (see the module docstring)."""
     if pod is None:
         sc = trainer.scaling_config
