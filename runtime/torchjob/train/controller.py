@@ -38,7 +38,7 @@ from typing import Any, NoReturn, assert_never
 
 from torchjob import contract
 from torchjob.checkpoint import CheckpointStorage, rank_checkpoints
-from torchjob.contract import PodEnv
+from torchjob.contract import Member, PodEnv, Role, Standby
 from torchjob.launch import (
     LaunchError,
     Placement,
@@ -54,7 +54,7 @@ from torchjob.train.checkpoint import Checkpoint
 from torchjob.train.config import RunConfig
 from torchjob.train.errors import TrainingFailedError, TrainingStoppedError
 from torchjob.train.job_status import JobEndpoint, JobStatusReporter, progress_body
-from torchjob.train.membership import GenerationTimeout
+from torchjob.train.membership import GenerationTimeout, Membership
 from torchjob.train.modes import KeepSurvivorsMode, choose_mode
 from torchjob.train.progress import ProgressView
 from torchjob.train.result import Result
@@ -148,8 +148,16 @@ class Controller:
     def _leads(self) -> bool:
         """This pod runs rank 0 now (the laptop always does): it reads and lists checkpoints
         and reports progress. Under KeepSurvivors the role moves with ``status.members``."""
-        pod = self._pod_now()
-        return pod is None or pod.group_rank == 0
+        role = self._role()
+        match role:
+            case None:
+                return True
+            case Member(node_rank=rank):
+                return rank == 0
+            case Standby():
+                return False
+            case _:
+                assert_never(role)
 
     @property
     def storage(self) -> CheckpointStorage | None:
@@ -188,14 +196,18 @@ class Controller:
             async_commit=cc.async_commit,
         )
 
+    def _published(self) -> Membership | None:
+        """KeepSurvivors: the generation this pod follows (its env names the one it was
+        created in); elsewhere the env says all."""
+        return self.mode.membership if isinstance(self.mode, KeepSurvivorsMode) else None
+
     def _pod_now(self) -> PodEnv | None:
-        """This pod as of the current generation (its env names the one it was created in)."""
-        if self.pod is None or not isinstance(self.mode, KeepSurvivorsMode):
-            return self.pod
-        m = self.mode.membership
-        if m.members is None and m.generation == self.pod.generation:
-            return self.pod  # the generation the operator wrote this pod's env for
-        return contract.follow_members(self.pod, m.generation, m.ranked)
+        """This pod as of the current generation."""
+        return None if self.pod is None else contract.pod_as_of(self.pod, self._published())
+
+    def _role(self) -> Role | None:
+        """This pod's role in the current generation; None on a laptop."""
+        return None if self.pod is None else contract.pod_role(self.pod, self._published())
 
     def _placement(self, state: RunState) -> tuple[Placement, dict[str, str]]:
         """Where this generation's local workers go, and the env they get besides torchrun's."""
@@ -220,14 +232,18 @@ class Controller:
         """KeepSurvivors: start this pod's worker processes unformed, before its first
         generation, so that they import torch while the pod waits (a joiner waits for the
         job to grow); every generation then forms its group in these same processes."""
-        try:
-            placement, env = self._placement(state)
-        except ValueError:
-            # A standby has no rank in the generation its env names: its processes start
-            # unformed, and any placement of their number will do until one names it.
-            pod = self._pod_now()
-            assert pod is not None
-            placement, env = Placement.local(pod.nproc_per_node, generation=pod.generation), {}
+        role = self._role()
+        match role:
+            case Member() | None:
+                placement, env = self._placement(state)
+            case Standby(generation=generation):
+                # No rank in the generation its env names: its processes start unformed,
+                # and any placement of their number will do until a generation names it.
+                assert self.pod is not None
+                placement = Placement.local(self.pod.nproc_per_node, generation=generation)
+                env = {}
+            case _:
+                assert_never(role)
         group = self._new_group(placement, env)
         try:
             group.start(form=False)
