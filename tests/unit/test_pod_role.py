@@ -6,13 +6,21 @@ nothing of its own (not yet published, or the very generation the env was writte
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from torchjob import contract
 from torchjob.contract import Member, PodEnv, Standby, pod_as_of, pod_role, ranked, role_in
+from torchjob.launch import Placement
+from torchjob.launch.policy import RunState
+from torchjob.train.controller import Controller
 from torchjob.train.membership import Membership
+from torchjob.train.modes import KeepSurvivorsMode
+from torchjob.train.progress import ProgressView
+
+KEEP = contract.KEEP_SURVIVORS
 
 
 @dataclass(frozen=True)
@@ -126,3 +134,36 @@ def test_every_role_is_matched() -> None:
                 assert rank == 0
             case Standby(generation=g):
                 assert g == 0
+
+
+def test_the_controller_starts_a_standbys_workers_unformed_and_a_members_at_its_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a caught ValueError from Placement used to decide: a standby (no rank in the
+    generation its env names) starts its processes unformed, and never leads."""
+    from torchjob.train import RunConfig, TorchTrainer
+
+    def controller(env: PodEnv) -> tuple[Controller, list[tuple[Placement, dict[str, str]]]]:
+        c = Controller(
+            TorchTrainer(lambda: None, run_config=RunConfig(storage_path=str(tmp_path))), env
+        )
+        c.mode = KeepSurvivorsMode(  # type: ignore[arg-type]
+            None, Membership(env.generation, env.replicas), pod_index=env.pod_index
+        )
+        seen: list[tuple[Placement, dict[str, str]]] = []
+        monkeypatch.setattr(c.workers, "prestart", lambda p, e, _pod, _view: seen.append((p, e)))
+        with ProgressView(enabled=False, total_epochs=None) as view:
+            c._prestart(RunState(num_workers=2), view)
+        return c, seen
+
+    standby, seen = controller(pod(pod_index=3, nproc_per_node=2, generation=1, membership=KEEP))
+    assert standby._role() == Standby(1) and not standby._leads() and standby.storage is None
+    assert seen == [(Placement.local(2, generation=1), {})]
+
+    member, seen = controller(pod(pod_index=1, nproc_per_node=2, generation=1, membership=KEEP))
+    assert member._role() == Member(1, 1, 2) and not member._leads()
+    assert [(p.rank_offset, p.world_size, e) for p, e in seen] == [
+        (2, 4, {"TORCHJOB_GENERATION": "1", "TORCHJOB_REPLICAS": "2"})
+    ]
+    leader, _ = controller(pod(pod_index=0, generation=1, membership=KEEP))
+    assert leader._leads() and leader.storage is not None
