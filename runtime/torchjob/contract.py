@@ -26,7 +26,7 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Final, Protocol
 
 # --- torchjob's own variables -------------------------------------------------
 JOB_NAME: Final = "TORCHJOB_JOB_NAME"
@@ -252,19 +252,101 @@ def rank_among(ranked: Sequence[int], pod_index: int) -> int | None:
     return list(ranked).index(pod_index) if pod_index in ranked else None
 
 
-def follow_members(pod: PodEnv, generation: int, ranked: Sequence[int]) -> PodEnv:
-    """``pod`` as a member of a later generation whose pods are ``ranked`` (indices in rank
-    order, ``status.members``): its rank among pods is its place there, and a rendezvous
-    host that names a worker of the job (the operator's default) names the first member."""
-    rank = rank_among(ranked, pod.pod_index)
+# --- a pod's role in a generation: member (with its rank) or standby ----------------------
+class Published(Protocol):
+    """A generation as the job's status publishes it (``currentGeneration``, ``replicas``,
+    ``members``); ``torchjob.train.membership.Membership`` is one."""
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def replicas(self) -> int: ...
+
+    @property
+    def members(self) -> tuple[int, ...] | None:
+        """Pod indices in rank order; None: pods ``0..replicas-1``, rank ``i`` on pod ``i``."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """The generation names this pod: it forms the group with rank ``node_rank`` among the
+    generation's ``replicas`` pods (its processes' ranks start at ``node_rank x nproc``)."""
+
+    generation: int
+    node_rank: int
+    replicas: int
+
+
+@dataclass(frozen=True)
+class Standby:
+    """The generation does not name this pod: a warm standby (``elastic.standbyReplicas``),
+    a joiner created for a later generation, or a pod the job left out. It forms no group:
+    its processes may start unformed, and it waits for a generation that names it."""
+
+    generation: int
+
+
+Role = Member | Standby
+"""A pod's role in one generation, as data: match on it (``assert_never`` for the rest)."""
+
+
+def ranked(published: Published) -> tuple[int, ...]:
+    """The published generation's pod indices in rank order (``members``, else
+    ``0..replicas-1``)."""
+    return published.members if published.members is not None else tuple(range(published.replicas))
+
+
+def role_in(published: Published, pod_index: int) -> Role:
+    """Pod ``pod_index``'s role in a published generation: a member at its place in
+    :func:`ranked`, else a standby."""
+    order = ranked(published)
+    rank = rank_among(order, pod_index)
+    if rank is None:
+        return Standby(published.generation)
+    return Member(published.generation, rank, len(order))
+
+
+def _deciding(pod: PodEnv, published: Published | None) -> Published | None:
+    """The published generation where it, not the pod's env, says the pod's place; None
+    while the status publishes no generation yet, or publishes the one the env was written
+    for with no rank order of its own (then the env, written from the same plan, says)."""
+    if published is None or (published.members is None and published.generation == pod.generation):
+        return None
+    return published
+
+
+def pod_role(pod: PodEnv, published: Published | None = None) -> Role:
+    """This pod's role now. ``published`` is the generation the job's status names (None
+    while it names none, or where the pod cannot read it). Where the env says (see
+    ``_deciding``), the pod is a member when its rank among pods (``NODE_RANK``, default its
+    index) is one of the generation's ``REPLICAS``: a standby's index is beyond them."""
+    deciding = _deciding(pod, published)
+    if deciding is not None:
+        return role_in(deciding, pod.pod_index)
+    if 0 <= pod.group_rank < pod.replicas:
+        return Member(pod.generation, pod.group_rank, pod.replicas)
+    return Standby(pod.generation)
+
+
+def pod_as_of(pod: PodEnv, published: Published | None = None) -> PodEnv:
+    """``pod``'s env as of the published generation: its own where the env says (see
+    ``_deciding``); else with that generation's number and size, the pod's place in
+    :func:`ranked` as its rank among pods, and a rendezvous host that names a worker of the
+    job (the operator's default) moved to the first member."""
+    deciding = _deciding(pod, published)
+    if deciding is None:
+        return pod
+    order = ranked(deciding)
+    rank = rank_among(order, pod.pod_index)
     host = pod.rdzv_host
     prefix, suffix = f"{pod.job_name}-worker-", f".{pod.job_name}.{pod.namespace}.svc"
-    if ranked and host.startswith(prefix) and host.endswith(suffix):
-        host = worker_hostname(pod.job_name, ranked[0], pod.namespace)
+    if order and host.startswith(prefix) and host.endswith(suffix):
+        host = worker_hostname(pod.job_name, order[0], pod.namespace)
     return replace(
         pod,
-        generation=generation,
-        replicas=len(ranked),
+        generation=deciding.generation,
+        replicas=len(order),
         node_rank=None if rank is None or rank == pod.pod_index else rank,
         rdzv_host=host,
     )

@@ -6,7 +6,7 @@ contract. Importing this package imports neither torch nor kubernetes (the clien
 imports ``kubernetes`` when constructed).
 """
 
-from torchjob.client.client import JobTable, LogLine, TorchJobClient
+from torchjob.client.client import TorchJobClient
 from torchjob.client.errors import (
     KubeconfigError,
     TorchJobAlreadyExists,
@@ -16,6 +16,7 @@ from torchjob.client.errors import (
     WaitTimeout,
 )
 from torchjob.client.local import LocalRunResult, run_local
+from torchjob.client.logs import LogLine
 from torchjob.client.manifest import (
     Manifest,
     ManifestError,
@@ -23,6 +24,7 @@ from torchjob.client.manifest import (
     load_manifest,
     load_manifests,
 )
+from torchjob.client.table import JobTable
 
 __all__ = [
     "JobTable",

@@ -13,74 +13,19 @@ import builtins
 import contextlib
 import os
 import queue
-import re
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchjob import contract
 from torchjob.api.models import API_VERSION, GROUP, KIND, PLURAL, TERMINAL_PHASES, VERSION
-from torchjob.client.errors import (
-    KubeconfigError,
-    TorchJobAlreadyExists,
-    TorchJobClientError,
-    TorchJobInvalid,
-    TorchJobNotFound,
-    WaitTimeout,
-)
+from torchjob.client.errors import KubeconfigError, TorchJobClientError, WaitTimeout, api_error
+from torchjob.client.logs import LogLine, PodStream, finish_follow, has_started, pod_index, snapshot
 from torchjob.client.manifest import Manifest, check_manifest, load_manifest
+from torchjob.client.table import TABLE_ACCEPT, JobTable, fallback_table, server_table
 
-_TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-_TS_LINE = re.compile(r"^(\S+) (.*)$")
-
-
-@dataclass(frozen=True)
-class LogLine:
-    """One line of a worker pod's log."""
-
-    pod_index: int
-    pod: str
-    text: str
-
-
-@dataclass(frozen=True)
-class JobTable:
-    """``kubectl get tj``'s view of TorchJobs: the CRD's printer columns as the server renders them."""
-
-    columns: list[str]
-    rows: list[list[str]]
-
-
-def _wrap(e: Exception, what: str) -> TorchJobClientError:
-    status = getattr(e, "status", None)
-    reason = getattr(e, "reason", None) or type(e).__name__
-    body = getattr(e, "body", None)
-    detail = reason
-    causes: list[dict[str, Any]] = []
-    if isinstance(body, str | bytes) and body:
-        import json
-
-        try:
-            parsed = json.loads(body)
-            detail = parsed.get("message", reason)
-            causes = [c for c in (parsed.get("details") or {}).get("causes") or [] if c]
-        except (ValueError, AttributeError):
-            detail = reason
-    if status == 404:
-        return TorchJobNotFound(f"{what}: not found ({detail})")
-    if status == 409:
-        return TorchJobAlreadyExists(f"{what}: already exists ({detail})")
-    if status == 422:  # Invalid: the server's validation (OpenAPI schema, CEL) names the fields
-        named = [(str(c.get("field", "")), str(c.get("message", ""))) for c in causes]
-        field, problem = named[0] if named else ("", str(detail))
-        if len(named) > 1:
-            problem += "".join(f"; {f}: {m}" for f, m in named[1:])
-        return TorchJobInvalid(f"{what}: {detail}", field, problem)
-    return TorchJobClientError(f"{what}: {detail}" + (f" (HTTP {status})" if status else ""))
 
 
 def _job_dict(job: Any) -> dict[str, Any]:
@@ -186,7 +131,7 @@ class TorchJobClient:
                 GROUP, VERSION, ns, PLURAL, body
             )
         except Exception as e:
-            raise _wrap(e, f"TorchJob {ns}/{name} create") from e
+            raise api_error(e, f"TorchJob {ns}/{name} create") from e
         return created
 
     def get(self, name: str, *, namespace: str | None = None) -> dict[str, Any]:
@@ -197,7 +142,7 @@ class TorchJobClient:
                 GROUP, VERSION, ns, PLURAL, name
             )
         except Exception as e:
-            raise _wrap(e, f"TorchJob {ns}/{name}") from e
+            raise api_error(e, f"TorchJob {ns}/{name}") from e
         return obj
 
     def list(
@@ -211,7 +156,7 @@ class TorchJobClient:
                 kwargs["label_selector"] = label_selector
             result = self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, **kwargs)
         except Exception as e:
-            raise _wrap(e, f"TorchJobs in {ns}") from e
+            raise api_error(e, f"TorchJobs in {ns}") from e
         items: builtins.list[dict[str, Any]] = result.get("items", [])
         return items
 
@@ -225,7 +170,7 @@ class TorchJobClient:
                 GROUP, VERSION, ns, PLURAL, name, propagation_policy=propagation
             )
         except Exception as e:
-            raise _wrap(e, f"TorchJob {ns}/{name} delete") from e
+            raise api_error(e, f"TorchJob {ns}/{name} delete") from e
 
     def scale(self, name: str, replicas: int, *, namespace: str | None = None) -> dict[str, Any]:
         """Set ``spec.replicas`` through the scale subresource (what ``kubectl scale`` does)."""
@@ -237,13 +182,13 @@ class TorchJobClient:
                 GROUP, VERSION, ns, PLURAL, name, {"spec": {"replicas": replicas}}
             )
         except Exception as e:
-            raise _wrap(e, f"TorchJob {ns}/{name} scale") from e
+            raise api_error(e, f"TorchJob {ns}/{name} scale") from e
         return scaled
 
     def table(self, name: str | None = None, *, namespace: str | None = None) -> JobTable:
         """Rows as ``kubectl get tj`` shows them: the server renders the CRD's printer columns."""
         ns = self._ns(namespace)
-        headers = {"Accept": _TABLE_ACCEPT}
+        headers = {"Accept": TABLE_ACCEPT}
         try:
             if name is None:
                 data = self.custom.list_namespaced_custom_object(
@@ -257,7 +202,7 @@ class TorchJobClient:
             objs = [self.get(name, namespace=ns)] if name else self.list(namespace=ns)
             return fallback_table(objs)
         except Exception as e:
-            raise _wrap(e, f"TorchJob {ns}/{name}" if name else f"TorchJobs in {ns}") from e
+            raise api_error(e, f"TorchJob {ns}/{name}" if name else f"TorchJobs in {ns}") from e
         if not isinstance(data, Mapping) or data.get("kind") != "Table":
             objs = [data] if name else list(data.get("items", []))
             return fallback_table(objs)
@@ -332,9 +277,9 @@ class TorchJobClient:
                 ns, label_selector=f"{contract.LABEL_JOB_NAME}={name}"
             )
         except Exception as e:
-            raise _wrap(e, f"pods of TorchJob {ns}/{name}") from e
+            raise api_error(e, f"pods of TorchJob {ns}/{name}") from e
         return sorted(
-            result.items, key=lambda p: (_pod_index(p), str(p.metadata.creation_timestamp))
+            result.items, key=lambda p: (pod_index(p), str(p.metadata.creation_timestamp))
         )
 
     def logs(
@@ -358,10 +303,10 @@ class TorchJobClient:
         ns = self._ns(namespace)
         self.get(name, namespace=ns)  # a missing job is an error, not an empty log
         if not follow:
-            yield from self._logs_snapshot(name, ns, container)
+            yield from snapshot(self.core, self.pods(name, namespace=ns), ns, container)
             return
         lines: queue.Queue[LogLine] = queue.Queue()
-        streams: dict[str, _PodStream] = {}
+        streams: dict[str, PodStream] = {}
         try:
             while True:
                 phase = (self.get(name, namespace=ns).get("status") or {}).get("phase")
@@ -369,13 +314,13 @@ class TorchJobClient:
                 if phase in TERMINAL_PHASES:
                     # A kubelet ends a stream when its container exits, kwok never does:
                     # hang up, then read what each stream had not delivered yet.
-                    yield from self._finish_follow(pods, streams, ns, container, lines)
+                    yield from finish_follow(self.core, pods, streams, ns, container, lines)
                     return
                 for pod in pods:
                     uid = pod.metadata.uid
-                    if uid in streams or not _has_started(pod):
+                    if uid in streams or not has_started(pod):
                         continue
-                    streams[uid] = _PodStream(self.core, pod, ns, container, lines)
+                    streams[uid] = PodStream(self.core, pod, ns, container, lines)
                 deadline = time.monotonic() + poll_interval_s
                 while True:
                     try:
@@ -388,156 +333,6 @@ class TorchJobClient:
             for stream in streams.values():
                 stream.close()
 
-    def _finish_follow(
-        self,
-        pods: builtins.list[Any],
-        streams: dict[str, _PodStream],
-        ns: str,
-        container: str | None,
-        lines: queue.Queue[LogLine],
-    ) -> Iterator[LogLine]:
-        delivered = {uid: stream.close() for uid, stream in streams.items()}
-        while not lines.empty():
-            yield lines.get_nowait()
-        for pod in pods:
-            if not _has_started(pod):
-                continue
-            index, pname = _pod_index(pod), pod.metadata.name
-            try:
-                text = self._read_log(pname, ns, container)
-            except TorchJobNotFound:
-                continue  # deleted since: what it wrote was streamed
-            except TorchJobClientError as e:
-                yield LogLine(index, pname, f"[torchjob] cannot read logs: {e}")
-                continue
-            for raw in text.splitlines()[delivered.get(pod.metadata.uid, 0) :]:
-                yield LogLine(index, pname, raw)
-
-    def _read_log(
-        self, pod: str, ns: str, container: str | None, *, timestamps: bool = False
-    ) -> str:
-        """A pod's whole log as text (raw bytes decoded: the generated client would parse a
-        log that happens to be one JSON document and return its Python repr)."""
-        try:
-            resp = self.core.read_namespaced_pod_log(
-                pod, ns, container=container, timestamps=timestamps, _preload_content=False
-            )
-            data = resp.data
-        except Exception as e:
-            raise _wrap(e, f"logs of pod {ns}/{pod}") from e
-        return bytes(data).decode("utf-8", errors="replace")
-
-    def _logs_snapshot(self, name: str, ns: str, container: str | None) -> Iterator[LogLine]:
-        stamped: builtins.list[tuple[str, int, LogLine]] = []
-        for pod in self.pods(name, namespace=ns):
-            if not _has_started(pod):
-                continue
-            text = self._read_log(pod.metadata.name, ns, container, timestamps=True)
-            for seq, raw in enumerate(text.splitlines()):
-                m = _TS_LINE.match(raw)
-                ts, body = (m.group(1), m.group(2)) if m else ("", raw)
-                stamped.append((ts, seq, LogLine(_pod_index(pod), pod.metadata.name, body)))
-        stamped.sort(key=lambda x: (x[0], x[2].pod_index, x[1]))
-        for _, _, line in stamped:
-            yield line
-
-
-class _PodStream:
-    """One pod's ``follow`` log stream, read by a daemon thread into a shared queue.
-
-    ``close()`` hangs up from the caller's thread and returns how many of the pod's lines
-    were delivered; no line is queued after it, so a later full read can resume exactly.
-    """
-
-    def __init__(
-        self, core: Any, pod: Any, ns: str, container: str | None, out: queue.Queue[LogLine]
-    ) -> None:
-        self.core = core
-        self.index = _pod_index(pod)
-        self.pod = str(pod.metadata.name)
-        self.ns = ns
-        self.container = container
-        self.out = out
-        self.lines = 0
-        self._lock = threading.Lock()
-        self._closed = False
-        self._resp: Any = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _put(self, text: str, *, counted: bool = True) -> bool:
-        with self._lock:
-            if self._closed:
-                return False
-            self.out.put(LogLine(self.index, self.pod, text))
-            if counted:
-                self.lines += 1
-            return True
-
-    def close(self) -> int:
-        with self._lock:
-            self._closed = True
-            resp, self._resp = self._resp, None
-            delivered = self.lines
-        if resp is not None:
-            _hang_up(resp)
-        if self.thread is not threading.current_thread():
-            self.thread.join(timeout=5)
-        return delivered
-
-    def _run(self) -> None:
-        try:
-            resp = self.core.read_namespaced_pod_log(
-                self.pod, self.ns, container=self.container, follow=True, _preload_content=False
-            )
-        except Exception as e:
-            self._put(f"[torchjob] cannot read logs: {_wrap(e, self.pod)}", counted=False)
-            return
-        with self._lock:
-            closed = self._closed
-            if not closed:
-                self._resp = resp
-        if closed:
-            _hang_up(resp)
-            return
-        pending = b""
-        try:
-            for chunk in resp.stream(4096):
-                pending += chunk
-                *complete, pending = pending.split(b"\n")
-                for raw in complete:
-                    if not self._put(raw.decode("utf-8", errors="replace")):
-                        return
-        except Exception as e:  # connection dropped (or hung up by close(): not reported)
-            self._put(f"[torchjob] log stream ended: {e}", counted=False)
-        finally:
-            if pending:
-                self._put(pending.decode("utf-8", errors="replace"))
-            with contextlib.suppress(Exception):
-                resp.release_conn()
-
-
-def _hang_up(resp: Any) -> None:
-    """Close a streaming response, waking a thread blocked reading it (urllib3 >= 2.3)."""
-    with contextlib.suppress(Exception):
-        resp.shutdown()
-    with contextlib.suppress(Exception):
-        resp.close()
-
-
-def _pod_index(pod: Any) -> int:
-    labels = (pod.metadata.labels or {}) if pod.metadata else {}
-    try:
-        return int(labels.get(contract.LABEL_POD_INDEX, -1))
-    except ValueError:
-        return -1
-
-
-def _has_started(pod: Any) -> bool:
-    """Logs can be read once a container has run: not while the pod is Pending."""
-    phase = pod.status.phase if pod.status else None
-    return phase in ("Running", "Succeeded", "Failed")
-
 
 def _status_summary(obj: Mapping[str, Any]) -> str:
     status = obj.get("status") or {}
@@ -548,33 +343,3 @@ def _status_summary(obj: Mapping[str, Any]) -> str:
                 f"{cond.get('type')}: {cond.get('reason')} {cond.get('message', '')}".strip()
             )
     return "; ".join(parts)
-
-
-def server_table(data: Mapping[str, Any]) -> JobTable:
-    """Convert a ``meta.k8s.io/v1 Table`` into rows, keeping the default (priority 0) columns."""
-    defs = data.get("columnDefinitions") or []
-    keep = [i for i, d in enumerate(defs) if int(d.get("priority", 0)) == 0]
-    columns = [str(defs[i]["name"]).upper() for i in keep]
-    rows = []
-    for row in data.get("rows") or []:
-        cells = row.get("cells") or []
-        rows.append(["" if cells[i] is None else str(cells[i]) for i in keep if i < len(cells)])
-    return JobTable(columns, rows)
-
-
-def fallback_table(objs: Iterable[Mapping[str, Any]]) -> JobTable:
-    """Columns computed client-side, for servers or clients that cannot render a Table."""
-    rows = []
-    for obj in objs:
-        spec = obj.get("spec") or {}
-        status = obj.get("status") or {}
-        meta = obj.get("metadata") or {}
-        rows.append(
-            [
-                str(meta.get("name", "")),
-                str(status.get("phase", "")),
-                str(spec.get("replicas", "")),
-                str(meta.get("creationTimestamp", "")),
-            ]
-        )
-    return JobTable(["NAME", "PHASE", "REPLICAS", "CREATED"], rows)

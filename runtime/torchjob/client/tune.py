@@ -11,8 +11,8 @@ from pydantic import ValidationError
 
 from torchjob.api.models import GROUP, VERSION
 from torchjob.api.tune import PLURAL, TorchTune
-from torchjob.client.client import TorchJobClient, _wrap
-from torchjob.client.errors import TorchJobInvalid, TorchJobNotFound, WaitTimeout
+from torchjob.client.client import TorchJobClient
+from torchjob.client.errors import TorchJobInvalid, TorchJobNotFound, WaitTimeout, api_error
 
 FINISHED = ("Succeeded", "Failed")
 
@@ -43,7 +43,9 @@ class TuneClient:
                 GROUP, VERSION, ns, PLURAL, dict(body)
             )
         except Exception as e:
-            raise _wrap(e, f"create TorchTune {(body.get('metadata') or {}).get('name')}") from e
+            raise api_error(
+                e, f"create TorchTune {(body.get('metadata') or {}).get('name')}"
+            ) from e
         return obj
 
     def get(self, name: str, *, namespace: str | None = None) -> dict[str, Any]:
@@ -52,7 +54,7 @@ class TuneClient:
                 GROUP, VERSION, namespace or self.namespace, PLURAL, name
             )
         except Exception as e:
-            raise _wrap(e, f"get TorchTune {name}") from e
+            raise api_error(e, f"get TorchTune {name}") from e
         return obj
 
     def list(self, *, namespace: str | None = None) -> list[dict[str, Any]]:
@@ -61,7 +63,7 @@ class TuneClient:
                 GROUP, VERSION, namespace or self.namespace, PLURAL
             )["items"]
         except Exception as e:
-            raise _wrap(e, "list TorchTunes") from e
+            raise api_error(e, "list TorchTunes") from e
         return items
 
     def delete(self, name: str, *, namespace: str | None = None) -> None:
@@ -76,7 +78,7 @@ class TuneClient:
                 propagation_policy="Background",
             )
         except Exception as e:
-            raise _wrap(e, f"delete TorchTune {name}") from e
+            raise api_error(e, f"delete TorchTune {name}") from e
 
     def wait(
         self,

@@ -13,7 +13,9 @@ step. The decisions inside a mode are the pure policies of ``torchjob.launch.pol
 termination messages, the final :class:`Result` or exception).
 
 The steps and the protocols both sides share live in ``torchjob.train.steps``; the modes
-in ``torchjob.train.modes``. Three modes, chosen once from where ``fit()`` runs:
+in ``torchjob.train.modes``; the worker processes across generations in
+``torchjob.train.workers``; what the run records and how it ends (its Result, its errors) in
+``torchjob.train.record``. Three modes, chosen once from where ``fit()`` runs:
 
 * :class:`LocalMode`: a laptop or a plain machine. Failures restart (or shrink) the
   group within ``FailureConfig``; an elastic run grows back at a report.
@@ -26,9 +28,7 @@ in ``torchjob.train.modes``. Three modes, chosen once from where ``fit()`` runs:
 
 from __future__ import annotations
 
-import datetime as _dt
 import logging
-import os
 import signal
 import threading
 import time
@@ -37,26 +37,18 @@ from dataclasses import replace
 from typing import Any, NoReturn, assert_never
 
 from torchjob import contract
-from torchjob.checkpoint import CheckpointStorage, rank_checkpoints
-from torchjob.contract import PodEnv
-from torchjob.launch import (
-    LaunchError,
-    Placement,
-    WorkerGroup,
-    WorkerGroupError,
-)
+from torchjob.checkpoint import CheckpointStorage
+from torchjob.contract import Member, PodEnv, Role, Standby
+from torchjob.launch import LaunchError, WorkerGroup, WorkerGroupError
 from torchjob.launch.policy import RestartGroup, RunState, next_generation
-from torchjob.launch.termination import failure_message, write_termination_message
-from torchjob.train import _session, _shared_result
-from torchjob.train._spec import WorkerOutcome, WorkerSpec
+from torchjob.train import _session, record, workers
+from torchjob.train._spec import WorkerSpec
 from torchjob.train._worker_loop import run_training
-from torchjob.train.checkpoint import Checkpoint
-from torchjob.train.config import RunConfig
-from torchjob.train.errors import TrainingFailedError, TrainingStoppedError
 from torchjob.train.job_status import JobEndpoint, JobStatusReporter, progress_body
-from torchjob.train.membership import GenerationTimeout
+from torchjob.train.membership import GenerationTimeout, Membership
 from torchjob.train.modes import KeepSurvivorsMode, choose_mode
 from torchjob.train.progress import ProgressView
+from torchjob.train.record import RunRecord, run_location, shares_result
 from torchjob.train.result import Result
 from torchjob.train.steps import (
     Completed,
@@ -74,48 +66,15 @@ from torchjob.train.steps import (
     Stopped,
     TrainerSettings,
 )
+from torchjob.train.workers import Workers
 
 log = logging.getLogger(__name__)
-
-DEFAULT_STORAGE = "~/torchjob_results"
-"""Where runs go without ``RunConfig(storage_path=...)``, as Ray uses ``~/ray_results``."""
 
 REFORM_WAIT_S = 1.0
 """KeepSurvivors: pause before forming the same generation again when a peer is not up yet."""
 
 
 # --- pure helpers --------------------------------------------------------------------------
-
-
-def run_location(run_config: RunConfig, pod: PodEnv | None) -> tuple[str, str]:
-    """(experiment name, run directory URL)."""
-    name = run_config.name
-    if pod is not None and pod.checkpoint_path:
-        return name or pod.job_name, pod.checkpoint_path.rstrip("/")
-    if name is None:
-        stamp = _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-        name = f"TorchTrainer_{stamp}"
-    root = run_config.storage_path or os.path.expanduser(DEFAULT_STORAGE)
-    return name, f"{root.rstrip('/')}/{name}"
-
-
-def backend(configured: str | None, pod: PodEnv | None) -> str:
-    """The process-group backend: in a pod, the TorchJob's immutable ``spec.backend``
-    (``TORCHJOB_BACKEND``) unless it is ``auto``; else ``TorchConfig.backend``, else auto."""
-    wanted = pod.backend if pod is not None and pod.backend != "auto" else None
-    if wanted and configured and configured != wanted:
-        log.warning(
-            "torchjob: TorchConfig(backend=%r) differs from the TorchJob's spec.backend %r; "
-            "using spec.backend",
-            configured,
-            wanted,
-        )
-    return wanted or configured or "auto"
-
-
-def shares_result(pod: PodEnv | None) -> bool:
-    """Several pods: rank 0 shares the final Result with the others (``_shared_result``)."""
-    return pod is not None and pod.replicas > 1
 
 
 def retryable(err: LaunchError) -> bool:
@@ -133,23 +92,28 @@ class Controller:
         self.t = trainer
         self.pod = pod
         self.name, self.run_url = run_location(trainer.run_config, pod)
-        self.history: list[dict[str, Any]] = []
-        self.world_sizes: list[int] = []
-        self.last_metrics: dict[str, Any] | None = None
+        self.record = RunRecord(self.run_url, trainer.run_config.checkpoint_config)
         self.stop_requested = threading.Event()
         self._storage: CheckpointStorage | None = None
         self._endpoint = JobEndpoint.from_env(pod) if pod is not None else None
         self._job_status: JobStatusReporter | None = None
         self.mode = choose_mode(trainer, pod, self._endpoint)
-        self._kept: WorkerGroup | None = None
-        """KeepSurvivors: this pod's worker processes between generations (see ``_prestart``)."""
+        self.workers = Workers(trainer)
 
     # --- what rank 0's pod does ------------------------------------------------------------
     def _leads(self) -> bool:
         """This pod runs rank 0 now (the laptop always does): it reads and lists checkpoints
         and reports progress. Under KeepSurvivors the role moves with ``status.members``."""
-        pod = self._pod_now()
-        return pod is None or pod.group_rank == 0
+        role = self._role()
+        match role:
+            case None:
+                return True
+            case Member(node_rank=rank):
+                return rank == 0
+            case Standby():
+                return False
+            case _:
+                assert_never(role)
 
     @property
     def storage(self) -> CheckpointStorage | None:
@@ -171,104 +135,44 @@ class Controller:
 
     # --- what a generation needs ---------------------------------------------------------
     def _spec(self) -> WorkerSpec:
-        cc = self.t.run_config.checkpoint_config
-        resume = self.t.resume_from_checkpoint
-        return WorkerSpec(
-            train_func=self.t.train_loop_per_worker,
-            config=self.t.train_loop_config,
-            storage_url=self.run_url,
-            experiment_name=self.name,
-            run_path=self.run_url,
-            num_to_keep=cc.num_to_keep,
-            score_attribute=cc.checkpoint_score_attribute,
-            score_order=cc.checkpoint_score_order,
-            resume_from=resume._url if resume is not None else None,
+        return workers.worker_spec(
+            self.t,
+            self.name,
+            self.run_url,
             share_result=shares_result(self._pod_now()),
-            history_before=tuple(self.history),
-            async_commit=cc.async_commit,
+            history=self.record.history,
         )
+
+    def _published(self) -> Membership | None:
+        """KeepSurvivors: the generation this pod follows (its env names the one it was
+        created in); elsewhere the env says all."""
+        return self.mode.membership if isinstance(self.mode, KeepSurvivorsMode) else None
 
     def _pod_now(self) -> PodEnv | None:
-        """This pod as of the current generation (its env names the one it was created in)."""
-        if self.pod is None or not isinstance(self.mode, KeepSurvivorsMode):
-            return self.pod
-        m = self.mode.membership
-        if m.members is None and m.generation == self.pod.generation:
-            return self.pod  # the generation the operator wrote this pod's env for
-        return contract.follow_members(self.pod, m.generation, m.ranked)
+        """This pod as of the current generation."""
+        return None if self.pod is None else contract.pod_as_of(self.pod, self._published())
 
-    def _placement(self, state: RunState) -> tuple[Placement, dict[str, str]]:
-        """Where this generation's local workers go, and the env they get besides torchrun's."""
-        pod = self._pod_now()
-        if pod is None:
-            return Placement.local(state.num_workers, generation=state.generation), {}
-        env = {contract.GENERATION: str(pod.generation), contract.REPLICAS: str(pod.replicas)}
-        return Placement.from_pod_env(pod), env
+    def _role(self) -> Role | None:
+        """This pod's role in the current generation; None on a laptop."""
+        return None if self.pod is None else contract.pod_role(self.pod, self._published())
 
-    def _new_group(self, placement: Placement, env: dict[str, str]) -> WorkerGroup:
-        tc = self.t.torch_config
-        return WorkerGroup(
-            placement.local_world_size,
-            backend=backend(tc.backend, self._pod_now()),
-            use_gpu=self.t.scaling_config.use_gpu,
-            timeout_s=tc.timeout_s,
-            placement=placement,
-            env=env,
-        )
+    def _follows(self) -> bool:
+        """KeepSurvivors, no stop requested: a generation's processes serve the next one."""
+        return isinstance(self.mode, KeepSurvivorsMode) and not self.stop_requested.is_set()
 
     def _prestart(self, state: RunState, view: ProgressView) -> None:
-        """KeepSurvivors: start this pod's worker processes unformed, before its first
-        generation, so that they import torch while the pod waits (a joiner waits for the
-        job to grow); every generation then forms its group in these same processes."""
-        try:
-            placement, env = self._placement(state)
-        except ValueError:
-            # A standby has no rank in the generation its env names: its processes start
-            # unformed, and any placement of their number will do until one names it.
-            pod = self._pod_now()
-            assert pod is not None
-            placement, env = Placement.local(pod.nproc_per_node, generation=pod.generation), {}
-        group = self._new_group(placement, env)
-        try:
-            group.start(form=False)
-        except LaunchError as err:
-            view.message(f"[torchjob] could not start the workers ahead: {err}")
-            return
-        self._kept = group
-
-    def _take_group(self, placement: Placement, env: dict[str, str]) -> WorkerGroup:
-        """The workers for this generation: the kept processes, re-formed in place when they
-        fit ``placement``, else a new group (both ready to run)."""
-        kept, self._kept = self._kept, None
-        if kept is not None and kept.can_reform(placement):
-            try:
-                kept.reform(placement, env)
-                return kept
-            except LaunchError:
-                kept.shutdown(timeout_s=0)
-                raise
-        if kept is not None:
-            kept.shutdown(timeout_s=0)
-        group = self._new_group(placement, env)
-        try:
-            group.start()
-        except LaunchError:
-            group.shutdown(timeout_s=0)
-            raise
-        return group
-
-    def _keeps(self, group: WorkerGroup, placement: Placement) -> bool:
-        """KeepSurvivors: whether this generation's processes serve the next one."""
-        return (
-            isinstance(self.mode, KeepSurvivorsMode)
-            and not self.stop_requested.is_set()
-            and group.can_reform(placement)
-        )
-
-    def _release(self) -> None:
-        if self._kept is not None:
-            self._kept.shutdown(timeout_s=10)
-            self._kept = None
+        """KeepSurvivors: start the worker processes ahead of the first generation; a standby
+        has no rank in it, so its processes start unformed."""
+        pod, role = self._pod_now(), self._role()
+        match role:
+            case Member() | None:
+                placement, env = workers.placement(pod, state)
+            case Standby(generation=generation):
+                assert self.pod is not None
+                placement, env = workers.unformed(self.pod, generation), {}
+            case _:
+                assert_never(role)
+        self.workers.prestart(placement, env, pod, view)
 
     def _install_sigterm(self) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():
@@ -286,37 +190,7 @@ class Controller:
         return restore
 
     def result(self, error: BaseException | None = None) -> Result:
-        latest = None
-        best: list[tuple[Checkpoint, dict[str, Any]]] = []
-        if self.storage is not None:
-            try:
-                committed = self.storage.list_committed()
-            except Exception:  # storage may be unreachable; the result must still be built
-                committed = []
-            if committed:
-                latest = Checkpoint(committed[-1].path)
-            cc = self.t.run_config.checkpoint_config
-            ranked = rank_checkpoints(
-                committed, cc.checkpoint_score_attribute, cc.checkpoint_score_order
-            )
-            best = [(Checkpoint(c.path), c.metrics) for c in ranked]
-        return Result(
-            metrics=self.last_metrics,
-            checkpoint=latest,
-            path=self.run_url,
-            error=error,
-            metrics_history=list(self.history),
-            best_checkpoints=best,
-            world_sizes=list(self.world_sizes),
-        )
-
-    def _final_result(self, outcomes: list[WorkerOutcome]) -> Result:
-        """This pod's Result; on a pod without rank 0, filled with what rank 0 shared."""
-        result = self.result()
-        shared = next((o.shared for o in outcomes if o.shared is not None), None)
-        if self.storage is None and shared is not None:
-            return _shared_result.apply(result, shared)
-        return result
+        return self.record.result(self.storage, error)
 
     # --- the state machine ---------------------------------------------------------------
     def run(self) -> Result:
@@ -331,7 +205,7 @@ class Controller:
                 return self._loop(view)
         finally:
             restore()
-            self._release()
+            self.workers.release()
             _session.set_fit_led(self._leads())
             if self._job_status is not None:
                 self._job_status.close()
@@ -383,7 +257,7 @@ class Controller:
                     self.stop_requested.wait(REFORM_WAIT_S)
                     step = Running(state)
                 case Finished(outcomes):
-                    return self._final_result(outcomes)
+                    return self.record.final_result(self.storage, outcomes)
                 case Stopped(at_report):
                     self._raise_stopped(at_report)
                 case Errored(err, message):
@@ -410,9 +284,10 @@ class Controller:
 
     def _run_generation(self, state: RunState, view: ProgressView) -> GenerationEnd:
         pod = self._pod_now()
-        self.world_sizes.append(state.num_workers if pod is None else pod.world_size)
+        self.record.world_sizes.append(state.num_workers if pod is None else pod.world_size)
         view.generation(state.generation, state.num_workers)
-        placement, env = self._placement(state)
+        placement, env = workers.placement(pod, state)
+        history = self.record.history
         current = state
         signalled = False
         group: WorkerGroup | None = None
@@ -423,29 +298,27 @@ class Controller:
                 current = replace(
                     current, checkpoints_in_generation=current.checkpoints_in_generation + 1
                 )
-                if self.job_status is not None and self.last_metrics is not None:
+                last = self.record.last_metrics
+                if self.job_status is not None and last is not None:
                     self.job_status.report(
-                        progress_body(
-                            self.last_metrics, reports=len(self.history), checkpoint=event["path"]
-                        )
+                        progress_body(last, reports=len(history), checkpoint=event["path"])
                     )
                 return
             if event.get("type") != "report":
                 return
-            self.last_metrics = event["metrics"]
-            self.history.append(event["metrics"])
+            self.record.report(event["metrics"])
             if event.get("checkpoint_index") is not None:
                 current = replace(
                     current, checkpoints_in_generation=current.checkpoints_in_generation + 1
                 )
-            view.report(event["metrics"], len(self.history))
+            view.report(event["metrics"], len(history))
             if self.job_status is not None:
                 latest = None
                 if event.get("checkpoint_index") is not None and self.storage is not None:
                     committed = self.storage.latest_committed()
                     latest = committed.path if committed else None
                 self.job_status.report(
-                    progress_body(event["metrics"], reports=len(self.history), checkpoint=latest)
+                    progress_body(event["metrics"], reports=len(history), checkpoint=latest)
                 )
 
         def on_tick() -> None:
@@ -463,22 +336,18 @@ class Controller:
                 signalled = True
 
         try:
-            group = self._take_group(placement, env)
+            group = self.workers.take(placement, env, pod)
             outcomes = group.submit(run_training, (self._spec(),)).wait(
                 on_event=on_event, on_tick=on_tick
             )
         except LaunchError as err:
-            if group is not None and self._keeps(group, placement):
-                self._kept = group  # another pod's loss broke the group: these processes stay
-            elif group is not None:
-                group.shutdown(timeout_s=0)
+            if group is not None:
+                # Another pod's loss broke the group: under KeepSurvivors these processes stay.
+                self.workers.settle(group, placement, keep=self._follows(), timeout_s=0)
             return Crashed(err)
         if any(o.stopped for o in outcomes):
-            if self._keeps(group, placement):
-                # Stopped for a membership change: the processes stay for the next generation.
-                self._kept = group
-            else:
-                group.shutdown(timeout_s=10)
+            # Stopped for a membership change: the processes stay for the next generation.
+            self.workers.settle(group, placement, keep=self._follows(), timeout_s=10)
             return Interrupted(outcomes)
         group.shutdown(timeout_s=10)
         return Completed(outcomes)
@@ -515,21 +384,7 @@ class Controller:
         return Running(state)
 
     def _raise_stopped(self, at_report: int | None) -> NoReturn:
-        result = self.result()
-        where = result.checkpoint.path if result.checkpoint else "no checkpoint"
-        at = f" at report {at_report}" if at_report is not None else ""
-        text = f"training stopped on request{at}; latest checkpoint: {where}"
-        if self.pod is not None:
-            write_termination_message(contract.termination_message(text))
-        raise TrainingStoppedError(text, result=result)
+        raise record.stopped(self.result(), at_report, in_pod=self.pod is not None)
 
     def _raise_failed(self, err: BaseException, message: str) -> NoReturn:
-        if self.pod is not None:
-            # The operator decides what happens next; tell it the root cause.
-            text = (
-                failure_message(err)
-                if isinstance(err, LaunchError)
-                else contract.termination_message(message)
-            )
-            write_termination_message(text)
-        raise TrainingFailedError(message, cause=err, result=self.result(err)) from err
+        raise record.failed(err, message, self.result(err), in_pod=self.pod is not None) from err

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from torchjob import contract
 from torchjob.api.models import TERMINAL_PHASES, TorchJobStatus
-from torchjob.contract import rank_among
 from torchjob.train.job_status import JobEndpoint
 
 log = logging.getLogger(__name__)
@@ -44,11 +44,12 @@ class Membership:
 
     @property
     def ranked(self) -> tuple[int, ...]:
-        return self.members if self.members is not None else tuple(range(self.replicas))
+        return contract.ranked(self)
 
-    def node_rank(self, pod_index: int) -> int | None:
-        """The pod's rank among the generation's pods; None when it is not a member."""
-        return rank_among(self.ranked, pod_index)
+    def role(self, pod_index: int) -> contract.Role:
+        """The pod's role in this generation: a member with its rank among the generation's
+        pods, or a standby (``contract.role_in``)."""
+        return contract.role_in(self, pod_index)
 
     @classmethod
     def from_status(cls, status: dict[str, Any]) -> Membership | None:

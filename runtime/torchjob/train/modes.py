@@ -11,10 +11,10 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, assert_never
 
 from torchjob.api.models import TERMINAL_PHASES
-from torchjob.contract import JOINER_READY_FILE, PodEnv, worker_pod_name
+from torchjob.contract import JOINER_READY_FILE, Member, PodEnv, Standby, worker_pod_name
 from torchjob.launch import (
     CollectiveTimeoutError,
     LaunchError,
@@ -56,7 +56,7 @@ FOLLOW_TIMEOUT_S = 900.0
 # --- modes ---------------------------------------------------------------------------------
 
 
-class Mode(Protocol):
+class FitMode(Protocol):
     """What differs between a laptop, a pod, and a KeepSurvivors pod."""
 
     name: str
@@ -174,9 +174,7 @@ class KeepSurvivorsMode:
             self.joined = True
             return
         told = False
-        while m.generation < own or (
-            self.pod_index is not None and m.node_rank(self.pod_index) is None
-        ):
+        while m.generation < own or not self._named_in(m):
             if m.excludes(self.pod_name, self.created_in):
                 self._excluded(m)
                 raise GenerationTimeout(self.leaving or "replaced")
@@ -195,6 +193,19 @@ class KeepSurvivorsMode:
         self.entered_s = time.monotonic()
         self.joined = True
 
+    def _named_in(self, m: Membership) -> bool:
+        """Whether generation ``m`` names this pod as a member (a pod of unknown index, as in
+        the tests: every generation does)."""
+        if self.pod_index is None:
+            return True
+        match m.role(self.pod_index):
+            case Member():
+                return True
+            case Standby():
+                return False
+            case role:
+                assert_never(role)
+
     def _excluded(self, m: Membership | None) -> bool:
         """``m`` lists this pod as replaced (it was evicted, or is beyond the new size), or
         is a generation at or after the one this pod was created for that leaves it out
@@ -203,12 +214,7 @@ class KeepSurvivorsMode:
             return False
         if m.excludes(self.pod_name, self.created_in):
             why = "replaces this pod"
-        elif (
-            self.joined
-            and self.pod_index is not None
-            and m.generation >= self.created_in
-            and m.node_rank(self.pod_index) is None
-        ):
+        elif self.joined and m.generation >= self.created_in and not self._named_in(m):
             why = "has no place for this pod"
         else:
             return False
@@ -277,10 +283,16 @@ class KeepSurvivorsMode:
             view.message(f"[torchjob] restart backoff: the new pods come in {wait:.0f}s")
             c.stop_requested.wait(wait)
         index = c.pod.pod_index if c.pod else 0
-        rank = m.node_rank(index)
+        match m.role(index):
+            case Member(node_rank=rank):
+                place = f"rank {rank} among pods"
+            case Standby():
+                place = "a standby"
+            case role:
+                assert_never(role)
         view.message(
             f"[torchjob] generation {m.generation}: {m.replicas} pods, this one is pod "
-            f"{index} (rank {rank} among pods); resuming from the latest checkpoint"
+            f"{index} ({place}); resuming from the latest checkpoint"
         )
 
 
@@ -307,7 +319,9 @@ def available_workers(max_workers: int, use_gpu: bool) -> int:
     return min(max_workers, torch.cuda.device_count())
 
 
-def choose_mode(trainer: TrainerSettings, pod: PodEnv | None, endpoint: JobEndpoint | None) -> Mode:
+def choose_mode(
+    trainer: TrainerSettings, pod: PodEnv | None, endpoint: JobEndpoint | None
+) -> FitMode:
     """The mode for where ``fit()`` runs (see the module docstring)."""
     if pod is None:
         sc = trainer.scaling_config
