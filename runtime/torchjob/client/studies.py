@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from torchjob.api.models import GROUP, VERSION
-from torchjob.api.tune import PLURAL, TorchTune
+from torchjob.api.torchtune import PLURAL, TorchTune
 from torchjob.client.client import TorchJobClient, _wrap
 from torchjob.client.errors import TorchJobInvalid, TorchJobNotFound, WaitTimeout
 
