@@ -1,6 +1,6 @@
 """Reconcile one TorchTune: read it and its trial TorchJobs, ask the study planner, write.
 
-The decisions are ``planner.study.plan_study``'s; this module does the I/O in the order that
+The decisions are ``torchtune.plan.plan_study``'s; this module does the I/O in the order that
 makes them exactly-once: first the status (with the object's resourceVersion, so a stale
 read loses with a 409 instead of overwriting a newer record), then the TorchJobs it records
 (create is idempotent, AlreadyExists is success), then the prunes (delete or suspend, both
@@ -25,8 +25,8 @@ from urllib.parse import quote
 from kubernetes.client.exceptions import ApiException
 
 from torchjob.api.models import GROUP, PLURAL, VERSION
-from torchjob.api.tune import PLURAL as TUNE_PLURAL
-from torchjob.api.tune import TERMINAL_TRIAL_STATES, TrialState
+from torchjob.api.torchtune import PLURAL as TUNE_PLURAL
+from torchjob.api.torchtune import TERMINAL_TRIAL_STATES, TrialState
 from torchjob_operator.cache import CachedKube
 from torchjob_operator.kube import KubeClient, KubeError
 
@@ -119,7 +119,7 @@ def reconcile_study(
     kube: CachedKube, namespace: str, name: str, now: datetime | None = None
 ) -> StudyOutcome:
     # Lazily: optuna costs 15 MiB of RSS, which an operator without studies never pays.
-    from torchjob_operator.planner.study import plan_study
+    from torchjob_operator.torchtune.plan import plan_study
 
     live = kube.live
     assert isinstance(live, KubeClient)
@@ -142,8 +142,8 @@ def reconcile_study(
         log.info("[%s/%s] trial TorchJob %s pruned (%s)", namespace, name, job, action.lower())
     for job in plan.stop:
         live.delete_job(namespace, job)
-    for type_, reason, message in plan.events:
-        live.post_event(tune, type_=type_, reason=reason, message=message, component=COMPONENT)
+    for e in plan.events:
+        live.post_event(tune, type_=e.type, reason=e.reason, message=e.message, component=COMPONENT)
     return StudyOutcome(requeue_after_s=plan.requeue_after_s)
 
 

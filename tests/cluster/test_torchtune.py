@@ -23,7 +23,7 @@ from tests.cluster.operator_harness import Jobs, torchjob
 
 from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION, Progress
-from torchjob.api.tune import PLURAL as TUNE_PLURAL
+from torchjob.api.torchtune import PLURAL as TUNE_PLURAL
 
 pytestmark = pytest.mark.cluster
 

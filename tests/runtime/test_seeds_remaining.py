@@ -144,6 +144,10 @@ def test_seed_000_tune_run_over_pytorch_trainable(tmp_path: Path) -> None:
     assert len(analysis.trials) == 2
     assert [t.status for t in analysis.trials] == ["TERMINATED", "TERMINATED"]
     assert analysis.get_best_config(metric="val_loss", mode="min")["config"] == {"lr": 1e-1}
+    # The seed's own last line: RaySGD's name for the validation loss (issue 29, item 6).
+    assert analysis.get_best_config(metric="validation_loss", mode="min")["config"] == {"lr": 1e-1}
+    with pytest.raises(ValueError, match="no trial reported the metric 'validation_accuracy'"):
+        analysis.get_best_config(metric="validation_accuracy", mode="max")
     frame = analysis.dataframe()
     assert list(frame["training_iteration"]) == [2, 2]
     assert "config/config/lr" in frame.columns

@@ -1,4 +1,4 @@
-"""The TorchTune study planner (torchjob_operator.planner.study), table by table: a simulated
+"""The TorchTune study planner (torchjob_operator.torchtune.plan), table by table: a simulated
 world of trial TorchJobs is driven through ``plan_study`` the way the operator drives it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from tests.unit.builders import torchtune
 
 from torchjob import contract
-from torchjob_operator.planner.study import plan_study
+from torchjob_operator.torchtune.plan import plan_study
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

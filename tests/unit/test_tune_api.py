@@ -12,7 +12,7 @@ from tests.unit.builders import torchtune
 
 from torchjob.api import crd
 from torchjob.api.crd import build_tune_crd, render_tune_crd_yaml
-from torchjob.api.tune import TorchTune, TorchTuneSpec
+from torchjob.api.torchtune import TorchTune, TorchTuneSpec
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from torchjob import contract, tune
-from torchjob.api.tune import TorchTune
-from torchjob.tune.study import study_manifest, template_dict
+from torchjob.api.torchtune import TorchTune
+from torchjob.tune.cluster import study_manifest, template_dict
 
 TEMPLATE: dict[str, Any] = {
     "apiVersion": "torchjob.io/v1alpha1",

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from torchjob import tune
-from torchjob.api.tune import TorchTune
+from torchjob.api.torchtune import TorchTune
+from torchjob.tune.cluster import result_grid, study_manifest
 from torchjob.tune.result import ExperimentAnalysis, Result, ResultGrid
-from torchjob.tune.study import result_grid, study_manifest
 
 TEMPLATE: dict[str, Any] = {
     "apiVersion": "torchjob.io/v1alpha1",

@@ -84,10 +84,16 @@ REASONS: Final[Mapping[str, str]] = {
     "FailedWorkload": "{detail}",
     "KueueNotInstalled": "queue {queue} is set but the cluster serves no Kueue Workload API "
     "(kueue.x-k8s.io/v1beta2): the queue label is inert and the job runs without an admission",
+    # TorchTune studies (torchjob_operator.torchtune)
+    "TrialPruned": "{trial}: {detail}",
+    "TooManyFailedTrials": "{failed} trials failed, more than spec.maxFailedTrials={limit}",
+    "StudyDeadlineExceeded": "the study ran longer than spec.activeDeadlineSeconds={deadline}",
+    "StudySucceeded": "{count} trials; best: {best}",
 }
 SHOWN_AS: Final[Mapping[str, str]] = {
     "WaitingForPodsCreation": "WaitingForPods",
     "WorkerPodsCreated": "PodsCreated",
+    "StudyDeadlineExceeded": "DeadlineExceeded",
 }
 """Templates that stand for another reason: the condition shows that one
 (``WaitingForPodsCreation`` is shown as ``WaitingForPods``)."""

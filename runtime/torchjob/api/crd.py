@@ -22,7 +22,8 @@ from typing import Any
 
 import yaml
 
-from torchjob.api import kube_schema, models, tune
+from torchjob.api import kube_schema, models
+from torchjob.api import torchtune as tune
 from torchjob.api.models import rules
 
 _DROP = {"title", "$defs"}
@@ -298,6 +299,6 @@ def build_tune_crd() -> dict[str, Any]:
 
 
 def render_tune_crd_yaml() -> str:
-    return HEADER.replace("torchjob.api.models", "torchjob.api.tune") + str(
+    return HEADER.replace("torchjob.api.models", "torchjob.api.torchtune") + str(
         yaml.safe_dump(build_tune_crd(), sort_keys=False, width=100)
     )

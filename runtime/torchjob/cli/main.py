@@ -132,7 +132,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def _tune_client(args: argparse.Namespace) -> Any:
-    from torchjob.client.tune import TuneClient
+    from torchjob.client.studies import TuneClient
 
     return TuneClient(_client(args))
 
@@ -140,7 +140,7 @@ def _tune_client(args: argparse.Namespace) -> Any:
 def cmd_tune_submit(args: argparse.Namespace) -> int:
     import yaml
 
-    from torchjob.client.tune import validate_study
+    from torchjob.client.studies import validate_study
 
     with open(args.filename) as f:
         docs = [d for d in yaml.safe_load_all(f) if d]
@@ -165,7 +165,7 @@ def cmd_tune_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_tune_get(args: argparse.Namespace) -> int:
-    from torchjob.client.tune import summary_rows
+    from torchjob.client.studies import summary_rows
 
     client = _tune_client(args)
     objs = [client.get(args.study)] if args.study else client.list()

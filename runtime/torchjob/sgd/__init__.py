@@ -12,8 +12,8 @@ Inside custom train functions, :func:`autocast`, :func:`backward` and
 from torchjob.sgd.steps import autocast, backward, step, to_device
 from torchjob.sgd.steps import train as default_train
 from torchjob.sgd.steps import validate as default_validate
+from torchjob.sgd.trainable import PyTorchTrainable
 from torchjob.sgd.trainer import PyTorchTrainer, SGDConfigError, aggregate_stats
-from torchjob.sgd.tune import PyTorchTrainable
 
 __all__ = [
     "PyTorchTrainable",

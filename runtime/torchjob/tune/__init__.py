@@ -18,9 +18,10 @@ Seed 001's ``DistributedTrainableCreator``, ``distributed_checkpoint_dir``,
 operator runs, every trial a TorchJob (``attach(name)`` follows it again); see docs/sgd.md.
 """
 
+from torchjob.search.domains import choice, grid_search, loguniform, randint, uniform
 from torchjob.tune.analysis import TuneError, run
+from torchjob.tune.cluster import Study, attach, study_manifest, submit
 from torchjob.tune.result import ExperimentAnalysis, Result, ResultGrid, Trial
-from torchjob.tune.search import choice, grid_search, loguniform, randint, uniform
 from torchjob.tune.session import (
     TrialPruned,
     TrialStopped,
@@ -31,7 +32,6 @@ from torchjob.tune.session import (
     is_distributed_trainable,
     report,
 )
-from torchjob.tune.study import Study, attach, study_manifest, submit
 from torchjob.tune.trainables import DistributedTrainable, DistributedTrainableCreator, Trainable
 from torchjob.tune.tuner import RunConfig, TuneConfig, Tuner
 

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from torchjob.tune import search
+from torchjob.search.domains import flatten
+from torchjob.search.metrics import is_better, metric_key, metric_value
 
 if TYPE_CHECKING:
     import pandas
@@ -94,12 +95,13 @@ class ResultGrid:
             if r.error is not None:
                 continue
             if scope == "last":
-                values = [r.metrics[metric]] if metric in r.metrics else []
+                key = metric_key(metric, r.metrics)
+                values = [r.metrics[key]] if key in r.metrics else []
             else:
-                values = [m[metric] for m in r.metrics_history if metric in m]
+                values = [m[k] for m in r.metrics_history if (k := metric_key(metric, m)) in m]
             for v in values:
                 fv = float(v)
-                if search.is_better(fv, best_value, mode):
+                if is_better(fv, best_value, mode):
                     best, best_value = r, fv
         if best is None:
             raise RuntimeError(f"no trial reported {metric!r} without failing")
@@ -112,7 +114,7 @@ class ResultGrid:
         rows = []
         for r in self._results:
             row = dict(r.metrics)
-            row.update(search.flatten(r.config))
+            row.update(flatten(r.config))
             row.update({"trial_id": r.trial_id, "status": r.status, "logdir": r.path})
             rows.append(row)
         return pandas.DataFrame(rows)
@@ -205,7 +207,8 @@ class ExperimentAnalysis:
     ) -> Trial | None:
         """The trial with the best ``metric`` (its last value, or its best with ``scope="all"``);
         ``None`` when every trial that reported it failed. A metric no trial reported is a
-        mistake (a typo, the wrong key): ``ValueError`` listing the metrics they reported."""
+        mistake (a typo, the wrong key): ``ValueError`` listing the metrics they reported.
+        ``validation_loss`` and ``val_loss`` find each other (``torchjob.search.metrics``)."""
         metric, mode = self._mm(metric, mode)
         reported = sorted(
             {
@@ -215,7 +218,7 @@ class ExperimentAnalysis:
                 for k in m
             }
         )
-        if self.trials and metric not in reported:
+        if self.trials and metric_key(metric, reported) not in reported:
             raise ValueError(
                 f"no trial reported the metric {metric!r}; the trials reported: "
                 f"{', '.join(reported) or 'nothing'}"
@@ -287,12 +290,10 @@ class ExperimentAnalysis:
             if metric is not None and mode in ("min", "max"):
                 best: float | None = None
                 for m in t.result.metrics_history:
-                    value = m.get(metric)
-                    if isinstance(value, int | float) and search.is_better(
-                        float(value), best, str(mode)
-                    ):
+                    value = metric_value(m, metric)
+                    if isinstance(value, int | float) and is_better(float(value), best, str(mode)):
                         best, row = float(value), dict(m)
-            row.update(search.flatten(t.config))
+            row.update(flatten(t.config))
             row.update({"trial_id": t.trial_id, "status": t.status, "logdir": t.logdir})
             rows.append(row)
         return pandas.DataFrame(rows)

@@ -9,7 +9,7 @@ one at a time by default (``max_concurrent_trials``), each on its own worker
 group, so a trial's failure never touches another.
 
 ``TuneConfig(backend="cluster")`` hands the whole search to the cluster instead: ``fit``
-submits it as a TorchTune (``torchjob.tune.study``), which the operator runs with the same
+submits it as a TorchTune (``torchjob.tune.cluster``), which the operator runs with the same
 optuna samplers and pruners, every trial a TorchJob, and follows it to the end; the study
 survives this process (``tune.attach(name)`` follows it again).
 """
@@ -26,7 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchjob.tune import search, study, trainables
+from torchjob.search import domains
+from torchjob.search.metrics import metric_key, metric_value
+from torchjob.search.strategy import LOCAL_PRUNERS, LOCAL_SAMPLER_NAMES, named
+from torchjob.tune import cluster, trainables
 from torchjob.tune.result import ERROR, PRUNED, TERMINATED, Result, ResultGrid
 from torchjob.tune.session import CONTINUE, PRUNE, STOP, Reporter, TrialPruned, TrialStopped
 
@@ -144,26 +147,25 @@ class Tuner:
             )
 
     def _study(self) -> Any:
+        """The optuna study of a local search (the study core's sampler, pruner and study;
+        optuna is imported here, when a search starts)."""
         import optuna
 
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        from torchjob.search import sampling
+
         tc = self.tune_config
         alg = tc.search_alg
         sampler: Any
-        if alg == "optuna":
-            sampler = optuna.samplers.TPESampler(seed=tc.seed)
-        elif alg == "random":
-            sampler = optuna.samplers.RandomSampler(seed=tc.seed)
+        if named(LOCAL_SAMPLER_NAMES, alg):
+            sampler = sampling.make_sampler(LOCAL_SAMPLER_NAMES[alg], seed=tc.seed)
         elif isinstance(alg, optuna.samplers.BaseSampler):
             sampler = alg
         else:
             raise ValueError(
                 f"TuneConfig.search_alg must be 'optuna', 'random' or an optuna sampler; got {alg!r}"
             )
-        if tc.pruner is None:
-            pruner: Any = optuna.pruners.NopPruner()
-        elif tc.pruner == "median":
-            pruner = optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=1)
+        if named(LOCAL_PRUNERS, tc.pruner):
+            pruner: Any = sampling.make_pruner(LOCAL_PRUNERS[tc.pruner])
         elif isinstance(tc.pruner, optuna.pruners.BasePruner):
             pruner = tc.pruner
         else:
@@ -171,9 +173,7 @@ class Tuner:
                 "TuneConfig.pruner must be None, 'median' or an optuna pruner (a TorchTune "
                 f"spec.pruner dict is for backend='cluster'); got {tc.pruner!r}"
             )
-        if tc.mode == "max":
-            return optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
-        return optuna.create_study(direction="minimize", sampler=sampler, pruner=pruner)
+        return sampling.new_study(tc.mode, sampler, pruner)
 
     def fit(self) -> ResultGrid:
         """Run every trial; failures are recorded in their :class:`Result`, never raised.
@@ -182,7 +182,7 @@ class Tuner:
         study running; ``tune.attach(name)`` follows it again)."""
         tc = self.tune_config
         if self.kind == "cluster":
-            handle = study.submit(
+            handle = cluster.submit(
                 self._manifest, namespace=tc.namespace, kubeconfig=tc.kubeconfig, context=tc.context
             )
             log.info(
@@ -196,22 +196,20 @@ class Tuner:
         root.mkdir(parents=True, exist_ok=True)
         optuna_study = self._study()
         lock = threading.Lock()
-        plan = [
-            point for point in search.grid_points(self.param_space) for _ in range(tc.num_samples)
-        ]
+        plan = [point for point in domains.grid(self.param_space) for _ in range(tc.num_samples)]
         results: list[Result | None] = [None] * len(plan)
 
         def run(index: int) -> None:
             with lock:
                 otrial = optuna_study.ask()
-                config = search.resolve(self.param_space, plan[index], otrial)
+                config = domains.resolve(self.param_space, plan[index], otrial)
             trial_id = f"{index:05d}"
             result = self._run_trial(trial_id, config, otrial, root / f"trial_{trial_id}", lock)
             results[index] = result
             with lock:
                 self._tell(optuna_study, otrial, result)
             if self.run_config.verbose:
-                shown = result.metrics.get(tc.metric) if tc.metric else result.metrics
+                shown = metric_value(result.metrics, tc.metric) if tc.metric else result.metrics
                 log.info("trial %s %s: %s=%s", trial_id, result.status, tc.metric, shown)
 
         if tc.max_concurrent_trials == 1:
@@ -230,7 +228,7 @@ class Tuner:
         if result.status == PRUNED:
             study.tell(otrial, state=TrialState.PRUNED)
             return
-        value = result.metrics.get(metric) if metric else None
+        value = metric_value(result.metrics, metric) if metric else None
         if result.error is not None or value is None or not math.isfinite(float(value)):
             study.tell(otrial, state=TrialState.FAIL)
             return
@@ -250,10 +248,11 @@ class Tuner:
             metrics.setdefault("trial_id", trial_id)
             result.metrics_history.append(metrics)
             result.metrics = metrics
-            if metric is not None and metric in metrics:
+            key = metric_key(metric, metrics) if metric is not None else None
+            if key is not None and key in metrics:
                 with lock:
                     step = metrics["training_iteration"]
-                    otrial.report(float(metrics[metric]), step)
+                    otrial.report(float(metrics[key]), step)
                     if otrial.should_prune():
                         return PRUNE
             if _should_stop(stop, metrics):
@@ -311,7 +310,7 @@ class Tuner:
                 "RunConfig.stop: a TorchTune's trials run to the end of their own script "
                 "(prune them with TuneConfig.pruner, bound them with trial_timeout_s)"
             )
-        return study.study_manifest(
+        return cluster.study_manifest(
             self.run_config.name or f"tune-{uuid.uuid4().hex[:6]}",
             self.param_space,
             metric=tc.metric,

@@ -18,40 +18,23 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from torchjob.api.torchtune import ParameterType
 from torchjob.rules.trial import nested_config
-from torchjob.tune import search
+from torchjob.search.domains import Domain, GridSearch, leaves
+from torchjob.search.space import Dimension, grid_size
+from torchjob.search.strategy import PRUNER_NAMES, SAMPLER_NAMES, named
 from torchjob.tune.result import ERROR, PRUNED, TERMINATED, ExperimentAnalysis, Result, ResultGrid
 
-_SAMPLERS = {"optuna": "tpe", "tpe": "tpe", "random": "random", "grid": "grid", "cmaes": "cmaes"}
-_PRUNERS = {
-    None: "none",
-    "none": "none",
-    "median": "median",
-    "asha": "successiveHalving",
-    "successive_halving": "successiveHalving",
-    "hyperband": "hyperband",
-}
 
-
-def search_space(param_space: Mapping[str, Any], prefix: str = "") -> list[dict[str, Any]]:
-    """The ``spec.searchSpace`` of a Tuner ``param_space``. A constant becomes a one-value
-    ``categorical``: the trial's config is what the operator writes into the pod, so the
-    constant must travel in the study (raises ``ValueError`` naming one that is not JSON)."""
-    out: list[dict[str, Any]] = []
-    for key, leaf in param_space.items():
-        name = f"{prefix}{key}"
-        if isinstance(leaf, Mapping):
-            out += search_space(leaf, f"{name}/")
-        elif isinstance(leaf, search.LogUniform):
-            out.append({"name": name, "type": "loguniform", "low": leaf.low, "high": leaf.high})
-        elif isinstance(leaf, search.Uniform):
-            out.append({"name": name, "type": "uniform", "low": leaf.low, "high": leaf.high})
-        elif isinstance(leaf, search.RandInt):
-            out.append({"name": name, "type": "int", "low": leaf.low, "high": leaf.high - 1})
-        elif isinstance(leaf, search.Choice):
-            out.append({"name": name, "type": "categorical", "values": list(leaf.categories)})
-        elif isinstance(leaf, search.GridSearch):
-            out.append({"name": name, "type": "grid", "values": list(leaf.values)})
+def dimensions(param_space: Mapping[str, Any]) -> list[Dimension]:
+    """The dimensions of a Tuner ``param_space`` as a TorchTune takes them. A constant becomes
+    a one-value ``categorical``: the trial's config is what the operator writes into the pod,
+    so the constant must travel in the study (raises ``ValueError`` naming one that is not
+    JSON)."""
+    out: list[Dimension] = []
+    for name, leaf in leaves(param_space):
+        if isinstance(leaf, Domain | GridSearch):
+            out.append(leaf.dimension(name))
         else:
             try:
                 json.dumps(leaf, allow_nan=False)
@@ -60,17 +43,22 @@ def search_space(param_space: Mapping[str, Any], prefix: str = "") -> list[dict[
                     f"param_space[{name!r}]: a TorchTune's values are JSON; {leaf!r} is not "
                     f"({e}): put it in the trial's code or template instead"
                 ) from None
-            out.append({"name": name, "type": "categorical", "values": [leaf]})
+            out.append(Dimension(name, ParameterType.CATEGORICAL, values=(leaf,)))
     return out
+
+
+def search_space(param_space: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The ``spec.searchSpace`` of a Tuner ``param_space`` (see :func:`dimensions`)."""
+    return [d.wire() for d in dimensions(param_space)]
 
 
 def _pruner_spec(pruner: Any) -> dict[str, Any]:
     if isinstance(pruner, Mapping):
         return dict(pruner)
-    if (pruner is None or isinstance(pruner, str)) and pruner in _PRUNERS:
-        return {"type": _PRUNERS[pruner]}
+    if named(PRUNER_NAMES, pruner):
+        return {"type": PRUNER_NAMES[pruner].value}
     raise ValueError(
-        f"pruner: a TorchTune takes one of {sorted(map(str, _PRUNERS))} or its spec.pruner as a "
+        f"pruner: a TorchTune takes one of {sorted(map(str, PRUNER_NAMES))} or its spec.pruner as a "
         f"dict (e.g. {{'type': 'threshold', 'upper': 5.0}}); got {pruner!r} (an optuna pruner "
         "object runs only in this process: backend='local')"
     )
@@ -113,23 +101,17 @@ def study_manifest(
     ``Manifest``); its spec, sized by ``resources`` and bounded by ``trial_timeout_s``
     (``runPolicy.activeDeadlineSeconds``), becomes every trial's. ``pruner`` is a name or the
     TorchTune's ``spec.pruner`` as a dict."""
-    space = search_space(param_space)
-    grid = any(p["type"] == "grid" for p in space)
-    if not isinstance(search_alg, str) or search_alg not in _SAMPLERS:
+    dims = dimensions(param_space)
+    grid = any(d.type is ParameterType.GRID for d in dims)
+    if not isinstance(search_alg, str) or search_alg not in SAMPLER_NAMES:
         raise ValueError(
-            f"search_alg: a TorchTune takes one of {sorted(_SAMPLERS)}, got {search_alg!r}"
+            f"search_alg: a TorchTune takes one of {sorted(SAMPLER_NAMES)}, got {search_alg!r}"
         )
-    sampler: dict[str, Any] = {"type": "grid" if grid else _SAMPLERS[search_alg]}
+    sampler: dict[str, Any] = {"type": "grid" if grid else SAMPLER_NAMES[search_alg].value}
     if seed is not None:
         sampler["seed"] = seed
-    if sampler["type"] == "grid":
-        # The grid sampler enumerates categorical choices too.
-        size = 1
-        for p in space:
-            size *= len(p["values"])
-        max_trials = size * num_samples
-    else:
-        max_trials = num_samples
+    # The grid sampler enumerates categorical choices too.
+    max_trials = (grid_size(dims) if sampler["type"] == "grid" else 1) * num_samples
     job = template_dict(template)
     job_spec = copy.deepcopy(job.get("spec") or {})
     _sized(job_spec, resources or {})
@@ -142,7 +124,7 @@ def study_manifest(
         "kind": "TorchTune",
         "metadata": {"name": name, **({"namespace": namespace} if namespace else {})},
         "spec": {
-            "searchSpace": space,
+            "searchSpace": [d.wire() for d in dims],
             "objective": {"metric": metric, "mode": mode},
             "sampler": sampler,
             "pruner": _pruner_spec(pruner),
@@ -243,7 +225,7 @@ class Study:
 
 
 def _client(namespace: str | None, kubeconfig: str | None, context: str | None) -> Any:
-    from torchjob.client.tune import TuneClient
+    from torchjob.client.studies import TuneClient
 
     return TuneClient(kubeconfig=kubeconfig, context=context, namespace=namespace)
 

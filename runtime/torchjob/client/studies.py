@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from torchjob.api.models import GROUP, VERSION
-from torchjob.api.tune import PLURAL, TorchTune
+from torchjob.api.torchtune import PLURAL, TorchTune
 from torchjob.client.client import TorchJobClient
 from torchjob.client.errors import TorchJobInvalid, TorchJobNotFound, WaitTimeout, api_error
 
@@ -43,9 +43,7 @@ class TuneClient:
                 GROUP, VERSION, ns, PLURAL, dict(body)
             )
         except Exception as e:
-            raise api_error(
-                e, f"create TorchTune {(body.get('metadata') or {}).get('name')}"
-            ) from e
+            raise api_error(e, f"create TorchTune {(body.get('metadata') or {}).get('name')}") from e
         return obj
 
     def get(self, name: str, *, namespace: str | None = None) -> dict[str, Any]:

@@ -8,7 +8,7 @@ schema and CEL rules as a TorchJob), and each trial's parameters reach its conta
 
 ``status.trials`` is the study's storage: every trial with its parameters, its state, its
 intermediate values and optuna's system attributes. The operator rebuilds an optuna study
-from it on every reconcile (``torchjob_operator.planner.study``), so a restarted or failed-over
+from it on every reconcile (``torchjob_operator.torchtune``), so a restarted or failed-over
 operator continues the study where the object says it is.
 """
 
