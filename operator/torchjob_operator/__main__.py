@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 
-from torchjob_operator import settings as settings_mod
+from torchjob_operator.engine import settings as settings_mod
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         max_concurrent_reconciles=args.max_concurrent_reconciles,
         leader_election=election,
     )
-    from torchjob_operator import memory
+    from torchjob_operator.engine import memory
 
     memory.limit_arenas()  # before any thread starts (memory.py says why)
     if os.environ.get("TORCHJOB_TRACEMALLOC"):

@@ -28,12 +28,15 @@ from kubernetes import config as kube_config
 
 from torchjob.api.models import GROUP, PLURAL, VERSION
 from torchjob.api.tune import PLURAL as TUNE_PLURAL
-from torchjob_operator import memory, metrics, reconcile
-from torchjob_operator import settings as settings_mod
-from torchjob_operator.cache import CachedKube, Store
-from torchjob_operator.kube import KubeClient, KubeError
-from torchjob_operator.leader import LeaderElector
-from torchjob_operator.podwatch import PodWatch
+from torchjob_operator import reconcile
+from torchjob_operator.engine import memory, metrics
+from torchjob_operator.engine import settings as settings_mod
+from torchjob_operator.engine.cache import Store
+from torchjob_operator.engine.cached import CachedKube
+from torchjob_operator.engine.client import KubeClient
+from torchjob_operator.engine.kube import KubeError
+from torchjob_operator.engine.leader import LeaderElector
+from torchjob_operator.engine.podwatch import PodWatch
 from torchjob_operator.reconcile import reconcile_once
 from torchjob_operator.tune import list_tunes, reconcile_study, study_of_job
 

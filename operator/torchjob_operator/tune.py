@@ -27,8 +27,9 @@ from kubernetes.client.exceptions import ApiException
 from torchjob.api.models import GROUP, PLURAL, VERSION
 from torchjob.api.tune import PLURAL as TUNE_PLURAL
 from torchjob.api.tune import TERMINAL_TRIAL_STATES, TrialState
-from torchjob_operator.cache import CachedKube
-from torchjob_operator.kube import KubeClient, KubeError
+from torchjob_operator.engine.cached import CachedKube
+from torchjob_operator.engine.client import KubeClient
+from torchjob_operator.engine.kube import KubeError
 
 log = logging.getLogger("torchjob_operator.tune")
 

@@ -1,9 +1,6 @@
-"""The only module that talks to the Kubernetes API.
-
-Client errors are wrapped into the operator's own types, so no handler needs
-to know the HTTP library. Creates tolerate AlreadyExists and deletes tolerate
-NotFound: every action the planner asks for is safe to repeat.
-"""
+"""``KubeClient``: the ``Kube`` protocol over the kubernetes client, the only module that
+talks to the Kubernetes API for the controllers (the pod watch and the leader election hold
+their own connections)."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ import logging
 import uuid
 from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Any, Protocol, cast
+from typing import Any, cast
 from urllib.parse import quote
 
 from kubernetes import client
@@ -20,66 +17,11 @@ from kubernetes.client.exceptions import ApiException
 
 from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION
+from torchjob.api.tune import PLURAL as TUNE_PLURAL
+from torchjob_operator.engine.kube import EarlierOwnerError, KubeError
 from torchjob_operator.planner.observed import controller_uid
 
 log = logging.getLogger(__name__)
-
-
-def _status_message(body: object) -> str:
-    """The ``message`` of a metav1.Status body, or the body itself."""
-    text = body.decode(errors="replace") if isinstance(body, bytes) else str(body or "")
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        return text
-    return str(parsed.get("message", text)) if isinstance(parsed, dict) else text
-
-
-def _status_causes(body: object) -> set[str]:
-    """The ``details.causes[].reason`` of a metav1.Status body (empty when there are none)."""
-    text = body.decode(errors="replace") if isinstance(body, bytes) else str(body or "")
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        return set()
-    details = parsed.get("details") if isinstance(parsed, dict) else None
-    causes = details.get("causes") if isinstance(details, dict) else None
-    return {str(c.get("reason")) for c in causes or [] if isinstance(c, dict)}
-
-
-class KubeError(Exception):
-    """An API call failed: ``<verb> <object>: <status> <reason>: <message>``."""
-
-    def __init__(self, verb: str, target: str, exc: ApiException) -> None:
-        self.status = exc.status
-        self.reason = exc.reason
-        self.body = exc.body
-        self.detail = _status_message(exc.body)
-        super().__init__(f"{verb} {target}: {exc.status} {exc.reason}: {self.detail}")
-
-    @property
-    def namespace_terminating(self) -> bool:
-        """403 NamespaceTerminating: the namespace is being deleted and takes the job with it.
-        No create there can succeed, and none needs to: not an error of the operator's."""
-        return self.status == 403 and "NamespaceTerminating" in _status_causes(self.body)
-
-    @property
-    def permanent(self) -> bool:
-        """4xx other than conflict/too-many-requests: retrying the same request cannot help."""
-        return (
-            self.status is not None and 400 <= self.status < 500 and self.status not in (409, 429)
-        )
-
-
-class EarlierOwnerError(Exception):
-    """An object the job needs exists under its name with another controller: an earlier
-    TorchJob of the same name was deleted and the garbage collector has not removed its
-    dependents yet. Not an error to report: the job waits until the object is gone."""
-
-    def __init__(self, kind: str, namespace: str, name: str, owner_uid: str | None) -> None:
-        self.kind, self.namespace, self.name, self.owner_uid = kind, namespace, name, owner_uid
-        super().__init__(f"{kind} {namespace}/{name} belongs to another owner ({owner_uid})")
-
 
 _PATHS: Mapping[str, str] = {
     "pod": "/api/v1/namespaces/{ns}/pods",
@@ -94,34 +36,6 @@ _PATHS: Mapping[str, str] = {
 }
 _KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 """Where each kind of object the operator creates is POSTed."""
-
-
-class Kube(Protocol):
-    """What the reconciler needs of the API server (``KubeClient``; an in-memory fake in
-    ``tests/unit/test_reconcile.py``). Creates are False on AlreadyExists, deletes and
-    labels False on NotFound: every action is safe to repeat."""
-
-    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-    def list_jobs(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]: ...
-    def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
-    def delete_job(self, namespace: str, name: str) -> None: ...
-    def list_worker_pods(self, namespace: str, job: str) -> list[dict[str, Any]]: ...
-    def create_pod(self, body: dict[str, Any]) -> bool: ...
-    def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> bool: ...
-    def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> bool: ...
-    def ensure_service(self, body: dict[str, Any]) -> bool: ...
-    def ensure_rbac_object(self, kind: str, body: dict[str, Any]) -> bool: ...
-    def apply_pod_group(self, body: dict[str, Any]) -> bool: ...
-    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-    def create_workload(self, body: dict[str, Any]) -> bool: ...
-    def delete_workload(self, namespace: str, name: str, uid: str) -> bool: ...
-    def patch_workload_status(
-        self, namespace: str, name: str, patch: Mapping[str, Any]
-    ) -> bool: ...
-    def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None: ...
-    def post_event(
-        self, job: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
-    ) -> None: ...
 
 
 class KubeClient:
@@ -249,6 +163,33 @@ class KubeClient:
                 return
             raise KubeError("patch status of", f"torchjob {namespace}/{name}", e) from e
 
+    def create_job(self, body: dict[str, Any]) -> bool:
+        """Create the TorchJob ``body`` (a study's trial); False when it exists already."""
+        ns = body["metadata"]["namespace"]
+        try:
+            self._send("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{quote(ns)}/{PLURAL}", body)
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise KubeError("create", f"torchjob {ns}/{body['metadata']['name']}", e) from e
+
+    def suspend_job(self, namespace: str, name: str) -> bool:
+        """Set ``spec.runPolicy.suspend``; False when the TorchJob is gone."""
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}/{quote(name)}"
+        try:
+            self._send(
+                "PATCH",
+                path,
+                {"spec": {"runPolicy": {"suspend": True}}},
+                "application/merge-patch+json",
+            )
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise KubeError("suspend", f"torchjob {namespace}/{name}", e) from e
+
     def delete_job(self, namespace: str, name: str) -> None:
         try:
             self.custom.delete_namespaced_custom_object(
@@ -257,6 +198,41 @@ class KubeClient:
         except ApiException as e:
             if e.status != 404:
                 raise KubeError("delete", f"torchjob {namespace}/{name}", e) from e
+
+    # --- TorchTunes -----------------------------------------------------------------------
+    def get_tune(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, TUNE_PLURAL, name
+            )
+            return cast(dict[str, Any], obj)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise KubeError("get", f"torchtune {namespace}/{name}", e) from e
+
+    def list_tunes(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
+        """(namespace, name) of every TorchTune in ``namespaces`` (all when empty)."""
+        return self.list_keys(TUNE_PLURAL, namespaces)
+
+    def patch_tune_status(
+        self, namespace: str, name: str, resource_version: str, status: Mapping[str, Any]
+    ) -> bool:
+        """Merge-patch the status, guarded by the resourceVersion the study was read at (a
+        stale read loses with a 409 instead of overwriting a newer record): False on that
+        conflict, or when the TorchTune is gone."""
+        path = (
+            f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{TUNE_PLURAL}/"
+            f"{quote(name)}/status"
+        )
+        body = {"metadata": {"resourceVersion": resource_version}, "status": dict(status)}
+        try:
+            self._send("PATCH", path, body, "application/merge-patch+json")
+            return True
+        except ApiException as e:
+            if e.status in (404, 409):
+                return False
+            raise KubeError("patch status of", f"torchtune {namespace}/{name}", e) from e
 
     # --- pods and services -------------------------------------------------------------
     def list_worker_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
@@ -386,10 +362,11 @@ class KubeClient:
 
     # --- events ------------------------------------------------------------------------
     def post_event(
-        self, job: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
+        self, obj: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
     ) -> None:
-        """A core/v1 Event on the TorchJob (what `kubectl describe tj` shows). Best effort."""
-        meta = job.get("metadata") or {}
+        """A core/v1 Event on ``obj``, a TorchJob or a TorchTune (what `kubectl describe`
+        shows). Best effort."""
+        meta = obj.get("metadata") or {}
         now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "metadata": {
@@ -397,8 +374,8 @@ class KubeClient:
                 "namespace": meta.get("namespace"),
             },
             "involvedObject": {
-                "apiVersion": job.get("apiVersion", f"{GROUP}/{VERSION}"),
-                "kind": job.get("kind", "TorchJob"),
+                "apiVersion": obj.get("apiVersion", f"{GROUP}/{VERSION}"),
+                "kind": obj.get("kind", "TorchJob"),
                 "name": meta.get("name"),
                 "namespace": meta.get("namespace"),
                 "uid": meta.get("uid"),

@@ -1,4 +1,5 @@
-"""Operator settings: one typed dataclass, built once at start-up from the command line."""
+"""Operator settings: one typed dataclass, built once at start-up from the command line and
+passed as an object (``operator.Operator`` holds it); no module reads it from a global."""
 
 from __future__ import annotations
 
