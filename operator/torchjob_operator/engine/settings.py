@@ -55,7 +55,3 @@ class OperatorSettings:
     """Name in the ``source`` of the Events the operator posts."""
     leader_election: ElectionConfig | None = None
     """With several replicas: the Lease they elect a leader on; None: this one always leads."""
-
-
-SETTINGS = OperatorSettings()
-"""Replaced once by ``__main__`` before kopf starts; read-only afterwards."""

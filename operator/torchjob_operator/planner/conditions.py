@@ -84,6 +84,11 @@ REASONS: Final[Mapping[str, str]] = {
     "FailedWorkload": "{detail}",
     "KueueNotInstalled": "queue {queue} is set but the cluster serves no Kueue Workload API "
     "(kueue.x-k8s.io/v1beta2): the queue label is inert and the job runs without an admission",
+    # Events of a TorchTune (its study planner writes the message; also InvalidSpec and
+    # DeadlineExceeded above)
+    "TrialPruned": "{trial}: pruned by the {pruner} pruner at step {step}",
+    "TooManyFailedTrials": "{failed} trials failed, more than spec.maxFailedTrials={max}",
+    "StudySucceeded": "{trials} trials; best: {best}",
 }
 SHOWN_AS: Final[Mapping[str, str]] = {
     "WaitingForPodsCreation": "WaitingForPods",
