@@ -33,6 +33,7 @@ _PATHS: Mapping[str, str] = {
     "scheduling.x-k8s.io/v1alpha1": "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups",
     "scheduling.volcano.sh/v1beta1": "/apis/scheduling.volcano.sh/v1beta1/namespaces/{ns}/podgroups",
     "Workload": "/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads",
+    "TorchJob": f"/apis/{GROUP}/{VERSION}/namespaces/{{ns}}/{PLURAL}",
 }
 _KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 """Where each kind of object the operator creates is POSTed."""
@@ -116,19 +117,36 @@ class KubeClient:
                 return False
             raise KubeError("create", f"{kind} {ns}/{name}", e) from e
 
+    def _merge_patch(
+        self, path: str, body: Mapping[str, Any], verb: str, target: str, gone: tuple[int, ...]
+    ) -> bool:
+        """One JSON merge patch; False when the server answers one of the ``gone`` statuses
+        (404 NotFound, and 409 Conflict for a patch guarded by a resourceVersion)."""
+        try:
+            self._send("PATCH", path, dict(body), "application/merge-patch+json")
+            return True
+        except ApiException as e:
+            if e.status in gone:
+                return False
+            raise KubeError(verb, target, e) from e
+
     def close_idle_connections(self) -> None:
         """Close the kept-alive connections (the pool opens new ones when asked)."""
         self.api.rest_client.pool_manager.clear()
 
     # --- TorchJobs ------------------------------------------------------------------
-    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def _get_custom(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """One object of this API group; None on NotFound."""
         try:
-            obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
             return cast(dict[str, Any], obj)
         except ApiException as e:
             if e.status == 404:
                 return None
-            raise KubeError("get", f"torchjob {namespace}/{name}", e) from e
+            raise KubeError("get", f"{plural} {namespace}/{name}", e) from e
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get_custom(PLURAL, namespace, name)
 
     def list_jobs(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
         """(namespace, name) of every TorchJob in ``namespaces`` (all when empty)."""
@@ -156,39 +174,18 @@ class KubeClient:
         path = (
             f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}/{quote(name)}/status"
         )
-        try:
-            self._send("PATCH", path, {"status": dict(status)}, "application/merge-patch+json")
-        except ApiException as e:
-            if e.status == 404:
-                return
-            raise KubeError("patch status of", f"torchjob {namespace}/{name}", e) from e
+        target = f"torchjob {namespace}/{name}"
+        self._merge_patch(path, {"status": dict(status)}, "patch status of", target, (404,))
 
     def create_job(self, body: dict[str, Any]) -> bool:
         """Create the TorchJob ``body`` (a study's trial); False when it exists already."""
-        ns = body["metadata"]["namespace"]
-        try:
-            self._send("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{quote(ns)}/{PLURAL}", body)
-            return True
-        except ApiException as e:
-            if e.status == 409:
-                return False
-            raise KubeError("create", f"torchjob {ns}/{body['metadata']['name']}", e) from e
+        return self._create_once("TorchJob", body)
 
     def suspend_job(self, namespace: str, name: str) -> bool:
         """Set ``spec.runPolicy.suspend``; False when the TorchJob is gone."""
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}/{quote(name)}"
-        try:
-            self._send(
-                "PATCH",
-                path,
-                {"spec": {"runPolicy": {"suspend": True}}},
-                "application/merge-patch+json",
-            )
-            return True
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise KubeError("suspend", f"torchjob {namespace}/{name}", e) from e
+        body = {"spec": {"runPolicy": {"suspend": True}}}
+        return self._merge_patch(path, body, "suspend", f"torchjob {namespace}/{name}", (404,))
 
     def delete_job(self, namespace: str, name: str) -> None:
         try:
@@ -201,15 +198,7 @@ class KubeClient:
 
     # --- TorchTunes -----------------------------------------------------------------------
     def get_tune(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            obj = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, TUNE_PLURAL, name
-            )
-            return cast(dict[str, Any], obj)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise KubeError("get", f"torchtune {namespace}/{name}", e) from e
+        return self._get_custom(TUNE_PLURAL, namespace, name)
 
     def list_tunes(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
         """(namespace, name) of every TorchTune in ``namespaces`` (all when empty)."""
@@ -226,13 +215,8 @@ class KubeClient:
             f"{quote(name)}/status"
         )
         body = {"metadata": {"resourceVersion": resource_version}, "status": dict(status)}
-        try:
-            self._send("PATCH", path, body, "application/merge-patch+json")
-            return True
-        except ApiException as e:
-            if e.status in (404, 409):
-                return False
-            raise KubeError("patch status of", f"torchtune {namespace}/{name}", e) from e
+        target = f"torchtune {namespace}/{name}"
+        return self._merge_patch(path, body, "patch status of", target, (404, 409))
 
     # --- pods and services -------------------------------------------------------------
     def list_worker_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
@@ -252,18 +236,9 @@ class KubeClient:
 
     def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> bool:
         """Merge ``labels`` into the pod's; False when the pod is gone."""
-        try:
-            self._send(
-                "PATCH",
-                f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}",
-                {"metadata": {"labels": labels}},
-                "application/merge-patch+json",
-            )
-            return True
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise KubeError("label", f"pod {namespace}/{name}", e) from e
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
+        body = {"metadata": {"labels": labels}}
+        return self._merge_patch(path, body, "label", f"pod {namespace}/{name}", (404,))
 
     def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> bool:
         """Delete the pod; with ``uid``, only that pod (a precondition): False when it is
@@ -298,15 +273,8 @@ class KubeClient:
         if self._create_once(kind, body):
             return True
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        try:
-            self._send(
-                "PATCH",
-                f"{_PATHS[kind].format(ns=quote(ns))}/{quote(name)}",
-                {"spec": body["spec"]},
-                content_type="application/merge-patch+json",
-            )
-        except ApiException as e:
-            raise KubeError("patch", f"PodGroup {ns}/{name}", e) from e
+        path = f"{_PATHS[kind].format(ns=quote(ns))}/{quote(name)}"
+        self._merge_patch(path, {"spec": body["spec"]}, "patch", f"PodGroup {ns}/{name}", ())
         return False
 
     # --- Kueue (planner/kueue.py) ------------------------------------------------------
@@ -340,18 +308,9 @@ class KubeClient:
     def patch_workload_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
         """Merge-patch the Workload's status; False on a conflict (the patch carries the
         resourceVersion it was computed from: Kueue wrote meanwhile, the next pass retries)."""
-        try:
-            self._send(
-                "PATCH",
-                f"{self._workload_path(namespace, name)}/status",
-                dict(patch),
-                content_type="application/merge-patch+json",
-            )
-            return True
-        except ApiException as e:
-            if e.status in (404, 409):
-                return False
-            raise KubeError("patch", f"Workload {namespace}/{name} status", e) from e
+        path = f"{self._workload_path(namespace, name)}/status"
+        target = f"Workload {namespace}/{name} status"
+        return self._merge_patch(path, patch, "patch", target, (404, 409))
 
     def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
         """A cluster-scoped Kueue object (a ResourceFlavor, a WorkloadPriorityClass)."""
