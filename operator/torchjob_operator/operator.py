@@ -127,6 +127,7 @@ class Operator:
         )
         self.pod_watch: PodWatch | None = None
         self.elector: LeaderElector | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         # The operator's own bookkeeping, on /metrics: it must drain when the jobs do.
         metrics.JOB_LOOPS.set_function(lambda: len(self.jobs.loops))
         for i, kind in enumerate(("jobs", "pods", "awaiting")):
@@ -187,9 +188,12 @@ class Operator:
         queues = (self.jobs, self.studies)
 
         def lead(queue: WorkQueue) -> None:  # on the event loop
-            loop.create_task(
+            task = loop.create_task(
                 queue.start_leading(namespaces), name=f"{queue.controller.kind}-leading"
             )
+            # Held until done: the event loop keeps only a weak reference to a task.
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
         def started() -> None:
             for queue in queues:
