@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 
-from torchjob_operator import settings as settings_mod
+from torchjob_operator.engine import settings as settings_mod
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"torchjob-operator: {e}", file=sys.stderr)
             return 2
-    settings_mod.SETTINGS = settings_mod.OperatorSettings(
+    settings = settings_mod.OperatorSettings(
         namespaces=tuple(args.namespace),
         resync_period_s=args.resync_period,
         create_concurrency=args.create_concurrency,
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         max_concurrent_reconciles=args.max_concurrent_reconciles,
         leader_election=election,
     )
-    from torchjob_operator import memory
+    from torchjob_operator.engine import memory
 
     memory.limit_arenas()  # before any thread starts (memory.py says why)
     if os.environ.get("TORCHJOB_TRACEMALLOC"):
@@ -121,10 +121,15 @@ def main(argv: list[str] | None = None) -> int:
     import kopf
 
     from torchjob_operator import handlers  # noqa: F401  (registers the handlers)
+    from torchjob_operator.operator import Operator, load_kube_config
+
+    load_kube_config()
+    operator = Operator(settings)
 
     try:
         asyncio.run(
             kopf.operator(
+                memo=kopf.Memo(operator=operator),  # what every handler is handed
                 clusterwide=not args.namespace,
                 namespaces=args.namespace,
                 standalone=True,  # leader election (--leader-elect), not kopf peering

@@ -34,8 +34,9 @@ from pydantic import ValidationError
 
 from torchjob import contract
 from torchjob.api.models import Phase, TorchJobSpec, TorchJobStatus
-from torchjob_operator import metrics
-from torchjob_operator.kube import EarlierOwnerError, Kube, KubeError
+from torchjob_operator.engine import metrics
+from torchjob_operator.engine.kube import EarlierOwnerError, Kube, KubeError
+from torchjob_operator.engine.settings import OperatorSettings
 from torchjob_operator.planner import kueue
 from torchjob_operator.planner.conditions import message
 from torchjob_operator.planner.observed import (
@@ -50,7 +51,6 @@ from torchjob_operator.planner.plan import FOREIGN_RECHECK_S, Event, JobView, Pl
 from torchjob_operator.planner.status import progress_only, set_not_ready
 from torchjob_operator.resources.pods import headless_service, pod_group, probe_pod, worker_pod
 from torchjob_operator.resources.rbac import worker_rbac
-from torchjob_operator.settings import OperatorSettings
 
 Clock = Callable[[], datetime]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from tests import kube as k
 
-from torchjob_operator.kube import KubeClient
+from torchjob_operator.engine.client import KubeClient
 
 
 def test_a_delete_with_a_stale_uid_leaves_the_newer_same_named_pod(

@@ -1,4 +1,4 @@
-"""The operator's read cache (``torchjob_operator.cache``): what it keeps, and that a
+"""The operator's read cache (``torchjob_operator.engine.cache``): what it keeps, and that a
 reconcile planned from it never repeats or re-judges a write the watch has not shown yet.
 
 The watches themselves are exercised by every cluster test (the operator reads only the
@@ -14,18 +14,12 @@ import pytest
 from tests.unit.test_reconcile import Clock, FakeKube, _spec
 
 from torchjob import contract
-from torchjob_operator.cache import (
-    ALL_NAMESPACES,
-    TOMBSTONE_S,
-    CachedKube,
-    PodExpectation,
-    Store,
-    merge_applied,
-    trim_pod,
-)
+from torchjob_operator.engine.cache import ALL_NAMESPACES, TOMBSTONE_S, PodExpectation, Store
+from torchjob_operator.engine.cached import CachedKube
+from torchjob_operator.engine.objects import merge_applied, trim_pod
+from torchjob_operator.engine.settings import OperatorSettings
 from torchjob_operator.planner.observed import controller_uid, pod_view, probe_view
 from torchjob_operator.reconcile import reconcile_once
-from torchjob_operator.settings import OperatorSettings
 
 KEY = ("ns", "tj")
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from torchjob_operator.leader import LeaderElector, Record, may_take
-from torchjob_operator.settings import ElectionConfig
+from torchjob_operator.engine.leader import LeaderElector, Record, may_take
+from torchjob_operator.engine.settings import ElectionConfig
 
 
 class FakeLeases:

@@ -1,4 +1,4 @@
-"""``torchjob_operator.memory``: freed heap goes back to the kernel (on glibc)."""
+"""``torchjob_operator.engine.memory``: freed heap goes back to the kernel (on glibc)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from torchjob_operator import memory
+from torchjob_operator.engine import memory
 
 
 def _rss_mib() -> float:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from torchjob import contract
-from torchjob_operator.podwatch import job_of
+from torchjob_operator.engine.podwatch import job_of
 
 
 def pod_event(kind: str, labels: dict[str, str] | None) -> dict[str, object]:

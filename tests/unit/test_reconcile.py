@@ -18,9 +18,9 @@ from kubernetes.client.exceptions import ApiException
 
 from torchjob import contract
 from torchjob_operator import reconcile
-from torchjob_operator.kube import EarlierOwnerError, Kube, KubeError
+from torchjob_operator.engine.kube import EarlierOwnerError, Kube, KubeError
+from torchjob_operator.engine.settings import OperatorSettings
 from torchjob_operator.reconcile import reconcile_once
-from torchjob_operator.settings import OperatorSettings
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 MUTATING = ("create_pod", "patch_job_status", "label_pod", "delete_pod")
@@ -530,7 +530,7 @@ def test_a_gang_job_gets_its_pod_group_before_its_pods_with_min_member_of_the_ge
 def test_a_gang_job_whose_pod_group_cannot_be_created_gets_no_pods_and_says_why() -> None:
     from kubernetes.client.exceptions import ApiException
 
-    from torchjob_operator.kube import KubeError
+    from torchjob_operator.engine.kube import KubeError
 
     clock = Clock()
     spec = _spec(2)

@@ -2,4 +2,5 @@
 
 Pure planning (``plan``, ``trials``, ``replay``): the study's next status and actions from
 the TorchTune and its trial TorchJobs, with the study core (``torchjob.search``).
+``observe`` reads, ``act`` writes, ``controller`` wires them for the engine's work queue.
 """

@@ -1,9 +1,6 @@
-"""The only module that talks to the Kubernetes API.
-
-Client errors are wrapped into the operator's own types, so no handler needs
-to know the HTTP library. Creates tolerate AlreadyExists and deletes tolerate
-NotFound: every action the planner asks for is safe to repeat.
-"""
+"""``KubeClient``: the ``Kube`` protocol over the kubernetes client, the only module that
+talks to the Kubernetes API for the controllers (the pod watch and the leader election hold
+their own connections)."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ import logging
 import uuid
 from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Any, Protocol, cast
+from typing import Any, cast
 from urllib.parse import quote
 
 from kubernetes import client
@@ -20,66 +17,11 @@ from kubernetes.client.exceptions import ApiException
 
 from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION
+from torchjob.api.torchtune import PLURAL as TUNE_PLURAL
+from torchjob_operator.engine.kube import EarlierOwnerError, KubeError
 from torchjob_operator.planner.observed import controller_uid
 
 log = logging.getLogger(__name__)
-
-
-def _status_message(body: object) -> str:
-    """The ``message`` of a metav1.Status body, or the body itself."""
-    text = body.decode(errors="replace") if isinstance(body, bytes) else str(body or "")
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        return text
-    return str(parsed.get("message", text)) if isinstance(parsed, dict) else text
-
-
-def _status_causes(body: object) -> set[str]:
-    """The ``details.causes[].reason`` of a metav1.Status body (empty when there are none)."""
-    text = body.decode(errors="replace") if isinstance(body, bytes) else str(body or "")
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        return set()
-    details = parsed.get("details") if isinstance(parsed, dict) else None
-    causes = details.get("causes") if isinstance(details, dict) else None
-    return {str(c.get("reason")) for c in causes or [] if isinstance(c, dict)}
-
-
-class KubeError(Exception):
-    """An API call failed: ``<verb> <object>: <status> <reason>: <message>``."""
-
-    def __init__(self, verb: str, target: str, exc: ApiException) -> None:
-        self.status = exc.status
-        self.reason = exc.reason
-        self.body = exc.body
-        self.detail = _status_message(exc.body)
-        super().__init__(f"{verb} {target}: {exc.status} {exc.reason}: {self.detail}")
-
-    @property
-    def namespace_terminating(self) -> bool:
-        """403 NamespaceTerminating: the namespace is being deleted and takes the job with it.
-        No create there can succeed, and none needs to: not an error of the operator's."""
-        return self.status == 403 and "NamespaceTerminating" in _status_causes(self.body)
-
-    @property
-    def permanent(self) -> bool:
-        """4xx other than conflict/too-many-requests: retrying the same request cannot help."""
-        return (
-            self.status is not None and 400 <= self.status < 500 and self.status not in (409, 429)
-        )
-
-
-class EarlierOwnerError(Exception):
-    """An object the job needs exists under its name with another controller: an earlier
-    TorchJob of the same name was deleted and the garbage collector has not removed its
-    dependents yet. Not an error to report: the job waits until the object is gone."""
-
-    def __init__(self, kind: str, namespace: str, name: str, owner_uid: str | None) -> None:
-        self.kind, self.namespace, self.name, self.owner_uid = kind, namespace, name, owner_uid
-        super().__init__(f"{kind} {namespace}/{name} belongs to another owner ({owner_uid})")
-
 
 _PATHS: Mapping[str, str] = {
     "pod": "/api/v1/namespaces/{ns}/pods",
@@ -91,37 +33,10 @@ _PATHS: Mapping[str, str] = {
     "scheduling.x-k8s.io/v1alpha1": "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups",
     "scheduling.volcano.sh/v1beta1": "/apis/scheduling.volcano.sh/v1beta1/namespaces/{ns}/podgroups",
     "Workload": "/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads",
+    "TorchJob": f"/apis/{GROUP}/{VERSION}/namespaces/{{ns}}/{PLURAL}",
 }
 _KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 """Where each kind of object the operator creates is POSTed."""
-
-
-class Kube(Protocol):
-    """What the reconciler needs of the API server (``KubeClient``; an in-memory fake in
-    ``tests/unit/test_reconcile.py``). Creates are False on AlreadyExists, deletes and
-    labels False on NotFound: every action is safe to repeat."""
-
-    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-    def list_jobs(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]: ...
-    def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
-    def delete_job(self, namespace: str, name: str) -> None: ...
-    def list_worker_pods(self, namespace: str, job: str) -> list[dict[str, Any]]: ...
-    def create_pod(self, body: dict[str, Any]) -> bool: ...
-    def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> bool: ...
-    def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> bool: ...
-    def ensure_service(self, body: dict[str, Any]) -> bool: ...
-    def ensure_rbac_object(self, kind: str, body: dict[str, Any]) -> bool: ...
-    def apply_pod_group(self, body: dict[str, Any]) -> bool: ...
-    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-    def create_workload(self, body: dict[str, Any]) -> bool: ...
-    def delete_workload(self, namespace: str, name: str, uid: str) -> bool: ...
-    def patch_workload_status(
-        self, namespace: str, name: str, patch: Mapping[str, Any]
-    ) -> bool: ...
-    def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None: ...
-    def post_event(
-        self, job: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
-    ) -> None: ...
 
 
 class KubeClient:
@@ -202,19 +117,36 @@ class KubeClient:
                 return False
             raise KubeError("create", f"{kind} {ns}/{name}", e) from e
 
+    def _merge_patch(
+        self, path: str, body: Mapping[str, Any], verb: str, target: str, gone: tuple[int, ...]
+    ) -> bool:
+        """One JSON merge patch; False when the server answers one of the ``gone`` statuses
+        (404 NotFound, and 409 Conflict for a patch guarded by a resourceVersion)."""
+        try:
+            self._send("PATCH", path, dict(body), "application/merge-patch+json")
+            return True
+        except ApiException as e:
+            if e.status in gone:
+                return False
+            raise KubeError(verb, target, e) from e
+
     def close_idle_connections(self) -> None:
         """Close the kept-alive connections (the pool opens new ones when asked)."""
         self.api.rest_client.pool_manager.clear()
 
     # --- TorchJobs ------------------------------------------------------------------
-    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def _get_custom(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """One object of this API group; None on NotFound."""
         try:
-            obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
             return cast(dict[str, Any], obj)
         except ApiException as e:
             if e.status == 404:
                 return None
-            raise KubeError("get", f"torchjob {namespace}/{name}", e) from e
+            raise KubeError("get", f"{plural} {namespace}/{name}", e) from e
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get_custom(PLURAL, namespace, name)
 
     def list_jobs(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
         """(namespace, name) of every TorchJob in ``namespaces`` (all when empty)."""
@@ -242,12 +174,18 @@ class KubeClient:
         path = (
             f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}/{quote(name)}/status"
         )
-        try:
-            self._send("PATCH", path, {"status": dict(status)}, "application/merge-patch+json")
-        except ApiException as e:
-            if e.status == 404:
-                return
-            raise KubeError("patch status of", f"torchjob {namespace}/{name}", e) from e
+        target = f"torchjob {namespace}/{name}"
+        self._merge_patch(path, {"status": dict(status)}, "patch status of", target, (404,))
+
+    def create_job(self, body: dict[str, Any]) -> bool:
+        """Create the TorchJob ``body`` (a study's trial); False when it exists already."""
+        return self._create_once("TorchJob", body)
+
+    def suspend_job(self, namespace: str, name: str) -> bool:
+        """Set ``spec.runPolicy.suspend``; False when the TorchJob is gone."""
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}/{quote(name)}"
+        body = {"spec": {"runPolicy": {"suspend": True}}}
+        return self._merge_patch(path, body, "suspend", f"torchjob {namespace}/{name}", (404,))
 
     def delete_job(self, namespace: str, name: str) -> None:
         try:
@@ -257,6 +195,28 @@ class KubeClient:
         except ApiException as e:
             if e.status != 404:
                 raise KubeError("delete", f"torchjob {namespace}/{name}", e) from e
+
+    # --- TorchTunes -----------------------------------------------------------------------
+    def get_tune(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get_custom(TUNE_PLURAL, namespace, name)
+
+    def list_tunes(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
+        """(namespace, name) of every TorchTune in ``namespaces`` (all when empty)."""
+        return self.list_keys(TUNE_PLURAL, namespaces)
+
+    def patch_tune_status(
+        self, namespace: str, name: str, resource_version: str, status: Mapping[str, Any]
+    ) -> bool:
+        """Merge-patch the status, guarded by the resourceVersion the study was read at (a
+        stale read loses with a 409 instead of overwriting a newer record): False on that
+        conflict, or when the TorchTune is gone."""
+        path = (
+            f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{TUNE_PLURAL}/"
+            f"{quote(name)}/status"
+        )
+        body = {"metadata": {"resourceVersion": resource_version}, "status": dict(status)}
+        target = f"torchtune {namespace}/{name}"
+        return self._merge_patch(path, body, "patch status of", target, (404, 409))
 
     # --- pods and services -------------------------------------------------------------
     def list_worker_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
@@ -276,18 +236,9 @@ class KubeClient:
 
     def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> bool:
         """Merge ``labels`` into the pod's; False when the pod is gone."""
-        try:
-            self._send(
-                "PATCH",
-                f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}",
-                {"metadata": {"labels": labels}},
-                "application/merge-patch+json",
-            )
-            return True
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise KubeError("label", f"pod {namespace}/{name}", e) from e
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
+        body = {"metadata": {"labels": labels}}
+        return self._merge_patch(path, body, "label", f"pod {namespace}/{name}", (404,))
 
     def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> bool:
         """Delete the pod; with ``uid``, only that pod (a precondition): False when it is
@@ -322,15 +273,8 @@ class KubeClient:
         if self._create_once(kind, body):
             return True
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        try:
-            self._send(
-                "PATCH",
-                f"{_PATHS[kind].format(ns=quote(ns))}/{quote(name)}",
-                {"spec": body["spec"]},
-                content_type="application/merge-patch+json",
-            )
-        except ApiException as e:
-            raise KubeError("patch", f"PodGroup {ns}/{name}", e) from e
+        path = f"{_PATHS[kind].format(ns=quote(ns))}/{quote(name)}"
+        self._merge_patch(path, {"spec": body["spec"]}, "patch", f"PodGroup {ns}/{name}", ())
         return False
 
     # --- Kueue (planner/kueue.py) ------------------------------------------------------
@@ -364,18 +308,9 @@ class KubeClient:
     def patch_workload_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
         """Merge-patch the Workload's status; False on a conflict (the patch carries the
         resourceVersion it was computed from: Kueue wrote meanwhile, the next pass retries)."""
-        try:
-            self._send(
-                "PATCH",
-                f"{self._workload_path(namespace, name)}/status",
-                dict(patch),
-                content_type="application/merge-patch+json",
-            )
-            return True
-        except ApiException as e:
-            if e.status in (404, 409):
-                return False
-            raise KubeError("patch", f"Workload {namespace}/{name} status", e) from e
+        path = f"{self._workload_path(namespace, name)}/status"
+        target = f"Workload {namespace}/{name} status"
+        return self._merge_patch(path, patch, "patch", target, (404, 409))
 
     def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
         """A cluster-scoped Kueue object (a ResourceFlavor, a WorkloadPriorityClass)."""
@@ -386,10 +321,11 @@ class KubeClient:
 
     # --- events ------------------------------------------------------------------------
     def post_event(
-        self, job: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
+        self, obj: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
     ) -> None:
-        """A core/v1 Event on the TorchJob (what `kubectl describe tj` shows). Best effort."""
-        meta = job.get("metadata") or {}
+        """A core/v1 Event on ``obj``, a TorchJob or a TorchTune (what `kubectl describe`
+        shows). Best effort."""
+        meta = obj.get("metadata") or {}
         now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "metadata": {
@@ -397,8 +333,8 @@ class KubeClient:
                 "namespace": meta.get("namespace"),
             },
             "involvedObject": {
-                "apiVersion": job.get("apiVersion", f"{GROUP}/{VERSION}"),
-                "kind": job.get("kind", "TorchJob"),
+                "apiVersion": obj.get("apiVersion", f"{GROUP}/{VERSION}"),
+                "kind": obj.get("kind", "TorchJob"),
                 "name": meta.get("name"),
                 "namespace": meta.get("namespace"),
                 "uid": meta.get("uid"),

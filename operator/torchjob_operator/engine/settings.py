@@ -1,4 +1,5 @@
-"""Operator settings: one typed dataclass, built once at start-up from the command line."""
+"""Operator settings: one typed dataclass, built once at start-up from the command line and
+passed as an object (``operator.Operator`` holds it); no module reads it from a global."""
 
 from __future__ import annotations
 
@@ -54,7 +55,3 @@ class OperatorSettings:
     """Name in the ``source`` of the Events the operator posts."""
     leader_election: ElectionConfig | None = None
     """With several replicas: the Lease they elect a leader on; None: this one always leads."""
-
-
-SETTINGS = OperatorSettings()
-"""Replaced once by ``__main__`` before kopf starts; read-only afterwards."""

@@ -29,7 +29,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from torchjob_operator.settings import ElectionConfig
+from torchjob_operator.engine.settings import ElectionConfig
 
 log = logging.getLogger("torchjob_operator.leader")
 

@@ -32,18 +32,15 @@ from typing import Any, Literal, cast
 
 import orjson
 
-from torchjob import contract
-from torchjob_operator import metrics
-from torchjob_operator.kube import Kube
-from torchjob_operator.planner.observed import controller_uid
-
-JobKey = tuple[str, str]
-"""(namespace, name) of a TorchJob."""
-
-Pod = dict[str, Any]
-
-_OUR_LABELS = f"{contract.GROUP}/"
-"""The prefix of torchjob's own labels (``torchjob.io/``): the only labels the planner reads."""
+from torchjob_operator.engine import metrics
+from torchjob_operator.engine.objects import (
+    JobKey,
+    Pod,
+    job_key_of_pod,
+    merge_applied,
+    trim_job,
+    trim_pod,
+)
 
 ALL_NAMESPACES = ""
 """The scope of a cluster-wide pod watch."""
@@ -52,90 +49,6 @@ TOMBSTONE_S = 60.0
 """How long a deleted TorchJob is known to be gone: the garbage collector deletes its pods
 after it, and each of their events pokes the job once more; the cache answers "gone" for
 them instead of a GET per poke."""
-
-
-_READ_CONDITIONS = frozenset({"Ready", "PodScheduled", "DisruptionTarget", "TerminationTarget"})
-_CONDITION_KEYS = ("type", "status", "reason", "message", "lastTransitionTime")
-
-
-def _trim_container_status(cs: Mapping[str, Any]) -> dict[str, Any]:
-    state = cs.get("state") or {}
-    last = cs.get("lastState") or {}
-    out: dict[str, Any] = {}
-    kept = {k: state[k] for k in ("terminated", "waiting") if k in state}
-    if kept:
-        out["state"] = kept
-    if "terminated" in last:
-        out["lastState"] = {"terminated": last["terminated"]}
-    return out
-
-
-def trim_pod(pod: Mapping[str, Any]) -> Pod:
-    """The part of a pod that ``planner.observed`` reads, and nothing else: no
-    ``managedFields``, no containers, only torchjob's labels and the controller's uid, only the conditions and
-    container states it judges. 8000 pods took 42 MiB of the cache with the whole status,
-    19 MiB trimmed, 4 MiB trimmed and kept as JSON bytes (``Store``)."""
-    meta = pod.get("metadata") or {}
-    # The uid: deletes carry it as a precondition, so a plan never deletes a newer same-named pod.
-    kept_meta: dict[str, Any] = {k: meta[k] for k in ("name", "namespace", "uid") if k in meta}
-    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k.startswith(_OUR_LABELS)}
-    if labels:
-        kept_meta["labels"] = labels
-    if meta.get("deletionTimestamp"):
-        kept_meta["deletionTimestamp"] = meta["deletionTimestamp"]
-    # Only the controller's uid: a same-named earlier job's pods are told apart by it.
-    owner = controller_uid(pod)
-    if owner is not None:
-        kept_meta["ownerReferences"] = [{"uid": owner, "controller": True}]
-    status = pod.get("status") or {}
-    kept_status: dict[str, Any] = {
-        k: status[k] for k in ("phase", "reason", "message") if status.get(k)
-    }
-    conditions = [
-        {k: c[k] for k in _CONDITION_KEYS if c.get(k) is not None}
-        for c in status.get("conditions") or ()
-        if c.get("type") in _READ_CONDITIONS
-    ]
-    if conditions:
-        kept_status["conditions"] = conditions
-    for key in ("initContainerStatuses", "containerStatuses"):
-        if status.get(key):
-            kept_status[key] = [_trim_container_status(cs) for cs in status[key]]
-    node = (pod.get("spec") or {}).get("nodeName")
-    return {
-        "metadata": kept_meta,
-        "spec": {"nodeName": node} if node else {},
-        "status": kept_status,
-    }
-
-
-def trim_job(job: Mapping[str, Any]) -> dict[str, Any]:
-    """A TorchJob without ``managedFields`` (as large as its spec, and never read)."""
-    meta = {k: v for k, v in (job.get("metadata") or {}).items() if k != "managedFields"}
-    return {**job, "metadata": meta}
-
-
-def job_key_of_pod(pod: Mapping[str, Any]) -> JobKey | None:
-    meta = pod.get("metadata") or {}
-    job = (meta.get("labels") or {}).get(contract.LABEL_JOB_NAME)
-    return (str(meta.get("namespace") or ""), str(job)) if job else None
-
-
-def merge_applied(current: Mapping[str, Any] | None, patch: Mapping[str, Any]) -> bool:
-    """Whether ``current`` already shows the JSON merge patch ``patch`` (RFC 7386): every
-    null is absent, every object matches recursively, every other value is equal."""
-    cur = current or {}
-    for key, want in patch.items():
-        have = cur.get(key)
-        if want is None:
-            if have is not None:
-                return False
-        elif isinstance(want, Mapping):
-            if not isinstance(have, Mapping) or not merge_applied(have, want):
-                return False
-        elif have != want:
-            return False
-    return True
 
 
 @dataclass(frozen=True)
@@ -367,103 +280,3 @@ class Store:
                 sum(len(p) for p in self._pods.values()),
                 len(self._pending),
             )
-
-
-class CachedKube:
-    """``Kube`` that reads from a ``Store`` and writes through to ``live``, recording what
-    every write expects the watches to show. Reads go to ``live`` when the cache cannot
-    answer: a job no watch event has brought yet, a namespace whose pod watch has not
-    listed yet, or a job whose expectations ran out."""
-
-    def __init__(self, live: Kube, store: Store) -> None:
-        self.live = live
-        self.store = store
-
-    # --- reads ----------------------------------------------------------------------------
-    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        key = (namespace, name)
-        if not self.store.read_live(key, "job"):
-            job = self.store.job(key)
-            if job is not None:
-                return job
-            if self.store.is_gone(key):
-                return None
-        metrics.LIVE_READS.labels(kind="job").inc()
-        return self.live.get_job(namespace, name)
-
-    def list_worker_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
-        key = (namespace, job)
-        if not self.store.read_live(key, "pods"):
-            pods = self.store.pods_of(key)
-            if pods is not None:
-                return pods
-        metrics.LIVE_READS.labels(kind="pods").inc()
-        return self.live.list_worker_pods(namespace, job)
-
-    def list_jobs(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
-        return self.live.list_jobs(namespaces)
-
-    # --- writes, each with what it expects ---------------------------------------------------
-    def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        self.live.patch_job_status(namespace, name, status)
-        self.store.expect_status((namespace, name), status)
-
-    def create_pod(self, body: dict[str, Any]) -> bool:
-        created = self.live.create_pod(body)  # False: it exists already, so expect it too
-        key = job_key_of_pod(body)
-        if key is not None:
-            generation = (body["metadata"].get("labels") or {}).get(contract.LABEL_GENERATION)
-            labels = {contract.LABEL_GENERATION: generation} if generation is not None else {}
-            self.store.expect_pods(
-                key, [PodExpectation(body["metadata"]["name"], "created", labels)]
-            )
-        return created
-
-    def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> bool:
-        labelled = self.live.label_pod(namespace, name, labels)
-        self._expect(namespace, PodExpectation(name, "labelled", dict(labels)))
-        return labelled
-
-    def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> bool:
-        deleted = self.live.delete_pod(namespace, name, uid)
-        self._expect(namespace, PodExpectation(name, "deleted"))
-        return deleted
-
-    def _expect(self, namespace: str, expectation: PodExpectation) -> None:
-        # A pod the cache does not hold shows nothing that could mislead a plan.
-        key = self.store.job_of_pod(namespace, expectation.name)
-        if key is not None:
-            self.store.expect_pods(key, [expectation])
-
-    # --- the rest goes straight through ----------------------------------------------------
-    def delete_job(self, namespace: str, name: str) -> None:
-        self.live.delete_job(namespace, name)
-
-    def ensure_service(self, body: dict[str, Any]) -> bool:
-        return self.live.ensure_service(body)
-
-    def ensure_rbac_object(self, kind: str, body: dict[str, Any]) -> bool:
-        return self.live.ensure_rbac_object(kind, body)
-
-    def apply_pod_group(self, body: dict[str, Any]) -> bool:
-        return self.live.apply_pod_group(body)
-
-    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.live.get_workload(namespace, name)
-
-    def create_workload(self, body: dict[str, Any]) -> bool:
-        return self.live.create_workload(body)
-
-    def delete_workload(self, namespace: str, name: str, uid: str) -> bool:
-        return self.live.delete_workload(namespace, name, uid)
-
-    def patch_workload_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
-        return self.live.patch_workload_status(namespace, name, patch)
-
-    def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
-        return self.live.get_kueue_object(plural, name)
-
-    def post_event(
-        self, job: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
-    ) -> None:
-        self.live.post_event(job, type_=type_, reason=reason, message=message, component=component)

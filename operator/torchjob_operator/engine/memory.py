@@ -9,18 +9,20 @@ idle (bench/README.md). Two standard remedies, both no-ops where the C library i
 - ``limit_arenas``: at most ``ARENAS`` arenas (``mallopt(M_ARENA_MAX)``, what
   ``MALLOC_ARENA_MAX=2`` does for gunicorn and the JVM), called before the threads start;
 - ``release_freed``: ``gc.collect()`` then ``malloc_trim(0)``, which returns the free
-  pages of every arena to the kernel; the reconciler calls it a few seconds after jobs
+  pages of every arena to the kernel; ``TrimLater`` calls it a few seconds after jobs
   were deleted, so a burst of deletions costs one trim.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import gc
 import logging
 import signal
 import tracemalloc
+from collections.abc import Callable
 from functools import cache
 from types import FrameType
 
@@ -77,3 +79,35 @@ def trace_allocations(frames: int = 1) -> None:
         log.warning("\n".join(lines))
 
     signal.signal(signal.SIGUSR1, dump)
+
+
+class TrimLater:
+    """One trim per burst: every ``soon()`` (on the event loop) moves the trim to ``delay_s``
+    from now; when it runs (in a thread), an ``idle()`` operator also gives back what it
+    keeps only for work (``release_idle``: the write pool's threads, kept-alive
+    connections), which the next object makes again."""
+
+    def __init__(
+        self, delay_s: float, *, idle: Callable[[], bool], release_idle: Callable[[], None]
+    ) -> None:
+        self.delay_s = delay_s
+        self.idle = idle
+        self.release_idle = release_idle
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Future[bool] | None = None
+
+    def soon(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(self.delay_s, self._start)
+
+    def _start(self) -> None:
+        self._timer = None
+        idle = self.idle()
+        # Held until done: the event loop keeps only a weak reference to a task.
+        self._task = asyncio.ensure_future(asyncio.to_thread(self._release, idle))
+
+    def _release(self, idle: bool) -> bool:
+        if idle:
+            self.release_idle()
+        return release_freed()

@@ -28,8 +28,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from torchjob import contract
-from torchjob_operator import metrics
-from torchjob_operator.cache import ALL_NAMESPACES, Store, trim_pod
+from torchjob_operator.engine import metrics
+from torchjob_operator.engine.cache import ALL_NAMESPACES, Store
+from torchjob_operator.engine.objects import trim_pod
 
 log = logging.getLogger("torchjob_operator.podwatch")
 
