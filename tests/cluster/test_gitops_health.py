@@ -21,7 +21,7 @@ from tests import kube as k
 from tests.cluster.operator_harness import Jobs, torchjob, worker_template
 from tests.gitops import ARGOCD_DIR, TUNE_ARGOCD_DIR, argocd_health, kstatus
 
-from torchjob.api.models import GROUP, VERSION
+from torchjob.api.models import GROUP, PLURAL, VERSION, Progress
 from torchjob.api.tune import PLURAL as TUNE_PLURAL
 
 pytestmark = pytest.mark.cluster
@@ -202,6 +202,25 @@ def test_kstatus_and_argocd_health_of_torchtunes_in_every_phase(jobs: Jobs, tmp_
         jobs.apply(_study(f"tune-{n}", **trial))
     for n in TUNE_EXPECTED:
         pods = jobs.wait_running_pods(f"tune-{n}-t0", 1, generation=0)
+        if n == "succeeded":
+            # Rank 0's report, as the runtime's reporter writes it: a trial that succeeds
+            # without the objective metric counts as failed.
+            progress = Progress(step=1, metrics={"loss": 0.5}).to_wire()
+            jobs.custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                jobs.ns,
+                PLURAL,
+                "tune-succeeded-t0",
+                {"status": {"progress": progress}},
+            )
+            k.wait_for(
+                lambda: any(
+                    t.get("step") == 1 for t in tune("succeeded")["status"].get("trials") or []
+                ),
+                60,
+                "the study recorded the trial's report",
+            )
         if n in ("succeeded", "failed"):
             jobs.exit_pod(pods[0].metadata.name, 0 if n == "succeeded" else 3)
     objects = {

@@ -7,11 +7,13 @@ TORCHJOB_EXPORT_ARGOCD_TESTDATA=1)."""
 
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from tests.gitops import ARGOCD_DIR, TUNE_ARGOCD_DIR, argocd_health, kstatus
+from tests.gitops import ARGOCD_DIR, REPO, TUNE_ARGOCD_DIR, argocd_health, kstatus
 
 # Every phase of a study, as its testdata name: (Argo CD health, kstatus).
 TUNE_EXPECTED = {
@@ -64,3 +66,21 @@ def test_kstatus_of_a_torchtune_in_every_phase(name: str, tmp_path: Path) -> Non
     if name in TUNE_KSTATUS_TODAY and got == TUNE_KSTATUS_TODAY[name]:
         pytest.xfail(f"kstatus says {got}: the operator does not write the conditions yet")
     assert got == TUNE_EXPECTED[name][1]
+
+
+@pytest.mark.parametrize("doc", ["fits-your-cluster.md", "platform.md"])
+def test_the_documented_argocd_cm_patch_holds_each_script_byte_for_byte(doc: str) -> None:
+    text = (REPO / "docs" / doc).read_text()
+    block = re.search(r"argocd-cm --type merge --patch-file <\(\n(.*?)\)\n```", text, re.S)
+    assert block, f"docs/{doc} has the argocd-cm patch"
+    done = subprocess.run(
+        ["bash", "-c", block.group(1)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    data = yaml.safe_load(done.stdout)["data"]
+    for d in (ARGOCD_DIR, TUNE_ARGOCD_DIR):
+        key = f"resource.customizations.health.torchjob.io_{d.name}"
+        assert data[key] == (d / "health.lua").read_text(), key
