@@ -161,7 +161,7 @@ TUNE_EXPECTED = {
 }
 # What kstatus says today, before the operator writes Stalled=True on a failed study and stops
 # writing Reconciling=True while it runs (docs/platform.md, "GitOps"); xfail until then.
-TUNE_KSTATUS_TODAY = {"running": "InProgress", "failed": "Current"}
+TUNE_KSTATUS_TODAY = {"running": "InProgress", "failed": "InProgress"}
 
 
 def _study(name: str, **trial: Any) -> dict[str, Any]:
@@ -181,10 +181,9 @@ def _study(name: str, **trial: Any) -> dict[str, Any]:
 
 def test_kstatus_and_argocd_health_of_torchtunes_in_every_phase(jobs: Jobs, tmp_path: Path) -> None:
     def tune(name: str) -> dict[str, Any]:
-        obj: dict[str, Any] = jobs.custom.get_namespaced_custom_object(
+        return jobs.custom.get_namespaced_custom_object(  # type: ignore[return-value]
             GROUP, VERSION, jobs.ns, TUNE_PLURAL, f"tune-{name}"
         )
-        return obj
 
     def phase(name: str, want: str) -> dict[str, Any]:
         def probe() -> dict[str, Any] | None:
@@ -195,7 +194,10 @@ def test_kstatus_and_argocd_health_of_torchtunes_in_every_phase(jobs: Jobs, tmp_
             ].get("generation")
             return obj if ok else None
 
-        return k.wait_for(probe, 60, lambda: f"TorchTune tune-{name} {want}: {tune(name)}")  # type: ignore[no-any-return]
+        obj: dict[str, Any] = k.wait_for(
+            probe, 60, lambda: f"TorchTune tune-{name} {want}: {tune(name)}"
+        )
+        return obj
 
     for n in TUNE_EXPECTED:
         trial = {"failurePolicy": {"permanentExitCodes": [3]}} if n == "failed" else {}

@@ -25,7 +25,7 @@ TUNE_EXPECTED = {
 # What the operator writes today gives kstatus InProgress for a running study (it sets
 # Reconciling=True) and Current for a failed one (no Stalled=True): see docs/platform.md,
 # "GitOps", for the two conditions the operator must write instead.
-TUNE_KSTATUS_TODAY = {"running": "InProgress", "failed": "Current"}
+TUNE_KSTATUS_TODAY = {"running": "InProgress", "failed": "InProgress"}
 
 
 @pytest.mark.parametrize("directory", [ARGOCD_DIR, TUNE_ARGOCD_DIR], ids=lambda d: d.name)

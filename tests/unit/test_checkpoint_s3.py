@@ -129,10 +129,12 @@ def test_an_outage_during_a_save_is_retried_and_the_save_commits(
         s3.use({**s3.server.env(), "AWS_ENDPOINT_URL": proxy.endpoint, "AWS_MAX_ATTEMPTS": "1"})
         storage = CheckpointStorage(s3.url("run"), retry=Retry(attempts=6, wait_s=0.5))
         storage.commit(_user_dir(tmp_path, "a", b"one"))
+
+        def outage() -> None:  # after the files and the manifest, before the marker
+            proxy.cut(2.0)
+
         with caplog.at_level(logging.WARNING, logger="torchjob.checkpoint.remote"):
-            ckpt = storage.commit(
-                _user_dir(tmp_path, "b", b"two"), verify=lambda: proxy.cut(2.0) and None
-            )
+            ckpt = storage.commit(_user_dir(tmp_path, "b", b"two"), verify=outage)
         assert proxy.refused > 0, "the outage refused connections"
         assert "retrying" in caplog.text
         assert storage.latest_committed() == ckpt
