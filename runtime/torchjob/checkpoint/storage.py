@@ -305,6 +305,9 @@ class CheckpointStorage:
         write_files(self.read_files(ckpt), local_dir)
 
     # --- housekeeping ---------------------------------------------------------------
+    def _rm(self, path: str) -> None:
+        self.fs.rm(path, recursive=True)
+
     def remove_incomplete(self) -> list[str]:
         """Delete leftovers of crashed saves (temporary dirs, directories without a marker)."""
         removed = []
@@ -313,7 +316,7 @@ class CheckpointStorage:
                 DIR_RE.match(name) is not None and self._read_manifest(name) is None
             )
             if incomplete:
-                self.fs.rm(self._join(name), recursive=True)
+                self._call(f"deleting {self._join(name)}", self._rm, self._join(name))
                 removed.append(name)
         return removed
 
@@ -342,8 +345,10 @@ class CheckpointStorage:
             if c.index not in keep:
                 name = checkpoint_dir_name(c.index)
                 # Remove the marker first: a half-deleted directory must never look committed.
-                self.fs.rm(self._join(name, MARKER))
-                self.fs.rm(self._join(name), recursive=True)
+                self._call(
+                    f"deleting {self._join(name, MARKER)}", self.fs.rm, self._join(name, MARKER)
+                )
+                self._call(f"deleting {self._join(name)}", self._rm, self._join(name))
                 deleted.append(c)
         return deleted
 
