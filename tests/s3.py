@@ -127,7 +127,6 @@ def _answers(endpoint: str) -> bool:
         endpoint_url=endpoint,
         client_kwargs={"region_name": REGION},
         config_kwargs={"retries": {"max_attempts": 1}, "connect_timeout": 2, "read_timeout": 5},
-        retries=1,
         skip_instance_cache=True,
     )
     try:
@@ -158,8 +157,9 @@ def start_s3_server(root: Path, timeout: float = 120.0) -> S3Server:
         f"-master.port={master}",
         f"-master.port.grpc={master_grpc}",
         "-master.telemetry=false",
-        "-master.volumeSizeLimitMB=1024",
-        "-volume.max=16",
+        # Every bucket is a collection that grows 7 volumes at once: room for many buckets.
+        "-master.volumeSizeLimitMB=64",
+        "-volume.max=200",
         f"-volume.port={volume}",
         f"-volume.port.grpc={volume_grpc}",
         f"-filer.port={filer}",
@@ -173,6 +173,7 @@ def start_s3_server(root: Path, timeout: float = 120.0) -> S3Server:
         f"-s3.localSocket={root / 's3.sock'}",
         f"-s3.config={config}",
         "-s3.autoCreateBucket=false",
+        "-s3.iam=false",
     ]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
@@ -196,8 +197,8 @@ def stop_s3_server(server: S3Server) -> None:
     if server.proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.proc.pid, signal.SIGTERM)
-        try:
-            server.proc.wait(15)
+        try:  # its volume server waits 10 s for the master to notice: the data are thrown away
+            server.proc.wait(2)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(server.proc.pid, signal.SIGKILL)
@@ -288,19 +289,28 @@ class Outage:
         with self._lock:
             self._conns += [conn, upstream]
         pair = {conn: upstream, upstream: conn}
+        open_ = set(pair)
+        graceful = False
         try:
-            while not self.down.is_set() and not self.stopped.is_set():
-                ready, _, _ = select.select(list(pair), [], [], 0.1)
+            while open_ and not self.down.is_set() and not self.stopped.is_set():
+                ready, _, _ = select.select(list(open_), [], [], 0.1)
                 for s in ready:
                     data = s.recv(1 << 16)
-                    if not data:
-                        return
-                    pair[s].sendall(data)
+                    if data:
+                        pair[s].sendall(data)
+                    else:  # a half-close: pass it on, keep the other direction
+                        open_.discard(s)
+                        with contextlib.suppress(OSError):
+                            pair[s].shutdown(socket.SHUT_WR)
+            graceful = not open_
         except OSError:
             pass
         finally:
-            self._reset(conn)
-            self._reset(upstream)
+            for s in pair:
+                if graceful:
+                    s.close()
+                else:
+                    self._reset(s)
 
     def cut(self, seconds: float) -> threading.Thread:
         """Reset every connection now and refuse new ones for ``seconds``, in the background."""
