@@ -3,8 +3,7 @@ argocd/resource_customizations/torchjob.io/{TorchJob,TorchTune}/health.lua run b
 (the Lua VM Argo CD embeds) on the cases of their health_test.yaml, Argo CD's own test format;
 and kstatus (what Flux computes) on the same objects. The testdata are objects exported from
 the test cluster (tests/cluster/test_gitops_health.py writes them with
-TORCHJOB_EXPORT_ARGOCD_TESTDATA=1); the TorchTune's, until so rewritten, are what the
-operator's study planner writes in each phase."""
+TORCHJOB_EXPORT_ARGOCD_TESTDATA=1)."""
 
 from __future__ import annotations
 
