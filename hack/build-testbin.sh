@@ -12,8 +12,12 @@
 # The real-node components (hack/node.sh) are built the same way: kubelet (component "kubelet",
 # the same wrapper module as the control plane) and CoreDNS ("coredns").
 #
+# SeaweedFS ("seaweedfs": only its `weed` binary) is the S3-compatible object store of the
+# checkpoint storage tests (tests/s3.py).
+#
 # Usage: hack/build-testbin.sh [--print-dir COMPONENT] [COMPONENT...]
-#   (COMPONENT: kubernetes|etcd|kwok|helm|kubelet|coredns|gitops|podgroup-crds|kueue; default: all)
+#   (COMPONENT: kubernetes|etcd|kwok|helm|kubelet|coredns|gitops|podgroup-crds|kueue|seaweedfs;
+#    default: all)
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -37,6 +41,7 @@ component_dir() {
     gitops) echo "${ROOT}/gitops-check-${GOPHER_LUA_VERSION}-${CLI_UTILS_VERSION}" ;;
     podgroup-crds) echo "${ROOT}/podgroup-crds-${SCHEDULER_PLUGINS_VERSION}" ;;
     kueue) echo "${ROOT}/kueue-${KUEUE_VERSION}" ;;
+    seaweedfs) echo "${ROOT}/seaweedfs-${SEAWEEDFS_VERSION}" ;;
     *) die "unknown component: $1" ;;
   esac
 }
@@ -361,12 +366,39 @@ build_kueue() {
   publish "${tmp}" "${dir}" kueue "${KUEUE_VERSION}"
 }
 
+# ---------------------------------------------------------------- SeaweedFS (S3-compatible object store)
+build_seaweedfs() {
+  local dir commit
+  dir="$(component_dir seaweedfs)"
+  # SeaweedFS tags are not semver ("4.01"), so the module proxy serves pseudo-versions only;
+  # `weed version` prints the commit that -X below compiles in.
+  commit="${SEAWEEDFS_VERSION##*-}"
+  if fresh "${dir}" seaweedfs "${SEAWEEDFS_VERSION}" && "${dir}/weed" version 2>&1 | grep -q "${commit:0:8}"; then
+    log "seaweedfs ${SEAWEEDFS_VERSION}: up to date in ${dir}"
+    return
+  fi
+  log "seaweedfs ${SEAWEEDFS_VERSION}: building the weed binary from the module proxy (minutes cold)"
+  local mod
+  mod="$("${GO}" mod download -json "github.com/seaweedfs/seaweedfs@${SEAWEEDFS_VERSION}" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -n "${mod}" && -d "${mod}/weed" ]] || die "github.com/seaweedfs/seaweedfs@${SEAWEEDFS_VERSION}: no weed/ in the module"
+  local tmp="${dir}.tmp.$$"
+  rm -rf "${tmp}"
+  mkdir -p "${tmp}"
+  # Its go.mod has a replace directive, so `go install pkg@version` refuses it: build inside the
+  # (read-only) module with exactly the release's go.mod and go.sum.
+  (cd "${mod}" && GOFLAGS="-mod=readonly -buildvcs=false" "${GO}" build -trimpath \
+    -ldflags "-s -w -X github.com/seaweedfs/seaweedfs/weed/util/version.COMMIT=${commit:0:8}" \
+    -o "${tmp}/weed" ./weed)
+  "${tmp}/weed" version 2>&1 | grep -q "${commit:0:8}" || die "built weed does not report commit ${commit:0:8}"
+  publish "${tmp}" "${dir}" seaweedfs "${SEAWEEDFS_VERSION}"
+}
+
 components=("${@}")
-[[ ${#components[@]} -gt 0 ]] || components=(kwok etcd kubernetes helm kubelet coredns gitops podgroup-crds kueue)
+[[ ${#components[@]} -gt 0 ]] || components=(kwok etcd kubernetes helm kubelet coredns gitops podgroup-crds kueue seaweedfs)
 for c in "${components[@]}"; do
   case "${c}" in
-    kubernetes | etcd | kwok | helm | kubelet | coredns | gitops | podgroup-crds | kueue) timed "${c}" "build_${c}" ;;
-    *) die "unknown component '${c}' (kubernetes|etcd|kwok|helm|kubelet|coredns|gitops|podgroup-crds)" ;;
+    kubernetes | etcd | kwok | helm | kubelet | coredns | gitops | podgroup-crds | kueue | seaweedfs) timed "${c}" "build_${c}" ;;
+    *) die "unknown component '${c}' (kubernetes|etcd|kwok|helm|kubelet|coredns|gitops|podgroup-crds|kueue|seaweedfs)" ;;
   esac
 done
 log "total: $(($(date +%s) - total_start))s"

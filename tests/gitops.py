@@ -1,6 +1,7 @@
 """The real GitOps health evaluators, for the tests: hack/gitops-check (built by
 `make testbin`) runs Argo CD's Lua VM (gopher-lua) on health.lua and the kstatus library on
-objects. Nothing here decides a health: it runs the real code and returns what it said."""
+objects (TorchJobs, TorchTunes). Nothing here decides a health: it runs the real code and
+returns what it said."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests import kube as k
 
 REPO = Path(__file__).resolve().parents[1]
 ARGOCD_DIR = REPO / "argocd" / "resource_customizations" / "torchjob.io" / "TorchJob"
+TUNE_ARGOCD_DIR = ARGOCD_DIR.parent / "TorchTune"
 
 
 def gitops_check() -> Path:

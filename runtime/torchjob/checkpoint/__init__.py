@@ -7,17 +7,16 @@ Used by ``torchjob.train`` on rank 0; usable on its own to inspect a run::
 """
 
 from torchjob.checkpoint.errors import CheckpointError
-from torchjob.checkpoint.position import DataPosition
-from torchjob.checkpoint.storage import (
+from torchjob.checkpoint.manifest import (
     MANIFEST,
     MARKER,
-    CheckpointStorage,
     CommittedCheckpoint,
     checkpoint_dir_name,
-    latest_committed,
     rank_checkpoints,
-    write_files,
 )
+from torchjob.checkpoint.position import DataPosition
+from torchjob.checkpoint.remote import Retry
+from torchjob.checkpoint.storage import CheckpointStorage, latest_committed, write_files
 
 __all__ = [
     "MANIFEST",
@@ -26,6 +25,7 @@ __all__ = [
     "CheckpointStorage",
     "CommittedCheckpoint",
     "DataPosition",
+    "Retry",
     "checkpoint_dir_name",
     "latest_committed",
     "rank_checkpoints",

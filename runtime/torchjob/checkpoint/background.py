@@ -25,7 +25,8 @@ from collections.abc import Callable
 from typing import Any
 
 from torchjob.checkpoint.errors import CheckpointError
-from torchjob.checkpoint.storage import CheckpointStorage, CommittedCheckpoint
+from torchjob.checkpoint.manifest import CommittedCheckpoint
+from torchjob.checkpoint.storage import CheckpointStorage
 
 
 def _fingerprint(staged: str) -> dict[str, tuple[int, int]]:

@@ -14,6 +14,12 @@ without a valid marker is not a checkpoint. A crash at any point therefore leave
 either the previous checkpoints or a new complete one, never a partial one that
 looks valid. Loading verifies every file against the manifest.
 
+On an object store (any fsspec filesystem but a local path or ``memory://``) every remote
+call is retried after a transient failure, and the bucket is checked once at start-up:
+bad credentials or a missing bucket raise a ``CheckpointError`` naming the bucket
+(``torchjob.checkpoint.remote``). Every failure of the store is a ``CheckpointError``
+naming the checkpoint's path.
+
 Only rank 0 calls this module during training; other ranks get checkpoint
 contents from rank 0 by broadcast (see ``torchjob.train``).
 """
@@ -28,7 +34,6 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,37 +41,18 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from torchjob.checkpoint.errors import CheckpointError
-
-MANIFEST = "_torchjob_manifest.json"
-MARKER = "_COMMITTED"
-_DIR_RE = re.compile(r"^checkpoint_(\d{6,})$")
-_RESERVED = {MANIFEST, MARKER}
-
-
-def checkpoint_dir_name(index: int) -> str:
-    return f"checkpoint_{index:06d}"
-
-
-@dataclass(frozen=True)
-class CommittedCheckpoint:
-    """A checkpoint whose commit marker is valid."""
-
-    index: int
-    path: str
-    """Full URL or local path of the checkpoint directory."""
-    metrics: dict[str, Any] = field(default_factory=dict)
-    data_positions: list[dict[str, Any]] = field(default_factory=list)
-    files: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Relative path -> {"size", "sha256"}."""
-    created_at: float = 0.0
-
-
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+from torchjob.checkpoint.manifest import (
+    DIR_RE,
+    MANIFEST,
+    MARKER,
+    RESERVED,
+    CommittedCheckpoint,
+    checkpoint_dir_name,
+    jsonable,
+    rank_checkpoints,
+    sha256_file,
+)
+from torchjob.checkpoint.remote import LOCAL_PROTOCOLS, Retry, check_access, with_retries
 
 
 def _fsync_dir(path: str) -> None:
@@ -93,7 +79,7 @@ def _local_files(local_dir: str) -> dict[str, str]:
     for p in sorted(root.rglob("*")):
         if p.is_file():
             rel = p.relative_to(root).as_posix()
-            if rel in _RESERVED:
+            if rel in RESERVED:
                 continue
             out[rel] = str(p)
     return out
@@ -102,10 +88,29 @@ def _local_files(local_dir: str) -> dict[str, str]:
 class CheckpointStorage:
     """One run directory of checkpoints, on a local path, a PVC or an object store."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, retry: Retry | None = None, check: bool = True) -> None:
+        """``check``: on an object store, fail now (a ``CheckpointError`` naming the bucket)
+        on bad credentials or a missing bucket; ``retry``: how transient failures are retried."""
         self.url = url.rstrip("/") or "/"
         self.fs, self.root = url_to_fs(self.url)
-        self.is_local = "file" in _protocols(self.fs)
+        protocols = _protocols(self.fs)
+        self.is_local = "file" in protocols
+        self.is_remote = not LOCAL_PROTOCOLS.intersection(protocols)
+        self.retry = retry or Retry()
+        if check and self.is_remote:
+            check_access(self.fs, protocols[0], self.url, self.root, self.retry)
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the filesystem; on an object store retried after transient failures,
+        and a failure other than a missing object is a ``CheckpointError`` saying what failed."""
+        if not self.is_remote:
+            return fn(*args)
+        try:
+            return with_retries(what, self.retry, fn, *args)
+        except (FileNotFoundError, CheckpointError):
+            raise
+        except Exception as e:
+            raise CheckpointError(self.url, f"{what} failed: {e!r}") from e
 
     def _join(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
@@ -120,7 +125,7 @@ class CheckpointStorage:
         """One past every index ever used here, complete or not, so names never collide."""
         used = [0]
         for name in self._names():
-            m = _DIR_RE.match(name) or re.match(r"^\.tmp-checkpoint_(\d+)-", name)
+            m = DIR_RE.match(name) or re.match(r"^\.tmp-checkpoint_(\d+)-", name)
             if m:
                 used.append(int(m.group(1)))
         return max(used) + 1
@@ -145,10 +150,10 @@ class CheckpointStorage:
             "format": 1,
             "index": index,
             "created_at": time.time(),
-            "metrics": _jsonable(metrics or {}),
+            "metrics": jsonable(metrics or {}),
             "data_positions": data_positions or [],
             "files": {
-                rel: {"size": os.path.getsize(p), "sha256": _sha256_file(p)}
+                rel: {"size": os.path.getsize(p), "sha256": sha256_file(p)}
                 for rel, p in files.items()
             },
         }
@@ -159,16 +164,36 @@ class CheckpointStorage:
             if self.is_local:
                 self._commit_local(files, name, manifest_bytes, marker_bytes, verify)
             else:
-                self.fs.makedirs(final, exist_ok=True)
-                for rel, p in files.items():
-                    self.fs.put_file(p, f"{final}/{rel}")
-                self.fs.pipe_file(f"{final}/{MANIFEST}", manifest_bytes)
-                if verify is not None:
-                    verify()
-                self.fs.pipe_file(f"{final}/{MARKER}", marker_bytes)
-        except OSError as e:
-            raise CheckpointError(self._url_of(name), f"saving failed: {e}") from e
+                self._commit_remote(files, final, manifest_bytes, marker_bytes, verify)
+        except CheckpointError:
+            raise
+        except Exception as e:
+            if not (isinstance(e, OSError) or self.is_remote):
+                raise
+            raise CheckpointError(self._url_of(name), f"saving failed: {e!r}") from e
         return self._from_manifest(name, manifest)
+
+    def _commit_remote(
+        self,
+        files: dict[str, str],
+        final: str,
+        manifest_bytes: bytes,
+        marker_bytes: bytes,
+        verify: Callable[[], None] | None,
+    ) -> None:
+        """No rename on an object store: files, then the manifest, then the marker, each
+        retried on its own (an upload rewrites the same key)."""
+        self.fs.makedirs(final, exist_ok=True)
+        for rel, p in files.items():
+            self._call(f"uploading {final}/{rel}", self.fs.put_file, p, f"{final}/{rel}")
+        self._call(
+            f"writing {final}/{MANIFEST}", self.fs.pipe_file, f"{final}/{MANIFEST}", manifest_bytes
+        )
+        if verify is not None:
+            verify()
+        self._call(
+            f"writing {final}/{MARKER}", self.fs.pipe_file, f"{final}/{MARKER}", marker_bytes
+        )
 
     def _commit_local(
         self,
@@ -201,8 +226,11 @@ class CheckpointStorage:
 
     # --- reading --------------------------------------------------------------------
     def _names(self) -> list[str]:
+        if self.is_remote:
+            # Other processes and pods write here: never trust a cached listing.
+            self.fs.invalidate_cache(self.root)
         try:
-            entries = self.fs.ls(self.root, detail=False)
+            entries = self._call(f"listing {self.root}", self.fs.ls, self.root, False)
         except FileNotFoundError:
             return []
         return [str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries]
@@ -211,12 +239,14 @@ class CheckpointStorage:
         """The manifest of a committed directory; ``None`` when it has no marker (incomplete)."""
         base = self._join(name)
         try:
-            marker = self.fs.cat_file(f"{base}/{MARKER}")
+            marker = self._call(f"reading {base}/{MARKER}", self.fs.cat_file, f"{base}/{MARKER}")
         except FileNotFoundError:
             return None
         path = self._url_of(name)
         try:
-            manifest_bytes = self.fs.cat_file(f"{base}/{MANIFEST}")
+            manifest_bytes = self._call(
+                f"reading {base}/{MANIFEST}", self.fs.cat_file, f"{base}/{MANIFEST}"
+            )
         except FileNotFoundError:
             raise CheckpointError(path, f"is marked committed but {MANIFEST} is missing") from None
         if hashlib.sha256(manifest_bytes).hexdigest().encode() != marker.strip():
@@ -241,7 +271,7 @@ class CheckpointStorage:
         """Committed checkpoints by index; incomplete ones are skipped, corrupt markers raise."""
         out = []
         for name in sorted(self._names()):
-            if not _DIR_RE.match(name):
+            if not DIR_RE.match(name):
                 continue
             manifest = self._read_manifest(name)
             if manifest is not None:
@@ -258,7 +288,7 @@ class CheckpointStorage:
         out: dict[str, bytes] = {}
         for rel, meta in ckpt.files.items():
             try:
-                data = self.fs.cat_file(f"{base}/{rel}")
+                data = self._call(f"reading {base}/{rel}", self.fs.cat_file, f"{base}/{rel}")
             except FileNotFoundError:
                 raise CheckpointError(
                     ckpt.path, f"file {rel} listed in the manifest is missing"
@@ -275,15 +305,18 @@ class CheckpointStorage:
         write_files(self.read_files(ckpt), local_dir)
 
     # --- housekeeping ---------------------------------------------------------------
+    def _rm(self, path: str) -> None:
+        self.fs.rm(path, recursive=True)
+
     def remove_incomplete(self) -> list[str]:
         """Delete leftovers of crashed saves (temporary dirs, directories without a marker)."""
         removed = []
         for name in self._names():
             incomplete = name.startswith(".tmp-checkpoint_") or (
-                _DIR_RE.match(name) is not None and self._read_manifest(name) is None
+                DIR_RE.match(name) is not None and self._read_manifest(name) is None
             )
             if incomplete:
-                self.fs.rm(self._join(name), recursive=True)
+                self._call(f"deleting {self._join(name)}", self._rm, self._join(name))
                 removed.append(name)
         return removed
 
@@ -312,27 +345,12 @@ class CheckpointStorage:
             if c.index not in keep:
                 name = checkpoint_dir_name(c.index)
                 # Remove the marker first: a half-deleted directory must never look committed.
-                self.fs.rm(self._join(name, MARKER))
-                self.fs.rm(self._join(name), recursive=True)
+                self._call(
+                    f"deleting {self._join(name, MARKER)}", self.fs.rm, self._join(name, MARKER)
+                )
+                self._call(f"deleting {self._join(name)}", self._rm, self._join(name))
                 deleted.append(c)
         return deleted
-
-
-def rank_checkpoints(
-    committed: list[CommittedCheckpoint], score_attribute: str | None, score_order: str = "max"
-) -> list[CommittedCheckpoint]:
-    """Best first: by ``score_attribute`` (checkpoints without it last), else newest first."""
-    if score_attribute is None:
-        return sorted(committed, key=lambda c: -c.index)
-    sign = -1.0 if score_order == "max" else 1.0
-
-    def key(c: CommittedCheckpoint) -> tuple[int, float, int]:
-        value = c.metrics.get(score_attribute)
-        if not isinstance(value, int | float):
-            return (1, 0.0, -c.index)
-        return (0, sign * float(value), -c.index)
-
-    return sorted(committed, key=key)
 
 
 def write_files(files: dict[str, bytes], local_dir: str) -> None:
@@ -352,19 +370,3 @@ def latest_committed(url: str) -> CommittedCheckpoint | None:
 def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
     proto = fs.protocol
     return (proto,) if isinstance(proto, str) else tuple(proto)
-
-
-def _jsonable(metrics: dict[str, Any]) -> dict[str, Any]:
-    """Metrics as JSON can hold them (numpy/torch scalars become floats)."""
-    out: dict[str, Any] = {}
-    for k, v in metrics.items():
-        if isinstance(v, bool | int | float | str) or v is None:
-            out[str(k)] = v
-        elif hasattr(v, "item"):
-            try:
-                out[str(k)] = v.item()
-            except (ValueError, RuntimeError):
-                out[str(k)] = str(v)
-        else:
-            out[str(k)] = str(v)
-    return out
