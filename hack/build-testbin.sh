@@ -395,9 +395,23 @@ build_seaweedfs() {
 
 components=("${@}")
 [[ ${#components[@]} -gt 0 ]] || components=(kwok etcd kubernetes helm kubelet coredns gitops podgroup-crds kueue seaweedfs)
+# SeaweedFS needs ~2 GB of modules: download them in the background while the other components
+# compile (CPU-bound), so a cold build pays the network and the compiler at the same time.
+prefetch_pid=""
+if [[ " ${components[*]} " == *" seaweedfs "* ]] && ! fresh "$(component_dir seaweedfs)" seaweedfs "${SEAWEEDFS_VERSION}"; then
+  (
+    mod="$("${GO}" mod download -json "github.com/seaweedfs/seaweedfs@${SEAWEEDFS_VERSION}" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+    [[ -n "${mod}" ]] && cd "${mod}" && GOFLAGS="-mod=readonly" "${GO}" mod download >/dev/null 2>&1
+  ) &
+  prefetch_pid=$!
+fi
 for c in "${components[@]}"; do
   case "${c}" in
-    kubernetes | etcd | kwok | helm | kubelet | coredns | gitops | podgroup-crds | kueue | seaweedfs) timed "${c}" "build_${c}" ;;
+    seaweedfs)
+      [[ -z "${prefetch_pid}" ]] || wait "${prefetch_pid}" || true
+      timed "${c}" "build_${c}"
+      ;;
+    kubernetes | etcd | kwok | helm | kubelet | coredns | gitops | podgroup-crds | kueue) timed "${c}" "build_${c}" ;;
     *) die "unknown component '${c}' (kubernetes|etcd|kwok|helm|kubelet|coredns|gitops|podgroup-crds|kueue|seaweedfs)" ;;
   esac
 done
