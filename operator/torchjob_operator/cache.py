@@ -35,7 +35,7 @@ import orjson
 from torchjob import contract
 from torchjob_operator import metrics
 from torchjob_operator.kube import Kube
-from torchjob_operator.planner.observed import controller_uid
+from torchjob_operator.torchjob.observed import controller_uid
 
 JobKey = tuple[str, str]
 """(namespace, name) of a TorchJob."""

@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION
-from torchjob_operator.planner.observed import controller_uid
+from torchjob_operator.torchjob.observed import controller_uid
 
 log = logging.getLogger(__name__)
 

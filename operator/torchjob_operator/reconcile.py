@@ -35,22 +35,23 @@ from pydantic import ValidationError
 from torchjob import contract
 from torchjob.api.models import Phase, TorchJobSpec, TorchJobStatus
 from torchjob_operator import metrics
+from torchjob_operator.common.clock import format_time
+from torchjob_operator.common.conditions import message
+from torchjob_operator.common.events import Event
 from torchjob_operator.kube import EarlierOwnerError, Kube, KubeError
-from torchjob_operator.planner import kueue
-from torchjob_operator.planner.conditions import message
-from torchjob_operator.planner.observed import (
+from torchjob_operator.resources.pods import headless_service, pod_group, probe_pod, worker_pod
+from torchjob_operator.resources.rbac import worker_rbac
+from torchjob_operator.settings import OperatorSettings
+from torchjob_operator.torchjob import kueue
+from torchjob_operator.torchjob.observed import (
     JobState,
     PodView,
-    format_time,
     pod_view,
     probe_view,
     split_by_owner,
 )
-from torchjob_operator.planner.plan import FOREIGN_RECHECK_S, Event, JobView, Plan, plan
-from torchjob_operator.planner.status import progress_only, set_not_ready
-from torchjob_operator.resources.pods import headless_service, pod_group, probe_pod, worker_pod
-from torchjob_operator.resources.rbac import worker_rbac
-from torchjob_operator.settings import OperatorSettings
+from torchjob_operator.torchjob.plan import FOREIGN_RECHECK_S, JobView, Plan, plan
+from torchjob_operator.torchjob.status import progress_only, set_not_ready
 
 Clock = Callable[[], datetime]
 

@@ -23,9 +23,9 @@ from torchjob_operator.cache import (
     merge_applied,
     trim_pod,
 )
-from torchjob_operator.planner.observed import controller_uid, pod_view, probe_view
 from torchjob_operator.reconcile import reconcile_once
 from torchjob_operator.settings import OperatorSettings
+from torchjob_operator.torchjob.observed import controller_uid, pod_view, probe_view
 
 KEY = ("ns", "tj")
 

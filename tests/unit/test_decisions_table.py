@@ -3,7 +3,7 @@ operator's planner (pods) must reach the same verdict, because both ask ``torchj
 
 Each scenario is written once, as what happened to the workers of a running generation;
 it is then played through ``torchjob.client.local.decide`` (members are local processes,
-a preemption is a process killed by SIGTERM) and through ``torchjob_operator.planner.plan``
+a preemption is a process killed by SIGTERM) and through ``torchjob_operator.torchjob.plan``
 (members are pods, a preemption is a DisruptionTarget condition).
 """
 
@@ -21,8 +21,8 @@ from torchjob.api.models import TorchJobSpec
 from torchjob.client.local import decide, process_member
 from torchjob.launch.policy import RunState, next_generation
 from torchjob.plan import Counters
-from torchjob_operator.planner.observed import PodView
-from torchjob_operator.planner.plan import plan
+from torchjob_operator.torchjob.observed import PodView
+from torchjob_operator.torchjob.plan import plan
 
 POLICY = {"backoff": {"initialSeconds": 10, "factor": 2.0, "maxSeconds": 300}}
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from torchjob.api.models import Phase
-from torchjob_operator.planner import conditions as cond
-from torchjob_operator.planner.draft import Draft
-from torchjob_operator.planner.observed import (
+from torchjob_operator.common import conditions as cond
+from torchjob_operator.torchjob.draft import Draft
+from torchjob_operator.torchjob.observed import (
     IMAGE_PULL_REASONS,
     PodPhase,
     PodView,

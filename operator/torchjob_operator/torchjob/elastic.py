@@ -15,9 +15,10 @@ from datetime import timedelta
 
 from torchjob import contract
 from torchjob.api.models import MembershipPolicy, Phase
-from torchjob_operator.planner import conditions as cond
-from torchjob_operator.planner.draft import CreatePods, Draft, Event
-from torchjob_operator.planner.observed import PodPhase, PodView
+from torchjob_operator.common import conditions as cond
+from torchjob_operator.common.events import Event
+from torchjob_operator.torchjob.draft import CreatePods, Draft
+from torchjob_operator.torchjob.observed import PodPhase, PodView
 
 
 def target_replicas(d: Draft) -> int:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from torchjob import contract
 from torchjob.api.models import FailureRecord, Phase, TorchJobStatus
 from torchjob.plan.member import MemberPhase
+from torchjob_operator.common.clock import parse_time, parse_time_or_none
 
 IMAGE_PULL_REASONS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
@@ -68,18 +69,6 @@ class PodView:
             self.phase in (PodPhase.PENDING, PodPhase.RUNNING, PodPhase.UNKNOWN)
             and not self.deleting
         )
-
-
-def parse_time(value: str | datetime | None) -> datetime | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def format_time(value: datetime) -> str:
-    return value.astimezone(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def _condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
@@ -260,19 +249,12 @@ class JobState:
             members=s.rank_order(),
             created_generation=s.created_generation,
             spec_replicas=s.spec_replicas or None,
-            last_rescale=_time(s.last_rescale_time),
+            last_rescale=parse_time_or_none(s.last_rescale_time),
             restarts=s.restarts or 0,
             disruptions=s.disruptions or 0,
-            start_time=_time(s.start_time),
-            completion_time=_time(s.completion_time),
-            restart_after=_time(s.restart_after),
+            start_time=parse_time_or_none(s.start_time),
+            completion_time=parse_time_or_none(s.completion_time),
+            restart_after=parse_time_or_none(s.restart_after),
             last_failure=s.last_failure,
             conditions=tuple(c.to_wire() for c in s.conditions or ()),
         )
-
-
-def _time(value: str | None) -> datetime | None:
-    try:
-        return parse_time(value)
-    except ValueError:
-        return None

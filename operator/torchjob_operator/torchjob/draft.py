@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from torchjob.api.models import FailureRecord, Phase, TorchJobSpec
 from torchjob.plan import Counters
-from torchjob_operator.planner import conditions as cond
-from torchjob_operator.planner.kueue import Gate
-from torchjob_operator.planner.observed import JobState, ProbeView
+from torchjob_operator.common import conditions as cond
+from torchjob_operator.common.events import Event
+from torchjob_operator.torchjob.kueue import Gate
+from torchjob_operator.torchjob.observed import JobState, ProbeView
 
 
 @dataclass(frozen=True)
@@ -27,22 +28,6 @@ class JobView:
     created, since a new pod would share its name and DNS name."""
     kueue: Gate | None = None
     """The job's Kueue Workload (planner/kueue.py); None: Kueue does not manage the job."""
-
-
-@dataclass(frozen=True)
-class Event:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-    def __post_init__(self) -> None:
-        assert self.reason in cond.REASONS, f"reason {self.reason} is not in conditions.REASONS"
-
-    @classmethod
-    def of(cls, reason: str, *, warning: bool = False, **values: object) -> Event:
-        """The Event for ``reason``, its message from ``conditions.REASONS``."""
-        shown, text = cond.say(reason, **values)
-        return cls("Warning" if warning else "Normal", shown, text)
 
 
 @dataclass(frozen=True)

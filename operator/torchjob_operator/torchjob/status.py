@@ -7,9 +7,10 @@ from typing import Any
 
 from torchjob import contract
 from torchjob.api.models import Condition, Phase, TorchJobStatus
-from torchjob_operator.planner import conditions as cond
-from torchjob_operator.planner.draft import Draft
-from torchjob_operator.planner.observed import JobState, PodPhase, PodView, format_time
+from torchjob_operator.common import conditions as cond
+from torchjob_operator.common.clock import format_time
+from torchjob_operator.torchjob.draft import Draft
+from torchjob_operator.torchjob.observed import JobState, PodPhase, PodView
 
 
 def _selector(name: str) -> str:

@@ -63,9 +63,11 @@ from torchjob.plan import (
     decide_failure,
     judge_generation,
 )
-from torchjob_operator.planner import conditions as cond
-from torchjob_operator.planner.draft import CreatePods, Draft, Event, JobView, Plan
-from torchjob_operator.planner.elastic import (
+from torchjob_operator.common import conditions as cond
+from torchjob_operator.common.clock import format_time
+from torchjob_operator.common.events import Event
+from torchjob_operator.torchjob.draft import CreatePods, Draft, JobView, Plan
+from torchjob_operator.torchjob.elastic import (
     fit_to_capacity,
     in_rank_order,
     joiners,
@@ -75,16 +77,15 @@ from torchjob_operator.planner.elastic import (
     survivors_first,
     target_replicas,
 )
-from torchjob_operator.planner.kueue import Gate
-from torchjob_operator.planner.observed import (
+from torchjob_operator.torchjob.kueue import Gate
+from torchjob_operator.torchjob.observed import (
     JobState,
     PodPhase,
     PodView,
     ProbeView,
-    format_time,
 )
-from torchjob_operator.planner.phase import active_phase
-from torchjob_operator.planner.status import ready_reason, render_status
+from torchjob_operator.torchjob.phase import active_phase
+from torchjob_operator.torchjob.status import ready_reason, render_status
 
 __all__ = ["CreatePods", "Event", "JobView", "Plan", "plan", "with_state"]
 
