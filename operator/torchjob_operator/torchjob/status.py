@@ -9,7 +9,7 @@ from torchjob import contract
 from torchjob.api.models import Condition, Phase, TorchJobStatus
 from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.clock import format_time
-from torchjob_operator.torchjob.draft import Draft
+from torchjob_operator.torchjob.decision import Decision
 from torchjob_operator.torchjob.observed import JobState, PodPhase, PodView
 
 
@@ -17,7 +17,7 @@ def _selector(name: str) -> str:
     return f"{contract.LABEL_JOB_NAME}={name},{contract.LABEL_ROLE}={contract.ROLE_WORKER}"
 
 
-def render_status(d: Draft, current: Sequence[PodView]) -> dict[str, Any]:
+def render_status(d: Decision, current: Sequence[PodView]) -> dict[str, Any]:
     assert d.phase is not None
     now = format_time(d.now)
     obs = d.job.metadata_generation
@@ -62,7 +62,7 @@ def render_status(d: Draft, current: Sequence[PodView]) -> dict[str, Any]:
         current_generation=d.generation,
         created_generation=d.created_generation,
         members=list(d.members) if d.members is not None else None,
-        replaced_workers=d.replaced or None,
+        replaced_workers=list(d.replaced) or None,
         standby_workers=d.standby_ready,
         spec_replicas=d.spec_replicas,
         last_rescale_time=format_time(d.last_rescale) if d.last_rescale else None,
