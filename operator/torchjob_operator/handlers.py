@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,13 +29,13 @@ from kubernetes import config as kube_config
 
 from torchjob.api.models import GROUP, PLURAL, VERSION
 from torchjob.api.tune import PLURAL as TUNE_PLURAL
-from torchjob_operator import memory, metrics, reconcile
+from torchjob_operator import memory, metrics
 from torchjob_operator import settings as settings_mod
 from torchjob_operator.cache import CachedKube, Store
 from torchjob_operator.kube import KubeClient, KubeError
 from torchjob_operator.leader import LeaderElector
 from torchjob_operator.podwatch import PodWatch
-from torchjob_operator.reconcile import reconcile_once
+from torchjob_operator.torchjob.controller import reconcile_once
 from torchjob_operator.tune import list_tunes, reconcile_study, study_of_job
 
 log = logging.getLogger("torchjob_operator")
@@ -116,6 +117,27 @@ class Reconciler(_Loops):
         self.store = kube.store
         self._trim: asyncio.TimerHandle | None = None
         self._trim_task: asyncio.Future[bool] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    def _writes(self, settings: settings_mod.OperatorSettings) -> ThreadPoolExecutor:
+        """One long-lived pool for the concurrent pod writes of every job. A pool per reconcile
+        started and ended up to 16 threads each time: CPU for nothing, and every new thread may
+        take a fresh malloc arena that keeps its memory after the burst."""
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=2 * settings.create_concurrency, thread_name_prefix="torchjob-io"
+                )
+            return self._pool
+
+    def _release_pool(self) -> None:
+        """End the write pool's threads (their stacks go back to the kernel); the next
+        reconcile that writes starts a new pool."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def _keys(self, namespaces: tuple[str, ...]) -> list[JobKey]:
         return list(self.kube.list_jobs(namespaces))
@@ -139,7 +161,7 @@ class Reconciler(_Loops):
         """Give memory back; with no job left, also the write pool's threads (their stacks)
         and the kept-alive connections (their TLS buffers): the next job makes them again."""
         if idle:
-            reconcile.release_pool()
+            self._release_pool()
             if isinstance(self.kube.live, KubeClient):
                 self.kube.live.close_idle_connections()
         return memory.release_freed()
@@ -166,6 +188,7 @@ class Reconciler(_Loops):
                     name,
                     settings=settings,
                     defer_progress=loop.may_defer(started, settings.progress_batch_s),
+                    pool=self._writes(settings),
                 )
                 if not outcome.deferred:
                     loop.deferred_since = None

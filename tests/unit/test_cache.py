@@ -23,8 +23,8 @@ from torchjob_operator.cache import (
     merge_applied,
     trim_pod,
 )
-from torchjob_operator.reconcile import reconcile_once
 from torchjob_operator.settings import OperatorSettings
+from torchjob_operator.torchjob.controller import reconcile_once
 from torchjob_operator.torchjob.observed import controller_uid, pod_view, probe_view
 
 KEY = ("ns", "tj")

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
+
+from pydantic import ValidationError
 
 from torchjob import contract
 from torchjob.api.models import Condition, Phase, TorchJobStatus
@@ -152,3 +155,31 @@ def ready_reason(st: JobState) -> tuple[str, str]:
         if c.get("type") == cond.READY:
             return str(c.get("reason") or ""), str(c.get("message") or "")
     return "", ""
+
+
+def validation_message(err: ValidationError) -> str:
+    """Pydantic errors as 'spec.a.b: message' lines, with the wire (camelCase) names."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        parts.append(f"spec.{loc}: {e['msg']}" if loc else str(e["msg"]))
+    return "; ".join(parts)
+
+
+def invalid_status(job: Mapping[str, Any], detail: str, now: datetime) -> dict[str, Any]:
+    """The partial status patch of an invalid spec: the conditions, nothing else touched."""
+    prior = TorchJobStatus.parse(job.get("status"))
+    invalid = set_not_ready(
+        TorchJobStatus(conditions=prior.conditions),
+        reason="InvalidSpec",
+        message=detail,
+        stalled=True,
+        now=format_time(now),
+        observed_generation=(job.get("metadata") or {}).get("generation"),
+    )
+    return invalid.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+def status_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether writing the patch ``new`` over the status ``old`` changes anything."""
+    return any(old.get(k) != v for k, v in new.items())
