@@ -9,10 +9,14 @@ counts disruptions the same way on a laptop and on a cluster:
 * ``member``: what a launcher observes of one worker (a pod, or a local process), as a
   ``Member`` protocol, and ``judge_generation``: healthy, succeeded, failed (root
   cause) or disrupted.
-* ``failure``: the failure verdict: exit-code classes, the restart budget, the
-  backoff (overflow-safe for any input).
+* ``failure``: the failure policy as plain values (``RestartRules``, built from the
+  CRD's ``spec.failurePolicy`` by ``RestartRules.of``) and the failure verdict:
+  exit-code classes, the restart budget, the backoff (overflow-safe for any input).
 * ``generation``: the counters (generation, restarts, disruptions) and how each
   decision moves them; the ``activeDeadlineSeconds`` clock.
+* ``restart``: ``decide_restart``, the one decision after a generation is judged lost
+  (a failure or a disruption): restart with backoff, fail, count a disruption or
+  shrink, with the counters moved.
 * ``resize``: when a shrunk elastic group grows back.
 
 Nothing here imports torch, kubernetes or kopf (``tests/unit/test_layers.py``).
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 from torchjob.plan.failure import (
     FailureDecision,
+    RestartRules,
     Verdict,
     backoff_seconds,
     decide_failure,
@@ -29,16 +34,20 @@ from torchjob.plan.failure import (
 )
 from torchjob.plan.generation import Counters, deadline_left
 from torchjob.plan.member import (
+    OUTSIDE_SIGNALS,
     ROOT_CAUSE_GRACE,
     Judgement,
     Member,
     MemberPhase,
     Outcome,
     judge_generation,
+    killed_from_outside,
 )
 from torchjob.plan.resize import Noop, Resize, ScalingDecision, ScalingPolicy
+from torchjob.plan.restart import RestartDecision, decide_restart
 
 __all__ = [
+    "OUTSIDE_SIGNALS",
     "ROOT_CAUSE_GRACE",
     "Counters",
     "FailureDecision",
@@ -48,12 +57,16 @@ __all__ = [
     "Noop",
     "Outcome",
     "Resize",
+    "RestartDecision",
+    "RestartRules",
     "ScalingDecision",
     "ScalingPolicy",
     "Verdict",
     "backoff_seconds",
     "deadline_left",
     "decide_failure",
+    "decide_restart",
     "is_permanent",
     "judge_generation",
+    "killed_from_outside",
 ]

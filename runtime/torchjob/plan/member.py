@@ -19,6 +19,7 @@ exit too.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -78,6 +79,16 @@ class Member(Protocol):
     def active(self) -> bool:
         """Still running or about to (not finished, not being taken away)."""
         ...
+
+
+OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+"""Signals a worker process does not send itself: the machine or pod went away, the OOM
+killer, a preemption, Ctrl-C."""
+
+
+def killed_from_outside(sig: int | None) -> bool:
+    """A local worker process killed by ``sig`` was taken away (a disruption), not failed."""
+    return sig is not None and sig in OUTSIDE_SIGNALS
 
 
 class Outcome(str, Enum):
