@@ -1,7 +1,8 @@
 """After a loss: what a disrupted or failed generation becomes.
 
-``torchjob.plan`` decides the counters and the failure verdict; this module puts them
-into Kubernetes terms: which pods form the next generation (ready standbys taking the lost
+``torchjob.plan.decide_restart`` decides the counters and the verdict (the same function
+every local launcher calls, with the job's ``spec.failurePolicy`` as plain ``RestartRules``);
+this module puts them into Kubernetes terms: which pods form the next generation (ready standbys taking the lost
 places, the survivors going on at once, or the whole group replaced), when it starts
 (a restart waits its backoff, a disruption never), and what the status says.
 Pure: takes a ``Decision`` and returns a new one.
@@ -14,7 +15,8 @@ from datetime import timedelta
 
 from torchjob import contract
 from torchjob.api.models import FailureRecord, Phase
-from torchjob.plan import Judgement, Outcome, Verdict, decide_failure
+from torchjob.plan import Judgement, Outcome, RestartRules, Verdict
+from torchjob.plan.restart import RestartDecision, decide_restart
 from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.clock import format_time
 from torchjob_operator.torchjob.decision import Decision
@@ -56,11 +58,11 @@ def _disrupted(
 ) -> Decision:
     """Taken away by the cluster: a new generation at once, the restart budget not charged."""
     spec = d.job.spec
-    disrupted = d.counters().disrupted()
+    decision = _rule(d, disrupted=True)
+    disrupted = decision.counters
     if standbys is not None:
         d = d.count(disrupted, len(standbys), standbys)
-        counted = f"disruption {d.disruptions}, the restart budget is not charged"
-        return took_over(d, standbys, survivors, detail, counted)
+        return took_over(d, standbys, survivors, detail, decision.explanation)
     smaller = shrink_at_once(d, survivors)
     if smaller is not None:
         d = d.count(disrupted, len(smaller), smaller)
@@ -112,11 +114,11 @@ def _failed(
             time=format_time(culprit.finished_at or d.now),
         )
     )
-    decision = decide_failure(culprit.exit_code, restarts=d.restarts, policy=spec.failure_policy)
+    decision = _rule(d, disrupted=False, exit_code=culprit.exit_code)
     text = cond.message("WorkerFailed", detail=verdict.detail, explanation=decision.explanation)
     if decision.verdict != Verdict.RESTART_GROUP:
         return finish(end(d, Phase.FAILED, decision.verdict.value, text), pods), True
-    restarted = d.counters().restarted(decision)
+    restarted = decision.counters
     if standbys is not None:
         # Charged as any restart, but no pod is started: no backoff to wait for.
         d = d.count(restarted, len(standbys), standbys)
@@ -124,6 +126,17 @@ def _failed(
     d = d.count(restarted, spec.replicas)
     d = d.but(restart_after=d.now + timedelta(seconds=decision.backoff_s))
     return d.transition(Phase.RESTARTING, "WorkerFailed", text, warning=True), False
+
+
+def _rule(d: Decision, *, disrupted: bool, exit_code: int | None = None) -> RestartDecision:
+    """The job rules' one decision after a loss (``torchjob.plan.decide_restart``)."""
+    return decide_restart(
+        d.counters(),
+        RestartRules.of(d.job.spec.failure_policy),
+        disrupted=disrupted,
+        workers=d.replicas,
+        exit_code=exit_code,
+    )
 
 
 def took_over(
