@@ -109,7 +109,7 @@ class WorkloadStep:
     events: tuple[Event, ...] = ()
     warning: str | None = None
     """A line for the log (a failure)."""
-    created_event: Event | None = None
+    written_event: Event | None = None
     """The Event of the write above, posted only if it happened."""
 
 
@@ -123,20 +123,21 @@ def sync(seen: WorkloadSeen, phase: Phase | None) -> WorkloadStep:
             kueue.Gate(admitted=True, workload=seen.name, queue=seen.queue), seen.existing
         )
     if seen.existing is not None and not seen.owned:
-        return WorkloadStep(
-            waiting
-        )  # an earlier same-named job's: the garbage collector removes it
+        # An earlier same-named job's: the garbage collector removes it.
+        return WorkloadStep(waiting)
     if seen.missing_priority_class:
         return failed(seen, Failure(_missing_class(seen)), phase)
     if seen.existing is None:
         assert seen.desired is not None
         made = Event.of("CreatedWorkload", name=seen.name, queue=seen.queue, count=seen.count)
-        return WorkloadStep(waiting, create=seen.desired, created_event=made)
+        return WorkloadStep(waiting, create=seen.desired, written_event=made)
     if not wants_flavors(seen):
-        meta = seen.existing["metadata"]
+        namespace = seen.job.partition("/")[0]
         gone = Event.of("DeletedWorkload", name=seen.name)
         return WorkloadStep(
-            waiting, delete=(meta["namespace"], seen.name, meta["uid"]), created_event=gone
+            waiting,
+            delete=(namespace, seen.name, seen.existing["metadata"]["uid"]),
+            written_event=gone,
         )
     return WorkloadStep(kueue.gate_of(seen.existing, seen.flavors, queue=seen.queue), seen.existing)
 
@@ -173,8 +174,8 @@ def after_write(
     else's create or delete came first), a failed write as a failed read."""
     if isinstance(written, Failure):
         return failed(seen, written, phase)
-    if written and step.created_event is not None:
-        return replace(step, events=(*step.events, step.created_event))
+    if written and step.written_event is not None:
+        return replace(step, events=(*step.events, step.written_event))
     return step
 
 
