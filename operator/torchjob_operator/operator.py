@@ -24,7 +24,6 @@ from typing import Any
 from kubernetes import client
 from kubernetes import config as kube_config
 
-from torchjob_operator import reconcile
 from torchjob_operator.engine import metrics
 from torchjob_operator.engine.cache import Store
 from torchjob_operator.engine.cached import CachedKube
@@ -34,6 +33,7 @@ from torchjob_operator.engine.leader import LeaderElector
 from torchjob_operator.engine.memory import TrimLater
 from torchjob_operator.engine.podwatch import PodWatch
 from torchjob_operator.engine.pool import WritePool
+from torchjob_operator.torchjob.controller import reconcile_once
 from torchjob_operator.engine.queue import Key, Result, WorkQueue
 from torchjob_operator.engine.settings import ElectionConfig, OperatorSettings
 from torchjob_operator.torchtune.controller import StudyController
@@ -60,7 +60,7 @@ def load_kube_config() -> None:
 
 
 class TorchJobs:
-    """``engine.queue.Controller`` for TorchJobs over ``reconcile.reconcile_once``; it also
+    """``engine.queue.Controller`` for TorchJobs over ``torchjob.controller.reconcile_once``; it also
     holds back status writes that would only move the worker counts (``progress_batch_s``)."""
 
     kind = "torchjob"
@@ -82,12 +82,13 @@ class TorchJobs:
         key = (namespace, name)
         started = time.monotonic()
         since = self._deferred_since.get(key)
-        outcome = reconcile.reconcile_once(
+        outcome = reconcile_once(
             self.kube,
             namespace,
             name,
             settings=self.settings,
             defer_progress=since is None or started - since < self.settings.progress_batch_s,
+            pool=self.pool.executor(),
         )
         if not outcome.deferred or outcome.gone:
             self._deferred_since.pop(key, None)
@@ -101,8 +102,6 @@ class TorchJobs:
     def release(self) -> None:
         """No job left: end the write pool's threads (the next write starts them again)."""
         self.pool.release()
-        # Until reconcile_once takes ``self.pool``, its own module pool is the one in use.
-        reconcile.release_pool()
 
 
 class Operator:

@@ -8,8 +8,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from torchjob.api.models import TorchJobSpec
-from torchjob_operator.planner.observed import JobState, PodPhase, PodView
-from torchjob_operator.planner.plan import JobView
+from torchjob_operator.torchjob.observed import JobState, PodPhase, PodView
+from torchjob_operator.torchjob.plan import JobView
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

@@ -187,7 +187,7 @@ def test_import_api_and_contract_does_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, torchjob.api, torchjob.contract, torchjob.rules, torchjob_operator.planner.plan; print('torch' in sys.modules)"
+    code = "import sys, torchjob.api, torchjob.contract, torchjob.rules, torchjob_operator.torchjob.plan; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

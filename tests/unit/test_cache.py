@@ -14,12 +14,13 @@ import pytest
 from tests.unit.test_reconcile import Clock, FakeKube, _spec
 
 from torchjob import contract
+from torchjob_operator.common.owners import controller_uid
 from torchjob_operator.engine.cache import ALL_NAMESPACES, TOMBSTONE_S, PodExpectation, Store
 from torchjob_operator.engine.cached import CachedKube
 from torchjob_operator.engine.objects import merge_applied, trim_pod
 from torchjob_operator.engine.settings import OperatorSettings
-from torchjob_operator.planner.observed import controller_uid, pod_view, probe_view
-from torchjob_operator.reconcile import reconcile_once
+from torchjob_operator.torchjob.controller import reconcile_once
+from torchjob_operator.torchjob.observed import pod_view, probe_view
 
 KEY = ("ns", "tj")
 

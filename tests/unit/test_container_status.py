@@ -79,7 +79,7 @@ def _failed_pod(message: str) -> dict:
 
 
 def test_the_operator_reads_the_summary_from_the_container_status() -> None:
-    from torchjob_operator.planner.observed import pod_view
+    from torchjob_operator.torchjob.observed import pod_view
 
     err = WorkerGroupError(0, "DistBackendError", "Connection closed by peer", peer_failure=True)
     view = pod_view(_failed_pod(failure_message(err)))
@@ -90,7 +90,7 @@ def test_the_operator_reads_the_summary_from_the_container_status() -> None:
 
 
 def test_the_operator_sees_containers_that_cannot_start() -> None:
-    from torchjob_operator.planner.observed import pod_view
+    from torchjob_operator.torchjob.observed import pod_view
 
     waiting = {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "nope:1"'}
     pod = {
@@ -114,7 +114,7 @@ def _owned(name: str, uid: str | None, *, controller: bool = True) -> dict[str, 
 
 
 def test_only_pods_whose_controller_is_this_job_are_its_own() -> None:
-    from torchjob_operator.planner.observed import controller_uid, split_by_owner
+    from torchjob_operator.torchjob.observed import controller_uid, split_by_owner
 
     assert controller_uid(_owned("a", "u2")) == "u2"
     assert controller_uid(_owned("a", "u2", controller=False)) is None

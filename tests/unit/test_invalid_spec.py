@@ -11,7 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from torchjob.api import TorchJobSpec
-from torchjob_operator.reconcile import _invalid_status, validation_message
+from torchjob_operator.torchjob.status import invalid_status as _invalid_status
+from torchjob_operator.torchjob.status import validation_message
 
 
 def test_validation_message_names_fields_in_wire_form() -> None:

@@ -9,8 +9,8 @@ from tests.unit.builders import at, job, pod, running
 from tests.unit.test_planner import apply
 
 from torchjob.api.models import Phase
-from torchjob_operator.planner import kueue
-from torchjob_operator.planner.plan import JobView, plan, with_state
+from torchjob_operator.torchjob import kueue
+from torchjob_operator.torchjob.plan import JobView, plan, with_state
 
 WAITING = kueue.Gate(workload="torchjob-tj", queue="lq")
 ADMITTED = kueue.Gate(admitted=True, holds_quota=True, workload="torchjob-tj", queue="lq")

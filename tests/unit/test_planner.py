@@ -11,8 +11,8 @@ from tests.unit.builders import at, failed, job, pod, preempted, running, succee
 
 from torchjob.api.models import Phase
 from torchjob.rules import RestartRules, Verdict, backoff_seconds, decide_failure
-from torchjob_operator.planner.observed import PodView
-from torchjob_operator.planner.plan import JobView, Plan, plan, with_state
+from torchjob_operator.torchjob.observed import PodView
+from torchjob_operator.torchjob.plan import JobView, Plan, plan, with_state
 
 
 def apply(p: Plan, pods: list[PodView]) -> list[PodView]:
@@ -466,7 +466,7 @@ def test_elastic_waits_below_min_instead_of_shrinking() -> None:
 
 
 def test_elastic_grows_back_only_when_probes_fit() -> None:
-    from torchjob_operator.planner.observed import ProbeView
+    from torchjob_operator.torchjob.observed import ProbeView
 
     _, view, pods = step(elastic_job(), [], 0)
     _, view, pods = step(
@@ -499,7 +499,7 @@ def test_user_scale_of_an_elastic_job_is_honoured() -> None:
 
 
 def test_progress_only_is_the_counts_and_the_messages_that_quote_them() -> None:
-    from torchjob_operator.planner.status import progress_only
+    from torchjob_operator.torchjob.status import progress_only
 
     ready = {"type": "Ready", "status": "False", "reason": "WaitingForPods"}
     old = {"phase": "Pending", "workers": "1/4", "readyWorkers": 1, "conditions": [

@@ -17,10 +17,10 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from torchjob import contract
-from torchjob_operator import reconcile
 from torchjob_operator.engine.kube import EarlierOwnerError, Kube, KubeError
 from torchjob_operator.engine.settings import OperatorSettings
-from torchjob_operator.reconcile import reconcile_once
+from torchjob_operator.torchjob import controller, writes
+from torchjob_operator.torchjob.controller import reconcile_once
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 MUTATING = ("create_pod", "patch_job_status", "label_pod", "delete_pod")
@@ -323,7 +323,7 @@ def test_an_error_while_building_pods_is_invalid_spec_on_the_first_reconcile(
     def broken(**_: Any) -> dict[str, Any]:
         raise OverflowError("something no rule foresaw")
 
-    monkeypatch.setattr(reconcile, "worker_pod", broken)
+    monkeypatch.setattr(writes, "worker_pod", broken)
     kube = FakeKube(_spec())
     _invalid_spec_calls(kube)
     message = {c["type"]: c for c in kube.job["status"]["conditions"]}["Stalled"]["message"]
@@ -356,7 +356,7 @@ def test_worker_counts_wait_for_the_next_write_but_a_phase_never_waits() -> None
     kube = FakeKube(_spec(replicas=4))
     settings = OperatorSettings(progress_batch_s=1.0)
 
-    def once(defer: bool) -> reconcile.Outcome:
+    def once(defer: bool) -> controller.ReconcileResult:
         return reconcile_once(
             kube, "ns", "tj", settings=settings, clock=clock, defer_progress=defer
         )

@@ -18,9 +18,9 @@ from tests.unit.builders import T0
 
 from torchjob.api.models import TorchJobSpec
 from torchjob.rules import RestartRules, backoff_seconds
-from torchjob_operator.planner.observed import JobState, PodPhase, PodView, ProbeView
-from torchjob_operator.planner.plan import JobView, plan
 from torchjob_operator.resources.pods import probe_pod, worker_pod
+from torchjob_operator.torchjob.observed import JobState, PodPhase, PodView, ProbeView
+from torchjob_operator.torchjob.plan import JobView, plan
 
 QUANTITIES = st.one_of(
     st.integers(-2, 2**40),

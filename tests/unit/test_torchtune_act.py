@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
-from torchjob_operator.planner.draft import Event
+from torchjob_operator.common.events import Event
 from torchjob_operator.torchtune.act import act
 from torchjob_operator.torchtune.observe import StudyView, study_of_job
 

@@ -19,7 +19,7 @@ from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION
 from torchjob.api.torchtune import PLURAL as TUNE_PLURAL
 from torchjob_operator.engine.kube import EarlierOwnerError, KubeError
-from torchjob_operator.planner.observed import controller_uid
+from torchjob_operator.common.owners import controller_uid
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from torchjob_operator.engine.settings import ElectionConfig
 
-log = logging.getLogger("torchjob_operator.leader")
+log = logging.getLogger("torchjob_operator.engine.leader")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchjob import contract
-from torchjob_operator.planner.observed import controller_uid
+from torchjob_operator.common.owners import controller_uid
 
 JobKey = tuple[str, str]
 """(namespace, name) of a TorchJob."""

@@ -32,7 +32,7 @@ from torchjob_operator.engine import metrics
 from torchjob_operator.engine.cache import ALL_NAMESPACES, Store
 from torchjob_operator.engine.objects import trim_pod
 
-log = logging.getLogger("torchjob_operator.podwatch")
+log = logging.getLogger("torchjob_operator.engine.podwatch")
 
 OnJob = Callable[[str, str], None]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from torchjob import contract
 from torchjob.api.models import API_VERSION, KIND, GangScheduler, GangSpec, TorchJobSpec
-from torchjob.plan.worker_env import worker_pod_env
+from torchjob.rules.worker_env import worker_pod_env
 
 DEFAULT_GRACE_PERIOD_S = 120
 """Seconds between SIGTERM and SIGKILL: time for rank 0 to write a checkpoint."""

@@ -1,6 +1,6 @@
 """What a launcher observes of one worker, and the judgement of a generation.
 
-A ``Member`` is a worker pod (``torchjob_operator.planner.observed.PodView``) or a local
+A ``Member`` is a worker pod (``torchjob_operator.torchjob.observed.PodView``) or a local
 process (``torchjob.client.local``): both say whether it runs, how it ended, and
 whether it was taken away (a disruption) rather than failing on its own.
 

@@ -3,7 +3,7 @@
 It grows once the current generation committed at least one checkpoint (so the
 resize loses no work) and ``grow_cooldown_s`` passed since it started (so flapping
 capacity cannot thrash). The operator's elastic sizing adds capacity probes on top
-(``torchjob_operator.planner.elastic``); ``TorchTrainer`` asks this directly.
+(``torchjob_operator.torchjob.elastic``); ``TorchTrainer`` asks this directly.
 """
 
 from __future__ import annotations

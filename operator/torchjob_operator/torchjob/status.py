@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
+
+from pydantic import ValidationError
 
 from torchjob import contract
 from torchjob.api.models import Condition, Phase, TorchJobStatus
-from torchjob_operator.planner import conditions as cond
-from torchjob_operator.planner.draft import Draft
-from torchjob_operator.planner.observed import JobState, PodPhase, PodView, format_time
+from torchjob_operator.common import conditions as cond
+from torchjob_operator.common.clock import format_time
+from torchjob_operator.torchjob.decision import Decision
+from torchjob_operator.torchjob.observed import JobState, PodPhase, PodView
 
 
 def _selector(name: str) -> str:
     return f"{contract.LABEL_JOB_NAME}={name},{contract.LABEL_ROLE}={contract.ROLE_WORKER}"
 
 
-def render_status(d: Draft, current: Sequence[PodView]) -> dict[str, Any]:
+def render_status(d: Decision, current: Sequence[PodView]) -> dict[str, Any]:
     assert d.phase is not None
     now = format_time(d.now)
     obs = d.job.metadata_generation
@@ -61,7 +65,7 @@ def render_status(d: Draft, current: Sequence[PodView]) -> dict[str, Any]:
         current_generation=d.generation,
         created_generation=d.created_generation,
         members=list(d.members) if d.members is not None else None,
-        replaced_workers=d.replaced or None,
+        replaced_workers=list(d.replaced) or None,
         standby_workers=d.standby_ready,
         spec_replicas=d.spec_replicas,
         last_rescale_time=format_time(d.last_rescale) if d.last_rescale else None,
@@ -151,3 +155,31 @@ def ready_reason(st: JobState) -> tuple[str, str]:
         if c.get("type") == cond.READY:
             return str(c.get("reason") or ""), str(c.get("message") or "")
     return "", ""
+
+
+def validation_message(err: ValidationError) -> str:
+    """Pydantic errors as 'spec.a.b: message' lines, with the wire (camelCase) names."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        parts.append(f"spec.{loc}: {e['msg']}" if loc else str(e["msg"]))
+    return "; ".join(parts)
+
+
+def invalid_status(job: Mapping[str, Any], detail: str, now: datetime) -> dict[str, Any]:
+    """The partial status patch of an invalid spec: the conditions, nothing else touched."""
+    prior = TorchJobStatus.parse(job.get("status"))
+    invalid = set_not_ready(
+        TorchJobStatus(conditions=prior.conditions),
+        reason="InvalidSpec",
+        message=detail,
+        stalled=True,
+        now=format_time(now),
+        observed_generation=(job.get("metadata") or {}).get("generation"),
+    )
+    return invalid.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+def status_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether writing the patch ``new`` over the status ``old`` changes anything."""
+    return any(old.get(k) != v for k, v in new.items())

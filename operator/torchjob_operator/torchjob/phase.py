@@ -5,16 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from torchjob.api.models import Phase
-from torchjob_operator.planner import conditions as cond
-from torchjob_operator.planner.draft import Draft
-from torchjob_operator.planner.observed import (
+from torchjob_operator.common import conditions as cond
+from torchjob_operator.torchjob.decision import Decision
+from torchjob_operator.torchjob.observed import (
     IMAGE_PULL_REASONS,
     PodPhase,
     PodView,
 )
 
 
-def active_phase(d: Draft, current: Sequence[PodView]) -> None:
+def active_phase(d: Decision, current: Sequence[PodView]) -> Decision:
     """Pending -> Starting -> Running for a live generation; Restarting holds until it runs again."""
     alive = [p for p in current if not p.deleting]
     running = sum(1 for p in alive if p.phase in (PodPhase.RUNNING, PodPhase.SUCCEEDED))
@@ -24,12 +24,11 @@ def active_phase(d: Draft, current: Sequence[PodView]) -> None:
         if (p.phase == PodPhase.RUNNING and p.ready) or p.phase == PodPhase.SUCCEEDED
     )
     if len(alive) == d.replicas and running == d.replicas:
-        d.transition(
+        return d.transition(
             Phase.RUNNING,
             "AllWorkersRunning",
             cond.message("AllWorkersRunning", replicas=d.replicas, generation=d.generation),
         )
-        return
     scheduled = sum(1 for p in alive if p.scheduled)
     phase = Phase.STARTING if alive and scheduled == d.replicas else Phase.PENDING
     stuck = [p for p in alive if p.waiting]
@@ -42,18 +41,17 @@ def active_phase(d: Draft, current: Sequence[PodView]) -> None:
         detail = (
             f"{first.waiting}: {first.waiting_message}" if first.waiting_message else first.waiting
         )
-        d.transition(
+        return d.transition(
             Phase.RESTARTING if d.phase == Phase.RESTARTING else phase,
             *cond.say(reason, stuck=len(stuck), replicas=d.replicas, pod=first.name, detail=detail),
             warning=True,
         )
-        return
     if d.phase == Phase.RESTARTING:
-        return
+        return d
     unschedulable = [p for p in alive if p.unschedulable_since is not None]
     if unschedulable:
         first = unschedulable[0]
-        d.transition(
+        return d.transition(
             phase,
             *cond.say(
                 "Unschedulable",
@@ -63,9 +61,8 @@ def active_phase(d: Draft, current: Sequence[PodView]) -> None:
                 detail=first.message or "Unschedulable",
             ),
         )
-    else:
-        d.transition(
-            phase,
-            "WaitingForPods",
-            cond.message("WaitingForPods", ready=ready, replicas=d.replicas),
-        )
+    return d.transition(
+        phase,
+        "WaitingForPods",
+        cond.message("WaitingForPods", ready=ready, replicas=d.replicas),
+    )

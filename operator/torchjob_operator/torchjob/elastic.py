@@ -15,25 +15,26 @@ from datetime import timedelta
 
 from torchjob import contract
 from torchjob.api.models import MembershipPolicy, Phase
-from torchjob_operator.planner import conditions as cond
-from torchjob_operator.planner.draft import CreatePods, Draft, Event
-from torchjob_operator.planner.observed import PodPhase, PodView
+from torchjob_operator.common import conditions as cond
+from torchjob_operator.common.events import Event
+from torchjob_operator.torchjob.decision import CreatePods, Decision
+from torchjob_operator.torchjob.observed import PodPhase, PodView
 
 
-def target_replicas(d: Draft) -> int:
+def target_replicas(d: Decision) -> int:
     """The size an elastic job grows back to: ``spec.replicas`` within ``maxReplicas``."""
     el = d.job.spec.elastic
     assert el is not None
     return min(d.job.spec.replicas, el.max_replicas)
 
 
-def in_rank_order(d: Draft, survivors: Sequence[PodView]) -> tuple[int, ...]:
+def in_rank_order(d: Decision, survivors: Sequence[PodView]) -> tuple[int, ...]:
     """The survivors' pod indices in the current generation's rank order."""
     alive = {p.index for p in survivors}
     return tuple(i for i in d.ranked if i in alive)
 
 
-def shrink_at_once(d: Draft, survivors: Sequence[PodView]) -> tuple[int, ...] | None:
+def shrink_at_once(d: Decision, survivors: Sequence[PodView]) -> tuple[int, ...] | None:
     """After a disruption: the pods to continue with right away, in rank order, or None.
 
     Only for an elastic ``KeepSurvivors`` job that asks for it (``shrinkOnDisruption``) and
@@ -57,7 +58,7 @@ def shrink_at_once(d: Draft, survivors: Sequence[PodView]) -> tuple[int, ...] | 
 
 
 def survivors_first(
-    d: Draft, survivors: Sequence[PodView], replicas: int
+    d: Decision, survivors: Sequence[PodView], replicas: int
 ) -> tuple[int, ...] | None:
     """KeepSurvivors, replaced at full size: the survivors in their rank order, then the new
     pods (so rank 0 and the rendezvous stay on a pod that runs, whose DNS name resolves, and
@@ -68,7 +69,7 @@ def survivors_first(
     return kept + tuple(i for i in range(replicas) if i not in kept)
 
 
-def joiners(d: Draft, pods: Sequence[PodView]) -> list[PodView]:
+def joiners(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
     """Pods created ahead of the generation that takes them in (``contract.LABEL_JOINER``;
     an older operator's: labelled ``generation + 1``): replacements and warm standbys, still
     running or about to, with an index within ``target + standbyReplicas``. Not members yet,
@@ -89,7 +90,7 @@ def joiners(d: Draft, pods: Sequence[PodView]) -> list[PodView]:
     ]
 
 
-def ready_joiners(d: Draft, pods: Sequence[PodView]) -> list[PodView]:
+def ready_joiners(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
     """Joiners whose runtime waits to join (their readiness probe), by index."""
     return sorted(
         (p for p in joiners(d, pods) if p.phase == PodPhase.RUNNING and p.ready and p.scheduled),
@@ -98,7 +99,7 @@ def ready_joiners(d: Draft, pods: Sequence[PodView]) -> list[PodView]:
 
 
 def replace_with_standbys(
-    d: Draft, survivors: Sequence[PodView], pods: Sequence[PodView]
+    d: Decision, survivors: Sequence[PodView], pods: Sequence[PodView]
 ) -> tuple[int, ...] | None:
     """After a loss: the next generation at full size right away, the survivors first and
     ready joiners (warm standbys) in the lost pods' places; None when too few are ready.
@@ -118,7 +119,7 @@ def replace_with_standbys(
     return kept + tuple(ready[:need])
 
 
-def grow_with_joiners(d: Draft, current: Sequence[PodView], pods: Sequence[PodView]) -> None:
+def grow_with_joiners(d: Decision, current: Sequence[PodView], pods: Sequence[PodView]) -> Decision:
     """KeepSurvivors: keep ``target - replicas`` joiners plus ``standbyReplicas`` standbys,
     created as soon as their names are free; once enough joiners wait to join, publish
     generation g+1 at the full size (the survivors stop at their next report and re-form the
@@ -136,52 +137,53 @@ def grow_with_joiners(d: Draft, current: Sequence[PodView], pods: Sequence[PodVi
     alive = [p for p in current if not p.deleting]
     running = len(alive) == d.replicas and all(p.phase == PodPhase.RUNNING for p in alive)
     if want <= 0 and standby == 0:
-        return
+        return d
     cooling = False
     if want > 0 and d.last_rescale is not None:
         ready_at = d.last_rescale + timedelta(seconds=el.scale_up_cooldown_seconds)
         if d.now < ready_at:
-            d.requeue.append((ready_at - d.now).total_seconds())
+            d = d.also(requeue=[(ready_at - d.now).total_seconds()])
             cooling = True
     if want > 0 and not running and standby == 0:
-        return
+        return d
     joining = joiners(d, pods)
     ready = ready_joiners(d, pods)
     if want > 0 and running and not cooling and len(ready) >= want:
         old = d.replicas
-        d.next_generation(top, d.ranked + tuple(p.index for p in ready[:want]))
-        d.created_generation = d.generation  # every pod of it exists: nothing to create
-        d.transition(Phase.RESTARTING, *cond.say("ScaledUp", want=want, old=old, replicas=top))
-        return
+        d = d.next_generation(top, d.ranked + tuple(p.index for p in ready[:want]))
+        # Every pod of the new generation exists: nothing to create.
+        return d.but(created_generation=d.generation).transition(
+            Phase.RESTARTING, *cond.say("ScaledUp", want=want, old=old, replicas=top)
+        )
     if want > 0 and cooling and standby == 0:
-        return
+        return d
     missing = max(want, 0) + standby - len(joining)
     taken = {p.index for p in pods}
     ranked = set(d.ranked)
     free = tuple(i for i in range(top + standby) if i not in taken and i not in ranked)[
         : max(missing, 0)
     ]
-    if free:
-        grown = d.ranked + tuple(sorted({p.index for p in joining} | set(free)))[: max(want, 0)]
-        d.create = CreatePods(
-            indices=free,
-            generation=d.generation + 1,
-            replicas=len(grown) if want > 0 else top,
-            joiners=True,
-            members=None if want <= 0 or grown == tuple(range(len(grown))) else grown,
-        )
-        d.events.append(
-            Event.of(
-                "CreatedJoiner",
-                pods=", ".join(contract.worker_pod_name(d.job.name, i) for i in free),
-                generation=d.generation + 1,
-            )
-        )
+    if not free:
+        return d
+    grown = d.ranked + tuple(sorted({p.index for p in joining} | set(free)))[: max(want, 0)]
+    create = CreatePods(
+        indices=free,
+        generation=d.generation + 1,
+        replicas=len(grown) if want > 0 else top,
+        joiners=True,
+        members=None if want <= 0 or grown == tuple(range(len(grown))) else grown,
+    )
+    joined = Event.of(
+        "CreatedJoiner",
+        pods=", ".join(contract.worker_pod_name(d.job.name, i) for i in free),
+        generation=d.generation + 1,
+    )
+    return d.but(create=create).also(events=[joined])
 
 
 def fit_to_capacity(
-    d: Draft, current: Sequence[PodView], pods: Sequence[PodView] | None = None
-) -> None:
+    d: Decision, current: Sequence[PodView], pods: Sequence[PodView] | None = None
+) -> Decision:
     """Elastic jobs: shrink to what fits, grow back when capacity returns.
 
     Shrink: workers unschedulable for ``scaleDownAfterSeconds`` are dropped and the
@@ -194,7 +196,7 @@ def fit_to_capacity(
     el = d.job.spec.elastic
     assert el is not None
     if d.created_generation != d.generation:
-        return
+        return d
     alive = [p for p in current if not p.deleting]
     placed = sum(1 for p in alive if p.scheduled)
     waiting = [p for p in alive if p.unschedulable_since is not None]
@@ -202,58 +204,53 @@ def fit_to_capacity(
         first = min(p.unschedulable_since for p in waiting if p.unschedulable_since)
         due = first + timedelta(seconds=el.scale_down_after_seconds)
         if d.now < due:
-            d.requeue.append((due - d.now).total_seconds())
-            return
+            return d.also(requeue=[(due - d.now).total_seconds()])
         if placed < el.min_replicas:
-            d.transition(
+            return d.transition(
                 Phase.PENDING,
                 *cond.say("WaitingForCapacity", placed=placed, min=el.min_replicas),
             )
-            return
-        if placed < d.replicas:
-            old = d.replicas
-            on_nodes = {p.index for p in alive if p.scheduled}
-            keep = d.job.spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS
-            # KeepSurvivors goes on with the placed pods themselves; RecreateGroup makes new ones.
-            d.next_generation(placed, tuple(i for i in d.ranked if i in on_nodes) if keep else None)
-            d.last_rescale = d.now
-            d.transition(
-                Phase.RESTARTING,
-                *cond.say(
-                    "ScaledDown",
-                    lost=old - placed,
-                    old=old,
-                    after=el.scale_down_after_seconds,
-                    placed=placed,
-                    min=el.min_replicas,
-                ),
-                warning=True,
-            )
-        return
+        if placed >= d.replicas:
+            return d
+        old = d.replicas
+        on_nodes = {p.index for p in alive if p.scheduled}
+        keep = d.job.spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS
+        # KeepSurvivors goes on with the placed pods themselves; RecreateGroup makes new ones.
+        d = d.next_generation(placed, tuple(i for i in d.ranked if i in on_nodes) if keep else None)
+        return d.but(last_rescale=d.now).transition(
+            Phase.RESTARTING,
+            *cond.say(
+                "ScaledDown",
+                lost=old - placed,
+                old=old,
+                after=el.scale_down_after_seconds,
+                placed=placed,
+                min=el.min_replicas,
+            ),
+            warning=True,
+        )
     if d.job.spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS:
-        grow_with_joiners(d, current, current if pods is None else pods)
-        return
+        return grow_with_joiners(d, current, current if pods is None else pods)
     want = target_replicas(d) - d.replicas
     running = len(alive) == d.replicas and all(p.phase == PodPhase.RUNNING for p in alive)
     if want <= 0 or not running:
-        return
+        return d
     since = d.last_rescale or d.start_time or d.now
     ready_at = since + timedelta(seconds=el.scale_up_cooldown_seconds)
     if d.now < ready_at:
-        d.requeue.append((ready_at - d.now).total_seconds())
-        return
-    d.keep_probes = True
+        return d.also(requeue=[(ready_at - d.now).total_seconds()])
     live = [p for p in d.probes if not p.deleting]
     if len(live) >= want and all(p.scheduled for p in live):
         old = d.replicas
-        d.keep_probes = False  # capacity is proven: the probes make room for the workers
-        d.next_generation(old + want)
-        d.last_rescale = d.now
-        d.transition(
+        # Capacity is proven: the probes go (keep_probes stays False) to make room.
+        d = d.next_generation(old + want)
+        return d.but(last_rescale=d.now).transition(
             Phase.RESTARTING, *cond.say("ScaledUp", want=want, old=old, replicas=d.replicas)
         )
-        return
     names = {p.name for p in live}
-    d.create_probes = tuple(
-        i for i in range(want) if contract.probe_pod_name(d.job.name, i) not in names
+    return d.but(
+        keep_probes=True,
+        create_probes=tuple(
+            i for i in range(want) if contract.probe_pod_name(d.job.name, i) not in names
+        ),
     )

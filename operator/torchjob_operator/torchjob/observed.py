@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from torchjob import contract
 from torchjob.api.models import FailureRecord, Phase, TorchJobStatus
-from torchjob.plan.member import MemberPhase
+from torchjob.rules.member import MemberPhase
+from torchjob_operator.common.clock import parse_time, parse_time_or_none
 
 IMAGE_PULL_REASONS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
@@ -30,12 +31,12 @@ NODE_LOSS_REASONS = frozenset({"NodeLost", "Evicted", "Shutdown", "NodeShutdown"
 
 
 PodPhase = MemberPhase
-"""Pod phases are the members' phases (``torchjob.plan.member``)."""
+"""Pod phases are the members' phases (``torchjob.rules.member``)."""
 
 
 @dataclass(frozen=True)
 class PodView:
-    """One worker pod as the planner needs it: a ``torchjob.plan.Member``."""
+    """One worker pod as the planner needs it: a ``torchjob.rules.Member``."""
 
     name: str
     index: int
@@ -70,18 +71,6 @@ class PodView:
         )
 
 
-def parse_time(value: str | datetime | None) -> datetime | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def format_time(value: datetime) -> str:
-    return value.astimezone(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
 def _condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
     for cond in status.get("conditions") or ():
         if cond.get("type") == type_:
@@ -96,15 +85,6 @@ class ProbeView:
     name: str
     scheduled: bool
     deleting: bool = False
-
-
-def controller_uid(obj: Mapping[str, Any]) -> str | None:
-    """The uid in the object's controller ownerReference (``controller: true``), or None."""
-    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
-        if ref.get("controller"):
-            uid = ref.get("uid")
-            return str(uid) if uid else None
-    return None
 
 
 def split_by_owner(
@@ -260,19 +240,12 @@ class JobState:
             members=s.rank_order(),
             created_generation=s.created_generation,
             spec_replicas=s.spec_replicas or None,
-            last_rescale=_time(s.last_rescale_time),
+            last_rescale=parse_time_or_none(s.last_rescale_time),
             restarts=s.restarts or 0,
             disruptions=s.disruptions or 0,
-            start_time=_time(s.start_time),
-            completion_time=_time(s.completion_time),
-            restart_after=_time(s.restart_after),
+            start_time=parse_time_or_none(s.start_time),
+            completion_time=parse_time_or_none(s.completion_time),
+            restart_after=parse_time_or_none(s.restart_after),
             last_failure=s.last_failure,
             conditions=tuple(c.to_wire() for c in s.conditions or ()),
         )
-
-
-def _time(value: str | None) -> datetime | None:
-    try:
-        return parse_time(value)
-    except ValueError:
-        return None

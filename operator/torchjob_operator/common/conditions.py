@@ -24,7 +24,7 @@ READY: Final = "Ready"
 STALLED: Final = "Stalled"
 
 # Every reason the operator writes into a condition or an Event (CamelCase), with the
-# message template it goes with. ``Draft.transition`` and ``Event`` refuse any other.
+# message template it goes with. ``Decision.transition`` and ``Event`` refuse any other.
 REASONS: Final[Mapping[str, str]] = {
     # conditions (and the Event of the transition)
     "PodsCreated": "created {replicas} worker pods for generation {generation}",

@@ -1,0 +1,1 @@
+"""Pure helpers shared by both controllers: conditions, Events, time."""

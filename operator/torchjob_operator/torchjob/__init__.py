@@ -1,0 +1,1 @@
+"""The TorchJob controller: pure planning modules, observe/act adapters and the wiring."""

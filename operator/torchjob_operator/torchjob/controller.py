@@ -1,0 +1,148 @@
+"""The TorchJob controller: one pass over one job, wired as observe -> plan -> act -> amend.
+
+Entry point::
+
+    reconcile_once(kube, namespace, name, *, settings, clock=utcnow,
+                   defer_progress=False, pool=None) -> ReconcileResult
+
+* ``kube``: the ``Kube`` protocol (``torchjob_operator.engine.kube``; the operator passes its cache).
+* ``settings``: ``OperatorSettings`` (``component`` for Events, ``progress_batch_s``).
+* ``clock``: the time (``common.clock.utcnow``; tests pass a fake one).
+* ``defer_progress``: hold back a status write that only moves the worker counts (the
+  result asks to run again within ``settings.progress_batch_s``; the caller decides when
+  the wait is over): while 8 pods start one by one, the status is written when the phase
+  changes, not 8 times.
+* ``pool``: the ``concurrent.futures.Executor`` for the concurrent pod writes. The operator
+  owns one long-lived pool (``2 * settings.create_concurrency`` threads) and passes it to
+  every pass; None runs the writes one after another in the caller's thread.
+
+Runs in a worker thread; the caller decides *when*. The order of the writes: ``act``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from torchjob_operator.engine import metrics
+from torchjob_operator.common.clock import Clock, utcnow
+from torchjob_operator.engine.kube import Kube
+from torchjob_operator.engine.settings import OperatorSettings
+from torchjob_operator.torchjob import act, admission
+from torchjob_operator.torchjob.amend import amend
+from torchjob_operator.torchjob.observe import Observed, observe
+from torchjob_operator.torchjob.status import invalid_status, status_changed
+from torchjob_operator.torchjob.writes import around, decide
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    requeue_after_s: float | None
+    """Run again after this long even if nothing happens; None: wait for a change."""
+    gone: bool = False
+    """The TorchJob no longer exists: stop its loop."""
+    deferred: bool = False
+    """A status write that only moved the worker counts was held back (``defer_progress``)."""
+
+
+def reconcile_once(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    *,
+    settings: OperatorSettings,
+    clock: Clock = utcnow,
+    defer_progress: bool = False,
+    pool: Executor | None = None,
+) -> ReconcileResult:
+    """One pass over one job (see the module docstring)."""
+    log = act.job_logger(namespace, name)
+    seen = observe(kube, namespace, name)
+    if seen is None:
+        return ReconcileResult(None, gone=True)
+    now = clock()
+    metrics.RECONCILES.inc()
+    if seen.spec is None:
+        return _invalid(kube, seen, seen.invalid or "", now, settings, log)
+    pool = act.Inline() if pool is None else pool
+    job, spec, meta = seen.job, seen.spec, seen.job["metadata"]
+    step = _sync_workload(kube, seen, log)
+    view = seen.view(spec, None if step is None else step.gate)
+    try:  # judging and building are pure: an error here is the spec's, and retrying cannot help
+        decided = decide(
+            view, meta["uid"], seen.pods, seen.probes, now, step.events if step else ()
+        )
+    except Exception as err:
+        metrics.RECONCILE_ERRORS.inc()
+        detail = (
+            f"TorchJob {namespace}/{name} cannot be run as specified: {type(err).__name__}: {err}"
+        )
+        return _invalid(kube, seen, detail, now, settings, log)
+    plan = decided.plan
+    created = act.create(
+        kube, pool, namespace, decided, around(name, namespace, meta["uid"], spec, plan), log
+    )
+    old_status: Mapping[str, Any] = job.get("status") or {}
+    workload = None if step is None else step.workload
+    amended = amend(
+        view,
+        plan,
+        decided.events,
+        created,
+        old_status=old_status,
+        now=now,
+        defer_progress=defer_progress,
+        progress_batch_s=settings.progress_batch_s,
+        workload_read=workload is not None,
+    )
+    if amended.stop:  # WaitingForEarlierJob: the status says so, nothing else is written
+        if amended.write_status:
+            kube.patch_job_status(namespace, name, amended.status)
+        return ReconcileResult(amended.requeue_after_s)
+    if amended.deferred:
+        metrics.STATUS_DEFERRED.inc()
+    elif amended.write_status:
+        max_restarts = spec.failure_policy.max_restarts
+        act.write_status(kube, namespace, name, amended.status, old_status, max_restarts, log)
+    # Only now that the decision is recorded: older generations' pods go (or join, relabelled).
+    uids = {p["metadata"]["name"]: p["metadata"].get("uid") for p in seen.raw_pods}
+    deleted = act.remove(kube, pool, namespace, plan, uids)
+    act.post(kube, job, amended.events + deleted, settings.component)
+    if workload is not None:
+        settled = admission.settle(workload, plan.phase, bool(seen.raw_pods), now)
+        act.settle_workload(kube, job, workload, settled, settings.component, log)
+    if plan.delete_job:
+        ttl = spec.run_policy.ttl_seconds_after_finished
+        log.info("deleting finished job (ttlSecondsAfterFinished=%s)", ttl)
+        kube.delete_job(namespace, name)
+        return ReconcileResult(None, gone=True)
+    return ReconcileResult(amended.requeue_after_s, deferred=amended.deferred)
+
+
+def _sync_workload(kube: Kube, seen: Observed, log: act.Log) -> admission.WorkloadStep | None:
+    """The Kueue Workload first (decide, write, amend): the job's gate depends on it."""
+    if seen.workload is None:
+        return None
+    phase = seen.state.phase
+    step = admission.sync(seen.workload, phase)
+    if step.create is not None or step.delete is not None:
+        step = admission.after_write(step, seen.workload, act.write_workload(kube, step), phase)
+    if step.warning is not None:
+        log.warning("%s", step.warning)
+    return step
+
+
+def _invalid(
+    kube: Kube, seen: Observed, detail: str, now: datetime, settings: OperatorSettings, log: act.Log
+) -> ReconcileResult:
+    """Say why the spec cannot run (once: no hot loop); an update wakes the job up again."""
+    status = invalid_status(seen.job, detail, now)
+    if status_changed(seen.job.get("status") or {}, status):
+        act.say_invalid(kube, seen.job, status, detail, settings.component, log)
+    return ReconcileResult(None)
+
+
+__all__ = ["ReconcileResult", "reconcile_once"]

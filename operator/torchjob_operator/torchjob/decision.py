@@ -1,0 +1,181 @@
+"""The planner's values: what it is given (``JobView``), what it answers (``Plan``), and
+the immutable state of one decision while it is being made (``Decision``).
+
+A ``Decision`` is never changed in place: every step of ``plan`` (and of ``loss``,
+``ending``, ``elastic``, ``phase``) takes one and returns a new one. Who sets what:
+
+==========================================  ==============================================
+fields                                      set by
+==========================================  ==============================================
+``generation restarts disruptions``         ``count`` / ``next_generation`` only: the
+``replicas members``                        decisions of ``torchjob.rules`` (a restart, a
+                                            disruption, a resize); ``resize`` adopts a size
+``phase reason message``                    ``transition`` only (and it adds the Event)
+``created_generation restart_after``        the branch that starts or adopts a generation
+``start_time completion_time``              (``plan``, ``loss``, ``ending``, ``elastic``)
+``last_failure``                            ``loss`` (a worker failed)
+``spec_replicas``                           ``plan`` (the user's scale)
+``last_rescale keep_probes create_probes``  ``elastic`` (capacity-driven resizes)
+``standby_ready replaced relabel``          ``plan`` (after the lifecycle, KeepSurvivors)
+``create``                                  ``plan`` (a generation's pods), ``elastic``
+                                            (joiners)
+``delete delete_job``                       ``plan``, ``ending``
+``events requeue``                          every step adds (``also``), none removes
+==========================================  ==============================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from torchjob.api.models import FailureRecord, Phase, TorchJobSpec
+from torchjob.rules import Counters
+from torchjob_operator.common import conditions as cond
+from torchjob_operator.common.events import Event
+from torchjob_operator.torchjob.kueue import Gate
+from torchjob_operator.torchjob.observed import JobState, ProbeView
+
+
+@dataclass(frozen=True)
+class JobView:
+    name: str
+    namespace: str
+    spec: TorchJobSpec
+    state: JobState = field(default_factory=JobState)
+    metadata_generation: int | None = None
+    foreign_pods: tuple[str, ...] = ()
+    """Pods with this job's name label whose controller is another uid (an earlier TorchJob of
+    this name, being deleted): never judged, counted or deleted; while one exists no pod is
+    created, since a new pod would share its name and DNS name."""
+    kueue: Gate | None = None
+    """The job's Kueue Workload (torchjob/kueue.py); None: Kueue does not manage the job."""
+
+
+@dataclass(frozen=True)
+class CreatePods:
+    indices: tuple[int, ...]
+    generation: int
+    replicas: int
+    joiners: bool = False
+    """Created ahead of ``generation`` (not yet published): an elastic job's replacements."""
+    members: tuple[int, ...] | None = None
+    """The rank order of ``generation`` when it is not ``0..replicas-1`` (``Decision.members``)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    create: CreatePods | None
+    delete: tuple[str, ...]
+    status: dict[str, Any]
+    events: tuple[Event, ...] = ()
+    requeue_after_s: float | None = None
+    delete_job: bool = False
+    ensure_service: bool = True
+    create_probes: tuple[int, ...] = ()
+    """Capacity probes to create (indices) before an elastic job grows."""
+    relabel: tuple[str, ...] = ()
+    """KeepSurvivors: pods kept from an earlier generation, to label with the current one."""
+
+    @property
+    def phase(self) -> Phase:
+        return Phase(self.status["phase"])
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One plan while it is being decided (see the module docstring for who sets what)."""
+
+    job: JobView
+    now: datetime
+    phase: Phase | None
+    generation: int
+    replicas: int
+    restarts: int
+    disruptions: int
+    start_time: datetime | None
+    completion_time: datetime | None
+    restart_after: datetime | None
+    created_generation: int | None
+    last_failure: FailureRecord | None
+    members: tuple[int, ...] | None = None
+    """KeepSurvivors: the current generation's pod indices in rank order, when they are not
+    ``0..replicas-1``: survivors first, in their old rank order, then new pods. A generation
+    that lost pod 0 goes on with a survivor as rank 0 and the rendezvous on it."""
+    standby_ready: int | None = None
+    """Joiners ready to take a worker's place (``status.standbyWorkers``; None: not elastic)."""
+    spec_replicas: int | None = None
+    last_rescale: datetime | None = None
+    replaced: tuple[str, ...] = ()
+    """KeepSurvivors: stale pods whose index the current generation gives to a new pod."""
+    probes: tuple[ProbeView, ...] = ()
+    create_probes: tuple[int, ...] = ()
+    keep_probes: bool = False
+    reason: str = ""
+    message: str = ""
+    events: tuple[Event, ...] = ()
+    delete: tuple[str, ...] = ()
+    create: CreatePods | None = None
+    requeue: tuple[float, ...] = ()
+    delete_job: bool = False
+    relabel: tuple[str, ...] = ()
+
+    def but(self, **changes: Any) -> Decision:
+        """This decision with ``changes`` (``dataclasses.replace``)."""
+        return replace(self, **changes)
+
+    def also(
+        self,
+        *,
+        events: Iterable[Event] = (),
+        delete: Iterable[str] = (),
+        requeue: Iterable[float] = (),
+    ) -> Decision:
+        """This decision with more Events, pods to delete and requeue candidates."""
+        return replace(
+            self,
+            events=self.events + tuple(events),
+            delete=self.delete + tuple(delete),
+            requeue=self.requeue + tuple(requeue),
+        )
+
+    def transition(
+        self, phase: Phase, reason: str, message: str, *, warning: bool = False
+    ) -> Decision:
+        """The phase and what the Ready condition says, with an Event when either changed."""
+        assert reason in cond.REASONS, f"reason {reason} is not in conditions.REASONS"
+        events = self.events
+        if phase != self.phase or reason != self.reason:
+            events += (Event("Warning" if warning else "Normal", reason, message),)
+        return replace(self, phase=phase, reason=reason, message=message, events=events)
+
+    def counters(self) -> Counters:
+        return Counters(self.generation, self.restarts, self.disruptions)
+
+    @property
+    def ranked(self) -> tuple[int, ...]:
+        """The current generation's pod indices in rank order."""
+        return self.members if self.members is not None else tuple(range(self.replicas))
+
+    def count(
+        self, counters: Counters, replicas: int, members: tuple[int, ...] | None = None
+    ) -> Decision:
+        """Adopt the counters of a decision (``torchjob.rules.generation``) and the new size
+        (pods ``members`` in rank order; default ``0..replicas-1``)."""
+        return replace(
+            self,
+            generation=counters.generation,
+            restarts=counters.restarts,
+            disruptions=counters.disruptions,
+        ).resize(replicas, members)
+
+    def resize(self, replicas: int, members: tuple[int, ...] | None = None) -> Decision:
+        assert members is None or len(members) == replicas, (members, replicas)
+        ranked = None if members is None or members == tuple(range(replicas)) else members
+        return replace(self, replicas=replicas, members=ranked)
+
+    def next_generation(self, replicas: int, members: tuple[int, ...] | None = None) -> Decision:
+        """A resize: the next generation, charged to no counter."""
+        return self.count(self.counters().resized(), replicas, members)

@@ -1,0 +1,129 @@
+"""Read one TorchJob's world into one immutable view: the job, its pods, its Kueue
+Workload. All of a pass's reads happen here, before anything is decided or written;
+what is read next depends only on what was read before (an invalid spec stops the
+reads, as does a Workload that is not this job's)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pydantic import ValidationError
+
+from torchjob.api.models import TorchJobSpec
+from torchjob_operator.engine.kube import Kube, KubeError
+from torchjob_operator.torchjob import admission, kueue
+from torchjob_operator.torchjob.decision import JobView
+from torchjob_operator.torchjob.observed import (
+    JobState,
+    PodView,
+    ProbeView,
+    pod_view,
+    probe_view,
+    split_by_owner,
+)
+from torchjob_operator.torchjob.status import validation_message
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One TorchJob as this pass found it."""
+
+    job: Mapping[str, Any]
+    spec: TorchJobSpec | None
+    """None: the spec is invalid (``invalid`` says why) and nothing else was read."""
+    invalid: str | None = None
+    state: JobState = field(default_factory=JobState)
+    raw_pods: tuple[dict[str, Any], ...] = ()
+    """This job's pods as listed (their uids are the deletions' preconditions)."""
+    pods: tuple[PodView, ...] = ()
+    probes: tuple[ProbeView, ...] = ()
+    foreign: tuple[str, ...] = ()
+    """Pods of an earlier same-named TorchJob (another controller uid)."""
+    workload: admission.WorkloadSeen | None = None
+    """The Kueue Workload's reads; None: Kueue does not manage the job."""
+
+    def view(self, spec: TorchJobSpec, gate: kueue.Gate | None) -> JobView:
+        """What the planner is given: the job, with its Workload's ``gate``."""
+        meta = self.job["metadata"]
+        return JobView(
+            name=meta["name"],
+            namespace=meta["namespace"],
+            spec=spec,
+            state=self.state,
+            metadata_generation=meta.get("generation"),
+            foreign_pods=self.foreign,
+            kueue=gate,
+        )
+
+
+def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
+    """Everything one pass needs; None when the job is gone or being deleted."""
+    job = kube.get_job(namespace, name)
+    if job is None or (job.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    try:
+        spec = TorchJobSpec.model_validate(job.get("spec") or {})
+    except ValidationError as err:
+        detail = f"TorchJob {namespace}/{name} has an invalid spec: {validation_message(err)}"
+        return Observed(job, None, invalid=detail)
+    # Only this job's pods count: a same-named earlier job's (another controller uid) wait.
+    raw_pods, foreign = split_by_owner(
+        kube.list_worker_pods(namespace, name), job["metadata"]["uid"]
+    )
+    state = JobState.from_status(job.get("status") or {})
+    return Observed(
+        job,
+        spec,
+        state=state,
+        raw_pods=tuple(raw_pods),
+        pods=tuple(v for v in (pod_view(p) for p in raw_pods) if v is not None),
+        probes=tuple(v for v in (probe_view(p) for p in raw_pods) if v is not None),
+        foreign=tuple(foreign),
+        workload=_workload(kube, job, spec, state),
+    )
+
+
+def _workload(
+    kube: Kube, job: Mapping[str, Any], spec: TorchJobSpec, state: JobState
+) -> admission.WorkloadSeen | None:
+    """The reads ``admission.sync`` decides from, in its order; a failed read ends them."""
+    meta = job["metadata"]
+    name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
+    labels = meta.get("labels") or {}
+    queue = kueue.queue_of(
+        labels,
+        spec.scheduling.queue_name,
+        ((job.get("spec") or {}).get("template") or {}).get("metadata", {}).get("labels"),
+    )
+    if queue is None:
+        return None
+    seen = admission.WorkloadSeen(
+        job=f"{namespace}/{name}", queue=queue, name=kueue.workload_name(name)
+    )
+    try:
+        existing = kube.get_workload(namespace, seen.name)
+        seen = replace(seen, existing=existing)
+        if state.phase is not None and state.phase.is_terminal:
+            return replace(seen, terminal=True)
+        if existing is not None and not kueue.owned_by(existing, uid):
+            return replace(seen, owned=False)
+        priority_class = labels.get(kueue.PRIORITY_LABEL)
+        priority = None
+        if priority_class:
+            wpc = kube.get_kueue_object("workloadpriorityclasses", priority_class)
+            if wpc is None:
+                return replace(seen, priority_class=priority_class, missing_priority_class=True)
+            priority = int(wpc.get("value", 0))
+        desired, count = admission.desired(job, spec, queue, priority_class, priority)
+        seen = replace(seen, priority_class=priority_class, desired=desired, count=count)
+        if existing is None or not admission.wants_flavors(seen):
+            return seen
+        flavors: dict[str, Mapping[str, Any]] = {}
+        for flavor in kueue.flavor_names(existing):
+            rf = kube.get_kueue_object("resourceflavors", flavor)
+            flavors[flavor] = (rf or {}).get("spec") or {}
+        return replace(seen, flavors=flavors)
+    except KubeError as e:
+        return replace(seen, failure=admission.Failure(str(e), e.status))

@@ -1,0 +1,300 @@
+"""The reconcile decision: (spec, the job's status, observed pods, clock) -> Plan.
+
+The lifecycle lives here; the rest of the planner is split by concern:
+``decision`` (the values: ``JobView`` in, the immutable ``Decision`` while deciding, ``Plan``
+out), ``loss`` (after a failure or a disruption), ``ending`` (success, failure, clean-up,
+the hold while Kueue has not admitted the job), ``status`` (rendering the status), ``phase``
+(Pending -> Starting -> Running), ``elastic`` (shrink and grow), ``observed`` (views of
+pods), ``common.conditions`` (every reason and its message). Decisions that depend on what
+a write answered are ``amend``'s.
+
+``plan`` is the Kubernetes view over the shared decisions in ``torchjob.rules``
+(judgement, failure verdict, counters, deadline) and does no I/O:
+``controller`` reads the world (``observe``), calls it, and carries the plan out
+(``act``: creates, then one status patch, then relabels and deletes, then Events).
+Calling it twice with the same inputs gives the same plan, and every plan is
+safe to carry out twice, which is what makes the operator level-based and
+restartable at any moment.
+
+Semantics (docs/api.md explains them for users):
+
+* Membership is decided in *generations*. All pods of a generation carry its
+  number; any membership change (failure restart, disruption, rescale, resume)
+  starts generation g+1. The status records the new generation before pods of an
+  older generation are deleted (they are deleted because their label is older),
+  and they are gone before the new generation's pods are created, because they
+  share names and rendezvous.
+  Under ``membershipPolicy: KeepSurvivors`` the pods that still run where they
+  were placed are kept instead and relabelled with g+1; only the lost ones are
+  replaced, and the runtime in the pods re-forms the process group.
+* The job succeeds when every worker of the current generation exited 0.
+* A failure (non-zero exit, no disruption anywhere in the generation) restarts
+  the whole group after an exponential backoff, within ``maxRestarts``; a
+  permanent exit code fails the job at once.
+* A disruption (DisruptionTarget, Kueue's TerminationTarget, node loss, a pod
+  deleted by someone else) starts a new generation at once and never consumes
+  ``maxRestarts``.
+* A job Kueue manages (``torchjob.kueue``) runs only while its Workload is admitted: before,
+  and after an eviction, it is held like a suspended one (no pods; an eviction counts as a
+  disruption, never against ``maxRestarts``); an admission resumes it in a new generation.
+* ``suspend`` deletes the pods and keeps the status; resuming starts a new
+  generation and resets the deadline clock (as batch/v1 Job does).
+* ``activeDeadlineSeconds`` counts from ``startTime``; ``plan`` asks to be
+  called again when it expires, so it is enforced with nothing else happening.
+* After the end, ``cleanPodPolicy`` decides which pods go, and
+  ``ttlSecondsAfterFinished`` deletes the TorchJob itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from torchjob.api.models import MembershipPolicy, Phase
+from torchjob.rules import Outcome, deadline_left, judge_generation
+from torchjob_operator.common import conditions as cond
+from torchjob_operator.common.events import Event
+from torchjob_operator.torchjob.decision import CreatePods, Decision, JobView, Plan
+from torchjob_operator.torchjob.elastic import fit_to_capacity, joiners, ready_joiners
+from torchjob_operator.torchjob.ending import (
+    MAX_REQUEUE_S,
+    end,
+    finish,
+    hold,
+    stranded_by_success,
+    succeed,
+    suspend,
+)
+from torchjob_operator.torchjob.loss import after_loss, survives
+from torchjob_operator.torchjob.observed import JobState, PodView, ProbeView
+from torchjob_operator.torchjob.phase import active_phase
+from torchjob_operator.torchjob.status import ready_reason, render_status
+
+__all__ = ["CreatePods", "Event", "JobView", "Plan", "plan", "with_state"]
+
+FOREIGN_RECHECK_S = 2.0
+"""How often a job waiting for an earlier same-named job's pods looks again without a poke."""
+
+
+def _members(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
+    """The pods of the current generation: those labelled with it and, under KeepSurvivors,
+    pods of earlier generations that survive (the plan relabels them). Everything else is
+    stale and goes before new pods are created, since names and rendezvous are shared."""
+    keep = d.job.spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS
+    ranked = set(d.ranked)
+    return [
+        p
+        for p in pods
+        if p.index in ranked
+        and (p.generation == d.generation or (keep and p.generation < d.generation and survives(p)))
+    ]
+
+
+def _start(job: JobView, now: datetime, probes: Sequence[ProbeView]) -> Decision:
+    """The decision before anything is decided: the job as its status left it."""
+    st, spec = job.state, job.spec
+    reason, message = ready_reason(st)
+    return Decision(
+        job=job,
+        now=now,
+        phase=st.phase,
+        generation=st.generation,
+        replicas=st.replicas or spec.replicas,
+        members=st.members if st.replicas else None,
+        restarts=st.restarts,
+        disruptions=st.disruptions,
+        start_time=st.start_time,
+        completion_time=st.completion_time,
+        restart_after=st.restart_after,
+        created_generation=st.created_generation,
+        last_failure=st.last_failure,
+        spec_replicas=st.spec_replicas,
+        last_rescale=st.last_rescale,
+        probes=tuple(probes),
+        reason=reason,
+        message=message,
+    )
+
+
+def _rescale(d: Decision) -> Decision:
+    """A user's scale (spec.replicas changed) always starts a generation of the new size. An
+    elastic job may run below spec.replicas after a shrink; that is not a scale request."""
+    spec = d.job.spec
+    user_scaled = d.spec_replicas is not None and d.spec_replicas != spec.replicas
+    if spec.replicas != d.replicas and (user_scaled or spec.elastic is None):
+        if d.created_generation == d.generation:
+            old = d.replicas
+            d = d.next_generation(spec.replicas).but(restart_after=None)
+            d = d.transition(
+                Phase.RESTARTING,
+                "Rescaled",
+                cond.message("Rescaled", old=old, replicas=d.replicas, generation=d.generation),
+            )
+        else:  # nothing created for this generation yet: just adopt the new size
+            d = d.resize(spec.replicas)
+    return d.but(spec_replicas=spec.replicas)
+
+
+def plan(
+    job: JobView, pods: Sequence[PodView], now: datetime, probes: Sequence[ProbeView] = ()
+) -> Plan:
+    """Decide what the job's pods and status should become. Pure; see the module docstring."""
+    st, spec = job.state, job.spec
+    d = _start(job, now, probes)
+
+    if st.phase is not None and st.phase.is_terminal:
+        return _plan(finish(d, pods), pods, pods)
+    if spec.run_policy.suspend:
+        return _plan(suspend(d, pods), pods, [])
+    gate = job.kueue
+    if gate is not None and not gate.admitted:
+        return _plan(hold(d, pods, gate), pods, [])
+
+    if st.phase is None:
+        d = d.transition(Phase.PENDING, *cond.say("WaitingForPodsCreation"))
+    elif st.phase == Phase.SUSPENDED:
+        d = d.next_generation(spec.replicas)
+        d = d.transition(Phase.PENDING, "Resumed", cond.message("Resumed"))
+
+    deadline = spec.run_policy.active_deadline_seconds
+    left = deadline_left(deadline, d.start_time, now)
+    if left is not None:
+        if left <= 0:
+            d = end(
+                d,
+                Phase.FAILED,
+                "DeadlineExceeded",
+                cond.message("DeadlineExceeded", deadline=deadline),
+            )
+            return _plan(finish(d, pods, deadline=True), pods, pods)
+        d = d.also(requeue=[min(left, MAX_REQUEUE_S)])
+
+    d = _rescale(d)
+    current = _members(d, pods)
+    missing: list[int] = []
+    if d.created_generation == d.generation:
+        have = {p.index for p in current}
+        missing = [i for i in d.ranked if i not in have]
+    verdict = judge_generation(current, replicas=d.replicas, missing=missing, now=now)
+    if verdict.recheck_after_s is not None:
+        d = d.also(requeue=[verdict.recheck_after_s])
+    d, stranded = stranded_by_success(d, current, verdict.outcome)
+    if stranded is not None:
+        # Training ended on a member before the others could form this generation with it.
+        return _plan(succeed(d, pods, stranded), pods, current)
+    if verdict.outcome == Outcome.SUCCEEDED:
+        return _plan(succeed(d, pods), pods, current)
+    d, ended = after_loss(d, verdict, current, pods)
+    if ended:
+        return _plan(d, pods, current)
+    if spec.elastic is not None and verdict.outcome == Outcome.HEALTHY:
+        d = fit_to_capacity(d, current, pods)
+    return _carry_on(d, pods)
+
+
+def _carry_on(d: Decision, pods: Sequence[PodView]) -> Plan:
+    """The generation goes on: stale pods go, kept ones are relabelled, missing ones are
+    created (after the backoff, once an earlier same-named job's pods are gone)."""
+    job, spec, now = d.job, d.job.spec, d.now
+    # Pods of another generation (or beyond the group) go first: they share names and
+    # rendezvous. Joiners (created ahead for the next generation) are neither.
+    current = _members(d, pods)
+    joining = joiners(d, pods)
+    if spec.elastic is not None and spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS:
+        d = d.but(standby_ready=len(ready_joiners(d, pods)))
+    stale = [p for p in pods if p not in current and p not in joining]
+    d = d.also(delete=[p.name for p in stale if not p.deleting])
+    if spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS:
+        # Published with the generation, while a lost pod may still run (an evicted pod
+        # checkpoints for its grace period): its runtime must not join the new generation,
+        # in its successor's place or beyond the new size.
+        d = d.but(replaced=tuple(sorted(p.name for p in stale)))
+    kept = [p for p in current if p.generation != d.generation]
+    if kept:
+        d = d.but(relabel=tuple(p.name for p in kept)).also(
+            events=[
+                Event.of(
+                    "KeptSurvivors",
+                    generation=d.generation,
+                    count=len(kept),
+                    pods=", ".join(p.name for p in kept),
+                )
+            ]
+        )
+
+    if d.restart_after is not None and now < d.restart_after:
+        seconds = (d.restart_after - now).total_seconds()
+        backoff = cond.message("BackoffWaiting", seconds=int(seconds + 0.999))
+        d = d.also(requeue=[seconds]).but(
+            message=f"{d.message.split('; restarting in')[0]}; {backoff}"
+        )
+    elif job.foreign_pods and d.created_generation != d.generation:
+        # An earlier TorchJob of this name still has pods (terminating, or not yet collected
+        # by the garbage collector): ours would share their names. Wait, counting nothing;
+        # their deletion pokes this job's loop (same name label), the requeue is a safety net.
+        d = d.also(requeue=[FOREIGN_RECHECK_S])
+    elif not stale:
+        d = _create(d, current)
+
+    if job.foreign_pods and d.create is None and d.created_generation != d.generation:
+        if d.phase != Phase.RESTARTING:
+            first, count = job.foreign_pods[0], len(job.foreign_pods)
+            what = f"pod {first}" if count == 1 else f"{count} pods ({first}, ...)"
+            d = d.transition(
+                Phase.PENDING, *cond.say("WaitingForEarlierJob", what=what, name=job.name)
+            )
+    else:
+        d = active_phase(d, current)
+    return _plan(d, pods, current)
+
+
+def _create(d: Decision, current: Sequence[PodView]) -> Decision:
+    """The current generation's missing pods, once nothing stale is left; or, when every pod
+    exists already (an earlier operator created them and died before writing the status),
+    their adoption."""
+    if d.created_generation == d.generation:
+        return d
+    have = {p.index for p in current}
+    todo = tuple(i for i in d.ranked if i not in have)
+    d = d.but(
+        created_generation=d.generation,
+        restart_after=None,
+        start_time=d.now if d.start_time is None else d.start_time,
+    )
+    if not todo:
+        return d
+    create = CreatePods(
+        indices=todo, generation=d.generation, replicas=d.replicas, members=d.members
+    )
+    created = Event.of("PodsCreated", replicas=len(todo), generation=d.generation)
+    return d.but(create=create).also(events=[created])
+
+
+def _plan(d: Decision, pods: Sequence[PodView], current: Sequence[PodView]) -> Plan:
+    # Never delete what is being created, never delete twice.
+    if not d.keep_probes:
+        d = d.also(delete=[p.name for p in d.probes if not p.deleting])
+    delete = tuple(dict.fromkeys(d.delete))
+    requeue = min(d.requeue) if d.requeue else None
+    # The status never counts a pod this plan deletes: it is written before they go.
+    doomed = set(delete)
+    return Plan(
+        create=d.create,
+        delete=delete,
+        create_probes=d.create_probes if d.keep_probes else (),
+        status=render_status(d, [p for p in current if p.name not in doomed]),
+        events=d.events,
+        requeue_after_s=None if requeue is None else max(requeue, 0.5),
+        delete_job=d.delete_job,
+        # With the pods it serves: a running job's reconcile never POSTs it again (that was
+        # a third of the operator's idle requests, each answered 409 AlreadyExists).
+        ensure_service=d.create is not None,
+        relabel=d.relabel,
+    )
+
+
+def with_state(job: JobView, status: dict[str, Any]) -> JobView:
+    """The job as it will look once ``status`` is written (used to step the planner in tests)."""
+    return replace(job, state=JobState.from_status(status))

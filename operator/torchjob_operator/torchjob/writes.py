@@ -1,0 +1,112 @@
+"""The writes of one pass as data: the plan and the manifests that carry it out (worker
+pods with their Kueue admission, capacity probes, the Service, the worker account, the
+PodGroup). Pure; ``act`` sends them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from torchjob.api.models import TorchJobSpec
+from torchjob_operator.common.events import Event
+from torchjob_operator.resources.pods import headless_service, pod_group, probe_pod, worker_pod
+from torchjob_operator.resources.rbac import worker_rbac
+from torchjob_operator.torchjob import kueue
+from torchjob_operator.torchjob.decision import JobView, Plan
+from torchjob_operator.torchjob.observed import PodView, ProbeView
+from torchjob_operator.torchjob.plan import plan
+
+
+@dataclass(frozen=True)
+class Decided:
+    """The plan of one pass and the pods it creates (built together: an error building a
+    pod is the spec's, as an error planning is)."""
+
+    plan: Plan
+    workers: tuple[dict[str, Any], ...]
+    probes: tuple[dict[str, Any], ...]
+    events: tuple[Event, ...]
+    """The Workload's Events, then the plan's."""
+
+
+def decide(
+    view: JobView,
+    uid: str,
+    pods: Sequence[PodView],
+    probes: Sequence[ProbeView],
+    now: datetime,
+    before: Sequence[Event] = (),
+) -> Decided:
+    """Plan the job and build the pods the plan creates (``before``: the Workload's Events)."""
+    decided = plan(view, pods, now, probes)
+    name, namespace, spec = view.name, view.namespace, view.spec
+    workers = worker_bodies(name, namespace, uid, spec, decided)
+    if view.kueue is not None:
+        for body in workers:
+            kueue.apply_admission(body, view.kueue.assignment)
+    probe_bodies = tuple(
+        probe_pod(name=name, namespace=namespace, uid=uid, spec=spec, index=index)
+        for index in decided.create_probes
+    )
+    return Decided(decided, workers, probe_bodies, (*before, *decided.events))
+
+
+def worker_bodies(
+    name: str, namespace: str, uid: str, spec: TorchJobSpec, decided: Plan
+) -> tuple[dict[str, Any], ...]:
+    if decided.create is None:
+        return ()
+    c = decided.create
+    return tuple(
+        worker_pod(
+            name=name,
+            namespace=namespace,
+            uid=uid,
+            spec=spec,
+            index=i,
+            generation=c.generation,
+            replicas=c.replicas,
+            joiner=c.joiners,
+            members=c.members,
+        )
+        for i in c.indices
+    )
+
+
+@dataclass(frozen=True)
+class Around:
+    """What the pods need around them, made before them: the headless Service (with the
+    pods it serves), the worker ServiceAccount/Role/RoleBinding (the ServiceAccount
+    admission plugin rejects pods whose account is missing), the gang's PodGroup."""
+
+    service: dict[str, Any] | None
+    rbac: tuple[tuple[str, dict[str, Any]], ...]
+    group: dict[str, Any] | None
+
+
+def around(name: str, namespace: str, uid: str, spec: TorchJobSpec, decided: Plan) -> Around:
+    service = (
+        headless_service(name=name, namespace=namespace, uid=uid)
+        if decided.ensure_service
+        else None
+    )
+    rbac = (
+        tuple(worker_rbac(name=name, namespace=namespace, uid=uid))
+        if decided.create is not None
+        else ()
+    )
+    gang = spec.scheduling.gang
+    group = (
+        pod_group(
+            name=name,
+            namespace=namespace,
+            uid=uid,
+            gang=gang,
+            min_member=decided.create.replicas,
+        )
+        if gang is not None and decided.create is not None
+        else None
+    )
+    return Around(service, rbac, group)
