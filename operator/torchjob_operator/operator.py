@@ -33,9 +33,9 @@ from torchjob_operator.engine.leader import LeaderElector
 from torchjob_operator.engine.memory import TrimLater
 from torchjob_operator.engine.podwatch import PodWatch
 from torchjob_operator.engine.pool import WritePool
-from torchjob_operator.torchjob.controller import reconcile_once
 from torchjob_operator.engine.queue import Key, Result, WorkQueue
 from torchjob_operator.engine.settings import ElectionConfig, OperatorSettings
+from torchjob_operator.torchjob.controller import reconcile_once
 from torchjob_operator.torchtune.controller import StudyController
 from torchjob_operator.torchtune.observe import study_of_job
 

@@ -20,9 +20,9 @@ import yaml
 from tests import kube as k
 from tests.cluster.operator_harness import Jobs, torchjob, worker_template
 from tests.gitops import ARGOCD_DIR, TUNE_ARGOCD_DIR, argocd_health, kstatus
+from torchjob.api.tune import PLURAL as TUNE_PLURAL
 
 from torchjob.api.models import GROUP, PLURAL, VERSION, Progress
-from torchjob.api.tune import PLURAL as TUNE_PLURAL
 
 pytestmark = pytest.mark.cluster
 

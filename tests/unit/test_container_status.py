@@ -114,7 +114,8 @@ def _owned(name: str, uid: str | None, *, controller: bool = True) -> dict[str, 
 
 
 def test_only_pods_whose_controller_is_this_job_are_its_own() -> None:
-    from torchjob_operator.torchjob.observed import controller_uid, split_by_owner
+    from torchjob_operator.common.owners import controller_uid
+    from torchjob_operator.torchjob.observed import split_by_owner
 
     assert controller_uid(_owned("a", "u2")) == "u2"
     assert controller_uid(_owned("a", "u2", controller=False)) is None

@@ -18,8 +18,8 @@ from kubernetes.client.exceptions import ApiException
 from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION
 from torchjob.api.torchtune import PLURAL as TUNE_PLURAL
-from torchjob_operator.engine.kube import EarlierOwnerError, KubeError
 from torchjob_operator.common.owners import controller_uid
+from torchjob_operator.engine.kube import EarlierOwnerError, KubeError
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +277,7 @@ class KubeClient:
         self._merge_patch(path, {"spec": body["spec"]}, "patch", f"PodGroup {ns}/{name}", ())
         return False
 
-    # --- Kueue (planner/kueue.py) ------------------------------------------------------
+    # --- Kueue (torchjob/kueue.py) ------------------------------------------------------
     def _workload_path(self, namespace: str, name: str) -> str:
         return f"{_PATHS['Workload'].format(ns=quote(namespace))}/{quote(name)}"
 

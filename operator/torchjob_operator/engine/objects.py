@@ -36,7 +36,7 @@ def _trim_container_status(cs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def trim_pod(pod: Mapping[str, Any]) -> Pod:
-    """The part of a pod that ``planner.observed`` reads, and nothing else: no
+    """The part of a pod that ``torchjob.observed`` reads, and nothing else: no
     ``managedFields``, no containers, only torchjob's labels and the controller's uid, only the conditions and
     container states it judges. 8000 pods took 42 MiB of the cache with the whole status,
     19 MiB trimmed, 4 MiB trimmed and kept as JSON bytes (``Store``)."""

@@ -29,8 +29,8 @@ from concurrent.futures import Executor, Future
 from typing import Any, TypeAlias, TypeVar
 
 from torchjob import contract
-from torchjob_operator.engine import metrics
 from torchjob_operator.common.events import Event
+from torchjob_operator.engine import metrics
 from torchjob_operator.engine.kube import EarlierOwnerError, Kube, KubeError
 from torchjob_operator.torchjob.admission import Failure, WorkloadStep
 from torchjob_operator.torchjob.amend import Created, WriteFailure, pods_text

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from torchjob_operator.engine import metrics
 from torchjob_operator.common.clock import Clock, utcnow
+from torchjob_operator.engine import metrics
 from torchjob_operator.engine.kube import Kube
 from torchjob_operator.engine.settings import OperatorSettings
 from torchjob_operator.torchjob import act, admission

@@ -16,6 +16,7 @@ from torchjob import contract
 from torchjob.api.models import FailureRecord, Phase, TorchJobStatus
 from torchjob.rules.member import MemberPhase
 from torchjob_operator.common.clock import parse_time, parse_time_or_none
+from torchjob_operator.common.owners import controller_uid
 
 IMAGE_PULL_REASONS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}

@@ -44,9 +44,9 @@ from torchjob.api.torchtune import (
     TrialRecord,
     TrialState,
 )
+from torchjob_operator.common.clock import format_time, parse_time
 from torchjob_operator.common.conditions import set_condition
 from torchjob_operator.common.events import Event
-from torchjob_operator.common.clock import format_time, parse_time
 from torchjob_operator.torchtune.replay import (
     max_trials,
     optuna_study,

@@ -43,7 +43,9 @@ class TuneClient:
                 GROUP, VERSION, ns, PLURAL, dict(body)
             )
         except Exception as e:
-            raise api_error(e, f"create TorchTune {(body.get('metadata') or {}).get('name')}") from e
+            raise api_error(
+                e, f"create TorchTune {(body.get('metadata') or {}).get('name')}"
+            ) from e
         return obj
 
     def get(self, name: str, *, namespace: str | None = None) -> dict[str, Any]:
