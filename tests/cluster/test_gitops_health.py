@@ -20,7 +20,7 @@ import yaml
 from tests import kube as k
 from tests.cluster.operator_harness import Jobs, torchjob, worker_template
 from tests.gitops import ARGOCD_DIR, TUNE_ARGOCD_DIR, argocd_health, kstatus
-from torchjob.api.tune import PLURAL as TUNE_PLURAL
+from torchjob.api.torchtune import PLURAL as TUNE_PLURAL
 
 from torchjob.api.models import GROUP, PLURAL, VERSION, Progress
 
@@ -159,9 +159,6 @@ TUNE_EXPECTED = {
     # The operator stopped, then spec.parallelism changed: generation ahead of observedGeneration.
     "unobserved": ("InProgress", "Progressing"),
 }
-# What kstatus says today, before the operator writes Stalled=True on a failed study and stops
-# writing Reconciling=True while it runs (docs/platform.md, "GitOps"); xfail until then.
-TUNE_KSTATUS_TODAY = {"running": "InProgress", "failed": "InProgress"}
 
 
 def _study(name: str, **trial: Any) -> dict[str, Any]:
@@ -283,12 +280,7 @@ def test_kstatus_and_argocd_health_of_torchtunes_in_every_phase(jobs: Jobs, tmp_
             )
         )
 
-    today = {n: v for n, v in verdicts.items() if TUNE_KSTATUS_TODAY.get(n) == v}
-    assert {n: v for n, v in verdicts.items() if n not in today} == {
-        n: e[0] for n, e in TUNE_EXPECTED.items() if n not in today
-    }
-    if today:
-        pytest.xfail(f"kstatus {today}: the operator does not write the conditions yet")
+    assert verdicts == {n: e[0] for n, e in TUNE_EXPECTED.items()}
 
 
 def _kstatus_by_case(objects: dict[str, dict[str, Any]], tmp: Path) -> dict[str, dict[str, Any]]:

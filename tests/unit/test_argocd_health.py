@@ -22,10 +22,6 @@ TUNE_EXPECTED = {
     "failed": ("Degraded", "Failed"),
     "unobserved": ("Progressing", "InProgress"),
 }
-# What the operator writes today gives kstatus InProgress for a running study (it sets
-# Reconciling=True) and Current for a failed one (no Stalled=True): see docs/platform.md,
-# "GitOps", for the two conditions the operator must write instead.
-TUNE_KSTATUS_TODAY = {"running": "InProgress", "failed": "InProgress"}
 
 
 @pytest.mark.parametrize("directory", [ARGOCD_DIR, TUNE_ARGOCD_DIR], ids=lambda d: d.name)
@@ -63,8 +59,6 @@ def test_every_phase_of_a_torchtune_has_a_case() -> None:
 def test_kstatus_of_a_torchtune_in_every_phase(name: str, tmp_path: Path) -> None:
     obj = yaml.safe_load((TUNE_ARGOCD_DIR / f"testdata/{name}.yaml").read_text())
     got = kstatus([obj], tmp_path)[obj["metadata"]["name"]]["status"]
-    if name in TUNE_KSTATUS_TODAY and got == TUNE_KSTATUS_TODAY[name]:
-        pytest.xfail(f"kstatus says {got}: the operator does not write the conditions yet")
     assert got == TUNE_EXPECTED[name][1]
 
 

@@ -133,7 +133,11 @@ def plan_study(
         status.phase = StudyPhase.FAILED
         status.conditions = _conditions(
             old_conditions,
-            [("Ready", False, "InvalidSpec", message), ("Failed", True, "InvalidSpec", message)],
+            [
+                ("Ready", False, "InvalidSpec", message),
+                ("Failed", True, "InvalidSpec", message),
+                ("Stalled", True, "InvalidSpec", message),
+            ],
             generation,
             stamp,
         )
@@ -255,13 +259,13 @@ def plan_study(
     elif status.phase is StudyPhase.FAILED:
         text = message or next((c.message for c in old_conditions if c.type == "Failed"), "failed")
         why = reason or next((c.reason for c in old_conditions if c.type == "Failed"), "Failed")
-        wanted = [("Ready", False, why, text), ("Failed", True, why, text)]
+        # Stalled=True: what kstatus reads as Failed (Argo CD reads phase Failed as Degraded).
+        wanted = [("Ready", False, why, text), ("Failed", True, why, text), ("Stalled", True, why, text)]
     else:
         text = f"{status.trials_running} running, {done}/{limit} finished"
-        wanted = [
-            ("Ready", False, "TrialsRunning", text),
-            ("Reconciling", True, "TrialsRunning", text),
-        ]
+        # Ready=True while the trials run, and no Reconciling condition: kstatus says Current
+        # (the study is doing what its spec asks), as Argo CD says Healthy.
+        wanted = [("Ready", True, "TrialsRunning", text)]
     status.conditions = _conditions(old_conditions, wanted, generation, stamp)
     plan.status = status.to_wire()
     return plan
