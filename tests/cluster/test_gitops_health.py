@@ -20,9 +20,9 @@ import yaml
 from tests import kube as k
 from tests.cluster.operator_harness import Jobs, torchjob, worker_template
 from tests.gitops import ARGOCD_DIR, TUNE_ARGOCD_DIR, argocd_health, kstatus
-from torchjob.api.torchtune import PLURAL as TUNE_PLURAL
 
 from torchjob.api.models import GROUP, PLURAL, VERSION, Progress
+from torchjob.api.torchtune import PLURAL as TUNE_PLURAL
 
 pytestmark = pytest.mark.cluster
 
@@ -109,46 +109,7 @@ def test_kstatus_and_argocd_health_of_torchjobs_in_every_phase(jobs: Jobs, tmp_p
     assert {n: verdicts[n]["status"] for n in EXPECTED} == {n: e[0] for n, e in EXPECTED.items()}
 
     # The same objects through health.lua, in Argo CD's layout and test format.
-    case_dir = tmp_path / "TorchJob"
-    (case_dir / "testdata").mkdir(parents=True)
-    shutil.copy(ARGOCD_DIR / "health.lua", case_dir / "health.lua")
-    tests = []
-    for n, obj in objects.items():
-        (case_dir / "testdata" / f"{n}.yaml").write_text(yaml.safe_dump(obj))
-        tests.append(
-            {
-                "healthStatus": {"status": EXPECTED[n][1], "message": ""},
-                "inputPath": f"testdata/{n}.yaml",
-            }
-        )
-    (case_dir / "health_test.yaml").write_text(yaml.safe_dump({"tests": tests}))
-    got = {r["inputPath"]: r["got"] for r in argocd_health(case_dir)}
-    assert {p: g["status"] for p, g in got.items()} == {
-        f"testdata/{n}.yaml": e[1] for n, e in EXPECTED.items()
-    }
-    for g in got.values():
-        assert g["message"], got
-
-    if os.environ.get("TORCHJOB_EXPORT_ARGOCD_TESTDATA") == "1":
-        for n, obj in objects.items():
-            (ARGOCD_DIR / "testdata" / f"{n}.yaml").write_text(yaml.safe_dump(obj))
-        (ARGOCD_DIR / "health_test.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "tests": [
-                        {
-                            "healthStatus": {
-                                "status": EXPECTED[n][1],
-                                "message": got[f"testdata/{n}.yaml"]["message"],
-                            },
-                            "inputPath": f"testdata/{n}.yaml",
-                        }
-                        for n in EXPECTED
-                    ]
-                },
-                sort_keys=False,
-            )
-        )
+    _argocd_health_of(objects, {n: e[1] for n, e in EXPECTED.items()}, ARGOCD_DIR, tmp_path)
 
 
 # TorchTune (issue 28): a study in every phase, by testdata name: (kstatus, Argo CD health).
@@ -242,43 +203,9 @@ def test_kstatus_and_argocd_health_of_torchtunes_in_every_phase(jobs: Jobs, tmp_
 
     verdicts = {n: v["status"] for n, v in _kstatus_by_case(objects, tmp_path).items()}
 
-    case_dir = tmp_path / "TorchTune"
-    (case_dir / "testdata").mkdir(parents=True)
-    shutil.copy(TUNE_ARGOCD_DIR / "health.lua", case_dir / "health.lua")
-    for n, obj in objects.items():
-        (case_dir / "testdata" / f"{n}.yaml").write_text(yaml.safe_dump(obj))
-    cases = [
-        {"healthStatus": {"status": e[1], "message": ""}, "inputPath": f"testdata/{n}.yaml"}
-        for n, e in TUNE_EXPECTED.items()
-    ]
-    (case_dir / "health_test.yaml").write_text(yaml.safe_dump({"tests": cases}))
-    got = {r["inputPath"]: r["got"] for r in argocd_health(case_dir)}
-    assert {p: g["status"] for p, g in got.items()} == {
-        f"testdata/{n}.yaml": e[1] for n, e in TUNE_EXPECTED.items()
-    }
-    for g in got.values():
-        assert g["message"], got
-
-    if os.environ.get("TORCHJOB_EXPORT_ARGOCD_TESTDATA") == "1":
-        for n, obj in objects.items():
-            (TUNE_ARGOCD_DIR / "testdata" / f"{n}.yaml").write_text(yaml.safe_dump(obj))
-        (TUNE_ARGOCD_DIR / "health_test.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "tests": [
-                        {
-                            "healthStatus": {
-                                "status": e[1],
-                                "message": got[f"testdata/{n}.yaml"]["message"],
-                            },
-                            "inputPath": f"testdata/{n}.yaml",
-                        }
-                        for n, e in TUNE_EXPECTED.items()
-                    ]
-                },
-                sort_keys=False,
-            )
-        )
+    _argocd_health_of(
+        objects, {n: e[1] for n, e in TUNE_EXPECTED.items()}, TUNE_ARGOCD_DIR, tmp_path
+    )
 
     assert verdicts == {n: e[0] for n, e in TUNE_EXPECTED.items()}
 
@@ -286,3 +213,36 @@ def test_kstatus_and_argocd_health_of_torchtunes_in_every_phase(jobs: Jobs, tmp_
 def _kstatus_by_case(objects: dict[str, dict[str, Any]], tmp: Path) -> dict[str, dict[str, Any]]:
     by_name = kstatus(list(objects.values()), tmp)
     return {n: by_name[o["metadata"]["name"]] for n, o in objects.items()}
+
+
+def _argocd_health_of(
+    objects: dict[str, dict[str, Any]], expected: dict[str, str], argocd_dir: Path, tmp: Path
+) -> None:
+    """Run ``argocd_dir``'s health.lua on the live ``objects`` (by testdata name) in Argo CD's
+    layout and test format, and assert the ``expected`` health of each, with a message. With
+    TORCHJOB_EXPORT_ARGOCD_TESTDATA=1 the objects and verdicts become the committed testdata."""
+    case_dir = tmp / argocd_dir.name
+    (case_dir / "testdata").mkdir(parents=True)
+    shutil.copy(argocd_dir / "health.lua", case_dir / "health.lua")
+    for n, obj in objects.items():
+        (case_dir / "testdata" / f"{n}.yaml").write_text(yaml.safe_dump(obj))
+    cases = [
+        {"healthStatus": {"status": h, "message": ""}, "inputPath": f"testdata/{n}.yaml"}
+        for n, h in expected.items()
+    ]
+    (case_dir / "health_test.yaml").write_text(yaml.safe_dump({"tests": cases}))
+    got = {r["inputPath"]: r["got"] for r in argocd_health(case_dir)}
+    assert {p: g["status"] for p, g in got.items()} == {
+        f"testdata/{n}.yaml": h for n, h in expected.items()
+    }
+    for g in got.values():
+        assert g["message"], got
+
+    if os.environ.get("TORCHJOB_EXPORT_ARGOCD_TESTDATA") == "1":
+        for n, obj in objects.items():
+            (argocd_dir / "testdata" / f"{n}.yaml").write_text(yaml.safe_dump(obj))
+        for c in cases:
+            c["healthStatus"]["message"] = got[c["inputPath"]]["message"]
+        (argocd_dir / "health_test.yaml").write_text(
+            yaml.safe_dump({"tests": cases}, sort_keys=False)
+        )
