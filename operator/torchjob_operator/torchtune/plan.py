@@ -260,7 +260,11 @@ def plan_study(
         text = message or next((c.message for c in old_conditions if c.type == "Failed"), "failed")
         why = reason or next((c.reason for c in old_conditions if c.type == "Failed"), "Failed")
         # Stalled=True: what kstatus reads as Failed (Argo CD reads phase Failed as Degraded).
-        wanted = [("Ready", False, why, text), ("Failed", True, why, text), ("Stalled", True, why, text)]
+        wanted = [
+            ("Ready", False, why, text),
+            ("Failed", True, why, text),
+            ("Stalled", True, why, text),
+        ]
     else:
         text = f"{status.trials_running} running, {done}/{limit} finished"
         # Ready=True while the trials run, and no Reconciling condition: kstatus says Current
