@@ -8,18 +8,12 @@ TorchJobs (``observe.study_of_job``), poke it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import datetime, timezone
-
+from torchjob_operator.common.clock import Clock, utcnow
 from torchjob_operator.engine.cached import CachedKube
 from torchjob_operator.engine.queue import Key, Result
 from torchjob_operator.engine.settings import OperatorSettings
 from torchjob_operator.torchtune.act import act
 from torchjob_operator.torchtune.observe import observe
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 class StudyController:
@@ -31,7 +25,7 @@ class StudyController:
         self,
         kube: CachedKube,
         settings: OperatorSettings,
-        clock: Callable[[], datetime] = utcnow,
+        clock: Clock = utcnow,
     ) -> None:
         self.kube = kube
         self.settings = settings
