@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from torchjob.api.models import TorchJobSpec
+from torchjob.contract import PodEnv
 from torchjob_operator.torchjob.observed import JobState, PodPhase, PodView
 from torchjob_operator.torchjob.plan import JobView
 
@@ -116,3 +117,18 @@ def torchtune(
         "metadata": metadata,
         "spec": body,
     }
+
+
+def pod_env(**kw: Any) -> PodEnv:
+    """A worker pod's env contract (pod 1 of 2, generation 0), with ``kw`` changed."""
+    fields: dict[str, Any] = dict(
+        job_name="job",
+        namespace="ns",
+        pod_index=1,
+        replicas=2,
+        nproc_per_node=1,
+        generation=0,
+        rdzv_host="job-worker-0.job.ns.svc",
+    )
+    fields.update(kw)
+    return PodEnv(**fields)

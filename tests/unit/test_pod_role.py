@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.unit.builders import pod_env as pod
 
 from torchjob import contract
 from torchjob.contract import Member, PodEnv, Standby, pod_as_of, pod_role, ranked, role_in
@@ -30,20 +31,6 @@ class Status:
     generation: int
     replicas: int
     members: tuple[int, ...] | None = None
-
-
-def pod(**kw: Any) -> PodEnv:
-    fields: dict[str, Any] = dict(
-        job_name="job",
-        namespace="ns",
-        pod_index=1,
-        replicas=2,
-        nproc_per_node=1,
-        generation=0,
-        rdzv_host="job-worker-0.job.ns.svc",
-    )
-    fields.update(kw)
-    return PodEnv(**fields)
 
 
 @pytest.mark.parametrize(

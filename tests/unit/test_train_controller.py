@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.unit.builders import pod_env as pod
 
 from torchjob.contract import KEEP_SURVIVORS, PodEnv
 from torchjob.launch import WorkerDiedError, WorkerGroupError, WorkerGroupStartError
@@ -50,20 +51,6 @@ def trainer(
             failure_config=FailureConfig(max_failures=failures),
         ),
     )
-
-
-def pod(**kw: Any) -> PodEnv:
-    fields: dict[str, Any] = dict(
-        job_name="job",
-        namespace="ns",
-        pod_index=1,
-        replicas=2,
-        nproc_per_node=1,
-        generation=0,
-        rdzv_host="job-worker-0.job",
-    )
-    fields.update(kw)
-    return PodEnv(**fields)
 
 
 STATE = RunState(num_workers=2)
