@@ -59,10 +59,15 @@ test-unit: venv ## unit tests only (no cluster, no multi-process torch)
 	$(PY) -m pytest tests/unit
 
 .PHONY: lint
+# mypy's and ruff's caches live outside the checkout, keyed by the tool's version, so that a
+# fresh clone (CI) reuses them: a cold mypy checks torch's and pydantic's stubs too, 92 s of
+# CPU beside the tests on 2 cores; warm, 2-3 s (37 s when the venv's path changed: mypy then
+# rechecks the site-packages modules). Each tool validates its own entries (content hashes).
+LINT_CACHE ?= $(HOME)/.cache/torchjob/lint
 lint: venv ## ruff, mypy, and the chart (helm lint + checkov, hack/lint-chart.sh)
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy
+	RUFF_CACHE_DIR="$(LINT_CACHE)/ruff-$$($(VENV)/bin/ruff --version | cut -d' ' -f2)" $(VENV)/bin/ruff check .
+	RUFF_CACHE_DIR="$(LINT_CACHE)/ruff-$$($(VENV)/bin/ruff --version | cut -d' ' -f2)" $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy --cache-dir "$(LINT_CACHE)/mypy-$$($(VENV)/bin/mypy --version | cut -d' ' -f2)"
 	hack/lint-chart.sh
 
 .PHONY: fmt
