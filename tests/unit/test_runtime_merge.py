@@ -236,8 +236,8 @@ ERRORS = [
             }
         ),
         _job(),
-        "spec.template",
-        f"the job over {BP}",
+        "spec.template.metadata.labels",
+        BP,
         "must not set torchjob.io/job-name",
     ),
 ]

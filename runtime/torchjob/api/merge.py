@@ -28,6 +28,7 @@ full; an error names the field and the side its value came from.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -96,8 +97,8 @@ def resolve(blueprint: Mapping[str, Any], job: Mapping[str, Any], *, source: str
         return TorchJobSpec.model_validate(merged)
     except ValidationError as err:
         first = err.errors()[0]
-        loc = _clean(first["loc"], merged)
         msg = str(first["msg"]).removeprefix("Value error, ")
+        loc = _deeper(_clean(first["loc"], merged), msg, merged)
         raise MergeError(_field(loc), side_of(loc, merged, blueprint, job, source), msg) from None
 
 
@@ -144,6 +145,25 @@ def _clean(loc: Sequence[Any], merged: Mapping[str, Any]) -> tuple[Any, ...]:
             continue  # a union tag below a value
         out.append(part)
     return tuple(out)
+
+
+_NAMED = re.compile(r"\bspec((?:\.[A-Za-z]+)+)")
+
+
+def _deeper(loc: tuple[Any, ...], msg: str, merged: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A model's rule is reported on the model (``spec.template``); its message names the
+    field (``spec.template.spec.restartPolicy must be Never``): that field, when it lies
+    below and is set, tells the side better. Rules across the whole spec keep ``spec``."""
+    found = _NAMED.search(msg)
+    if not loc or found is None:
+        return loc
+    parts = tuple(found.group(1).strip(".").split("."))
+    if len(parts) <= len(loc) or parts[: len(loc)] != loc:
+        return loc
+    node: Any = merged
+    for part in parts:
+        node = node.get(part, _MISSING) if isinstance(node, Mapping) else _MISSING
+    return parts if node is not _MISSING else loc
 
 
 def _field(loc: Sequence[Any]) -> str:
