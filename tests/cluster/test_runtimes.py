@@ -61,6 +61,15 @@ def _reason(jobs: Jobs, name: str, reason: str) -> dict[str, Any]:
     return jobs.wait(name, ready, f"Ready reason {reason}")  # type: ignore[no-any-return]
 
 
+def columns(out: str) -> dict[str, str]:
+    """The first row of ``kubectl get``'s table, by column (empty cells included)."""
+    header, row = out.splitlines()[:2]
+    names = header.split()
+    starts = [header.index(n) for n in names]
+    ends = [*starts[1:], None]
+    return {n: row[a:b].strip() for n, a, b in zip(names, starts, ends, strict=True)}
+
+
 def _stalled(jobs: Jobs, name: str) -> str:
     conds = {c["type"]: c for c in jobs.status(name).get("conditions") or []}
     return str(conds["Stalled"]["status"])
@@ -85,9 +94,9 @@ def test_the_example_job_of_ten_lines_gets_the_blueprints_pods(jobs: Jobs) -> No
     assert runtime["resourceVersion"] and runtime["spec"]["backend"] == "gloo"
     jobs.wait_events("allreduce", "RuntimeResolved")
     # kubectl get: the blueprints' columns
-    out = jobs.cluster.kubectl("get", "ctjrt", "cpu-gloo").stdout.split("\n")
-    assert out[0].split() == ["NAME", "IMAGE", "GPUS", "PROCS", "MIN", "MAX", "AGE"]
-    assert out[1].split()[:4] == ["cpu-gloo", worker.image, "<none>", "1"]
+    row = columns(jobs.cluster.kubectl("get", "ctjrt", "cpu-gloo").stdout)
+    assert list(row) == ["NAME", "IMAGE", "GPUS", "PROCS", "MIN", "MAX", "AGE"]
+    assert row["IMAGE"] == worker.image and (row["GPUS"], row["PROCS"]) == ("", "1")
 
 
 def test_a_missing_blueprint_is_a_condition_until_it_is_created(jobs: Jobs) -> None:
@@ -96,14 +105,17 @@ def test_a_missing_blueprint_is_a_condition_until_it_is_created(jobs: Jobs) -> N
     assert "TorchRuntime later, which does not exist" in ready["message"]
     assert _stalled(jobs, "waits") == "False" and not jobs.pods("waits")
     jobs.wait_events("waits", "RuntimeNotFound")
-    jobs.apply(blueprint("later", elastic={"minReplicas": 1, "maxReplicas": 3}))
+    later = blueprint("later", elastic={"minReplicas": 1, "maxReplicas": 3}, nprocPerNode="gpu")
+    gpu = {"limits": {"nvidia.com/gpu": 2}, "requests": {"cpu": "100m", "memory": "64Mi"}}
+    later["spec"]["template"]["spec"]["containers"][0]["resources"] = gpu
+    jobs.apply(later)
     pods = jobs.wait_running_pods("waits", 2, generation=0, timeout=90)
     env = {e.name: e.value for e in pods[0].spec.containers[0].env}
     assert env["FROM"] == "blueprint" and env[contract.NPROC_PER_NODE] == "2"
     jobs.wait_phase("waits", "Running")
     assert _stalled(jobs, "waits") == "False"
-    out = jobs.kubectl("get", "tjrt", "later").stdout.split("\n")
-    assert out[1].split()[:6] == ["later", "registry.k8s.io/pause:3.10", "<none>", "2", "1", "3"]
+    row = columns(jobs.kubectl("get", "tjrt", "later").stdout)
+    assert (row["GPUS"], row["PROCS"], row["MIN"], row["MAX"]) == ("2", "gpu", "1", "3")
 
 
 def test_a_running_job_keeps_its_blueprint_when_it_is_edited_or_deleted(jobs: Jobs) -> None:
