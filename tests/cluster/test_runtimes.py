@@ -64,8 +64,9 @@ def _reason(jobs: Jobs, name: str, reason: str) -> dict[str, Any]:
 def columns(out: str) -> dict[str, str]:
     """The first row of ``kubectl get``'s table, by column (empty cells included)."""
     header, row = out.splitlines()[:2]
-    names = header.split()
-    starts = [header.index(n) for n in names]
+    names, starts = header.split(), []
+    for n in names:  # in order: "AGE" is also inside "IMAGE"
+        starts.append(header.index(n, starts[-1] + 1 if starts else 0))
     ends = [*starts[1:], None]
     return {n: row[a:b].strip() for n, a, b in zip(names, starts, ends, strict=True)}
 
