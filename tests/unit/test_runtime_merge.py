@@ -262,3 +262,27 @@ def test_blueprint_model_reuses_the_torchjob_types() -> None:
     assert TorchRuntimeSpec.model_validate({}).to_wire() == {}
     with pytest.raises(ValueError, match="minReplicas must not exceed"):
         TorchRuntimeSpec.model_validate({"elastic": {"minReplicas": 3, "maxReplicas": 2}})
+
+
+def test_committed_blueprint_crds_are_generated_and_do_not_collide_with_kubeflow() -> None:
+    from pathlib import Path
+
+    import yaml
+    from tests.unit.test_api import _kube_openapi
+
+    from torchjob.api.runtime_crd import FILES, render_runtime_crd_yaml
+
+    _kube_openapi()
+    repo = Path(__file__).resolve().parents[2]
+    kubeflow = {"trainingruntime", "clustertrainingruntime", "trainingruntimes"}
+    kubeflow |= {"clustertrainingruntimes", "TrainingRuntime", "ClusterTrainingRuntime"}
+    for file, cluster in FILES.items():
+        text = render_runtime_crd_yaml(cluster)
+        assert (repo / "crds" / file).read_text() == text, "crds/ is stale: run `make crds`"
+        spec = yaml.safe_load(text)["spec"]
+        assert spec["scope"] == ("Cluster" if cluster else "Namespaced")
+        names = spec["names"]
+        used = {names["kind"], names["plural"], names["singular"], *names["shortNames"]}
+        assert not used & kubeflow
+        columns = [c["name"] for c in spec["versions"][0]["additionalPrinterColumns"]]
+        assert columns[:5] == ["Image", "GPUs", "Procs", "Min", "Max"]

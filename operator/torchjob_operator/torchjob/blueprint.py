@@ -1,7 +1,7 @@
 """A job's runtime blueprint (``spec.runtimeRef``): resolved once, then pinned. Pure.
 
 ``observe`` reads the pinned snapshot from ``status.runtime``, or, before the job has one,
-the blueprint itself (``Kube.get_runtime``); ``resolve`` merges the job over it
+the blueprint itself (``Kube.get_runtime``); ``resolve_runtime`` merges the job over it
 (``torchjob.api.merge``) and checks the result as a full TorchJob. A job keeps the
 blueprint it started with: once pinned, the snapshot is all that is read, so editing or
 deleting the blueprint never changes a running job, nor the pods of a later generation.
@@ -63,7 +63,7 @@ def snapshot(ref: RuntimeRef, blueprint: Mapping[str, Any]) -> RuntimeStatus:
     )
 
 
-def resolve(
+def resolve_runtime(
     job: Mapping[str, Any],
     ref: RuntimeRef,
     pin: RuntimeStatus | None,
@@ -99,4 +99,4 @@ def resolve(
     )
 
 
-__all__ = ["RETRY_S", "Resolved", "pinned", "ref_of", "resolve", "snapshot"]
+__all__ = ["RETRY_S", "Resolved", "pinned", "ref_of", "resolve_runtime", "snapshot"]

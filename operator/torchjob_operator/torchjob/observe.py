@@ -79,12 +79,13 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     if ref is not None:  # the blueprint: pinned, else read (once) and pinned by this pass
         pinned = blueprint.pinned(job, ref)
         fetched = None if pinned else kube.get_runtime(ref.kind.value, namespace, ref.name)
-        got = blueprint.resolve(job, ref, pinned, fetched)
+        got = blueprint.resolve_runtime(job, ref, pinned, fetched)
         if got.spec is None:
             return Observed(
                 job, None, got.detail, reason=got.reason, retry_after_s=got.retry_after_s
             )
         spec, pin = got.spec, got.pin
+    assert spec is not None  # validated as written, or merged over its blueprint
     # Only this job's pods count: a same-named earlier job's (another controller uid) wait.
     raw_pods, foreign = split_by_owner(
         kube.list_worker_pods(namespace, name), job["metadata"]["uid"]
