@@ -248,6 +248,21 @@ RULES: tuple[Rule, ...] = (
         )
         for field in ("nprocPerNode", "backend", "membershipPolicy", "checkpoint")
     ),
+    *(
+        # The CRD sets no defaults (a blueprint may fill the field), so adding or removing
+        # one of these fields would change it too.
+        Rule(
+            f"{field}-presence-immutable",
+            on="TorchJobSpec",
+            cel=f"has(self.{field}) == has(oldSelf.{field})",
+            message=(
+                f"spec.{field} {_IMMUTABLE} (it cannot be added to or removed from an "
+                "existing job)"
+            ),
+            unchecked=_TRANSITION,
+        )
+        for field in ("nprocPerNode", "backend", "membershipPolicy")
+    ),
     # --- across the spec ---
     Rule(
         "template-or-runtime",
