@@ -6,6 +6,7 @@ blueprints' ``kubectl get`` columns."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -185,3 +186,32 @@ def test_a_torchtune_trial_template_with_a_blueprint(jobs: Jobs) -> None:
     )
     assert tune["spec"]["trialTemplate"]["spec"]["runtimeRef"]["name"] == "trials"
     assert jobs.status("bp-study-t0")["runtime"]["name"] == "trials"
+
+
+def test_cli_submit_and_sdk_create_with_a_runtime(jobs: Jobs, tmp_path: Path) -> None:
+    from tests.cluster.test_client import cli, ok, write_manifest
+
+    from torchjob.client import ManifestError, TorchJobClient
+
+    jobs.apply(blueprint("shared"))
+    doc = job("from-cli", "shared")
+    del doc["spec"]["runtimeRef"]  # --runtime names it
+    path = write_manifest(tmp_path, doc)
+    missing = cli(jobs, "submit", "-f", str(path), "--runtime", "nope")
+    assert missing.returncode != 0
+    assert "spec.runtimeRef: ClusterTorchRuntime nope does not exist" in missing.stderr
+    ok(cli(jobs, "submit", "-f", str(path), "--runtime", "TorchRuntime/shared"))
+    sdk = TorchJobClient(kubeconfig=jobs.cluster.kubeconfig, namespace=jobs.ns)
+    try:
+        doc["metadata"]["name"] = "from-sdk"
+        sdk.create(doc, runtime="TorchRuntime/shared")
+        doc["spec"]["template"]["spec"]["containers"][0]["name"] = "main"
+        with pytest.raises(ManifestError, match=r"containers\[1\]\.image: .*\(from the job\)"):
+            sdk.create({**doc, "metadata": {"name": "wrong"}}, runtime="TorchRuntime/shared")
+    finally:
+        sdk.api_client.close()
+    for name in ("from-cli", "from-sdk"):
+        pods = jobs.wait_running_pods(name, 2, generation=0)
+        worker = pods[0].spec.containers[0]
+        assert (worker.image, worker.command) == ("registry.k8s.io/pause:3.10", ["train"])
+    assert jobs.get("wrong") is None

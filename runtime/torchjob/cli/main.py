@@ -60,8 +60,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    docs = read_documents(args.filename)
+    for source, doc in docs:  # a bad manifest is reported before credentials are looked for
+        spec = doc.get("spec") if isinstance(doc, dict) else None
+        if args.runtime is None and not (isinstance(spec, dict) and spec.get("runtimeRef")):
+            check_manifest(doc, source)
     client = _client(args)
-    for source, doc in read_documents(args.filename):
+    for source, doc in docs:
         if isinstance(doc, dict):
             try:
                 doc = with_runtime(doc, args.runtime)
