@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write crds/torchjob.io_torchjobs.yaml and torchjob.io_torchtunes.yaml from torchjob.api (run by `make crds`).
+"""Write crds/ (TorchJob, TorchTune and the runtime blueprints) from torchjob.api (run by `make crds`).
 
 The pod template schema comes from the OpenAPI document of Kubernetes KUBE_VERSION in the Go
 module cache (torchjob.api.kube_schema); when it is missing, this downloads that one module
@@ -16,6 +16,7 @@ import sys
 
 from torchjob.api import kube_schema
 from torchjob.api.crd import render_crd_yaml, render_tune_crd_yaml
+from torchjob.api.runtime_crd import FILES, render_runtime_crd_yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TARGET = ROOT / "crds" / "torchjob.io_torchjobs.yaml"
@@ -46,6 +47,9 @@ def main() -> int:
     _ensure_openapi()
     outputs = {TARGET: render_crd_yaml(), CHART_COPY: render_crd_yaml()}
     outputs[TUNE_TARGET] = outputs[TUNE_CHART_COPY] = render_tune_crd_yaml()
+    for file, cluster in FILES.items():
+        text = render_runtime_crd_yaml(cluster)
+        outputs[TARGET.parent / file] = outputs[CHART_COPY.parent / file] = text
     for path, text in outputs.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)

@@ -24,7 +24,13 @@ from typing import Any
 
 import pytest
 from tests import kube as helpers
-from tests.cluster.operator_harness import CRD_FILE, TUNE_CRD_FILE, Jobs, OperatorProcess
+from tests.cluster.operator_harness import (
+    CRD_FILE,
+    RUNTIME_CRD_FILES,
+    TUNE_CRD_FILE,
+    Jobs,
+    OperatorProcess,
+)
 from tests.cluster.realnode import RealNode
 
 
@@ -128,7 +134,7 @@ def namespace(request: pytest.FixtureRequest, core_v1: Any) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def crd(cluster: helpers.Cluster) -> None:
-    for path in (CRD_FILE, TUNE_CRD_FILE):
+    for path in (CRD_FILE, TUNE_CRD_FILE, *RUNTIME_CRD_FILES):
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
 
     def established(crd_name: str) -> bool:
@@ -143,7 +149,12 @@ def crd(cluster: helpers.Cluster) -> None:
         )
         return out.stdout.strip() == "True"
 
-    for crd_name in ("torchjobs.torchjob.io", "torchtunes.torchjob.io"):
+    for crd_name in (
+        "torchjobs.torchjob.io",
+        "torchtunes.torchjob.io",
+        "torchruntimes.torchjob.io",
+        "clustertorchruntimes.torchjob.io",
+    ):
         helpers.wait_for(
             lambda n=crd_name: established(n), 60, f"CRD {crd_name} Established", interval=0.5
         )

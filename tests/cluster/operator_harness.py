@@ -31,6 +31,10 @@ from torchjob.api.models import GROUP, PLURAL, VERSION
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "torchjob.io_torchjobs.yaml"
 TUNE_CRD_FILE = REPO / "crds" / "torchjob.io_torchtunes.yaml"
+RUNTIME_CRD_FILES = (
+    REPO / "crds" / "torchjob.io_torchruntimes.yaml",
+    REPO / "crds" / "torchjob.io_clustertorchruntimes.yaml",
+)
 
 
 def free_port() -> int:

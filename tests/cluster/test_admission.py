@@ -106,6 +106,18 @@ LONG54 = "b" * 54
 GPU = "nvidia.com/gpu"
 
 INVALID: list[Case] = [
+    # --- runtime blueprints: what the API server checks of a job with spec.runtimeRef ------
+    c("no template, no runtimeRef", "spec.template is required", changes={"spec.template": DELETE}),
+    c(
+        "runtimeRef of another kind",
+        "spec.runtimeRef.kind: Unsupported value",
+        changes={"spec.runtimeRef": {"name": "x", "kind": "TrainingRuntime"}},
+    ),
+    c(
+        "runtimeRef name not a DNS name",
+        "spec.runtimeRef.name",
+        changes={"spec.runtimeRef": {"name": "Bad_Name"}},
+    ),
     # --- typos: strict field validation names the unknown field -------------------------
     c("typo replica", 'unknown field "spec.replica"', changes={"spec.replica": 3}),
     c(
@@ -557,6 +569,11 @@ UPDATES: list[tuple[str, dict[str, Any], str]] = [
         "changing membershipPolicy",
         {"spec": {"membershipPolicy": "KeepSurvivors"}},
         "spec.membershipPolicy is immutable",
+    ),
+    (
+        "adding a runtimeRef",
+        {"spec": {"runtimeRef": {"name": "x"}}},
+        "spec.runtimeRef is immutable",
     ),
 ]
 UPDATES_WITH_CHECKPOINT: list[tuple[str, dict[str, Any], str]] = [

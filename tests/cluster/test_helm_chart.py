@@ -49,7 +49,7 @@ HARDENED = [
     ],
 )
 def test_chart_renders_objects_the_api_server_accepts(
-    cluster: k.Cluster, namespace: str, values: list[str]
+    cluster: k.Cluster, crd: None, namespace: str, values: list[str]
 ) -> None:
     helm("lint", str(CHART), *values)
     rendered = helm(
@@ -58,6 +58,20 @@ def test_chart_renders_objects_the_api_server_accepts(
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     kinds = {d["kind"] for d in docs}
     assert {"CustomResourceDefinition", "Deployment", "ServiceAccount", "ClusterRole"} <= kinds
+    # the pre-built runtime blueprints (values.yaml runtimes), and the operator may read them
+    runtimes = {
+        d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "ClusterTorchRuntime"
+    }
+    assert set(runtimes) == {"torch-cpu", "torch-gpu", "torch-gpu8"}
+    assert runtimes["torch-gpu8"]["nprocPerNode"] == 8
+    gpus = {n: r["template"]["spec"]["containers"][0]["resources"] for n, r in runtimes.items()}
+    assert gpus["torch-gpu"]["limits"]["nvidia.com/gpu"] == 1
+    assert gpus["torch-gpu8"]["limits"]["nvidia.com/gpu"] == 8
+    assert "nvidia.com/gpu" not in str(gpus["torch-cpu"])
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    reads = next(r for r in role["rules"] if "clustertorchruntimes" in r["resources"])
+    assert {"torchruntimes", "clustertorchruntimes"} <= set(reads["resources"])
+    assert {"get", "list", "watch"} <= set(reads["verbs"])
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     if any(v.startswith("watchNamespaces") for v in values):
@@ -99,10 +113,27 @@ def test_chart_renders_objects_the_api_server_accepts(
     assert out.returncode == 0, out.stderr
 
 
-def test_chart_crd_is_the_generated_one() -> None:
-    assert (CHART / "crds" / "torchjob.io_torchjobs.yaml").read_text() == (
-        REPO / "crds" / "torchjob.io_torchjobs.yaml"
-    ).read_text()
+@pytest.mark.parametrize(
+    "file",
+    [
+        "torchjob.io_torchjobs.yaml",
+        "torchjob.io_torchruntimes.yaml",
+        "torchjob.io_clustertorchruntimes.yaml",
+    ],
+)
+def test_chart_crd_is_the_generated_one(file: str) -> None:
+    assert (CHART / "crds" / file).read_text() == (REPO / "crds" / file).read_text()
+
+
+def test_pre_built_runtimes_can_be_turned_off() -> None:
+    off = [f"--set=runtimes.{k}.enabled=false" for k in ("cpu", "gpu8")]
+    rendered = helm("template", "torchjob", str(CHART), *off).stdout
+    names = [
+        d["metadata"]["name"]
+        for d in yaml.safe_load_all(rendered)
+        if d and d["kind"] == "ClusterTorchRuntime"
+    ]
+    assert names == ["torch-gpu"]
 
 
 def test_the_pdb_lets_a_drain_take_one_of_two_operator_replicas(

@@ -621,6 +621,12 @@ def test_immutable_fields_cannot_change(jobs: Jobs) -> None:
     )
     assert out.returncode != 0
     assert "spec.backend is immutable" in out.stderr
+    # Nor can one be added: the CRD has no defaults (a runtime blueprint may fill them).
+    out = jobs.kubectl(
+        "patch", "tj/fixed", "--type=merge", "-p", '{"spec":{"nprocPerNode":2}}', check=False
+    )
+    assert out.returncode != 0
+    assert "spec.nprocPerNode is immutable" in out.stderr
 
 
 def test_pod_template_the_api_server_rejects_gives_a_condition_not_a_crash(jobs: Jobs) -> None:

@@ -40,6 +40,8 @@ OWNERS: dict[str, str] = {
     # validation: one rule table
     "RULES": "torchjob.api.models.rules",
     "enforce": "torchjob.api.models.rules",
+    "merge_spec": "torchjob.api.merge",
+    "resolve_runtime": "torchjob_operator.torchjob.blueprint",
     # the study core
     "grid_points": "torchjob.search.space",
     "encode": "torchjob.search.space",

@@ -49,6 +49,8 @@ class FakeKube:
         """Raise Crash instead of the crash_at-th mutating call (0-based)."""
         self.mutations = 0
         self.events: list[tuple[str, str]] = []
+        self.runtimes: dict[tuple[str, str], dict[str, Any]] = {}
+        """Runtime blueprints by (kind, name) (spec.runtimeRef)."""
 
     def _mutate(self, what: str) -> None:
         if self.crash_at is not None and self.mutations == self.crash_at:
@@ -140,6 +142,11 @@ class FakeKube:
 
     def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
         return None
+
+    def get_runtime(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(f"get_runtime:{kind}/{name}")
+        found = self.runtimes.get((kind, name))
+        return copy.deepcopy(found) if found is not None else None
 
     def post_event(
         self, job: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str

@@ -121,8 +121,17 @@ EXAMPLES: dict[str, tuple[dict[str, Any], str | None]] = {
         _with(
             f"{C0}.volumeMounts",
             [{"name": "data", "mountPath": "/checkpoints"}],
-            _with("checkpoint.pvc", {"claimName": "ck"}),
+            _with(
+                "template.spec.volumes",
+                [{"name": "data", "emptyDir": {}}],
+                _with("checkpoint.pvc", {"claimName": "ck"}),
+            ),
         ),
+        None,
+    ),
+    "container-image": (_with(f"{C0}.image", " "), None),
+    "volume-mounts-known": (
+        _with(f"{C0}.volumeMounts", [{"name": "data", "mountPath": "/data"}]),
         None,
     ),
 }

@@ -54,6 +54,8 @@ REASONS: Final[Mapping[str, str]] = {
     "RestartLimitExceeded": "{detail}; {explanation}",
     "DeadlineExceeded": "the job ran longer than spec.runPolicy.activeDeadlineSeconds={deadline}",
     "InvalidSpec": "{detail}",
+    "RuntimeNotFound": "{detail}",
+    "InvalidRuntimeMerge": "{detail}",
     "FailedCreatePod": "{detail}",
     "ImagePullFailed": "{stuck} of {replicas} workers cannot start (e.g. {pod}: {detail})",
     "ContainerCannotStart": "{stuck} of {replicas} workers cannot start (e.g. {pod}: {detail})",
@@ -65,6 +67,8 @@ REASONS: Final[Mapping[str, str]] = {
     "latest checkpoint",
     "PhaseIs": "the job is {phase}",
     # Events only
+    "RuntimeResolved": "{runtime} (resourceVersion {version}) resolved and pinned in "
+    "status.runtime: later edits of it do not change this job",
     "KeptSurvivors": "generation {generation} keeps {count} running worker(s) ({pods}); "
     "the rest are replaced",
     "CreatedService": "created headless service {name}",

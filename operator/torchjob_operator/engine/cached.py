@@ -2,7 +2,7 @@
 
 Reads come from the store, writes go through to the API server and record what the watches
 will show once they have caught up (the expectations ``Store.catching_up`` waits for).
-TorchTunes are not cached: their reads and writes go straight through.
+TorchTunes and runtime blueprints are not cached: their reads and writes go straight through.
 """
 
 from __future__ import annotations
@@ -92,6 +92,10 @@ class CachedKube:
 
     def suspend_job(self, namespace: str, name: str) -> bool:
         return self.live.suspend_job(namespace, name)
+
+    def get_runtime(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        # Read once per job (then pinned in its status), or while it waits for one.
+        return self.live.get_runtime(kind, namespace, name)
 
     def get_tune(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.live.get_tune(namespace, name)

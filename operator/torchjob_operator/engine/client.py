@@ -17,6 +17,8 @@ from kubernetes.client.exceptions import ApiException
 
 from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION
+from torchjob.api.runtimes import CLUSTER_KIND, CLUSTER_PLURAL
+from torchjob.api.runtimes import PLURAL as RUNTIME_PLURAL
 from torchjob.api.torchtune import PLURAL as TUNE_PLURAL
 from torchjob_operator.common.owners import controller_uid
 from torchjob_operator.engine.kube import EarlierOwnerError, KubeError
@@ -195,6 +197,19 @@ class KubeClient:
         except ApiException as e:
             if e.status != 404:
                 raise KubeError("delete", f"torchjob {namespace}/{name}", e) from e
+
+    # --- runtime blueprints ----------------------------------------------------------------
+    def get_runtime(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ClusterTorchRuntime, or a TorchRuntime of ``namespace``; None on NotFound."""
+        if kind != CLUSTER_KIND:
+            return self._get_custom(RUNTIME_PLURAL, namespace, name)
+        try:
+            obj = self.custom.get_cluster_custom_object(GROUP, VERSION, CLUSTER_PLURAL, name)
+            return cast(dict[str, Any], obj)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise KubeError("get", f"{CLUSTER_PLURAL} {name}", e) from e
 
     # --- TorchTunes -----------------------------------------------------------------------
     def get_tune(self, namespace: str, name: str) -> dict[str, Any] | None:

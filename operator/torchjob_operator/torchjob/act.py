@@ -1,8 +1,9 @@
 """Carry one pass out, in the documented order (JobSet's, so that a crash at any point
 replays the same decision):
 
-0. the Kueue Workload's create or delete (``write_workload``), before anything is planned:
-   the job's gate depends on it.
+0. ``pin_runtime``: the runtime blueprint the job keeps (``status.runtime``), the first time
+   it is resolved; then the Kueue Workload's create or delete (``write_workload``), before
+   anything is planned: the job's gate depends on it.
 1. ``create``: the Service and the worker account (concurrently), the gang's PodGroup,
    the pods (concurrently), the capacity probes. A crash after them and before the status is
    harmless: the next pass finds the pods of a generation the status has not marked created
@@ -217,9 +218,22 @@ def say_invalid(
     detail: str,
     component: str,
     log: Log,
+    reason: str = "InvalidSpec",
 ) -> None:
-    """An invalid spec: its status (Ready=False, Stalled=True), then its Warning Event."""
+    """An invalid spec (or a missing or invalid runtime blueprint, ``reason``): its status
+    (Ready=False, Stalled), then its Warning Event."""
     meta = job["metadata"]
     kube.patch_job_status(meta["namespace"], meta["name"], status)
-    post(kube, job, (Event.of("InvalidSpec", warning=True, detail=detail),), component)
+    post(kube, job, (Event.of(reason, warning=True, detail=detail),), component)
     log.warning("%s", detail)
+
+
+def pin_runtime(
+    kube: Kube, job: Mapping[str, Any], pin: Mapping[str, Any], component: str, log: Log
+) -> None:
+    """Step 0: the runtime blueprint the job keeps (``status.runtime``), before any pod."""
+    meta = job["metadata"]
+    kube.patch_job_status(meta["namespace"], meta["name"], {"runtime": dict(pin)})
+    runtime, version = f"{pin['kind']} {pin['name']}", pin.get("resourceVersion")
+    post(kube, job, (Event.of("RuntimeResolved", runtime=runtime, version=version),), component)
+    log.info("pinned %s (resourceVersion %s)", runtime, version)

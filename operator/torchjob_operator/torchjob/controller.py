@@ -12,9 +12,8 @@ Entry point::
   result asks to run again within ``settings.progress_batch_s``; the caller decides when
   the wait is over): while 8 pods start one by one, the status is written when the phase
   changes, not 8 times.
-* ``pool``: the ``concurrent.futures.Executor`` for the concurrent pod writes. The operator
-  owns one long-lived pool (``2 * settings.create_concurrency`` threads) and passes it to
-  every pass; None runs the writes one after another in the caller's thread.
+* ``pool``: the ``concurrent.futures.Executor`` of the concurrent pod writes (the operator's
+  one long-lived pool); None runs them one after another in the caller's thread.
 
 Runs in a worker thread; the caller decides *when*. The order of the writes: ``act``.
 """
@@ -69,6 +68,8 @@ def reconcile_once(
         return _invalid(kube, seen, seen.invalid or "", now, settings, log)
     pool = act.Inline() if pool is None else pool
     job, spec, meta = seen.job, seen.spec, seen.job["metadata"]
+    if seen.pin is not None:  # the blueprint this job keeps, recorded before any pod exists
+        act.pin_runtime(kube, job, seen.pin, settings.component, log)
     step = _sync_workload(kube, seen, log)
     view = seen.view(spec, None if step is None else step.gate)
     try:  # judging and building are pure: an error here is the spec's, and retrying cannot help
@@ -139,10 +140,10 @@ def _invalid(
     kube: Kube, seen: Observed, detail: str, now: datetime, settings: OperatorSettings, log: act.Log
 ) -> ReconcileResult:
     """Say why the spec cannot run (once: no hot loop); an update wakes the job up again."""
-    status = invalid_status(seen.job, detail, now)
+    status = invalid_status(seen.job, detail, now, seen.reason)
     if status_changed(seen.job.get("status") or {}, status):
-        act.say_invalid(kube, seen.job, status, detail, settings.component, log)
-    return ReconcileResult(None)
+        act.say_invalid(kube, seen.job, status, detail, settings.component, log, seen.reason)
+    return ReconcileResult(seen.retry_after_s)
 
 
 __all__ = ["ReconcileResult", "reconcile_once"]

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from torchjob.api.models import TorchJobSpec
 from torchjob_operator.engine.kube import Kube, KubeError
-from torchjob_operator.torchjob import admission, kueue
+from torchjob_operator.torchjob import admission, blueprint, kueue
 from torchjob_operator.torchjob.decision import JobView
 from torchjob_operator.torchjob.observed import (
     JobState,
@@ -43,6 +43,12 @@ class Observed:
     """Pods of an earlier same-named TorchJob (another controller uid)."""
     workload: admission.WorkloadSeen | None = None
     """The Kueue Workload's reads; None: Kueue does not manage the job."""
+    pin: Mapping[str, Any] | None = None
+    """``status.runtime`` to write first: the runtime blueprint this pass resolved (once)."""
+    reason: str = "InvalidSpec"
+    """Why ``spec`` is None: ``InvalidSpec``, ``RuntimeNotFound``, ``InvalidRuntimeMerge``."""
+    retry_after_s: float | None = None
+    """When an invalid job looks again by itself (a missing blueprint); None: on a change."""
 
     def view(self, spec: TorchJobSpec, gate: kueue.Gate | None) -> JobView:
         """What the planner is given: the job, with its Workload's ``gate``."""
@@ -64,10 +70,22 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     if job is None or (job.get("metadata") or {}).get("deletionTimestamp"):
         return None
     try:
-        spec = TorchJobSpec.model_validate(job.get("spec") or {})
+        ref = blueprint.ref_of(job.get("spec") or {})
+        spec = TorchJobSpec.model_validate(job.get("spec") or {}) if ref is None else None
     except ValidationError as err:
         detail = f"TorchJob {namespace}/{name} has an invalid spec: {validation_message(err)}"
         return Observed(job, None, invalid=detail)
+    pin = None
+    if ref is not None:  # the blueprint: pinned, else read (once) and pinned by this pass
+        pinned = blueprint.pinned(job, ref)
+        fetched = None if pinned else kube.get_runtime(ref.kind.value, namespace, ref.name)
+        got = blueprint.resolve_runtime(job, ref, pinned, fetched)
+        if got.spec is None:
+            return Observed(
+                job, None, got.detail, reason=got.reason, retry_after_s=got.retry_after_s
+            )
+        spec, pin = got.spec, got.pin
+    assert spec is not None  # validated as written, or merged over its blueprint
     # Only this job's pods count: a same-named earlier job's (another controller uid) wait.
     raw_pods, foreign = split_by_owner(
         kube.list_worker_pods(namespace, name), job["metadata"]["uid"]
@@ -82,6 +100,7 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
         probes=tuple(v for v in (probe_view(p) for p in raw_pods) if v is not None),
         foreign=tuple(foreign),
         workload=_workload(kube, job, spec, state),
+        pin=pin,
     )
 
 

@@ -166,14 +166,17 @@ def validation_message(err: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def invalid_status(job: Mapping[str, Any], detail: str, now: datetime) -> dict[str, Any]:
-    """The partial status patch of an invalid spec: the conditions, nothing else touched."""
+def invalid_status(
+    job: Mapping[str, Any], detail: str, now: datetime, reason: str = "InvalidSpec"
+) -> dict[str, Any]:
+    """The partial status patch of an invalid spec: the conditions, nothing else touched.
+    A missing runtime blueprint (``RuntimeNotFound``) is not Stalled: the job waits for it."""
     prior = TorchJobStatus.parse(job.get("status"))
     invalid = set_not_ready(
         TorchJobStatus(conditions=prior.conditions),
-        reason="InvalidSpec",
+        reason=reason,
         message=detail,
-        stalled=True,
+        stalled=reason != "RuntimeNotFound",
         now=format_time(now),
         observed_generation=(job.get("metadata") or {}).get("generation"),
     )

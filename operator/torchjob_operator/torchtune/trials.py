@@ -55,7 +55,14 @@ def trial_manifest(
     }
     if template_meta and template_meta.annotations:
         job_meta["annotations"] = dict(template_meta.annotations)
-    job_spec = copy.deepcopy(spec.trial_template.spec.to_wire())
+    written = spec.trial_template.spec
+    # With a runtime blueprint only what the template sets is the trial's (a default written
+    # out would override the blueprint's value); the operator merges the rest per trial.
+    job_spec = copy.deepcopy(
+        written.model_dump(by_alias=True, exclude_unset=True, exclude_none=True, mode="json")
+        if written.runtime_ref is not None
+        else written.to_wire()
+    )
     encoded = json.dumps(nested_config(record.params), sort_keys=True, default=str)
     for c in ((job_spec.get("template") or {}).get("spec") or {}).get("containers") or []:
         env = [

@@ -200,9 +200,22 @@ def _crd(
     }
 
 
+def _without_defaults(node: Any) -> Any:
+    """``node`` with no ``default``: the API server would write a default into every stored
+    job, and a value the job seems to set wins over its runtime blueprint's (spec.runtimeRef).
+    The models apply the same defaults when the operator reads the job."""
+    if isinstance(node, dict):
+        return {k: _without_defaults(v) for k, v in node.items() if k != "default"}
+    if isinstance(node, list):
+        return [_without_defaults(v) for v in node]
+    return node
+
+
 def build_crd() -> dict[str, Any]:
     """The full apiextensions.k8s.io/v1 CustomResourceDefinition."""
-    spec_schema = _model_schema(models.TorchJobSpec)
+    spec_schema = _without_defaults(_model_schema(models.TorchJobSpec))
+    # With spec.runtimeRef the template may come from the blueprint (rule template-or-runtime).
+    spec_schema["required"] = [r for r in spec_schema["required"] if r != "template"]
     template = kube_schema.pod_template_schema(models.TEMPLATE_RULES)
     template["description"] = spec_schema["properties"]["template"].get("description", "")
     spec_schema["properties"]["template"] = template

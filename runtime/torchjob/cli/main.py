@@ -16,7 +16,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchjob.client.errors import TorchJobClientError, TorchJobInvalid
-from torchjob.client.manifest import ManifestError, load_manifest, load_manifests
+from torchjob.client.manifest import (
+    ManifestError,
+    check_manifest,
+    load_manifest,
+    read_documents,
+)
+from torchjob.client.runtimes import with_runtime
 
 EXIT_API_ERROR = 1
 EXIT_USAGE = 2
@@ -54,9 +60,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    manifests = load_manifests(args.filename)
+    docs = read_documents(args.filename)
+    for source, doc in docs:  # a bad manifest is reported before credentials are looked for
+        spec = doc.get("spec") if isinstance(doc, dict) else None
+        if args.runtime is None and not (isinstance(spec, dict) and spec.get("runtimeRef")):
+            check_manifest(doc, source)
     client = _client(args)
-    for m in manifests:
+    for source, doc in docs:
+        if isinstance(doc, dict):
+            try:
+                doc = with_runtime(doc, args.runtime)
+            except ValueError as e:
+                raise ManifestError(source, "--runtime", str(e)) from e
+        # A job with a blueprint is checked merged over it (read from the cluster).
+        m = check_manifest(
+            doc, source, lambda ref, ns: client.get_runtime(ref, args.namespace or ns)
+        )
         try:
             created = client.create(m, namespace=args.namespace)
         except TorchJobInvalid as e:  # rejected by the server's validation: a bad manifest
@@ -269,6 +288,14 @@ def build_parser() -> argparse.ArgumentParser:
         "submit", parents=[common], help="create the TorchJob(s) of a YAML file on the cluster"
     )
     submit.add_argument("-f", "--filename", required=True, help="TorchJob YAML file")
+    submit.add_argument(
+        "--runtime",
+        metavar="NAME",
+        help=(
+            "the runtime blueprint the job starts from (sets spec.runtimeRef): NAME (a "
+            "ClusterTorchRuntime) or TorchRuntime/NAME (one of the job's namespace)"
+        ),
+    )
     submit.add_argument(
         "--wait", metavar="PHASE", help="then wait for this phase (e.g. Running, Succeeded)"
     )

@@ -19,28 +19,27 @@ from pathlib import Path
 from typing import Any
 
 from torchjob import contract
-from torchjob.api.models import API_VERSION, GROUP, KIND, PLURAL, TERMINAL_PHASES, VERSION
+from torchjob.api.models import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    TERMINAL_PHASES,
+    VERSION,
+    RuntimeKind,
+    RuntimeRef,
+)
+from torchjob.api.runtimes import PLURALS as RUNTIME_PLURALS
 from torchjob.client.errors import KubeconfigError, TorchJobClientError, WaitTimeout, api_error
 from torchjob.client.logs import LogLine, PodStream, finish_follow, has_started, pod_index, snapshot
-from torchjob.client.manifest import Manifest, check_manifest, load_manifest
+from torchjob.client.manifest import Manifest, check_manifest
+from torchjob.client.manifest import job_dict as _job_dict
+from torchjob.client.manifest import raw_job as _raw
+from torchjob.client.manifest import source_of as _source
+from torchjob.client.runtimes import with_runtime
 from torchjob.client.table import TABLE_ACCEPT, JobTable, fallback_table, server_table
 
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
-
-def _job_dict(job: Any) -> dict[str, Any]:
-    """Accept a dict, a :class:`Manifest`, a pydantic ``TorchJob`` or a path to a YAML file."""
-    if isinstance(job, Manifest):
-        return dict(job.raw)
-    if isinstance(job, str | Path):
-        return dict(load_manifest(job).raw)
-    dump = getattr(job, "model_dump", None)
-    if callable(dump):
-        dumped: dict[str, Any] = dump(mode="json", by_alias=True, exclude_none=True)
-        return dumped
-    if isinstance(job, Mapping):
-        return dict(check_manifest(job).raw)
-    raise TypeError(f"expected a TorchJob dict, model, Manifest or path, got {type(job).__name__}")
 
 
 class TorchJobClient:
@@ -117,13 +116,27 @@ class TorchJobClient:
     def _ns(self, namespace: str | None) -> str:
         return namespace or self.namespace
 
-    def create(self, job: Any, *, namespace: str | None = None) -> dict[str, Any]:
-        """Create a TorchJob from a dict, a ``torchjob.api.TorchJob``, a Manifest or a YAML path."""
-        body = _job_dict(job)
+    def create(
+        self, job: Any, *, namespace: str | None = None, runtime: str | None = None
+    ) -> dict[str, Any]:
+        """Create a TorchJob from a dict, a ``torchjob.api.TorchJob``, a Manifest or a YAML path.
+
+        ``runtime`` names the runtime blueprint it starts from (``spec.runtimeRef``):
+        ``"torch-gpu"`` (a ClusterTorchRuntime) or ``"TorchRuntime/team-gpu"`` (one of the
+        job's namespace). A job with a blueprint is checked merged over it before it is sent
+        (a ``ManifestError`` names the field and the side it came from)."""
+        raw = _raw(job)
+        ns = namespace or (raw.get("metadata") or {}).get("namespace") or self.namespace
+        named = (raw.get("spec") or {}).get("runtimeRef") is not None
+        if runtime is not None or (named and not isinstance(job, Manifest)):
+            raw = with_runtime(raw, runtime)
+            check_manifest(raw, _source(job), lambda ref, _ns: self.get_runtime(ref, ns))
+            body = raw
+        else:
+            body = _job_dict(job)
         body.setdefault("apiVersion", API_VERSION)
         body.setdefault("kind", KIND)
         meta = body.setdefault("metadata", {})
-        ns = namespace or meta.get("namespace") or self.namespace
         meta["namespace"] = ns
         name = meta.get("name", "?")
         try:
@@ -133,6 +146,27 @@ class TorchJobClient:
         except Exception as e:
             raise api_error(e, f"TorchJob {ns}/{name} create") from e
         return created
+
+    def get_runtime(
+        self, ref: RuntimeRef | str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
+        """The runtime blueprint ``ref`` names (a ``RuntimeRef``, or ``"torch-gpu"`` /
+        ``"TorchRuntime/team-gpu"``); None when it does not exist."""
+        from torchjob.client.runtimes import parse_runtime
+
+        ref = parse_runtime(ref) if isinstance(ref, str) else ref
+        plural = RUNTIME_PLURALS[ref.kind]
+        try:
+            if ref.kind is RuntimeKind.CLUSTER_TORCH_RUNTIME:
+                obj = self.custom.get_cluster_custom_object(GROUP, VERSION, plural, ref.name)
+            else:
+                ns = self._ns(namespace)
+                obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, plural, ref.name)
+        except Exception as e:
+            if getattr(e, "status", None) == 404:
+                return None
+            raise api_error(e, ref.describe()) from e
+        return dict(obj)
 
     def get(self, name: str, *, namespace: str | None = None) -> dict[str, Any]:
         """The TorchJob ``name`` as the API server has it (spec and status)."""

@@ -54,6 +54,7 @@ from torchjob.api.models.limits import (
 from torchjob.api.models.pod_types import TEMPLATE_RULES
 from torchjob.api.models.rule import Rule
 from torchjob.api.models.rules import RULES
+from torchjob.api.models.runtime_ref import RuntimeKind, RuntimeRef
 from torchjob.api.models.spec import (
     Backend,
     Backoff,
@@ -76,6 +77,7 @@ from torchjob.api.models.status import (
     FailureRecord,
     Phase,
     Progress,
+    RuntimeStatus,
     TorchJobStatus,
 )
 from torchjob.api.models.template import Container, ObjectMetaTemplate, PodSpec, PodTemplateSpec
@@ -130,6 +132,9 @@ __all__ = [
     "PvcSource",
     "Rule",
     "RunPolicy",
+    "RuntimeKind",
+    "RuntimeRef",
+    "RuntimeStatus",
     "SchedulingSpec",
     "TorchJob",
     "TorchJobSpec",

@@ -70,13 +70,6 @@ POD_TYPE_RULES: tuple[Rule, ...] = (
         unchecked=KUBE_FIELD,
     ),
     Rule(
-        "container-image",
-        on=_CONTAINER,
-        cel="has(self.image) && size(self.image.trim()) > 0",
-        message="container image is required (e.g. image: ghcr.io/org/train:1.0)",
-        unchecked=KUBE_FIELD,
-    ),
-    Rule(
         "resources-not-negative",
         on=_CONTAINER,
         subject="Quantity",

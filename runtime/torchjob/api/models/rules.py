@@ -20,7 +20,7 @@ from torchjob.api.models.limits import (
     MAX_NPROC_PER_NODE,
     RESERVED_LABELS,
 )
-from torchjob.api.models.pod_types import KUBE_FIELD, POD_TYPE_RULES
+from torchjob.api.models.pod_types import POD_TYPE_RULES
 from torchjob.api.models.rule import Rule, cel_on, enforce_rules
 
 # --- why a rule has no Python check ------------------------------------------------------
@@ -33,9 +33,15 @@ _NAME = "metadata.name: it names the job's Service and pod hostnames, which only
 _WORKERS = "(has(self.spec.elastic) ? self.spec.elastic.maxReplicas : self.spec.replicas)"
 _SUFFIX_LEN = f"({len(contract.WORKER_SUFFIX)} + size(string({_WORKERS} - 1)))"
 _TEMPLATE_LABELS = (
-    "(has(self.template.metadata) && has(self.template.metadata.labels) ? "
-    "self.template.metadata.labels : {})"
+    "(has(self.template) && has(self.template.metadata) && has(self.template.metadata.labels)"
+    " ? self.template.metadata.labels : {})"
 )
+_NO_TEMPLATE = "!has(self.template) || "
+"""With spec.runtimeRef the template may be left out (the blueprint's is used)."""
+_REF = "has(self.runtimeRef) || "
+"""A rule that needs the whole template: with spec.runtimeRef the API server sees only the
+job's overrides; the operator checks the merged spec (``torchjob.api.merge``)."""
+_IMAGE_OK = ".all(c, has(c.image) && size(c.image.trim()) > 0)"
 _MOUNTS_KNOWN = (
     ".all(c, !has(c.volumeMounts) || c.volumeMounts.all(m, "
     "m.name == 'dshm' || (m.name == 'torchjob-checkpoint' && has(self.checkpoint) && "
@@ -62,6 +68,29 @@ def _both(policy: Any) -> set[int]:
 def _agrees(given: str | None, where: dict[str, Any], key: str) -> bool:
     """``given`` unset, or ``where[key]`` absent or equal to it."""
     return not given or where.get(key, given) == given
+
+
+def _images(spec: Any) -> bool:
+    """Every container and init container of the template names an image."""
+    inits = _extra(spec.template.spec).get("initContainers") or []
+    return all(str(c.image or "").strip() for c in spec.template.spec.containers) and all(
+        isinstance(c, dict) and str(c.get("image") or "").strip() for c in inits
+    )
+
+
+def _mounts_known(spec: Any) -> bool:
+    """Every volumeMount names a volume of the template (or dshm, or the checkpoint PVC)."""
+    pod = _extra(spec.template.spec)
+    known = {v.get("name") for v in pod.get("volumes") or [] if isinstance(v, dict)} | {"dshm"}
+    if spec.checkpoint is not None and spec.checkpoint.pvc is not None:
+        known.add("torchjob-checkpoint")
+    containers = [_extra(c) for c in spec.template.spec.containers]
+    containers += [c for c in pod.get("initContainers") or [] if isinstance(c, dict)]
+    return all(
+        isinstance(m, dict) and m.get("name") in known
+        for c in containers
+        for m in c.get("volumeMounts") or []
+    )
 
 
 def _mount_clash(spec: Any) -> bool:
@@ -219,7 +248,63 @@ RULES: tuple[Rule, ...] = (
         )
         for field in ("nprocPerNode", "backend", "membershipPolicy", "checkpoint")
     ),
+    *(
+        # The CRD sets no defaults (a blueprint may fill the field), so adding or removing
+        # one of these fields would change it too.
+        Rule(
+            f"{field}-presence-immutable",
+            on="TorchJobSpec",
+            cel=f"has(self.{field}) == has(oldSelf.{field})",
+            message=(
+                f"spec.{field} {_IMMUTABLE} (it cannot be added to or removed from an "
+                "existing job)"
+            ),
+            unchecked=_TRANSITION,
+        )
+        for field in ("nprocPerNode", "backend", "membershipPolicy")
+    ),
     # --- across the spec ---
+    Rule(
+        "template-or-runtime",
+        on="TorchJobSpec",
+        cel="has(self.template) || has(self.runtimeRef)",
+        message=(
+            "spec.template is required (the workers' pod template), unless spec.runtimeRef "
+            "names a runtime blueprint that has one"
+        ),
+        unchecked=(
+            "TorchJobSpec requires the template; a spec with runtimeRef is merged with its "
+            "blueprint first (torchjob.api.merge), and the merge says what is missing"
+        ),
+    ),
+    Rule(
+        "container-image",
+        on="TorchJobSpec",
+        cel=(
+            f"{_REF}(self.template.spec.containers{_IMAGE_OK} && "
+            "(!has(self.template.spec.initContainers) || "
+            f"self.template.spec.initContainers{_IMAGE_OK}))"
+        ),
+        message="container image is required (e.g. image: ghcr.io/org/train:1.0)",
+        check=lambda s: s.runtime_ref is not None or _images(s),
+    ),
+    Rule(
+        "runtimeRef-immutable",
+        on="TorchJobSpec",
+        field="runtimeRef",
+        cel="self == oldSelf",
+        message=f"spec.runtimeRef {_IMMUTABLE}",
+        unchecked=_TRANSITION,
+    ),
+    Rule(
+        "runtimeRef-presence-immutable",
+        on="TorchJobSpec",
+        cel="has(self.runtimeRef) == has(oldSelf.runtimeRef)",
+        message=(
+            f"spec.runtimeRef {_IMMUTABLE} (it cannot be added to or removed from an existing job)"
+        ),
+        unchecked=_TRANSITION,
+    ),
     Rule(
         "replicas-in-bounds",
         on="TorchJobSpec",
@@ -265,7 +350,7 @@ RULES: tuple[Rule, ...] = (
         "scheduler-name-agrees",
         on="TorchJobSpec",
         cel=(
-            "!has(self.scheduling) || !has(self.scheduling.schedulerName) || "
+            f"{_NO_TEMPLATE}!has(self.scheduling) || !has(self.scheduling.schedulerName) || "
             "!has(self.template.spec.schedulerName) || "
             "self.template.spec.schedulerName == self.scheduling.schedulerName"
         ),
@@ -281,7 +366,7 @@ RULES: tuple[Rule, ...] = (
         "priority-class-agrees",
         on="TorchJobSpec",
         cel=(
-            "!has(self.scheduling) || !has(self.scheduling.priorityClassName) || "
+            f"{_NO_TEMPLATE}!has(self.scheduling) || !has(self.scheduling.priorityClassName) || "
             "!has(self.template.spec.priorityClassName) || "
             "self.template.spec.priorityClassName == self.scheduling.priorityClassName"
         ),
@@ -325,22 +410,22 @@ RULES: tuple[Rule, ...] = (
         "volume-mounts-known",
         on="TorchJobSpec",
         cel=(
-            f"self.template.spec.containers{_MOUNTS_KNOWN} && "
+            f"{_REF}(self.template.spec.containers{_MOUNTS_KNOWN} && "
             f"(!has(self.template.spec.initContainers) || "
-            f"self.template.spec.initContainers{_MOUNTS_KNOWN})"
+            f"self.template.spec.initContainers{_MOUNTS_KNOWN}))"
         ),
         message=(
             "every volumeMount in spec.template.spec.containers and initContainers must name a "
             "volume of spec.template.spec.volumes (dshm is the operator's /dev/shm; "
             "torchjob-checkpoint needs spec.checkpoint.pvc)"
         ),
-        unchecked=KUBE_FIELD,
+        check=lambda s: s.runtime_ref is not None or _mounts_known(s),
     ),
     Rule(
         "checkpoint-mount-free",
         on="TorchJobSpec",
         cel=(
-            "!has(self.checkpoint) || !has(self.checkpoint.pvc) || "
+            f"{_NO_TEMPLATE}!has(self.checkpoint) || !has(self.checkpoint.pvc) || "
             "self.template.spec.containers.all(c, !has(c.volumeMounts) || "
             "c.volumeMounts.all(m, m.mountPath != (has(self.checkpoint.pvc.mountPath) ? "
             "self.checkpoint.pvc.mountPath : '/checkpoints')))"

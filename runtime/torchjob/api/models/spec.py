@@ -26,6 +26,7 @@ from torchjob.api.models.limits import (
     parse_quantity,
 )
 from torchjob.api.models.rules import cel_of, enforce
+from torchjob.api.models.runtime_ref import RuntimeRef
 from torchjob.api.models.template import PodTemplateSpec
 
 
@@ -341,6 +342,15 @@ class TorchJobSpec(_Model):
         json_schema_extra={CEL: cel_of("TorchJobSpec", "checkpoint")},
     )
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    runtime_ref: RuntimeRef | None = Field(
+        default=None,
+        description=(
+            "A runtime blueprint (TorchRuntime or ClusterTorchRuntime) this spec overrides: "
+            "what the job leaves out comes from it (docs/platform.md, Runtime blueprints). "
+            "Resolved once, when the job starts; status.runtime records which and its version."
+        ),
+        json_schema_extra={CEL: cel_of("TorchJobSpec", "runtimeRef")},
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> TorchJobSpec:

@@ -64,6 +64,22 @@ class Progress(_Model):
     update_time: str | None = None
 
 
+class RuntimeStatus(_Model):
+    """The runtime blueprint a job started from (``spec.runtimeRef``), pinned: the job keeps
+    this snapshot whatever happens to the blueprint later."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: str
+    name: str
+    resource_version: str | None = None
+    generation: int | None = None
+    spec: dict[str, Any] = Field(
+        description="The blueprint's spec as it was read.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
 class TorchJobStatus(_Model):
     model_config = ConfigDict(extra="allow")
 
@@ -127,6 +143,10 @@ class TorchJobStatus(_Model):
     start_time: str | None = None
     completion_time: str | None = None
     progress: Progress | None = None
+    runtime: RuntimeStatus | None = Field(
+        default=None,
+        description="spec.runtimeRef: the blueprint, its version and spec, pinned at start.",
+    )
 
     def rank_order(self) -> tuple[int, ...] | None:
         """``members`` when it is a usable rank order (``replicas`` distinct, non-negative pod
@@ -138,8 +158,9 @@ class TorchJobStatus(_Model):
 
     def to_patch(self) -> dict[str, Any]:
         """The operator's JSON merge patch of ``/status``: every field it owns, ``None`` as an
-        explicit null (which clears it), and ``progress`` left out: the pod's agent owns it."""
-        return self.model_dump(by_alias=True, mode="json", exclude={"progress"})
+        explicit null (which clears it), and ``progress`` left out: the pod's agent owns it
+        (``runtime`` too: written once, when the blueprint is pinned)."""
+        return self.model_dump(by_alias=True, mode="json", exclude={"progress", "runtime"})
 
     @classmethod
     def parse(cls, status: Mapping[str, Any] | None) -> TorchJobStatus:
