@@ -112,6 +112,7 @@ class ShardedSaver:
         self.on_commit = on_commit
         self._storage: CheckpointStorage | None = None
         self._group: dist.ProcessGroup | None = None
+        self._stager: Any = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.committed: list[CommittedCheckpoint] = []
@@ -129,6 +130,25 @@ class ShardedSaver:
         if self._group is None:
             self._group = d.new_group(backend="gloo", timeout=_default_timeout())
         return self._group
+
+    def _staging(self) -> Any:
+        """One DCP stager for the generation: it keeps this rank's host copy of the state
+        and refreshes it in place at each save (no new allocation, no page faults), pinned
+        when CUDA is present. The previous save is finished before the copy is refreshed."""
+        if self._stager is None:
+            import torch
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            pinned = torch.cuda.is_available()
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=pinned,
+                    use_shared_memory=False,
+                    use_async_staging=False,
+                    use_non_blocking_copy=False,
+                )
+            )
+        return self._stager
 
     def save(
         self,
@@ -153,7 +173,11 @@ class ShardedSaver:
         writer = _writer(target.write_url)
         if background:
             fut = dcp.async_save(
-                state_dict, storage_writer=writer, process_group=group, no_dist=d is None
+                state_dict,
+                storage_writer=writer,
+                process_group=group,
+                async_stager=self._staging(),
+                no_dist=d is None,
             )
             self._start(lambda: self._finish(fut.result(), target, metrics, data_positions))
             return None
