@@ -74,7 +74,7 @@ def hash_files(storage: CheckpointStorage, base_url: str, rels: list[str]) -> di
         h = hashlib.sha256()
         size = 0
         with fs.open(path, "rb") as f:
-            for chunk in iter(lambda f=f: f.read(1 << 22), b""):
+            while chunk := f.read(1 << 22):
                 h.update(chunk)
                 size += len(chunk)
         out[rel] = {"size": size, "sha256": h.hexdigest()}

@@ -30,8 +30,6 @@ from torchjob.checkpoint import sharded as store
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-    from torchjob.train.checkpoint import Checkpoint
-
 DCP_METADATA = ".metadata"
 
 
@@ -66,10 +64,10 @@ def _writer(url: str) -> Any:
     fs, path = url_to_fs(url)
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
     if "file" in protocols:
-        from torch.distributed.checkpoint import FileSystemWriter
+        from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
         return FileSystemWriter(path, sync_files=True, single_file_per_rank=True)
-    from torch.distributed.checkpoint import FsspecWriter
+    from torch.distributed.checkpoint.fsspec_filesystem import FsspecWriter
 
     return FsspecWriter(url, sync_files=True, single_file_per_rank=True)
 
@@ -80,10 +78,10 @@ def _reader(url: str) -> Any:
     fs, path = url_to_fs(url)
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
     if "file" in protocols:
-        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.filesystem import FileSystemReader
 
         return FileSystemReader(path)
-    from torch.distributed.checkpoint import FsspecReader
+    from torch.distributed.checkpoint.fsspec_filesystem import FsspecReader
 
     return FsspecReader(url)
 
@@ -160,7 +158,11 @@ class ShardedSaver:
     ) -> CommittedCheckpoint | None:
         """Save ``state`` sharded; returns the committed checkpoint (rank 0, not ``background``)
         or ``None`` (committed later in the background, or not rank 0)."""
-        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_saver import (
+            AsyncSaveResponse,
+            async_save,
+            save,
+        )
 
         self.wait()
         d = _dist()
@@ -172,18 +174,17 @@ class ShardedSaver:
         state_dict = state.state_dict()
         writer = _writer(target.write_url)
         if background:
-            fut = dcp.async_save(
+            fut = async_save(
                 state_dict,
                 storage_writer=writer,
                 process_group=group,
                 async_stager=self._staging(),
                 no_dist=d is None,
             )
-            self._start(lambda: self._finish(fut.result(), target, metrics, data_positions))
+            upload = fut.upload_completion if isinstance(fut, AsyncSaveResponse) else fut
+            self._start(lambda: self._finish(upload.result(), target, metrics, data_positions))
             return None
-        metadata = dcp.save(
-            state_dict, storage_writer=writer, process_group=group, no_dist=d is None
-        )
+        metadata = save(state_dict, storage_writer=writer, process_group=group, no_dist=d is None)
         return self._finish(metadata, target, metrics, data_positions)
 
     def _finish(
@@ -252,13 +253,13 @@ def _agree(problems: list[str]) -> list[str]:
     return [p for part in everyone for p in (part or [])]
 
 
-def load(checkpoint: Checkpoint, state: Any) -> None:
-    """Verify (each rank a share), then DCP-load ``checkpoint`` into ``state`` with resharding."""
-    import torch.distributed.checkpoint as dcp
+def load(url: str, state: Any) -> None:
+    """Verify (each rank a share), then DCP-load the checkpoint at ``url`` into ``state`` with
+    resharding (``Checkpoint.load_state``)."""
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
     from torchjob.train.state import RNG_PREFIX, rng_key
 
-    url = checkpoint.url
     d = _dist()
     rank, world = (d.get_rank(), d.get_world_size()) if d is not None else (0, 1)
     problems: list[str] = []
@@ -283,5 +284,5 @@ def load(checkpoint: Checkpoint, state: Any) -> None:
     for key in [k for k in state_dict if k.startswith(RNG_PREFIX)]:
         if key not in keys or key != rng_key(rank):
             del state_dict[key]
-    dcp.load(state_dict, storage_reader=reader, no_dist=d is None)
+    dcp_load(state_dict, storage_reader=reader, no_dist=d is None)
     state.load_state_dict(state_dict)

@@ -72,9 +72,9 @@ class Checkpoint:
         outside a process group (one process loads everything). A committed checkpoint's files
         are verified against its manifest first: a missing, truncated or corrupt file is a
         ``CheckpointError`` naming it."""
-        from torchjob.train.state import load_state
+        from torchjob.train import _sharded
 
-        load_state(self, state)
+        _sharded.load(self.url, state)
 
     @property
     def _is_local(self) -> bool:

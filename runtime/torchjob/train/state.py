@@ -61,12 +61,9 @@ from __future__ import annotations
 import pickle
 import random
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from torchjob.train.checkpoint import Checkpoint
 
 MODEL = "model"
 OPTIMIZER = "optim"
@@ -81,7 +78,8 @@ RNG_PREFIX = "rng_rank"
 def _rank() -> int:
     import torch.distributed as dist
 
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    initialized = dist.is_available() and dist.is_initialized()
+    return dist.get_rank() if initialized else 0
 
 
 def rng_key(rank: int) -> str:
@@ -96,7 +94,7 @@ def _capture_rng() -> bytes:
         state["numpy"] = np.random.get_state()
     except ImportError:  # pragma: no cover - numpy ships with torch's wheels
         pass
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         state["cuda"] = torch.cuda.get_rng_state_all()
     return pickle.dumps(state)
 
@@ -202,7 +200,7 @@ class TrainState:
             _load_data_state(self.data_loader, state_dict[DATA])
         for k, v in dict(state_dict.get(EXTRA, {})).items():
             current = self.extra.get(k)
-            if _is_stateful(current):
+            if current is not None and _is_stateful(current):
                 current.load_state_dict(v)
             else:
                 self.extra[k] = v
@@ -259,10 +257,3 @@ class StateCheckpoint:
 
     def __repr__(self) -> str:
         return f"StateCheckpoint({self.state!r})"
-
-
-def load_state(checkpoint: Checkpoint, state: TrainState | Any) -> None:
-    """Load a sharded checkpoint into ``state`` (what :meth:`Checkpoint.load_state` runs)."""
-    from torchjob.train import _sharded
-
-    _sharded.load(checkpoint, state)
