@@ -104,6 +104,10 @@ cluster-demo: venv cluster ## local cluster + CRD + operator + an example job
 bench: venv ## benchmarks (print figures and ratios; never part of `make test`)
 	$(PY) bench/run_all.py
 
+.PHONY: bench-sharded
+bench-sharded: venv ## sharded FSDP2 checkpoints: save stall sync vs async (2 GiB over 4 ranks), resume at the same and another world size (SHARDED_ARGS to change)
+	$(PY) bench/sharded_checkpoint.py $(SHARDED_ARGS)
+
 .PHONY: bench-goodput
 bench-goodput: venv testbin ## goodput under preemption on the real node: policies x graceful/hard evictions (over an hour with the defaults; BENCH_ARGS to change)
 	$(PY) bench/goodput.py $(BENCH_ARGS)

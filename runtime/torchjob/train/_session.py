@@ -13,6 +13,7 @@ from torchjob.checkpoint import DataPosition
 
 if TYPE_CHECKING:
     from torchjob.checkpoint.background import BackgroundCommitter
+    from torchjob.train._sharded import ShardedSaver
     from torchjob.train.checkpoint import Checkpoint
 
 
@@ -54,9 +55,17 @@ class Session:
     async_commit: bool = False
     committer: BackgroundCommitter | None = None
     """Rank 0 with ``async_commit``: the background commits of this generation's reports."""
+    async_save: bool = False
+    """``CheckpointConfig.async_commit`` on every rank: sharded saves finish in the background."""
+    sharded: ShardedSaver | None = None
+    """Every rank, from its first ``Checkpoint.from_state`` report: its sharded saves."""
+    state: Any = None
+    """The ``TrainState`` last reported with ``Checkpoint.from_state`` (``None`` before)."""
 
     def drain(self) -> None:
-        """Wait for rank 0's background commit in flight (re-raising its error)."""
+        """Wait for the background saves in flight (re-raising their errors)."""
+        if self.sharded is not None:
+            self.sharded.wait()
         if self.committer is not None:
             self.committer.wait()
 
