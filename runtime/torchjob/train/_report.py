@@ -89,6 +89,15 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> Non
     s.reports += 1
     s.last_metrics = dict(metrics)
     s.history.append(dict(metrics))
+    snapshot = None
+    if s.registered is not None:
+        from torchjob.train import restore_point
+
+        # The restore point: this report's state in host memory, before the collective
+        # below (a peer lost in it leaves every survivor holding this report).
+        snapshot = restore_point.take(
+            s.run_path, s.report_base + s.reports, s.registered, s.data_positions()
+        )
     committed = None
     saving = s.world_rank == 0 and checkpoint is not None and bool(s.storage_url)
     if saving:
@@ -105,6 +114,8 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> Non
                 "world_size": s.world_size,
                 "generation": s.generation,
                 "report": s.reports,
+                "restore_point": snapshot is not None,
+                "restore_point_bytes": snapshot.nbytes if snapshot is not None else 0,
             }
         )
     stop = _agree_to_stop(stop_requested())

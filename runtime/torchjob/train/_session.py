@@ -12,8 +12,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torchjob.checkpoint import DataPosition
 
 if TYPE_CHECKING:
+    from collections.abc import MutableMapping
+
     from torchjob.checkpoint.background import BackgroundCommitter
     from torchjob.train.checkpoint import Checkpoint
+    from torchjob.train.restore_point import Restored
 
 
 class PositionedLoader(Protocol):
@@ -54,6 +57,12 @@ class Session:
     async_commit: bool = False
     committer: BackgroundCommitter | None = None
     """Rank 0 with ``async_commit``: the background commits of this generation's reports."""
+    registered: MutableMapping[str, Any] | None = None
+    """The state ``register_state`` handed over: copied into host memory at every report."""
+    restored: Restored | None = None
+    """The in-memory restore point this generation started from (None: storage or fresh)."""
+    report_base: int = 0
+    """Reports of the run before this generation's (a restore point's index counts from it)."""
 
     def drain(self) -> None:
         """Wait for rank 0's background commit in flight (re-raising its error)."""

@@ -50,6 +50,7 @@ from torchjob.train.modes import KeepSurvivorsMode, choose_mode
 from torchjob.train.progress import ProgressView
 from torchjob.train.record import RunRecord, run_location, shares_result
 from torchjob.train.result import Result
+from torchjob.train.survivors import RestorePoints
 from torchjob.train.steps import (
     Completed,
     Crashed,
@@ -98,7 +99,7 @@ class Controller:
         self._endpoint = JobEndpoint.from_env(pod) if pod is not None else None
         self._job_status: JobStatusReporter | None = None
         self.mode = choose_mode(trainer, pod, self._endpoint)
-        self.workers = Workers(trainer)
+        self.workers = Workers(trainer, heals=pod is None)
 
     # --- what rank 0's pod does ------------------------------------------------------------
     def _leads(self) -> bool:
@@ -159,6 +160,11 @@ class Controller:
     def _follows(self) -> bool:
         """KeepSurvivors, no stop requested: a generation's processes serve the next one."""
         return isinstance(self.mode, KeepSurvivorsMode) and not self.stop_requested.is_set()
+
+    def _keeps(self) -> bool:
+        """A generation's live processes serve the next one (KeepSurvivors; on a laptop, the
+        survivors of a lost rank and a resized group), unless a stop was requested."""
+        return self._follows() or (self.pod is None and not self.stop_requested.is_set())
 
     def _prestart(self, state: RunState, view: ProgressView) -> None:
         """KeepSurvivors: start the worker processes ahead of the first generation; a standby
@@ -275,10 +281,12 @@ class Controller:
                 if self.stop_requested.is_set():
                     return Stopped(at_report)
                 return self.mode.after_interrupt(self, state, at_report)
-            case Crashed(err):
+            case Crashed(err, held):
                 if self.stop_requested.is_set() or not retryable(err):
                     return Errored(err, str(err))
-                return self.mode.after_failure(self, state, err)
+                return self.mode.after_failure(
+                    self, replace(state, survivors_hold_state=held), err
+                )
             case _:
                 assert_never(end)
 
@@ -291,9 +299,12 @@ class Controller:
         current = state
         signalled = False
         group: WorkerGroup | None = None
+        points = RestorePoints()
 
         def on_event(_rank: int, event: dict[str, Any]) -> None:
             nonlocal current
+            if points.on_event(event, group, view):
+                return
             if event.get("type") == "checkpoint":  # a background commit finished
                 current = replace(
                     current, checkpoints_in_generation=current.checkpoints_in_generation + 1
@@ -341,13 +352,15 @@ class Controller:
                 on_event=on_event, on_tick=on_tick
             )
         except LaunchError as err:
+            kept = False
             if group is not None:
-                # Another pod's loss broke the group: under KeepSurvivors these processes stay.
-                self.workers.settle(group, placement, keep=self._follows(), timeout_s=0)
-            return Crashed(err)
+                # Another pod's loss broke the group: under KeepSurvivors these processes stay;
+                # on a laptop the survivors of a lost rank stay and re-form in place.
+                kept = self.workers.settle(group, placement, keep=self._keeps(), timeout_s=0)
+            return Crashed(err, survivors_hold_state=kept and points.held)
         if any(o.stopped for o in outcomes):
             # Stopped for a membership change: the processes stay for the next generation.
-            self.workers.settle(group, placement, keep=self._follows(), timeout_s=10)
+            self.workers.settle(group, placement, keep=self._keeps(), timeout_s=10)
             return Interrupted(outcomes)
         group.shutdown(timeout_s=10)
         return Completed(outcomes)
@@ -356,6 +369,8 @@ class Controller:
     def _restart(self, state: RunState, decision: RestartGroup, view: ProgressView) -> RunState:
         latest = self.storage.latest_committed() if self.storage is not None else None
         where = latest.path if latest else "the start (no checkpoint yet)"
+        if decision.from_memory:
+            where = "the survivors' memory (in place)"
         view.message(
             f"[torchjob] {decision.reason}; generation {state.generation + 1} with "
             f"{decision.num_workers} workers resumes from {where}"
