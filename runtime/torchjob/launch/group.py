@@ -258,12 +258,7 @@ class WorkerGroup:
         (:meth:`heal`): a gloo group whose failures were only deaths and broken connections
         (no rank hung, none raised an error of its own)."""
         ok = not self._broken or self._survivors or self._peer_loss_only
-        return (
-            ok
-            and self._backend == "gloo"
-            and bool(self._workers)
-            and len(self.lost()) < len(self._workers)
-        )
+        return ok and self._backend == "gloo" and 0 < len(self._workers) - len(self.lost())
 
     def heal(self, num_workers: int) -> None:
         """Keep the survivors after a lost rank: drop the dead processes, start new ones
@@ -275,28 +270,26 @@ class WorkerGroup:
             raise LaunchError("this worker group has no survivors to keep; start a new one")
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-        alive: list[WorkerHandle] = []
-        for w in self._workers:
-            if w.local_rank in self.lost():
-                self._reap(w)
-            else:
-                alive.append(w)
-        for w in alive[num_workers:]:  # a shrink beyond the losses: the last ranks go
-            self._stop(w)
+        lost = self.lost()
+        alive = [w for w in self._workers if w.local_rank not in lost]
+        for w in [w for w in self._workers if w.local_rank in lost] + alive[num_workers:]:
+            self._reap(w)  # the dead, and the last survivors of a shrink beyond the losses
         alive = alive[:num_workers]
         for i, w in enumerate(alive):
             w.local_rank = i
         self._workers = alive
         self._num_workers = num_workers
         self._placement = Placement.local(num_workers, generation=self._placement.generation)
-        self._broken, self._peer_loss_only, self._survivors = False, True, False
+        self._broken = self._peer_loss_only = self._survivors = False
         new = [self._spawn(i, self._token) for i in range(len(alive), num_workers)]
         if not new:
             return
         self._workers.extend(new)
         try:
             assert self._server is not None
-            accept_workers(self._server, self._workers, self._token, timeout_s=self._start_timeout_s)
+            accept_workers(
+                self._server, self._workers, self._token, timeout_s=self._start_timeout_s
+            )
             for w in new:
                 assert w.conn is not None
                 w.conn.send(("init", {**self._init, "form": False}))
@@ -306,19 +299,13 @@ class WorkerGroup:
             raise
 
     def _reap(self, w: WorkerHandle) -> None:
+        """Kill the worker's session (it and what it started), wait for it, drop its line."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(w.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            w.proc.wait(timeout=5)
+        w.proc.wait()
         if w.conn is not None:
             w.conn.close()
             w.conn = None
-
-    def _stop(self, w: WorkerHandle) -> None:
-        if w.conn is not None:
-            with contextlib.suppress(OSError):
-                w.conn.send(("exit",))
-        self._reap(w)
 
     def kill_rank(self, rank: int, sig: int = signal.SIGKILL) -> bool:
         """Send ``sig`` to the process of global rank ``rank`` if this host runs it (a silent
@@ -338,20 +325,11 @@ class WorkerGroup:
                     w.conn.send(("exit",))
         deadline = time.monotonic() + timeout_s
         for w in self._workers:
-            remaining = max(0.0, deadline - time.monotonic())
             with contextlib.suppress(subprocess.TimeoutExpired):
-                w.proc.wait(timeout=remaining if timeout_s > 0 else 0.01)
-            if w.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(w.proc.pid, signal.SIGKILL)
-                w.proc.wait()
-            else:
-                # Reap stragglers the worker started (DataLoader workers) in its session.
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(w.proc.pid, signal.SIGKILL)
-            if w.conn is not None:
-                w.conn.close()
-                w.conn = None
+                w.proc.wait(
+                    timeout=max(0.0, deadline - time.monotonic()) if timeout_s > 0 else 0.01
+                )
+            self._reap(w)  # killed if still alive, with what it started (DataLoader workers)
         self._workers = []
         if self._server is not None:
             self._server.close()

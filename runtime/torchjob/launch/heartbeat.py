@@ -52,12 +52,15 @@ class Watchdog:
         on_silent: Callable[[int, float], None],
         silent_after: float,
         interval_s: float | None = None,
+        keep_fds: frozenset[int] = frozenset(),
     ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.local_ranks = local_ranks
         self.on_silent = on_silent
         self.silent_after = silent_after
+        self.keep_fds = keep_fds
+        """Connections :func:`break_group_connections` leaves alone (the driver's)."""
         self.interval_s = interval_s or min(1.0, silent_after / 4)
         self._stop = threading.Event()
         self._declared: set[int] = set()
@@ -108,7 +111,7 @@ class Watchdog:
                 store_ok = now
             except Exception:
                 values, present = [], []
-                if now - store_ok > self.silent_after and 0 != self.rank:
+                if now - store_ok > self.silent_after and self.rank != 0:
                     self._declare(0, now - store_ok)  # rank 0 serves the store
                 continue
             for r, v in zip(present, values, strict=True):
@@ -127,7 +130,7 @@ class Watchdog:
             self.on_silent(rank, silent_s)
         if rank not in self.local_ranks:
             # The driver cannot kill a rank on another host: fail this rank's collective.
-            break_group_connections()
+            break_group_connections(self.keep_fds)
 
 
 # --- breaking this process's connections to a group whose peer went silent ---------------
@@ -164,12 +167,8 @@ def break_group_connections(keep_fds: frozenset[int] = frozenset()) -> int:
     """Shut down this process's established TCP connections except the store's (to or from
     ``MASTER_PORT``) and ``keep_fds`` (the driver's): gloo's pairs, so a collective blocked
     on a silent peer fails now. Returns how many were shut down. Linux only (``/proc``)."""
-    from torchjob.launch import worker
-
     store_port = int(os.environ.get("MASTER_PORT", "0"))
     keep = set(keep_fds)
-    if worker._CONN is not None:
-        keep.add(worker._CONN.fileno())
     fds = _socket_inodes()
     n = 0
     for inode, (local_port, remote_port) in _tcp_connections().items():

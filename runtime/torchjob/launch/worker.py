@@ -255,6 +255,7 @@ def _watch_peers(info: WorkerInfo) -> None:
         local_ranks=range(first, first + info.local_world_size),
         on_silent=on_silent,
         silent_after=after,
+        keep_fds=frozenset({_CONN.fileno()}) if _CONN is not None else frozenset(),
     ).start()
 
 

@@ -31,9 +31,8 @@ from torchjob.train.result import Result
 if TYPE_CHECKING:
     from torchjob.train import torch
     from torchjob.train._prepare import get_device, prepare_data_loader, prepare_model
-    from torchjob.train._report import get_checkpoint, report, should_stop
+    from torchjob.train._report import get_checkpoint, register_state, report, should_stop
     from torchjob.train.data_parallel_trainer import DataParallelTrainer
-    from torchjob.train.restore_point import register_state
     from torchjob.train.trainer import TorchTrainer
 
 _LAZY = {
@@ -43,7 +42,7 @@ _LAZY = {
     "prepare_model": "torchjob.train._prepare",
     "prepare_data_loader": "torchjob.train._prepare",
     "get_device": "torchjob.train._prepare",
-    "register_state": "torchjob.train.restore_point",
+    "register_state": "torchjob.train._report",
     "TorchTrainer": "torchjob.train.trainer",
     "DataParallelTrainer": "torchjob.train.data_parallel_trainer",
 }

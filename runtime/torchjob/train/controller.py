@@ -15,15 +15,12 @@ termination messages, the final :class:`Result` or exception).
 The steps and the protocols both sides share live in ``torchjob.train.steps``; the modes
 in ``torchjob.train.modes``; the worker processes across generations in
 ``torchjob.train.workers``; what the run records and how it ends (its Result, its errors) in
-``torchjob.train.record``. Three modes, chosen once from where ``fit()`` runs:
-
-* :class:`LocalMode`: a laptop or a plain machine. Failures restart (or shrink) the
-  group within ``FailureConfig``; an elastic run grows back at a report.
-* :class:`PodMode`: a TorchJob pod (``membershipPolicy: RestartAll``). The operator owns
-  restarts: any failure ends ``fit`` with the root cause in the termination message.
-* :class:`KeepSurvivorsMode`: a TorchJob pod with ``membershipPolicy: KeepSurvivors``.
-  The pod outlives generations: a peer's loss or a new generation published in the
-  job's status re-forms the group in this process instead of ending it.
+``torchjob.train.record``; the restore point and silent peers it follows in
+``torchjob.train.survivors``. Three modes (``torchjob.train.modes``), chosen once from
+where ``fit()`` runs: :class:`LocalMode` (a laptop: failures restart, shrink or, where
+ranks survive, re-form in place from their memory), :class:`PodMode` (a TorchJob pod: the
+operator owns restarts) and :class:`KeepSurvivorsMode` (a pod that follows the job's
+generations and re-forms the group in this process).
 """
 
 from __future__ import annotations
@@ -50,7 +47,6 @@ from torchjob.train.modes import KeepSurvivorsMode, choose_mode
 from torchjob.train.progress import ProgressView
 from torchjob.train.record import RunRecord, run_location, shares_result
 from torchjob.train.result import Result
-from torchjob.train.survivors import RestorePoints
 from torchjob.train.steps import (
     Completed,
     Crashed,
@@ -67,6 +63,7 @@ from torchjob.train.steps import (
     Stopped,
     TrainerSettings,
 )
+from torchjob.train.survivors import RestorePoints
 from torchjob.train.workers import Workers
 
 log = logging.getLogger(__name__)
@@ -184,16 +181,8 @@ class Controller:
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
         previous = signal.getsignal(signal.SIGTERM)
-
-        def handler(_signum: int, _frame: object) -> None:
-            self.stop_requested.set()
-
-        signal.signal(signal.SIGTERM, handler)
-
-        def restore() -> None:
-            signal.signal(signal.SIGTERM, previous)
-
-        return restore
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: self.stop_requested.set())
+        return lambda: signal.signal(signal.SIGTERM, previous) and None
 
     def result(self, error: BaseException | None = None) -> Result:
         return self.record.result(self.storage, error)
@@ -284,9 +273,7 @@ class Controller:
             case Crashed(err, held):
                 if self.stop_requested.is_set() or not retryable(err):
                     return Errored(err, str(err))
-                return self.mode.after_failure(
-                    self, replace(state, survivors_hold_state=held), err
-                )
+                return self.mode.after_failure(self, replace(state, survivors_hold_state=held), err)
             case _:
                 assert_never(end)
 

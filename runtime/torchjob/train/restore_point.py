@@ -252,32 +252,3 @@ def agree(run: str, rank: int, world_size: int) -> Restored | None:
     snap = _decode(payload.numpy().tobytes())
     _HELD[0] = snap
     return Restored(snap, source, True, time.monotonic() - t0)
-
-
-# --- the training function's side ----------------------------------------------------------
-
-
-def register_state(state: MutableMapping[str, Any]) -> bool:
-    """Hand the runtime this training function's state, as a dict of named entries: objects
-    with ``state_dict()``/``load_state_dict()`` (the model, the optimizer, a scheduler) and
-    plain values (the step, the epoch). Every ``report()`` from now on copies it into host
-    memory: the restore point the group falls back on when a rank is lost. The RNG states and
-    the prepared loaders' data positions are held with it.
-
-    Where the group holds a restore point (the survivors of a lost rank re-formed in place),
-    it is loaded into ``state`` now (``load_state_dict`` for objects, plain values replaced
-    in the dict), the RNG states and data positions with it, and this returns True; then
-    ``get_checkpoint()`` is None (storage was not read). False: nothing in memory, resume
-    from ``get_checkpoint()`` as usual. Call it on every rank, once, after the model and the
-    optimizer exist and before the first step."""
-    from torchjob.train import _session
-
-    s = _session.current()
-    if s is None:
-        raise RuntimeError("register_state() must be called inside a training function")
-    s.registered = state
-    if s.restored is None:
-        return False
-    load_into(state, s.restored.snapshot.state)
-    set_rng_states(s.restored.snapshot.rng)
-    return True

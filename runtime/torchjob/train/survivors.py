@@ -29,7 +29,9 @@ class RestorePoints:
     """Ranks killed here because their peers found them silent."""
     restore_point_bytes: int = 0
 
-    def on_event(self, event: dict[str, Any], group: WorkerGroup | None, view: ProgressView) -> bool:
+    def on_event(
+        self, event: dict[str, Any], group: WorkerGroup | None, view: ProgressView
+    ) -> bool:
         """Handle ``event`` if it is about the restore point or a silent peer (True)."""
         kind = event.get("type")
         if kind == "report":
