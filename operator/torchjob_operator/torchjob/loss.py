@@ -30,7 +30,6 @@ from torchjob_operator.torchjob.elastic import (
 from torchjob_operator.torchjob.ending import end, finish
 from torchjob_operator.torchjob.observed import PodView
 
-
 KILLED_EXIT_CODE = 137
 """A container's exit code when its process was SIGKILLed (128 + 9)."""
 

@@ -258,7 +258,7 @@ class WorkerGroup:
         (:meth:`heal`): a gloo group whose failures were only deaths and broken connections
         (no rank hung, none raised an error of its own)."""
         ok = not self._broken or self._survivors or self._peer_loss_only
-        return ok and self._backend == "gloo" and 0 < len(self._workers) - len(self.lost())
+        return ok and self._backend == "gloo" and len(self._workers) - len(self.lost()) > 0
 
     def heal(self, num_workers: int) -> None:
         """Keep the survivors after a lost rank: drop the dead processes, start new ones
