@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from torchjob.train._prepare import get_device, prepare_data_loader, prepare_model
     from torchjob.train._report import get_checkpoint, register_state, report, should_stop
     from torchjob.train.data_parallel_trainer import DataParallelTrainer
+    from torchjob.train.state import StateCheckpoint, TrainState
     from torchjob.train.trainer import TorchTrainer
 
 _LAZY = {
@@ -45,6 +46,8 @@ _LAZY = {
     "register_state": "torchjob.train._report",
     "TorchTrainer": "torchjob.train.trainer",
     "DataParallelTrainer": "torchjob.train.data_parallel_trainer",
+    "TrainState": "torchjob.train.state",
+    "StateCheckpoint": "torchjob.train.state",
 }
 
 
@@ -64,9 +67,11 @@ __all__ = [
     "Result",
     "RunConfig",
     "ScalingConfig",
+    "StateCheckpoint",
     "TorchConfig",
     "TorchTrainer",
     "TrainContext",
+    "TrainState",
     "TrainingFailedError",
     "TrainingStoppedError",
     "get_checkpoint",

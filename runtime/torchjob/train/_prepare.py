@@ -177,6 +177,10 @@ class PreparedDataLoader:
             yield _to_device(batch, self._device) if self._device is not None else batch
         self._complete = True
 
+    def resume_from(self, position: DataPosition) -> None:
+        """Continue from ``position`` at the next pass (what a loaded ``TrainState`` sets)."""
+        self._resume = position
+
     def position(self) -> DataPosition:
         size = self._dataset_size()
         return DataPosition(

@@ -15,7 +15,7 @@ group leaves, and so does the end of the generation.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from torchjob.checkpoint import CheckpointStorage, CommittedCheckpoint
@@ -25,6 +25,7 @@ from torchjob.train.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
     from torchjob.checkpoint.background import BackgroundCommitter
+    from torchjob.train.state import StateCheckpoint
 
 
 def _agree_to_stop(local_stop: bool) -> bool:
@@ -40,6 +41,28 @@ def _agree_to_stop(local_stop: bool) -> bool:
     return bool(flag.item())
 
 
+def _landed(
+    s: _session.Session, storage: CheckpointStorage
+) -> Callable[[CommittedCheckpoint], None]:
+    """Rank 0, after a background commit: retention, then the ``checkpoint`` event."""
+
+    def landed(ckpt: CommittedCheckpoint) -> None:
+        storage.apply_retention(
+            s.num_to_keep, score_attribute=s.score_attribute, score_order=s.score_order
+        )
+        send_event(
+            {
+                "type": "checkpoint",
+                "path": ckpt.path,
+                "index": ckpt.index,
+                "report": None,
+                "generation": s.generation,
+            }
+        )
+
+    return landed
+
+
 def _committer(s: _session.Session) -> BackgroundCommitter:
     """Rank 0's background committer for this generation (created at its first checkpoint)."""
     from torchjob.checkpoint.background import BackgroundCommitter
@@ -47,24 +70,33 @@ def _committer(s: _session.Session) -> BackgroundCommitter:
     if s.committer is None:
         assert s.storage_url is not None
         storage = CheckpointStorage(s.storage_url)
-        report_of: dict[str, int] = {}
-
-        def landed(ckpt: CommittedCheckpoint) -> None:
-            storage.apply_retention(
-                s.num_to_keep, score_attribute=s.score_attribute, score_order=s.score_order
-            )
-            send_event(
-                {
-                    "type": "checkpoint",
-                    "path": ckpt.path,
-                    "index": ckpt.index,
-                    "report": report_of.pop(ckpt.path, None),
-                    "generation": s.generation,
-                }
-            )
-
-        s.committer = BackgroundCommitter(storage, on_commit=landed)
+        s.committer = BackgroundCommitter(storage, on_commit=_landed(s, storage))
     return s.committer
+
+
+def _save_sharded(s: _session.Session, checkpoint: StateCheckpoint, metrics: dict[str, Any]) -> Any:
+    """Every rank: write its shards (``torchjob.train._sharded``); rank 0 commits. Returns the
+    committed checkpoint on rank 0 when it committed now, else None."""
+    from torchjob.train._sharded import ShardedSaver
+
+    assert s.storage_url is not None
+    if s.sharded is None:
+        s.sharded = ShardedSaver(s.storage_url, rank=s.world_rank, world_size=s.world_size)
+        if s.world_rank == 0:
+            s.sharded.on_commit = _landed(s, s.sharded.storage)
+    s.state = checkpoint.state
+    background = s.async_save
+    committed = s.sharded.save(
+        checkpoint.state,
+        metrics=metrics,
+        data_positions=s.data_positions(),
+        background=background,
+    )
+    if committed is not None:
+        s.sharded.storage.apply_retention(
+            s.num_to_keep, score_attribute=s.score_attribute, score_order=s.score_order
+        )
+    return committed
 
 
 def _commit(s: _session.Session, checkpoint: Checkpoint, metrics: dict[str, Any]) -> Any:
@@ -82,8 +114,12 @@ def _commit(s: _session.Session, checkpoint: Checkpoint, metrics: dict[str, Any]
     return committed
 
 
-def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
-    """Report ``metrics`` (rank 0's are kept) and optionally a checkpoint (rank 0's is saved)."""
+def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | None = None) -> None:
+    """Report ``metrics`` (rank 0's are kept) and optionally a checkpoint.
+
+    A ``Checkpoint.from_directory(d)``: rank 0's is saved (whole files). A
+    ``Checkpoint.from_state(state)``: collective, every rank passes one and writes its own
+    shards (``torchjob.train.state``)."""
     s = _session.current()
     if s is None:
         raise RuntimeError("torchjob.train.report() must be called inside a training function")
@@ -98,10 +134,22 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> Non
             s.run_path, s.report_base + s.reports, s.registered, s.data_positions()
         )
     committed = None
-    saving = s.world_rank == 0 and checkpoint is not None and bool(s.storage_url)
-    if saving:
-        assert checkpoint is not None
-        committed = _commit(s, checkpoint, metrics)
+    if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+        from torchjob.train.state import StateCheckpoint
+
+        if not isinstance(checkpoint, StateCheckpoint):
+            raise TypeError(
+                "report(checkpoint=...) takes Checkpoint.from_directory(path) or "
+                f"Checkpoint.from_state(state), got {type(checkpoint).__name__}"
+            )
+        saving = s.world_rank == 0 and bool(s.storage_url)
+        if s.storage_url:
+            committed = _save_sharded(s, checkpoint, metrics)
+    else:
+        saving = s.world_rank == 0 and checkpoint is not None and bool(s.storage_url)
+        if saving:
+            assert checkpoint is not None
+            committed = _commit(s, checkpoint, metrics)
     if s.world_rank == 0:
         send_event(
             {
@@ -141,10 +189,10 @@ def should_stop() -> bool:
 # --- the training function's side ----------------------------------------------------------
 
 
-def register_state(state: MutableMapping[str, Any]) -> bool:
+def register_state(state: MutableMapping[str, Any] | Any) -> bool:
     """Hand the runtime this training function's state, as a dict of named entries: objects
     with ``state_dict()``/``load_state_dict()`` (the model, the optimizer, a scheduler) and
-    plain values (the step, the epoch). Every ``report()`` from now on copies it into host
+    plain values (the step, the epoch); or one such object (a ``TrainState``). Every ``report()`` from now on copies it into host
     memory: the restore point the group falls back on when a rank is lost. The RNG states and
     the prepared loaders' data positions are held with it.
 
@@ -157,9 +205,15 @@ def register_state(state: MutableMapping[str, Any]) -> bool:
     s = _session.current()
     if s is None:
         raise RuntimeError("register_state() must be called inside a training function")
-    s.registered = state
+    registered = state if isinstance(state, MutableMapping) else {"state": state}
+    if not isinstance(state, MutableMapping) and not callable(getattr(state, "state_dict", None)):
+        raise TypeError(
+            "register_state(state): state must be a dict of named entries or an object with "
+            f"state_dict()/load_state_dict() (a TrainState), got {type(state).__name__}"
+        )
+    s.registered = registered
     if s.restored is None:
         return False
-    restore_point.load_into(state, s.restored.snapshot.state)
+    restore_point.load_into(registered, s.restored.snapshot.state)
     restore_point.set_rng_states(s.restored.snapshot.rng)
     return True

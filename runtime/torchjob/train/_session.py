@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from collections.abc import MutableMapping
 
     from torchjob.checkpoint.background import BackgroundCommitter
+    from torchjob.train._sharded import ShardedSaver
     from torchjob.train.checkpoint import Checkpoint
     from torchjob.train.restore_point import Restored
 
@@ -63,9 +64,17 @@ class Session:
     """The in-memory restore point this generation started from (None: storage or fresh)."""
     report_base: int = 0
     """Reports of the run before this generation's (a restore point's index counts from it)."""
+    async_save: bool = False
+    """``CheckpointConfig.async_commit`` on every rank: sharded saves finish in the background."""
+    sharded: ShardedSaver | None = None
+    """Every rank, from its first ``Checkpoint.from_state`` report: its sharded saves."""
+    state: Any = None
+    """The ``TrainState`` last reported with ``Checkpoint.from_state`` (``None`` before)."""
 
     def drain(self) -> None:
-        """Wait for rank 0's background commit in flight (re-raising its error)."""
+        """Wait for the background saves in flight (re-raising their errors)."""
+        if self.sharded is not None:
+            self.sharded.wait()
         if self.committer is not None:
             self.committer.wait()
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torchjob.checkpoint import CheckpointError, CheckpointStorage, DataPosition, write_files
+from torchjob.checkpoint.sharded import is_sharded
 from torchjob.launch import send_event, worker_info
 from torchjob.train import _session, _shared_result, restore_point
 from torchjob.train._spec import WorkerOutcome, WorkerSpec
@@ -31,8 +32,13 @@ def _load_resume(spec: WorkerSpec) -> _Payload:
         if spec.storage_url:
             storage = CheckpointStorage(spec.storage_url)
             latest = storage.latest_committed()
+            if latest is not None and is_sharded(latest):
+                # Every rank reads its own shards (Checkpoint.load_state): rank 0 reads none.
+                return ("sharded", latest.path, latest.data_positions)
             if latest is not None:
                 return ("ok", storage.read_files(latest), latest.data_positions)
+        if spec.resume_from and Checkpoint(spec.resume_from).is_sharded:
+            return ("sharded", spec.resume_from, [])
         if spec.resume_from:
             tmp = Checkpoint(spec.resume_from).to_directory()
             try:
@@ -101,6 +107,9 @@ def run_training(spec: WorkerSpec) -> WorkerOutcome:
         write_files(payload[1], restored_dir)
         checkpoint = Checkpoint(restored_dir)
         positions = [DataPosition.from_dict(p) for p in payload[2] or []]
+    elif payload[0] == "sharded":
+        checkpoint = Checkpoint(payload[1])
+        positions = [DataPosition.from_dict(p) for p in payload[2] or []]
     elif payload[0] == "memory":
         positions = [DataPosition.from_dict(p) for p in payload[2] or []]
     session = _session.Session(
@@ -122,6 +131,7 @@ def run_training(spec: WorkerSpec) -> WorkerOutcome:
         async_commit=spec.async_commit and info.rank == 0,
         restored=restored,
         report_base=restored.snapshot.index if restored is not None else len(spec.history_before),
+        async_save=spec.async_commit,
     )
     _session.set_current(session)
     stopped = False

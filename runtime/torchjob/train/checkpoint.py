@@ -9,14 +9,18 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 from fsspec.core import url_to_fs
 
 from torchjob.checkpoint import MANIFEST, MARKER, CheckpointError, CheckpointStorage
 
+if TYPE_CHECKING:
+    from torchjob.train.state import StateCheckpoint, TrainState
+
 _METADATA = ".torchjob_metadata.json"
+_DCP_METADATA = ".metadata"
 
 
 class Checkpoint:
@@ -41,6 +45,36 @@ class Checkpoint:
     @classmethod
     def from_directory(cls, path: str | os.PathLike[str]) -> Checkpoint:
         return cls(path)
+
+    @classmethod
+    def from_state(cls, state: TrainState | Any) -> StateCheckpoint:
+        """A sharded checkpoint of ``state`` (a :class:`~torchjob.train.TrainState`), to pass to
+        ``report`` on every rank: each rank writes its own shards through DCP
+        (``torchjob.train.state`` has the loop)."""
+        from torchjob.train.state import StateCheckpoint
+
+        return StateCheckpoint(state)
+
+    @property
+    def url(self) -> str:
+        """The checkpoint's URL or local path, as given."""
+        return self._url
+
+    @property
+    def is_sharded(self) -> bool:
+        """Whether this directory holds a sharded (DCP) checkpoint, for :meth:`load_state`."""
+        return bool(self.filesystem.exists(f"{self.path}/{_DCP_METADATA}"))
+
+    def load_state(self, state: TrainState | Any) -> None:
+        """Load this sharded checkpoint into ``state``, on every rank at once (collective).
+
+        Works at any world size (DCP reshards; each rank reads only what its shards need) and
+        outside a process group (one process loads everything). A committed checkpoint's files
+        are verified against its manifest first: a missing, truncated or corrupt file is a
+        ``CheckpointError`` naming it."""
+        from torchjob.train.state import load_state
+
+        load_state(self, state)
 
     @property
     def _is_local(self) -> bool:
