@@ -182,7 +182,11 @@ class Controller:
             return lambda: None
         previous = signal.getsignal(signal.SIGTERM)
         signal.signal(signal.SIGTERM, lambda _signum, _frame: self.stop_requested.set())
-        return lambda: signal.signal(signal.SIGTERM, previous) and None
+
+        def restore() -> None:
+            signal.signal(signal.SIGTERM, previous)
+
+        return restore
 
     def result(self, error: BaseException | None = None) -> Result:
         return self.record.result(self.storage, error)

@@ -133,7 +133,7 @@ def rng_states() -> dict[str, Any]:
     import torch
 
     rng: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         rng["cuda"] = torch.cuda.get_rng_state_all()
     try:
         import numpy
