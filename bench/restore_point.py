@@ -11,11 +11,16 @@ reporting every step:
   from a survivor's memory;
 * ``kill, storage``: no state registered, a checkpoint (``torch.save`` of the state, rank 0,
   committed in the background) every ``--ckpt-every`` steps, the same kill: the group
-  re-forms in place (survivors kept) and resumes from the latest committed checkpoint.
+  re-forms in place (survivors kept) and resumes from the latest committed checkpoint;
+* ``shrink, memory`` / ``shrink, storage``: the same two with ``num_workers=(1, W)``: the
+  survivors go on without the lost rank, so no new process starts and the recovery is the
+  re-formation and the restore alone.
 
-Per row: the median step time (steps 3.. of generation 0), the restore point's size and
-the worker's peak RSS, and for the kill rows the recovery (the kill to the end of the first
-step of the next generation, less one median step) and the steps lost (reported again).
+Per row: the median step time (steps 3.. of generation 0), the worker's peak RSS, and for
+the kill rows the time from the kill to the training function's start in the next
+generation (detection, re-formation, a replacement's start, the restore: ``to restart``),
+the recovery (the kill to the end of the first step of the next generation, less one median
+step), the steps lost (reported again) and the cost (the recovery plus the lost steps).
 Prints a table; asserts nothing.
 
     python bench/restore_point.py [--workers 2] [--hidden 1024] [--layers 4] [--steps 30]
@@ -59,6 +64,8 @@ def _train(config: dict[str, Any]) -> None:
         opt.load_state_dict(saved["optimizer"])
         state["step"] = saved["step"]
     log = Path(config["out"]) / f"rank{rank}.jsonl"
+    if generation > 0 and rank == 0:
+        (Path(config["out"]) / "entered").write_text(str(time.time()))
     x = torch.randn(32, config["hidden"])
     while state["step"] < config["steps"]:
         t0 = time.time()
@@ -104,7 +111,9 @@ def _hwm() -> int:
     return 0
 
 
-def run(args: argparse.Namespace, name: str, *, register: bool, kill: bool) -> dict[str, Any]:
+def run(
+    args: argparse.Namespace, name: str, *, register: bool, kill: bool, shrink: bool = False
+) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix=f"restore-point-{name.replace(' ', '-')}-"))
     config = {
         "hidden": args.hidden,
@@ -118,7 +127,10 @@ def run(args: argparse.Namespace, name: str, *, register: bool, kill: bool) -> d
     trainer = TorchTrainer(
         _train,
         train_loop_config=config,
-        scaling_config=ScalingConfig(num_workers=args.workers),
+        scaling_config=ScalingConfig(
+            num_workers=(args.workers - 1, args.workers) if shrink else args.workers,
+            elastic_grow_cooldown_s=3600,
+        ),
         run_config=RunConfig(
             name=name.replace(" ", "-").replace(",", ""),
             storage_path=str(out / "runs"),
@@ -133,6 +145,7 @@ def run(args: argparse.Namespace, name: str, *, register: bool, kill: bool) -> d
     result: dict[str, Any] = {"name": name, "step_s": step_s, "rss": hwm, "recovery_s": None}
     if kill:
         killed_at = float((out / "kill").read_text())
+        result["restart_s"] = float((out / "entered").read_text()) - killed_at
         after = [r for r in rows if r["gen"] > 0]
         result["recovery_s"] = after[0]["t1"] - killed_at - step_s
         result["lost"] = args.kill_at - (after[0]["step"] - 1)
@@ -150,25 +163,32 @@ def main() -> None:
     args = p.parse_args()
     params = args.layers * (args.hidden * args.hidden + args.hidden)
     state_mib = 2 * params * 4 / 2**20  # parameters + momentum, float32
-    rows = [
-        run(args, "plain", register=False, kill=False),
-        run(args, "restore point", register=True, kill=False),
-        run(args, "kill, memory", register=True, kill=True),
-        run(args, "kill, storage", register=False, kill=True),
-    ]
     print(
         f"restore point: {args.workers} gloo workers, MLP {args.layers}x{args.hidden} "
         f"({params / 1e6:.1f}M params, state {state_mib:.0f} MiB with momentum), a report "
         f"every step; kill of rank 1 after step {args.kill_at}; storage: a checkpoint every "
-        f"{args.ckpt_every} steps"
+        f"{args.ckpt_every} steps",
+        flush=True,
     )
     print(
-        f"{'run':<16}{'step (s)':>10}{'vs plain':>10}{'peak RSS':>12}{'recovery':>11}"
-        f"{'lost':>6}{'cost':>9}"
+        f"{'run':<16}{'step (s)':>10}{'vs plain':>10}{'peak RSS':>12}{'to restart':>12}"
+        f"{'recovery':>10}{'lost':>6}{'cost':>9}",
+        flush=True,
     )
-    base = rows[0]["step_s"]
-    for r in rows:
+    runs = [
+        ("plain", {"register": False, "kill": False}),
+        ("restore point", {"register": True, "kill": False}),
+        ("kill, memory", {"register": True, "kill": True}),
+        ("kill, storage", {"register": False, "kill": True}),
+        ("shrink, memory", {"register": True, "kill": True, "shrink": True}),
+        ("shrink, storage", {"register": False, "kill": True, "shrink": True}),
+    ]
+    base = None
+    for name, how in runs:
+        r = run(args, name, **how)
+        base = base or r["step_s"]
         rec = f"{r['recovery_s']:.2f}s" if r["recovery_s"] is not None else "-"
+        restart = f"{r['restart_s']:.2f}s" if "restart_s" in r else "-"
         lost = str(r.get("lost", "-"))
         cost = (
             f"{r['recovery_s'] + r['lost'] * r['step_s']:.2f}s"
@@ -177,7 +197,8 @@ def main() -> None:
         )
         print(
             f"{r['name']:<16}{r['step_s']:>10.3f}{r['step_s'] / base:>9.2f}x"
-            f"{r['rss'] / 2**20:>9.0f}MiB{rec:>11}{lost:>6}{cost:>9}"
+            f"{r['rss'] / 2**20:>9.0f}MiB{restart:>12}{rec:>10}{lost:>6}{cost:>9}",
+            flush=True,
         )
     print("cost: the recovery plus the lost steps' time (redone after the restore)")
 

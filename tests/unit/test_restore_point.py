@@ -78,3 +78,18 @@ def test_a_train_state_round_trips() -> None:
     ts.step = 6
     restore_point.load_into(registered, snap.state)
     assert ts.step == 5 and torch.equal(model.weight, held)
+
+
+class _Shard(torch.Tensor):
+    """Stands in for a DTensor (an FSDP2 shard): a tensor subclass."""
+
+
+def test_sharded_state_is_not_held() -> None:
+    # A rank's FSDP2 shard could not be given back to another rank: no restore point, the
+    # run resumes from storage (docs/runtime.md, Known limits).
+    restore_point.drop()
+    model, _ = _model_and_opt()
+    assert restore_point.take("run", 1, {"model": model}, []) is not None
+    shard = torch.randn(2).as_subclass(_Shard)
+    assert restore_point.take("run", 2, {"model": model, "shard": shard}, []) is None
+    assert restore_point.held() is None

@@ -17,6 +17,7 @@ does the generation resume from the latest committed checkpoint.
 
 FSDP (sharded) state is not covered yet: each rank holds only its shard, so a lost rank's
 shard would have to be mirrored in a peer's memory (see docs/runtime.md, Known limits).
+:func:`take` holds nothing for a state with DTensors, and such a run resumes from storage.
 """
 
 from __future__ import annotations
@@ -104,11 +105,19 @@ def _copy(src: Any, old: Any) -> tuple[Any, int]:
     return copy.deepcopy(src), 0
 
 
+def _unwrapped(v: Any) -> Any:
+    """A DDP-wrapped model's module: its state is held under the module's own keys, so a
+    group that shrank to one worker (``prepare_model`` leaves it unwrapped) loads it too."""
+    import torch
+
+    return v.module if isinstance(v, torch.nn.parallel.DistributedDataParallel) else v
+
+
 def state_of(registered: Mapping[str, Any]) -> dict[str, Any]:
     """What is held of each registered entry: its ``state_dict()`` where it has one (a model,
     an optimizer, a scheduler, a ``TrainState``), else the value itself (a step counter)."""
     return {
-        k: v.state_dict() if callable(getattr(v, "state_dict", None)) else v
+        k: _unwrapped(v).state_dict() if callable(getattr(v, "state_dict", None)) else v
         for k, v in registered.items()
     }
 
@@ -124,7 +133,7 @@ def load_into(registered: MutableMapping[str, Any], state: Mapping[str, Any]) ->
         )
     for k, v in registered.items():
         if callable(getattr(v, "load_state_dict", None)):
-            v.load_state_dict(state[k])
+            _unwrapped(v).load_state_dict(state[k])
         else:
             registered[k] = state[k]
 
@@ -159,14 +168,33 @@ def set_rng_states(rng: Mapping[str, Any]) -> None:
         numpy.random.set_state(rng["numpy"])
 
 
+def _sharded(value: Any) -> bool:
+    """Whether ``value`` holds a tensor subclass (a DTensor: an FSDP2 shard)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return type(value) is not torch.Tensor and not isinstance(value, torch.nn.Parameter)
+    if isinstance(value, Mapping):
+        return any(_sharded(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_sharded(v) for v in value)
+    return False
+
+
 def take(
     run: str, index: int, registered: Mapping[str, Any], positions: list[dict[str, Any]]
-) -> Snapshot:
+) -> Snapshot | None:
     """Copy the registered state into this process's memory as the restore point of report
-    ``index`` (reusing the previous restore point's buffers)."""
+    ``index`` (reusing the previous restore point's buffers). None for sharded state (FSDP2
+    DTensors): a rank holds only its shard, which no survivor could give back to another
+    rank, so no restore point is held and a loss resumes from storage."""
+    live = state_of(registered)
+    if _sharded(live):
+        _HELD[0] = None
+        return None
     prev = _HELD[0]
     old_state = prev.state if prev is not None and prev.run == run else None
-    state, nbytes = _copy(state_of(registered), old_state)
+    state, nbytes = _copy(live, old_state)
     snap = Snapshot(run, index, state, rng_states(), list(positions), nbytes)
     _HELD[0] = snap
     return snap
