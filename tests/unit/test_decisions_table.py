@@ -24,6 +24,7 @@ from torchjob.rules import (
     Counters,
     MemberPhase,
     Outcome,
+    Recovery,
     RestartRules,
     Verdict,
     deadline_left,
@@ -237,3 +238,105 @@ def test_a_grow_starts_a_generation_charged_to_no_counter() -> None:
         RunState(num_workers=2, failures=1, disruptions=1), 3, charged=False, now_s=1.0
     )
     assert s.counters == Counters(0, 1, 1).resized() == Counters(1, 1, 1)
+
+
+HARD_LOSS_RULES = RestartRules(
+    max_restarts=3, backoff_initial_s=10, backoff_factor=2.0, backoff_max_s=300
+)
+
+
+@pytest.mark.parametrize(
+    ("killed", "held", "floor", "restarts", "expected"),
+    [
+        # SIGKILL (or the OOM killer) of one rank while the survivors hold the last step:
+        # charged as the policy says, but in place from memory and at once.
+        pytest.param(
+            True,
+            True,
+            None,
+            1,
+            (Verdict.RESTART_GROUP, 4, Counters(1, 2, 0), 0.0, Recovery.MEMORY),
+            id="killed-survivors-hold-state",
+        ),
+        # The same kill with nothing in memory (no state registered): storage, with backoff.
+        pytest.param(
+            True,
+            False,
+            None,
+            1,
+            (Verdict.RESTART_GROUP, 4, Counters(1, 2, 0), 20.0, Recovery.STORAGE),
+            id="killed-nothing-in-memory",
+        ),
+        # A rank's own exception: the survivors' memory is the restore point, but a crash
+        # loop is still paced by the backoff.
+        pytest.param(
+            False,
+            True,
+            None,
+            0,
+            (Verdict.RESTART_GROUP, 4, Counters(1, 1, 0), 10.0, Recovery.MEMORY),
+            id="exception-keeps-its-backoff",
+        ),
+        # The budget still ends the job, memory or not.
+        pytest.param(
+            True,
+            True,
+            None,
+            3,
+            (Verdict.FAIL_BUDGET_EXHAUSTED, 4, Counters(0, 3, 0), 0.0, Recovery.MEMORY),
+            id="budget-spent-even-in-memory",
+        ),
+    ],
+)
+def test_a_hard_loss_restores_from_the_survivors_memory(
+    killed: bool,
+    held: bool,
+    floor: int | None,
+    restarts: int,
+    expected: tuple[Verdict, int, Counters, float, Recovery],
+) -> None:
+    d = decide_restart(
+        Counters(restarts=restarts),
+        HARD_LOSS_RULES,
+        disrupted=False,
+        workers=4,
+        shrink_floor=floor,
+        survivors_hold_state=held,
+        killed=killed,
+    )
+    assert (d.verdict, d.workers, d.counters, d.backoff_s, d.recovery) == expected
+
+
+def test_an_elastic_kill_shrinks_in_place_from_memory() -> None:
+    # TorchTrainer num_workers=(2, 4): a SIGKILLed rank is a disruption, the 3 survivors
+    # go on from their memory, nothing charged.
+    d = decide_restart(
+        Counters(),
+        HARD_LOSS_RULES,
+        disrupted=True,
+        workers=4,
+        shrink_floor=2,
+        survivors_hold_state=True,
+        killed=True,
+    )
+    assert (d.verdict, d.workers, d.counters, d.backoff_s, d.recovery) == (
+        Verdict.DISRUPTED,
+        3,
+        Counters(1, 0, 1),
+        0.0,
+        Recovery.MEMORY,
+    )
+
+
+def test_the_group_policy_restores_a_killed_rank_from_memory() -> None:
+    from torchjob.launch.policy import FailureKind, GroupFailurePolicy, RestartGroup, WorkerFailure
+
+    policy = GroupFailurePolicy(max_failures=2, min_workers=4, max_workers=4)
+    kill = WorkerFailure(2, FailureKind.DIED, "killed by SIGKILL", signal.SIGKILL)
+    held = policy.decide(RunState(num_workers=4, survivors_hold_state=True), kill)
+    assert held == RestartGroup(4, held.reason, charged=True, from_memory=True)
+    assert "memory" in held.reason
+    cold = policy.decide(RunState(num_workers=4), kill)
+    assert isinstance(cold, RestartGroup) and not cold.from_memory
+    after = next_generation(RunState(4, survivors_hold_state=True), 4, charged=True, now_s=0)
+    assert not after.survivors_hold_state  # the next generation's reports say it again

@@ -203,6 +203,18 @@ def test_keep_survivors_replaces_only_the_failed_pod() -> None:
     assert sorted((p.index, p.generation) for p in pods) == [(0, 1), (1, 1), (2, 1)]
 
 
+def test_keep_survivors_a_killed_pod_is_charged_but_replaced_without_backoff() -> None:
+    # SIGKILL (exit 137): the survivors hold the last step in memory, so the replacement
+    # comes at once (the budget is still charged); an exception (exit 1) keeps its backoff.
+    _, view, pods = step(job().replicas(3).max_restarts(2).keep_survivors().build(), [], 0)
+    pods = [running(p) for p in pods]
+    decided, view, pods = step(view, [pods[0], failed(pods[1], 137, at_s=5), pods[2]], 5)
+    assert decided.phase == Phase.RESTARTING and decided.status["restarts"] == 1
+    assert "survivors' memory" in next(e.message for e in decided.events if e.type == "Warning")
+    at_once, _, _ = step(view, pods, 6)
+    assert at_once.create is not None and at_once.create.indices == (1,)
+
+
 def test_keep_survivors_after_a_preemption_and_not_unplaced_pods() -> None:
     _, view, pods = step(job().replicas(3).keep_survivors().build(), [], 0)
     placed = [running(pods[0]), preempted(pods[1]), replace(pods[2], scheduled=False)]

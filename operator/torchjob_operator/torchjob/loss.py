@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from torchjob import contract
-from torchjob.api.models import FailureRecord, Phase
+from torchjob.api.models import FailureRecord, MembershipPolicy, Phase
 from torchjob.rules import Judgement, Outcome, RestartRules, Verdict
 from torchjob.rules.restart import RestartDecision, decide_restart
 from torchjob_operator.common import conditions as cond
@@ -29,6 +29,9 @@ from torchjob_operator.torchjob.elastic import (
 )
 from torchjob_operator.torchjob.ending import end, finish
 from torchjob_operator.torchjob.observed import PodView
+
+KILLED_EXIT_CODE = 137
+"""A container's exit code when its process was SIGKILLed (128 + 9)."""
 
 
 def survives(p: PodView) -> bool:
@@ -114,7 +117,18 @@ def _failed(
             time=format_time(culprit.finished_at or d.now),
         )
     )
-    decision = _rule(d, disrupted=False, exit_code=culprit.exit_code)
+    # KeepSurvivors: the survivors keep their processes and the last completed step in
+    # memory (torchjob.train.restore_point): a pod killed from outside (SIGKILL, OOMKilled)
+    # is charged as the policy says, but its replacement comes without backoff and the
+    # group resumes from the survivors' memory, not from storage.
+    decision = _rule(
+        d,
+        disrupted=False,
+        exit_code=culprit.exit_code,
+        survivors_hold_state=bool(survivors)
+        and spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS,
+        killed=culprit.exit_code == KILLED_EXIT_CODE or culprit.reason == "OOMKilled",
+    )
     text = cond.message("WorkerFailed", detail=verdict.detail, explanation=decision.explanation)
     if decision.verdict != Verdict.RESTART_GROUP:
         return finish(end(d, Phase.FAILED, decision.verdict.value, text), pods), True
@@ -128,7 +142,14 @@ def _failed(
     return d.transition(Phase.RESTARTING, "WorkerFailed", text, warning=True), False
 
 
-def _rule(d: Decision, *, disrupted: bool, exit_code: int | None = None) -> RestartDecision:
+def _rule(
+    d: Decision,
+    *,
+    disrupted: bool,
+    exit_code: int | None = None,
+    survivors_hold_state: bool = False,
+    killed: bool = False,
+) -> RestartDecision:
     """The job rules' one decision after a loss (``torchjob.rules.decide_restart``)."""
     return decide_restart(
         d.counters(),
@@ -136,6 +157,8 @@ def _rule(d: Decision, *, disrupted: bool, exit_code: int | None = None) -> Rest
         disrupted=disrupted,
         workers=d.replicas,
         exit_code=exit_code,
+        survivors_hold_state=survivors_hold_state,
+        killed=killed,
     )
 
 

@@ -33,7 +33,7 @@ EventHandler = Callable[[int, Any], None]
 class Group(Protocol):
     """What an execution needs of its :class:`~torchjob.launch.WorkerGroup`."""
 
-    def mark_broken(self, *, peer_loss_only: bool) -> None: ...
+    def mark_broken(self, *, peer_loss_only: bool, survivors: bool = False) -> None: ...
 
 
 @dataclass
@@ -75,6 +75,7 @@ class Execution(Generic[T]):
         on_tick: Callable[[], None] | None = None,
         tick_s: float = 0.5,
         grace_s: float = 3.0,
+        loss_grace_s: float = 30.0,
     ) -> list[T]:
         """Results in rank order, or raise the root cause of the failure.
 
@@ -83,14 +84,21 @@ class Execution(Generic[T]):
         its peers, and a collective timeout can name the rank that never joined.
         ``on_tick`` runs about every ``tick_s`` seconds (the trainer polls signals
         and scaling decisions there).
+
+        While every failure is a death or a peer's broken connection, the others get up to
+        ``loss_grace_s``: each survivor leaves its broken group on such an error
+        (``worker._leave_broken_group``), which fails its neighbours' collectives in turn, so
+        they all answer within moments and the survivors can re-form in place.
         """
         pending = {w.conn: w for w in self._workers if w.conn is not None}
         results: dict[int, T] = {}
         failures: list[_Failure] = []
         first_failure: float | None = None
         while pending:
-            if first_failure is not None and time.monotonic() - first_failure > grace_s:
-                break
+            if first_failure is not None:
+                losses_only = all(f.kind in ("died", "peer") for f in failures)
+                if time.monotonic() - first_failure > (loss_grace_s if losses_only else grace_s):
+                    break
             for conn in wait(list(pending), timeout=tick_s):
                 assert isinstance(conn, Connection)
                 worker = pending[conn]
@@ -109,7 +117,10 @@ class Execution(Generic[T]):
                 # Every local rank answered, each with a broken connection to another host:
                 # the processes themselves are sound (see ``WorkerGroup.can_reform``).
                 self._group.mark_broken(
-                    peer_loss_only=not pending and all(f.kind == "peer" for f in failures)
+                    peer_loss_only=not pending and all(f.kind == "peer" for f in failures),
+                    # Dead ranks and survivors that each saw only a broken connection: the
+                    # survivors' processes are sound (``WorkerGroup.heal``).
+                    survivors=not pending and all(f.kind in ("died", "peer") for f in failures),
                 )
             raise _root_cause(failures, hung=[w.rank for w in pending.values()])
         return [results[w.local_rank] for w in self._workers]

@@ -83,6 +83,9 @@ class WorkerGroup:
         self._busy = False
         self._formed = False
         self._peer_loss_only = False
+        self._survivors = False
+        self._token = ""
+        self._init: dict[str, Any] = {}
         self.start_method: _start.StartMethod | None = None
         """How the last worker started: forked from this process, or a fresh interpreter
         (``torchjob.launch._start``)."""
@@ -130,7 +133,7 @@ class WorkerGroup:
         server.bind(("127.0.0.1", 0))
         server.listen(self._num_workers)
         self._server = server
-        token = secrets.token_hex(16)
+        token = self._token = secrets.token_hex(16)
         try:
             for local_rank in range(self._num_workers):
                 self._workers.append(self._spawn(local_rank, token))
@@ -143,6 +146,7 @@ class WorkerGroup:
                 "init_hook": cloudpickle.dumps(self._init_hook) if self._init_hook else None,
                 "form": form,
             }
+            self._init = init
             for w in self._workers:
                 assert w.conn is not None
                 w.conn.send(("init", init))
@@ -189,12 +193,12 @@ class WorkerGroup:
                 w.conn.send(("reform", self._rank_env(w.local_rank, with_base=False)))
             self._await_ready()
         except BaseException:
-            self._broken, self._peer_loss_only = True, False
+            self._broken, self._peer_loss_only, self._survivors = True, False, False
             raise
         for w in self._workers:
             w.rank = self._placement.rank_offset + w.local_rank
         self._formed = True
-        self._broken = self._peer_loss_only = False
+        self._broken = self._peer_loss_only = self._survivors = False
 
     def _rank_env(self, local_rank: int, *, with_base: bool = True) -> dict[str, str]:
         return rank_env(self._placement, self._env, local_rank, with_base=with_base)
@@ -235,12 +239,83 @@ class WorkerGroup:
     def _await_ready(self) -> None:
         await_ready(self._workers, timeout_s=self._start_timeout_s + self._timeout_s)
 
-    def mark_broken(self, *, peer_loss_only: bool) -> None:
+    def mark_broken(self, *, peer_loss_only: bool, survivors: bool = False) -> None:
         """After a failed execution (:class:`Execution`): peers may be stuck in a collective.
         ``peer_loss_only``: every local rank answered, each with a broken connection to
-        another host (see :meth:`can_reform`)."""
+        another host (see :meth:`can_reform`). ``survivors``: every local rank answered,
+        each either dead or with a broken connection (see :meth:`heal`)."""
         self._broken = True
         self._peer_loss_only = peer_loss_only
+        self._survivors = survivors
+
+    # --- keeping the survivors of a lost rank ---------------------------------------------
+    def lost(self) -> list[int]:
+        """Local ranks whose process is gone."""
+        return [w.local_rank for w in self._workers if w.conn is None or w.proc.poll() is not None]
+
+    def survivable(self) -> bool:
+        """After a failed execution: some processes live on, and can re-form in place
+        (:meth:`heal`): a gloo group whose failures were only deaths and broken connections
+        (no rank hung, none raised an error of its own)."""
+        ok = not self._broken or self._survivors or self._peer_loss_only
+        return ok and self._backend == "gloo" and len(self._workers) - len(self.lost()) > 0
+
+    def heal(self, num_workers: int) -> None:
+        """Keep the survivors after a lost rank: drop the dead processes, start new ones
+        (unformed) up to ``num_workers`` or drop the last survivors down to it, and renumber
+        the local ranks (survivors first, in rank order). :meth:`reform` then forms the next
+        group in these processes. Raises :class:`WorkerGroupStartError` when a new process
+        does not start (the group is then broken: shut it down)."""
+        if not self.survivable():
+            raise LaunchError("this worker group has no survivors to keep; start a new one")
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        lost = self.lost()
+        alive = [w for w in self._workers if w.local_rank not in lost]
+        for w in [w for w in self._workers if w.local_rank in lost] + alive[num_workers:]:
+            self._reap(w)  # the dead, and the last survivors of a shrink beyond the losses
+        alive = alive[:num_workers]
+        for i, w in enumerate(alive):
+            w.local_rank = i
+        self._workers = alive
+        self._num_workers = num_workers
+        self._placement = Placement.local(num_workers, generation=self._placement.generation)
+        self._broken = self._peer_loss_only = self._survivors = False
+        new = [self._spawn(i, self._token) for i in range(len(alive), num_workers)]
+        if not new:
+            return
+        self._workers.extend(new)
+        try:
+            assert self._server is not None
+            accept_workers(
+                self._server, self._workers, self._token, timeout_s=self._start_timeout_s
+            )
+            for w in new:
+                assert w.conn is not None
+                w.conn.send(("init", {**self._init, "form": False}))
+            await_ready(new, timeout_s=self._start_timeout_s)
+        except BaseException:
+            self._broken, self._peer_loss_only = True, False
+            raise
+
+    def _reap(self, w: WorkerHandle) -> None:
+        """Kill the worker's session (it and what it started), wait for it, drop its line."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(w.proc.pid, signal.SIGKILL)
+        w.proc.wait()
+        if w.conn is not None:
+            w.conn.close()
+            w.conn = None
+
+    def kill_rank(self, rank: int, sig: int = signal.SIGKILL) -> bool:
+        """Send ``sig`` to the process of global rank ``rank`` if this host runs it (a silent
+        peer is killed so that its connections close); False if not here or gone."""
+        for w in self._workers:
+            if w.rank == rank and w.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w.proc.pid, sig)
+                return True
+        return False
 
     def shutdown(self, timeout_s: float = 10) -> None:
         """Ask workers to exit; kill those still alive after ``timeout_s`` (and their children)."""
@@ -250,20 +325,11 @@ class WorkerGroup:
                     w.conn.send(("exit",))
         deadline = time.monotonic() + timeout_s
         for w in self._workers:
-            remaining = max(0.0, deadline - time.monotonic())
             with contextlib.suppress(subprocess.TimeoutExpired):
-                w.proc.wait(timeout=remaining if timeout_s > 0 else 0.01)
-            if w.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(w.proc.pid, signal.SIGKILL)
-                w.proc.wait()
-            else:
-                # Reap stragglers the worker started (DataLoader workers) in its session.
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(w.proc.pid, signal.SIGKILL)
-            if w.conn is not None:
-                w.conn.close()
-                w.conn = None
+                w.proc.wait(
+                    timeout=max(0.0, deadline - time.monotonic()) if timeout_s > 0 else 0.01
+                )
+            self._reap(w)  # killed if still alive, with what it started (DataLoader workers)
         self._workers = []
         if self._server is not None:
             self._server.close()

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from torchjob.rules import (
     Counters,
     Noop,
+    Recovery,
     Resize,
     RestartRules,
     Verdict,
@@ -86,6 +87,9 @@ class RunState:
     checkpoints_in_generation: int = 0
     """Checkpoints committed since this generation started (progress to keep before a resize)."""
     generation_started_s: float = 0.0
+    survivors_hold_state: bool = False
+    """After a failure: some workers outlive it, can re-form in place and hold the last
+    completed step's state in memory (``torchjob.train.restore_point``)."""
 
     @property
     def counters(self) -> Counters:
@@ -101,6 +105,8 @@ class RestartGroup:
     reason: str
     charged: bool
     backoff_s: float = 0.0
+    from_memory: bool = False
+    """The survivors re-form in place and restore from their memory, not from storage."""
 
 
 @dataclass(frozen=True)
@@ -139,12 +145,18 @@ class GroupFailurePolicy:
             disrupted=self.elastic and failure.killed,
             workers=state.num_workers,
             shrink_floor=self.min_workers,
+            survivors_hold_state=state.survivors_hold_state,
+            killed=failure.killed,
         )
+        from_memory = d.recovery is Recovery.MEMORY
+        where = "; the survivors' memory is the restore point" if from_memory else ""
         if d.verdict is Verdict.DISRUPTED:
             return RestartGroup(
                 num_workers=d.workers,
-                reason=f"rank {failure.rank} lost ({failure.message}); shrinking, not charged",
+                reason=f"rank {failure.rank} lost ({failure.message}); shrinking, not "
+                f"charged{where}",
                 charged=False,
+                from_memory=from_memory,
             )
         if not d.restarts:
             return Fail(
@@ -156,9 +168,11 @@ class GroupFailurePolicy:
         budget = "unlimited" if left is None else f"{left} left"
         return RestartGroup(
             num_workers=d.workers,
-            reason=f"rank {failure.rank} failed ({failure.message}); restart {n} charged, {budget}",
+            reason=f"rank {failure.rank} failed ({failure.message}); restart {n} charged, "
+            f"{budget}{where}",
             charged=True,
             backoff_s=d.backoff_s,
+            from_memory=from_memory,
         )
 
 
@@ -196,4 +210,5 @@ def next_generation(state: RunState, num_workers: int, *, charged: bool, now_s: 
         disruptions=c.disruptions,
         checkpoints_in_generation=0,
         generation_started_s=now_s,
+        survivors_hold_state=False,
     )

@@ -75,14 +75,16 @@ def rank_env(
 def accept_workers(
     server: socket.socket, workers: Sequence[WorkerHandle], token: str, *, timeout_s: float
 ) -> None:
-    """Wait until every worker connected back with ``token``; each gets its connection."""
+    """Wait until every worker without a connection connected back with ``token``; each
+    gets its connection (``workers`` is indexed by local rank)."""
     deadline = time.monotonic() + timeout_s
     server.settimeout(0.5)
     joined = 0
-    while joined < len(workers):
+    missing = sum(1 for w in workers if w.conn is None)
+    while joined < missing:
         if time.monotonic() > deadline:
             raise WorkerGroupStartError(
-                f"{len(workers) - joined} worker(s) did not connect within {timeout_s:.0f}s"
+                f"{missing - joined} worker(s) did not connect within {timeout_s:.0f}s"
             )
         for w in workers:
             code = w.proc.poll()
@@ -97,7 +99,7 @@ def accept_workers(
         sock.settimeout(None)
         conn = Connection(sock.detach())
         hello = conn.recv()
-        if hello[0] != "hello" or hello[1] != token:
+        if hello[0] != "hello" or hello[1] != token or workers[hello[2]].conn is not None:
             conn.close()
             continue
         workers[hello[2]].conn = conn
@@ -116,7 +118,7 @@ def await_ready(workers: Sequence[WorkerHandle], *, timeout_s: float) -> None:
             )
         for conn in wait(list(pending), timeout=0.5):
             assert isinstance(conn, Connection)
-            w = pending.pop(conn)
+            w = pending[conn]
             try:
                 msg = conn.recv()
             except (EOFError, OSError):
@@ -124,6 +126,9 @@ def await_ready(workers: Sequence[WorkerHandle], *, timeout_s: float) -> None:
                     f"rank {w.rank} worker died while joining the process group: "
                     f"{WorkerDiedError(w.rank, w.exitcode()).args[0]}"
                 ) from None
+            if msg[0] not in ("ready", "init_err"):
+                continue  # an event or a result left over from an abandoned task
+            del pending[conn]
             if msg[0] == "init_err":
                 _, _, exc_type, message, _tb, kind = msg
                 raise WorkerGroupStartError(

@@ -141,6 +141,24 @@ def _send(conn: Connection, msg: tuple[Any, ...]) -> None:
         conn.send(msg)
 
 
+def _leave_broken_group(exc: BaseException) -> None:
+    """After a collective failed because of a peer (its connection closed, a timeout): leave
+    the process group at once. Closing this rank's connections fails the collectives its
+    other peers are blocked in (a ring waits on its neighbours, not on the lost rank), so
+    every survivor learns of the loss within moments instead of at the collective timeout,
+    and answers the driver: the group can then re-form in place."""
+    if classify_failure(exc) == "user":
+        return
+    _stop_watching()
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # a broken group may fail to say goodbye; it is left either way
+        pass
+
+
 def _error_msg(kind: str, task_id: int, exc: BaseException) -> tuple[Any, ...]:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return (kind, task_id, type(exc).__qualname__, str(exc), tb, classify_failure(exc))
@@ -214,6 +232,39 @@ def _init_process_group(init: dict[str, Any]) -> str:
     return device
 
 
+_WATCHDOG: list[Any] = [None]
+"""This generation's heartbeat and watchdog (``torchjob.launch.heartbeat``), if any."""
+
+
+def _watch_peers(info: WorkerInfo) -> None:
+    """Start this generation's heartbeat and watchdog: a silent peer is reported to the
+    driver within ``TORCHJOB_SILENT_PEER_S`` seconds (``torchjob.launch.heartbeat``)."""
+    from torchjob.launch import heartbeat
+
+    after = heartbeat.silent_after_s()
+    if after <= 0 or info.world_size == 1:
+        return
+    first = info.rank - info.local_rank
+
+    def on_silent(rank: int, silent_s: float) -> None:
+        send_event({"type": "silent_peer", "rank": rank, "silent_s": silent_s, "by": info.rank})
+
+    _WATCHDOG[0] = heartbeat.Watchdog(
+        rank=info.rank,
+        world_size=info.world_size,
+        local_ranks=range(first, first + info.local_world_size),
+        on_silent=on_silent,
+        silent_after=after,
+        keep_fds=frozenset({_CONN.fileno()}) if _CONN is not None else frozenset(),
+    ).start()
+
+
+def _stop_watching() -> None:
+    dog, _WATCHDOG[0] = _WATCHDOG[0], None
+    if dog is not None:
+        dog.stop()
+
+
 def _form(init: dict[str, Any]) -> None:
     """Join this generation's process group (as the environment names it) and set ``_INFO``."""
     global _INFO
@@ -228,6 +279,7 @@ def _form(init: dict[str, Any]) -> None:
         backend=init["backend"],
         device=device,
     )
+    _watch_peers(_INFO)
 
 
 def _reform(init: dict[str, Any], env: dict[str, str]) -> None:
@@ -236,6 +288,7 @@ def _reform(init: dict[str, Any], env: dict[str, str]) -> None:
     import torch.distributed as dist
 
     global _INFO
+    _stop_watching()
     if dist.is_initialized():
         dist.destroy_process_group()
     _INFO = None
@@ -306,6 +359,7 @@ def main() -> int:
             result = fn(*args, **kwargs)
             data = cloudpickle.dumps(result)
         except BaseException as exc:
+            _leave_broken_group(exc)
             _send(conn, _error_msg("err", task_id, exc))
             continue
         _send(conn, ("ok", task_id, data))

@@ -17,7 +17,8 @@ counts disruptions the same way on a laptop and on a cluster:
   decision moves them; the ``activeDeadlineSeconds`` clock.
 * ``restart``: ``decide_restart``, the one decision after a generation is judged lost
   (a failure or a disruption): restart with backoff, fail, count a disruption or
-  shrink, with the counters moved.
+  shrink, with the counters moved, and where the state comes from (``Recovery``: the
+  survivors' memory, or storage).
 * ``resize``: when a shrunk elastic group grows back.
 
 Two builders live here too because both the operator and the local launchers need them
@@ -49,7 +50,7 @@ from torchjob.rules.member import (
     killed_from_outside,
 )
 from torchjob.rules.resize import Noop, Resize, ScalingDecision, ScalingPolicy
-from torchjob.rules.restart import RestartDecision, decide_restart
+from torchjob.rules.restart import Recovery, RestartDecision, decide_restart
 
 __all__ = [
     "OUTSIDE_SIGNALS",
@@ -61,6 +62,7 @@ __all__ = [
     "MemberPhase",
     "Noop",
     "Outcome",
+    "Recovery",
     "Resize",
     "RestartDecision",
     "RestartRules",

@@ -31,7 +31,7 @@ from torchjob.train.result import Result
 if TYPE_CHECKING:
     from torchjob.train import torch
     from torchjob.train._prepare import get_device, prepare_data_loader, prepare_model
-    from torchjob.train._report import get_checkpoint, report, should_stop
+    from torchjob.train._report import get_checkpoint, register_state, report, should_stop
     from torchjob.train.data_parallel_trainer import DataParallelTrainer
     from torchjob.train.state import StateCheckpoint, TrainState
     from torchjob.train.trainer import TorchTrainer
@@ -43,6 +43,7 @@ _LAZY = {
     "prepare_model": "torchjob.train._prepare",
     "prepare_data_loader": "torchjob.train._prepare",
     "get_device": "torchjob.train._prepare",
+    "register_state": "torchjob.train._report",
     "TorchTrainer": "torchjob.train.trainer",
     "DataParallelTrainer": "torchjob.train.data_parallel_trainer",
     "TrainState": "torchjob.train.state",
@@ -79,6 +80,7 @@ __all__ = [
     "is_primary",
     "prepare_data_loader",
     "prepare_model",
+    "register_state",
     "report",
     "should_stop",
     "torch",

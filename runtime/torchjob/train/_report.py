@@ -15,12 +15,12 @@ group leaves, and so does the end of the generation.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from torchjob.checkpoint import CheckpointStorage, CommittedCheckpoint
 from torchjob.launch import send_event, stop_requested
-from torchjob.train import _session
+from torchjob.train import _session, restore_point
 from torchjob.train.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
@@ -126,6 +126,13 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
     s.reports += 1
     s.last_metrics = dict(metrics)
     s.history.append(dict(metrics))
+    snapshot = None
+    if s.registered is not None:
+        # The restore point: this report's state in host memory, before the collective
+        # below (a peer lost in it leaves every survivor holding this report).
+        snapshot = restore_point.take(
+            s.run_path, s.report_base + s.reports, s.registered, s.data_positions()
+        )
     committed = None
     if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
         from torchjob.train.state import StateCheckpoint
@@ -154,6 +161,8 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
                 "world_size": s.world_size,
                 "generation": s.generation,
                 "report": s.reports,
+                "restore_point": snapshot is not None,
+                "restore_point_bytes": snapshot.nbytes if snapshot is not None else 0,
             }
         )
     stop = _agree_to_stop(stop_requested())
@@ -175,3 +184,36 @@ def get_checkpoint() -> Checkpoint | None:
 def should_stop() -> bool:
     """Collective: True on every rank once any rank was asked to stop. For loops that report rarely."""
     return _agree_to_stop(stop_requested())
+
+
+# --- the training function's side ----------------------------------------------------------
+
+
+def register_state(state: MutableMapping[str, Any] | Any) -> bool:
+    """Hand the runtime this training function's state, as a dict of named entries: objects
+    with ``state_dict()``/``load_state_dict()`` (the model, the optimizer, a scheduler) and
+    plain values (the step, the epoch); or one such object (a ``TrainState``). Every ``report()`` from now on copies it into host
+    memory: the restore point the group falls back on when a rank is lost. The RNG states and
+    the prepared loaders' data positions are held with it.
+
+    Where the group holds a restore point (the survivors of a lost rank re-formed in place),
+    it is loaded into ``state`` now (``load_state_dict`` for objects, plain values replaced
+    in the dict), the RNG states and data positions with it, and this returns True; then
+    ``get_checkpoint()`` is None (storage was not read). False: nothing in memory, resume
+    from ``get_checkpoint()`` as usual. Call it on every rank, once, after the model and the
+    optimizer exist and before the first step."""
+    s = _session.current()
+    if s is None:
+        raise RuntimeError("register_state() must be called inside a training function")
+    registered = state if isinstance(state, MutableMapping) else {"state": state}
+    if not isinstance(state, MutableMapping) and not callable(getattr(state, "state_dict", None)):
+        raise TypeError(
+            "register_state(state): state must be a dict of named entries or an object with "
+            f"state_dict()/load_state_dict() (a TrainState), got {type(state).__name__}"
+        )
+    s.registered = registered
+    if s.restored is None:
+        return False
+    restore_point.load_into(registered, s.restored.snapshot.state)
+    restore_point.set_rng_states(s.restored.snapshot.rng)
+    return True

@@ -12,9 +12,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torchjob.checkpoint import DataPosition
 
 if TYPE_CHECKING:
+    from collections.abc import MutableMapping
+
     from torchjob.checkpoint.background import BackgroundCommitter
     from torchjob.train._sharded import ShardedSaver
     from torchjob.train.checkpoint import Checkpoint
+    from torchjob.train.restore_point import Restored
 
 
 class PositionedLoader(Protocol):
@@ -55,6 +58,12 @@ class Session:
     async_commit: bool = False
     committer: BackgroundCommitter | None = None
     """Rank 0 with ``async_commit``: the background commits of this generation's reports."""
+    registered: MutableMapping[str, Any] | None = None
+    """The state ``register_state`` handed over: copied into host memory at every report."""
+    restored: Restored | None = None
+    """The in-memory restore point this generation started from (None: storage or fresh)."""
+    report_base: int = 0
+    """Reports of the run before this generation's (a restore point's index counts from it)."""
     async_save: bool = False
     """``CheckpointConfig.async_commit`` on every rank: sharded saves finish in the background."""
     sharded: ShardedSaver | None = None

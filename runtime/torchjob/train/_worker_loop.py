@@ -1,6 +1,8 @@
 """What every worker runs for one generation of ``TorchTrainer.fit``.
 
-Rank 0 finds the latest committed checkpoint and reads it (verified); the other
+Where the ranks hold an in-memory restore point (the survivors of a lost rank,
+``torchjob.train.restore_point``), a survivor broadcasts it and storage is not read.
+Else rank 0 finds the latest committed checkpoint and reads it (verified); the other
 ranks receive its files by broadcast, so only rank 0 needs storage access. Then
 the user's ``train_func`` runs with a session that ``report`` and friends use.
 """
@@ -16,8 +18,8 @@ from typing import Any
 
 from torchjob.checkpoint import CheckpointError, CheckpointStorage, DataPosition, write_files
 from torchjob.checkpoint.sharded import is_sharded
-from torchjob.launch import worker_info
-from torchjob.train import _session, _shared_result
+from torchjob.launch import send_event, worker_info
+from torchjob.train import _session, _shared_result, restore_point
 from torchjob.train._spec import WorkerOutcome, WorkerSpec
 from torchjob.train.checkpoint import Checkpoint
 
@@ -78,7 +80,23 @@ def _accepts_config(fn: Callable[..., Any]) -> bool:
 def run_training(spec: WorkerSpec) -> WorkerOutcome:
     info = worker_info()
     assert info is not None, "run_training runs inside a torchjob worker"
-    payload = _broadcast(_load_resume(spec) if info.rank == 0 else None, info.world_size)
+    # The survivors' memory first: storage is read only when no rank holds a restore point.
+    restored = restore_point.agree(spec.run_path, info.rank, info.world_size)
+    if restored is not None:
+        payload: _Payload = ("memory", None, restored.snapshot.positions)
+        if info.rank == 0:
+            send_event(
+                {
+                    "type": "restored",
+                    "from": "memory",
+                    "index": restored.snapshot.index,
+                    "source_rank": restored.source_rank,
+                    "seconds": restored.seconds,
+                    "bytes": restored.snapshot.nbytes,
+                }
+            )
+    else:
+        payload = _broadcast(_load_resume(spec) if info.rank == 0 else None, info.world_size)
     if payload[0] == "error":
         raise CheckpointError(payload[1], payload[2])
     restored_dir: str | None = None
@@ -91,6 +109,8 @@ def run_training(spec: WorkerSpec) -> WorkerOutcome:
         positions = [DataPosition.from_dict(p) for p in payload[2] or []]
     elif payload[0] == "sharded":
         checkpoint = Checkpoint(payload[1])
+        positions = [DataPosition.from_dict(p) for p in payload[2] or []]
+    elif payload[0] == "memory":
         positions = [DataPosition.from_dict(p) for p in payload[2] or []]
     session = _session.Session(
         world_rank=info.rank,
@@ -109,6 +129,8 @@ def run_training(spec: WorkerSpec) -> WorkerOutcome:
         checkpoint=checkpoint,
         resume_positions=positions,
         async_commit=spec.async_commit and info.rank == 0,
+        restored=restored,
+        report_base=restored.snapshot.index if restored is not None else len(spec.history_before),
         async_save=spec.async_commit,
     )
     _session.set_current(session)

@@ -15,15 +15,12 @@ termination messages, the final :class:`Result` or exception).
 The steps and the protocols both sides share live in ``torchjob.train.steps``; the modes
 in ``torchjob.train.modes``; the worker processes across generations in
 ``torchjob.train.workers``; what the run records and how it ends (its Result, its errors) in
-``torchjob.train.record``. Three modes, chosen once from where ``fit()`` runs:
-
-* :class:`LocalMode`: a laptop or a plain machine. Failures restart (or shrink) the
-  group within ``FailureConfig``; an elastic run grows back at a report.
-* :class:`PodMode`: a TorchJob pod (``membershipPolicy: RestartAll``). The operator owns
-  restarts: any failure ends ``fit`` with the root cause in the termination message.
-* :class:`KeepSurvivorsMode`: a TorchJob pod with ``membershipPolicy: KeepSurvivors``.
-  The pod outlives generations: a peer's loss or a new generation published in the
-  job's status re-forms the group in this process instead of ending it.
+``torchjob.train.record``; the restore point and silent peers it follows in
+``torchjob.train.survivors``. Three modes (``torchjob.train.modes``), chosen once from
+where ``fit()`` runs: :class:`LocalMode` (a laptop: failures restart, shrink or, where
+ranks survive, re-form in place from their memory), :class:`PodMode` (a TorchJob pod: the
+operator owns restarts) and :class:`KeepSurvivorsMode` (a pod that follows the job's
+generations and re-forms the group in this process).
 """
 
 from __future__ import annotations
@@ -66,6 +63,7 @@ from torchjob.train.steps import (
     Stopped,
     TrainerSettings,
 )
+from torchjob.train.survivors import RestorePoints
 from torchjob.train.workers import Workers
 
 log = logging.getLogger(__name__)
@@ -98,7 +96,7 @@ class Controller:
         self._endpoint = JobEndpoint.from_env(pod) if pod is not None else None
         self._job_status: JobStatusReporter | None = None
         self.mode = choose_mode(trainer, pod, self._endpoint)
-        self.workers = Workers(trainer)
+        self.workers = Workers(trainer, heals=pod is None)
 
     # --- what rank 0's pod does ------------------------------------------------------------
     def _leads(self) -> bool:
@@ -160,6 +158,11 @@ class Controller:
         """KeepSurvivors, no stop requested: a generation's processes serve the next one."""
         return isinstance(self.mode, KeepSurvivorsMode) and not self.stop_requested.is_set()
 
+    def _keeps(self) -> bool:
+        """A generation's live processes serve the next one (KeepSurvivors; on a laptop, the
+        survivors of a lost rank and a resized group), unless a stop was requested."""
+        return self._follows() or (self.pod is None and not self.stop_requested.is_set())
+
     def _prestart(self, state: RunState, view: ProgressView) -> None:
         """KeepSurvivors: start the worker processes ahead of the first generation; a standby
         has no rank in it, so its processes start unformed."""
@@ -178,11 +181,7 @@ class Controller:
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
         previous = signal.getsignal(signal.SIGTERM)
-
-        def handler(_signum: int, _frame: object) -> None:
-            self.stop_requested.set()
-
-        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: self.stop_requested.set())
 
         def restore() -> None:
             signal.signal(signal.SIGTERM, previous)
@@ -275,10 +274,10 @@ class Controller:
                 if self.stop_requested.is_set():
                     return Stopped(at_report)
                 return self.mode.after_interrupt(self, state, at_report)
-            case Crashed(err):
+            case Crashed(err, held):
                 if self.stop_requested.is_set() or not retryable(err):
                     return Errored(err, str(err))
-                return self.mode.after_failure(self, state, err)
+                return self.mode.after_failure(self, replace(state, survivors_hold_state=held), err)
             case _:
                 assert_never(end)
 
@@ -291,9 +290,12 @@ class Controller:
         current = state
         signalled = False
         group: WorkerGroup | None = None
+        points = RestorePoints()
 
         def on_event(_rank: int, event: dict[str, Any]) -> None:
             nonlocal current
+            if points.on_event(event, group, view):
+                return
             if event.get("type") == "checkpoint":  # a background commit finished
                 current = replace(
                     current, checkpoints_in_generation=current.checkpoints_in_generation + 1
@@ -341,13 +343,15 @@ class Controller:
                 on_event=on_event, on_tick=on_tick
             )
         except LaunchError as err:
+            kept = False
             if group is not None:
-                # Another pod's loss broke the group: under KeepSurvivors these processes stay.
-                self.workers.settle(group, placement, keep=self._follows(), timeout_s=0)
-            return Crashed(err)
+                # Another pod's loss broke the group: under KeepSurvivors these processes stay;
+                # on a laptop the survivors of a lost rank stay and re-form in place.
+                kept = self.workers.settle(group, placement, keep=self._keeps(), timeout_s=0)
+            return Crashed(err, survivors_hold_state=kept and points.held)
         if any(o.stopped for o in outcomes):
             # Stopped for a membership change: the processes stay for the next generation.
-            self.workers.settle(group, placement, keep=self._follows(), timeout_s=10)
+            self.workers.settle(group, placement, keep=self._keeps(), timeout_s=10)
             return Interrupted(outcomes)
         group.shutdown(timeout_s=10)
         return Completed(outcomes)
@@ -356,6 +360,8 @@ class Controller:
     def _restart(self, state: RunState, decision: RestartGroup, view: ProgressView) -> RunState:
         latest = self.storage.latest_committed() if self.storage is not None else None
         where = latest.path if latest else "the start (no checkpoint yet)"
+        if decision.from_memory:
+            where = "the survivors' memory (in place)"
         view.message(
             f"[torchjob] {decision.reason}; generation {state.generation + 1} with "
             f"{decision.num_workers} workers resumes from {where}"

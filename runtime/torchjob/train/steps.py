@@ -111,6 +111,8 @@ class Interrupted:
 @dataclass(frozen=True)
 class Crashed:
     err: LaunchError
+    survivors_hold_state: bool = False
+    """Some workers live on, kept for an in-place re-formation, holding the restore point."""
 
 
 GenerationEnd = Completed | Interrupted | Crashed

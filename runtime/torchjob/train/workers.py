@@ -83,10 +83,14 @@ def unformed(pod: PodEnv, generation: int) -> Placement:
 class Workers:
     """The worker groups of one ``fit``, and the processes kept between generations."""
 
-    def __init__(self, trainer: TrainerSettings) -> None:
+    def __init__(self, trainer: TrainerSettings, *, heals: bool = False) -> None:
         self.t = trainer
+        self.heals = heals
+        """On a laptop: the survivors of a lost rank are kept, the lost processes replaced
+        (or the group shrunk) and the group re-formed in place (``WorkerGroup.heal``)."""
         self._kept: WorkerGroup | None = None
-        """KeepSurvivors: this pod's worker processes between generations."""
+        """KeepSurvivors: this pod's worker processes between generations (on a laptop: the
+        survivors)."""
 
     def _new_group(
         self, placement: Placement, env: dict[str, str], pod: PodEnv | None
@@ -119,8 +123,10 @@ class Workers:
         """The workers for this generation: the kept processes, re-formed in place when they
         fit ``placement``, else a new group (both ready to run)."""
         kept, self._kept = self._kept, None
-        if kept is not None and kept.can_reform(placement):
+        if kept is not None and (kept.can_reform(placement) or self._heals(kept)):
             try:
+                if not kept.can_reform(placement):
+                    kept.heal(placement.local_world_size)
                 kept.reform(placement, env)
                 return kept
             except LaunchError:
@@ -136,16 +142,20 @@ class Workers:
             raise
         return group
 
+    def _heals(self, group: WorkerGroup) -> bool:
+        return self.heals and group.survivable()
+
     def settle(
         self, group: WorkerGroup, placement: Placement, *, keep: bool, timeout_s: float
-    ) -> None:
+    ) -> bool:
         """After a generation that did not complete: keep ``group``'s processes for the next
-        one when ``keep`` (KeepSurvivors, no stop requested) and they can re-form; else shut
-        them down within ``timeout_s``."""
-        if keep and group.can_reform(placement):
+        one when ``keep`` (KeepSurvivors, no stop requested; on a laptop, survivors) and
+        they can re-form; else shut them down within ``timeout_s``. True if kept."""
+        if keep and (group.can_reform(placement) or self._heals(group)):
             self._kept = group
-        else:
-            group.shutdown(timeout_s=timeout_s)
+            return True
+        group.shutdown(timeout_s=timeout_s)
+        return False
 
     def release(self) -> None:
         if self._kept is not None:

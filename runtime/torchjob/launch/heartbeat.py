@@ -1,0 +1,194 @@
+"""Silent peers: heartbeats through the rendezvous store, and a watchdog on every rank.
+
+A process that is killed closes its connections, and its peers' collectives fail at once.
+A node that vanishes (power, a network partition, a frozen VM, a SIGSTOPped process) sends
+no FIN and no RST: its peers would wait in their collective until its timeout (300 s by
+default). So every rank of a formed group runs one thread that, every ``interval_s``,
+writes its own beat to the generation's store (its own TCPStore client, with a short
+timeout) and reads every other rank's. A rank whose beat has not moved for
+``silent_after_s`` (or a store that has not answered for that long: rank 0, which serves
+it, is the silent one) is *silent*: the watchdog tells the driver (an event,
+``{"type": "silent_peer", "rank": r, "silent_s": s}``), which kills the rank if it runs it
+(its connections then close and the survivors' collectives fail as for any death), and,
+for a rank on another host, breaks this process's own connections to the group
+(:func:`break_group_connections`), so its collective fails now and the cascade of
+``worker._leave_broken_group`` reaches every survivor.
+
+``TORCHJOB_SILENT_PEER_S`` sets ``silent_after_s`` (default 10; 0 turns the watchdog off).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+ENV_SILENT_PEER_S = "TORCHJOB_SILENT_PEER_S"
+DEFAULT_SILENT_PEER_S = 10.0
+
+
+def silent_after_s() -> float:
+    raw = os.environ.get(ENV_SILENT_PEER_S, "")
+    try:
+        return float(raw) if raw else DEFAULT_SILENT_PEER_S
+    except ValueError:
+        raise ValueError(f"{ENV_SILENT_PEER_S}={raw!r} is not a number of seconds") from None
+
+
+class Watchdog:
+    """One rank's heartbeat and watchdog for one generation (a daemon thread)."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        local_ranks: range,
+        on_silent: Callable[[int, float], None],
+        silent_after: float,
+        interval_s: float | None = None,
+        keep_fds: frozenset[int] = frozenset(),
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.local_ranks = local_ranks
+        self.on_silent = on_silent
+        self.silent_after = silent_after
+        self.keep_fds = keep_fds
+        """Connections :func:`break_group_connections` leaves alone (the driver's)."""
+        self.interval_s = interval_s or min(1.0, silent_after / 4)
+        self._stop = threading.Event()
+        self._declared: set[int] = set()
+        self._thread = threading.Thread(target=self._run, name="torchjob-heartbeat", daemon=True)
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _store(self) -> Any:
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=max(1.0, self.interval_s * 2))
+        use_libuv = os.environ.get("USE_LIBUV", "1") not in ("0", "false", "False")
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            None,
+            False,
+            timeout,
+            use_libuv=use_libuv,
+        )
+        generation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        return dist.PrefixStore(f"torchjob/g{generation}/hb", store)  # type: ignore[attr-defined]
+
+    def _run(self) -> None:
+        try:
+            store = self._store()
+        except Exception:
+            return  # no store, no watchdog: the collective timeout still applies
+        others = [r for r in range(self.world_size) if r != self.rank]
+        keys = [str(r) for r in others]
+        start = time.monotonic()
+        last_value: dict[int, bytes] = {}
+        last_seen = dict.fromkeys(others, start)
+        store_ok = previous = start
+        beat = 0
+        while not self._stop.wait(self.interval_s):
+            now = time.monotonic()
+            if now - previous > self.silent_after / 2:
+                # This thread itself was starved (a loaded machine, a stopped debugger): it
+                # cannot tell a silent peer from its own silence, so it judges afresh.
+                last_seen = dict.fromkeys(others, now)
+                store_ok = now
+            previous = now
+            beat += 1
+            try:
+                store.set(str(self.rank), str(beat))
+                if store.check(keys):  # the usual case: one request for every key
+                    present = others
+                else:  # some rank has not beaten yet (it is still starting its thread)
+                    present = [r for r, k in zip(others, keys, strict=True) if store.check([k])]
+                values = store.multi_get([str(r) for r in present]) if present else []
+                store_ok = now
+            except Exception:
+                values, present = [], []
+                if now - store_ok > self.silent_after and self.rank != 0:
+                    self._declare(0, now - store_ok)  # rank 0 serves the store
+                continue
+            for r, v in zip(present, values, strict=True):
+                if last_value.get(r) != v:
+                    last_value[r] = v
+                    last_seen[r] = now
+            for r in others:
+                if now - last_seen[r] > self.silent_after:
+                    self._declare(r, now - last_seen[r])
+
+    def _declare(self, rank: int, silent_s: float) -> None:
+        if rank in self._declared or self._stop.is_set():
+            return
+        self._declared.add(rank)
+        with contextlib.suppress(Exception):
+            self.on_silent(rank, silent_s)
+        if rank not in self.local_ranks:
+            # The driver cannot kill a rank on another host: fail this rank's collective.
+            break_group_connections(self.keep_fds)
+
+
+# --- breaking this process's connections to a group whose peer went silent ---------------
+
+
+def _socket_inodes() -> dict[int, int]:
+    """This process's socket file descriptors by inode."""
+    out: dict[int, int] = {}
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{name}")
+            if target.startswith("socket:["):
+                out[int(target[8:-1])] = int(name)
+    return out
+
+
+def _tcp_connections() -> dict[int, tuple[int, int]]:
+    """Established TCP connections of this network namespace: inode -> (local, remote port)."""
+    out: dict[int, tuple[int, int]] = {}
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            next(f)
+            for line in f:
+                parts = line.split()
+                if len(parts) < 10 or parts[3] != "01":  # 01: ESTABLISHED
+                    continue
+                local_port = int(parts[1].rsplit(":", 1)[1], 16)
+                remote_port = int(parts[2].rsplit(":", 1)[1], 16)
+                out[int(parts[9])] = (local_port, remote_port)
+    return out
+
+
+def break_group_connections(keep_fds: frozenset[int] = frozenset()) -> int:
+    """Shut down this process's established TCP connections except the store's (to or from
+    ``MASTER_PORT``) and ``keep_fds`` (the driver's): gloo's pairs, so a collective blocked
+    on a silent peer fails now. Returns how many were shut down. Linux only (``/proc``)."""
+    store_port = int(os.environ.get("MASTER_PORT", "0"))
+    keep = set(keep_fds)
+    fds = _socket_inodes()
+    n = 0
+    for inode, (local_port, remote_port) in _tcp_connections().items():
+        fd = fds.get(inode)
+        if fd is None or fd in keep or store_port in (local_port, remote_port):
+            continue
+        with contextlib.suppress(OSError):
+            s = socket.socket(fileno=os.dup(fd))
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                n += 1
+            finally:
+                s.close()
+    return n

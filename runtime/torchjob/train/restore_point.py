@@ -1,0 +1,282 @@
+"""The in-memory restore point: the last completed step's state, held by every worker.
+
+In data-parallel training every replica holds the full state after each step, so the
+survivors of a lost rank already have what a storage checkpoint would give back. A training
+function hands its state to the runtime once (:func:`register_state`); every ``report()``
+then copies it into this process's host memory (:func:`take`: CPU tensors, reused from one
+report to the next, so a report costs one copy and no allocation), with the RNG states and
+the prepared loaders' data positions.
+
+The worker process outlives a generation when the group re-forms in place (a survivor),
+and so does what it holds. At the start of the next generation the ranks agree on the
+newest restore point any of them holds (:func:`agree`: one ``all_gather_object`` of report
+indices); the lowest rank that holds it broadcasts it to the group (a replacement process,
+or the survivors of a shrunk group that were one report behind), and nobody reads storage.
+Only when no rank holds one (every replica was lost, or the state was never registered)
+does the generation resume from the latest committed checkpoint.
+
+FSDP (sharded) state is not covered yet: each rank holds only its shard, so a lost rank's
+shard would have to be mirrored in a peer's memory (see docs/runtime.md, Known limits).
+:func:`take` holds nothing for a state with DTensors, and such a run resumes from storage.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import time
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Snapshot:
+    """One restore point: a run's state at one of its reports."""
+
+    run: str
+    """The run (its storage path): a process never restores another run's state."""
+    index: int
+    """Reports of the run up to this one (across generations): the newest wins."""
+    state: dict[str, Any]
+    """CPU copies of the registered state's entries (``state_dict()`` of those that have one)."""
+    rng: dict[str, Any] = field(default_factory=dict)
+    positions: list[dict[str, Any]] = field(default_factory=list)
+    """The prepared loaders' data positions (``DataPosition.to_dict``)."""
+    nbytes: int = 0
+
+
+_HELD: list[Snapshot | None] = [None]
+"""This process's restore point. A module global: it outlives the training function and
+the generation (the process re-forms in place), never the process."""
+
+
+def held() -> Snapshot | None:
+    return _HELD[0]
+
+
+def drop() -> None:
+    _HELD[0] = None
+
+
+# --- copying state ---------------------------------------------------------------------------
+
+
+def _copy(src: Any, old: Any) -> tuple[Any, int]:
+    """A CPU copy of ``src`` (nested dicts, lists, tuples, tensors, plain values), written
+    into ``old``'s tensors where their shapes match; returns it and its tensor bytes."""
+    import torch
+
+    if isinstance(src, torch.Tensor):
+        src = src.detach()
+        if src.layout is not torch.strided or type(src) is not torch.Tensor:
+            # A DTensor or another subclass: a full CPU copy (FSDP: see the module docstring).
+            t = src.to("cpu", copy=True)
+            return t, t.numel() * t.element_size()
+        if (
+            isinstance(old, torch.Tensor)
+            and old.shape == src.shape
+            and old.dtype == src.dtype
+            and old.device.type == "cpu"
+        ):
+            old.copy_(src)
+            return old, old.numel() * old.element_size()
+        t = src.to("cpu", copy=True)
+        return t, t.numel() * t.element_size()
+    if isinstance(src, Mapping):
+        prev = old if isinstance(old, Mapping) else {}
+        out: dict[Any, Any] = {}
+        total = 0
+        for k, v in src.items():
+            out[k], n = _copy(v, prev.get(k))
+            total += n
+        return out, total
+    if isinstance(src, (list, tuple)):
+        prev_seq = old if isinstance(old, (list, tuple)) and len(old) == len(src) else None
+        items = []
+        total = 0
+        for i, v in enumerate(src):
+            c, n = _copy(v, prev_seq[i] if prev_seq is not None else None)
+            items.append(c)
+            total += n
+        return (type(src)(items) if isinstance(src, tuple) else items), total
+    import copy
+
+    return copy.deepcopy(src), 0
+
+
+def _unwrapped(v: Any) -> Any:
+    """A DDP-wrapped model's module: its state is held under the module's own keys, so a
+    group that shrank to one worker (``prepare_model`` leaves it unwrapped) loads it too."""
+    import torch
+
+    return v.module if isinstance(v, torch.nn.parallel.DistributedDataParallel) else v
+
+
+def state_of(registered: Mapping[str, Any]) -> dict[str, Any]:
+    """What is held of each registered entry: its ``state_dict()`` where it has one (a model,
+    an optimizer, a scheduler, a ``TrainState``), else the value itself (a step counter)."""
+    return {
+        k: _unwrapped(v).state_dict() if callable(getattr(v, "state_dict", None)) else v
+        for k, v in registered.items()
+    }
+
+
+def load_into(registered: MutableMapping[str, Any], state: Mapping[str, Any]) -> None:
+    """Put a restore point's entries back: ``load_state_dict`` where the entry has one, else
+    the value replaces the registered one."""
+    missing = sorted(set(registered) - set(state))
+    if missing:
+        raise KeyError(
+            f"the restore point has no entry {missing[0]!r}: register_state() was called "
+            f"with other keys than in the generation that took it ({sorted(state)})"
+        )
+    for k, v in registered.items():
+        if callable(getattr(v, "load_state_dict", None)):
+            _unwrapped(v).load_state_dict(state[k])
+        else:
+            registered[k] = state[k]
+
+
+def rng_states() -> dict[str, Any]:
+    import torch
+
+    rng: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy
+
+        rng["numpy"] = numpy.random.get_state()
+    except ImportError:
+        pass
+    return rng
+
+
+def set_rng_states(rng: Mapping[str, Any]) -> None:
+    import torch
+
+    if "python" in rng:
+        random.setstate(rng["python"])
+    if "torch" in rng:
+        torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    if "numpy" in rng:
+        import numpy
+
+        numpy.random.set_state(rng["numpy"])
+
+
+def _sharded(value: Any) -> bool:
+    """Whether ``value`` holds a tensor subclass (a DTensor: an FSDP2 shard)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return type(value) is not torch.Tensor and not isinstance(value, torch.nn.Parameter)
+    if isinstance(value, Mapping):
+        return any(_sharded(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_sharded(v) for v in value)
+    return False
+
+
+def take(
+    run: str, index: int, registered: Mapping[str, Any], positions: list[dict[str, Any]]
+) -> Snapshot | None:
+    """Copy the registered state into this process's memory as the restore point of report
+    ``index`` (reusing the previous restore point's buffers). None for sharded state (FSDP2
+    DTensors): a rank holds only its shard, which no survivor could give back to another
+    rank, so no restore point is held and a loss resumes from storage."""
+    live = state_of(registered)
+    if _sharded(live):
+        _HELD[0] = None
+        return None
+    prev = _HELD[0]
+    old_state = prev.state if prev is not None and prev.run == run else None
+    state, nbytes = _copy(live, old_state)
+    snap = Snapshot(run, index, state, rng_states(), list(positions), nbytes)
+    _HELD[0] = snap
+    return snap
+
+
+# --- agreeing on one restore point at a generation's start ---------------------------------
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What :func:`agree` found: the snapshot every rank now holds, where it came from."""
+
+    snapshot: Snapshot
+    source_rank: int
+    received: bool
+    """This rank received it by broadcast (it held an older one, or none)."""
+    seconds: float
+
+
+def _encode(snap: Snapshot) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(
+        {
+            "run": snap.run,
+            "index": snap.index,
+            "state": snap.state,
+            "rng": snap.rng,
+            "positions": snap.positions,
+            "nbytes": snap.nbytes,
+        },
+        buf,
+    )
+    return buf.getvalue()
+
+
+def _decode(data: bytes) -> Snapshot:
+    import torch
+
+    d = torch.load(io.BytesIO(data), weights_only=False)
+    return Snapshot(d["run"], d["index"], d["state"], d["rng"], d["positions"], d["nbytes"])
+
+
+def agree(run: str, rank: int, world_size: int) -> Restored | None:
+    """Collective, at a generation's start: the newest restore point of ``run`` any rank
+    holds, now held by every rank (broadcast from the lowest rank that has it), or None when
+    no rank holds one (then the generation resumes from storage)."""
+    t0 = time.monotonic()
+    mine = _HELD[0]
+    index = mine.index if mine is not None and mine.run == run else -1
+    if world_size == 1:
+        if index < 0:
+            return None
+        assert mine is not None
+        return Restored(mine, rank, False, time.monotonic() - t0)
+    import torch
+    import torch.distributed as dist
+
+    indices: list[Any] = [None] * world_size
+    dist.all_gather_object(indices, index)
+    best = max(int(i) for i in indices)
+    if best < 0:
+        return None
+    source = min(r for r, i in enumerate(indices) if i == best)
+    # The bytes go as one uint8 tensor (its length first): no pickling of the tensors'
+    # storage on the receivers beyond torch.load's.
+    if rank == source:
+        assert mine is not None
+        data = _encode(mine)
+        length = torch.tensor([len(data)], dtype=torch.int64)
+    else:
+        length = torch.zeros(1, dtype=torch.int64)
+    dist.broadcast(length, src=source)
+    if rank == source:
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    else:
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    dist.broadcast(payload, src=source)
+    if index == best:
+        assert mine is not None
+        return Restored(mine, source, False, time.monotonic() - t0)
+    snap = _decode(payload.numpy().tobytes())
+    _HELD[0] = snap
+    return Restored(snap, source, True, time.monotonic() - t0)
