@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from torchjob.api.models import TorchJobSpec
 from torchjob_operator.engine.kube import Kube, KubeError
-from torchjob_operator.torchjob import admission, kueue
+from torchjob_operator.torchjob import admission, initializers, kueue
 from torchjob_operator.torchjob.decision import JobView
 from torchjob_operator.torchjob.observed import (
     JobState,
@@ -43,6 +43,7 @@ class Observed:
     """Pods of an earlier same-named TorchJob (another controller uid)."""
     workload: admission.WorkloadSeen | None = None
     """The Kueue Workload's reads; None: Kueue does not manage the job."""
+    initializer_pods: tuple[initializers.InitPod, ...] = ()
 
     def view(self, spec: TorchJobSpec, gate: kueue.Gate | None) -> JobView:
         """What the planner is given: the job, with its Workload's ``gate``."""
@@ -55,6 +56,7 @@ class Observed:
             metadata_generation=meta.get("generation"),
             foreign_pods=self.foreign,
             kueue=gate,
+            initializers=initializers.gate(spec, self.job.get("status"), self.initializer_pods),
         )
 
 
@@ -81,6 +83,9 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
         pods=tuple(v for v in (pod_view(p) for p in raw_pods) if v is not None),
         probes=tuple(v for v in (probe_view(p) for p in raw_pods) if v is not None),
         foreign=tuple(foreign),
+        initializer_pods=tuple(
+            v for v in (initializers.init_pod_view(p) for p in raw_pods) if v is not None
+        ),
         workload=_workload(kube, job, spec, state),
     )
 

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, ValidationError
 
 from torchjob.api.models.base import _Model
+from torchjob.api.models.initializers import InitializerStatus
 
 
 class Phase(str, Enum):
@@ -127,6 +128,9 @@ class TorchJobStatus(_Model):
     start_time: str | None = None
     completion_time: str | None = None
     progress: Progress | None = None
+    initializers: list[InitializerStatus] | None = Field(
+        default=None, description="spec.initializers: each one's phase, bytes and message."
+    )
 
     def rank_order(self) -> tuple[int, ...] | None:
         """``members`` when it is a usable rank order (``replicas`` distinct, non-negative pod
