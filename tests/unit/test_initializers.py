@@ -222,8 +222,20 @@ def test_a_failed_initializer_fails_the_job_naming_its_uri_and_creates_no_worker
     _reconcile(kube, clock)
     status = kube.job["status"]
     assert status["phase"] == "Failed" and _workers(kube) == []
-    failed = [c for c in status["conditions"] if c["type"] == "Failed"][0]
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "InitializerFailed"
     assert DATA in failed["message"] and "bucket 'data'" in failed["message"]
     warnings = [m for r, m in kube.events if r == "InitializerFailed"]
     assert len(warnings) == 1 and DATA in warnings[0]
+
+
+def test_the_runtime_gives_the_paths_to_the_training_function(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torchjob.train import get_context
+
+    assert get_context().get_dataset_path() is None and get_context().get_model_path() is None
+    monkeypatch.setenv(contract.DATASET_PATH, "/torchjob/initializers/dataset")
+    monkeypatch.setenv(contract.MODEL_PATH, "/torchjob/initializers/model")
+    assert get_context().get_dataset_path() == "/torchjob/initializers/dataset"
+    assert get_context().get_model_path() == "/torchjob/initializers/model"
