@@ -7,7 +7,6 @@ The initialiser really fetching, in a container, is tests/cluster/test_real_node
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 from kubernetes import client
 from tests import kube as k
 from tests.cluster.operator_harness import Jobs, torchjob
+from tests.cluster.volumes import bound_claim
 
 from torchjob import contract
 from torchjob.rules import initializer as rules
@@ -26,41 +26,8 @@ DATA, MODEL = "s3://datasets/digits/train", "s3://models/tiny"
 
 @pytest.fixture
 def claim(core_v1: Any, namespace: str) -> Iterator[str]:
-    """A bound PersistentVolumeClaim (a static hostPath volume: kube-scheduler places no pod
-    whose claim is unbound, and kwok's nodes need nothing more)."""
-    pv = f"tj-init-{uuid.uuid4().hex[:8]}"
-    core_v1.create_persistent_volume(
-        {
-            "metadata": {"name": pv},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadWriteMany"],
-                "storageClassName": "",
-                "hostPath": {"path": f"/tmp/{pv}"},
-                "persistentVolumeReclaimPolicy": "Delete",
-            },
-        }
-    )
-    core_v1.create_namespaced_persistent_volume_claim(
-        namespace,
-        {
-            "metadata": {"name": "train-data"},
-            "spec": {
-                "accessModes": ["ReadWriteMany"],
-                "storageClassName": "",
-                "volumeName": pv,
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-    )
-    k.wait_for(
-        lambda: (
-            core_v1.read_namespaced_persistent_volume_claim("train-data", namespace).status.phase
-            == "Bound"
-        ),
-        60,
-        "PVC train-data Bound",
-    )
+    """A bound PersistentVolumeClaim (kwok's nodes mount nothing)."""
+    pv = bound_claim(core_v1, namespace, "train-data", f"/tmp/{namespace}")
     try:
         yield "train-data"
     finally:
