@@ -18,7 +18,7 @@ from torchjob.api.models import TorchJobSpec
 from torchjob.rules import initializer as rules
 from torchjob_operator.resources.initializers import initializer_pod
 from torchjob_operator.resources.pods import worker_pod
-from torchjob_operator.torchjob.initializers import InitPod, Stage, gate, size
+from torchjob_operator.torchjob.initializers import InitPod, Stage, decide_initializers, size
 from torchjob_operator.torchjob.observed import PodPhase
 from torchjob_operator.torchjob.status import validation_message
 
@@ -47,10 +47,13 @@ OK_LINE = rules.summary(3 << 20, 2, DATA)
 
 
 def test_without_pods_both_are_created_and_nothing_is_done() -> None:
-    g = gate(SPEC, {}, [])
+    g = decide_initializers(SPEC, {}, [])
     assert g is not None and g.create == ("dataset", "model") and not g.done
     assert [r.stage for r in g.records] == [Stage.PENDING, Stage.PENDING]
-    assert gate(TorchJobSpec.model_validate({**_spec(), "initializers": None}), {}, []) is None
+    assert (
+        decide_initializers(TorchJobSpec.model_validate({**_spec(), "initializers": None}), {}, [])
+        is None
+    )
 
 
 def test_each_pod_says_where_its_initializer_is() -> None:
@@ -58,7 +61,7 @@ def test_each_pod_says_where_its_initializer_is() -> None:
         InitPod("dataset", "tj-init-dataset", PodPhase.SUCCEEDED, 0, OK_LINE, finished_at="t1"),
         InitPod("model", "tj-init-model", PodPhase.RUNNING),
     ]
-    g = gate(SPEC, {}, pods)
+    g = decide_initializers(SPEC, {}, pods)
     assert g is not None and g.create == () and not g.done and g.failed is None
     data, model = g.records
     assert (data.stage, data.bytes, data.completion_time) == (Stage.SUCCEEDED, 3 << 20, "t1")
@@ -69,19 +72,25 @@ def test_each_pod_says_where_its_initializer_is() -> None:
 
 
 def test_a_recorded_success_is_final_and_a_new_uri_runs_again() -> None:
-    status = {"initializers": gate(SPEC, {}, [_done("dataset"), _done("model")]).status()}  # type: ignore[union-attr]
-    again = gate(SPEC, status, [])
+    status = {
+        "initializers": decide_initializers(SPEC, {}, [_done("dataset"), _done("model")]).status()
+    }  # type: ignore[union-attr]
+    again = decide_initializers(SPEC, status, [])
     assert again is not None and again.done and again.create == () and again.events == ()
     moved = TorchJobSpec.model_validate(_spec(dataset={"uri": "s3://data/sets/other"}))
-    changed = gate(moved, status, [])
+    changed = decide_initializers(moved, status, [])
     assert changed is not None and changed.create == ("dataset",) and not changed.done
 
 
 def test_a_failed_pod_fails_its_initializer_with_its_message() -> None:
     bad = "cannot read s3://data/sets/digits: access to bucket 'data' denied"
-    g = gate(SPEC, {}, [InitPod("dataset", "tj-init-dataset", PodPhase.FAILED, 1, bad)])
+    g = decide_initializers(
+        SPEC, {}, [InitPod("dataset", "tj-init-dataset", PodPhase.FAILED, 1, bad)]
+    )
     assert g is not None and g.failed is not None and g.failed.message == bad
-    mute = gate(SPEC, {}, [InitPod("dataset", "tj-init-dataset", PodPhase.FAILED, 3)])
+    mute = decide_initializers(
+        SPEC, {}, [InitPod("dataset", "tj-init-dataset", PodPhase.FAILED, 3)]
+    )
     assert mute is not None and mute.failed is not None and mute.failed.message == "exit code 3"
 
 
@@ -89,7 +98,7 @@ def test_an_evicted_pod_is_replaced_and_one_that_cannot_start_waits() -> None:
     evicted = InitPod("dataset", "tj-init-dataset", PodPhase.FAILED, None, disrupted=True)
     stuck = InitPod("model", "tj-init-model", waiting="CreateContainerConfigError",
                     waiting_message='secret "store" not found')  # fmt: skip
-    g = gate(SPEC, {}, [evicted, stuck])
+    g = decide_initializers(SPEC, {}, [evicted, stuck])
     assert g is not None and g.failed is None and g.delete == ("tj-init-dataset",)
     assert 'model Pending: CreateContainerConfigError: secret "store" not found' in g.progress()
 
@@ -239,3 +248,18 @@ def test_the_runtime_gives_the_paths_to_the_training_function(
     monkeypatch.setenv(contract.MODEL_PATH, "/torchjob/initializers/model")
     assert get_context().get_dataset_path() == "/torchjob/initializers/dataset"
     assert get_context().get_model_path() == "/torchjob/initializers/model"
+
+
+def test_the_manifest_of_docs_platform_md_is_valid_as_written() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "platform.md").read_text()
+    section = text.split("## Initialisers", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    claim, job = list(yaml.safe_load_all(block))
+    spec = TorchJobSpec.model_validate(job["spec"])
+    assert spec.initializers is not None
+    assert spec.initializers.volume.claim_name == claim["metadata"]["name"]
+    assert set(spec.initializers.sources()) == {"dataset", "model"}

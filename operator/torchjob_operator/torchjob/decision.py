@@ -54,7 +54,7 @@ class JobView:
     created, since a new pod would share its name and DNS name."""
     kueue: Gate | None = None
     """The job's Kueue Workload (torchjob/kueue.py); None: Kueue does not manage the job."""
-    initializers: initializers.Gate | None = None
+    initializers: initializers.InitGate | None = None
     """``spec.initializers`` decided (torchjob/initializers.py); None: the job has none."""
 
 

@@ -127,7 +127,7 @@ class Record:
 
 
 @dataclass(frozen=True)
-class Gate:
+class InitGate:
     """The initialisers of one job, decided: what the status says of each, the pods to
     create (kinds) or delete (names), and the Events of what finished in this pass."""
 
@@ -183,9 +183,9 @@ def recorded(status: Mapping[str, Any] | None) -> dict[str, Record]:
     return found
 
 
-def gate(
+def decide_initializers(
     spec: TorchJobSpec, status: Mapping[str, Any] | None, pods: Sequence[InitPod]
-) -> Gate | None:
+) -> InitGate | None:
     """The initialisers of a job with ``spec.initializers`` (None without): recorded
     outcomes are final, otherwise each one's pod says where it is."""
     if spec.initializers is None:
@@ -241,7 +241,7 @@ def gate(
         elif pod.phase == PodPhase.RUNNING:
             rec = Record(kind, source.uri, Stage.RUNNING, name, message="fetching")
         records.append(rec)
-    return Gate(tuple(records), tuple(create), tuple(delete), tuple(events))
+    return InitGate(tuple(records), tuple(create), tuple(delete), tuple(events))
 
 
 def created_events(job: str, spec: TorchJobSpec, kinds: Sequence[str]) -> tuple[Event, ...]:

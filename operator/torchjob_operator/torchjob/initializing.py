@@ -1,4 +1,4 @@
-"""The job while its initialisers run (``initializers.Gate``): held in ``Pending`` with
+"""The job while its initialisers run (``initializers.InitGate``): held in ``Pending`` with
 reason ``Initializing``, their pods to create; or ``Failed`` (``InitializerFailed``) once one
 failed. Pure: takes a ``Decision`` and returns a new one."""
 
@@ -10,17 +10,17 @@ from torchjob.api.models import Phase
 from torchjob_operator.common import conditions as cond
 from torchjob_operator.torchjob.decision import Decision
 from torchjob_operator.torchjob.ending import end, finish
-from torchjob_operator.torchjob.initializers import Gate
+from torchjob_operator.torchjob.initializers import InitGate
 from torchjob_operator.torchjob.observed import PodView
 
 
-def holds(d: Decision, gate: Gate) -> bool:
+def holds(d: Decision, gate: InitGate) -> bool:
     """Whether the initialisers hold the job: some has not succeeded and no worker was ever
     created (once a generation was created they never run again)."""
     return not gate.done and d.created_generation is None
 
 
-def initializing(d: Decision, pods: Sequence[PodView], gate: Gate) -> Decision:
+def initializing(d: Decision, pods: Sequence[PodView], gate: InitGate) -> Decision:
     failed = gate.failed
     if failed is not None:
         detail = cond.message(

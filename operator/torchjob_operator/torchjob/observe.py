@@ -56,7 +56,9 @@ class Observed:
             metadata_generation=meta.get("generation"),
             foreign_pods=self.foreign,
             kueue=gate,
-            initializers=initializers.gate(spec, self.job.get("status"), self.initializer_pods),
+            initializers=initializers.decide_initializers(
+                spec, self.job.get("status"), self.initializer_pods
+            ),
         )
 
 
