@@ -18,7 +18,13 @@ from torchjob.api.models import TorchJobSpec
 from torchjob.rules import initializer as rules
 from torchjob_operator.resources.initializers import initializer_pod
 from torchjob_operator.resources.pods import worker_pod
-from torchjob_operator.torchjob.initializers import InitPod, Stage, decide_initializers, size
+from torchjob_operator.torchjob.initializers import (
+    InitPod,
+    Stage,
+    decide_initializers,
+    init_pod_view,
+    size,
+)
 from torchjob_operator.torchjob.observed import PodPhase
 from torchjob_operator.torchjob.status import validation_message
 
@@ -263,3 +269,18 @@ def test_the_manifest_of_docs_platform_md_is_valid_as_written() -> None:
     assert spec.initializers is not None
     assert spec.initializers.volume.claim_name == claim["metadata"]["name"]
     assert set(spec.initializers.sources()) == {"dataset", "model"}
+
+
+def test_an_initializer_pod_that_cannot_be_placed_says_why() -> None:
+    pod = initializer_pod(name="tj", namespace="ns", uid="u1", spec=SPEC, kind="dataset")
+    why = 'persistentvolumeclaim "train-data" not found'
+    pod["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": why}
+        ],
+    }
+    view = init_pod_view(pod)
+    assert view is not None and (view.kind, view.waiting) == ("dataset", "Unschedulable")
+    g = decide_initializers(SPEC, {}, [view])
+    assert g is not None and f"dataset Pending: Unschedulable: {why}" in g.progress()

@@ -55,7 +55,8 @@ class InitPod:
     line: str = ""
     """Its termination message's summary line (``rules.summary`` on success, the error else)."""
     waiting: str = ""
-    """A kubelet reason why its container cannot start (``ImagePullBackOff`` ...), else ''."""
+    """Why it cannot start: a kubelet reason (``ImagePullBackOff`` ...) or ``Unschedulable``
+    (a claim that does not exist ...); else ''."""
     waiting_message: str = ""
     finished_at: str | None = None
     deleting: bool = False
@@ -86,6 +87,9 @@ def init_pod_view(pod: Mapping[str, Any]) -> InitPod | None:
         if w.get("reason") in IMAGE_PULL_REASONS | CANNOT_START_REASONS:
             waiting, waiting_message = w["reason"], w.get("message") or ""
     conditions = {c.get("type"): c for c in status.get("conditions") or ()}
+    placed = conditions.get("PodScheduled") or {}
+    if not waiting and placed.get("status") == "False" and placed.get("reason") == "Unschedulable":
+        waiting, waiting_message = "Unschedulable", placed.get("message") or ""  # a missing claim
     target = conditions.get("DisruptionTarget") or {}
     disrupted = target.get("status") == "True" or status.get("reason") in NODE_LOSS_REASONS
     return InitPod(
