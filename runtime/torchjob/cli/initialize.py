@@ -147,7 +147,7 @@ def _from_hub(source: rules.Source, root: Path) -> Fetched:
     except ImportError:
         raise InitializeError(
             f"{source.uri}: hf:// needs the huggingface_hub package in the image "
-            "(pip install 'torchjob[hf]')"
+            "(pip install huggingface_hub)"
         ) from None
     try:
         snapshot_download(
