@@ -7,6 +7,8 @@
 #   hack/node.sh import TAR.. import docker-archive image tars into the node's containerd
 #   hack/node.sh status       exit 0 when the node runs
 #   hack/node.sh name         print the Node's name
+#   hack/node.sh host-ip      print the host's address on the node's veth: pods reach the
+#                             machine there (the API server; tests/s3.py's object store)
 #   hack/node.sh prereqs      exit 0 when every prerequisite is installed, else say what is missing
 #
 # Isolation (several clusters share one machine, and the machine itself is never changed):
@@ -439,12 +441,13 @@ case "${1:-}" in
     ;;
   status) cmd_status ;;
   name) echo "${NODE}" ;;
+  host-ip) echo "${HOST_IP}" ;;
   prereqs)
     m="$(missing_prereqs)"
     [[ -z "${m}" ]] || { printf 'missing: %s\n' "$(tr '\n' ' ' <<<"${m}")" >&2; exit 1; }
     ;;
   *)
-    echo "usage: $0 up|down|import TAR...|status|name|prereqs|cert-sans" >&2
+    echo "usage: $0 up|down|import TAR...|status|name|host-ip|prereqs|cert-sans" >&2
     exit 2
     ;;
 esac

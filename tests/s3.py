@@ -47,13 +47,13 @@ def weed_binary() -> Path:
     return path
 
 
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports (held open together so that none repeats)."""
+def _free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct free ports on ``host`` (held open together so that none repeats)."""
     socks = []
     try:
         for _ in range(n):
             s = socket.socket()
-            s.bind(("127.0.0.1", 0))
+            s.bind((host, 0))
             socks.append(s)
         return [int(s.getsockname()[1]) for s in socks]
     finally:
@@ -136,8 +136,10 @@ def _answers(endpoint: str) -> bool:
         return False
 
 
-def start_s3_server(root: Path, timeout: float = 120.0) -> S3Server:
-    """``weed server`` with master, volume, filer and S3 on free ports under ``root``.
+def start_s3_server(root: Path, timeout: float = 120.0, ip: str = "127.0.0.1") -> S3Server:
+    """``weed server`` with master, volume, filer and S3 on free ports under ``root``, every
+    one of them listening on ``ip`` only (the loopback, or the host end of the real node's
+    veth: tests/cluster/realnode.py ``start_node_s3``).
 
     Buckets are never created on upload (``-s3.autoCreateBucket=false``, as on AWS), no
     anonymous access, no telemetry, no other gateway."""
@@ -146,14 +148,14 @@ def start_s3_server(root: Path, timeout: float = 120.0) -> S3Server:
     data.mkdir(parents=True, exist_ok=True)
     config = root / "s3.json"
     _identities(config)
-    master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = _free_ports(8)
+    master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = _free_ports(8, ip)
     log_path = root / "weed.log"
     args = [
         str(weed),
         "server",
         f"-dir={data}",
-        "-ip=127.0.0.1",
-        "-ip.bind=127.0.0.1",
+        f"-ip={ip}",
+        f"-ip.bind={ip}",
         f"-master.port={master}",
         f"-master.port.grpc={master_grpc}",
         "-master.telemetry=false",
@@ -179,9 +181,7 @@ def start_s3_server(root: Path, timeout: float = 120.0) -> S3Server:
         proc = subprocess.Popen(
             args, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True
         )
-    server = S3Server(
-        endpoint=f"http://127.0.0.1:{s3}", data_dir=data, log_path=log_path, proc=proc
-    )
+    server = S3Server(endpoint=f"http://{ip}:{s3}", data_dir=data, log_path=log_path, proc=proc)
     deadline = time.monotonic() + timeout
     while not _answers(server.endpoint):
         if proc.poll() is not None:

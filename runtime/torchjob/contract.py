@@ -59,6 +59,8 @@ TUNE_CONFIG: Final = "TORCHJOB_TUNE_CONFIG"
 ``TorchTrainer`` in the pod merges it into its ``train_loop_config``."""
 TUNE_TRIAL: Final = "TORCHJOB_TUNE_TRIAL"
 """The trial id of a tuning trial's TorchJob."""
+DATASET_PATH: Final = "TORCHJOB_DATASET_PATH"  # where spec.initializers put the dataset,
+MODEL_PATH: Final = "TORCHJOB_MODEL_PATH"  # and the model (each set only when the job has it)
 
 # --- standard torch / torchrun variables ---------------------------------------
 MASTER_ADDR: Final = "MASTER_ADDR"
@@ -79,14 +81,13 @@ PET_MASTER_PORT: Final = "PET_MASTER_PORT"
 PET_RDZV_ID: Final = "PET_RDZV_ID"
 PYTHONUNBUFFERED: Final = "PYTHONUNBUFFERED"
 
-DEFAULT_RDZV_PORT: Final = 29500
+DEFAULT_RDZV_PORT: Final = 29500  # the generation's TCPStore on its rank-0 pod (torch's default)
 JOINER_READY_FILE: Final = "/tmp/torchjob-joiner-ready"
 """Written by a joiner's runtime once it waits for its generation (its interpreter has imported
 the training script): the readiness probe the operator gives joiner pods tests for it, and an
 elastic job grows back only to ready joiners."""
 DEFAULT_TERMINATION_LOG: Final = "/dev/termination-log"
 """The kubelet's default ``terminationMessagePath``."""
-"""Port of the generation's TCPStore on its rank-0 pod (torch's default)."""
 
 # --- labels and annotations on objects the operator creates ---------------------
 GROUP: Final = "torchjob.io"
@@ -100,6 +101,7 @@ and warm standbys): "true". Such a pod is kept while it waits, not judged as sta
 ROLE_WORKER: Final = "worker"
 ROLE_PROBE: Final = "probe"
 """Placeholder pods that test for free capacity before an elastic job grows."""
+ROLE_INITIALIZER: Final = "initializer"
 KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 WORKER_SUFFIX: Final = "-worker-"
 """Between a job's name and a worker's index in the pod's name and hostname (worker_pod_name)."""
@@ -172,7 +174,7 @@ class PodEnv:
 
     def to_env(self) -> dict[str, str]:
         """All variables, torchjob's and torch's, as a pod's ``env`` would carry them."""
-        env = {
+        return {
             JOB_NAME: self.job_name,
             NAMESPACE: self.namespace,
             POD_INDEX: str(self.pod_index),
@@ -202,7 +204,6 @@ class PodEnv:
             PET_RDZV_ID: self.run_id,
             PYTHONUNBUFFERED: "1",
         }
-        return env
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PodEnv | None:

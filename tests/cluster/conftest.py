@@ -8,6 +8,9 @@
 - ``real_node`` (session): a real kubelet + containerd node (hack/node.sh) running the images
   of hack/images.sh; only tests that ask for it start it. Missing prerequisites skip those
   tests with what to install, except under CI=true, where they fail.
+- ``node_s3`` (session): the S3-compatible object store of tests/s3.py where the real node's
+  pods reach it (``realnode.start_node_s3``); ``S3Server.make_bucket`` gives a test its
+  bucket and ``realnode.s3_credentials`` a Secret for the pods' ``envFrom``.
 
 Without the binaries (`make testbin` not run) the tests are skipped, except under CI=true
 where that is an error: CI must never go green by skipping the cluster tests.
@@ -31,7 +34,8 @@ from tests.cluster.operator_harness import (
     Jobs,
     OperatorProcess,
 )
-from tests.cluster.realnode import RealNode
+from tests.cluster.realnode import RealNode, RealNodeUnavailable, start_node_s3
+from tests.s3 import S3Server, stop_s3_server
 
 
 def _in_ci() -> bool:
@@ -195,6 +199,19 @@ def real_node(cluster: helpers.Cluster) -> RealNode:
         return RealNode.start()
     except Exception as exc:
         pytest.fail(f"the real node failed to start: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def node_s3(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    pytest.importorskip("s3fs", reason="the s3 extra (s3fs) is not installed")
+    try:
+        server = start_node_s3(real_node, tmp_path_factory.mktemp("seaweedfs-node"))
+    except RealNodeUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield server
+    finally:
+        stop_s3_server(server)
 
 
 @pytest.fixture

@@ -5,6 +5,12 @@
 containerd and records how long each step took. ``HelmOperator`` installs
 charts/torchjob-operator with the operator image, waits for its pod, and gives the operator's
 ``kubectl logs`` for failure messages.
+
+``start_node_s3`` runs the object store of tests/s3.py (SeaweedFS' ``weed``) for the node's
+pods: on the host, listening only on ``RealNode.host_ip``, the host end of the node's veth,
+where pods already reach the API server (their traffic is masqueraded to the node's address
+on the way out of the node's namespace). ``s3_credentials`` puts its identity in a Secret
+for a container's ``envFrom``.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any
 
 import yaml
 from tests import kube as k
+from tests.s3 import S3Server, start_s3_server
 
 REPO = Path(__file__).resolve().parents[2]
 HACK = REPO / "hack"
@@ -44,6 +51,9 @@ def _run(args: list[str], timeout: float, what: str) -> str:
 class RealNode:
     name: str
     timings: dict[str, float] = field(default_factory=dict)
+    host_ip: str = ""
+    """The host's address as the node's pods reach it (``hack/node.sh host-ip``); empty on a
+    node this harness did not start (hack/e2e-kind.sh's)."""
 
     @staticmethod
     def prerequisites_problem() -> str | None:
@@ -80,7 +90,8 @@ class RealNode:
         _run(["bash", str(HACK / "node.sh"), "import", *tars], 600, "hack/node.sh import")
         timings["images import"] = time.monotonic() - t
         name = _run(["bash", str(HACK / "node.sh"), "name"], 30, "hack/node.sh name").strip()
-        return cls(name=name, timings=timings)
+        host_ip = _run(["bash", str(HACK / "node.sh"), "host-ip"], 30, "hack/node.sh host-ip")
+        return cls(name=name, timings=timings, host_ip=host_ip.strip())
 
     def log_tails(self, kubeconfig: Path) -> str:
         state = kubeconfig.parent / "realnode"
@@ -99,6 +110,31 @@ def _which(name: str) -> bool:
         os.access(os.path.join(d, name), os.X_OK)
         for d in os.environ.get("PATH", "").split(os.pathsep)
     )
+
+
+def start_node_s3(node: RealNode, root: Path) -> S3Server:
+    """SeaweedFS' ``weed server -s3`` on the host, every port on ``node.host_ip`` only: the
+    node's pods and the tests (on the host) use the same endpoint. Why not a pod: the store
+    outlives any pod a test deletes or evicts, needs no image, and starts before the node
+    schedules anything; it is gone with the session (``stop_s3_server``)."""
+    if not node.host_ip:
+        raise RealNodeUnavailable(
+            f"node {node.name} has no host address for an object store (not hack/node.sh's)"
+        )
+    return start_s3_server(root, ip=node.host_ip)
+
+
+def s3_credentials(
+    core: Any, namespace: str, server: S3Server, name: str = "s3-credentials", **env: str
+) -> dict[str, Any]:
+    """A Secret in ``namespace`` holding ``server.env()`` (``AWS_*``: the identity, the
+    endpoint, the region) with ``env`` overriding keys (bad credentials); returns the
+    container's ``envFrom`` entry for it."""
+    data = {**server.env(), **env}
+    core.create_namespaced_secret(
+        namespace, {"metadata": {"name": name}, "type": "Opaque", "stringData": data}
+    )
+    return {"secretRef": {"name": name}}
 
 
 def image(name: str) -> str:

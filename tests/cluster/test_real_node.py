@@ -372,3 +372,73 @@ def test_helm_upgrade_rolls_the_operator_and_uninstall_keeps_the_crd(
     assert crd.returncode == 0, crd.stderr
     # Reinstall for any test that runs after this one in the module.
     helm_operator.install(tmp_path / "values2.yaml")
+
+
+# --- spec.initializers: fetched once, in a container, from the object store ------------------
+
+READ_DATASET = """
+import hashlib, os, pathlib
+root = pathlib.Path(os.environ["TORCHJOB_DATASET_PATH"])
+for f in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")):
+    print(f"{os.environ['TORCHJOB_POD_NAME']} read {f.relative_to(root)} "
+          f"sha256 {hashlib.sha256(f.read_bytes()).hexdigest()}", flush=True)
+"""
+
+
+def test_an_initializer_fetches_from_the_object_store_once_and_both_workers_read_it(
+    real_jobs: Jobs, node_s3: Any, tmp_path: Path
+) -> None:
+    import hashlib
+    import os
+
+    from tests.cluster.realnode import s3_credentials
+    from tests.cluster.volumes import bound_claim
+
+    from torchjob.rules import initializer as rules
+
+    bucket = node_s3.make_bucket()
+    files = {"train/a.bin": os.urandom(3 << 20), "train/b.bin": os.urandom(1000)}
+    for key, data in files.items():
+        node_s3.fs().pipe(f"{bucket}/{key}", data)
+    secret = s3_credentials(real_jobs.core, real_jobs.ns, node_s3)["secretRef"]["name"]
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    volume.chmod(0o777)  # the runtime image runs as uid 1000
+    pv = bound_claim(real_jobs.core, real_jobs.ns, "train-data", volume)
+    uri = f"s3://{bucket}/train"
+    try:
+        template = real_template(volume)  # the node, the image; the command below
+        container = template["spec"]["containers"][0]
+        container["command"] = ["python3", "-c", READ_DATASET]
+        container["volumeMounts"] = container["volumeMounts"][:1]
+        template["spec"]["volumes"] = template["spec"]["volumes"][:1]
+        real_jobs.apply(
+            torchjob(
+                "init",
+                replicas=2,
+                template=template,
+                failurePolicy={"maxRestarts": 0},
+                initializers={
+                    "volume": {"claimName": "train-data"},
+                    "dataset": {"uri": uri, "secretName": secret},
+                    "nodeSelector": {NODE_LABEL: "true"},
+                    "tolerations": [TOLERATION],
+                },
+            )
+        )
+        status = wait_finished(real_jobs, "init", timeout=300)
+        assert status["phase"] == "Succeeded", real_jobs.describe("init")
+        (init,) = status["initializers"]
+        assert init["phase"] == "Succeeded" and init["bytes"] == sum(map(len, files.values()))
+        assert init["message"].startswith(f"fetched {init['bytes']} bytes in 2 files from {uri}")
+        for i in (0, 1):
+            out = logs(real_jobs, f"init-worker-{i}")
+            for key, data in files.items():
+                name = key.split("/", 1)[1]
+                digest = hashlib.sha256(data).hexdigest()
+                assert f"init-worker-{i} read {name} sha256 {digest}" in out, out
+        assert (volume / "dataset" / rules.MARKER).is_file()
+        assert "InitializerSucceeded" in real_jobs.event_reasons("init")
+    finally:
+        real_jobs.kubectl("delete", "tj/init", "--wait=true", check=False)
+        real_jobs.core.delete_persistent_volume(pv)

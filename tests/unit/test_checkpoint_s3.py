@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 from tests.s3 import S3, Outage
 
+from torchjob import contract
 from torchjob.checkpoint import MARKER, CheckpointError, CheckpointStorage, Retry, latest_committed
+from torchjob.train.record import open_storage
 
 
 def _user_dir(tmp_path: Path, name: str, payload: bytes) -> str:
@@ -182,3 +184,20 @@ def test_a_missing_bucket_fails_at_start_up_naming_it(s3: S3) -> None:
     message = str(info.value)
     assert "bucket 'no-such-bucket-torchjob' does not exist" in message, message
     assert not s3.server.fs().exists("no-such-bucket-torchjob"), "never created"
+
+
+def test_in_a_pod_the_start_up_error_is_the_termination_message(
+    s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the operator quotes in the job's status and Events (tests/cluster/test_real_node.py
+    runs it in a real pod): one tagged line naming the bucket."""
+    log = tmp_path / "termination-log"
+    monkeypatch.setenv(contract.JOB_NAME, "job")
+    monkeypatch.setenv(contract.TERMINATION_LOG, str(log))
+    s3.use({**s3.server.env(), "AWS_ACCESS_KEY_ID": "nobody"})
+    with pytest.raises(CheckpointError):
+        open_storage(s3.url("run"), in_pod=True)
+    summary = contract.parse_termination_message(log.read_text())
+    assert summary is not None and not summary.peer_failure
+    assert summary.line.startswith(f"CheckpointError: checkpoint {s3.url('run')}: ")
+    assert f"access to bucket '{s3.bucket}' denied" in summary.line, summary.line

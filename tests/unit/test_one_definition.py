@@ -33,6 +33,7 @@ OWNERS: dict[str, str] = {
     "Counters": "torchjob.rules.generation",
     "deadline_left": "torchjob.rules.generation",
     "worker_pod_env": "torchjob.rules.worker_env",
+    "parse_uri": "torchjob.rules.initializer",
     # the env contract and a pod's role
     "PodEnv": "torchjob.contract",
     "pod_role": "torchjob.contract",
@@ -52,6 +53,7 @@ OWNERS: dict[str, str] = {
     # the operator's controllers and their shared helpers
     "plan": "torchjob_operator.torchjob.plan",
     "amend": "torchjob_operator.torchjob.amend",
+    "decide_initializers": "torchjob_operator.torchjob.initializers",
     "reconcile_once": "torchjob_operator.torchjob.controller",
     "plan_study": "torchjob_operator.torchtune.plan",
     "set_condition": "torchjob_operator.common.conditions",

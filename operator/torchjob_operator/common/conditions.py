@@ -88,6 +88,11 @@ REASONS: Final[Mapping[str, str]] = {
     "FailedWorkload": "{detail}",
     "KueueNotInstalled": "queue {queue} is set but the cluster serves no Kueue Workload API "
     "(kueue.x-k8s.io/v1beta2): the queue label is inert and the job runs without an admission",
+    # spec.initializers (torchjob_operator.torchjob.initializers)
+    "Initializing": "waiting for the initializers before creating workers: {progress}",
+    "InitializerFailed": "the {kind} initializer ({uri}) failed: {detail}",
+    "InitializerSucceeded": "the {kind} initializer put {size} from {uri} into the volume",
+    "CreatedInitializer": "created initializer pod {pod} ({kind} from {uri})",
     # TorchTune studies (torchjob_operator.torchtune)
     "TrialPruned": "{trial}: {detail}",
     "TooManyFailedTrials": "{failed} trials failed, more than spec.maxFailedTrials={limit}",

@@ -16,6 +16,7 @@ from typing import Any
 from torchjob import contract
 from torchjob.api.models import API_VERSION, KIND, GangScheduler, GangSpec, TorchJobSpec
 from torchjob.rules.worker_env import worker_pod_env
+from torchjob_operator.resources.initializers import mount_in_worker
 
 DEFAULT_GRACE_PERIOD_S = 120
 """Seconds between SIGTERM and SIGKILL: time for rank 0 to write a checkpoint."""
@@ -180,6 +181,7 @@ def worker_pod(
                 ports.append(
                     {"name": "rdzv", "containerPort": contract.DEFAULT_RDZV_PORT, "protocol": "TCP"}
                 )
+    mount_in_worker(pod_spec, spec.initializers)
 
     return {
         "apiVersion": "v1",

@@ -109,6 +109,8 @@ def create(
     if dying is not None:
         raise dying  # the namespace takes the job with it: no FailedCreatePod, no Stalled
     probes = [b["metadata"]["name"] for b in decided.probes if kube.create_pod(b)]
+    for body in decided.initializers:  # spec.initializers: before any worker, never with one
+        kube.create_pod(body)
     return Created(
         service=made_service,
         accounts=tuple(kind for kind, made in rbac if made),

@@ -19,6 +19,7 @@ fields                                      set by
 ``standby_ready replaced relabel``          ``plan`` (after the lifecycle, KeepSurvivors)
 ``create``                                  ``plan`` (a generation's pods), ``elastic``
                                             (joiners)
+``initialize``                              ``initializing`` (the initialisers' pods)
 ``delete delete_job``                       ``plan``, ``ending``
 ``events requeue``                          every step adds (``also``), none removes
 ==========================================  ==============================================
@@ -35,6 +36,7 @@ from torchjob.api.models import FailureRecord, Phase, TorchJobSpec
 from torchjob.rules import Counters
 from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.events import Event
+from torchjob_operator.torchjob import initializers
 from torchjob_operator.torchjob.kueue import Gate
 from torchjob_operator.torchjob.observed import JobState, ProbeView
 
@@ -52,6 +54,8 @@ class JobView:
     created, since a new pod would share its name and DNS name."""
     kueue: Gate | None = None
     """The job's Kueue Workload (torchjob/kueue.py); None: Kueue does not manage the job."""
+    initializers: initializers.InitGate | None = None
+    """``spec.initializers`` decided (torchjob/initializers.py); None: the job has none."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,8 @@ class Plan:
     """Capacity probes to create (indices) before an elastic job grows."""
     relabel: tuple[str, ...] = ()
     """KeepSurvivors: pods kept from an earlier generation, to label with the current one."""
+    initialize: tuple[str, ...] = ()
+    """Initialiser pods to create (kinds: ``dataset``, ``model``)."""
 
     @property
     def phase(self) -> Phase:
@@ -121,6 +127,7 @@ class Decision:
     requeue: tuple[float, ...] = ()
     delete_job: bool = False
     relabel: tuple[str, ...] = ()
+    initialize: tuple[str, ...] = ()
 
     def but(self, **changes: Any) -> Decision:
         """This decision with ``changes`` (``dataclasses.replace``)."""

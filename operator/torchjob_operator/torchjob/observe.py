@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from torchjob.api.models import TorchJobSpec
 from torchjob_operator.engine.kube import Kube, KubeError
-from torchjob_operator.torchjob import admission, blueprint, kueue
+from torchjob_operator.torchjob import admission, blueprint, initializers, kueue
 from torchjob_operator.torchjob.decision import JobView
 from torchjob_operator.torchjob.observed import (
     JobState,
@@ -49,6 +49,7 @@ class Observed:
     """Why ``spec`` is None: ``InvalidSpec``, ``RuntimeNotFound``, ``InvalidRuntimeMerge``."""
     retry_after_s: float | None = None
     """When an invalid job looks again by itself (a missing blueprint); None: on a change."""
+    initializer_pods: tuple[initializers.InitPod, ...] = ()
 
     def view(self, spec: TorchJobSpec, gate: kueue.Gate | None) -> JobView:
         """What the planner is given: the job, with its Workload's ``gate``."""
@@ -61,6 +62,9 @@ class Observed:
             metadata_generation=meta.get("generation"),
             foreign_pods=self.foreign,
             kueue=gate,
+            initializers=initializers.decide_initializers(
+                spec, self.job.get("status"), self.initializer_pods
+            ),
         )
 
 
@@ -99,6 +103,9 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
         pods=tuple(v for v in (pod_view(p) for p in raw_pods) if v is not None),
         probes=tuple(v for v in (probe_view(p) for p in raw_pods) if v is not None),
         foreign=tuple(foreign),
+        initializer_pods=tuple(
+            v for v in (initializers.init_pod_view(p) for p in raw_pods) if v is not None
+        ),
         workload=_workload(kube, job, spec, state),
         pin=pin,
     )

@@ -67,6 +67,7 @@ from torchjob_operator.torchjob.ending import (
     succeed,
     suspend,
 )
+from torchjob_operator.torchjob.initializing import holds, initializing
 from torchjob_operator.torchjob.loss import after_loss, survives
 from torchjob_operator.torchjob.observed import JobState, PodView, ProbeView
 from torchjob_operator.torchjob.phase import active_phase
@@ -151,6 +152,9 @@ def plan(
     gate = job.kueue
     if gate is not None and not gate.admitted:
         return _plan(hold(d, pods, gate), pods, [])
+    init = job.initializers
+    if init is not None and holds(d, init):  # no worker before every initialiser succeeded
+        return _plan(initializing(d, pods, init), pods, [])
 
     if st.phase is None:
         d = d.transition(Phase.PENDING, *cond.say("WaitingForPodsCreation"))
@@ -292,6 +296,7 @@ def _plan(d: Decision, pods: Sequence[PodView], current: Sequence[PodView]) -> P
         # a third of the operator's idle requests, each answered 409 AlreadyExists).
         ensure_service=d.create is not None,
         relabel=d.relabel,
+        initialize=d.initialize,
     )
 
 

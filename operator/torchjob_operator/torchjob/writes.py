@@ -5,15 +5,16 @@ PodGroup). Pure; ``act`` sends them."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from torchjob.api.models import TorchJobSpec
 from torchjob_operator.common.events import Event
+from torchjob_operator.resources.initializers import initializer_pod
 from torchjob_operator.resources.pods import headless_service, pod_group, probe_pod, worker_pod
 from torchjob_operator.resources.rbac import worker_rbac
-from torchjob_operator.torchjob import kueue
+from torchjob_operator.torchjob import initializers, kueue
 from torchjob_operator.torchjob.decision import JobView, Plan
 from torchjob_operator.torchjob.observed import PodView, ProbeView
 from torchjob_operator.torchjob.plan import plan
@@ -29,6 +30,8 @@ class Decided:
     probes: tuple[dict[str, Any], ...]
     events: tuple[Event, ...]
     """The Workload's Events, then the plan's."""
+    initializers: tuple[dict[str, Any], ...] = ()
+    """The initialiser pods the plan creates (``spec.initializers``)."""
 
 
 def decide(
@@ -50,7 +53,21 @@ def decide(
         probe_pod(name=name, namespace=namespace, uid=uid, spec=spec, index=index)
         for index in decided.create_probes
     )
-    return Decided(decided, workers, probe_bodies, (*before, *decided.events))
+    init = view.initializers
+    inits: tuple[dict[str, Any], ...] = ()
+    init_events: tuple[Event, ...] = ()
+    if init is not None:  # the status records every initialiser's outcome, every pass
+        decided = replace(decided, status={**decided.status, "initializers": init.status()})
+        inits = tuple(
+            initializer_pod(name=name, namespace=namespace, uid=uid, spec=spec, kind=kind)
+            for kind in decided.initialize
+        )
+        init_events = (
+            *init.events,
+            *initializers.created_events(name, spec, decided.initialize),
+        )
+    events = (*before, *init_events, *decided.events)
+    return Decided(decided, workers, probe_bodies, events, inits)
 
 
 def worker_bodies(

@@ -246,6 +246,13 @@ def cmd_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_initialize(args: argparse.Namespace) -> int:
+    from torchjob.cli.initialize import run
+    from torchjob.rules.initializer import SOURCE_ROOT
+
+    return run(args.uri, args.target, args.source_root or SOURCE_ROOT)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -334,6 +341,19 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("job", help="TorchJob name")
     scale.add_argument("--replicas", type=int, required=True)
     scale.set_defaults(func=cmd_scale)
+
+    init = sub.add_parser(
+        "initialize",
+        help="fetch a dataset or model once into a directory (what spec.initializers runs)",
+        description="Fetch s3://bucket/key-or-prefix, hf://org/repo[@revision] or "
+        "pvc://claim/path into TARGET once; a marker makes a second run a no-op.",
+    )
+    init.add_argument("--uri", required=True, help="s3://..., hf://... or pvc://...")
+    init.add_argument("--target", required=True, help="directory to fetch into")
+    init.add_argument(
+        "--source-root", default=None, help="where a pvc:// claim is mounted (default: the pod's)"
+    )
+    init.set_defaults(func=cmd_initialize)
 
     tune = sub.add_parser("tune", help="TorchTune studies: submit, get, logs, delete")
     tsub = tune.add_subparsers(dest="tune_command", required=True, metavar="COMMAND")

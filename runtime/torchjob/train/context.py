@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-from torchjob.contract import PodEnv
+from torchjob.contract import DATASET_PATH, MODEL_PATH, PodEnv
 from torchjob.train import _session
 
 
@@ -46,6 +47,16 @@ class TrainContext:
     def get_generation(self) -> int:
         """Restart/rescale generation of the group (0 for the first)."""
         return self.generation
+
+    def get_dataset_path(self) -> str | None:
+        """Where the job's dataset initialiser put the dataset (``spec.initializers.dataset``,
+        ``TORCHJOB_DATASET_PATH``); None when the job has none."""
+        return os.environ.get(DATASET_PATH) or None
+
+    def get_model_path(self) -> str | None:
+        """Where the job's model initialiser put the model (``TORCHJOB_MODEL_PATH``); None
+        when the job has none."""
+        return os.environ.get(MODEL_PATH) or None
 
 
 def get_context() -> TrainContext:

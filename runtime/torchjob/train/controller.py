@@ -119,7 +119,7 @@ class Controller:
         if not self._leads():
             return None
         if self._storage is None:
-            self._storage = CheckpointStorage(self.run_url)
+            self._storage = record.open_storage(self.run_url, in_pod=self.pod is not None)
         return self._storage
 
     @property

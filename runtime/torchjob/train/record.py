@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchjob import contract
-from torchjob.checkpoint import CheckpointStorage, rank_checkpoints
+from torchjob.checkpoint import CheckpointError, CheckpointStorage, rank_checkpoints
 from torchjob.contract import PodEnv
 from torchjob.launch import LaunchError
 from torchjob.launch.termination import failure_message, write_termination_message
@@ -37,6 +37,18 @@ def run_location(run_config: RunConfig, pod: PodEnv | None) -> tuple[str, str]:
         name = f"TorchTrainer_{stamp}"
     root = run_config.storage_path or os.path.expanduser(DEFAULT_STORAGE)
     return name, f"{root.rstrip('/')}/{name}"
+
+
+def open_storage(url: str, *, in_pod: bool) -> CheckpointStorage:
+    """The run's checkpoint storage. On an object store the bucket is checked now; in a pod a
+    failure (bad credentials, a missing bucket: the error names it) is written as the
+    termination message, which the operator quotes in the job's status and Events."""
+    try:
+        return CheckpointStorage(url)
+    except CheckpointError as err:
+        if in_pod:
+            write_termination_message(contract.termination_message(f"CheckpointError: {err}"))
+        raise
 
 
 def shares_result(pod: PodEnv | None) -> bool:

@@ -21,6 +21,13 @@ from torchjob.api.models.base import CEL
 from torchjob.api.models.base import _cel as _cel
 from torchjob.api.models.base import _Model as _Model
 from torchjob.api.models.base import _Passthrough as _Passthrough
+from torchjob.api.models.initializers import (
+    INITIALIZER_KINDS,
+    InitializerSource,
+    InitializersSpec,
+    InitializerStatus,
+    InitializerVolume,
+)
 from torchjob.api.models.job import (
     API_VERSION,
     GROUP,
@@ -89,6 +96,7 @@ __all__ = [
     "DNS_SUBDOMAIN",
     "GPU_RESOURCE",
     "GROUP",
+    "INITIALIZER_KINDS",
     "JOB_NAME",
     "KIND",
     "LABEL_KEY",
@@ -122,6 +130,10 @@ __all__ = [
     "FailureRecord",
     "GangScheduler",
     "GangSpec",
+    "InitializerSource",
+    "InitializerStatus",
+    "InitializerVolume",
+    "InitializersSpec",
     "MembershipPolicy",
     "ObjectMeta",
     "ObjectMetaTemplate",

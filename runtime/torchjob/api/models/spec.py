@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from torchjob.api.models.base import CEL, _Model
+from torchjob.api.models.initializers import InitializersSpec
 from torchjob.api.models.limits import (
     GPU_RESOURCE,
     MAX_BACKOFF_FACTOR,
@@ -350,6 +351,11 @@ class TorchJobSpec(_Model):
             "Resolved once, when the job starts; status.runtime records which and its version."
         ),
         json_schema_extra={CEL: cel_of("TorchJobSpec", "runtimeRef")},
+    )
+    initializers: InitializersSpec | None = Field(
+        default=None,
+        description="A dataset and/or a model fetched once, on CPU pods, into a volume every "
+        "worker mounts, before any worker starts (docs/platform.md, Initialisers).",
     )
 
     @model_validator(mode="after")

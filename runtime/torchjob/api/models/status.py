@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, ValidationError
 
 from torchjob.api.models.base import _Model
+from torchjob.api.models.initializers import InitializerStatus
 
 
 class Phase(str, Enum):
@@ -146,6 +147,9 @@ class TorchJobStatus(_Model):
     runtime: RuntimeStatus | None = Field(
         default=None,
         description="spec.runtimeRef: the blueprint, its version and spec, pinned at start.",
+    )
+    initializers: list[InitializerStatus] | None = Field(
+        default=None, description="spec.initializers: each one's phase, bytes and message."
     )
 
     def rank_order(self) -> tuple[int, ...] | None:
