@@ -20,10 +20,20 @@ from kubernetes import client
 from tests import kube as k
 from tests.cluster import conftest
 from tests.cluster.operator_harness import Jobs, torchjob
-from tests.cluster.realnode import NODE_LABEL, REPO, TOLERATION, HelmOperator, RealNode, image
+from tests.cluster.realnode import (
+    NODE_LABEL,
+    REPO,
+    TOLERATION,
+    HelmOperator,
+    RealNode,
+    image,
+    s3_credentials,
+)
+from tests.e2e.train_job import TORN_EPOCH, TORN_INDEX
+from tests.s3 import S3, S3Server
 
 from torchjob import contract
-from torchjob.checkpoint import CheckpointStorage
+from torchjob.checkpoint import MANIFEST, MARKER, CheckpointStorage
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.realnode]
 
@@ -259,6 +269,152 @@ def test_keep_survivors_keeps_the_surviving_pod_and_the_replacement_joins(
     assert "this pod stays and waits for generation 1" in out0, out0
     assert re.search(r"resumed from epoch [23] at generation 1", out0), out0
     assert "done: 8 epochs, world size 2" in out0
+
+
+def s3_template(
+    storage: Path, env_from: dict[str, Any], *args: str, **kwargs: Any
+) -> dict[str, Any]:
+    """``real_template`` without its checkpoint volume (``storage`` is not mounted): the
+    object store is the one place the pods share, its identity from a Secret (``envFrom``)."""
+    template = real_template(storage, *args, **kwargs)
+    container = template["spec"]["containers"][0]
+    container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] == "scripts"]
+    template["spec"]["volumes"] = [v for v in template["spec"]["volumes"] if v["name"] == "scripts"]
+    container["envFrom"] = [env_from]
+    container["env"].append({"name": "HOME", "value": "/tmp"})
+    return template
+
+
+def test_keep_survivors_loses_rank_0_mid_upload_and_resumes_on_another_pod_from_s3(
+    real_jobs: Jobs, storage: Path, node_s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoints at s3://BUCKET/run on SeaweedFS (tests/s3.py), reached by the pods at the
+    host's address, credentials from a Secret. Rank 0 (pod 0) commits epochs 0 to 3, then dies
+    in the middle of saving checkpoint 900 (files and manifest uploaded, no commit marker): it
+    is evicted while it waits there. The other pod survives, generation 1 resumes from epoch
+    3's committed checkpoint read from the bucket, never from the torn 900, and goes on
+    committing past it."""
+    bucket = node_s3.make_bucket()
+    s3 = S3(node_s3, bucket, monkeypatch)
+    s3.use(node_s3.env())
+    creds = s3_credentials(real_jobs.core, real_jobs.ns, node_s3)
+    epochs, torn_at = 8, 3
+    real_jobs.apply(
+        torchjob(
+            "s3keep",
+            replicas=2,
+            backend="gloo",
+            membershipPolicy="KeepSurvivors",
+            template=s3_template(
+                storage,
+                creds,
+                str(epochs),
+                "-1",
+                "0.2",
+                grace=3,
+                env={"TORCHJOB_E2E_TORN_AT": str(torn_at)},
+            ),
+            checkpoint={"path": s3.url("run")},
+            failurePolicy={"maxRestarts": 0},
+        )
+    )
+    pods = real_jobs.wait_running_pods("s3keep", 2, generation=0, timeout=240)
+    lost = next(p for p in pods if p.metadata.name == "s3keep-worker-0")
+    fs = node_s3.fs()
+    torn = f"{bucket}/run/checkpoint_{TORN_INDEX:06d}"
+
+    reader = CheckpointStorage(s3.url("run"))
+
+    def torn_uploaded() -> bool:
+        # Both: epoch 3's checkpoint commits in the background while the torn save uploads.
+        fs.invalidate_cache()
+        committed = [c.metrics.get("epoch") for c in reader.list_committed()]
+        return torn_at in committed and fs.exists(f"{torn}/{MANIFEST}")
+
+    k.wait_for(
+        torn_uploaded,
+        300,
+        lambda: f"epoch {torn_at} committed, {torn} uploaded\n{real_jobs.describe('s3keep')}",
+        interval=1.0,
+    )
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="s3keep-worker-0"))
+    real_jobs.core.create_namespaced_pod_eviction("s3keep-worker-0", real_jobs.ns, eviction)
+
+    status = wait_finished(real_jobs, "s3keep")
+    out = {p.metadata.name: logs(real_jobs, p.metadata.name) for p in real_jobs.pods("s3keep")}
+    assert status["phase"] == "Succeeded", f"{real_jobs.describe('s3keep')}\n{out}"
+    assert (status["restarts"], status["disruptions"], status["currentGeneration"]) == (0, 1, 1)
+    # Generation 1's rank 0 (status.members[0]; pods in index order when absent) is another
+    # pod than the rank 0 lost: a new pod 0, or the survivor.
+    lead = f"s3keep-worker-{(status.get('members') or [0])[0]}"
+    pod = real_jobs.core.read_namespaced_pod(lead, real_jobs.ns)
+    assert pod.metadata.uid != lost.metadata.uid, "rank 0 resumed on another pod"
+    assert f"resumed from epoch {torn_at} at generation 1" in out[lead], out[lead]
+    assert f"done: {epochs} epochs, world size 2" in out[lead], out[lead]
+
+    # The bucket, read from the test: the torn save is there without its marker, and what
+    # generation 1 loaded is the latest committed checkpoint below it.
+    fs.invalidate_cache()
+    left = fs.find(torn)
+    assert f"{torn}/{MANIFEST}" in left and f"{torn}/{MARKER}" not in left, left
+    assert torch_load(fs.cat_file(f"{torn}/state.pt"))["epoch"] == TORN_EPOCH
+    committed = reader.list_committed()
+    before = [c for c in committed if c.index < TORN_INDEX]
+    after = [c for c in committed if c.index > TORN_INDEX]
+    assert TORN_INDEX not in [c.index for c in committed], committed
+    assert before[-1].metrics["epoch"] == torn_at, before
+    assert (
+        torch_load(fs.cat_file(f"{bucket}/run/{Path(before[-1].path).name}/state.pt"))["epoch"]
+        == torn_at
+    )
+    assert [c.metrics["epoch"] for c in after] == list(range(torn_at + 1, epochs)), after
+    reported = (status.get("progress") or {}).get("lastCheckpoint") or ""
+    assert reported.startswith(s3.url("run", "checkpoint_")), status
+
+
+def test_bad_s3_credentials_fail_the_job_at_start_naming_the_bucket(
+    real_jobs: Jobs, storage: Path, node_s3: S3Server
+) -> None:
+    """A Secret with a wrong secret key: rank 0's pod fails before training, and the user
+    reads why (the bucket named, the credentials to check) in the job's status, its
+    WorkerFailed Event and ``kubectl describe tj``."""
+    bucket = node_s3.make_bucket()
+    creds = s3_credentials(
+        real_jobs.core, real_jobs.ns, node_s3, AWS_SECRET_ACCESS_KEY="not-the-secret"
+    )
+    real_jobs.apply(
+        torchjob(
+            "s3bad",
+            replicas=1,
+            backend="gloo",
+            template=s3_template(storage, creds, "4", "-1"),
+            checkpoint={"path": f"s3://{bucket}/run"},
+            failurePolicy={"maxRestarts": 0},
+        )
+    )
+    status = wait_finished(real_jobs, "s3bad", timeout=300)
+    assert status["phase"] == "Failed", real_jobs.describe("s3bad")
+    said = f"access to bucket '{bucket}' denied"
+    failure = status["lastFailure"]
+    assert failure["pod"] == "s3bad-worker-0" and said in failure["message"], failure
+    assert "AWS_SECRET_ACCESS_KEY" in failure["message"], failure
+    k.wait_for(
+        lambda: any(said in (e.message or "") for e in real_jobs.events("s3bad")),
+        30,
+        lambda: f"an Event saying {said!r}\n{real_jobs.describe('s3bad')}",
+        interval=0.5,
+    )
+    described = real_jobs.kubectl("describe", "tj", "s3bad").stdout
+    assert said in described, described
+    assert "rank 0 of" not in logs(real_jobs, "s3bad-worker-0"), "no worker started"
+
+
+def torch_load(data: bytes) -> Any:
+    import io
+
+    import torch
+
+    return torch.load(io.BytesIO(data))
 
 
 def test_the_ray_train_quickstart_runs_as_a_torchjob(real_jobs: Jobs, storage: Path) -> None:

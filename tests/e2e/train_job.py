@@ -11,6 +11,10 @@ CRASH_AT -1 never crashes; EPOCH_SECONDS slows each epoch down (a test can then
 preempt a pod mid-run). With TORCHJOB_E2E_CRASH=raise, rank 1 raises instead of exiting.
 With TORCHJOB_E2E_HOLD_UNTIL_GENERATION=N the last epoch waits (reporting) until the job
 runs generation N, so a test's membership changes happen before training ends.
+With TORCHJOB_E2E_TORN_AT=K, rank 0 of generation 0, after epoch K's report (its checkpoint
+commits in the background), starts saving checkpoint TORN_INDEX itself (a state that says
+epoch TORN_EPOCH) and stops after the files and the manifest, before the commit marker: it
+waits there until its pod is killed, a rank 0 lost in the middle of an upload.
 """
 
 from __future__ import annotations
@@ -23,8 +27,28 @@ import time
 
 import torch
 
+from torchjob import contract
+from torchjob.checkpoint import CheckpointStorage
 from torchjob.train import Checkpoint, RunConfig, ScalingConfig, get_checkpoint, get_context, report
 from torchjob.train.torch import TorchTrainer, prepare_model
+
+TORN_INDEX = 900
+TORN_EPOCH = 999
+
+
+def _save_torn(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    """Checkpoint TORN_INDEX uploaded up to its manifest; this process never writes its marker."""
+
+    def lost() -> None:
+        print(f"rank 0 uploaded checkpoint {TORN_INDEX} without its marker; waiting", flush=True)
+        while True:
+            time.sleep(60)
+
+    storage = CheckpointStorage(os.environ[contract.CHECKPOINT_PATH])
+    with tempfile.TemporaryDirectory() as d:
+        state = {"model": model.state_dict(), "opt": opt.state_dict(), "epoch": TORN_EPOCH}
+        torch.save(state, os.path.join(d, "state.pt"))
+        storage.commit(d, metrics={"epoch": TORN_EPOCH}, index=TORN_INDEX, verify=lost)
 
 
 def train_func(config: dict) -> None:
@@ -94,6 +118,10 @@ def train_func(config: dict) -> None:
                     os.path.join(d, "state.pt"),
                 )
                 report(metrics, checkpoint=Checkpoint.from_directory(d))
+            if os.environ.get("TORCHJOB_GENERATION") == "0" and epoch == int(
+                os.environ.get("TORCHJOB_E2E_TORN_AT", "-1")
+            ):
+                _save_torn(getattr(model, "module", model), opt)
         else:
             report(metrics)
     if ctx.get_world_rank() == 0:
