@@ -59,6 +59,9 @@ TUNE_CONFIG: Final = "TORCHJOB_TUNE_CONFIG"
 ``TorchTrainer`` in the pod merges it into its ``train_loop_config``."""
 TUNE_TRIAL: Final = "TORCHJOB_TUNE_TRIAL"
 """The trial id of a tuning trial's TorchJob."""
+MLFLOW_AUTOLOG: Final = "TORCHJOB_MLFLOW_AUTOLOG"
+"""``false`` turns off the MLflow logging that ``MLFLOW_TRACKING_URI`` in a pod's env turns on
+(rank 0's driver logs every report and checkpoint URI: ``torchjob.train.tracking``)."""
 
 # --- standard torch / torchrun variables ---------------------------------------
 MASTER_ADDR: Final = "MASTER_ADDR"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -72,6 +73,7 @@ def _accepts_config(fn: Callable[..., Any]) -> bool:
 def run_training(spec: WorkerSpec) -> WorkerOutcome:
     info = worker_info()
     assert info is not None, "run_training runs inside a torchjob worker"
+    os.environ.update(spec.env)
     payload = _broadcast(_load_resume(spec) if info.rank == 0 else None, info.world_size)
     if payload[0] == "error":
         raise CheckpointError(payload[1], payload[2])

@@ -77,6 +77,7 @@ from torchjob.api.models.status import (
     Phase,
     Progress,
     TorchJobStatus,
+    Tracking,
 )
 from torchjob.api.models.template import Container, ObjectMetaTemplate, PodSpec, PodTemplateSpec
 
@@ -134,5 +135,6 @@ __all__ = [
     "TorchJob",
     "TorchJobSpec",
     "TorchJobStatus",
+    "Tracking",
     "parse_quantity",
 ]

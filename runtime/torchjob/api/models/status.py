@@ -64,6 +64,22 @@ class Progress(_Model):
     update_time: str | None = None
 
 
+class Tracking(_Model):
+    """The experiment-tracking run of the job, written by rank 0's pod (``torchjob.train.tracking``):
+    every generation logs into this run."""
+
+    model_config = ConfigDict(extra="allow")
+
+    backend: str | None = Field(default=None, description="mlflow")
+    run_id: str | None = Field(default=None, description="The MLflow run of this job.")
+    experiment_id: str | None = None
+    tracking_uri: str | None = Field(default=None, description="Without credentials.")
+    wandb_run_id: str | None = None
+    error: str | None = Field(
+        default=None, description="Why nothing is tracked (the server named could not be reached)."
+    )
+
+
 class TorchJobStatus(_Model):
     model_config = ConfigDict(extra="allow")
 
@@ -127,6 +143,7 @@ class TorchJobStatus(_Model):
     start_time: str | None = None
     completion_time: str | None = None
     progress: Progress | None = None
+    tracking: Tracking | None = None
 
     def rank_order(self) -> tuple[int, ...] | None:
         """``members`` when it is a usable rank order (``replicas`` distinct, non-negative pod
@@ -138,8 +155,9 @@ class TorchJobStatus(_Model):
 
     def to_patch(self) -> dict[str, Any]:
         """The operator's JSON merge patch of ``/status``: every field it owns, ``None`` as an
-        explicit null (which clears it), and ``progress`` left out: the pod's agent owns it."""
-        return self.model_dump(by_alias=True, mode="json", exclude={"progress"})
+        explicit null (which clears it), and ``progress`` and ``tracking`` left out: the pod's agent
+        owns them."""
+        return self.model_dump(by_alias=True, mode="json", exclude={"progress", "tracking"})
 
     @classmethod
     def parse(cls, status: Mapping[str, Any] | None) -> TorchJobStatus:
