@@ -61,6 +61,9 @@ TUNE_TRIAL: Final = "TORCHJOB_TUNE_TRIAL"
 """The trial id of a tuning trial's TorchJob."""
 DATASET_PATH: Final = "TORCHJOB_DATASET_PATH"  # where spec.initializers put the dataset,
 MODEL_PATH: Final = "TORCHJOB_MODEL_PATH"  # and the model (each set only when the job has it)
+MLFLOW_AUTOLOG: Final = "TORCHJOB_MLFLOW_AUTOLOG"
+"""``false`` turns off the MLflow logging that ``MLFLOW_TRACKING_URI`` in a pod's env turns on
+(rank 0's driver logs every report and checkpoint URI: ``torchjob.train.tracking``)."""
 
 # --- standard torch / torchrun variables ---------------------------------------
 MASTER_ADDR: Final = "MASTER_ADDR"

@@ -7,8 +7,8 @@ Plain values, below both sides: the controller and ``_worker_loop`` build and re
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -31,6 +31,9 @@ class WorkerSpec:
     """Rank 0's reports of earlier generations of this ``fit`` (KeepSurvivors)."""
     async_commit: bool = True
     """``CheckpointConfig.async_commit``: rank 0 commits reported checkpoints in the background."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Set in every worker's environment before the training function runs (the driver's
+    MLflow run: ``MLFLOW_RUN_ID``, so ``setup_mlflow`` joins it)."""
 
 
 @dataclass(frozen=True)

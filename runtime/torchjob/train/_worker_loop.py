@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -80,6 +81,7 @@ def _accepts_config(fn: Callable[..., Any]) -> bool:
 def run_training(spec: WorkerSpec) -> WorkerOutcome:
     info = worker_info()
     assert info is not None, "run_training runs inside a torchjob worker"
+    os.environ.update(spec.env)
     # The survivors' memory first: storage is read only when no rank holds a restore point.
     restored = restore_point.agree(spec.run_path, info.rank, info.world_size)
     if restored is not None:

@@ -64,6 +64,7 @@ from torchjob.train.steps import (
     TrainerSettings,
 )
 from torchjob.train.survivors import RestorePoints
+from torchjob.train.tracking import RunTracking
 from torchjob.train.workers import Workers
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ class Controller:
         self._endpoint = JobEndpoint.from_env(pod) if pod is not None else None
         self._job_status: JobStatusReporter | None = None
         self.mode = choose_mode(trainer, pod, self._endpoint)
+        self.tracking = RunTracking.of(trainer, self.name, self.run_url, pod, self._endpoint)
         self.workers = Workers(trainer, heals=pod is None)
 
     # --- what rank 0's pod does ------------------------------------------------------------
@@ -139,6 +141,7 @@ class Controller:
             self.run_url,
             share_result=shares_result(self._pod_now()),
             history=self.record.history,
+            env=self.tracking.env,
         )
 
     def _published(self) -> Membership | None:
@@ -197,14 +200,17 @@ class Controller:
         config = self.t.train_loop_config or {}
         total = config.get("epochs", config.get("num_epochs"))
         enabled = self.t.run_config.progress and self.pod is None
+        failed = True
         try:
             with ProgressView(
                 enabled=enabled, total_epochs=total if isinstance(total, int) else None
             ) as view:
-                return self._loop(view)
+                result, failed = self._loop(view), False
+                return result
         finally:
             restore()
             self.workers.release()
+            self.tracking.end(failed=failed)
             _session.set_fit_led(self._leads())
             if self._job_status is not None:
                 self._job_status.close()
@@ -285,6 +291,8 @@ class Controller:
         pod = self._pod_now()
         self.record.world_sizes.append(state.num_workers if pod is None else pod.world_size)
         view.generation(state.generation, state.num_workers)
+        if self._leads():
+            self.tracking.start()  # experiment tracking: once, on the driver of rank 0
         placement, env = workers.placement(pod, state)
         history = self.record.history
         current = state
@@ -294,6 +302,7 @@ class Controller:
 
         def on_event(_rank: int, event: dict[str, Any]) -> None:
             nonlocal current
+            self.tracking.event(event)
             if points.on_event(event, group, view):
                 return
             if event.get("type") == "checkpoint":  # a background commit finished

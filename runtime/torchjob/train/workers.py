@@ -9,7 +9,7 @@ for a membership change, and re-formed in place for the next generation.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torchjob import contract
@@ -44,6 +44,7 @@ def worker_spec(
     *,
     share_result: bool,
     history: Sequence[dict[str, Any]],
+    env: Mapping[str, str] | None = None,
 ) -> WorkerSpec:
     """What every worker of a generation runs: the training function and where it keeps
     its checkpoints, and the reports of the generations before."""
@@ -62,6 +63,7 @@ def worker_spec(
         share_result=share_result,
         history_before=tuple(history),
         async_commit=cc.async_commit,
+        env=dict(env or {}),
     )
 
 

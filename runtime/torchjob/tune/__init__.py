@@ -19,6 +19,7 @@ operator runs, every trial a TorchJob (``attach(name)`` follows it again); see d
 """
 
 from torchjob.search.domains import choice, grid_search, loguniform, randint, uniform
+from torchjob.tracking.callback import Callback
 from torchjob.tune.analysis import TuneError, run
 from torchjob.tune.cluster import Study, attach, study_manifest, submit
 from torchjob.tune.result import ExperimentAnalysis, Result, ResultGrid, Trial
@@ -36,6 +37,7 @@ from torchjob.tune.trainables import DistributedTrainable, DistributedTrainableC
 from torchjob.tune.tuner import RunConfig, TuneConfig, Tuner
 
 __all__ = [
+    "Callback",
     "DistributedTrainable",
     "DistributedTrainableCreator",
     "ExperimentAnalysis",

@@ -54,6 +54,7 @@ def run(
     verbose: int = 1,
     raise_on_failed_trial: bool = True,
     tune_config: TuneConfig | None = None,
+    callbacks: list[Any] | None = None,
     **unsupported: Any,
 ) -> ExperimentAnalysis:
     """Ray Tune's ``tune.run``: search ``config`` with ``run_or_experiment``; see docs/sgd.md.
@@ -65,7 +66,8 @@ def run(
     TorchTune the operator runs). ``resources_per_trial={"num_workers": 4, "gpu": 1}`` sizes
     a distributed trial (``replicas``/``nproc_per_node`` for cluster trials); ``scheduler``
     is ``"median"`` or an optuna pruner (cluster: a name or a TorchTune ``spec.pruner``
-    dict); ``local_dir`` is ``storage_path``.
+    dict); ``local_dir`` is ``storage_path``; ``callbacks`` are Ray Tune's (``tune.Callback``,
+    ``MLflowLoggerCallback``, ``TBXLoggerCallback`` ...).
     Raises ``TuneError`` when a trial failed, unless ``raise_on_failed_trial=False``.
     """
     ignored = {"checkpoint_freq", "checkpoint_at_end", "keep_checkpoints_num", "progress_reporter"}
@@ -85,7 +87,13 @@ def run(
             "seed": seed if seed is not None else base.seed,
         }
     )
-    rc = RunConfig(name=name, storage_path=storage_path or local_dir, stop=stop, verbose=verbose)
+    rc = RunConfig(
+        name=name,
+        storage_path=storage_path or local_dir,
+        stop=stop,
+        verbose=verbose,
+        callbacks=callbacks,
+    )
     tuner = Tuner(
         run_or_experiment,
         param_space=config,

@@ -29,6 +29,7 @@ from typing import Any
 from torchjob.search import domains
 from torchjob.search.metrics import metric_key, metric_value
 from torchjob.search.strategy import LOCAL_PRUNERS, LOCAL_SAMPLER_NAMES, named
+from torchjob.tracking.callback import Callbacks, TrialInfo
 from torchjob.tune import cluster, trainables
 from torchjob.tune.result import ERROR, PRUNED, TERMINATED, Result, ResultGrid
 from torchjob.tune.session import CONTINUE, PRUNE, STOP, Reporter, TrialPruned, TrialStopped
@@ -89,6 +90,9 @@ class RunConfig:
     storage_path: str | None = None
     stop: Mapping[str, float] | Callable[[dict[str, Any]], bool] | None = None
     verbose: int = 1
+    callbacks: list[Any] | None = None
+    """Ray Tune's callbacks (``tune.Callback``: ``MLflowLoggerCallback``, ``TBXLoggerCallback``
+    ...), called in this process for every trial; one that raises is logged and skipped."""
 
 
 class Tuner:
@@ -196,6 +200,8 @@ class Tuner:
         root.mkdir(parents=True, exist_ok=True)
         optuna_study = self._study()
         lock = threading.Lock()
+        self._callbacks = Callbacks(self.run_config.callbacks)
+        self._callbacks.setup(stop=self.run_config.stop, num_samples=tc.num_samples)
         plan = [point for point in domains.grid(self.param_space) for _ in range(tc.num_samples)]
         results: list[Result | None] = [None] * len(plan)
 
@@ -219,6 +225,7 @@ class Tuner:
             with ThreadPoolExecutor(max_workers=tc.max_concurrent_trials) as pool:
                 for f in [pool.submit(run, i) for i in range(len(plan))]:
                     f.result()
+        self._callbacks.experiment_end()
         return ResultGrid([r for r in results if r is not None], tc.metric, tc.mode)
 
     def _tell(self, study: Any, otrial: Any, result: Result) -> None:
@@ -239,6 +246,8 @@ class Tuner:
     ) -> Result:
         path.mkdir(parents=True, exist_ok=True)
         result = Result(trial_id=trial_id, config=config, path=str(path))
+        trial = TrialInfo(trial_id, config=config, local_path=str(path), trial_name=path.name)
+        self._callbacks.trial_start(trial)
         metric = self.tune_config.metric
         stop = self.run_config.stop
 
@@ -248,6 +257,7 @@ class Tuner:
             metrics.setdefault("trial_id", trial_id)
             result.metrics_history.append(metrics)
             result.metrics = metrics
+            self._callbacks.trial_result(trial, metrics)
             key = metric_key(metric, metrics) if metric is not None else None
             if key is not None and key in metrics:
                 with lock:
@@ -288,6 +298,9 @@ class Tuner:
             from torchjob.train.checkpoint import Checkpoint
 
             result.checkpoint = Checkpoint(reporter.checkpoint)
+        if result.checkpoint is not None:
+            self._callbacks.checkpoint(trial, result.checkpoint)
+        self._callbacks.trial_end(trial, failed=result.status == ERROR)
         return result
 
     def _study_manifest(self) -> dict[str, Any]:
@@ -304,6 +317,11 @@ class Tuner:
         if tc.metric is None or tc.mode is None:
             raise ValueError(
                 "TuneConfig(backend='cluster') needs metric= and mode=: the TorchTune's objective"
+            )
+        if self.run_config.callbacks:
+            raise ValueError(
+                "RunConfig.callbacks: a TorchTune's trials run in their own pods; set "
+                "MLFLOW_TRACKING_URI in the template's env to track each trial (docs/platform.md)"
             )
         if self.run_config.stop is not None:
             raise ValueError(
@@ -352,4 +370,5 @@ def _as_run_config(run_config: Any) -> RunConfig:
         name=getattr(run_config, "name", None),
         storage_path=getattr(run_config, "storage_path", None),
         stop=getattr(run_config, "stop", None),
+        callbacks=getattr(run_config, "callbacks", None),
     )

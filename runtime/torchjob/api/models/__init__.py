@@ -86,6 +86,7 @@ from torchjob.api.models.status import (
     Progress,
     RuntimeStatus,
     TorchJobStatus,
+    Tracking,
 )
 from torchjob.api.models.template import Container, ObjectMetaTemplate, PodSpec, PodTemplateSpec
 
@@ -151,5 +152,6 @@ __all__ = [
     "TorchJob",
     "TorchJobSpec",
     "TorchJobStatus",
+    "Tracking",
     "parse_quantity",
 ]

@@ -81,6 +81,22 @@ class RuntimeStatus(_Model):
     )
 
 
+class Tracking(_Model):
+    """The experiment-tracking run of the job, written by rank 0's pod (``torchjob.train.tracking``):
+    every generation logs into this run."""
+
+    model_config = ConfigDict(extra="allow")
+
+    backend: str | None = Field(default=None, description="mlflow")
+    run_id: str | None = Field(default=None, description="The MLflow run of this job.")
+    experiment_id: str | None = None
+    tracking_uri: str | None = Field(default=None, description="Without credentials.")
+    wandb_run_id: str | None = None
+    error: str | None = Field(
+        default=None, description="Why nothing is tracked (the server named could not be reached)."
+    )
+
+
 class TorchJobStatus(_Model):
     model_config = ConfigDict(extra="allow")
 
@@ -151,6 +167,7 @@ class TorchJobStatus(_Model):
     initializers: list[InitializerStatus] | None = Field(
         default=None, description="spec.initializers: each one's phase, bytes and message."
     )
+    tracking: Tracking | None = None
 
     def rank_order(self) -> tuple[int, ...] | None:
         """``members`` when it is a usable rank order (``replicas`` distinct, non-negative pod
@@ -162,9 +179,11 @@ class TorchJobStatus(_Model):
 
     def to_patch(self) -> dict[str, Any]:
         """The operator's JSON merge patch of ``/status``: every field it owns, ``None`` as an
-        explicit null (which clears it), and ``progress`` left out: the pod's agent owns it
-        (``runtime`` too: written once, when the blueprint is pinned)."""
-        return self.model_dump(by_alias=True, mode="json", exclude={"progress", "runtime"})
+        explicit null (which clears it), and ``progress`` and ``tracking`` left out: the pod's
+        agent owns them (``runtime`` too: written once, when the blueprint is pinned)."""
+        return self.model_dump(
+            by_alias=True, mode="json", exclude={"progress", "runtime", "tracking"}
+        )
 
     @classmethod
     def parse(cls, status: Mapping[str, Any] | None) -> TorchJobStatus:

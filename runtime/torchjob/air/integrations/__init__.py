@@ -1,0 +1,2 @@
+"""``ray.air.integrations``: ``mlflow`` (``setup_mlflow``, ``MLflowLoggerCallback``) and
+``wandb`` (``setup_wandb``, ``WandbLoggerCallback``)."""
