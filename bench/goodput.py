@@ -13,13 +13,17 @@ running worker pod every ``--mtbf`` seconds (+-20 % jitter, seeded), ``--evictio
 Per policy (``RecreateGroup``, ``KeepSurvivors``, ``Elastic`` = KeepSurvivors with
 ``elastic.minReplicas = replicas - 1``, ``Standby`` = that with ``elastic.standbyReplicas``
 (``--standby``, default 1) and ``shrinkOnDisruption``) and per mode it prints (the storm hits
-pods that train, the members of the current generation, never a standby):
+every running pod of the job, standbys included, each at the same rate):
 
-- goodput: committed samples / (ideal rate x the same wall time). The ideal rate is measured in
-  the same invocation by a row without evictions (same job, full size): its committed samples
-  over its wall time. Wall time runs from the job's first step to the end of the row, when the
-  bench deletes the TorchJob; the workers then stop at ``should_stop()`` and commit, so
-  "committed" includes the steps done up to the end;
+- goodput: committed samples / (ideal rate x the same wall time), the median [min-max] over
+  ``--repeats`` runs. Each system's ideal rate (torchjob's, and Kubeflow's when it runs) is
+  measured in the same invocation by its own row without evictions (same job, full size): its
+  committed samples over its wall time. Wall time runs from the job's first step to the end of
+  the row, when the bench deletes the job; "committed" is the latest committed checkpoint read
+  from storage, so the final one (whose ``report()`` raises once the job is stopped, before
+  the worker's ``commit`` event) counts too. The pure accounting is bench/goodput_accounting.py;
+- goodput per pod paid: goodput x workers / (workers + standbys), and the pod count;
+- a timeline per row (``--out``, SVG): rank 0's steps/s over time, each eviction marked;
 - recovery p50/p95: eviction -> the first step of the new membership (rank 0's step event);
 - lost steps: steps done before an eviction that the next membership did not resume from;
 - restarts charged (``status.restarts``) and disruptions (``status.disruptions``);
@@ -74,6 +78,9 @@ from tests.cluster.realnode import (  # noqa: E402
 )
 
 from torchjob.api.models import GROUP, PLURAL, VERSION  # noqa: E402
+
+sys.path.insert(0, str(REPO / "bench"))
+import goodput_accounting as acc  # noqa: E402
 
 WORKER = REPO / "bench" / "_goodput_worker.py"
 TORCHRUN_WORKER = REPO / "bench" / "_goodput_torchrun.py"
@@ -276,25 +283,46 @@ class Row:
     """TorchJob: ``status.restarts``; Kubeflow: container restarts of the pods left at the end."""
     disruptions: int | None = 0
     note: str = ""
+    workers: int = 0
+    standbys: int = 0
+    step_times: list[float] = field(default_factory=list)
+    """Wall-clock times of rank 0's steps (the timeline)."""
+    t_first: float = 0.0
+
+    def pods_label(self) -> str:
+        return str(self.workers + self.standbys)
+
+    def figures(self) -> acc.RowFigures:
+        return acc.RowFigures(
+            self.policy, self.mode, self.committed, self.wall, self.workers, self.standbys
+        )
 
 
 def running_pods(core: Any, ns: str, custom: Any = None) -> list[Any]:
-    """Running pods that train: for a TorchJob (``custom`` given) the members of its current
-    generation (``status.members``), not standbys waiting to join; every pod for Kubeflow."""
-    members: set[str] | None = None
-    if custom is not None:
-        status = (
-            custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, JOB).get("status") or {}
-        )
-        ranked = status.get("members") or list(range(status.get("replicas") or 0))
-        members = {str(i) for i in ranked}
+    """Every running pod of the job, standbys included: a spot reclaim does not know which pod
+    trains, so each pod is preempted at the same rate (``acc.pick_victim``). ``custom`` is
+    kept for the callers' signature."""
     return [
         p
         for p in core.list_namespaced_pod(ns).items
-        if p.metadata.deletion_timestamp is None
-        and p.status.phase == "Running"
-        and (members is None or (p.metadata.labels or {}).get("torchjob.io/pod-index") in members)
+        if p.metadata.deletion_timestamp is None and p.status.phase == "Running"
     ]
+
+
+def storage_metrics(storage: Path) -> list[dict[str, Any]]:
+    """The metrics of every committed checkpoint under ``storage`` (the checkpoint path or a
+    run directory below it): the final checkpoint counts even when its ``commit`` event was
+    never written (a stopped job's last ``report()`` raises after committing)."""
+    from torchjob.checkpoint import CheckpointStorage
+
+    found: list[dict[str, Any]] = []
+    candidates = [storage, *(d for d in storage.rglob("*") if d.is_dir() and d.name[0] != ".")]
+    for d in candidates:
+        try:
+            found.extend(dict(c.metrics) for c in CheckpointStorage(str(d)).list_committed())
+        except Exception:  # not a checkpoint directory
+            continue
+    return found
 
 
 def hard_kill(pod: Any) -> int:
@@ -348,7 +376,9 @@ def run_row(
     index: int,
 ) -> Row:
     ns = f"goodput-{args.run_id}-{index}"
-    row = Row(policy, mode)
+    row = Row(
+        policy, mode, workers=args.replicas, standbys=args.standby if policy == "Standby" else 0
+    )
     core.create_namespace({"metadata": {"name": ns}})
     k.wait_for(lambda: _has_default_sa(core, ns), 60, f"the default ServiceAccount in {ns}")
     base = Path(tempfile.mkdtemp(prefix=f"tj-goodput-{index}-"))
@@ -397,7 +427,7 @@ def run_row(
                 lambda: running_pods(core, ns, trains) or None, args.start_timeout, "a running pod"
             )
             pods = running_pods(core, ns, trains)
-        victim = rng.choice(sorted(pods, key=lambda p: p.metadata.name))
+        victim = acc.pick_victim(pods, rng, name=lambda p: p.metadata.name)
         steps = [e for e in read_events(events) if e["ev"] == "step"]
         gen = max(e["gen"] for e in steps)
         rec = Recovery(time.time(), victim.metadata.name, gen, steps[-1]["step"])
@@ -471,9 +501,11 @@ def run_row(
         row.restarts, row.disruptions = status.get("restarts", 0), status.get("disruptions", 0)
         cluster.kubectl("-n", ns, "delete", "torchjobs", JOB, "--wait=false")
     k.wait_for(lambda: not core.list_namespaced_pod(ns).items, args.grace + 120, "pods gone")
-    commits = [e for e in read_events(events) if e["ev"] == "commit"]
-    row.committed = max((e["samples"] for e in commits), default=0)
+    all_events = read_events(events)
+    row.committed = acc.committed_samples(all_events, storage_metrics(storage))
     row.wall = t_end - t_first
+    row.t_first = t_first
+    row.step_times = [e["t"] for e in all_events if e["ev"] == "step" and e["t"] <= t_end]
     watch.stop()
     core.delete_namespace(ns)
     return row
@@ -495,51 +527,86 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
-def report(args: argparse.Namespace, baseline: Row, rows: list[Row]) -> None:
-    rate = baseline.committed / baseline.wall if baseline.wall else float("nan")
+def write_timelines(out: Path, rows: list[Row]) -> list[Path]:
+    """One SVG per row: steps/s over time (5 s buckets), each eviction marked."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, r in enumerate(rows):
+        if not r.wall:
+            continue
+        points = acc.timeline(r.step_times, r.t_first, r.t_first + r.wall, bucket=5.0)
+        marks = [x.t_evict - r.t_first for x in r.recoveries]
+        title = f"{r.policy}/{r.mode}, {r.pods_label()}: rank 0's steps/s, evictions in red"
+        path = out / f"{i:02d}-{r.policy}-{r.mode}.svg"
+        path.write_text(acc.timeline_svg(title, points, marks))
+        paths.append(path)
+    return paths
+
+
+def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> None:
+    """The table: one line per (policy, mode), the median [min-max] over the repeats."""
+    ideal = acc.ideal_rates(r.figures() for r in baselines)
     nominal = args.replicas * args.batch / args.step_seconds
     print()
     print(
-        f"goodput under preemption: {args.replicas} pods x 1 gloo worker, {args.step_seconds}s "
-        f"steps, checkpoint every {args.ckpt_every} steps and on should_stop(), grace "
-        f"{args.grace}s, a random worker every {args.mtbf}s (+-20%), {args.evictions} per row"
+        f"goodput under preemption: {args.replicas} worker pods x 1 gloo worker, "
+        f"{args.step_seconds}s steps, checkpoint every {args.ckpt_every} steps and on "
+        f"should_stop(), grace {args.grace}s, a random running pod of the job (standbys "
+        f"included) every {args.mtbf}s (+-20%), {args.evictions} per row, {args.repeats} repeat(s)"
     )
-    print(
-        f"ideal rate (no evictions, {baseline.wall:.0f}s): {rate:.1f} samples/s "
-        f"({rate / nominal:.2f} of the nominal {nominal:.0f}/s)"
-    )
+    for system, rate in sorted(ideal.items()):
+        walls = [b.wall for b in baselines if acc.system_of(b.policy) == system]
+        print(
+            f"ideal rate of {system} (its own baseline row, no evictions, "
+            f"{statistics.median(walls):.0f}s): {rate:.1f} samples/s "
+            f"({rate / nominal:.2f} of the nominal {nominal:.0f}/s)"
+        )
     head = (
-        f"{'policy':<14}{'mode':<10}{'goodput':>8}{'rec p50':>8}{'rec p95':>8}{'lost':>6}"
+        f"{'policy':<14}{'mode':<10}{'pods':>5}{'goodput med [min-max]':>24}"
+        f"{'per pod paid':>24}{'rec p50':>8}{'rec p95':>8}{'lost':>6}"
         f"{'restarts':>9}{'disr':>5}  " + "  ".join(f"{p:>10}" for p in PHASES)
     )
     print(head)
     print("-" * len(head))
+    groups: dict[tuple[str, str], list[Row]] = {}
     for r in rows:
-        secs = [x.seconds for x in r.recoveries if x.seconds is not None]
+        groups.setdefault((r.policy, r.mode), []).append(r)
+    for (policy, mode), reps in groups.items():
+        recs = [x for r in reps for x in r.recoveries]
+        secs = [x.seconds for x in recs if x.seconds is not None]
         lost = sum(
-            max(0, x.step_before - x.resumed_step)
-            for x in r.recoveries
-            if x.resumed_step is not None
+            max(0, x.step_before - x.resumed_step) for x in recs if x.resumed_step is not None
         )
         phases = []
         for i, name in enumerate(PHASES):
             prev = "t_evict" if i == 0 else PHASES[i - 1]
             d = [
                 x.boundaries[name] - (x.t_evict if prev == "t_evict" else x.boundaries[prev])
-                for x in r.recoveries
+                for x in recs
                 if x.boundaries
             ]
             phases.append(f"{statistics.median(d):>9.1f}s" if d else f"{'-':>10}")
-        good = r.committed / (rate * r.wall) if r.wall and rate else float("nan")
-        failed = len(r.recoveries) - len(secs)
-        disr = "-" if r.disruptions is None else str(r.disruptions)
+        goods = [acc.goodput(r.figures(), ideal) for r in reps]
+        per_pod = [
+            acc.per_pod_paid(g, r.workers, r.standbys) for g, r in zip(goods, reps, strict=True)
+        ]
+        failed = len(recs) - len(secs)
+        disr = (
+            "-"
+            if any(r.disruptions is None for r in reps)
+            else str(sum(r.disruptions or 0 for r in reps))
+        )
+        notes = sorted({r.note for r in reps if r.note})
         print(
-            f"{r.policy:<14}{r.mode:<10}{good:>8.3f}{pct(secs, 0.5):>7.1f}s{pct(secs, 0.95):>7.1f}s"
-            f"{lost:>6}{r.restarts:>9}{disr:>5}  "
+            f"{policy:<14}{mode:<10}{reps[0].pods_label():>5}"
+            f"{acc.format_spread(goods):>24}{acc.format_spread(per_pod):>24}"
+            f"{pct(secs, 0.5):>7.1f}s{pct(secs, 0.95):>7.1f}s"
+            f"{lost:>6}{sum(r.restarts for r in reps):>9}{disr:>5}  "
             + "  ".join(phases)
             + (f"   ({failed} not recovered)" if failed else "")
-            + (f"   {r.note}" if r.note else "")
+            + (f"   {'; '.join(notes)}" if notes else "")
         )
+    print("lost, restarts and disr are totals over the repeats; rec and phases over every recovery")
     if any(r.policy == KUBEFLOW for r in rows):
         print(
             "Kubeflow = PyTorchJob v1.8.1, elasticPolicy (c10d on worker-0, min "
@@ -572,6 +639,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--standby", type=int, default=1, help="the Standby row's spec.elastic.standbyReplicas"
+    )
+    p.add_argument("--repeats", type=int, default=3, help="runs of every row (median printed)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "bench" / "out" / "goodput",
+        help="directory of the timeline plots (one SVG per row)",
     )
     p.add_argument("--start-timeout", type=float, default=300.0)
     p.add_argument("--keep-cluster", action="store_true", help="leave the cluster and node up")
@@ -621,17 +695,28 @@ def main(argv: list[str] | None = None) -> int:
             kubeflow = kf.start_kubeflow(binary, crd, kubeconfig, core, workdir)
             log(f"Kubeflow training-operator {kf.KF_VERSION} runs (log {kubeflow.log_path})")
         duration = args.baseline_seconds or args.mtbf * (args.evictions + 1)
-        log(f"baseline: {duration:.0f}s without evictions")
-        baseline = run_row(args, cluster, core, custom, "RecreateGroup", "none", 0, duration, 0)
-        rows = []
-        index = 1
-        for mode in args.modes.split(","):
-            for policy in args.policies.split(","):
-                rows.append(
-                    run_row(args, cluster, core, custom, policy, mode, args.evictions, 0, index)
+        policies = args.policies.split(",")
+        # Each system's own baseline: torchjob's (RecreateGroup without evictions) and, when
+        # it runs, Kubeflow's; every row is divided by its own system's rate.
+        systems = ["RecreateGroup"] + ([KUBEFLOW] if KUBEFLOW in policies else [])
+        baselines, rows = [], []
+        index = 0
+        for rep in range(args.repeats):
+            for system in systems:
+                log(f"repeat {rep + 1}: baseline of {system}, {duration:.0f}s without evictions")
+                baselines.append(
+                    run_row(args, cluster, core, custom, system, "none", 0, duration, index)
                 )
                 index += 1
-        report(args, baseline, rows)
+            for mode in args.modes.split(","):
+                for policy in policies:
+                    rows.append(
+                        run_row(args, cluster, core, custom, policy, mode, args.evictions, 0, index)
+                    )
+                    index += 1
+        report(args, baselines, rows)
+        for path in write_timelines(args.out, baselines + rows):
+            print(f"timeline: {path}")
     finally:
         if kubeflow is not None:
             kubeflow.stop()

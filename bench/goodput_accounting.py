@@ -1,0 +1,173 @@
+"""The accounting of bench/goodput.py, as pure functions (unit-tested in
+tests/unit/test_goodput_accounting.py; issue 26, item 1).
+
+- ``committed_samples``: what a row committed counts the final checkpoint too. A stopped job's
+  last ``report()`` may raise before the worker writes its ``commit`` event, so the committed
+  progress read from storage (the manifests' ``samples`` metric) is taken when it is larger.
+- ``ideal_rates``: each system (torchjob, Kubeflow) is divided by the rate of its own baseline
+  row (mode ``none``) of the same run, never by another system's.
+- ``per_pod_paid``: goodput times workers / (workers + standbys): a standby is paid for.
+- ``pick_victim``: a preemption hits any running pod of the job, standbys included, each with
+  the same probability (a spot reclaim does not know which pod trains).
+- ``spread``: median, min and max over the repeats of a row.
+- ``timeline`` / ``timeline_svg``: steps/s over time with the evictions marked, written by hand
+  (no plotting dependency).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+BASELINE_MODE = "none"
+KUBEFLOW = "Kubeflow"
+
+
+def system_of(policy: str) -> str:
+    """The system a row measures: Kubeflow's PyTorchJob, or torchjob (every other policy)."""
+    return KUBEFLOW if policy == KUBEFLOW else "torchjob"
+
+
+def committed_samples(
+    events: Iterable[Mapping[str, Any]], storage_metrics: Iterable[Mapping[str, Any]] = ()
+) -> int:
+    """The samples of the latest committed checkpoint: the larger of the ``commit`` events and
+    the committed checkpoints' metrics read from storage (which include the final one)."""
+    from_events = (int(e["samples"]) for e in events if e.get("ev") == "commit")
+    from_storage = (int(m["samples"]) for m in storage_metrics if "samples" in m)
+    return max([*from_events, *from_storage], default=0)
+
+
+@dataclass(frozen=True)
+class RowFigures:
+    policy: str
+    mode: str
+    committed: int
+    wall: float
+    workers: int
+    standbys: int = 0
+
+    @property
+    def pods(self) -> int:
+        return self.workers + self.standbys
+
+
+def rate(committed: int, wall: float) -> float:
+    if wall <= 0:
+        raise ValueError(f"wall time must be positive, got {wall}")
+    return committed / wall
+
+
+def ideal_rates(rows: Iterable[RowFigures]) -> dict[str, float]:
+    """Samples/s of each system's baseline row (mode ``none``); the median when repeated."""
+    by_system: dict[str, list[float]] = {}
+    for r in rows:
+        if r.mode == BASELINE_MODE and r.wall > 0:
+            by_system.setdefault(system_of(r.policy), []).append(rate(r.committed, r.wall))
+    return {s: statistics.median(v) for s, v in by_system.items()}
+
+
+def goodput(row: RowFigures, ideal: Mapping[str, float]) -> float:
+    """Committed samples over what the row's own system's baseline would have committed in the
+    same wall time; NaN when that system has no baseline row."""
+    base = ideal.get(system_of(row.policy))
+    if not base or row.wall <= 0:
+        return float("nan")
+    return row.committed / (base * row.wall)
+
+
+def per_pod_paid(value: float, workers: int, standbys: int) -> float:
+    """``value`` per pod paid for: the baseline pays ``workers`` pods, this row
+    ``workers + standbys``."""
+    if workers < 1 or standbys < 0:
+        raise ValueError(f"workers must be >= 1 and standbys >= 0, got {workers}, {standbys}")
+    return value * workers / (workers + standbys)
+
+
+def pick_victim(pods: Sequence[T], rng: random.Random, name: Any = None) -> T:
+    """One of the job's running pods (workers and standbys alike), uniformly: every pod is hit at
+    the same rate. ``name`` (a key function) orders them so that a seed gives the same draw."""
+    if not pods:
+        raise ValueError("no running pod to preempt")
+    ordered = sorted(pods, key=name) if name is not None else list(pods)
+    return rng.choice(ordered)
+
+
+def spread(values: Iterable[float]) -> tuple[float, float, float]:
+    """(median, min, max) of the finite values; NaNs when there are none."""
+    xs = [v for v in values if v == v]
+    if not xs:
+        nan = float("nan")
+        return nan, nan, nan
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def format_spread(values: Iterable[float]) -> str:
+    med, lo, hi = spread(values)
+    if med != med:
+        return "-"
+    return f"{med:.3f} [{lo:.3f}-{hi:.3f}]"
+
+
+def timeline(
+    step_times: Iterable[float], t0: float, t_end: float, bucket: float = 5.0
+) -> list[tuple[float, float]]:
+    """Steps/s in buckets of ``bucket`` seconds from ``t0`` to ``t_end``: (bucket start - t0,
+    rate) per bucket, empty buckets included (a recovery shows as a dip to 0)."""
+    if bucket <= 0 or t_end <= t0:
+        return []
+    n = int((t_end - t0) // bucket) + (1 if (t_end - t0) % bucket else 0)
+    counts = [0] * n
+    for t in step_times:
+        i = int((t - t0) // bucket)
+        if 0 <= i < n:
+            counts[i] += 1
+    return [(i * bucket, c / bucket) for i, c in enumerate(counts)]
+
+
+def timeline_svg(
+    title: str,
+    points: Sequence[tuple[float, float]],
+    evictions: Sequence[float],
+    width: int = 640,
+    height: int = 240,
+) -> str:
+    """An SVG line of steps/s over time with a red vertical line at each eviction (seconds
+    from the row's first step)."""
+    from xml.sax.saxutils import escape
+
+    pad = 40
+    t_max = max([p[0] for p in points] + list(evictions) + [1.0])
+    y_max = max([p[1] for p in points] + [1.0]) * 1.1
+
+    def x(t: float) -> float:
+        return pad + (width - 2 * pad) * t / t_max
+
+    def y(v: float) -> float:
+        return height - pad - (height - 2 * pad) * v / y_max
+
+    line = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in points)
+    marks = "".join(
+        f'<line x1="{x(t):.1f}" y1="{pad}" x2="{x(t):.1f}" y2="{height - pad}" '
+        'stroke="red" stroke-dasharray="4 3"/>'
+        for t in evictions
+    )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">'
+        f'<rect width="{width}" height="{height}" fill="white"/>'
+        f'<text x="{pad}" y="20" font-size="13">{escape(title)}</text>'
+        f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="black"/>'
+        f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="black"/>'
+        f'<text x="{pad}" y="{height - 10}" font-size="11">0 s</text>'
+        f'<text x="{width - pad}" y="{height - 10}" font-size="11" text-anchor="end">'
+        f"{t_max:.0f} s</text>"
+        f'<text x="4" y="{pad}" font-size="11">{y_max:.1f}/s</text>'
+        f"{marks}"
+        f'<polyline points="{line}" fill="none" stroke="steelblue" stroke-width="1.5"/>'
+        "</svg>\n"
+    )
