@@ -256,8 +256,7 @@ RULES: tuple[Rule, ...] = (
             on="TorchJobSpec",
             cel=f"has(self.{field}) == has(oldSelf.{field})",
             message=(
-                f"spec.{field} {_IMMUTABLE} (it cannot be added to or removed from an "
-                "existing job)"
+                f"spec.{field} {_IMMUTABLE} (it cannot be added to or removed from an existing job)"
             ),
             unchecked=_TRANSITION,
         )
