@@ -197,9 +197,7 @@ def test_cli_submit_and_sdk_create_with_a_runtime(jobs: Jobs, tmp_path: Path) ->
     doc = job("from-cli", "shared")
     del doc["spec"]["runtimeRef"]  # --runtime names it
     path = write_manifest(tmp_path, doc)
-    missing = cli(jobs, "submit", "-f", str(path), "--runtime", "nope")
-    assert missing.returncode != 0
-    assert "spec.runtimeRef: ClusterTorchRuntime nope does not exist" in missing.stderr
+    # (a missing blueprint's message: tests/unit/test_runtime_client.py; one CLI start here)
     ok(cli(jobs, "submit", "-f", str(path), "--runtime", "TorchRuntime/shared"))
     sdk = TorchJobClient(kubeconfig=jobs.cluster.kubeconfig, namespace=jobs.ns)
     try:

@@ -15,6 +15,8 @@ from torchjob import contract, tune
 from torchjob.api.torchtune import TorchTune
 from torchjob.tune.cluster import study_manifest, template_dict
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
 TEMPLATE: dict[str, Any] = {
     "apiVersion": "torchjob.io/v1alpha1",
     "kind": "TorchJob",
@@ -179,3 +181,10 @@ def test_a_studys_flat_parameters_nest_into_the_trials_config() -> None:
         "seed": 3,
     }
     assert nested_config({}) == {}
+
+
+def test_a_template_naming_a_runtime_blueprint_is_kept_as_written(tmp_path: Path) -> None:
+    path = REPO_ROOT / "examples" / "blueprint" / "job.yaml"
+    study = study_manifest("bp", {"lr": 0.1}, metric="loss", mode="min", template=str(path))
+    spec = study["spec"]["trialTemplate"]["spec"]
+    assert spec["runtimeRef"] == {"name": "cpu-gloo"} and "nprocPerNode" not in spec

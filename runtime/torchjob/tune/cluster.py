@@ -138,14 +138,21 @@ def study_manifest(
 
 
 def template_dict(template: Any) -> dict[str, Any]:
-    """The template as a plain manifest dict (a copy); a YAML path is loaded and validated."""
-    from torchjob.client.manifest import Manifest, load_manifest
+    """The template as a plain manifest dict (a copy); a YAML path is loaded and validated
+    (one that names a runtime blueprint is checked by the operator, merged over it, for
+    every trial)."""
+    from torchjob.client.manifest import Manifest, load_manifest, read_documents
 
     if isinstance(template, Manifest):
         return copy.deepcopy(template.raw)
     if isinstance(template, Mapping):
         return copy.deepcopy(dict(template))
     if isinstance(template, str) or hasattr(template, "__fspath__"):
+        docs = read_documents(template)
+        doc = docs[0][1] if len(docs) == 1 else None
+        spec = doc.get("spec") if isinstance(doc, dict) else None
+        if isinstance(spec, dict) and spec.get("runtimeRef") is not None:
+            return copy.deepcopy(dict(doc or {}))
         return copy.deepcopy(load_manifest(template).raw)
     raise TypeError(
         "TuneConfig.template must be a TorchJob manifest: a dict, a YAML path or a "

@@ -38,9 +38,10 @@ _TEMPLATE_LABELS = (
 )
 _NO_TEMPLATE = "!has(self.template) || "
 """With spec.runtimeRef the template may be left out (the blueprint's is used)."""
-_REF = "has(self.runtimeRef) || "
+_REF = "has(self.runtimeRef) || !has(self.template) || "
 """A rule that needs the whole template: with spec.runtimeRef the API server sees only the
-job's overrides; the operator checks the merged spec (``torchjob.api.merge``)."""
+job's overrides; the operator checks the merged spec (``torchjob.api.merge``). Without a
+template (and without runtimeRef) the rule template-or-runtime alone says so."""
 _IMAGE_OK = ".all(c, has(c.image) && size(c.image.trim()) > 0)"
 _MOUNTS_KNOWN = (
     ".all(c, !has(c.volumeMounts) || c.volumeMounts.all(m, "
@@ -271,6 +272,7 @@ RULES: tuple[Rule, ...] = (
             "spec.template is required (the workers' pod template), unless spec.runtimeRef "
             "names a runtime blueprint that has one"
         ),
+        field_path=".template",
         unchecked=(
             "TorchJobSpec requires the template; a spec with runtimeRef is merged with its "
             "blueprint first (torchjob.api.merge), and the merge says what is missing"
