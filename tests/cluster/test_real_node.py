@@ -120,14 +120,18 @@ def wait_finished(jobs: Jobs, name: str, timeout: float = 420) -> dict[str, Any]
         status = jobs.status(name)
         return status if status.get("phase") in ("Succeeded", "Failed") else None
 
-    def why() -> str:
-        pods = "\n".join(
-            f"--- kubectl logs {p.metadata.name}:\n{logs(jobs, p.metadata.name, '--tail=15')}"
-            for p in jobs.pods(name)
-        )
-        return f"{name} to finish\n{jobs.describe(name)}\n{pods}"
+    return k.wait_for(  # type: ignore[no-any-return]
+        finished, timeout, lambda: f"{name} to finish\n{pod_logs(jobs, name)}", interval=1.0
+    )
 
-    return k.wait_for(finished, timeout, why, interval=1.0)  # type: ignore[no-any-return]
+
+def pod_logs(jobs: Jobs, name: str) -> str:
+    """The job's description and the last lines of each of its pods' logs (failure messages)."""
+    pods = "\n".join(
+        f"--- kubectl logs {p.metadata.name}:\n{logs(jobs, p.metadata.name, '--tail=15')}"
+        for p in jobs.pods(name)
+    )
+    return f"{jobs.describe(name)}\n{pods}"
 
 
 def test_operator_runs_in_its_pod_under_the_charts_security_context(
@@ -334,7 +338,7 @@ def test_keep_survivors_loses_rank_0_mid_upload_and_resumes_on_another_pod_from_
     k.wait_for(
         torn_uploaded,
         300,
-        lambda: f"epoch {torn_at} committed, {torn} uploaded\n{real_jobs.describe('s3keep')}",
+        lambda: f"epoch {torn_at} committed, {torn} uploaded\n{pod_logs(real_jobs, 's3keep')}",
         interval=1.0,
     )
     eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="s3keep-worker-0"))
