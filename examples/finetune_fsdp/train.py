@@ -23,6 +23,8 @@ import os
 import time
 
 import torch
+import torch.distributed.checkpoint  # imported once here, so forked local workers share it
+import torch.distributed.fsdp
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -84,10 +86,8 @@ def train_func(config: dict) -> None:
     torch.manual_seed(0)  # the same initial weights on every rank, before sharding
     model = CausalLM(**MODEL)
     if ctx.get_world_size() > 1:
-        from torch.distributed.fsdp import fully_shard
-
         for block in model.blocks:  # one all-gather per block, freed after its forward
-            fully_shard(block)
+            torch.distributed.fsdp.fully_shard(block)
     model = prepare_model(model, parallel_strategy="fsdp")  # the root (FSDP2 at > 1 worker)
     opt = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=0.01)
     warmup, total = 10, config["steps"]

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed.checkpoint.state_dict  # imported once here: the forked workers
+import torch.distributed.fsdp  # inherit these instead of importing them each
 from tests.kube import wait_for
 
 from torchjob.checkpoint import CheckpointError, CheckpointStorage
@@ -132,6 +134,8 @@ _KILLED = textwrap.dedent(
     import sys, threading
     from pathlib import Path
     import torch
+    import torch.distributed.checkpoint.state_dict
+    import torch.distributed.fsdp
     import torchjob.train._sharded as sharded
     from torchjob.train import Checkpoint, RunConfig, ScalingConfig, TrainState
     from torchjob.train import get_checkpoint, get_context, report
