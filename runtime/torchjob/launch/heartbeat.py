@@ -14,7 +14,9 @@ for a rank on another host, breaks this process's own connections to the group
 (:func:`break_group_connections`), so its collective fails now and the cascade of
 ``worker._leave_broken_group`` reaches every survivor.
 
-``TORCHJOB_SILENT_PEER_S`` sets ``silent_after_s`` (default 10; 0 turns the watchdog off).
+``TORCHJOB_SILENT_PEER_S`` sets ``silent_after_s`` (default 30; 0 turns the watchdog off).
+The default is not lower because the beat is a Python thread of the worker: a call that holds
+the GIL for long (a slow import, a large pickle) silences it, and a live rank would be killed.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from datetime import timedelta
 from typing import Any
 
 ENV_SILENT_PEER_S = "TORCHJOB_SILENT_PEER_S"
-DEFAULT_SILENT_PEER_S = 10.0
+DEFAULT_SILENT_PEER_S = 30.0
 
 
 def silent_after_s() -> float:
