@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from tests.tracking import mlflow_server  # noqa: F401 - a real MLflow server, session-wide
 
 from torchjob.launch import WorkerGroup
 
