@@ -19,6 +19,7 @@ without MLflow.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -263,7 +264,7 @@ class MLflowLoggerCallback(LoggerCallback):
         params = [Param(k, v) for k, v in flat_params(config).items()]
         for i in range(0, len(params), 100):
             batch = params[i : i + 100]
-            self._submit(lambda batch=batch: self._client.log_batch(run_id, params=batch))
+            self._submit(functools.partial(self._client.log_batch, run_id, params=batch))
 
     def _submit(self, task: Callable[[], Any]) -> None:
         if self._background is not None:
@@ -286,7 +287,7 @@ class MLflowLoggerCallback(LoggerCallback):
         ]
         for i in range(0, len(metrics), 1000):
             batch = metrics[i : i + 1000]
-            self._submit(lambda batch=batch: self._client.log_batch(run_id, metrics=batch))
+            self._submit(functools.partial(self._client.log_batch, run_id, metrics=batch))
 
     def log_trial_save(self, trial: TrialInfo, checkpoint: Any = None) -> None:
         run_id = self._runs.get(trial)

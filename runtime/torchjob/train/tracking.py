@@ -19,8 +19,9 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from torchjob import contract
 from torchjob.contract import PodEnv
@@ -36,7 +37,8 @@ log = logging.getLogger(__name__)
 _OFF = ("0", "false", "no", "off")
 
 
-class CheckpointRef(NamedTuple):
+@dataclass(frozen=True)
+class CheckpointRef:
     """A committed checkpoint as ``on_checkpoint`` gets it: its URI and index."""
 
     path: str
