@@ -22,86 +22,24 @@ from torchjob.api.models.limits import (
 )
 from torchjob.api.models.pod_types import POD_TYPE_RULES
 from torchjob.api.models.rule import Rule, cel_on, enforce_rules
-
-# --- why a rule has no Python check ------------------------------------------------------
-
-_TRANSITION = "a transition rule: it compares with the stored object (oldSelf)"
-_NAME = "metadata.name: it names the job's Service and pod hostnames, which only a cluster has"
-
-# --- CEL building blocks -------------------------------------------------------------
-
-_WORKERS = "(has(self.spec.elastic) ? self.spec.elastic.maxReplicas : self.spec.replicas)"
-_SUFFIX_LEN = f"({len(contract.WORKER_SUFFIX)} + size(string({_WORKERS} - 1)))"
-_TEMPLATE_LABELS = (
-    "(has(self.template) && has(self.template.metadata) && has(self.template.metadata.labels)"
-    " ? self.template.metadata.labels : {})"
+from torchjob.api.models.rule_parts import (
+    IMAGE_OK,
+    IMMUTABLE,
+    MOUNTS_KNOWN,
+    NAME,
+    NO_TEMPLATE,
+    REF,
+    SUFFIX_LEN,
+    TEMPLATE_LABELS,
+    TRANSITION,
+    agrees,
+    both,
+    extra,
+    images,
+    labels,
+    mount_clash,
+    mounts_known,
 )
-_NO_TEMPLATE = "!has(self.template) || "
-"""With spec.runtimeRef the template may be left out (the blueprint's is used)."""
-_REF = "has(self.runtimeRef) || !has(self.template) || "
-"""A rule that needs the whole template: with spec.runtimeRef the API server sees only the
-job's overrides; the operator checks the merged spec (``torchjob.api.merge``). Without a
-template (and without runtimeRef) the rule template-or-runtime alone says so."""
-_IMAGE_OK = ".all(c, has(c.image) && size(c.image.trim()) > 0)"
-_MOUNTS_KNOWN = (
-    ".all(c, !has(c.volumeMounts) || c.volumeMounts.all(m, "
-    "m.name == 'dshm' || (m.name == 'torchjob-checkpoint' && has(self.checkpoint) && "
-    "has(self.checkpoint.pvc)) || (has(self.template.spec.volumes) && "
-    "self.template.spec.volumes.exists(v, v.name == m.name))))"
-)
-_IMMUTABLE = "is immutable while the TorchJob exists; delete and recreate the job to change it"
-
-# --- Python helpers of the checks ------------------------------------------------------
-
-
-def _extra(model: Any) -> dict[str, Any]:
-    return model.model_extra or {}
-
-
-def _labels(template: Any) -> dict[str, str]:
-    return (template.metadata.labels if template.metadata else None) or {}
-
-
-def _both(policy: Any) -> set[int]:
-    return set(policy.permanent_exit_codes or ()) & set(policy.retryable_exit_codes or ())
-
-
-def _agrees(given: str | None, where: dict[str, Any], key: str) -> bool:
-    """``given`` unset, or ``where[key]`` absent or equal to it."""
-    return not given or where.get(key, given) == given
-
-
-def _images(spec: Any) -> bool:
-    """Every container and init container of the template names an image."""
-    inits = _extra(spec.template.spec).get("initContainers") or []
-    return all(str(c.image or "").strip() for c in spec.template.spec.containers) and all(
-        isinstance(c, dict) and str(c.get("image") or "").strip() for c in inits
-    )
-
-
-def _mounts_known(spec: Any) -> bool:
-    """Every volumeMount names a volume of the template (or dshm, or the checkpoint PVC)."""
-    pod = _extra(spec.template.spec)
-    known = {v.get("name") for v in pod.get("volumes") or [] if isinstance(v, dict)} | {"dshm"}
-    if spec.checkpoint is not None and spec.checkpoint.pvc is not None:
-        known.add("torchjob-checkpoint")
-    containers = [_extra(c) for c in spec.template.spec.containers]
-    containers += [c for c in pod.get("initContainers") or [] if isinstance(c, dict)]
-    return all(
-        isinstance(m, dict) and m.get("name") in known
-        for c in containers
-        for m in c.get("volumeMounts") or []
-    )
-
-
-def _mount_clash(spec: Any) -> bool:
-    pvc = spec.checkpoint.pvc if spec.checkpoint else None
-    return pvc is not None and any(
-        isinstance(m, dict) and m.get("mountPath") == pvc.mount_path
-        for c in spec.template.spec.containers
-        for m in _extra(c).get("volumeMounts") or []
-    )
-
 
 RULES: tuple[Rule, ...] = (
     # --- the whole object ---
@@ -114,19 +52,19 @@ RULES: tuple[Rule, ...] = (
             "ending with a letter or digit (it names the job's Service and is part of every "
             "pod's hostname); e.g. resnet-v2 instead of resnet.v2"
         ),
-        unchecked=_NAME,
+        unchecked=NAME,
     ),
     Rule(
         "job-name-length",
         on="TorchJob",
-        cel=f"size(self.metadata.name) + {_SUFFIX_LEN} <= 63",
+        cel=f"size(self.metadata.name) + {SUFFIX_LEN} <= 63",
         message=(
             "metadata.name is too long: every pod hostname <name>-worker-<index> must fit in 63 "
             "characters for the largest index the job can have (spec.replicas - 1, or "
             "spec.elastic.maxReplicas - 1); shorten the name (54 characters fit 10 workers, "
             "53 fit 100)"
         ),
-        unchecked=_NAME,
+        unchecked=NAME,
     ),
     *POD_TYPE_RULES,
     # --- the spec's own blocks ---
@@ -158,9 +96,9 @@ RULES: tuple[Rule, ...] = (
             "self.retryableExitCodes.all(c, !(c in self.permanentExitCodes))"
         ),
         message="an exit code cannot be both retryable and permanent in spec.failurePolicy",
-        check=lambda f: not _both(f),
+        check=lambda f: not both(f),
         explain=lambda f: (
-            f"exit codes {sorted(_both(f))} cannot be both retryable and permanent in "
+            f"exit codes {sorted(both(f))} cannot be both retryable and permanent in "
             "spec.failurePolicy"
         ),
     ),
@@ -244,8 +182,8 @@ RULES: tuple[Rule, ...] = (
             on="TorchJobSpec",
             field=field,
             cel="self == oldSelf",
-            message=f"spec.{field} {_IMMUTABLE}",
-            unchecked=_TRANSITION,
+            message=f"spec.{field} {IMMUTABLE}",
+            unchecked=TRANSITION,
         )
         for field in ("nprocPerNode", "backend", "membershipPolicy", "checkpoint")
     ),
@@ -257,9 +195,9 @@ RULES: tuple[Rule, ...] = (
             on="TorchJobSpec",
             cel=f"has(self.{field}) == has(oldSelf.{field})",
             message=(
-                f"spec.{field} {_IMMUTABLE} (it cannot be added to or removed from an existing job)"
+                f"spec.{field} {IMMUTABLE} (it cannot be added to or removed from an existing job)"
             ),
-            unchecked=_TRANSITION,
+            unchecked=TRANSITION,
         )
         for field in ("nprocPerNode", "backend", "membershipPolicy")
     ),
@@ -282,29 +220,29 @@ RULES: tuple[Rule, ...] = (
         "container-image",
         on="TorchJobSpec",
         cel=(
-            f"{_REF}(self.template.spec.containers{_IMAGE_OK} && "
+            f"{REF}(self.template.spec.containers{IMAGE_OK} && "
             "(!has(self.template.spec.initContainers) || "
-            f"self.template.spec.initContainers{_IMAGE_OK}))"
+            f"self.template.spec.initContainers{IMAGE_OK}))"
         ),
         message="container image is required (e.g. image: ghcr.io/org/train:1.0)",
-        check=lambda s: s.runtime_ref is not None or _images(s),
+        check=lambda s: s.runtime_ref is not None or images(s),
     ),
     Rule(
         "runtimeRef-immutable",
         on="TorchJobSpec",
         field="runtimeRef",
         cel="self == oldSelf",
-        message=f"spec.runtimeRef {_IMMUTABLE}",
-        unchecked=_TRANSITION,
+        message=f"spec.runtimeRef {IMMUTABLE}",
+        unchecked=TRANSITION,
     ),
     Rule(
         "runtimeRef-presence-immutable",
         on="TorchJobSpec",
         cel="has(self.runtimeRef) == has(oldSelf.runtimeRef)",
         message=(
-            f"spec.runtimeRef {_IMMUTABLE} (it cannot be added to or removed from an existing job)"
+            f"spec.runtimeRef {IMMUTABLE} (it cannot be added to or removed from an existing job)"
         ),
-        unchecked=_TRANSITION,
+        unchecked=TRANSITION,
     ),
     Rule(
         "replicas-in-bounds",
@@ -343,15 +281,15 @@ RULES: tuple[Rule, ...] = (
         on="TorchJobSpec",
         cel="has(self.checkpoint) == has(oldSelf.checkpoint)",
         message=(
-            f"spec.checkpoint {_IMMUTABLE} (it cannot be added to or removed from an existing job)"
+            f"spec.checkpoint {IMMUTABLE} (it cannot be added to or removed from an existing job)"
         ),
-        unchecked=_TRANSITION,
+        unchecked=TRANSITION,
     ),
     Rule(
         "scheduler-name-agrees",
         on="TorchJobSpec",
         cel=(
-            f"{_NO_TEMPLATE}!has(self.scheduling) || !has(self.scheduling.schedulerName) || "
+            f"{NO_TEMPLATE}!has(self.scheduling) || !has(self.scheduling.schedulerName) || "
             "!has(self.template.spec.schedulerName) || "
             "self.template.spec.schedulerName == self.scheduling.schedulerName"
         ),
@@ -359,15 +297,15 @@ RULES: tuple[Rule, ...] = (
             "spec.scheduling.schedulerName and spec.template.spec.schedulerName differ; set one "
             "of them"
         ),
-        check=lambda s: _agrees(
-            s.scheduling.scheduler_name, _extra(s.template.spec), "schedulerName"
+        check=lambda s: agrees(
+            s.scheduling.scheduler_name, extra(s.template.spec), "schedulerName"
         ),
     ),
     Rule(
         "priority-class-agrees",
         on="TorchJobSpec",
         cel=(
-            f"{_NO_TEMPLATE}!has(self.scheduling) || !has(self.scheduling.priorityClassName) || "
+            f"{NO_TEMPLATE}!has(self.scheduling) || !has(self.scheduling.priorityClassName) || "
             "!has(self.template.spec.priorityClassName) || "
             "self.template.spec.priorityClassName == self.scheduling.priorityClassName"
         ),
@@ -375,8 +313,8 @@ RULES: tuple[Rule, ...] = (
             "spec.scheduling.priorityClassName and spec.template.spec.priorityClassName differ; "
             "set one of them"
         ),
-        check=lambda s: _agrees(
-            s.scheduling.priority_class_name, _extra(s.template.spec), "priorityClassName"
+        check=lambda s: agrees(
+            s.scheduling.priority_class_name, extra(s.template.spec), "priorityClassName"
         ),
     ),
     Rule(
@@ -384,49 +322,49 @@ RULES: tuple[Rule, ...] = (
         on="TorchJobSpec",
         cel=(
             "!has(self.scheduling) || !has(self.scheduling.queueName) || "
-            f"!('{contract.KUEUE_QUEUE_LABEL}' in {_TEMPLATE_LABELS}) || "
-            f"{_TEMPLATE_LABELS}['{contract.KUEUE_QUEUE_LABEL}'] == self.scheduling.queueName"
+            f"!('{contract.KUEUE_QUEUE_LABEL}' in {TEMPLATE_LABELS}) || "
+            f"{TEMPLATE_LABELS}['{contract.KUEUE_QUEUE_LABEL}'] == self.scheduling.queueName"
         ),
         message=(
             f"spec.scheduling.queueName and the template's {contract.KUEUE_QUEUE_LABEL} label "
             "differ; set one of them"
         ),
-        check=lambda s: _agrees(
-            s.scheduling.queue_name, _labels(s.template), contract.KUEUE_QUEUE_LABEL
+        check=lambda s: agrees(
+            s.scheduling.queue_name, labels(s.template), contract.KUEUE_QUEUE_LABEL
         ),
     ),
     Rule(
         "reserved-labels",
         on="TorchJobSpec",
         subject="PodTemplateSpec",
-        cel=f"!{list(RESERVED_LABELS)!r}.exists(k, k in {_TEMPLATE_LABELS})".replace('"', "'"),
+        cel=f"!{list(RESERVED_LABELS)!r}.exists(k, k in {TEMPLATE_LABELS})".replace('"', "'"),
         message=(
             "spec.template.metadata.labels must not set torchjob.io/job-name, torchjob.io/role, "
             "torchjob.io/pod-index or torchjob.io/generation: the operator sets them on every "
             "worker"
         ),
-        check=lambda t: not any(k in _labels(t) for k in RESERVED_LABELS),
+        check=lambda t: not any(k in labels(t) for k in RESERVED_LABELS),
     ),
     Rule(
         "volume-mounts-known",
         on="TorchJobSpec",
         cel=(
-            f"{_REF}(self.template.spec.containers{_MOUNTS_KNOWN} && "
+            f"{REF}(self.template.spec.containers{MOUNTS_KNOWN} && "
             f"(!has(self.template.spec.initContainers) || "
-            f"self.template.spec.initContainers{_MOUNTS_KNOWN}))"
+            f"self.template.spec.initContainers{MOUNTS_KNOWN}))"
         ),
         message=(
             "every volumeMount in spec.template.spec.containers and initContainers must name a "
             "volume of spec.template.spec.volumes (dshm is the operator's /dev/shm; "
             "torchjob-checkpoint needs spec.checkpoint.pvc)"
         ),
-        check=lambda s: s.runtime_ref is not None or _mounts_known(s),
+        check=lambda s: s.runtime_ref is not None or mounts_known(s),
     ),
     Rule(
         "checkpoint-mount-free",
         on="TorchJobSpec",
         cel=(
-            f"{_NO_TEMPLATE}!has(self.checkpoint) || !has(self.checkpoint.pvc) || "
+            f"{NO_TEMPLATE}!has(self.checkpoint) || !has(self.checkpoint.pvc) || "
             "self.template.spec.containers.all(c, !has(c.volumeMounts) || "
             "c.volumeMounts.all(m, m.mountPath != (has(self.checkpoint.pvc.mountPath) ? "
             "self.checkpoint.pvc.mountPath : '/checkpoints')))"
@@ -435,7 +373,7 @@ RULES: tuple[Rule, ...] = (
             "spec.checkpoint.pvc.mountPath is already a mountPath in the template; pick another "
             "mountPath or remove that volumeMount"
         ),
-        check=lambda s: not _mount_clash(s),
+        check=lambda s: not mount_clash(s),
     ),
 )
 """Every rule, in the order each schema lists its rules and each validator checks them."""
