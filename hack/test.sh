@@ -4,7 +4,7 @@
 #   cluster   tests/cluster minus the torch-heavy files: the operator against the control
 #             plane (admission, chaos, CLI, leader election, Helm, scale) on cluster `torchjob`
 #   e2e       the real node and the tests that train with torch in pods (test_real_node,
-#             test_e2e_runtime, test_e2e_torchtune) on their own cluster
+#             test_e2e_runtime) on their own cluster
 #             `torchjob-e2e` (TORCHJOB_CLUSTER_NAME), so that the two sessions' cluster-wide
 #             operators never see each other's jobs
 #   rest      tests/unit, tests/runtime, tests/gpu (mostly CPU: multi-process torch)
@@ -37,8 +37,7 @@ run() {
   return "${PIPESTATUS[0]}"
 }
 
-E2E=(tests/cluster/test_real_node.py tests/cluster/test_e2e_runtime.py
-     tests/cluster/test_e2e_torchtune.py)
+E2E=(tests/cluster/test_real_node.py tests/cluster/test_e2e_runtime.py)
 ignore_e2e=()
 for f in "${E2E[@]}"; do ignore_e2e+=("--ignore=${f}"); done
 

@@ -36,6 +36,7 @@ from tests.cluster.operator_harness import (
 )
 from tests.cluster.realnode import RealNode, RealNodeUnavailable, start_node_s3
 from tests.s3 import S3Server, stop_s3_server
+from tests.tracking import mlflow_server  # noqa: F401 - a real MLflow server, session-wide
 
 
 def _in_ci() -> bool:

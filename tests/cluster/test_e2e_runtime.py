@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from mlflow.tracking import MlflowClient
 from tests import kube as k
 from tests.cluster.operator_harness import REPO, Jobs, torchjob, worker_template
 from tests.e2e.kubelet import NODE_LABEL, TAINT, ProcessKubelet
@@ -89,14 +90,19 @@ def _wait_finished(jobs: Jobs, kubelet: ProcessKubelet, name: str) -> dict:
 
 
 def test_worker_crash_restarts_group_and_resumes_from_checkpoint(
-    jobs: Jobs, kubelet: ProcessKubelet, tmp_path: Path
+    jobs: Jobs, kubelet: ProcessKubelet, tmp_path: Path, mlflow_server: str
 ) -> None:
     storage = tmp_path / "checkpoints"
+    template = _e2e_template("6", "3")
+    # Experiment tracking as a user turns it on in a pod: the tracking server's URI alone.
+    template["spec"]["containers"][0].setdefault("env", []).append(
+        {"name": "MLFLOW_TRACKING_URI", "value": mlflow_server}
+    )
     manifest = torchjob(
         "e2e",
         replicas=2,
         backend="gloo",
-        template=_e2e_template("6", "3"),
+        template=template,
         checkpoint={"path": str(storage)},
         failurePolicy={"maxRestarts": 2, "backoff": {"initialSeconds": 1}},
     )
@@ -134,6 +140,18 @@ def test_worker_crash_restarts_group_and_resumes_from_checkpoint(
     assert "loss" in progress.get("metrics", {})
     header, row = jobs.kubectl("get", "tj", "e2e", "-o", "wide").stdout.strip().splitlines()
     assert row.split()[header.split().index("EPOCH")] == "5"
+
+    # Rank 0's pod logged every report and checkpoint URI to the real MLflow server, both
+    # generations into one run, and the run's id is in the job's status.
+    tracking = status.get("tracking") or {}
+    assert tracking.get("backend") == "mlflow" and tracking.get("runId"), status
+    mlflow = MlflowClient(mlflow_server)
+    (experiment,) = [e for e in mlflow.search_experiments() if e.name == "e2e"]
+    (run,) = mlflow.search_runs([experiment.experiment_id])
+    assert run.info.run_id == tracking["runId"]
+    assert run.data.tags["torchjob.checkpoint"] == committed[-1].path
+    losses = mlflow.get_metric_history(run.info.run_id, "loss")
+    assert progress["metrics"]["loss"] in {m.value for m in losses}, losses  # the last report
     account = f"--as=system:serviceaccount:{jobs.ns}:e2e-worker"
     own = ("auth", "can-i", "patch", "torchjobs.torchjob.io/e2e", "--subresource=status", account)
     other = (

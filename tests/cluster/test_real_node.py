@@ -32,7 +32,7 @@ from tests.cluster.realnode import (
 from tests.e2e.train_job import TORN_EPOCH, TORN_INDEX
 from tests.s3 import S3, S3Server
 
-from torchjob import contract
+from torchjob import contract, tune
 from torchjob.checkpoint import MANIFEST, MARKER, CheckpointStorage
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.realnode]
@@ -502,17 +502,40 @@ def test_a_torchtune_runs_the_tune_seeds_trainable_in_real_containers_to_the_bes
     assert states == {0.1: "Succeeded", 0.05: "Succeeded", 0.001: "Pruned", 0.0005: "Pruned"}, (
         status
     )
-    best = status["bestTrial"]
-    assert best["params"] == {"lr": 0.1}
-    committed = CheckpointStorage(str(storage / best["name"])).list_committed()
-    assert best["checkpoint"] == committed[-1].path
+    assert (status["trialsCreated"], status["trialsSucceeded"], status["trialsPruned"]) == (4, 2, 2)
+    # The Python SDK reads the same study back as Ray Tune's ResultGrid.
+    handle = tune.attach(
+        "lr-search", namespace=real_jobs.ns, kubeconfig=str(real_jobs.cluster.kubeconfig)
+    )
+    grid = handle.results()
+    by_lr = {r.config["lr"]: r for r in grid}
+    assert {lr: r.status for lr, r in by_lr.items()} == {
+        0.1: "TERMINATED",
+        0.05: "TERMINATED",
+        0.001: "PRUNED",
+        0.0005: "PRUNED",
+    }, status["trials"]
+    # The finished trials reported every epoch (6), the pruned ones were stopped early.
+    assert by_lr[0.1].metrics["training_iteration"] == 6
+    assert by_lr[0.001].metrics["training_iteration"] < 6
+    # The best trial's checkpoint is its last committed one, and holds the trained model.
+    best = grid.get_best_result()
+    assert best.config["lr"] == 0.1 and best.job_name == status["bestTrial"]["name"]
+    assert status["bestTrial"]["params"] == {"lr": 0.1}
+    committed = CheckpointStorage(str(storage / best.job_name)).list_committed()
+    assert status["bestTrial"]["checkpoint"] == committed[-1].path
+    assert best.checkpoint is not None and best.checkpoint.path == committed[-1].path
     import torch
 
-    weight = torch.load(Path(best["checkpoint"]) / "model.pt")["weight"].item()
+    with best.checkpoint.as_directory() as d:
+        weight = torch.load(Path(d) / "model.pt")["weight"].item()
     assert abs(weight - 3.0) < 0.1
+    for lr in (0.001, 0.0005):
+        name = by_lr[lr].job_name
+        assert name is not None
+        k.wait_for(lambda n=name: real_jobs.get(n) is None, 60, f"pruned TorchJob {name} deleted")
     table = real_jobs.kubectl("get", "tt", "lr-search").stdout
-    print(table)
-    assert "4/4" in table
+    assert "Succeeded" in table and "4/4" in table, table
 
 
 def test_helm_upgrade_rolls_the_operator_and_uninstall_keeps_the_crd(
