@@ -75,7 +75,7 @@ class Execution(Generic[T]):
         on_tick: Callable[[], None] | None = None,
         tick_s: float = 0.5,
         grace_s: float = 3.0,
-        loss_grace_s: float = 30.0,
+        loss_grace_s: float | Callable[[], float] = 30.0,
     ) -> list[T]:
         """Results in rank order, or raise the root cause of the failure.
 
@@ -88,7 +88,8 @@ class Execution(Generic[T]):
         While every failure is a death or a peer's broken connection, the others get up to
         ``loss_grace_s``: each survivor leaves its broken group on such an error
         (``worker._leave_broken_group``), which fails its neighbours' collectives in turn, so
-        they all answer within moments and the survivors can re-form in place.
+        they all answer within moments and the survivors can re-form in place. A callable is
+        asked at each look (the trainer waits that long only while a restore point is held).
         """
         pending = {w.conn: w for w in self._workers if w.conn is not None}
         results: dict[int, T] = {}
@@ -97,7 +98,8 @@ class Execution(Generic[T]):
         while pending:
             if first_failure is not None:
                 losses_only = all(f.kind in ("died", "peer") for f in failures)
-                if time.monotonic() - first_failure > (loss_grace_s if losses_only else grace_s):
+                loss_grace = loss_grace_s() if callable(loss_grace_s) else loss_grace_s
+                if time.monotonic() - first_failure > (loss_grace if losses_only else grace_s):
                     break
             for conn in wait(list(pending), timeout=tick_s):
                 assert isinstance(conn, Connection)

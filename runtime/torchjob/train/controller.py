@@ -70,6 +70,8 @@ from torchjob.train.workers import Workers
 log = logging.getLogger(__name__)
 
 REFORM_WAIT_S = 1.0
+LOSS_GRACE_S = 30.0
+"""How long the survivors of a lost rank get to answer while they hold a restore point."""
 """KeepSurvivors: pause before forming the same generation again when a peer is not up yet."""
 
 
@@ -349,7 +351,10 @@ class Controller:
         try:
             group = self.workers.take(placement, env, pod)
             outcomes = group.submit(run_training, (self._spec(),)).wait(
-                on_event=on_event, on_tick=on_tick
+                on_event=on_event,
+                on_tick=on_tick,
+                # Wait for the survivors only when they hold a restore point worth keeping.
+                loss_grace_s=lambda: LOSS_GRACE_S if points.held else 3.0,
             )
         except LaunchError as err:
             kept = False
