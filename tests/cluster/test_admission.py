@@ -29,7 +29,8 @@ from tests.cluster.operator_harness import CRD_FILE, Jobs, OperatorProcess
 
 from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION, TorchJobSpec
-from torchjob_operator.resources.pods import owner_reference, worker_pod
+from torchjob_operator.resources.owner import owner_reference
+from torchjob_operator.resources.pods import worker_pod
 from torchjob_operator.resources.rbac import worker_rbac
 
 PRIORITY_CLASS = "torchjob-admission-test"

@@ -12,8 +12,9 @@ import copy
 from typing import Any
 
 from torchjob import contract
-from torchjob.api.models import API_VERSION, KIND, InitializersSpec, TorchJobSpec
+from torchjob.api.models import InitializersSpec, TorchJobSpec
 from torchjob.rules import initializer as rules
+from torchjob_operator.resources.owner import owner_reference
 
 VOLUME = "torchjob-initializers"
 SOURCE_VOLUME = "torchjob-source"
@@ -84,16 +85,7 @@ def initializer_pod(
                 contract.LABEL_ROLE: contract.ROLE_INITIALIZER,
                 rules.LABEL_KIND: kind,
             },
-            "ownerReferences": [
-                {
-                    "apiVersion": API_VERSION,
-                    "kind": KIND,
-                    "name": name,
-                    "uid": uid,
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "ownerReferences": [owner_reference(name, uid)],
         },
         "spec": pod_spec,
     }

@@ -14,26 +14,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchjob import contract
-from torchjob.api.models import API_VERSION, KIND, GangScheduler, GangSpec, TorchJobSpec
+from torchjob.api.models import GangScheduler, GangSpec, TorchJobSpec
 from torchjob.rules.worker_env import worker_pod_env
 from torchjob_operator.resources.initializers import mount_in_worker
+from torchjob_operator.resources.owner import owner_reference
 
 DEFAULT_GRACE_PERIOD_S = 120
 """Seconds between SIGTERM and SIGKILL: time for rank 0 to write a checkpoint."""
 SHM_VOLUME = "dshm"
 CHECKPOINT_VOLUME = "torchjob-checkpoint"
 GPU = "nvidia.com/gpu"
-
-
-def owner_reference(name: str, uid: str) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "name": name,
-        "uid": uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
 
 
 def job_labels(name: str) -> dict[str, str]:

@@ -14,7 +14,8 @@ from typing import Any
 
 from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL
-from torchjob_operator.resources.pods import job_labels, owner_reference
+from torchjob_operator.resources.owner import owner_reference
+from torchjob_operator.resources.pods import job_labels
 
 
 def _meta(name: str, namespace: str, job: str, uid: str) -> dict[str, Any]:
