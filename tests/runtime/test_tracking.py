@@ -183,6 +183,10 @@ def test_wandb_callback_offline_writes_a_run_per_trial(
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    # W&B starts a service process at the first init; on a loaded 2-core CI machine that can
+    # take longer than its 90 s default, which would fail the trial, not the feature.
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "600")
+    monkeypatch.setenv("WANDB__SERVICE_WAIT", "600")
     analysis = tune.run(
         score_trial,
         config={"x": 2},
