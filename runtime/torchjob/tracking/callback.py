@@ -9,16 +9,53 @@ driver of the pod that runs rank 0 (on a laptop: the ``fit()`` process), never i
 
 A callback that raises is logged and skipped (:class:`Callbacks`): experiment tracking never
 ends a training run.
+
+It also holds what every logger callback (MLflow, TensorBoard, W&B) shares: the numbers of a
+report (:func:`numeric_metrics`), a config as flat parameters (:func:`flat_params`) and
+:class:`TrackingError`.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger("torchjob.tracking")
+
+_MAX_PARAM = 6000
+"""The longest parameter value MLflow keeps."""
+
+
+class TrackingError(RuntimeError):
+    """The tracking backend cannot be used; the message names its URI."""
+
+
+def flat_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"a": {"b": 1}}`` -> ``{"a/b": "1"}``, values as MLflow keeps them (<= 6000 chars)."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flat_params(value, f"{name}/"))
+        else:
+            out[name] = str(value)[:_MAX_PARAM]
+    return out
+
+
+def numeric_metrics(result: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """The numbers of a report (nested dicts flattened with ``/``); strings, bools and the
+    rest are left out."""
+    out: dict[str, float] = {}
+    for key, value in result.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(numeric_metrics(value, f"{name}/"))
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            out[name] = float(value)
+    return out
 
 
 @dataclass(eq=False)

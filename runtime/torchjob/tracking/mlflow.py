@@ -30,7 +30,15 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from torchjob.tracking.callback import LoggerCallback, TrialInfo
+from torchjob.tracking.callback import (
+    LoggerCallback,
+    TrackingError,
+    TrialInfo,
+    flat_params,
+    numeric_metrics,
+)
+
+__all__ = ["TrackingError", "flat_params", "numeric_metrics"]
 
 log = logging.getLogger("torchjob.tracking")
 
@@ -39,11 +47,6 @@ EXPERIMENT_NAME_ENV = "MLFLOW_EXPERIMENT_NAME"
 RUN_ID_ENV = "MLFLOW_RUN_ID"
 PROBE_TIMEOUT_S = 5.0
 FLUSH_TIMEOUT_S = 60.0
-_MAX_PARAM = 6000
-
-
-class TrackingError(RuntimeError):
-    """The tracking backend cannot be used; the message names its URI."""
 
 
 def redact(uri: str) -> str:
@@ -91,31 +94,6 @@ def check_reachable(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
         raise TrackingError(
             f"MLflow tracking server {redact(uri)} cannot be reached: {reason}"
         ) from exc
-
-
-def flat_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """``{"a": {"b": 1}}`` -> ``{"a/b": "1"}``, values as MLflow keeps them (<= 6000 chars)."""
-    out: dict[str, str] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.update(flat_params(value, f"{name}/"))
-        else:
-            out[name] = str(value)[:_MAX_PARAM]
-    return out
-
-
-def numeric_metrics(result: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
-    """The numbers of a report (nested dicts flattened with ``/``); strings, bools and the
-    rest are left out."""
-    out: dict[str, float] = {}
-    for key, value in result.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.update(numeric_metrics(value, f"{name}/"))
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            out[name] = float(value)
-    return out
 
 
 class _Background:

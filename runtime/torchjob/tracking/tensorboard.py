@@ -17,8 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from torchjob.tracking.callback import LoggerCallback, TrialInfo
-from torchjob.tracking.mlflow import TrackingError, numeric_metrics
+from torchjob.tracking.callback import LoggerCallback, TrackingError, TrialInfo, numeric_metrics
 
 log = logging.getLogger("torchjob.tracking")
 

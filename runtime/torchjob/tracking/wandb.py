@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from torchjob.tracking.callback import LoggerCallback, TrialInfo
-from torchjob.tracking.mlflow import TrackingError, numeric_metrics
+from torchjob.tracking.callback import LoggerCallback, TrackingError, TrialInfo, numeric_metrics
 
 
 def import_wandb() -> Any:
