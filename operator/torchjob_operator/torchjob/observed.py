@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from torchjob import contract
-from torchjob.api.models import FailureRecord, Phase, TorchJobStatus
+from torchjob.api.models import FailureRecord, Phase, SilentWorker, TorchJobStatus
 from torchjob.rules.member import MemberPhase
 from torchjob_operator.common.clock import parse_time, parse_time_or_none
 from torchjob_operator.common.owners import controller_uid
@@ -233,6 +233,8 @@ class JobState:
     restart_after: datetime | None = None
     last_failure: FailureRecord | None = None
     conditions: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
+    silent: tuple[SilentWorker, ...] = ()
+    """Member pods the survivors' runtimes saw go silent (``status.silentWorkers``)."""
 
     @classmethod
     def from_status(cls, status: Mapping[str, Any] | None) -> JobState:
@@ -253,4 +255,5 @@ class JobState:
             restart_after=parse_time_or_none(s.restart_after),
             last_failure=s.last_failure,
             conditions=tuple(c.to_wire() for c in s.conditions or ()),
+            silent=tuple(s.silent_workers or ()),
         )
