@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from kubernetes import client
 from tests import kube as k
 from tests.cluster import conftest
 from tests.cluster.operator_harness import Jobs, torchjob
-from tests.cluster.pod_procs import trainer_pid
+from tests.cluster.pod_procs import drop_packets, trainer_pid
 from tests.cluster.realnode import (
     NODE_LABEL,
     REPO,
@@ -360,6 +361,44 @@ def test_a_sigkilled_trainer_costs_a_step_the_survivor_goes_on_from_memory_at_on
     shrunk = [e for e in real_jobs.events("hard") if e.reason == "ShrunkAfterLoss"]
     assert shrunk and "no backoff" in shrunk[0].message, [e.message for e in shrunk]
     assert "killed by SIGKILL" in status["lastFailure"]["message"], status["lastFailure"]
+    assert_resumed_from_memory(read_events(events), lost_gen=0)
+
+
+def test_a_pod_whose_packets_are_dropped_is_found_silent_and_the_survivor_goes_on(
+    real_jobs: Jobs, storage: Path
+) -> None:
+    """Every packet in and out of pod 1's network namespace dropped (iptables through
+    nsenter: a node that vanished, no FIN, no RST): its heartbeat stops, pod 0's watchdog
+    finds it silent within TORCHJOB_SILENT_PEER_S (10 s) and writes it into
+    status.silentWorkers; the operator takes it for a hard loss (shrinks at once, deletes it)
+    and pod 0 goes on alone from its memory; the replacement joins later."""
+    events = storage / "events.jsonl"
+    real_jobs.apply(hard_loss_job("quiet", storage, events, steps=60, hold=2))
+    pods = real_jobs.wait_running_pods("quiet", 2, generation=0, timeout=240)
+    victim = next(p for p in pods if p.metadata.name == "quiet-worker-1")
+    k.wait_for(
+        lambda: any(e["ev"] == "step" and e["step"] >= 10 for e in read_events(events)),
+        240,
+        lambda: f"10 steps\n{pod_logs(real_jobs, 'quiet')}",
+        interval=0.5,
+    )
+    pid = k.wait_for(lambda: trainer_pid(victim.metadata.uid), 30, "pod 1's trainer process")
+    dropped = time.time()
+    drop_packets(pid)
+    # The survivor's next step, in a generation without pod 1 (a generous bound: no timing).
+    resumed = k.wait_for(
+        lambda: next((e for e in read_events(events) if e["ev"] == "step" and e["gen"] >= 1), None),
+        120,
+        lambda: f"a step of generation 1\n{pod_logs(real_jobs, 'quiet')}",
+        interval=0.2,
+    )
+    print(f"packets dropped -> the survivor's next step: {resumed['t'] - dropped:.1f}s")
+    assert resumed["world"] == 1 and resumed["pod"] == "quiet-worker-0", resumed
+    status = wait_finished(real_jobs, "quiet")
+    assert status["phase"] == "Succeeded", pod_logs(real_jobs, "quiet")
+    assert status["lastFailure"]["reason"] == "SilentPeer", status["lastFailure"]
+    assert "quiet-worker-1 silent for" in status["lastFailure"]["message"], status
+    assert (status["restarts"], status["disruptions"]) == (1, 0), status
     assert_resumed_from_memory(read_events(events), lost_gen=0)
 
 
