@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from torchjob import contract
-from torchjob.api.models import FailureRecord, Phase, TorchJobStatus
+from torchjob.api.models import FailureRecord, Phase, SilentWorker, TorchJobStatus
 from torchjob.rules.member import MemberPhase
 from torchjob_operator.common.clock import parse_time, parse_time_or_none
 from torchjob_operator.common.owners import controller_uid
@@ -61,6 +61,9 @@ class PodView:
     """One line on why the container stopped: from its termination message, if it left one."""
     peer_failure: bool = False
     """The runtime said this pod failed only because a peer did (not a root cause)."""
+    killed: bool = False
+    """The runtime said a worker process of this pod was SIGKILLed (``kill -9``, the OOM
+    killer): a hard loss, like a container that exited 137 (``hard_loss.killed``)."""
     joiner: bool = False
     """Created ahead of the generation that takes it in (``contract.LABEL_JOINER``)."""
 
@@ -205,6 +208,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         waiting_message=waiting_message,
         summary=said.line if said else "",
         peer_failure=said.peer_failure if said else False,
+        killed=said.killed if said else False,
     )
 
 
@@ -229,6 +233,8 @@ class JobState:
     restart_after: datetime | None = None
     last_failure: FailureRecord | None = None
     conditions: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
+    silent: tuple[SilentWorker, ...] = ()
+    """Member pods the survivors' runtimes saw go silent (``status.silentWorkers``)."""
 
     @classmethod
     def from_status(cls, status: Mapping[str, Any] | None) -> JobState:
@@ -249,4 +255,5 @@ class JobState:
             restart_after=parse_time_or_none(s.restart_after),
             last_failure=s.last_failure,
             conditions=tuple(c.to_wire() for c in s.conditions or ()),
+            silent=tuple(s.silent_workers or ()),
         )

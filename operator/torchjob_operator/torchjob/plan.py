@@ -71,6 +71,7 @@ from torchjob_operator.torchjob.initializing import holds, initializing
 from torchjob_operator.torchjob.loss import after_loss, survives
 from torchjob_operator.torchjob.observed import JobState, PodView, ProbeView
 from torchjob_operator.torchjob.phase import active_phase
+from torchjob_operator.torchjob.silent import silenced
 from torchjob_operator.torchjob.status import ready_reason, render_status
 
 __all__ = ["CreatePods", "Event", "JobView", "Plan", "plan", "with_state"]
@@ -176,6 +177,8 @@ def plan(
         d = d.also(requeue=[min(left, MAX_REQUEUE_S)])
 
     d = _rescale(d)
+    # Pods the survivors saw go silent are lost like SIGKILLed ones (torchjob/silent.py).
+    pods = silenced(pods, st.silent, d.generation, d.ranked, job.name)
     current = _members(d, pods)
     missing: list[int] = []
     if d.created_generation == d.generation:

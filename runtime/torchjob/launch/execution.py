@@ -18,12 +18,14 @@ from typing import Any, Generic, Protocol, TypeVar
 import cloudpickle
 
 from torchjob.launch import _start
+from torchjob.launch.driver_beat import DriverBeat
 from torchjob.launch.errors import (
     CollectiveTimeoutError,
     LaunchError,
     WorkerDiedError,
     WorkerGroupError,
 )
+from torchjob.launch.placement import Placement
 
 T = TypeVar("T")
 EventHandler = Callable[[int, Any], None]
@@ -32,6 +34,12 @@ EventHandler = Callable[[int, Any], None]
 
 class Group(Protocol):
     """What an execution needs of its :class:`~torchjob.launch.WorkerGroup`."""
+
+    @property
+    def placement(self) -> Placement: ...
+
+    @property
+    def formed(self) -> bool: ...
 
     def mark_broken(self, *, peer_loss_only: bool, survivors: bool = False) -> None: ...
 
@@ -90,7 +98,24 @@ class Execution(Generic[T]):
         (``worker._leave_broken_group``), which fails its neighbours' collectives in turn, so
         they all answer within moments and the survivors can re-form in place. A callable is
         asked at each look (the trainer waits that long only while a restore point is held).
+
+        Meanwhile this process beats for its workers (``torchjob.launch.driver_beat``).
         """
+        beat = DriverBeat.for_group(self._group, self._workers)
+        try:
+            return self._wait(on_event, on_tick, tick_s, grace_s, loss_grace_s)
+        finally:
+            if beat is not None:
+                beat.stop()
+
+    def _wait(
+        self,
+        on_event: EventHandler | None,
+        on_tick: Callable[[], None] | None,
+        tick_s: float,
+        grace_s: float,
+        loss_grace_s: float | Callable[[], float],
+    ) -> list[T]:
         pending = {w.conn: w for w in self._workers if w.conn is not None}
         results: dict[int, T] = {}
         failures: list[_Failure] = []

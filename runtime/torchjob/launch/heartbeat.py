@@ -14,9 +14,11 @@ for a rank on another host, breaks this process's own connections to the group
 (:func:`break_group_connections`), so its collective fails now and the cascade of
 ``worker._leave_broken_group`` reaches every survivor.
 
-``TORCHJOB_SILENT_PEER_S`` sets ``silent_after_s`` (default 30; 0 turns the watchdog off).
-The default is not lower because the beat is a Python thread of the worker: a call that holds
-the GIL for long (a slow import, a large pickle) silences it, and a live rank would be killed.
+``TORCHJOB_SILENT_PEER_S`` sets ``silent_after_s`` (default 10; 0 turns the watchdog off).
+The worker's own beat is a Python thread: a call that holds the worker's GIL for long (a slow
+import, a large pickle) stops it. So the driver beats for its workers too, from its own
+process, while their processes run and are not stopped (``torchjob.launch.driver_beat``): a
+rank's key moves while either beats, and a live rank is never found silent for its GIL.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from datetime import timedelta
 from typing import Any
 
 ENV_SILENT_PEER_S = "TORCHJOB_SILENT_PEER_S"
-DEFAULT_SILENT_PEER_S = 30.0
+DEFAULT_SILENT_PEER_S = 10.0
 
 
 def silent_after_s() -> float:

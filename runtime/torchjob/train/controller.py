@@ -12,15 +12,11 @@ step. The decisions inside a mode are the pure policies of ``torchjob.launch.pol
 (over ``torchjob.rules``); the controller only carries steps out (waits, messages,
 termination messages, the final :class:`Result` or exception).
 
-The steps and the protocols both sides share live in ``torchjob.train.steps``; the modes
-in ``torchjob.train.modes``; the worker processes across generations in
-``torchjob.train.workers``; what the run records and how it ends (its Result, its errors) in
-``torchjob.train.record``; the restore point and silent peers it follows in
-``torchjob.train.survivors``. Three modes (``torchjob.train.modes``), chosen once from
-where ``fit()`` runs: :class:`LocalMode` (a laptop: failures restart, shrink or, where
-ranks survive, re-form in place from their memory), :class:`PodMode` (a TorchJob pod: the
-operator owns restarts) and :class:`KeepSurvivorsMode` (a pod that follows the job's
-generations and re-forms the group in this process).
+Where the rest lives: the steps and shared protocols in ``torchjob.train.steps``; the three
+modes (:class:`LocalMode`, :class:`PodMode`, :class:`KeepSurvivorsMode`, chosen once from
+where ``fit()`` runs) in ``torchjob.train.modes``; the worker processes in
+``torchjob.train.workers``; the run's record and ending in ``torchjob.train.record``; the
+restore point and silent peers in ``torchjob.train.survivors``.
 """
 
 from __future__ import annotations
@@ -36,7 +32,7 @@ from typing import Any, NoReturn, assert_never
 from torchjob import contract
 from torchjob.checkpoint import CheckpointStorage
 from torchjob.contract import Member, PodEnv, Role, Standby
-from torchjob.launch import LaunchError, WorkerGroup, WorkerGroupError
+from torchjob.launch import LaunchError, WorkerGroup
 from torchjob.launch.policy import RestartGroup, RunState, next_generation
 from torchjob.train import _session, record, workers
 from torchjob.train._spec import WorkerSpec
@@ -63,24 +59,16 @@ from torchjob.train.steps import (
     Stopped,
     TrainerSettings,
 )
-from torchjob.train.survivors import RestorePoints
+from torchjob.train.survivors import RestorePoints, silent_reporter
 from torchjob.train.tracking import RunTracking
 from torchjob.train.workers import Workers
 
 log = logging.getLogger(__name__)
 
 REFORM_WAIT_S = 1.0
+"""KeepSurvivors: pause before forming the same generation again when a peer is not up yet."""
 LOSS_GRACE_S = 30.0
 """How long the survivors of a lost rank get to answer while they hold a restore point."""
-"""KeepSurvivors: pause before forming the same generation again when a peer is not up yet."""
-
-
-# --- pure helpers --------------------------------------------------------------------------
-
-
-def retryable(err: LaunchError) -> bool:
-    """A corrupt checkpoint fails the same way every time: stop at once, naming its path."""
-    return not (isinstance(err, WorkerGroupError) and err.exc_type == "CheckpointError")
 
 
 # --- the controller ------------------------------------------------------------------------
@@ -283,7 +271,7 @@ class Controller:
                     return Stopped(at_report)
                 return self.mode.after_interrupt(self, state, at_report)
             case Crashed(err, held):
-                if self.stop_requested.is_set() or not retryable(err):
+                if self.stop_requested.is_set() or not record.retryable(err):
                     return Errored(err, str(err))
                 return self.mode.after_failure(self, replace(state, survivors_hold_state=held), err)
             case _:
@@ -300,7 +288,8 @@ class Controller:
         current = state
         signalled = False
         group: WorkerGroup | None = None
-        points = RestorePoints()
+        reporter = silent_reporter(self._published(), self.pod, self._endpoint)
+        points = RestorePoints(report_silent=reporter)
 
         def on_event(_rank: int, event: dict[str, Any]) -> None:
             nonlocal current

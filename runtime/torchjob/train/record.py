@@ -14,7 +14,7 @@ from typing import Any
 from torchjob import contract
 from torchjob.checkpoint import CheckpointError, CheckpointStorage, rank_checkpoints
 from torchjob.contract import PodEnv
-from torchjob.launch import LaunchError
+from torchjob.launch import LaunchError, WorkerGroupError
 from torchjob.launch.termination import failure_message, write_termination_message
 from torchjob.train import _shared_result
 from torchjob.train._spec import WorkerOutcome
@@ -117,6 +117,11 @@ def stopped(result: Result, at_report: int | None, *, in_pod: bool) -> TrainingS
     if in_pod:
         write_termination_message(contract.termination_message(text))
     return TrainingStoppedError(text, result=result)
+
+
+def retryable(err: LaunchError) -> bool:
+    """A corrupt checkpoint fails the same way every time: stop at once, naming its path."""
+    return not (isinstance(err, WorkerGroupError) and err.exc_type == "CheckpointError")
 
 
 def failed(

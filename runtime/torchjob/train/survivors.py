@@ -4,14 +4,21 @@ The workers hold the last completed step's state in memory once the training fun
 registered it (``torchjob.train.restore_point``): their report events say so, and the first
 rank of a generation that started from memory says where from. A rank's watchdog reports a
 silent peer (``torchjob.launch.heartbeat``); a rank this host runs is then killed, so that
-its connections close and the survivors' collectives fail as for any death.
+its connections close and the survivors' collectives fail as for any death. A rank on
+another pod (KeepSurvivors) is reported to the operator (:func:`report_silent`:
+``status.silentWorkers``), which takes its pod for lost: nothing in Kubernetes says so
+while its node has not noticed (a vanished node, a partition).
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchjob import contract
 from torchjob.launch import WorkerGroup
 from torchjob.train.progress import ProgressView
 
@@ -27,6 +34,8 @@ class RestorePoints:
     """The ``restored`` event of this generation (where its state came from), if any."""
     silenced: set[int] = field(default_factory=set)
     """Ranks killed here because their peers found them silent."""
+    report_silent: Callable[[int, float], None] | None = None
+    """Tells the operator that a rank of another pod is silent (KeepSurvivors pods)."""
     restore_point_bytes: int = 0
 
     def on_event(
@@ -50,11 +59,58 @@ class RestorePoints:
             return True
         if kind == "silent_peer":
             rank = int(event["rank"])
-            if group is not None and rank not in self.silenced and group.kill_rank(rank):
-                self.silenced.add(rank)
-                view.message(
-                    f"[torchjob] rank {rank} silent for {event['silent_s']:.1f}s (no heartbeat, "
-                    f"seen by rank {event['by']}): killed, the survivors re-form"
-                )
+            if rank in self.silenced:
+                return True
+            self.silenced.add(rank)
+            said = f"[torchjob] rank {rank} silent for {event['silent_s']:.1f}s (no heartbeat, "
+            if group is not None and group.kill_rank(rank):
+                view.message(f"{said}seen by rank {event['by']}): killed, the survivors re-form")
+            elif self.report_silent is not None:
+                self.report_silent(rank, float(event["silent_s"]))
+                view.message(f"{said}seen by rank {event['by']}): its pod is reported lost")
             return True
         return False
+
+
+def report_silent(
+    endpoint: Any,
+    pod: contract.PodEnv,
+    ranked: tuple[int, ...],
+    generation: int,
+    rank: int,
+    silent_s: float,
+) -> None:
+    """Write the pod of global ``rank`` into the job's ``status.silentWorkers`` (on a thread:
+    never blocks the driver; best effort: a survivor that cannot reach the API server leaves
+    it to the others). ``ranked``: the generation's pod indices in rank order."""
+    place = rank // max(1, pod.nproc_per_node)
+    if place >= len(ranked):
+        return
+    body = {
+        "status": {
+            "silentWorkers": [
+                {
+                    "pod": contract.worker_pod_name(pod.job_name, ranked[place]),
+                    "generation": generation,
+                    "by": contract.worker_pod_name(pod.job_name, pod.pod_index),
+                    "seconds": round(silent_s, 1),
+                }
+            ]
+        }
+    }
+
+    def send() -> None:
+        with contextlib.suppress(Exception):
+            endpoint.call("PATCH", body)
+
+    threading.Thread(target=send, name="torchjob-silent-report", daemon=True).start()
+
+
+def silent_reporter(
+    m: Any, pod: contract.PodEnv | None, endpoint: Any
+) -> Callable[[int, float], None] | None:
+    """KeepSurvivors (a published membership ``m``, an API endpoint): report a silent rank of
+    another pod to the job's status (:func:`report_silent`); elsewhere None."""
+    if m is None or pod is None or endpoint is None:
+        return None
+    return lambda rank, s: report_silent(endpoint, pod, m.ranked, m.generation, rank, s)

@@ -85,6 +85,7 @@ from torchjob.api.models.status import (
     Phase,
     Progress,
     RuntimeStatus,
+    SilentWorker,
     TorchJobStatus,
     Tracking,
 )
@@ -149,6 +150,7 @@ __all__ = [
     "RuntimeRef",
     "RuntimeStatus",
     "SchedulingSpec",
+    "SilentWorker",
     "TorchJob",
     "TorchJobSpec",
     "TorchJobStatus",

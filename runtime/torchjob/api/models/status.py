@@ -97,6 +97,15 @@ class Tracking(_Model):
     )
 
 
+class SilentWorker(_Model):
+    """A member pod whose heartbeat stopped, as a survivor's runtime saw it."""
+
+    pod: str
+    generation: int = Field(description="The generation the pod was silent in.")
+    by: str = Field(description="The pod whose runtime saw it.")
+    seconds: float = Field(default=0.0, description="How long it had been silent.")
+
+
 class TorchJobStatus(_Model):
     model_config = ConfigDict(extra="allow")
 
@@ -157,6 +166,13 @@ class TorchJobStatus(_Model):
             " of joining the current generation's group."
         ),
     )
+    silent_workers: list[SilentWorker] | None = Field(
+        default=None,
+        description=(
+            "KeepSurvivors: member pods whose heartbeat stopped (a vanished node, a partition),"
+            " written by a survivor's runtime; the operator treats each as a hard loss."
+        ),
+    )
     start_time: str | None = None
     completion_time: str | None = None
     progress: Progress | None = None
@@ -180,9 +196,12 @@ class TorchJobStatus(_Model):
     def to_patch(self) -> dict[str, Any]:
         """The operator's JSON merge patch of ``/status``: every field it owns, ``None`` as an
         explicit null (which clears it), and ``progress`` and ``tracking`` left out: the pod's
-        agent owns them (``runtime`` too: written once, when the blueprint is pinned)."""
+        agent owns them (``runtime`` too: written once, when the blueprint is pinned;
+        ``silentWorkers``: the survivors' agents write it)."""
         return self.model_dump(
-            by_alias=True, mode="json", exclude={"progress", "runtime", "tracking"}
+            by_alias=True,
+            mode="json",
+            exclude={"progress", "runtime", "tracking", "silent_workers"},
         )
 
     @classmethod

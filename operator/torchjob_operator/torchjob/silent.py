@@ -1,0 +1,84 @@
+"""Silent peers reported by the survivors: a pod whose trainer went silent (a node that
+vanished, a network partition, a frozen process) is lost like a SIGKILLed one.
+
+Every rank's watchdog declares a peer silent when its heartbeat in the generation's store
+stopped for ``TORCHJOB_SILENT_PEER_S`` (``torchjob.launch.heartbeat``); the survivors break
+their connections and wait for the next generation. Nothing in Kubernetes says the silent
+pod is lost (it may still show Running: its kubelet, or the node's, has not noticed), so a
+survivor's runtime writes it into the job's status (``status.silentWorkers``: the pod, the
+generation, who saw it). :func:`silenced` turns such reports into what the planner judges:
+the pod of the current generation counts as killed (a hard loss, ``hard_loss``): the
+generation goes on without it at once (shrunk, or replaced at full size), and the pod is
+deleted as any pod left out of a generation.
+
+A report counts only when it names a member of the current generation and comes from
+another member. Two pods that each report the other (a partition between them) cannot both
+be right: a report from a pod that is itself reported does not count, and when every
+reporter is reported, the view of the pod that runs rank 0 wins (it serves the store the
+beats go through). Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from torchjob import contract
+from torchjob.api.models import SilentWorker
+from torchjob_operator.torchjob.observed import PodPhase, PodView
+
+SILENT_REASON = "SilentPeer"
+
+
+def trusted_reports(
+    reports: Sequence[SilentWorker], generation: int, members: Sequence[str]
+) -> dict[str, SilentWorker]:
+    """The reports the planner acts on, by the silent pod's name (see the module docstring);
+    ``members`` are the current generation's pod names in rank order."""
+    names = set(members)
+    valid = [
+        r
+        for r in reports
+        if r.generation == generation and r.pod in names and r.by in names and r.pod != r.by
+    ]
+    reported = {r.pod for r in valid}
+    trusted = [r for r in valid if r.by not in reported]
+    if not trusted and valid and members:
+        trusted = [r for r in valid if r.by == members[0]]
+    return {r.pod: r for r in trusted}
+
+
+def silenced(
+    pods: Sequence[PodView],
+    reports: Sequence[SilentWorker],
+    generation: int,
+    ranked: Sequence[int],
+    job: str,
+) -> list[PodView]:
+    """``pods`` with each member of generation ``generation`` that its peers reported silent
+    seen as killed (exit 137, reason ``SilentPeer``): the loss the planner then judges, and a
+    pod no later generation keeps. A pod created for a later generation under the same name
+    (the replacement) is not the one reported."""
+    if not reports:
+        return list(pods)
+    members = [contract.worker_pod_name(job, i) for i in ranked]
+    trusted = trusted_reports(reports, generation, members)
+    out = []
+    for p in pods:
+        r = trusted.get(p.name)
+        if r is None or not p.active or p.generation > r.generation:
+            out.append(p)
+            continue
+        line = f"{p.name} silent for {r.seconds:.0f}s (no heartbeat; seen by {r.by})"
+        out.append(
+            replace(
+                p,
+                phase=PodPhase.FAILED,
+                exit_code=137,
+                reason=SILENT_REASON,
+                message=line,
+                summary=line,
+                killed=True,
+            )
+        )
+    return out

@@ -1,0 +1,73 @@
+"""Silent peers reported by the survivors (``status.silentWorkers``,
+torchjob_operator/torchjob/silent.py): the silent pod is a hard loss, the job goes on
+without it at once; reports that cannot be right are not acted on."""
+
+from __future__ import annotations
+
+from tests.unit.builders import at, job, running
+from tests.unit.test_hard_loss import elastic_keep
+from tests.unit.test_planner import step
+
+from torchjob.api.models import SilentWorker
+from torchjob_operator.torchjob.plan import JobView, plan, with_state
+from torchjob_operator.torchjob.silent import trusted_reports
+
+
+def reported(view: JobView, status: dict, *reports: tuple[str, int, str]) -> JobView:
+    """``view`` once survivors patched ``status.silentWorkers`` with ``reports``."""
+    body = [{"pod": p, "generation": g, "by": by, "seconds": 10.5} for p, g, by in reports]
+    return with_state(view, {**status, "silentWorkers": body})
+
+
+def test_a_pod_reported_silent_is_a_hard_loss_and_the_job_shrinks_at_once() -> None:
+    _, view, pods = step(elastic_keep(), [], 0)
+    up = [running(p) for p in pods]
+    settled, view, _ = step(view, up, 1)
+    view = reported(view, settled.status, ("tj-worker-1", 0, "tj-worker-0"))
+    decided = plan(view, up, at(12))  # worker 1 still shows Running: its node noticed nothing
+    st = decided.status
+    assert (st["currentGeneration"], st["replicas"], st["restarts"]) == (1, 1, 1)
+    assert decided.delete == ("tj-worker-1",) and decided.relabel == ("tj-worker-0",)
+    shrunk = next(e for e in decided.events if e.reason == "ShrunkAfterLoss")
+    assert "tj-worker-1 silent for 10s (no heartbeat; seen by tj-worker-0)" in shrunk.message
+    assert st["lastFailure"]["reason"] == "SilentPeer"
+    # The report is of generation 0: once generation 1 runs it is moot (the replacement that
+    # takes the name later is not silent).
+    after = reported(view, decided.status, ("tj-worker-1", 0, "tj-worker-0"))
+    joining, after, pods = step(after, [up[0]], 13)
+    assert joining.status["currentGeneration"] == 1 and joining.status["restarts"] == 1
+    assert joining.create is not None and joining.create.indices == (1,)
+    grown = plan(after, [running(p) for p in pods], at(20))
+    assert grown.status["currentGeneration"] == 2 and grown.status["replicas"] == 2
+
+
+def test_reports_the_planner_does_not_act_on() -> None:
+    members = ["tj-worker-0", "tj-worker-1", "tj-worker-2"]
+
+    def w(pod: str, gen: int, by: str) -> SilentWorker:
+        return SilentWorker(pod=pod, generation=gen, by=by, seconds=11.0)
+
+    assert set(trusted_reports([w("tj-worker-2", 3, "tj-worker-0")], 3, members)) == {"tj-worker-2"}
+    assert not trusted_reports([w("tj-worker-2", 2, "tj-worker-0")], 3, members), "stale"
+    assert not trusted_reports([w("tj-worker-5", 3, "tj-worker-0")], 3, members), "no member"
+    assert not trusted_reports([w("tj-worker-2", 3, "tj-worker-9")], 3, members), "by a stranger"
+    # A partition between pods 1 and 2: each reports the other; pod 0 (rank 0, the store)
+    # reports 2 as well: 2 goes.
+    both = [w("tj-worker-2", 3, "tj-worker-1"), w("tj-worker-1", 3, "tj-worker-2")]
+    assert set(trusted_reports([*both, w("tj-worker-2", 3, "tj-worker-0")], 3, members)) == {
+        "tj-worker-2"
+    }
+    # Only the two of them: the pod that runs rank 0 is right (it serves the beats' store).
+    mutual = [w("tj-worker-0", 3, "tj-worker-1"), w("tj-worker-1", 3, "tj-worker-0")]
+    assert set(trusted_reports(mutual, 3, members)) == {"tj-worker-1"}
+
+
+def test_a_silent_report_under_a_fixed_size_job_replaces_the_pod_without_backoff() -> None:
+    _, view, pods = step(job().replicas(2).keep_survivors().max_restarts(3).build(), [], 0)
+    up = [running(p) for p in pods]
+    settled, view, _ = step(view, up, 1)
+    view = reported(view, settled.status, ("tj-worker-0", 0, "tj-worker-1"))
+    decided = plan(view, up, at(12))
+    assert decided.status["currentGeneration"] == 1 and decided.status["replicas"] == 2
+    assert decided.delete == ("tj-worker-0",)
+    assert decided.status["restartAfter"] == "2026-01-01T00:00:12Z", "no backoff"
