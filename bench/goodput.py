@@ -83,6 +83,8 @@ sys.path.insert(0, str(REPO / "bench"))
 import goodput_accounting as acc  # noqa: E402
 
 WORKER = REPO / "bench" / "_goodput_worker.py"
+WORKERS = {"ddp": WORKER, "fsdp": REPO / "bench" / "_goodput_fsdp_worker.py"}
+STRATEGIES = tuple(WORKERS)
 TORCHRUN_WORKER = REPO / "bench" / "_goodput_torchrun.py"
 KUBEFLOW = "Kubeflow"
 POLICIES = ("RecreateGroup", "KeepSurvivors", "Elastic", "Standby", KUBEFLOW)
@@ -99,7 +101,9 @@ def log(msg: str) -> None:
 # ------------------------------------------------------------------------------ the job
 
 
-def manifest(args: argparse.Namespace, policy: str, storage: Path, events: Path) -> dict[str, Any]:
+def manifest(
+    args: argparse.Namespace, policy: str, storage: Path, events: Path, strategy: str = "ddp"
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "replicas": args.replicas,
         "backend": "gloo",
@@ -118,7 +122,7 @@ def manifest(args: argparse.Namespace, policy: str, storage: Path, events: Path)
                         "imagePullPolicy": "Never",
                         "command": [
                             "python3",
-                            str(WORKER),
+                            str(WORKERS[strategy]),
                             str(events),
                             str(args.step_seconds),
                             str(args.ckpt_every),
@@ -126,7 +130,9 @@ def manifest(args: argparse.Namespace, policy: str, storage: Path, events: Path)
                             str(args.batch),
                         ],
                         "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
-                        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                        "resources": {
+                            "requests": {"cpu": args.cpu_request, "memory": args.memory_request}
+                        },
                         "volumeMounts": [
                             {"name": "bench", "mountPath": str(WORKER.parent), "readOnly": True},
                             {"name": "storage", "mountPath": str(storage.parent)},
@@ -276,6 +282,7 @@ class Recovery:
 class Row:
     policy: str
     mode: str
+    strategy: str = "ddp"
     wall: float = 0.0
     committed: int = 0
     recoveries: list[Recovery] = field(default_factory=list)
@@ -294,7 +301,13 @@ class Row:
 
     def figures(self) -> acc.RowFigures:
         return acc.RowFigures(
-            self.policy, self.mode, self.committed, self.wall, self.workers, self.standbys
+            self.policy,
+            self.mode,
+            self.committed,
+            self.wall,
+            self.workers,
+            self.standbys,
+            self.strategy,
         )
 
 
@@ -374,10 +387,15 @@ def run_row(
     evictions: int,
     duration: float,
     index: int,
+    strategy: str = "ddp",
 ) -> Row:
     ns = f"goodput-{args.run_id}-{index}"
     row = Row(
-        policy, mode, workers=args.replicas, standbys=args.standby if policy == "Standby" else 0
+        policy,
+        mode,
+        strategy,
+        workers=args.replicas,
+        standbys=args.standby if policy == "Standby" else 0,
     )
     core.create_namespace({"metadata": {"name": ns}})
     k.wait_for(lambda: _has_default_sa(core, ns), 60, f"the default ServiceAccount in {ns}")
@@ -394,19 +412,21 @@ def run_row(
     body = (
         kubeflow_manifest(args, storage, events)
         if policy == KUBEFLOW
-        else manifest(args, policy, storage, events)
+        else manifest(args, policy, storage, events, strategy)
     )
     cluster.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(body))
     try:
         first = k.wait_for(
             lambda: next((e for e in read_events(events) if e["ev"] == "step"), None),
             args.start_timeout,
-            f"the first step of {policy}/{mode}",
+            f"the first step of {policy}/{mode}/{strategy}",
             interval=0.2,
         )
     except k.WaitTimeout:
         # One row that never trains must not cost the others: say so in its line.
-        log(f"{policy}/{mode}: no first step in {args.start_timeout:.0f}s; skipping the row")
+        log(
+            f"{policy}/{mode}/{strategy}: no first step in {args.start_timeout:.0f}s; skipping the row"
+        )
         row.note = f"never made a first step in {args.start_timeout:.0f}s"
         kind = "pytorchjobs" if policy == KUBEFLOW else "torchjobs"
         cluster.kubectl("-n", ns, "delete", kind, JOB, "--wait=false", check=False)
@@ -415,7 +435,7 @@ def run_row(
         return row
     t_first = first["t"]
     log(
-        f"{policy}/{mode}: first step {t_first - min(watch.added.values(), default=t_first):.1f}s after the first pod"
+        f"{policy}/{mode}/{strategy}: first step {t_first - min(watch.added.values(), default=t_first):.1f}s after the first pod"
     )
     trains = custom if policy != KUBEFLOW else None
     for i in range(evictions):
@@ -447,7 +467,9 @@ def run_row(
         try:
             step = wait_step_after(events, rec.t_evict, gen, args.start_timeout)
         except k.WaitTimeout:
-            log(f"{policy}/{mode}: eviction {i + 1} did not recover in {args.start_timeout}s")
+            log(
+                f"{policy}/{mode}/{strategy}: eviction {i + 1} did not recover in {args.start_timeout}s"
+            )
             row.recoveries.append(rec)
             break
         rec.first_step = step["t"]
@@ -477,7 +499,7 @@ def run_row(
         rec.boundaries = b
         row.recoveries.append(rec)
         log(
-            f"{policy}/{mode}: preemption {i + 1}/{evictions} of {rec.pod}: "
+            f"{policy}/{mode}/{strategy}: preemption {i + 1}/{evictions} of {rec.pod}: "
             f"first step of generation {new_gen} after {rec.seconds:.1f}s"
         )
     if duration > 0:
@@ -536,8 +558,11 @@ def write_timelines(out: Path, rows: list[Row]) -> list[Path]:
             continue
         points = acc.timeline(r.step_times, r.t_first, r.t_first + r.wall, bucket=5.0)
         marks = [x.t_evict - r.t_first for x in r.recoveries]
-        title = f"{r.policy}/{r.mode}, {r.pods_label()}: rank 0's steps/s, evictions in red"
-        path = out / f"{i:02d}-{r.policy}-{r.mode}.svg"
+        title = (
+            f"{r.policy}/{r.mode}/{r.strategy}, {r.pods_label()} pods: "
+            "rank 0's steps/s, evictions in red"
+        )
+        path = out / f"{i:02d}-{r.policy}-{r.mode}-{r.strategy}-{r.pods_label()}pods.svg"
         path.write_text(acc.timeline_svg(title, points, marks))
         paths.append(path)
     return paths
@@ -555,23 +580,23 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
         f"included) every {args.mtbf}s (+-20%), {args.evictions} per row, {args.repeats} repeat(s)"
     )
     for system, rate in sorted(ideal.items()):
-        walls = [b.wall for b in baselines if acc.system_of(b.policy) == system]
+        walls = [b.wall for b in baselines if b.figures().system == system]
         print(
             f"ideal rate of {system} (its own baseline row, no evictions, "
             f"{statistics.median(walls):.0f}s): {rate:.1f} samples/s "
             f"({rate / nominal:.2f} of the nominal {nominal:.0f}/s)"
         )
     head = (
-        f"{'policy':<14}{'mode':<10}{'pods':>5}{'goodput med [min-max]':>24}"
+        f"{'policy':<14}{'mode':<10}{'strat':<6}{'pods':>5}{'goodput med [min-max]':>24}"
         f"{'per pod paid':>24}{'rec p50':>8}{'rec p95':>8}{'lost':>6}"
         f"{'restarts':>9}{'disr':>5}  " + "  ".join(f"{p:>10}" for p in PHASES)
     )
     print(head)
     print("-" * len(head))
-    groups: dict[tuple[str, str], list[Row]] = {}
+    groups: dict[tuple[str, str, str], list[Row]] = {}
     for r in rows:
-        groups.setdefault((r.policy, r.mode), []).append(r)
-    for (policy, mode), reps in groups.items():
+        groups.setdefault((r.policy, r.mode, r.strategy), []).append(r)
+    for (policy, mode, strategy), reps in groups.items():
         recs = [x for r in reps for x in r.recoveries]
         secs = [x.seconds for x in recs if x.seconds is not None]
         lost = sum(
@@ -598,7 +623,7 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
         )
         notes = sorted({r.note for r in reps if r.note})
         print(
-            f"{policy:<14}{mode:<10}{reps[0].pods_label():>5}"
+            f"{policy:<14}{mode:<10}{strategy:<6}{reps[0].pods_label():>5}"
             f"{acc.format_spread(goods):>24}{acc.format_spread(per_pod):>24}"
             f"{pct(secs, 0.5):>7.1f}s{pct(secs, 0.95):>7.1f}s"
             f"{lost:>6}{sum(r.restarts for r in reps):>9}{disr:>5}  "
@@ -628,6 +653,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ckpt-every", type=int, default=50, help="steps between checkpoints")
     p.add_argument("--batch", type=int, default=32, help="samples per worker per step")
     p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument(
+        "--strategies",
+        default="ddp",
+        help="workloads, each with its own baseline: ddp (bench/_goodput_worker.py), fsdp "
+        "(FSDP2 + sharded TrainState checkpoints, bench/_goodput_fsdp_worker.py); Kubeflow "
+        "runs ddp only",
+    )
+    p.add_argument("--cpu-request", default="100m", help="each worker pod's CPU request")
+    p.add_argument("--memory-request", default="256Mi", help="each worker pod's memory request")
     p.add_argument("--modes", default="graceful,hard")
     p.add_argument("--baseline-seconds", type=float, default=0.0,
                    help="length of the row without evictions (default: mtbf x (evictions+1))")  # fmt: skip
@@ -654,6 +688,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for pol in args.policies.split(","):
         if pol not in POLICIES:
             p.error(f"--policies: unknown policy {pol!r} ({', '.join(POLICIES)})")
+    for strategy in args.strategies.split(","):
+        if strategy not in STRATEGIES:
+            p.error(f"--strategies: unknown strategy {strategy!r} ({', '.join(STRATEGIES)})")
     for mode in args.modes.split(","):
         if mode not in ("graceful", "hard"):
             p.error(f"--modes: unknown mode {mode!r} (graceful, hard)")
@@ -698,22 +735,45 @@ def main(argv: list[str] | None = None) -> int:
         policies = args.policies.split(",")
         # Each system's own baseline: torchjob's (RecreateGroup without evictions) and, when
         # it runs, Kubeflow's; every row is divided by its own system's rate.
-        systems = ["RecreateGroup"] + ([KUBEFLOW] if KUBEFLOW in policies else [])
+        # Each workload (--strategies) is a system of its own with its own baseline too.
+        strategies = args.strategies.split(",")
+        systems = [("RecreateGroup", s) for s in strategies]
+        if KUBEFLOW in policies:
+            systems.append((KUBEFLOW, "ddp"))
         baselines, rows = [], []
         index = 0
         for rep in range(args.repeats):
-            for system in systems:
-                log(f"repeat {rep + 1}: baseline of {system}, {duration:.0f}s without evictions")
+            for system, strategy in systems:
+                log(
+                    f"repeat {rep + 1}: baseline of {system}/{strategy}, "
+                    f"{duration:.0f}s without evictions"
+                )
                 baselines.append(
-                    run_row(args, cluster, core, custom, system, "none", 0, duration, index)
+                    run_row(
+                        args, cluster, core, custom, system, "none", 0, duration, index, strategy
+                    )
                 )
                 index += 1
             for mode in args.modes.split(","):
-                for policy in policies:
-                    rows.append(
-                        run_row(args, cluster, core, custom, policy, mode, args.evictions, 0, index)
-                    )
-                    index += 1
+                for strategy in strategies:
+                    for policy in policies:
+                        if policy == KUBEFLOW and strategy != "ddp":
+                            continue
+                        rows.append(
+                            run_row(
+                                args,
+                                cluster,
+                                core,
+                                custom,
+                                policy,
+                                mode,
+                                args.evictions,
+                                0,
+                                index,
+                                strategy,
+                            )
+                        )
+                        index += 1
         report(args, baselines, rows)
         for path in write_timelines(args.out, baselines + rows):
             print(f"timeline: {path}")

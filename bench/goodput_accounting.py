@@ -1,9 +1,10 @@
 """The accounting of bench/goodput.py, as pure functions (unit-tested in
 tests/unit/test_goodput_accounting.py; issue 26, item 1).
 
-- ``committed_samples``: what a row committed counts the final checkpoint too. A stopped job's
-  last ``report()`` may raise before the worker writes its ``commit`` event, so the committed
-  progress read from storage (the manifests' ``samples`` metric) is taken when it is larger.
+- ``committed_samples``: what a row committed is read from storage (the manifests' ``samples``
+  metric of the latest committed checkpoint), so the final checkpoint counts (a stopped job's
+  last ``report()`` may raise before the worker writes its ``commit`` event) and a report
+  whose asynchronous commit never finished does not; ``commit`` events only without storage.
 - ``ideal_rates``: each system (torchjob, Kubeflow) is divided by the rate of its own baseline
   row (mode ``none``) of the same run, never by another system's.
 - ``per_pod_paid``: goodput times workers / (workers + standbys): a standby is paid for.
@@ -28,19 +29,26 @@ BASELINE_MODE = "none"
 KUBEFLOW = "Kubeflow"
 
 
-def system_of(policy: str) -> str:
-    """The system a row measures: Kubeflow's PyTorchJob, or torchjob (every other policy)."""
-    return KUBEFLOW if policy == KUBEFLOW else "torchjob"
+def system_of(policy: str, strategy: str = "ddp") -> str:
+    """The system a row measures: Kubeflow's PyTorchJob, or torchjob (every other policy);
+    a workload other than DDP (``fsdp``) is a system of its own, with its own baseline."""
+    system = KUBEFLOW if policy == KUBEFLOW else "torchjob"
+    return system if strategy == "ddp" else f"{system}/{strategy}"
 
 
 def committed_samples(
     events: Iterable[Mapping[str, Any]], storage_metrics: Iterable[Mapping[str, Any]] = ()
 ) -> int:
-    """The samples of the latest committed checkpoint: the larger of the ``commit`` events and
-    the committed checkpoints' metrics read from storage (which include the final one)."""
-    from_events = (int(e["samples"]) for e in events if e.get("ev") == "commit")
-    from_storage = (int(m["samples"]) for m in storage_metrics if "samples" in m)
-    return max([*from_events, *from_storage], default=0)
+    """The samples of the latest committed checkpoint. Storage decides when it lists any
+    committed checkpoint (it includes the final one, whose ``commit`` event a stopped job may
+    never write, and it excludes a report whose background commit never finished: torchjob
+    commits asynchronously, so a ``commit`` event after ``report()`` only says "staged").
+    The ``commit`` events count only where storage lists nothing (Kubeflow's torchrun worker
+    writes its own ``state.pt``, and emits ``commit`` after its atomic rename)."""
+    from_storage = [int(m["samples"]) for m in storage_metrics if "samples" in m]
+    if from_storage:
+        return max(from_storage)
+    return max((int(e["samples"]) for e in events if e.get("ev") == "commit"), default=0)
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,11 @@ class RowFigures:
     wall: float
     workers: int
     standbys: int = 0
+    strategy: str = "ddp"
+
+    @property
+    def system(self) -> str:
+        return system_of(self.policy, self.strategy)
 
     @property
     def pods(self) -> int:
@@ -68,14 +81,14 @@ def ideal_rates(rows: Iterable[RowFigures]) -> dict[str, float]:
     by_system: dict[str, list[float]] = {}
     for r in rows:
         if r.mode == BASELINE_MODE and r.wall > 0:
-            by_system.setdefault(system_of(r.policy), []).append(rate(r.committed, r.wall))
+            by_system.setdefault(r.system, []).append(rate(r.committed, r.wall))
     return {s: statistics.median(v) for s, v in by_system.items()}
 
 
 def goodput(row: RowFigures, ideal: Mapping[str, float]) -> float:
     """Committed samples over what the row's own system's baseline would have committed in the
     same wall time; NaN when that system has no baseline row."""
-    base = ideal.get(system_of(row.policy))
+    base = ideal.get(row.system)
     if not base or row.wall <= 0:
         return float("nan")
     return row.committed / (base * row.wall)

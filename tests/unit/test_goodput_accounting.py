@@ -29,6 +29,12 @@ def test_the_final_commit_is_counted_from_storage_when_its_event_is_missing() ->
     assert acc.committed_samples([], [{"step": 3}]) == 0
 
 
+def test_a_commit_event_whose_background_commit_never_finished_does_not_count() -> None:
+    # report() returned (the event) but the pod was killed before the async commit landed.
+    events = [{"ev": "commit", "samples": 3_200}, {"ev": "commit", "samples": 6_400}]
+    assert acc.committed_samples(events, [{"samples": 3_200}]) == 3_200
+
+
 def test_each_system_is_divided_by_its_own_baseline() -> None:
     rows = [
         acc.RowFigures("RecreateGroup", "none", committed=6_000, wall=10.0, workers=2),
