@@ -154,14 +154,14 @@ def manifest(
     }
     if policy == "Elastic":
         spec["elastic"] = {
-            "minReplicas": max(1, args.replicas - 1),
+            "minReplicas": args.min_replicas,
             "maxReplicas": args.replicas,
             "shrinkOnDisruption": args.shrink_on_disruption,
         }
     if policy == "Standby":
         # Warm standbys take a lost pod's place at once; without a ready one, go on smaller.
         spec["elastic"] = {
-            "minReplicas": max(1, args.replicas - 1),
+            "minReplicas": args.min_replicas,
             "maxReplicas": args.replicas,
             "standbyReplicas": args.standby,
             "shrinkOnDisruption": True,
@@ -202,7 +202,7 @@ def kubeflow_manifest(args: argparse.Namespace, storage: Path, events: Path) -> 
         "spec": {
             "elasticPolicy": {
                 "rdzvBackend": "c10d",
-                "minReplicas": max(1, args.replicas - 1),
+                "minReplicas": args.min_replicas,
                 "maxReplicas": args.replicas,
                 "maxRestarts": 1000,
                 "nProcPerNode": 1,
@@ -294,6 +294,8 @@ class Row:
     standbys: int = 0
     step_times: list[float] = field(default_factory=list)
     """Wall-clock times of rank 0's steps (the timeline)."""
+    step_samples: list[float] = field(default_factory=list)
+    """The samples of each of those steps (world size x batch)."""
     t_first: float = 0.0
 
     def pods_label(self) -> str:
@@ -527,7 +529,9 @@ def run_row(
     row.committed = acc.committed_samples(all_events, storage_metrics(storage))
     row.wall = t_end - t_first
     row.t_first = t_first
-    row.step_times = [e["t"] for e in all_events if e["ev"] == "step" and e["t"] <= t_end]
+    steps = [e for e in all_events if e["ev"] == "step" and e["t"] <= t_end]
+    row.step_times = [e["t"] for e in steps]
+    row.step_samples = [float(e.get("world", args.replicas) * args.batch) for e in steps]
     watch.stop()
     core.delete_namespace(ns)
     return row
@@ -556,14 +560,16 @@ def write_timelines(out: Path, rows: list[Row]) -> list[Path]:
     for i, r in enumerate(rows):
         if not r.wall:
             continue
-        points = acc.timeline(r.step_times, r.t_first, r.t_first + r.wall, bucket=5.0)
+        points = acc.timeline(
+            r.step_times, r.t_first, r.t_first + r.wall, bucket=5.0, weights=r.step_samples
+        )
         marks = [x.t_evict - r.t_first for x in r.recoveries]
         title = (
             f"{r.policy}/{r.mode}/{r.strategy}, {r.pods_label()} pods: "
-            "rank 0's steps/s, evictions in red"
+            "samples/s (rank 0's steps x world x batch), evictions in red"
         )
         path = out / f"{i:02d}-{r.policy}-{r.mode}-{r.strategy}-{r.pods_label()}pods.svg"
-        path.write_text(acc.timeline_svg(title, points, marks))
+        path.write_text(acc.timeline_svg(title, points, marks, unit=" samples/s"))
         paths.append(path)
     return paths
 
@@ -576,7 +582,8 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
     print(
         f"goodput under preemption: {args.replicas} worker pods x 1 gloo worker, "
         f"{args.step_seconds}s steps, checkpoint every {args.ckpt_every} steps and on "
-        f"should_stop(), grace {args.grace}s, a random running pod of the job (standbys "
+        f"should_stop(), grace {args.grace}s, elastic min {args.min_replicas} (Elastic, Standby, "
+        f"Kubeflow), a random running pod of the job (standbys "
         f"included) every {args.mtbf}s (+-20%), {args.evictions} per row, {args.repeats} repeat(s)"
     )
     for system, rate in sorted(ideal.items()):
@@ -635,7 +642,7 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
     if any(r.policy == KUBEFLOW for r in rows):
         print(
             "Kubeflow = PyTorchJob v1.8.1, elasticPolicy (c10d on worker-0, min "
-            f"{max(1, args.replicas - 1)}, max {args.replicas}) under torchrun; its 'restarts' "
+            f"{args.min_replicas}, max {args.replicas}) under torchrun; its 'restarts' "
             "are container restarts (no budget is charged), 'disr' is not counted"
         )
 
@@ -659,6 +666,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="workloads, each with its own baseline: ddp (bench/_goodput_worker.py), fsdp "
         "(FSDP2 + sharded TrainState checkpoints, bench/_goodput_fsdp_worker.py); Kubeflow "
         "runs ddp only",
+    )
+    p.add_argument(
+        "--min-replicas",
+        type=int,
+        default=0,
+        help="elastic minimum of the Elastic and Standby rows and of Kubeflow's elasticPolicy "
+        "(default: replicas - 1)",
     )
     p.add_argument("--cpu-request", default="100m", help="each worker pod's CPU request")
     p.add_argument("--memory-request", default="256Mi", help="each worker pod's memory request")
@@ -685,6 +699,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep-cluster", action="store_true", help="leave the cluster and node up")
     args = p.parse_args(argv)
     args.run_id = time.strftime("%H%M%S")
+    args.min_replicas = args.min_replicas or max(1, args.replicas - 1)
+    if not 1 <= args.min_replicas <= args.replicas:
+        p.error(f"--min-replicas must be between 1 and --replicas ({args.replicas})")
     for pol in args.policies.split(","):
         if pol not in POLICIES:
             p.error(f"--policies: unknown policy {pol!r} ({', '.join(POLICIES)})")

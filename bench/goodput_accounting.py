@@ -128,18 +128,28 @@ def format_spread(values: Iterable[float]) -> str:
 
 
 def timeline(
-    step_times: Iterable[float], t0: float, t_end: float, bucket: float = 5.0
+    step_times: Iterable[float],
+    t0: float,
+    t_end: float,
+    bucket: float = 5.0,
+    weights: Iterable[float] | None = None,
 ) -> list[tuple[float, float]]:
     """Steps/s in buckets of ``bucket`` seconds from ``t0`` to ``t_end``: (bucket start - t0,
-    rate) per bucket, empty buckets included (a recovery shows as a dip to 0)."""
+    rate) per bucket, empty buckets included (a recovery shows as a dip to 0). With
+    ``weights`` (one per step: its samples, world size x batch) the rate is samples/s, so a
+    job that goes on smaller shows as a lower line, not only a gap."""
     if bucket <= 0 or t_end <= t0:
         return []
     n = int((t_end - t0) // bucket) + (1 if (t_end - t0) % bucket else 0)
-    counts = [0] * n
-    for t in step_times:
+    counts = [0.0] * n
+    times = list(step_times)
+    ws = [1.0] * len(times) if weights is None else list(weights)
+    if len(ws) != len(times):
+        raise ValueError(f"{len(ws)} weights for {len(times)} steps")
+    for t, w in zip(times, ws, strict=True):
         i = int((t - t0) // bucket)
         if 0 <= i < n:
-            counts[i] += 1
+            counts[i] += w
     return [(i * bucket, c / bucket) for i, c in enumerate(counts)]
 
 
@@ -149,6 +159,7 @@ def timeline_svg(
     evictions: Sequence[float],
     width: int = 640,
     height: int = 240,
+    unit: str = "/s",
 ) -> str:
     """An SVG line of steps/s over time with a red vertical line at each eviction (seconds
     from the row's first step)."""
@@ -179,7 +190,7 @@ def timeline_svg(
         f'<text x="{pad}" y="{height - 10}" font-size="11">0 s</text>'
         f'<text x="{width - pad}" y="{height - 10}" font-size="11" text-anchor="end">'
         f"{t_max:.0f} s</text>"
-        f'<text x="4" y="{pad}" font-size="11">{y_max:.1f}/s</text>'
+        f'<text x="4" y="{pad - 6}" font-size="11">{y_max:.1f}{escape(unit)}</text>'
         f"{marks}"
         f'<polyline points="{line}" fill="none" stroke="steelblue" stroke-width="1.5"/>'
         "</svg>\n"
