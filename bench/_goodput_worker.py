@@ -1,7 +1,12 @@
 """The workload of bench/goodput.py: fixed-cost steps written the way docs/runtime.md tells
 users to write a training loop (checkpoint every N steps and on ``should_stop()``).
 
-    python bench/_goodput_worker.py EVENTS STEP_SECONDS CKPT_EVERY MAX_STEPS BATCH
+    python bench/_goodput_worker.py EVENTS STEP_SECONDS CKPT_EVERY MAX_STEPS BATCH [--restore-point]
+
+``--restore-point``: the loop docs/runtime.md gives for a hard loss: the state is handed to
+the runtime with ``register_state`` and every step reports, so the survivors of a SIGKILLed
+pod resume from the last step in their memory (``restored`` then says ``source: memory``);
+the storage checkpoint every CKPT_EVERY steps stays the fallback for losing every replica.
 
 Appends one JSON line per event to EVENTS (a file on the storage every pod shares): ``start``
 (before any import), ``imported`` (torch and torchjob.train imported), ``group`` (inside the
@@ -50,6 +55,7 @@ from torchjob.train import (  # noqa: E402
     ScalingConfig,
     get_checkpoint,
     get_context,
+    register_state,
     report,
     should_stop,
 )
@@ -66,15 +72,20 @@ def train_func(config: dict[str, float]) -> None:
     model = prepare_model(torch.nn.Linear(16, 1))
     emit("model", rank=rank, world=world)  # DDP built (its constructor imports torch._dynamo)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    step, samples = 0, 0
-    ckpt = get_checkpoint()
-    if ckpt is not None:
+    state: dict[str, object] = {"model": model, "opt": opt, "step": 0, "samples": 0}
+    in_memory = bool(config["restore_point"])
+    source = "start"
+    if in_memory and register_state(state):
+        source = "memory"  # the survivors' memory: storage is not read
+    elif (ckpt := get_checkpoint()) is not None:
         with ckpt.as_directory() as d:
-            state = torch.load(os.path.join(d, "state.pt"))
-        getattr(model, "module", model).load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        step, samples = state["step"], state["samples"]
-    emit("restored", rank=rank, world=world, step=step, samples=samples)
+            saved = torch.load(os.path.join(d, "state.pt"))
+        getattr(model, "module", model).load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        state["step"], state["samples"] = saved["step"], saved["samples"]
+        source = "storage"
+    step, samples = int(state["step"]), int(state["samples"])  # type: ignore[call-overload]
+    emit("restored", rank=rank, world=world, step=step, samples=samples, source=source)
     batch = int(config["batch"])
     x = torch.randn(batch, 16)
     while step < config["max_steps"]:
@@ -85,24 +96,25 @@ def train_func(config: dict[str, float]) -> None:
         opt.step()
         step += 1
         samples += batch * world
+        state["step"], state["samples"] = step, samples
         if rank == 0:
             emit("step", rank=rank, world=world, step=step, samples=samples)
         stop = should_stop()
-        if stop or step % int(config["ckpt_every"]) == 0 or step >= config["max_steps"]:
-            metrics = {"step": step, "samples": samples}
-            if rank == 0:
-                with tempfile.TemporaryDirectory() as d:
-                    state = {
-                        "model": getattr(model, "module", model).state_dict(),
-                        "opt": opt.state_dict(),
-                        "step": step,
-                        "samples": samples,
-                    }
-                    torch.save(state, os.path.join(d, "state.pt"))
-                    report(metrics, checkpoint=Checkpoint.from_directory(d))
-                emit("commit", rank=rank, world=world, step=step, samples=samples)
-            else:
-                report(metrics)
+        due = stop or step % int(config["ckpt_every"]) == 0 or step >= config["max_steps"]
+        metrics = {"step": step, "samples": samples}
+        if due and rank == 0:
+            with tempfile.TemporaryDirectory() as d:
+                saved = {
+                    "model": getattr(model, "module", model).state_dict(),
+                    "opt": opt.state_dict(),
+                    "step": step,
+                    "samples": samples,
+                }
+                torch.save(saved, os.path.join(d, "state.pt"))
+                report(metrics, checkpoint=Checkpoint.from_directory(d))
+            emit("commit", rank=rank, world=world, step=step, samples=samples)
+        elif due or in_memory:
+            report(metrics)  # with a restore point: every step, the restore point taken
         if stop:
             return
 
@@ -110,6 +122,7 @@ def train_func(config: dict[str, float]) -> None:
 if __name__ == "__main__":
     step_seconds, ckpt_every = float(sys.argv[2]), int(sys.argv[3])
     max_steps, batch = int(sys.argv[4]), int(sys.argv[5])
+    restore_point = "--restore-point" in sys.argv[6:]
     TorchTrainer(
         train_func,
         train_loop_config={
@@ -117,6 +130,7 @@ if __name__ == "__main__":
             "ckpt_every": ckpt_every,
             "max_steps": max_steps,
             "batch": batch,
+            "restore_point": restore_point,
         },
         scaling_config=ScalingConfig(num_workers=1),
         run_config=RunConfig(name="goodput"),

@@ -128,6 +128,7 @@ def manifest(
                             str(args.ckpt_every),
                             str(10**9),
                             str(args.batch),
+                            *(["--restore-point"] if args.restore_point else []),
                         ],
                         "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
                         "resources": {
@@ -191,7 +192,7 @@ def kubeflow_manifest(args: argparse.Namespace, storage: Path, events: Path) -> 
         str(TORCHRUN_WORKER),
         "--torchrun",  # torchrun, with the one default this image's torch needs (see there)
         str(TORCHRUN_WORKER),
-        *container["command"][2:],
+        *(a for a in container["command"][2:] if a != "--restore-point"),
     ]
     container["env"] = [*container["env"], {"name": "USE_LIBUV", "value": "0"}]
     container["ports"] = [{"name": "pytorchjob-port", "containerPort": KF_RDZV_PORT}]
@@ -586,6 +587,11 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
         f"Kubeflow), a random running pod of the job (standbys "
         f"included) every {args.mtbf}s (+-20%), {args.evictions} per row, {args.repeats} repeat(s)"
     )
+    if args.restore_point:
+        print(
+            "torchjob rows: register_state and a report every step (a hard loss resumes from "
+            "the survivors' memory; storage checkpoints are the fallback)"
+        )
     for system, rate in sorted(ideal.items()):
         walls = [b.wall for b in baselines if b.figures().system == system]
         print(
@@ -687,6 +693,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--standby", type=int, default=1, help="the Standby row's spec.elastic.standbyReplicas"
+    )
+    p.add_argument(
+        "--restore-point",
+        action="store_true",
+        help="torchjob rows hand their state to register_state and report every step: a hard "
+        "loss resumes from the survivors' memory (storage checkpoints stay the fallback)",
     )
     p.add_argument("--repeats", type=int, default=3, help="runs of every row (median printed)")
     p.add_argument(

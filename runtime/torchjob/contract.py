@@ -361,6 +361,7 @@ TERMINATION_MESSAGE_LIMIT: Final = 4096
 """The kubelet keeps at most 4096 bytes of a container's termination message."""
 _TERMINATION_TAG: Final = "torchjob: "
 _PEER_TAG: Final = "peer failure: "
+_KILLED_TAG: Final = "killed: "
 
 
 @dataclass(frozen=True)
@@ -371,13 +372,19 @@ class TerminationSummary:
     """One line for a person: the root-cause exception with its rank, or the log's last line."""
     peer_failure: bool = False
     """The container failed only because a peer did (a broken connection): not a root cause."""
+    killed: bool = False
+    """A worker process of the container was killed from outside (SIGKILL: ``kill -9``, the
+    OOM killer): a hard loss, as if the container had exited 137."""
 
 
-def termination_message(summary: str, detail: str = "", *, peer_failure: bool = False) -> str:
+def termination_message(
+    summary: str, detail: str = "", *, peer_failure: bool = False, killed: bool = False
+) -> str:
     """The text the runtime writes to the termination log: one tagged summary line, then
     ``detail`` (a traceback tail), cut to what the kubelet keeps."""
     line = next((ln.strip() for ln in summary.splitlines() if ln.strip()), "failed")
-    head = _TERMINATION_TAG + (_PEER_TAG if peer_failure else "") + line
+    tag = _PEER_TAG if peer_failure else _KILLED_TAG if killed else ""
+    head = _TERMINATION_TAG + tag + line
     text = f"{head}\n{detail.strip()}" if detail.strip() else head
     data = text.encode()
     if len(data) <= TERMINATION_MESSAGE_LIMIT:
@@ -399,5 +406,7 @@ def parse_termination_message(text: str) -> TerminationSummary | None:
         line = first[len(_TERMINATION_TAG) :]
         if line.startswith(_PEER_TAG):
             return TerminationSummary(line[len(_PEER_TAG) :].strip(), peer_failure=True)
+        if line.startswith(_KILLED_TAG):
+            return TerminationSummary(line[len(_KILLED_TAG) :].strip(), killed=True)
         return TerminationSummary(line.strip())
     return TerminationSummary(lines[-1].strip())

@@ -9,7 +9,10 @@ The training script is tests/e2e/train_job.py, mounted read-only from this check
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ from kubernetes import client
 from tests import kube as k
 from tests.cluster import conftest
 from tests.cluster.operator_harness import Jobs, torchjob
+from tests.cluster.pod_procs import trainer_pid
 from tests.cluster.realnode import (
     NODE_LABEL,
     REPO,
@@ -325,6 +329,90 @@ def test_the_fsdp_finetune_example_shrinks_and_grows_back_and_resumes_its_shards
     assert reported == sorted(reported) and reported[-1] == steps, reported
     assert f"'step': {steps}, 'workers': 2" in out, out
     assert "[finetune] greedy sample from the checkpoint" in out, out
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """tests/e2e/hard_loss_job.py's JSON lines (a line being written is skipped)."""
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def hard_loss_job(name: str, storage: Path, events: Path, steps: int, hold: int) -> dict[str, Any]:
+    """2 pods, KeepSurvivors, elastic (shrink on a disruption or a hard loss), the restore
+    point registered; a storage checkpoint every 1000 steps (never, here); the last step
+    holds until generation ``hold`` runs, so the replacement has joined before the end."""
+    return torchjob(
+        name,
+        replicas=2,
+        backend="gloo",
+        membershipPolicy="KeepSurvivors",
+        elastic={"minReplicas": 1, "maxReplicas": 2, "shrinkOnDisruption": True},
+        template=real_template(
+            storage,
+            str(events),
+            str(steps),
+            "0.1",
+            "1000",
+            script="hard_loss_job.py",
+            env={"HARD_LOSS_HOLD_UNTIL_GENERATION": str(hold)},
+        ),
+        checkpoint={"path": str(storage)},
+        # A backoff the hard loss must not wait for (it would show as a 30 s gap).
+        failurePolicy={"maxRestarts": 3, "backoff": {"initialSeconds": 30}},
+    )
+
+
+def assert_resumed_from_memory(evs: list[dict[str, Any]], lost_gen: int) -> None:
+    """Generation ``lost_gen + 1`` started from the survivors' memory at most one step
+    before the last step any rank completed in ``lost_gen``; every later generation from
+    memory too; storage never read; the parameters equal on every rank at the end."""
+    done = max(e["step"] for e in evs if e["ev"] == "step" and e["gen"] == lost_gen)
+    later = [e for e in evs if e["ev"] == "restored" and e["gen"] > lost_gen]
+    assert later and all(e["source"] == "memory" for e in later), later
+    first = min((e for e in later), key=lambda e: e["gen"])
+    assert first["world"] == 1, f"the survivor went on alone: {first}"
+    assert done - first["step"] <= 1, f"lost {done - first['step']} steps: {first}, last {done}"
+    nxt = min(e["step"] for e in evs if e["ev"] == "step" and e["gen"] == first["gen"])
+    assert nxt == first["step"] + 1, "the next step is the one after the restore point"
+    assert not [e for e in evs if e["ev"] == "restored" and e["source"] == "storage"]
+    final = [e for e in evs if e["ev"] == "final"]
+    last_gen = max(e["gen"] for e in final)
+    final = [e for e in final if e["gen"] == last_gen]
+    assert sorted(e["rank"] for e in final) == [0, 1], final
+    assert final[0]["params"] == final[1]["params"], "parameters equal across ranks"
+
+
+def test_a_sigkilled_trainer_costs_a_step_the_survivor_goes_on_from_memory_at_once(
+    real_jobs: Jobs, storage: Path
+) -> None:
+    """``kill -9`` of pod 1's trainer process (found by the pod's UID in its cgroup): its
+    driver exits saying it was SIGKILLed, the operator charges the loss without a backoff
+    and shrinks at once (ShrunkAfterLoss), pod 0 re-forms alone from its memory, the
+    replacement joins when Ready and receives the state by broadcast; storage is never read."""
+    events = storage / "events.jsonl"
+    real_jobs.apply(hard_loss_job("hard", storage, events, steps=60, hold=2))
+    pods = real_jobs.wait_running_pods("hard", 2, generation=0, timeout=240)
+    victim = next(p for p in pods if p.metadata.name == "hard-worker-1")
+    k.wait_for(
+        lambda: any(e["ev"] == "step" and e["step"] >= 10 for e in read_events(events)),
+        240,
+        lambda: f"10 steps\n{pod_logs(real_jobs, 'hard')}",
+        interval=0.5,
+    )
+    pid = k.wait_for(lambda: trainer_pid(victim.metadata.uid), 30, "pod 1's trainer process")
+    os.kill(pid, signal.SIGKILL)
+    status = wait_finished(real_jobs, "hard")
+    assert status["phase"] == "Succeeded", pod_logs(real_jobs, "hard")
+    assert (status["restarts"], status["disruptions"]) == (1, 0), status
+    shrunk = [e for e in real_jobs.events("hard") if e.reason == "ShrunkAfterLoss"]
+    assert shrunk and "no backoff" in shrunk[0].message, [e.message for e in shrunk]
+    assert "killed by SIGKILL" in status["lastFailure"]["message"], status["lastFailure"]
+    assert_resumed_from_memory(read_events(events), lost_gen=0)
 
 
 def s3_template(

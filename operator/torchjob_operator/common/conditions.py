@@ -39,6 +39,8 @@ REASONS: Final[Mapping[str, str]] = {
     "ShrunkAfterDisruption": "{detail}; disruption {disruptions}, the restart budget is not "
     "charged; continuing at once with {replicas} of {target} workers (min {min}) while the "
     "replacement starts",
+    "ShrunkAfterLoss": "{detail}; {explanation}; continuing at once with {replicas} of "
+    "{target} workers (min {min}) while the replacement starts",
     "StandbyTookOver": "{detail}; {counted}; standby {pods} took the lost place at once "
     "(generation {generation}, {replicas} workers); a new standby starts",
     "Rescaled": "replicas changed from {old} to {replicas}; starting generation {generation}",

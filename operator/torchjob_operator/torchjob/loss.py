@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from torchjob import contract
-from torchjob.api.models import FailureRecord, MembershipPolicy, Phase
+from torchjob.api.models import FailureRecord, Phase
 from torchjob.rules import Judgement, Outcome, RestartRules, Verdict
 from torchjob.rules.restart import RestartDecision, decide_restart
 from torchjob_operator.common import conditions as cond
@@ -28,10 +28,8 @@ from torchjob_operator.torchjob.elastic import (
     target_replicas,
 )
 from torchjob_operator.torchjob.ending import end, finish
+from torchjob_operator.torchjob.hard_loss import killed, shrink_after_kill, survivors_hold_state
 from torchjob_operator.torchjob.observed import PodView
-
-KILLED_EXIT_CODE = 137
-"""A container's exit code when its process was SIGKILLed (128 + 9)."""
 
 
 def survives(p: PodView) -> bool:
@@ -119,15 +117,14 @@ def _failed(
     )
     # KeepSurvivors: the survivors keep their processes and the last completed step in
     # memory (torchjob.train.restore_point): a pod killed from outside (SIGKILL, OOMKilled)
-    # is charged as the policy says, but its replacement comes without backoff and the
-    # group resumes from the survivors' memory, not from storage.
+    # is charged as the policy says, but with no backoff, and an elastic job goes on smaller
+    # at once (torchjob/hard_loss.py); the group resumes from the survivors' memory.
     decision = _rule(
         d,
         disrupted=False,
         exit_code=culprit.exit_code,
-        survivors_hold_state=bool(survivors)
-        and spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS,
-        killed=culprit.exit_code == KILLED_EXIT_CODE or culprit.reason == "OOMKilled",
+        survivors_hold_state=survivors_hold_state(d, survivors),
+        killed=killed(culprit),
     )
     text = cond.message("WorkerFailed", detail=verdict.detail, explanation=decision.explanation)
     if decision.verdict != Verdict.RESTART_GROUP:
@@ -137,6 +134,9 @@ def _failed(
         # Charged as any restart, but no pod is started: no backoff to wait for.
         d = d.count(restarted, len(standbys), standbys)
         return took_over(d, standbys, survivors, verdict.detail, decision.explanation), False
+    smaller = shrink_after_kill(d, culprit, survivors, decision, verdict.detail)
+    if smaller is not None:
+        return smaller, False
     d = d.count(restarted, spec.replicas)
     d = d.but(restart_after=d.now + timedelta(seconds=decision.backoff_s))
     return d.transition(Phase.RESTARTING, "WorkerFailed", text, warning=True), False

@@ -61,6 +61,9 @@ class PodView:
     """One line on why the container stopped: from its termination message, if it left one."""
     peer_failure: bool = False
     """The runtime said this pod failed only because a peer did (not a root cause)."""
+    killed: bool = False
+    """The runtime said a worker process of this pod was SIGKILLed (``kill -9``, the OOM
+    killer): a hard loss, like a container that exited 137 (``hard_loss.killed``)."""
     joiner: bool = False
     """Created ahead of the generation that takes it in (``contract.LABEL_JOINER``)."""
 
@@ -205,6 +208,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         waiting_message=waiting_message,
         summary=said.line if said else "",
         peer_failure=said.peer_failure if said else False,
+        killed=said.killed if said else False,
     )
 
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from collections.abc import Mapping
 from pathlib import Path
 
 from torchjob import contract
-from torchjob.launch.errors import LaunchError, WorkerGroupError
+from torchjob.launch.errors import LaunchError, WorkerDiedError, WorkerGroupError
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,9 @@ def failure_message(err: BaseException) -> str:
     if isinstance(err, WorkerGroupError):
         tail = "\n".join(err.traceback_text.strip().splitlines()[-_TRACEBACK_LINES:])
         return contract.termination_message(str(err), tail, peer_failure=err.peer_failure)
+    if isinstance(err, WorkerDiedError):
+        # Killed from outside (kill -9, the OOM killer): the operator treats it as a hard loss.
+        return contract.termination_message(str(err), killed=err.signal == signal.SIGKILL)
     if isinstance(err, LaunchError):
         return contract.termination_message(str(err))
     return contract.termination_message(f"{type(err).__name__}: {err}")

@@ -1,0 +1,112 @@
+"""The training script of the real-node hard-loss tests: the loop docs/runtime.md gives for a
+hard loss (``register_state``, a report every step, a storage checkpoint every CKPT_EVERY
+steps as the fallback).
+
+    python tests/e2e/hard_loss_job.py EVENTS STEPS STEP_SECONDS CKPT_EVERY
+
+Appends one JSON line per event to EVENTS (a file on the storage the pods share), each with
+the pod, the pid, the rank, the world size and the generation (HARD_LOSS_HOLD_UNTIL_GENERATION=N: after the last
+step, keep reporting until the job runs generation N): ``restored`` (where the
+state came from: ``start``, ``memory`` or ``storage``, and its step), ``step`` (after each
+step's report: the restore point holds it) and ``final`` (the parameters' checksum, every
+rank, at the end).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+
+import torch
+
+from torchjob.train import (
+    Checkpoint,
+    RunConfig,
+    ScalingConfig,
+    get_checkpoint,
+    get_context,
+    register_state,
+    report,
+)
+from torchjob.train.torch import TorchTrainer, prepare_model
+
+EVENTS = sys.argv[1]
+
+
+def emit(ev: str, **fields: object) -> None:
+    ctx = get_context()
+    line = {
+        "ev": ev,
+        "t": time.time(),
+        "pod": socket.gethostname(),
+        "pid": os.getpid(),
+        "rank": ctx.get_world_rank(),
+        "world": ctx.get_world_size(),
+        "gen": ctx.get_generation(),
+        **fields,
+    }
+    with open(EVENTS, "a") as f:  # O_APPEND: one short line per write
+        f.write(json.dumps(line) + "\n")
+
+
+def train_func(config: dict[str, float]) -> None:
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    state: dict[str, object] = {"model": model, "opt": opt, "step": 0}
+    source = "start"
+    if register_state(state):
+        source = "memory"
+    elif (ckpt := get_checkpoint()) is not None:
+        with ckpt.as_directory() as d:
+            saved = torch.load(os.path.join(d, "state.pt"))
+        getattr(model, "module", model).load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        state["step"] = saved["step"]
+        source = "storage"
+    step = int(state["step"])  # type: ignore[call-overload]
+    emit("restored", step=step, source=source)
+    ctx = get_context()
+    rank = ctx.get_world_rank()
+    hold = int(os.environ.get("HARD_LOSS_HOLD_UNTIL_GENERATION", "0"))
+    while step < config["steps"] or ctx.get_generation() < hold:
+        if step >= config["steps"]:  # hold (reporting) until the job runs generation ``hold``
+            time.sleep(0.2)
+            report({"step": step})
+            continue
+        time.sleep(config["step_seconds"])
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x, y = torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        step += 1
+        state["step"] = step
+        if step % int(config["ckpt_every"]) == 0 and rank == 0:  # the storage fallback
+            with tempfile.TemporaryDirectory() as d:
+                saved = {
+                    "model": getattr(model, "module", model).state_dict(),
+                    "opt": opt.state_dict(),
+                    "step": step,
+                }
+                torch.save(saved, os.path.join(d, "state.pt"))
+                report({"step": step}, checkpoint=Checkpoint.from_directory(d))
+        else:
+            report({"step": step})  # the restore point: this step, in every rank's memory
+        emit("step", step=step)
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    emit("final", step=step, params=[float(v) for v in params])
+
+
+if __name__ == "__main__":
+    steps, step_seconds, ckpt_every = int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+    TorchTrainer(
+        train_func,
+        train_loop_config={"steps": steps, "step_seconds": step_seconds, "ckpt_every": ckpt_every},
+        scaling_config=ScalingConfig(num_workers=1),
+        run_config=RunConfig(name="hardloss"),
+    ).fit()
