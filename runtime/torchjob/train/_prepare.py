@@ -79,11 +79,16 @@ def _cpu_streams_for_fsdp2() -> None:
     trixie's torch 2.6, the runtime image's). CPU work runs in order on the calling thread and
     FSDP2 waits on the collectives' work handles itself, so an already-complete event is the
     right answer; a torch that has them is left alone."""
-    stream = torch.cpu.Stream
-    if not hasattr(stream, "record_event"):
-        stream.record_event = lambda self, event=None: event or torch.cpu.Event()  # type: ignore[attr-defined]
-    if not hasattr(stream, "wait_event"):
-        stream.wait_event = lambda self, event: None  # type: ignore[attr-defined]
+
+    def record_event(self: Any, event: Any = None) -> Any:
+        return event or torch.cpu.Event()
+
+    def wait_event(self: Any, event: Any) -> None:
+        return None
+
+    for name, fn in (("record_event", record_event), ("wait_event", wait_event)):
+        if not hasattr(torch.cpu.Stream, name):
+            setattr(torch.cpu.Stream, name, fn)
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:

@@ -180,7 +180,7 @@ class ShardedSaver:
                 )
             else:  # torch < 2.7 (Debian trixie's 2.6): DCP stages into a new host copy
                 fut = async_save(state_dict, storage_writer=writer, process_group=group)
-            upload = getattr(fut, "upload_completion", fut)
+            upload: Any = getattr(fut, "upload_completion", fut)
             self._start(lambda: self._finish(upload.result(), target, metrics, data_positions))
             return None
         metadata = save(
