@@ -83,6 +83,8 @@ sys.path.insert(0, str(REPO / "bench"))
 import goodput_accounting as acc  # noqa: E402
 
 WORKER = REPO / "bench" / "_goodput_worker.py"
+WORKERS = {"ddp": WORKER, "fsdp": REPO / "bench" / "_goodput_fsdp_worker.py"}
+STRATEGIES = tuple(WORKERS)
 TORCHRUN_WORKER = REPO / "bench" / "_goodput_torchrun.py"
 KUBEFLOW = "Kubeflow"
 POLICIES = ("RecreateGroup", "KeepSurvivors", "Elastic", "Standby", KUBEFLOW)
@@ -99,7 +101,9 @@ def log(msg: str) -> None:
 # ------------------------------------------------------------------------------ the job
 
 
-def manifest(args: argparse.Namespace, policy: str, storage: Path, events: Path) -> dict[str, Any]:
+def manifest(
+    args: argparse.Namespace, policy: str, storage: Path, events: Path, strategy: str = "ddp"
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "replicas": args.replicas,
         "backend": "gloo",
@@ -118,7 +122,7 @@ def manifest(args: argparse.Namespace, policy: str, storage: Path, events: Path)
                         "imagePullPolicy": "Never",
                         "command": [
                             "python3",
-                            str(WORKER),
+                            str(WORKERS[strategy]),
                             str(events),
                             str(args.step_seconds),
                             str(args.ckpt_every),
@@ -127,7 +131,9 @@ def manifest(args: argparse.Namespace, policy: str, storage: Path, events: Path)
                             *(["--restore-point"] if args.restore_point else []),
                         ],
                         "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
-                        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                        "resources": {
+                            "requests": {"cpu": args.cpu_request, "memory": args.memory_request}
+                        },
                         "volumeMounts": [
                             {"name": "bench", "mountPath": str(WORKER.parent), "readOnly": True},
                             {"name": "storage", "mountPath": str(storage.parent)},
@@ -149,14 +155,14 @@ def manifest(args: argparse.Namespace, policy: str, storage: Path, events: Path)
     }
     if policy == "Elastic":
         spec["elastic"] = {
-            "minReplicas": max(1, args.replicas - 1),
+            "minReplicas": args.min_replicas,
             "maxReplicas": args.replicas,
             "shrinkOnDisruption": args.shrink_on_disruption,
         }
     if policy == "Standby":
         # Warm standbys take a lost pod's place at once; without a ready one, go on smaller.
         spec["elastic"] = {
-            "minReplicas": max(1, args.replicas - 1),
+            "minReplicas": args.min_replicas,
             "maxReplicas": args.replicas,
             "standbyReplicas": args.standby,
             "shrinkOnDisruption": True,
@@ -197,7 +203,7 @@ def kubeflow_manifest(args: argparse.Namespace, storage: Path, events: Path) -> 
         "spec": {
             "elasticPolicy": {
                 "rdzvBackend": "c10d",
-                "minReplicas": max(1, args.replicas - 1),
+                "minReplicas": args.min_replicas,
                 "maxReplicas": args.replicas,
                 "maxRestarts": 1000,
                 "nProcPerNode": 1,
@@ -277,6 +283,7 @@ class Recovery:
 class Row:
     policy: str
     mode: str
+    strategy: str = "ddp"
     wall: float = 0.0
     committed: int = 0
     recoveries: list[Recovery] = field(default_factory=list)
@@ -288,6 +295,8 @@ class Row:
     standbys: int = 0
     step_times: list[float] = field(default_factory=list)
     """Wall-clock times of rank 0's steps (the timeline)."""
+    step_samples: list[float] = field(default_factory=list)
+    """The samples of each of those steps (world size x batch)."""
     t_first: float = 0.0
 
     def pods_label(self) -> str:
@@ -295,7 +304,13 @@ class Row:
 
     def figures(self) -> acc.RowFigures:
         return acc.RowFigures(
-            self.policy, self.mode, self.committed, self.wall, self.workers, self.standbys
+            self.policy,
+            self.mode,
+            self.committed,
+            self.wall,
+            self.workers,
+            self.standbys,
+            self.strategy,
         )
 
 
@@ -375,10 +390,15 @@ def run_row(
     evictions: int,
     duration: float,
     index: int,
+    strategy: str = "ddp",
 ) -> Row:
     ns = f"goodput-{args.run_id}-{index}"
     row = Row(
-        policy, mode, workers=args.replicas, standbys=args.standby if policy == "Standby" else 0
+        policy,
+        mode,
+        strategy,
+        workers=args.replicas,
+        standbys=args.standby if policy == "Standby" else 0,
     )
     core.create_namespace({"metadata": {"name": ns}})
     k.wait_for(lambda: _has_default_sa(core, ns), 60, f"the default ServiceAccount in {ns}")
@@ -395,19 +415,21 @@ def run_row(
     body = (
         kubeflow_manifest(args, storage, events)
         if policy == KUBEFLOW
-        else manifest(args, policy, storage, events)
+        else manifest(args, policy, storage, events, strategy)
     )
     cluster.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(body))
     try:
         first = k.wait_for(
             lambda: next((e for e in read_events(events) if e["ev"] == "step"), None),
             args.start_timeout,
-            f"the first step of {policy}/{mode}",
+            f"the first step of {policy}/{mode}/{strategy}",
             interval=0.2,
         )
     except k.WaitTimeout:
         # One row that never trains must not cost the others: say so in its line.
-        log(f"{policy}/{mode}: no first step in {args.start_timeout:.0f}s; skipping the row")
+        log(
+            f"{policy}/{mode}/{strategy}: no first step in {args.start_timeout:.0f}s; skipping the row"
+        )
         row.note = f"never made a first step in {args.start_timeout:.0f}s"
         kind = "pytorchjobs" if policy == KUBEFLOW else "torchjobs"
         cluster.kubectl("-n", ns, "delete", kind, JOB, "--wait=false", check=False)
@@ -416,7 +438,7 @@ def run_row(
         return row
     t_first = first["t"]
     log(
-        f"{policy}/{mode}: first step {t_first - min(watch.added.values(), default=t_first):.1f}s after the first pod"
+        f"{policy}/{mode}/{strategy}: first step {t_first - min(watch.added.values(), default=t_first):.1f}s after the first pod"
     )
     trains = custom if policy != KUBEFLOW else None
     for i in range(evictions):
@@ -448,7 +470,9 @@ def run_row(
         try:
             step = wait_step_after(events, rec.t_evict, gen, args.start_timeout)
         except k.WaitTimeout:
-            log(f"{policy}/{mode}: eviction {i + 1} did not recover in {args.start_timeout}s")
+            log(
+                f"{policy}/{mode}/{strategy}: eviction {i + 1} did not recover in {args.start_timeout}s"
+            )
             row.recoveries.append(rec)
             break
         rec.first_step = step["t"]
@@ -478,7 +502,7 @@ def run_row(
         rec.boundaries = b
         row.recoveries.append(rec)
         log(
-            f"{policy}/{mode}: preemption {i + 1}/{evictions} of {rec.pod}: "
+            f"{policy}/{mode}/{strategy}: preemption {i + 1}/{evictions} of {rec.pod}: "
             f"first step of generation {new_gen} after {rec.seconds:.1f}s"
         )
     if duration > 0:
@@ -506,7 +530,9 @@ def run_row(
     row.committed = acc.committed_samples(all_events, storage_metrics(storage))
     row.wall = t_end - t_first
     row.t_first = t_first
-    row.step_times = [e["t"] for e in all_events if e["ev"] == "step" and e["t"] <= t_end]
+    steps = [e for e in all_events if e["ev"] == "step" and e["t"] <= t_end]
+    row.step_times = [e["t"] for e in steps]
+    row.step_samples = [float(e.get("world", args.replicas) * args.batch) for e in steps]
     watch.stop()
     core.delete_namespace(ns)
     return row
@@ -535,11 +561,16 @@ def write_timelines(out: Path, rows: list[Row]) -> list[Path]:
     for i, r in enumerate(rows):
         if not r.wall:
             continue
-        points = acc.timeline(r.step_times, r.t_first, r.t_first + r.wall, bucket=5.0)
+        points = acc.timeline(
+            r.step_times, r.t_first, r.t_first + r.wall, bucket=5.0, weights=r.step_samples
+        )
         marks = [x.t_evict - r.t_first for x in r.recoveries]
-        title = f"{r.policy}/{r.mode}, {r.pods_label()}: rank 0's steps/s, evictions in red"
-        path = out / f"{i:02d}-{r.policy}-{r.mode}.svg"
-        path.write_text(acc.timeline_svg(title, points, marks))
+        title = (
+            f"{r.policy}/{r.mode}/{r.strategy}, {r.pods_label()} pods: "
+            "samples/s (rank 0's steps x world x batch), evictions in red"
+        )
+        path = out / f"{i:02d}-{r.policy}-{r.mode}-{r.strategy}-{r.pods_label()}pods.svg"
+        path.write_text(acc.timeline_svg(title, points, marks, unit=" samples/s"))
         paths.append(path)
     return paths
 
@@ -552,7 +583,8 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
     print(
         f"goodput under preemption: {args.replicas} worker pods x 1 gloo worker, "
         f"{args.step_seconds}s steps, checkpoint every {args.ckpt_every} steps and on "
-        f"should_stop(), grace {args.grace}s, a random running pod of the job (standbys "
+        f"should_stop(), grace {args.grace}s, elastic min {args.min_replicas} (Elastic, Standby, "
+        f"Kubeflow), a random running pod of the job (standbys "
         f"included) every {args.mtbf}s (+-20%), {args.evictions} per row, {args.repeats} repeat(s)"
     )
     if args.restore_point:
@@ -561,23 +593,23 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
             "the survivors' memory; storage checkpoints are the fallback)"
         )
     for system, rate in sorted(ideal.items()):
-        walls = [b.wall for b in baselines if acc.system_of(b.policy) == system]
+        walls = [b.wall for b in baselines if b.figures().system == system]
         print(
             f"ideal rate of {system} (its own baseline row, no evictions, "
             f"{statistics.median(walls):.0f}s): {rate:.1f} samples/s "
             f"({rate / nominal:.2f} of the nominal {nominal:.0f}/s)"
         )
     head = (
-        f"{'policy':<14}{'mode':<10}{'pods':>5}{'goodput med [min-max]':>24}"
+        f"{'policy':<14}{'mode':<10}{'strat':<6}{'pods':>5}{'goodput med [min-max]':>24}"
         f"{'per pod paid':>24}{'rec p50':>8}{'rec p95':>8}{'lost':>6}"
         f"{'restarts':>9}{'disr':>5}  " + "  ".join(f"{p:>10}" for p in PHASES)
     )
     print(head)
     print("-" * len(head))
-    groups: dict[tuple[str, str], list[Row]] = {}
+    groups: dict[tuple[str, str, str], list[Row]] = {}
     for r in rows:
-        groups.setdefault((r.policy, r.mode), []).append(r)
-    for (policy, mode), reps in groups.items():
+        groups.setdefault((r.policy, r.mode, r.strategy), []).append(r)
+    for (policy, mode, strategy), reps in groups.items():
         recs = [x for r in reps for x in r.recoveries]
         secs = [x.seconds for x in recs if x.seconds is not None]
         lost = sum(
@@ -604,7 +636,7 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
         )
         notes = sorted({r.note for r in reps if r.note})
         print(
-            f"{policy:<14}{mode:<10}{reps[0].pods_label():>5}"
+            f"{policy:<14}{mode:<10}{strategy:<6}{reps[0].pods_label():>5}"
             f"{acc.format_spread(goods):>24}{acc.format_spread(per_pod):>24}"
             f"{pct(secs, 0.5):>7.1f}s{pct(secs, 0.95):>7.1f}s"
             f"{lost:>6}{sum(r.restarts for r in reps):>9}{disr:>5}  "
@@ -616,7 +648,7 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
     if any(r.policy == KUBEFLOW for r in rows):
         print(
             "Kubeflow = PyTorchJob v1.8.1, elasticPolicy (c10d on worker-0, min "
-            f"{max(1, args.replicas - 1)}, max {args.replicas}) under torchrun; its 'restarts' "
+            f"{args.min_replicas}, max {args.replicas}) under torchrun; its 'restarts' "
             "are container restarts (no budget is charged), 'disr' is not counted"
         )
 
@@ -634,6 +666,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ckpt-every", type=int, default=50, help="steps between checkpoints")
     p.add_argument("--batch", type=int, default=32, help="samples per worker per step")
     p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument(
+        "--strategies",
+        default="ddp",
+        help="workloads, each with its own baseline: ddp (bench/_goodput_worker.py), fsdp "
+        "(FSDP2 + sharded TrainState checkpoints, bench/_goodput_fsdp_worker.py); Kubeflow "
+        "runs ddp only",
+    )
+    p.add_argument(
+        "--min-replicas",
+        type=int,
+        default=0,
+        help="elastic minimum of the Elastic and Standby rows and of Kubeflow's elasticPolicy "
+        "(default: replicas - 1)",
+    )
+    p.add_argument("--cpu-request", default="100m", help="each worker pod's CPU request")
+    p.add_argument("--memory-request", default="256Mi", help="each worker pod's memory request")
     p.add_argument("--modes", default="graceful,hard")
     p.add_argument("--baseline-seconds", type=float, default=0.0,
                    help="length of the row without evictions (default: mtbf x (evictions+1))")  # fmt: skip
@@ -663,9 +711,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep-cluster", action="store_true", help="leave the cluster and node up")
     args = p.parse_args(argv)
     args.run_id = time.strftime("%H%M%S")
+    args.min_replicas = args.min_replicas or max(1, args.replicas - 1)
+    if not 1 <= args.min_replicas <= args.replicas:
+        p.error(f"--min-replicas must be between 1 and --replicas ({args.replicas})")
     for pol in args.policies.split(","):
         if pol not in POLICIES:
             p.error(f"--policies: unknown policy {pol!r} ({', '.join(POLICIES)})")
+    for strategy in args.strategies.split(","):
+        if strategy not in STRATEGIES:
+            p.error(f"--strategies: unknown strategy {strategy!r} ({', '.join(STRATEGIES)})")
     for mode in args.modes.split(","):
         if mode not in ("graceful", "hard"):
             p.error(f"--modes: unknown mode {mode!r} (graceful, hard)")
@@ -710,22 +764,45 @@ def main(argv: list[str] | None = None) -> int:
         policies = args.policies.split(",")
         # Each system's own baseline: torchjob's (RecreateGroup without evictions) and, when
         # it runs, Kubeflow's; every row is divided by its own system's rate.
-        systems = ["RecreateGroup"] + ([KUBEFLOW] if KUBEFLOW in policies else [])
+        # Each workload (--strategies) is a system of its own with its own baseline too.
+        strategies = args.strategies.split(",")
+        systems = [("RecreateGroup", s) for s in strategies]
+        if KUBEFLOW in policies:
+            systems.append((KUBEFLOW, "ddp"))
         baselines, rows = [], []
         index = 0
         for rep in range(args.repeats):
-            for system in systems:
-                log(f"repeat {rep + 1}: baseline of {system}, {duration:.0f}s without evictions")
+            for system, strategy in systems:
+                log(
+                    f"repeat {rep + 1}: baseline of {system}/{strategy}, "
+                    f"{duration:.0f}s without evictions"
+                )
                 baselines.append(
-                    run_row(args, cluster, core, custom, system, "none", 0, duration, index)
+                    run_row(
+                        args, cluster, core, custom, system, "none", 0, duration, index, strategy
+                    )
                 )
                 index += 1
             for mode in args.modes.split(","):
-                for policy in policies:
-                    rows.append(
-                        run_row(args, cluster, core, custom, policy, mode, args.evictions, 0, index)
-                    )
-                    index += 1
+                for strategy in strategies:
+                    for policy in policies:
+                        if policy == KUBEFLOW and strategy != "ddp":
+                            continue
+                        rows.append(
+                            run_row(
+                                args,
+                                cluster,
+                                core,
+                                custom,
+                                policy,
+                                mode,
+                                args.evictions,
+                                0,
+                                index,
+                                strategy,
+                            )
+                        )
+                        index += 1
         report(args, baselines, rows)
         for path in write_timelines(args.out, baselines + rows):
             print(f"timeline: {path}")

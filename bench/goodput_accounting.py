@@ -1,9 +1,10 @@
 """The accounting of bench/goodput.py, as pure functions (unit-tested in
 tests/unit/test_goodput_accounting.py; issue 26, item 1).
 
-- ``committed_samples``: what a row committed counts the final checkpoint too. A stopped job's
-  last ``report()`` may raise before the worker writes its ``commit`` event, so the committed
-  progress read from storage (the manifests' ``samples`` metric) is taken when it is larger.
+- ``committed_samples``: what a row committed is read from storage (the manifests' ``samples``
+  metric of the latest committed checkpoint), so the final checkpoint counts (a stopped job's
+  last ``report()`` may raise before the worker writes its ``commit`` event) and a report
+  whose asynchronous commit never finished does not; ``commit`` events only without storage.
 - ``ideal_rates``: each system (torchjob, Kubeflow) is divided by the rate of its own baseline
   row (mode ``none``) of the same run, never by another system's.
 - ``per_pod_paid``: goodput times workers / (workers + standbys): a standby is paid for.
@@ -28,19 +29,26 @@ BASELINE_MODE = "none"
 KUBEFLOW = "Kubeflow"
 
 
-def system_of(policy: str) -> str:
-    """The system a row measures: Kubeflow's PyTorchJob, or torchjob (every other policy)."""
-    return KUBEFLOW if policy == KUBEFLOW else "torchjob"
+def system_of(policy: str, strategy: str = "ddp") -> str:
+    """The system a row measures: Kubeflow's PyTorchJob, or torchjob (every other policy);
+    a workload other than DDP (``fsdp``) is a system of its own, with its own baseline."""
+    system = KUBEFLOW if policy == KUBEFLOW else "torchjob"
+    return system if strategy == "ddp" else f"{system}/{strategy}"
 
 
 def committed_samples(
     events: Iterable[Mapping[str, Any]], storage_metrics: Iterable[Mapping[str, Any]] = ()
 ) -> int:
-    """The samples of the latest committed checkpoint: the larger of the ``commit`` events and
-    the committed checkpoints' metrics read from storage (which include the final one)."""
-    from_events = (int(e["samples"]) for e in events if e.get("ev") == "commit")
-    from_storage = (int(m["samples"]) for m in storage_metrics if "samples" in m)
-    return max([*from_events, *from_storage], default=0)
+    """The samples of the latest committed checkpoint. Storage decides when it lists any
+    committed checkpoint (it includes the final one, whose ``commit`` event a stopped job may
+    never write, and it excludes a report whose background commit never finished: torchjob
+    commits asynchronously, so a ``commit`` event after ``report()`` only says "staged").
+    The ``commit`` events count only where storage lists nothing (Kubeflow's torchrun worker
+    writes its own ``state.pt``, and emits ``commit`` after its atomic rename)."""
+    from_storage = [int(m["samples"]) for m in storage_metrics if "samples" in m]
+    if from_storage:
+        return max(from_storage)
+    return max((int(e["samples"]) for e in events if e.get("ev") == "commit"), default=0)
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,11 @@ class RowFigures:
     wall: float
     workers: int
     standbys: int = 0
+    strategy: str = "ddp"
+
+    @property
+    def system(self) -> str:
+        return system_of(self.policy, self.strategy)
 
     @property
     def pods(self) -> int:
@@ -68,14 +81,14 @@ def ideal_rates(rows: Iterable[RowFigures]) -> dict[str, float]:
     by_system: dict[str, list[float]] = {}
     for r in rows:
         if r.mode == BASELINE_MODE and r.wall > 0:
-            by_system.setdefault(system_of(r.policy), []).append(rate(r.committed, r.wall))
+            by_system.setdefault(r.system, []).append(rate(r.committed, r.wall))
     return {s: statistics.median(v) for s, v in by_system.items()}
 
 
 def goodput(row: RowFigures, ideal: Mapping[str, float]) -> float:
     """Committed samples over what the row's own system's baseline would have committed in the
     same wall time; NaN when that system has no baseline row."""
-    base = ideal.get(system_of(row.policy))
+    base = ideal.get(row.system)
     if not base or row.wall <= 0:
         return float("nan")
     return row.committed / (base * row.wall)
@@ -115,18 +128,28 @@ def format_spread(values: Iterable[float]) -> str:
 
 
 def timeline(
-    step_times: Iterable[float], t0: float, t_end: float, bucket: float = 5.0
+    step_times: Iterable[float],
+    t0: float,
+    t_end: float,
+    bucket: float = 5.0,
+    weights: Iterable[float] | None = None,
 ) -> list[tuple[float, float]]:
     """Steps/s in buckets of ``bucket`` seconds from ``t0`` to ``t_end``: (bucket start - t0,
-    rate) per bucket, empty buckets included (a recovery shows as a dip to 0)."""
+    rate) per bucket, empty buckets included (a recovery shows as a dip to 0). With
+    ``weights`` (one per step: its samples, world size x batch) the rate is samples/s, so a
+    job that goes on smaller shows as a lower line, not only a gap."""
     if bucket <= 0 or t_end <= t0:
         return []
     n = int((t_end - t0) // bucket) + (1 if (t_end - t0) % bucket else 0)
-    counts = [0] * n
-    for t in step_times:
+    counts = [0.0] * n
+    times = list(step_times)
+    ws = [1.0] * len(times) if weights is None else list(weights)
+    if len(ws) != len(times):
+        raise ValueError(f"{len(ws)} weights for {len(times)} steps")
+    for t, w in zip(times, ws, strict=True):
         i = int((t - t0) // bucket)
         if 0 <= i < n:
-            counts[i] += 1
+            counts[i] += w
     return [(i * bucket, c / bucket) for i, c in enumerate(counts)]
 
 
@@ -136,6 +159,7 @@ def timeline_svg(
     evictions: Sequence[float],
     width: int = 640,
     height: int = 240,
+    unit: str = "/s",
 ) -> str:
     """An SVG line of steps/s over time with a red vertical line at each eviction (seconds
     from the row's first step)."""
@@ -166,7 +190,7 @@ def timeline_svg(
         f'<text x="{pad}" y="{height - 10}" font-size="11">0 s</text>'
         f'<text x="{width - pad}" y="{height - 10}" font-size="11" text-anchor="end">'
         f"{t_max:.0f} s</text>"
-        f'<text x="4" y="{pad}" font-size="11">{y_max:.1f}/s</text>'
+        f'<text x="4" y="{pad - 6}" font-size="11">{y_max:.1f}{escape(unit)}</text>'
         f"{marks}"
         f'<polyline points="{line}" fill="none" stroke="steelblue" stroke-width="1.5"/>'
         "</svg>\n"

@@ -84,7 +84,8 @@ def corpus(n: int, vocab: int, seq: int) -> TensorDataset:
 def train_func(config: dict) -> None:
     ctx = train.get_context()
     torch.manual_seed(0)  # the same initial weights on every rank, before sharding
-    model = CausalLM(**MODEL)
+    shape = {**MODEL, **config.get("model", {})}
+    model = CausalLM(**shape)
     if ctx.get_world_size() > 1:
         for block in model.blocks:  # one all-gather per block, freed after its forward
             torch.distributed.fsdp.fully_shard(block)
@@ -97,7 +98,7 @@ def train_func(config: dict) -> None:
             min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total))
         ),
     )
-    data = corpus(config["samples"], MODEL["vocab"], MODEL["seq"])
+    data = corpus(config["samples"], shape["vocab"], shape["seq"])
     loader = prepare_data_loader(DataLoader(data, batch_size=config["batch"], shuffle=True))
     state = TrainState(model, opt, lr_scheduler=sched, data_loader=loader, extra={"epoch": 0})
 
@@ -115,6 +116,8 @@ def train_func(config: dict) -> None:
     while state.step < total:
         loader.sampler.set_epoch(state.extra["epoch"])  # a resume continues mid-epoch
         for (ids,) in loader:
+            if config.get("step_seconds"):
+                time.sleep(config["step_seconds"])  # a demo's slower step (--step-seconds)
             logits = model(ids[:, :-1])
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
             loss.backward()
@@ -140,14 +143,15 @@ def train_func(config: dict) -> None:
         state.extra["epoch"] += 1
 
 
-def sample(checkpoint: Checkpoint, n: int = 24) -> list[int]:
+def sample(checkpoint: Checkpoint, n: int = 24, shape: dict | None = None) -> list[int]:
     """One process, no process group: load the sharded checkpoint whole and sample greedily."""
-    model = CausalLM(**MODEL)
+    shape = {**MODEL, **(shape or {})}
+    model = CausalLM(**shape)
     checkpoint.load_state(TrainState(model, rng=False))
     ids = torch.zeros(1, 1, dtype=torch.long)
     with torch.no_grad():
         for _ in range(n):
-            nxt = model(ids[:, -MODEL["seq"] :])[:, -1].argmax(-1, keepdim=True)
+            nxt = model(ids[:, -shape["seq"] :])[:, -1].argmax(-1, keepdim=True)
             ids = torch.cat([ids, nxt], dim=1)
     return ids[0].tolist()
 
@@ -160,6 +164,14 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8, help="sequences per worker per step")
     p.add_argument("--samples", type=int, default=4096)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--layers", type=int, default=MODEL["layers"], help="transformer blocks")
+    p.add_argument("--dim", type=int, default=MODEL["dim"], help="model width")
+    p.add_argument(
+        "--step-seconds",
+        type=float,
+        default=0.0,
+        help="sleep this long in every step (a demo: time to preempt a pod by hand)",
+    )
     p.add_argument("--name", default="finetune-fsdp")
     p.add_argument("--storage-path", default=None, help="fsspec URL or path (in a pod: the job's)")
     p.add_argument("--sync", action="store_true", help="report waits for each commit")
@@ -172,6 +184,8 @@ def main() -> None:
             "batch": args.batch,
             "samples": args.samples,
             "lr": args.lr,
+            "model": {"layers": args.layers, "dim": args.dim},
+            "step_seconds": args.step_seconds,
         },
         scaling_config=ScalingConfig(num_workers=args.workers),
         run_config=RunConfig(
@@ -183,7 +197,9 @@ def main() -> None:
     ).fit()
     print(f"[finetune] final {result.metrics} checkpoint {result.checkpoint.path}")
     if train.is_primary():
-        print(f"[finetune] greedy sample from the checkpoint: {sample(result.checkpoint)}")
+        print(
+            f"[finetune] greedy sample from the checkpoint: {sample(result.checkpoint, shape={'layers': args.layers, 'dim': args.dim})}"
+        )
 
 
 if __name__ == "__main__":

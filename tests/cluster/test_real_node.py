@@ -280,6 +280,58 @@ def test_keep_survivors_keeps_the_surviving_pod_and_the_replacement_joins(
     assert "done: 8 epochs, world size 2" in out0
 
 
+def test_the_fsdp_finetune_example_shrinks_and_grows_back_and_resumes_its_shards(
+    real_jobs: Jobs, storage: Path
+) -> None:
+    """examples/finetune_fsdp/train.py (FSDP2, sharded async TrainState checkpoints) as its
+    job.yaml's elastic TorchJob (KeepSurvivors, min 1, shrinkOnDisruption), at its smallest
+    (2 pods x 1 rank, a one-block model): pod 1 is evicted after the first checkpoint, pod 0
+    goes on alone from the shards both ranks wrote at the eviction, the replacement joins, the
+    job grows back to 2 ranks, resharding again, and finishes at the last step."""
+    job = yaml.safe_load((REPO / "examples" / "finetune_fsdp" / "job.yaml").read_text())
+    spec = job["spec"]
+    steps = 300  # 0.2 s each: a minute at 1 rank leaves the replacement time to join
+    spec["nprocPerNode"] = 1
+    spec["checkpoint"] = {"path": str(storage)}
+    spec["failurePolicy"] = {"maxRestarts": 0}
+    spec["template"] = real_template(
+        storage,
+        *("--steps", str(steps), "--checkpoint-every", "5", "--layers", "1", "--dim", "32"),
+        *("--batch", "4", "--samples", "512", "--step-seconds", "0.2"),
+        grace=30,
+        script="train.py",
+        scripts=REPO / "examples" / "finetune_fsdp",
+        env={"HOME": str(storage)},
+    )
+    job["metadata"]["name"] = "ft"
+    real_jobs.apply(job)
+    real_jobs.wait(
+        "ft",
+        lambda s: s if ((s.get("progress") or {}).get("step") or 0) >= 5 else None,
+        "the first sharded checkpoint (step 5)",
+        timeout=300,
+    )
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="ft-worker-1"))
+    real_jobs.core.create_namespaced_pod_eviction("ft-worker-1", real_jobs.ns, eviction)
+    status = wait_finished(real_jobs, "ft", timeout=480)
+    out = logs(real_jobs, "ft-worker-0")
+    assert status["phase"] == "Succeeded", f"{real_jobs.describe('ft')}\n{out}"
+    assert (status["restarts"], status["disruptions"]) == (0, 1), status
+    reasons = real_jobs.event_reasons("ft")
+    assert "ShrunkAfterDisruption" in reasons and "ScaledUp" in reasons, reasons
+    # Pod 0 was rank 0 throughout: it resumed from the shards at 1 rank, then at 2 again.
+    resumes = [
+        (int(step), int(world))
+        for step, world in re.findall(r"resumed at step (\d+) from \S+ on (\d) workers", out)
+    ]
+    assert [w for _, w in resumes] == [1, 2], out
+    assert 5 <= resumes[0][0] <= resumes[1][0] < steps, resumes
+    reported = [int(m) for m in re.findall(r"'step': (\d+), 'workers'", out)]
+    assert reported == sorted(reported) and reported[-1] == steps, reported
+    assert f"'step': {steps}, 'workers': 2" in out, out
+    assert "[finetune] greedy sample from the checkpoint" in out, out
+
+
 def read_events(path: Path) -> list[dict[str, Any]]:
     """tests/e2e/hard_loss_job.py's JSON lines (a line being written is skipped)."""
     out = []

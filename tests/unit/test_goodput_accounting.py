@@ -29,6 +29,12 @@ def test_the_final_commit_is_counted_from_storage_when_its_event_is_missing() ->
     assert acc.committed_samples([], [{"step": 3}]) == 0
 
 
+def test_a_commit_event_whose_background_commit_never_finished_does_not_count() -> None:
+    # report() returned (the event) but the pod was killed before the async commit landed.
+    events = [{"ev": "commit", "samples": 3_200}, {"ev": "commit", "samples": 6_400}]
+    assert acc.committed_samples(events, [{"samples": 3_200}]) == 3_200
+
+
 def test_each_system_is_divided_by_its_own_baseline() -> None:
     rows = [
         acc.RowFigures("RecreateGroup", "none", committed=6_000, wall=10.0, workers=2),
@@ -88,3 +94,11 @@ def test_timeline_buckets_steps_and_the_svg_marks_each_eviction() -> None:
     assert len(root.findall(f"{ns}polyline")) == 1
     marks = [e for e in root.findall(f"{ns}line") if e.get("stroke") == "red"]
     assert len(marks) == 1
+
+
+def test_a_weighted_timeline_shows_a_smaller_world_as_a_lower_line() -> None:
+    times = [100.5, 101.5, 106.0, 107.0]
+    weights = [64.0, 64.0, 32.0, 32.0]  # 2 workers x 32, then 1 worker x 32
+    assert acc.timeline(times, 100.0, 110.0, 5.0, weights) == [(0.0, 25.6), (5.0, 12.8)]
+    with pytest.raises(ValueError, match="3 weights for 4 steps"):
+        acc.timeline(times, 100.0, 110.0, 5.0, weights[:3])

@@ -66,9 +66,29 @@ def prepare_model(
         # FSDP2 (``fully_shard``) shards in place and, unlike FSDP1, also runs on CPU/gloo.
         from torch.distributed.fsdp import fully_shard
 
+        _cpu_streams_for_fsdp2()
         fully_shard(model, **kwargs)
         return model
     raise ValueError(f"parallel_strategy must be 'ddp', 'fsdp' or None, got {parallel_strategy!r}")
+
+
+def _cpu_streams_for_fsdp2() -> None:
+    """torch < 2.7's FSDP2 calls ``record_event()`` / ``wait_event()`` on its streams, which
+    ``torch.cpu.Stream`` (a stub for device-agnostic code) lacks: on CPU every FSDP2 forward
+    raised ``AttributeError: 'Stream' object has no attribute 'record_event'`` (Debian
+    trixie's torch 2.6, the runtime image's). CPU work runs in order on the calling thread and
+    FSDP2 waits on the collectives' work handles itself, so an already-complete event is the
+    right answer; a torch that has them is left alone."""
+
+    def record_event(self: Any, event: Any = None) -> Any:
+        return event or torch.cpu.Event()
+
+    def wait_event(self: Any, event: Any) -> None:
+        return None
+
+    for name, fn in (("record_event", record_event), ("wait_event", wait_event)):
+        if not hasattr(torch.cpu.Stream, name):
+            setattr(torch.cpu.Stream, name, fn)
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:

@@ -158,11 +158,7 @@ class ShardedSaver:
     ) -> CommittedCheckpoint | None:
         """Save ``state`` sharded; returns the committed checkpoint (rank 0, not ``background``)
         or ``None`` (committed later in the background, or not rank 0)."""
-        from torch.distributed.checkpoint.state_dict_saver import (
-            AsyncSaveResponse,
-            async_save,
-            save,
-        )
+        from torch.distributed.checkpoint.state_dict_saver import async_save, save
 
         self.wait()
         d = _dist()
@@ -174,17 +170,22 @@ class ShardedSaver:
         state_dict = state.state_dict()
         writer = _writer(target.write_url)
         if background:
-            fut = async_save(
-                state_dict,
-                storage_writer=writer,
-                process_group=group,
-                async_stager=self._staging(),
-                no_dist=d is None,
-            )
-            upload = fut.upload_completion if isinstance(fut, AsyncSaveResponse) else fut
+            if "async_stager" in _params(async_save):
+                fut = async_save(
+                    state_dict,
+                    storage_writer=writer,
+                    process_group=group,
+                    async_stager=self._staging(),
+                    no_dist=d is None,
+                )
+            else:  # torch < 2.7 (Debian trixie's 2.6): DCP stages into a new host copy
+                fut = async_save(state_dict, storage_writer=writer, process_group=group)
+            upload: Any = getattr(fut, "upload_completion", fut)
             self._start(lambda: self._finish(upload.result(), target, metrics, data_positions))
             return None
-        metadata = save(state_dict, storage_writer=writer, process_group=group, no_dist=d is None)
+        metadata = save(
+            state_dict, storage_writer=writer, process_group=group, **_no_dist(save, d is None)
+        )
         return self._finish(metadata, target, metrics, data_positions)
 
     def _finish(
@@ -253,6 +254,17 @@ def _agree(problems: list[str]) -> list[str]:
     return [p for part in everyone for p in (part or [])]
 
 
+def _params(fn: Callable[..., Any]) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(fn).parameters)
+
+
+def _no_dist(fn: Callable[..., Any], no_dist: bool) -> dict[str, bool]:
+    """``no_dist=`` where DCP takes it; torch < 2.7 infers it (no process group: no_dist)."""
+    return {"no_dist": no_dist} if "no_dist" in _params(fn) else {}
+
+
 def load(url: str, state: Any) -> None:
     """Verify (each rank a share), then DCP-load the checkpoint at ``url`` into ``state`` with
     resharding (``Checkpoint.load_state``)."""
@@ -284,5 +296,5 @@ def load(url: str, state: Any) -> None:
     for key in [k for k in state_dict if k.startswith(RNG_PREFIX)]:
         if key not in keys or key != rng_key(rank):
             del state_dict[key]
-    dcp_load(state_dict, storage_reader=reader, no_dist=d is None)
+    dcp_load(state_dict, storage_reader=reader, **_no_dist(dcp_load, d is None))
     state.load_state_dict(state_dict)
