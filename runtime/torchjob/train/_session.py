@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from torchjob.train._sharded import ShardedSaver
     from torchjob.train.checkpoint import Checkpoint
     from torchjob.train.restore_point import Restored
-    from torchjob.train.shard_mirror import Plan
+    from torchjob.train.shard_rebuild import Plan
 
 
 class PositionedLoader(Protocol):

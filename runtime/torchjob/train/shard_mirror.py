@@ -36,7 +36,7 @@ import os
 import pickle
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -293,7 +293,6 @@ def take(
 def _exchange(h: Holding, index: int, rank: int, world: int, changed: bool, group: Any) -> None:
     """Send the own record to ``rank - 1``, receive ``rank + 1``'s into the mirror."""
     import torch
-    import torch.distributed as dist
 
     to, frm = (rank - 1) % world, (rank + 1) % world
     meta = pickle.dumps((h.own.layout if changed else None, h.own.rest))
@@ -325,84 +324,3 @@ def _pairwise(send: Any, to: int, recv: Any, frm: int, tag: int, group: Any) -> 
     for w in works:
         if w is not None:
             w.wait()
-
-
-# --- a generation's start ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What :func:`agree` found: the report every old rank's record is held for, and by whom."""
-
-    index: int
-    old_world: int
-    holders: dict[int, int]
-    """Old rank -> the rank (of the new group) whose memory gives its record."""
-    from_mirror: tuple[int, ...]
-    """Old ranks whose own process is gone: their record comes from a mirror."""
-    positions: list[dict[str, Any]] = field(default_factory=list)
-    """Old rank 0's data positions (the prepared loaders')."""
-
-
-@dataclass(frozen=True)
-class Fallback:
-    """The mirror cannot rebuild the newest report: why (for the driver's log line)."""
-
-    index: int
-    reason: str
-
-
-def _summary(run: str) -> list[tuple[int, int, int, bool, Any]] | None:
-    """(old rank, its world, report index, own record, old rank 0's positions) per record."""
-    h = held(run)
-    if h is None or not h.records():
-        return None
-    return [
-        (r.rank, r.world, r.index, r is h.own, _positions(r) if r.rank == 0 else None)
-        for r in h.records()
-    ]
-
-
-def _positions(rec: Record) -> list[dict[str, Any]]:
-    import torch
-
-    _, _, positions = torch.load(io.BytesIO(rec.rest), weights_only=False)
-    return list(positions)
-
-
-def agree(run: str, rank: int, world: int) -> Plan | Fallback | None:
-    """Collective, at a generation's start (after the replicated restore point found none):
-    the newest report of ``run`` whose every old rank's record some rank holds (a
-    :class:`Plan`), a :class:`Fallback` when records are held but one is missing, or None when
-    nobody holds any."""
-    mine = _summary(run)
-    everyone: list[Any] = [mine]
-    if world > 1:
-        import torch.distributed as dist
-
-        everyone = [None] * world
-        dist.all_gather_object(everyone, mine)
-    by_index: dict[tuple[int, int], dict[int, list[tuple[bool, int]]]] = {}
-    positions: dict[int, list[dict[str, Any]]] = {}
-    for new_rank, records in enumerate(everyone):
-        for old, old_world, index, own, pos in records or []:
-            holders = by_index.setdefault((index, old_world), {}).setdefault(old, [])
-            holders.append((not own, new_rank))  # own records first, then mirrors
-            if pos is not None:
-                positions[index] = pos
-    if not by_index:
-        return None
-    for (index, old_world), held_by in sorted(by_index.items(), reverse=True):
-        missing = [k for k in range(old_world) if k not in held_by]
-        if not missing:
-            holders = {k: min(held_by[k])[1] for k in range(old_world)}
-            mirrored = tuple(k for k in range(old_world) if min(held_by[k])[0])
-            return Plan(index, old_world, holders, mirrored, positions.get(index, []))
-    (index, old_world), held_by = max(by_index.items())
-    missing = [k for k in range(old_world) if k not in held_by]
-    lost = ", ".join(f"{k} (mirrored by {(k - 1) % old_world})" for k in missing)
-    reason = (
-        f"the shard mirror cannot rebuild report {index}: the shards of old rank(s) {lost} "
-        "were lost with their mirrors (or in the middle of a report's exchange)"
-    )
-    return Fallback(index, reason)

@@ -1,6 +1,8 @@
 """Rebuild sharded state at a new world size from the shard mirror (``torchjob.train.shard_mirror``).
 
-Collective, in ``register_state`` once the model and optimizer of the new generation exist
+At a generation's start, :func:`agree` (collective) finds the newest report whose every old
+rank's record a survivor holds (a lost rank's from its mirror), or a :class:`Fallback` naming
+the hole. Then :func:`restore`, collective, in ``register_state`` once the model and optimizer of the new generation exist
 (their ``DTensor``s say where each rank's new piece of every tensor lies):
 
 1. one ``all_gather_object``: each rank's target boxes (global offset and local shape of each
@@ -24,10 +26,95 @@ from __future__ import annotations
 import io
 import time
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from torchjob.train.shard_mirror import Leaf, Plan, Record, box, fill, held, split
+from torchjob.train.shard_mirror import Leaf, Record, box, fill, held, split
+
+# --- a generation's start ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What :func:`agree` found: the report every old rank's record is held for, and by whom."""
+
+    index: int
+    old_world: int
+    holders: dict[int, int]
+    """Old rank -> the rank (of the new group) whose memory gives its record."""
+    from_mirror: tuple[int, ...]
+    """Old ranks whose own process is gone: their record comes from a mirror."""
+    positions: list[dict[str, Any]] = field(default_factory=list)
+    """Old rank 0's data positions (the prepared loaders')."""
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """The mirror cannot rebuild the newest report: why (for the driver's log line)."""
+
+    index: int
+    reason: str
+
+
+def _summary(run: str) -> list[tuple[int, int, int, bool, Any]] | None:
+    """(old rank, its world, report index, own record, old rank 0's positions) per record."""
+    h = held(run)
+    if h is None or not h.records():
+        return None
+    return [
+        (r.rank, r.world, r.index, r is h.own, _positions(r) if r.rank == 0 else None)
+        for r in h.records()
+    ]
+
+
+def _positions(rec: Record) -> list[dict[str, Any]]:
+    import torch
+
+    _, _, positions = torch.load(io.BytesIO(rec.rest), weights_only=False)
+    return list(positions)
+
+
+def agree(run: str, rank: int, world: int) -> Plan | Fallback | None:
+    """Collective, at a generation's start (after the replicated restore point found none):
+    the newest report of ``run`` whose every old rank's record some rank holds (a
+    :class:`Plan`), a :class:`Fallback` when records are held but one is missing, or None when
+    nobody holds any."""
+    mine = _summary(run)
+    everyone: list[Any] = [mine]
+    if world > 1:
+        import torch.distributed as dist
+
+        everyone = [None] * world
+        dist.all_gather_object(everyone, mine)
+    by_index: dict[tuple[int, int], dict[int, list[tuple[bool, int]]]] = {}
+    positions: dict[int, list[dict[str, Any]]] = {}
+    for new_rank, records in enumerate(everyone):
+        for old, old_world, index, own, pos in records or []:
+            holders = by_index.setdefault((index, old_world), {}).setdefault(old, [])
+            holders.append((not own, new_rank))  # own records first, then mirrors
+            if pos is not None:
+                positions[index] = pos
+    if not by_index:
+        return None
+    for (index, old_world), held_by in sorted(by_index.items(), reverse=True):
+        if all(k in held_by for k in range(old_world)):
+            chosen = {k: min(held_by[k]) for k in range(old_world)}
+            return Plan(
+                index,
+                old_world,
+                {k: new_rank for k, (_, new_rank) in chosen.items()},
+                tuple(k for k, (mirrored, _) in chosen.items() if mirrored),
+                positions.get(index, []),
+            )
+    (index, old_world), held_by = max(by_index.items())
+    missing = [k for k in range(old_world) if k not in held_by]
+    lost = ", ".join(f"{k} (mirrored by {(k - 1) % old_world})" for k in missing)
+    reason = (
+        f"the shard mirror cannot rebuild report {index}: the shards of old rank(s) {lost} "
+        "were lost with their mirrors (or in the middle of a report's exchange)"
+    )
+    return Fallback(index, reason)
+
 
 _Box = tuple[tuple[int, ...], tuple[int, ...]]
 """(global offset, local shape)."""
@@ -48,9 +135,9 @@ class Rebuilt:
 def _overlap(a: _Box, b: _Box) -> _Box | None:
     lo = tuple(max(x, y) for x, y in zip(a[0], b[0], strict=True))
     hi = tuple(min(x + n, y + m) for x, n, y, m in zip(a[0], a[1], b[0], b[1], strict=True))
-    if any(h <= l for l, h in zip(lo, hi, strict=True)):
+    if any(top <= bottom for bottom, top in zip(lo, hi, strict=True)):
         return None
-    return lo, tuple(h - l for l, h in zip(lo, hi, strict=True))
+    return lo, tuple(top - bottom for bottom, top in zip(lo, hi, strict=True))
 
 
 def _slices(inner: _Box, outer_offset: tuple[int, ...]) -> tuple[slice, ...]:
