@@ -15,12 +15,13 @@ group leaves, and so does the end of the generation.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from torchjob.checkpoint import CheckpointStorage, CommittedCheckpoint
 from torchjob.launch import send_event, stop_requested
-from torchjob.train import _session, restore_point
+from torchjob.train import _session, restore_point, shard_mirror
 from torchjob.train.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
@@ -126,12 +127,13 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
     s.reports += 1
     s.last_metrics = dict(metrics)
     s.history.append(dict(metrics))
-    snapshot = None
+    snapshot = live = None
     if s.registered is not None:
         # The restore point: this report's state in host memory, before the collective
         # below (a peer lost in it leaves every survivor holding this report).
+        live = restore_point.state_of(s.registered)
         snapshot = restore_point.take(
-            s.run_path, s.report_base + s.reports, s.registered, s.data_positions()
+            s.run_path, s.report_base + s.reports, s.registered, s.data_positions(), live
         )
     committed = None
     if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
@@ -150,6 +152,7 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
         if saving:
             assert checkpoint is not None
             committed = _commit(s, checkpoint, metrics)
+    mirror = shard_mirror.held(s.run_path) if live is not None and snapshot is None else None
     if s.world_rank == 0:
         send_event(
             {
@@ -161,11 +164,24 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
                 "world_size": s.world_size,
                 "generation": s.generation,
                 "report": s.reports,
-                "restore_point": snapshot is not None,
-                "restore_point_bytes": snapshot.nbytes if snapshot is not None else 0,
+                "restore_point": snapshot is not None or mirror is not None,
+                "restore_point_bytes": snapshot.nbytes if snapshot else _nbytes(mirror),
             }
         )
     stop = _agree_to_stop(stop_requested())
+    if live is not None and snapshot is None and s.mirror_on:
+        # Sharded state: the shard mirror, after the all-reduce above (a rank lost before it
+        # leaves every survivor with the previous report's records, consistently).
+        shard_mirror.take(
+            s.run_path,
+            s.report_base + s.reports,
+            live,
+            s.data_positions(),
+            rank=s.world_rank,
+            world=s.world_size,
+            generation=s.generation,
+            group=_mirror_group(s),
+        )
     if stop:
         s.drain()  # the stop's checkpoint is committed before the group leaves
         # ... and no rank leaves before it is: the next generation's rank 0 may be another
@@ -173,6 +189,22 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
         _agree_to_stop(True)
         s.stopped_at_report = s.reports
         raise _session.StopTraining()
+
+
+def _nbytes(mirror: shard_mirror.Holding | None) -> int:
+    return mirror.nbytes if mirror is not None else 0
+
+
+def _mirror_group(s: _session.Session) -> Any:
+    """The group the shard mirror exchanges on: the default one when it is gloo, else a gloo
+    group of the generation's ranks (created at the first use, on every rank)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_backend() == "gloo":
+        return None
+    if s.mirror_group is None:
+        s.mirror_group = dist.new_group(backend="gloo")
+    return s.mirror_group
 
 
 def get_checkpoint() -> Checkpoint | None:
@@ -189,7 +221,7 @@ def should_stop() -> bool:
 # --- the training function's side ----------------------------------------------------------
 
 
-def register_state(state: MutableMapping[str, Any] | Any) -> bool:
+def register_state(state: MutableMapping[str, Any] | Any, *, mirror: bool | None = None) -> bool:
     """Hand the runtime this training function's state, as a dict of named entries: objects
     with ``state_dict()``/``load_state_dict()`` (the model, the optimizer, a scheduler) and
     plain values (the step, the epoch); or one such object (a ``TrainState``). Every ``report()`` from now on copies it into host
@@ -201,7 +233,13 @@ def register_state(state: MutableMapping[str, Any] | Any) -> bool:
     in the dict), the RNG states and data positions with it, and this returns True; then
     ``get_checkpoint()`` is None (storage was not read). False: nothing in memory, resume
     from ``get_checkpoint()`` as usual. Call it on every rank, once, after the model and the
-    optimizer exist and before the first step."""
+    optimizer exist and before the first step.
+
+    Sharded state (FSDP2 ``DTensor``s) is held by the shard mirror
+    (``torchjob.train.shard_mirror``: each rank's shard in its own and in a ring neighbour's
+    host memory, two shards of RAM per rank): after a loss the survivors rebuild the state at
+    the new world size from it, collectively, here. ``mirror=False`` (or
+    ``TORCHJOB_SHARD_MIRROR=0``) holds nothing for sharded state: a loss resumes from storage."""
     s = _session.current()
     if s is None:
         raise RuntimeError("register_state() must be called inside a training function")
@@ -212,6 +250,16 @@ def register_state(state: MutableMapping[str, Any] | Any) -> bool:
             f"state_dict()/load_state_dict() (a TrainState), got {type(state).__name__}"
         )
     s.registered = registered
+    s.mirror_on = shard_mirror.enabled(mirror)
+    if s.mirror_plan is not None:
+        from torchjob.train import shard_rebuild
+
+        done = shard_rebuild.restore(
+            registered, s.mirror_plan, s.run_path, s.world_rank, s.world_size, _mirror_group(s)
+        )
+        if s.world_rank == 0:
+            send_event({"type": "restored", "from": "mirror", **dataclasses.asdict(done)})
+        return True
     if s.restored is None:
         return False
     restore_point.load_into(registered, s.restored.snapshot.state)

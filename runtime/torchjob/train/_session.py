@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from torchjob.train._sharded import ShardedSaver
     from torchjob.train.checkpoint import Checkpoint
     from torchjob.train.restore_point import Restored
+    from torchjob.train.shard_rebuild import Plan
 
 
 class PositionedLoader(Protocol):
@@ -70,6 +71,12 @@ class Session:
     """Every rank, from its first ``Checkpoint.from_state`` report: its sharded saves."""
     state: Any = None
     """The ``TrainState`` last reported with ``Checkpoint.from_state`` (``None`` before)."""
+    mirror_plan: Plan | None = None
+    """Sharded state this generation rebuilds from the shard mirror (``register_state``)."""
+    mirror_on: bool = True
+    """``register_state(mirror=...)`` / ``TORCHJOB_SHARD_MIRROR``: sharded state is mirrored."""
+    mirror_group: Any = None
+    """A gloo group for the mirror where the default group is not gloo (NCCL)."""
 
     def drain(self) -> None:
         """Wait for the background saves in flight (re-raising their errors)."""

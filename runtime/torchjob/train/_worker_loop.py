@@ -20,7 +20,7 @@ from typing import Any
 from torchjob.checkpoint import CheckpointError, CheckpointStorage, DataPosition, write_files
 from torchjob.checkpoint.sharded import is_sharded
 from torchjob.launch import send_event, worker_info
-from torchjob.train import _session, _shared_result, restore_point
+from torchjob.train import _session, _shared_result, restore_point, shard_rebuild
 from torchjob.train._spec import WorkerOutcome, WorkerSpec
 from torchjob.train.checkpoint import Checkpoint
 
@@ -84,8 +84,16 @@ def run_training(spec: WorkerSpec) -> WorkerOutcome:
     os.environ.update(spec.env)
     # The survivors' memory first: storage is read only when no rank holds a restore point.
     restored = restore_point.agree(spec.run_path, info.rank, info.world_size)
-    if restored is not None:
-        payload: _Payload = ("memory", None, restored.snapshot.positions)
+    mirrored: shard_rebuild.Plan | None = None
+    if restored is None:  # sharded state: the shard mirror (register_state rebuilds it)
+        agreed = shard_rebuild.agree(spec.run_path, info.rank, info.world_size)
+        if isinstance(agreed, shard_rebuild.Fallback) and info.rank == 0:
+            send_event({"type": "mirror_fallback", "reason": agreed.reason})
+        mirrored = agreed if isinstance(agreed, shard_rebuild.Plan) else None
+    if mirrored is not None:
+        payload: _Payload = ("memory", None, mirrored.positions)
+    elif restored is not None:
+        payload = ("memory", None, restored.snapshot.positions)
         if info.rank == 0:
             send_event(
                 {
@@ -132,7 +140,14 @@ def run_training(spec: WorkerSpec) -> WorkerOutcome:
         resume_positions=positions,
         async_commit=spec.async_commit and info.rank == 0,
         restored=restored,
-        report_base=restored.snapshot.index if restored is not None else len(spec.history_before),
+        report_base=(
+            restored.snapshot.index
+            if restored is not None
+            else mirrored.index
+            if mirrored is not None
+            else len(spec.history_before)
+        ),
+        mirror_plan=mirrored,
         async_save=spec.async_commit,
     )
     _session.set_current(session)

@@ -15,9 +15,10 @@ or the survivors of a shrunk group that were one report behind), and nobody read
 Only when no rank holds one (every replica was lost, or the state was never registered)
 does the generation resume from the latest committed checkpoint.
 
-FSDP (sharded) state is not covered yet: each rank holds only its shard, so a lost rank's
-shard would have to be mirrored in a peer's memory (see docs/runtime.md, Known limits).
-:func:`take` holds nothing for a state with DTensors, and such a run resumes from storage.
+Sharded (FSDP2) state is held by the shard mirror instead (``torchjob.train.shard_mirror``):
+each rank holds its own shard and its ring neighbour's, and the re-formed group rebuilds the
+whole state at its new world size from them. :func:`take` holds nothing for a state with
+DTensors.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def _copy(src: Any, old: Any) -> tuple[Any, int]:
     if isinstance(src, torch.Tensor):
         src = src.detach()
         if src.layout is not torch.strided or type(src) is not torch.Tensor:
-            # A DTensor or another subclass: a full CPU copy (FSDP: see the module docstring).
+            # A DTensor or another subclass: a full CPU copy (FSDP: the shard mirror's).
             t = src.to("cpu", copy=True)
             return t, t.numel() * t.element_size()
         if (
@@ -168,28 +169,32 @@ def set_rng_states(rng: Mapping[str, Any]) -> None:
         numpy.random.set_state(rng["numpy"])
 
 
-def _sharded(value: Any) -> bool:
+def is_sharded(value: Any) -> bool:
     """Whether ``value`` holds a tensor subclass (a DTensor: an FSDP2 shard)."""
     import torch
 
     if isinstance(value, torch.Tensor):
         return type(value) is not torch.Tensor and not isinstance(value, torch.nn.Parameter)
     if isinstance(value, Mapping):
-        return any(_sharded(v) for v in value.values())
+        return any(is_sharded(v) for v in value.values())
     if isinstance(value, (list, tuple)):
-        return any(_sharded(v) for v in value)
+        return any(is_sharded(v) for v in value)
     return False
 
 
 def take(
-    run: str, index: int, registered: Mapping[str, Any], positions: list[dict[str, Any]]
+    run: str,
+    index: int,
+    registered: Mapping[str, Any],
+    positions: list[dict[str, Any]],
+    live: Mapping[str, Any] | None = None,
 ) -> Snapshot | None:
     """Copy the registered state into this process's memory as the restore point of report
-    ``index`` (reusing the previous restore point's buffers). None for sharded state (FSDP2
-    DTensors): a rank holds only its shard, which no survivor could give back to another
-    rank, so no restore point is held and a loss resumes from storage."""
-    live = state_of(registered)
-    if _sharded(live):
+    ``index`` (reusing the previous restore point's buffers); ``live`` is ``state_of(registered)``
+    where the caller has it. None for sharded state (FSDP2 DTensors): a rank holds only its
+    shard, which the shard mirror holds instead (``torchjob.train.shard_mirror``)."""
+    live = state_of(registered) if live is None else live
+    if is_sharded(live):
         _HELD[0] = None
         return None
     prev = _HELD[0]

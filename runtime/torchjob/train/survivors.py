@@ -48,6 +48,23 @@ class RestorePoints:
                 self.held = True
                 self.restore_point_bytes = int(event.get("restore_point_bytes") or 0)
             return False  # the controller records the report itself
+        if kind == "restored" and event.get("from") == "mirror":
+            self.held = True
+            self.restored = dict(event)
+            lost = event["from_mirror"]
+            view.message(
+                f"[torchjob] resumed from the shard mirror in the survivors' memory (report "
+                f"{event['index']}, {event['old_world']} -> {event['world']} ranks, "
+                f"old rank(s) {', '.join(map(str, lost)) or 'none'} from their mirror; "
+                f"{event['bytes_moved'] / 2**20:.1f} MiB moved to rank 0 in "
+                f"{event['seconds']:.2f}s); storage was not read"
+            )
+            return True
+        if kind == "mirror_fallback":
+            view.message(
+                f"[torchjob] {event['reason']}; resuming from the latest committed checkpoint"
+            )
+            return True
         if kind == "restored":
             self.held = True
             self.restored = dict(event)
