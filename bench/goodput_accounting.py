@@ -11,8 +11,8 @@ tests/unit/test_goodput_accounting.py; issue 26, item 1).
 - ``pick_victim``: a preemption hits any running pod of the job, standbys included, each with
   the same probability (a spot reclaim does not know which pod trains).
 - ``spread``: median, min and max over the repeats of a row.
-- ``timeline`` / ``timeline_svg``: steps/s over time with the evictions marked, written by hand
-  (no plotting dependency).
+- ``timeline`` / ``timeline_svg``: steps/s over time with the evictions marked (bench/plots.py,
+  no plotting dependency).
 """
 
 from __future__ import annotations
@@ -162,36 +162,10 @@ def timeline_svg(
     unit: str = "/s",
 ) -> str:
     """An SVG line of steps/s over time with a red vertical line at each eviction (seconds
-    from the row's first step)."""
-    from xml.sax.saxutils import escape
+    from the row's first step); drawn by bench/plots.py."""
+    import plots
 
-    pad = 40
-    t_max = max([p[0] for p in points] + list(evictions) + [1.0])
-    y_max = max([p[1] for p in points] + [1.0]) * 1.1
-
-    def x(t: float) -> float:
-        return pad + (width - 2 * pad) * t / t_max
-
-    def y(v: float) -> float:
-        return height - pad - (height - 2 * pad) * v / y_max
-
-    line = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in points)
-    marks = "".join(
-        f'<line x1="{x(t):.1f}" y1="{pad}" x2="{x(t):.1f}" y2="{height - pad}" '
-        'stroke="red" stroke-dasharray="4 3"/>'
-        for t in evictions
-    )
-    return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">'
-        f'<rect width="{width}" height="{height}" fill="white"/>'
-        f'<text x="{pad}" y="20" font-size="13">{escape(title)}</text>'
-        f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="black"/>'
-        f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="black"/>'
-        f'<text x="{pad}" y="{height - 10}" font-size="11">0 s</text>'
-        f'<text x="{width - pad}" y="{height - 10}" font-size="11" text-anchor="end">'
-        f"{t_max:.0f} s</text>"
-        f'<text x="4" y="{pad - 6}" font-size="11">{y_max:.1f}{escape(unit)}</text>'
-        f"{marks}"
-        f'<polyline points="{line}" fill="none" stroke="steelblue" stroke-width="1.5"/>'
-        "</svg>\n"
+    line = plots.Series(unit.lstrip("/") or "rate", points)
+    return plots.chart(
+        title, [line], vlines=evictions, x_unit=" s", y_unit=unit, width=width, height=height
     )

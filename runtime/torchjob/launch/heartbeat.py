@@ -176,13 +176,47 @@ def _tcp_connections() -> dict[int, tuple[int, int]]:
     return out
 
 
-def break_group_connections(keep_fds: frozenset[int] = frozenset()) -> int:
+def socket_inodes() -> frozenset[int]:
+    """This process's sockets now (their inodes): taken around a group's formation, the
+    difference is the group's own connections (see :func:`break_group_connections`)."""
+    try:
+        return frozenset(_socket_inodes())
+    except OSError:  # no /proc (not Linux)
+        return frozenset()
+
+
+def _shutdown(fd: int, store_port: int) -> bool:
+    with contextlib.suppress(OSError):
+        s = socket.socket(fileno=os.dup(fd))
+        try:
+            if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
+                return False
+            if store_port in (s.getsockname()[1], s.getpeername()[1]):
+                return False
+            s.shutdown(socket.SHUT_RDWR)
+            return True
+        finally:
+            s.close()
+    return False
+
+
+def break_group_connections(
+    keep_fds: frozenset[int] = frozenset(), only: frozenset[int] | None = None
+) -> int:
     """Shut down this process's established TCP connections except the store's (to or from
     ``MASTER_PORT``) and ``keep_fds`` (the driver's): gloo's pairs, so a collective blocked
-    on a silent peer fails now. Returns how many were shut down. Linux only (``/proc``)."""
+    on a silent peer fails now. ``only``: just these sockets (inodes; the group's own, taken
+    with :func:`socket_inodes` around its formation), else every one. Returns how many were
+    shut down. Linux only (``/proc``)."""
     store_port = int(os.environ.get("MASTER_PORT", "0"))
     keep = set(keep_fds)
     fds = _socket_inodes()
+    if only is not None:
+        return sum(
+            _shutdown(fd, store_port)
+            for inode, fd in fds.items()
+            if inode in only and fd not in keep
+        )
     n = 0
     for inode, (local_port, remote_port) in _tcp_connections().items():
         fd = fds.get(inode)

@@ -151,6 +151,15 @@ def _leave_broken_group(exc: BaseException) -> None:
     if classify_failure(exc) == "user":
         return
     _stop_watching()
+    # Its connections are closed first, whatever holds the group: destroy_process_group() does
+    # not close gloo's pairs while an object still refers to the group (DDP's reducer, kept
+    # by the failed function's traceback or the user's globals), and a peer two hops away in
+    # the ring would wait on this rank until the collective's timeout.
+    from torchjob.launch import heartbeat
+
+    with contextlib.suppress(Exception):
+        keep = frozenset({_CONN.fileno()}) if _CONN is not None else frozenset()
+        heartbeat.break_group_connections(keep, only=_GROUP_SOCKETS[0])
     try:
         import torch.distributed as dist
 
@@ -232,14 +241,24 @@ def _init_process_group(init: dict[str, Any]) -> str:
         torch.cuda.set_device(local_rank)
         device = f"cuda:{local_rank}"
     timeout = timedelta(seconds=float(init["timeout_s"]))
+    store = _rendezvous_store(timeout)
+    from torchjob.launch.heartbeat import socket_inodes
+
+    before = socket_inodes()
     dist.init_process_group(
         backend=backend,
-        store=_rendezvous_store(timeout),
+        store=store,
         rank=int(os.environ["RANK"]),
         world_size=int(os.environ["WORLD_SIZE"]),
         timeout=timeout,
     )
+    _GROUP_SOCKETS[0] = socket_inodes() - before
     return device
+
+
+_GROUP_SOCKETS: list[frozenset[int]] = [frozenset()]
+"""The connections the current group opened (gloo's pairs; on rank 0, also the store's that
+peers opened meanwhile, which are never shut down): what leaving a broken group closes."""
 
 
 _WATCHDOG: list[Any] = [None]
