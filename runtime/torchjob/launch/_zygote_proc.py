@@ -30,6 +30,7 @@ def _preload(names: Iterable[str]) -> None:
     for name in names:
         with contextlib.suppress(Exception):
             importlib.import_module(name)
+        install_tripwire()  # as soon as torch is in: a module below may ask torch.cuda
     with contextlib.suppress(Exception):
         import torch.compiler  # DDP's constructor imports the compiler stack: once, here
 
@@ -41,7 +42,6 @@ def serve(sock: socket.socket, preload: Iterable[str]) -> None:
     Returns when the driver closes its end."""
     install_tripwire()
     _preload(preload)
-    install_tripwire()  # torch may have been imported just now
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
