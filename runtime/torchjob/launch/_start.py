@@ -24,14 +24,14 @@ fresh interpreters, with a log line.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Mapping
 from typing import Literal, Protocol
+
+from torchjob.launch import _child
 
 StartMethod = Literal["zygote", "fork", "spawn"]
 
@@ -101,24 +101,6 @@ def current_choice(
     )
 
 
-def start_worker(
-    env: Mapping[str, str], *, use_gpu: bool, backend: str
-) -> tuple[WorkerProcess, StartMethod]:
-    """Start a worker with ``env`` the way :func:`choose` says (the zygote falling back to a
-    fresh interpreter when it is unusable, ``torchjob.launch.zygote.start`` logs why)."""
-    method, _why = current_choice(env, use_gpu=use_gpu, backend=backend)
-    if method == "zygote":
-        from torchjob.launch import zygote
-
-        proc, _why = zygote.start(env)
-        if proc is not None:
-            return proc, "zygote"
-        method = "spawn"
-    if method == "fork":
-        return ForkedProcess(env), "fork"
-    return spawn(env), "spawn"
-
-
 def spawn(env: Mapping[str, str]) -> subprocess.Popen[bytes]:
     """A fresh interpreter running the worker loop."""
     return subprocess.Popen(
@@ -137,7 +119,7 @@ class ForkedProcess:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:  # the child: never returns into the driver's code
-            _child(env)
+            _child.run(env)
         self.pid = pid
         self.returncode: int | None = None
 
@@ -160,28 +142,3 @@ class ForkedProcess:
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
         return code
-
-
-def _child(env: Mapping[str, str]) -> None:
-    code = 1
-    try:
-        os.setsid()  # terminal Ctrl-C goes to the driver only; the group kills the session
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.set_wakeup_fd(-1)
-        os.environ.clear()
-        os.environ.update(env)
-        torch = sys.modules.get("torch")
-        if torch is not None and env.get("OMP_NUM_THREADS"):
-            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
-        from torchjob.launch.worker import main
-
-        code = main()
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)  # skip the driver's atexit handlers and interpreter teardown

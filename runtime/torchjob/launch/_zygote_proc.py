@@ -5,6 +5,7 @@ The driver's side, and why, is ``torchjob.launch.zygote``."""
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import pickle
 import select
@@ -15,6 +16,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from torchjob.launch import _child
 from torchjob.launch.cuda_guard import cuda_touched, install_tripwire
 
 BUF = 1 << 20
@@ -49,16 +51,19 @@ def serve(sock: socket.socket, preload: Iterable[str]) -> None:
     children: set[int] = set()
     _send(sock, ("ready", os.getpid(), cuda_touched()))
     while True:
-        ready, _, _ = select.select([sock, wake_r], [], [])
+        ready, _, _ = select.select([sock.fileno(), wake_r], [], [])
         if wake_r in ready:
             os.read(wake_r, 4096)
         while children:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
             if pid == 0:
                 break
             children.discard(pid)
             _send(sock, ("exit", pid, os.waitstatus_to_exitcode(status)))
-        if sock not in ready:
+        if sock.fileno() not in ready:
             continue
         data, fds, _flags, _addr = socket.recv_fds(sock, BUF, 3)
         if not data:
@@ -85,8 +90,6 @@ def _worker(
     sock: socket.socket, pipe: tuple[int, int], fds: dict[int, int], env: dict[str, str], cwd: str
 ) -> None:
     """In the forked worker: the driver's stdio and cwd, a fresh CUDA state, then the loop."""
-    from torchjob.launch import _start
-
     try:
         sock.close()
         signal.set_wakeup_fd(-1)
@@ -105,13 +108,13 @@ def _worker(
             numpy.random.seed()  # a fresh interpreter's seed, not the zygote's
         if env.get("PYTHONUNBUFFERED"):
             for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
+                if isinstance(stream, io.TextIOWrapper):
+                    stream.reconfigure(line_buffering=True)
     except BaseException as exc:
         with contextlib.suppress(Exception):
             os.write(2, f"torchjob zygote worker: {exc!r}\n".encode())
         os._exit(1)
-    _start._child(env)  # never returns
+    _child.run(env)  # never returns
 
 
 def neutralize_fds(keep: set[int]) -> None:

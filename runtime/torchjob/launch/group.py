@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import cloudpickle
 
 from torchjob import contract
-from torchjob.launch import _start
+from torchjob.launch import _start, zygote
 from torchjob.launch.errors import LaunchError, WorkerDiedError
 from torchjob.launch.execution import Execution, WorkerHandle
 from torchjob.launch.placement import Placement
@@ -230,7 +230,7 @@ class WorkerGroup:
         # torchrun's default: one intra-op thread per process when several share a host.
         if "OMP_NUM_THREADS" not in env and p.local_world_size > 1:
             env["OMP_NUM_THREADS"] = "1"
-        proc, self.start_method = _start.start_worker(
+        proc, self.start_method = zygote.start_worker(
             env, use_gpu=self._use_gpu, backend=self._backend
         )
         return WorkerHandle(local_rank=local_rank, rank=rank, proc=proc)

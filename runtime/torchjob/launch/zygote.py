@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from torchjob.launch import _zygote_proc
+from torchjob.launch import _start, _zygote_proc
 from torchjob.launch._start import ENV_START
 from torchjob.launch.cuda_guard import copyable, cuda_touched, install_tripwire
 from torchjob.launch.errors import EXIT_UNKNOWN
@@ -326,6 +326,22 @@ def start(env: Mapping[str, str]) -> tuple[ZygoteProcess | None, str]:
         _WARNED.add(why)
         log.warning("torchjob: %s; starting workers as fresh interpreters", why)
     return None, why
+
+
+def start_worker(
+    env: Mapping[str, str], *, use_gpu: bool, backend: str
+) -> tuple[_start.WorkerProcess, _start.StartMethod]:
+    """Start a worker with ``env`` the way :func:`choose` says (the zygote falling back to a
+    fresh interpreter when it is unusable, the zygote's :func:`start` logs why)."""
+    method, _why = _start.current_choice(env, use_gpu=use_gpu, backend=backend)
+    if method == "zygote":
+        proc, _why = start(env)
+        if proc is not None:
+            return proc, "zygote"
+        method = "spawn"
+    if method == "fork":
+        return _start.ForkedProcess(env), "fork"
+    return _start.spawn(env), "spawn"
 
 
 def shutdown() -> None:
