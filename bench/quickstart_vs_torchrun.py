@@ -203,7 +203,7 @@ def run_once(kind: str, args: argparse.Namespace, work: Path) -> dict[str, float
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, cwd=work)
     t1 = time.time()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    m = {}
+    m: dict[str, float] = {}
     for line in marks.read_text().splitlines():
         rec = json.loads(line)
         m.setdefault(rec["mark"], rec["t"])

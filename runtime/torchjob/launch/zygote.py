@@ -102,6 +102,7 @@ class Zygote:
             code = 0
             try:
                 ours.close()
+                _ZYGOTES.clear()  # the driver's zygotes are not this process's
                 os.setsid()
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM):
                     signal.signal(sig, signal.SIG_DFL)
