@@ -10,14 +10,25 @@ gloo workers for ``--epochs`` epochs, a checkpoint per epoch written by rank 0:
 - ``torchrun``: ``torchrun --standalone --nproc-per-node 2 plain.py``: ``init_process_group``,
   DDP, a ``DistributedSampler``, ``torch.save`` of the state per epoch by rank 0.
 
-The runs alternate (which goes first flips every repeat); each prints the wall clock at its
-first line, its first step and its last step, so the difference splits into start-up (process
-start -> first step), training (first -> last step) and the end (last step -> exit). Wall time
-is measured around the child process; CPU is the children's user + system time
-(``RUSAGE_CHILDREN``, which includes every worker process). Prints medians and ratios;
-asserts nothing.
+torchjob runs once per worker start path (``--starts``: ``zygote``, the default; ``fork``, each
+worker forked from the driver where safe; ``spawn``, fresh interpreters; the
+``TORCHJOB_WORKER_START`` values) and per place (``--paths``): ``local`` is a laptop's
+``fit()``; ``pod`` is the in-pod driver of a one-pod TorchJob (the operator's env contract,
+``membershipPolicy: KeepSurvivors``), run here without a cluster: its ``MembershipWatch``
+thread follows a stub of the TorchJob's watch (one ``ADDED`` event, then an idle connection),
+so the driver runs that thread while its workers start, as in a pod.
 
-    python bench/quickstart_vs_torchrun.py [--repeats 5] [--epochs 10] [--workers 2]
+Each repeat runs torchrun and every torchjob variant once, in an order that rotates every
+repeat; each run prints the wall clock at its first line, its first step and its last step, so
+the difference splits into start-up (process start -> first step), training (first -> last
+step) and the end (last step -> exit). Wall time is measured around the child process; CPU is
+the children's user + system time (``RUSAGE_CHILDREN``, which includes every worker process
+and the zygote). The ratios are same-repeat ratios against that repeat's torchrun run (the
+machine may be loaded by others: a pair shares its load), printed as median and [min-max].
+Asserts nothing.
+
+    python bench/quickstart_vs_torchrun.py [--repeats 3] [--epochs 10] [--workers 2]
+        [--starts zygote,fork,spawn] [--paths local,pod]
 """
 
 from __future__ import annotations
@@ -93,9 +104,32 @@ QUICKSTART = COMMON + textwrap.dedent(
                 )
         marks("last_step")
 
+    class _StubWatch:
+        \"\"\"The TorchJob watch a pod's MembershipWatch thread follows: one event, then idle.\"\"\"
+        def __init__(self):
+            import threading
+            self.closed = threading.Event()
+        def __iter__(self):
+            status = {"currentGeneration": 0, "replicas": 1, "members": [0], "phase": "Running"}
+            yield json.dumps({"type": "ADDED", "object": {
+                "metadata": {"resourceVersion": "1"}, "status": status}}).encode()
+            self.closed.wait()
+        def close(self):
+            self.closed.set()
+
+    class _StubEndpoint:
+        url = "stub://torchjob/qs"
+        def call(self, method, body=None):
+            return {"status": {"currentGeneration": 0, "replicas": 1}}
+        def watch(self, resource_version, *, timeout_s):
+            return _StubWatch()
+
     if __name__ == "__main__":
         with open(os.environ["QS_MARKS"], "a") as f:
             f.write(json.dumps({"mark": "start", "t": T0}) + "\\n")
+        if os.environ.get("QS_POD"):  # the in-pod driver, its MembershipWatch on a stub
+            from torchjob.train import controller
+            controller.JobEndpoint.from_env = classmethod(lambda cls, pod, environ=None: _StubEndpoint())
         TorchTrainer(
             train_func,
             train_loop_config={"epochs": int(sys.argv[1])},
@@ -149,13 +183,17 @@ PLAIN = COMMON + textwrap.dedent(
 
 
 def run_once(kind: str, args: argparse.Namespace, work: Path) -> dict[str, float]:
-    """One run: wall, CPU (children), and the marks (start, first_step, last_step)."""
-    out = Path(tempfile.mkdtemp(dir=work, prefix=f"{kind}-"))
+    """One run (``torchrun``, or ``torchjob:START:PATH``): wall, CPU (children), the marks."""
+    out = Path(tempfile.mkdtemp(dir=work, prefix=f"{kind.replace(':', '-')}-"))
     marks = out / "marks.jsonl"
     env = {**os.environ, "QS_MARKS": str(marks), "OMP_NUM_THREADS": "1"}
-    if kind == "torchjob":
+    if kind.startswith("torchjob"):
+        _, start, where = kind.split(":")
+        env["TORCHJOB_WORKER_START"] = start
         cmd = [sys.executable, str(work / "quickstart.py"), str(args.epochs), str(args.workers),
                str(out / "storage")]  # fmt: skip
+        if where == "pod":
+            env.update(pod_env(args.workers, out / "storage"))
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={args.workers}", str(work / "plain.py"), str(args.epochs),
@@ -165,7 +203,7 @@ def run_once(kind: str, args: argparse.Namespace, work: Path) -> dict[str, float
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, cwd=work)
     t1 = time.time()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    m = {}
+    m: dict[str, float] = {}
     for line in marks.read_text().splitlines():
         rec = json.loads(line)
         m.setdefault(rec["mark"], rec["t"])
@@ -178,36 +216,58 @@ def run_once(kind: str, args: argparse.Namespace, work: Path) -> dict[str, float
     }
 
 
+def pod_env(nproc: int, storage: Path) -> dict[str, str]:
+    """The operator's env contract for pod 0 of a one-pod KeepSurvivors TorchJob."""
+    from torchjob.contract import PodEnv, free_port
+
+    pod = PodEnv(
+        job_name="qs", namespace="bench", pod_index=0, replicas=1, nproc_per_node=nproc,
+        generation=0, rdzv_host="127.0.0.1", rdzv_port=free_port(), backend="gloo",
+        checkpoint_path=str(storage), membership="KeepSurvivors",
+    )  # fmt: skip
+    return {**pod.to_env(), "QS_POD": "1", "TORCHJOB_TERMINATION_LOG": str(storage / "term")}
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}x [{min(values):.2f}-{max(values):.2f}]"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--starts", default="zygote,fork,spawn")
+    p.add_argument("--paths", default="local,pod")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tj-quickstart-"))
     (work / "quickstart.py").write_text(QUICKSTART)
     (work / "plain.py").write_text(PLAIN)
-    runs: dict[str, list[dict[str, float]]] = {"torchjob": [], "torchrun": []}
+    variants = [f"torchjob:{s}:{w}" for w in args.paths.split(",") for s in args.starts.split(",")]
+    kinds = ["torchrun", *variants]
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
     for i in range(args.repeats):
-        order = ("torchjob", "torchrun") if i % 2 == 0 else ("torchrun", "torchjob")
+        order = kinds[i % len(kinds) :] + kinds[: i % len(kinds)]
         for kind in order:
             r = run_once(kind, args, work)
             runs[kind].append(r)
-            print(f"[{i + 1}/{args.repeats}] {kind:8} " + "  ".join(
+            print(f"[{i + 1}/{args.repeats}] {kind:24} " + "  ".join(
                 f"{k} {v:.2f}s" for k, v in r.items()), file=sys.stderr, flush=True)  # fmt: skip
     keys = ("wall", "cpu", "start-up", "training", "end")
     print(
         f"digits, small CNN, {args.workers} gloo workers, {args.epochs} epochs, a checkpoint per "
-        f"epoch; median of {args.repeats} (alternating order)"
+        f"epoch; {args.repeats} repeats (rotating order): medians, and same-repeat ratios against "
+        "torchrun as median [min-max]"
     )
-    print(f"{'':10}" + "".join(f"{k:>11}" for k in keys))
-    med = {
-        kind: {k: statistics.median(r[k] for r in rs) for k in keys} for kind, rs in runs.items()
-    }
-    for kind in runs:
-        print(f"{kind:10}" + "".join(f"{med[kind][k]:>10.2f}s" for k in keys))
-    ratio = {k: med["torchjob"][k] / med["torchrun"][k] for k in keys if med["torchrun"][k]}
-    print(f"{'ratio':10}" + "".join(f"{ratio.get(k, float('nan')):>10.2f}x" for k in keys))
+    print(f"{'':24}" + "".join(f"{k:>11}" for k in keys))
+    for kind in kinds:
+        med = {k: statistics.median(r[k] for r in runs[kind]) for k in keys}
+        print(f"{kind:24}" + "".join(f"{med[k]:>10.2f}s" for k in keys))
+    print(f"\n{'ratio vs torchrun':24}" + "".join(f"{k:>20}" for k in ("wall", "cpu", "training")))
+    for kind in variants:
+        pairs = list(zip(runs[kind], runs["torchrun"], strict=True))
+        cells = [spread([a[k] / b[k] for a, b in pairs]) for k in ("wall", "cpu", "training")]
+        print(f"{kind:24}" + "".join(f"{c:>20}" for c in cells))
     return 0
 
 

@@ -269,32 +269,47 @@ def test_a_gloo_survivor_of_a_vanished_peer_re_forms_in_place(tmp_path: Path) ->
 _START_PROBE = """
 import json, os, sys, threading
 import torch
-import xml.dom.minidom  # imported by this driver only: a forked worker has it, a fresh one not
-from torchjob.launch import WorkerGroup
+import xml.dom.minidom  # imported by this driver only: a copy of it has it, a fresh one not
+from torchjob.launch import WorkerGroup, zygote
+
+if sys.argv[1] == "threaded":  # a driver that runs a thread before its workers start
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
 
 def probe():
     import torch
+    import torch.distributed as dist
+    from torchjob.launch.cuda_guard import cuda_touched
+
+    t = torch.tensor([1.0])
+    dist.all_reduce(t)
+    maps = open(f"/proc/{os.getppid()}/maps").read()
     return {"pid": os.getpid(), "ppid": os.getppid(), "rank": os.environ["RANK"],
-            "threads": torch.get_num_threads(), "sentinel": "xml.dom.minidom" in sys.modules}
+            "threads": torch.get_num_threads(), "sentinel": "xml.dom.minidom" in sys.modules,
+            "sum": t.item(), "cuda": [torch.cuda.is_initialized(), cuda_touched(),
+                                      "/libcuda.so" in maps]}
 
 with WorkerGroup(2, backend="gloo") as g:
-    out = {"method": g.start_method, "workers": g.execute(probe), "driver": os.getpid()}
+    out = {"method": g.start_method, "workers": g.execute(probe), "driver": os.getpid(),
+           "zygotes": {k: z.pid for k, z in zygote._ZYGOTES.items()}}
 print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("start", ["auto", "spawn"])
-def test_workers_fork_from_a_single_threaded_cpu_driver_unless_told_not_to(start: str) -> None:
-    """The driver's imports are the forked workers' (no second ``import torch``); each worker
-    still gets its own rank env and one intra-op thread; ``spawn`` keeps fresh interpreters."""
+@pytest.mark.parametrize("start", ["auto", "threaded", "spawn"])
+def test_workers_come_from_a_zygote_that_never_touched_cuda_unless_told_not_to(start: str) -> None:
+    """A single-threaded driver is copied into the zygote: the workers share its imports (no
+    second ``import torch``); a threaded one gets a fresh zygote (it imported torch once, not
+    the driver's other modules). Either way each worker has its own rank env, one intra-op
+    thread, a group that works, and no CUDA state: not in itself, not in the zygote that
+    forked it. ``spawn`` keeps fresh interpreters, children of the driver."""
     import json
     import subprocess
     import sys
 
-    env = {**os.environ, "TORCHJOB_WORKER_START": start}
+    env = {**os.environ, "TORCHJOB_WORKER_START": "spawn" if start == "spawn" else "auto"}
     env.pop("OMP_NUM_THREADS", None)
     done = subprocess.run(
-        [sys.executable, "-c", _START_PROBE],
+        [sys.executable, "-c", _START_PROBE, start],
         env=env,
         capture_output=True,
         text=True,
@@ -303,13 +318,19 @@ def test_workers_fork_from_a_single_threaded_cpu_driver_unless_told_not_to(start
     )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    forked = start == "auto"
-    assert out["method"] == ("fork" if forked else "spawn")
     workers = out["workers"]
     assert [w["rank"] for w in workers] == ["0", "1"]
-    assert all(w["ppid"] == out["driver"] and w["pid"] != out["driver"] for w in workers)
-    assert all(w["threads"] == 1 for w in workers), workers
-    assert all(w["sentinel"] is forked for w in workers), workers
+    assert all(w["sum"] == 2.0 and w["threads"] == 1 for w in workers), workers
+    assert all(w["cuda"] == [False, None, False] for w in workers), workers
+    if start == "spawn":
+        assert out["method"] == "spawn"
+        assert all(w["ppid"] == out["driver"] and not w["sentinel"] for w in workers), workers
+        return
+    kind = "copy" if start == "auto" else "fresh"
+    assert out["method"] == "zygote"
+    assert list(out["zygotes"]) == [kind]
+    assert all(w["ppid"] == out["zygotes"][kind] for w in workers), workers
+    assert all(w["sentinel"] is (kind == "copy") for w in workers), workers
 
 
 def test_rank_0_serves_the_store_once_the_previous_holder_lets_the_port_go() -> None:

@@ -62,7 +62,8 @@ def step_loop(config: dict[str, Any]) -> None:
             elif action == "raise":
                 raise ValueError(f"injected failure at step {step}")
             elif action == "sigterm-driver":
-                os.kill(os.getppid(), signal.SIGTERM)
+                # The driver (a zygote-forked worker's parent is the zygote).
+                os.kill(int(os.environ["TORCHJOB_LAUNCH_DRIVER_PID"]), signal.SIGTERM)
         if config.get("hold") == f"{ctx.get_generation()}:{step}":
             # Every rank waits here until the group is asked to stop (a resize): the run
             # cannot end before the driver's decision, however fast its reports are.

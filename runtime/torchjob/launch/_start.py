@@ -1,37 +1,44 @@
-"""How a worker process starts: a fresh interpreter, or a fork of the driver.
+"""How a worker process starts: forked from the zygote, forked from the driver, or a fresh
+interpreter.
 
 A fresh interpreter (``python -m torchjob.launch._entry``) imports torch and whatever the
 training function needs again, in every worker: seconds of CPU each (``import torch`` alone is
-1-3 s), paid before the first step of every generation. The driver has usually imported all of
-it already (the user's script imports torch at its top), so on Linux a worker is forked from
-the driver when that is safe, the way PyTorch's DataLoader starts its workers: the child shares
-the driver's imported modules and goes straight to the worker loop.
+1-3 s), paid before the first step of every generation. Forking skips it, the way PyTorch's
+DataLoader starts its workers: the child shares the imported modules and goes straight to the
+worker loop. Forking is only safe from a process with no other thread (a lock another thread
+holds at the fork stays held in the child) and that never touched CUDA
+(``torchjob.launch.cuda_guard``), which a pod's driver (the ``MembershipWatch`` thread) or a
+GPU driver is not. So the workers are forked from a **zygote** (``torchjob.launch.zygote``):
+a process made before any of that, a copy of the driver or a fresh interpreter, that imported
+torch once and forks each worker on request, GPU workers included (each initializes CUDA
+itself, after the fork).
 
-Safe means (:func:`choose`): Linux; no CUDA (a driver that initialized CUDA cannot fork, and
-torch caches the visible device count, which differs per worker); no other Python thread in the
-driver (a lock another thread holds at the fork stays held in the child); and, once torch is
-imported, one intra-op thread per worker (OpenMP's thread pool does not survive a fork: like
-DataLoader workers, a forked worker runs with one thread, which is torchrun's default too
-when several workers share a host). Otherwise, or with ``TORCHJOB_WORKER_START=spawn``, the
-worker is a fresh interpreter, as before.
+``TORCHJOB_WORKER_START`` (:func:`choose`): ``auto`` (the default) and ``zygote`` use the
+zygote on Linux; ``fork`` forks each worker from the driver itself where that is safe (Linux,
+no CUDA, no other thread, and once torch is imported one intra-op thread per worker: OpenMP's
+pool does not survive a fork), as before the zygote; ``spawn``, and every platform but Linux,
+start fresh interpreters. A zygote that is gone or refuses (it touched CUDA) falls back to
+fresh interpreters, with a log line.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Mapping
 from typing import Literal, Protocol
 
-StartMethod = Literal["fork", "spawn"]
+from torchjob.launch import _child
+
+StartMethod = Literal["zygote", "fork", "spawn"]
 
 ENV_START = "TORCHJOB_WORKER_START"
-"""``spawn`` forces fresh interpreters; ``fork`` or unset: fork where :func:`choose` allows."""
+"""``auto`` (unset) or ``zygote``: from the zygote; ``fork``: from the driver where safe;
+``spawn``: fresh interpreters."""
+SETTINGS = ("auto", "zygote", "fork", "spawn")
 
 
 class WorkerProcess(Protocol):
@@ -52,18 +59,24 @@ def choose(
     use_gpu: bool,
     backend: str,
     torch_imported: bool,
-    cuda_initialized: bool,
+    cuda_touched: bool,
     other_threads: int,
 ) -> tuple[StartMethod, str]:
-    """How to start a worker with ``env``, and why (pure; the rules in the module docstring)."""
-    if env.get(ENV_START) == "spawn":
+    """How to start a worker with ``env``, and why (pure; the rules in the module docstring).
+    ``zygote`` may still fall back to ``spawn`` when the zygote is unusable."""
+    setting = env.get(ENV_START) or "auto"
+    if setting not in SETTINGS:
+        raise ValueError(f"{ENV_START} must be one of {', '.join(SETTINGS)}, got {setting!r}")
+    if setting == "spawn":
         return "spawn", f"{ENV_START}=spawn"
     if not platform.startswith("linux"):
-        return "spawn", f"fork is only used on Linux, not {platform}"
+        return "spawn", f"workers are only forked on Linux, not {platform}"
+    if setting in ("auto", "zygote"):
+        return "zygote", "forked from the zygote"
     if use_gpu or backend == "nccl" or env.get("CUDA_VISIBLE_DEVICES") != "":
-        return "spawn", "GPU workers start fresh (CUDA state cannot be forked)"
-    if cuda_initialized:
-        return "spawn", "the driver initialized CUDA"
+        return "spawn", "GPU workers are not forked from the driver (CUDA state cannot be forked)"
+    if cuda_touched:
+        return "spawn", "the driver touched CUDA"
     if other_threads:
         return "spawn", f"the driver runs {other_threads} other thread(s)"
     if torch_imported and env.get("OMP_NUM_THREADS") != "1":
@@ -75,18 +88,15 @@ def current_choice(
     env: Mapping[str, str], *, use_gpu: bool, backend: str
 ) -> tuple[StartMethod, str]:
     """:func:`choose` for this process as it is now."""
-    torch = sys.modules.get("torch")
-    cuda_initialized = False
-    if torch is not None:
-        cuda = getattr(torch, "cuda", None)
-        cuda_initialized = bool(cuda is not None and cuda.is_initialized())
+    from torchjob.launch.cuda_guard import cuda_touched
+
     return choose(
         env,
         platform=sys.platform,
         use_gpu=use_gpu,
         backend=backend,
-        torch_imported=torch is not None,
-        cuda_initialized=cuda_initialized,
+        torch_imported="torch" in sys.modules,
+        cuda_touched=cuda_touched() is not None,
         other_threads=threading.active_count() - 1,
     )
 
@@ -119,7 +129,7 @@ class ForkedProcess:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:  # the child: never returns into the driver's code
-            _child(env)
+            _child.run(env)
         self.pid = pid
         self.returncode: int | None = None
 
@@ -142,28 +152,3 @@ class ForkedProcess:
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
         return code
-
-
-def _child(env: Mapping[str, str]) -> None:
-    code = 1
-    try:
-        os.setsid()  # terminal Ctrl-C goes to the driver only; the group kills the session
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.set_wakeup_fd(-1)
-        os.environ.clear()
-        os.environ.update(env)
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
-        from torchjob.launch.worker import main
-
-        code = main()
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)  # skip the driver's atexit handlers and interpreter teardown

@@ -89,10 +89,17 @@ def _rebuild_group_error(
     return WorkerGroupError(rank, exc_type, message, tb, other_failures=others, peer_failure=peer)
 
 
+EXIT_UNKNOWN = 256
+"""The exit status of a worker whose zygote is gone (``torchjob.launch.zygote``): it exited,
+but nobody could tell us how (exit codes are 0-255)."""
+
+
 def describe_exit(exitcode: int | None) -> str:
     """``-9`` -> ``"killed by SIGKILL"``; ``3`` -> ``"exit code 3"``."""
     if exitcode is None:
         return "unknown exit status"
+    if exitcode == EXIT_UNKNOWN:
+        return "exited, status unknown (the zygote that started it is gone)"
     if exitcode < 0:
         try:
             return f"killed by {signal.Signals(-exitcode).name}"

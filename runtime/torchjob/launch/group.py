@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import cloudpickle
 
 from torchjob import contract
-from torchjob.launch import _start
+from torchjob.launch import _start, zygote
 from torchjob.launch.errors import LaunchError, WorkerDiedError
 from torchjob.launch.execution import Execution, WorkerHandle
 from torchjob.launch.placement import Placement
@@ -37,7 +37,7 @@ from torchjob.launch.startup import (
     rank_env,
     resolve_backend,
 )
-from torchjob.launch.worker import ENV_DRIVER_ADDR, ENV_TOKEN
+from torchjob.launch.worker import ENV_DRIVER_ADDR, ENV_DRIVER_PID, ENV_TOKEN
 
 T = TypeVar("T")
 
@@ -87,8 +87,8 @@ class WorkerGroup:
         self._token = ""
         self._init: dict[str, Any] = {}
         self.start_method: _start.StartMethod | None = None
-        """How the last worker started: forked from this process, or a fresh interpreter
-        (``torchjob.launch._start``)."""
+        """How the last worker started: from the zygote, forked from this process, or a fresh
+        interpreter (``torchjob.launch._start``)."""
 
     # --- properties -----------------------------------------------------------------
     @property
@@ -214,6 +214,7 @@ class WorkerGroup:
             contract.PYTHONUNBUFFERED: "1",
             ENV_DRIVER_ADDR: f"{host}:{port}",
             ENV_TOKEN: token,
+            ENV_DRIVER_PID: str(os.getpid()),
             "PYTHONPATH": os.pathsep.join(
                 [package_root, *filter(None, [os.environ.get("PYTHONPATH")])]
             ),
@@ -229,11 +230,9 @@ class WorkerGroup:
         # torchrun's default: one intra-op thread per process when several share a host.
         if "OMP_NUM_THREADS" not in env and p.local_world_size > 1:
             env["OMP_NUM_THREADS"] = "1"
-        method, _why = _start.current_choice(env, use_gpu=self._use_gpu, backend=self._backend)
-        proc: _start.WorkerProcess = (
-            _start.ForkedProcess(env) if method == "fork" else _start.spawn(env)
+        proc, self.start_method = zygote.start_worker(
+            env, use_gpu=self._use_gpu, backend=self._backend
         )
-        self.start_method = method
         return WorkerHandle(local_rank=local_rank, rank=rank, proc=proc)
 
     def _await_ready(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import socket
 import sys
@@ -31,6 +32,7 @@ import cloudpickle
 # Environment variables the driver gives each worker (besides the torchrun ones).
 ENV_DRIVER_ADDR = "TORCHJOB_LAUNCH_DRIVER"
 ENV_TOKEN = "TORCHJOB_LAUNCH_TOKEN"
+ENV_DRIVER_PID = "TORCHJOB_LAUNCH_DRIVER_PID"
 
 
 @dataclass(frozen=True)
@@ -129,11 +131,22 @@ def classify_failure(exc: BaseException) -> str:
     return "user"
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Exit when the driver is gone, so no orphan keeps a port or a GPU."""
+def _watch_parent(driver_pid: int) -> None:
+    """Exit when the driver is gone, so no orphan keeps a port or a GPU. The driver is the
+    parent, or (a worker forked by the zygote) named by ``TORCHJOB_LAUNCH_DRIVER_PID``."""
+    try:
+        fd = os.pidfd_open(driver_pid)  # readable once the driver exits; no pid reuse
+    except (AttributeError, OSError):
+        fd = -1
+    if fd >= 0:
+        select.select([fd], [], [])
+        os._exit(70)
     while True:
-        if os.getppid() != parent_pid:
-            os._exit(70)
+        if os.getppid() != driver_pid:
+            try:
+                os.kill(driver_pid, 0)
+            except ProcessLookupError:
+                os._exit(70)
         time.sleep(1.0)
 
 
@@ -350,7 +363,8 @@ def main() -> int:
     conn = _connect()
     _CONN = conn
     conn.send(("hello", os.environ[ENV_TOKEN], int(os.environ["LOCAL_RANK"]), os.getpid()))
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    driver = int(os.environ.get(ENV_DRIVER_PID) or os.getppid())
+    threading.Thread(target=_watch_parent, args=(driver,), daemon=True).start()
     kind, init = conn.recv()
     assert kind == "init"
     sys.path[:] = list(init["sys_path"])

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torchjob.contract import PodEnv
+from torchjob.launch import zygote
 from torchjob.rules.trial import merged_loop_config, trial_config
 from torchjob.train.checkpoint import Checkpoint
 from torchjob.train.config import RunConfig, ScalingConfig, TorchConfig
@@ -54,6 +55,8 @@ class TorchTrainer:
         Raises :class:`TrainingFailedError` (root cause first) when the failure
         budget is spent, :class:`TrainingStoppedError` after a SIGTERM stop.
         """
+        # The zygote first: before fit() starts a thread or asks torch.cuda anything.
+        zygote.prepare(zygote.modules_of(self.train_loop_per_worker))
         return Controller(_as_trial(self), PodEnv.from_env()).run()
 
 

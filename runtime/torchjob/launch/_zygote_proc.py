@@ -1,0 +1,142 @@
+"""The zygote process (``python -m torchjob.launch._zygote_proc FD MODULE...``, or a fork of
+the driver): preload, then fork a worker per request and report each worker's exit status.
+The driver's side, and why, is ``torchjob.launch.zygote``."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pickle
+import select
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from torchjob.launch import _child
+from torchjob.launch.cuda_guard import cuda_touched, install_tripwire
+
+BUF = 1 << 20
+
+
+def _send(sock: socket.socket, msg: tuple[Any, ...]) -> None:
+    sock.send(pickle.dumps(msg))
+
+
+def _preload(names: Iterable[str]) -> None:
+    import importlib
+
+    for name in names:
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+        install_tripwire()  # as soon as torch is in: a module below may ask torch.cuda
+    with contextlib.suppress(Exception):
+        import torch.compiler  # DDP's constructor imports the compiler stack: once, here
+
+        torch.compiler.reset()
+
+
+def serve(sock: socket.socket, preload: Iterable[str]) -> None:
+    """The zygote's loop: preload, say ready, fork workers on request, report their exits.
+    Returns when the driver closes its end."""
+    install_tripwire()
+    _preload(preload)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda _s, _f: None)
+    children: set[int] = set()
+    _send(sock, ("ready", os.getpid(), cuda_touched()))
+    while True:
+        ready, _, _ = select.select([sock.fileno(), wake_r], [], [])
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+            _send(sock, ("exit", pid, os.waitstatus_to_exitcode(status)))
+        if sock.fileno() not in ready:
+            continue
+        data, fds, _flags, _addr = socket.recv_fds(sock, BUF, 3)
+        if not data:
+            return
+        _, req, env, cwd, which = pickle.loads(data)
+        why = cuda_touched() or (
+            f"{threading.active_count() - 1} thread(s) run"
+            if threading.active_count() > 1
+            else None
+        )
+        if why:
+            _send(sock, ("refused", req, why))
+        else:
+            pid = os.fork()
+            if pid == 0:
+                _worker(sock, (wake_r, wake_w), dict(zip(which, fds, strict=True)), env, cwd)
+            children.add(pid)
+            _send(sock, ("forked", req, pid))
+        for fd in fds:
+            os.close(fd)
+
+
+def _worker(
+    sock: socket.socket, pipe: tuple[int, int], fds: dict[int, int], env: dict[str, str], cwd: str
+) -> None:
+    """In the forked worker: the driver's stdio and cwd, a fresh CUDA state, then the loop."""
+    try:
+        sock.close()
+        signal.set_wakeup_fd(-1)
+        for fd in pipe:
+            os.close(fd)
+        for target, fd in fds.items():
+            os.dup2(fd, target)
+            os.close(fd)
+        if cwd:
+            os.chdir(cwd)
+        why = cuda_touched()
+        if why:  # the zygote checked before forking; never run a worker on a stale CUDA state
+            raise RuntimeError(f"refusing to run a worker forked after CUDA was touched: {why}")
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            numpy.random.seed()  # a fresh interpreter's seed, not the zygote's
+        if env.get("PYTHONUNBUFFERED"):
+            for stream in (sys.stdout, sys.stderr):
+                if isinstance(stream, io.TextIOWrapper):
+                    stream.reconfigure(line_buffering=True)
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            os.write(2, f"torchjob zygote worker: {exc!r}\n".encode())
+        os._exit(1)
+    _child.run(env)  # never returns
+
+
+def neutralize_fds(keep: set[int]) -> None:
+    """A copy of the driver holds none of its sockets, pipes or files: the driver's peers must
+    see them close when the driver closes them. Each is pointed at /dev/null (not closed: a
+    Python object that owns the number may close it later)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd not in keep and fd != null:
+            with contextlib.suppress(OSError):
+                os.dup2(null, fd)
+    os.close(null)
+
+
+def main(argv: list[str]) -> int:
+    sock = socket.socket(fileno=int(argv[0]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    serve(sock, argv[1:])
+    return 0
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    os._exit(code)

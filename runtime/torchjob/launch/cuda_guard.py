@@ -1,0 +1,77 @@
+"""Never fork a process that touched CUDA: the checks behind ``torchjob.launch.zygote``.
+
+``torch.cuda.is_initialized()`` is not enough: ``torch.cuda.is_available()`` and
+``device_count()`` call ``cudaGetDeviceCount`` (``cuInit``) and fill c10's device-count cache
+without initializing ``torch.cuda`` (pytorch issue 68861), and a child forked after that
+fails at its first CUDA call, or sees the parent's devices. :func:`cuda_touched` looks at
+every trace such a call leaves: ``torch.cuda``'s own flags and cache, the calls the
+:func:`install_tripwire` wrapper counted, and the CUDA driver library mapped into the process
+(whoever loaded it: torch, CuPy, JAX, NVML-free probes).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_TOUCHED: list[str] = []
+"""What the tripwire saw: ``torch.cuda`` calls that fill the C++ device-count cache."""
+
+
+def install_tripwire() -> None:
+    """Record every later ``torch._C._cuda_getDeviceCount`` call in this process (what
+    ``torch.cuda.is_available()`` and ``device_count()`` call): it runs ``cuInit`` and fills
+    c10's device-count cache, which ``torch.cuda.is_initialized()`` does not show (pytorch
+    issue 68861), so a child forked afterwards starts with a stale CUDA state."""
+    torch = sys.modules.get("torch")
+    c = getattr(torch, "_C", None)
+    real = getattr(c, "_cuda_getDeviceCount", None)
+    if real is None or getattr(real, "_torchjob_tripwire", False):
+        return
+
+    def counted() -> int:
+        _TOUCHED.append("torch.cuda.is_available()/device_count() was called")
+        return int(real())
+
+    counted._torchjob_tripwire = True  # type: ignore[attr-defined]
+    c._cuda_getDeviceCount = counted  # type: ignore[union-attr]
+
+
+def libcuda_loaded(maps: str) -> bool:
+    """Whether ``maps`` (a ``/proc/PID/maps`` text) maps the CUDA driver library."""
+    return "/libcuda.so" in maps
+
+
+def cuda_touched() -> str | None:
+    """Why this process must not be forked for a worker, or None: CUDA initialized (or this
+    is a bad fork), the device count cached, a device-count call seen by the tripwire, or the
+    CUDA driver (``libcuda``) loaded into the process by anything at all."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None:
+        if getattr(cuda, "_initialized", False) or cuda.is_initialized():
+            return "CUDA is initialized in this process"
+        if getattr(cuda, "_is_in_bad_fork", lambda: False)():
+            return "this process is a fork of one that initialized CUDA"
+        if getattr(cuda, "_cached_device_count", None) is not None:
+            return "torch.cuda cached the device count"
+    if _TOUCHED:
+        return _TOUCHED[0]
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        maps = ""
+    if libcuda_loaded(maps):
+        return "the CUDA driver (libcuda) is loaded in this process"
+    return None
+
+
+def copyable(*, platform: str, touched: str | None, other_threads: int) -> str | None:
+    """Why the driver cannot be copied into a zygote now, or None (pure)."""
+    if not platform.startswith("linux"):
+        return f"zygotes are only used on Linux, not {platform}"
+    if touched:
+        return f"the driver touched CUDA ({touched})"
+    if other_threads:
+        return f"the driver runs {other_threads} other thread(s)"
+    return None

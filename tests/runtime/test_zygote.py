@@ -1,0 +1,118 @@
+"""The zygote with real processes (``torchjob.launch.zygote``): a killed worker's signal still
+reaches the driver, a dead zygote falls back to fresh interpreters, and a process that touched
+CUDA is never forked for a worker (on this CPU machine the touch is a real
+``torch.cuda.is_available()``/``device_count()`` call: it fills c10's device-count cache)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+_KILLS = textwrap.dedent(
+    """
+    import json, os, signal, time
+    import torch
+    from torchjob.launch import WorkerDiedError, WorkerGroup, zygote
+
+    def died(group, pid):
+        running = group.submit(time.sleep, (120,))
+        os.kill(pid, signal.SIGKILL)
+        try:
+            running.wait(grace_s=0.2, loss_grace_s=0.2)
+        except WorkerDiedError as err:
+            return [err.rank, err.exitcode, str(err)]
+        return None
+
+    out = {}
+    g = WorkerGroup(2, backend="gloo")
+    g.start()
+    z = zygote._ZYGOTES["copy"]
+    out["method"], out["ppids"], out["zygote"] = g.start_method, g.execute(os.getppid), z.pid
+    out["killed"] = died(g, g.pids[1])
+    g.shutdown(timeout_s=0)
+    h = WorkerGroup(1, backend="gloo")
+    h.start()
+    os.kill(z.pid, signal.SIGKILL)  # the zygote dies; the worker it started lives on
+    out["survivor"] = h.execute(lambda: os.getpid()) == h.pids
+    k = WorkerGroup(1, backend="gloo")
+    k.start()
+    out["after"] = [k.start_method, k.execute(os.getppid) == [os.getpid()]]
+    k.shutdown()
+    out["orphan"] = died(h, h.pids[0])
+    h.shutdown(timeout_s=0)
+    print(json.dumps(out))
+    """
+)
+
+
+def _run(script: str, *args: str, path: str = "") -> tuple[dict[str, object], str]:
+    # One intra-op thread: a copy of a driver that imported torch serves only such workers.
+    env = {**os.environ, "TORCHJOB_WORKER_START": "auto", "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [path, env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def test_a_killed_workers_signal_reaches_the_driver_and_a_dead_zygote_falls_back() -> None:
+    out, stderr = _run(_KILLS)
+    assert out["method"] == "zygote"
+    assert out["ppids"] == [out["zygote"]] * 2  # not the driver's children
+    # The zygote reaped rank 1 and sent its status: the driver names the signal.
+    assert out["killed"] == [1, -9, "rank 1 worker process died: killed by SIGKILL"]
+    # With the zygote gone, its worker still runs, new ones are fresh interpreters (a log line
+    # says why), and a worker it started that dies is still seen dying.
+    assert out["survivor"] is True
+    assert out["after"] == ["spawn", True]
+    assert "zygote" in stderr and "starting workers as fresh interpreters" in stderr
+    assert out["orphan"] == [0, 256, "rank 0 worker process died: exited, status unknown (the "
+                             "zygote that started it is gone)"]  # fmt: skip
+
+
+_TOUCHED = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from torchjob.launch import WorkerGroup, cuda_guard, zygote
+
+    out = {}
+    cuda_guard.install_tripwire()
+    out["clean"] = cuda_guard.cuda_touched()
+    torch.cuda.device_count()
+    out["device_count"] = [torch.cuda.is_initialized(), cuda_guard.cuda_touched()]
+    cuda_guard._TOUCHED.clear()
+    torch.cuda.is_available()
+    out["is_available"] = cuda_guard.cuda_touched()
+    # This driver cannot be copied; the fresh zygote imports a module that asks torch.cuda
+    # too (as some libraries do at import): it refuses, and the worker is spawned instead.
+    out["kind"] = zygote.prepare([sys.argv[1]])
+    with WorkerGroup(1, backend="gloo") as g:
+        out["method"] = g.start_method
+    out["dead"] = zygote._ZYGOTES["fresh"].dead
+    print(json.dumps(out))
+    """
+)
+
+
+def test_a_process_that_asked_torch_cuda_is_never_forked(tmp_path: Path) -> None:
+    (tmp_path / "asks_cuda.py").write_text("import torch\nHAS_GPU = torch.cuda.is_available()\n")
+    out, stderr = _run(_TOUCHED, "asks_cuda", path=str(tmp_path))
+    assert out["clean"] is None
+    # is_initialized() says no; the guard says yes.
+    assert out["device_count"] == [False, "torch.cuda.is_available()/device_count() was called"]
+    assert out["is_available"] == "torch.cuda.is_available()/device_count() was called"
+    assert out["kind"] == "fresh"
+    assert out["method"] == "spawn"
+    assert "it touched CUDA" in str(out["dead"])
+    assert "starting workers as fresh interpreters" in stderr
