@@ -180,15 +180,6 @@ def _leave_broken_group(exc: BaseException) -> None:
             dist.destroy_process_group()
     except Exception:  # a broken group may fail to say goodbye; it is left either way
         pass
-    # Destroying a gloo group does not close its connections (the C++ side outlives it), so
-    # a neighbour blocked on this rank would wait for the timeout (or be found silent and
-    # killed): shut them down (the store's and the driver's stay).
-    from torchjob.launch import heartbeat
-
-    with contextlib.suppress(Exception):
-        heartbeat.break_group_connections(
-            frozenset({_CONN.fileno()}) if _CONN is not None else frozenset()
-        )
 
 
 def _error_msg(kind: str, task_id: int, exc: BaseException) -> tuple[Any, ...]:
