@@ -93,12 +93,6 @@ def loop(config: dict[str, Any]) -> None:
         opt.zero_grad()
         state.step = step
         save = Checkpoint.from_state(state) if step in config["checkpoint_at"] else None
-        if config.get("debug"):
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-            o = StateDictOptions(full_state_dict=True)
-            full = get_state_dict(model, opt, options=o)
-            if rank == 0:
-                torch.save(full, out / f"step{step}.pt")
         torchjob.train.report({"step": step, "world": world}, checkpoint=save)
         for g, s, r, after in config["kill"]:
             if (gen, step, rank) == (g, s, r):
