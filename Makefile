@@ -105,7 +105,7 @@ bench: venv ## benchmarks (print figures and ratios; never part of `make test`)
 	$(PY) bench/run_all.py
 
 .PHONY: bench-sharded
-bench-sharded: venv ## sharded FSDP2 checkpoints: save stall sync vs async (2 GiB over 4 ranks), resume at the same and another world size (SHARDED_ARGS to change)
+bench-sharded: venv ## sharded FSDP2 checkpoints: save stall sync vs async (2 GiB over 4 ranks), resume at the same and another world size, re-form after a lost rank from the shard mirror vs storage (SHARDED_ARGS to change)
 	$(PY) bench/sharded_checkpoint.py $(SHARDED_ARGS)
 
 .PHONY: bench-goodput

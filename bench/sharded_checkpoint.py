@@ -16,6 +16,15 @@ Four local ``TorchTrainer`` runs, the real ``report()`` and ``get_checkpoint()``
    ``--repeats`` times (verification of the files against the manifest, each rank a share,
    then DCP's resharding load), the slowest rank's time.
 
+5. the shard mirror (``register_state(TrainState)``, ``torchjob.train.shard_mirror``):
+   ``--repeats`` reports without a checkpoint, each timed (the copy of the rank's shard into
+   its host buffer and the ring exchange), the bytes it holds per rank; then world rank 1 is
+   SIGKILLed and the group (``num_workers=(W-1, W)``) shrinks in place: the time from the
+   kill to the state loaded in the next generation (failure detection, re-formation, the
+   model's construction, the rebuild from the survivors' memory);
+6. the same kill with the mirror off (``TORCHJOB_SHARD_MIRROR=0``) and a checkpoint at the
+   last report: the same time, to the state loaded from storage at ``W-1`` ranks.
+
 Prints medians with min-max, and the async/sync ratio (the issue's target: < 0.10). The
 checkpoint files were just written, so resume reads mostly from the page cache. Asserts nothing.
 
@@ -27,7 +36,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
 import statistics
 import tempfile
 import time
@@ -101,12 +112,86 @@ def _resume(config: dict[str, Any]) -> None:
         Path(config["out"]).write_text(json.dumps({"load": times}))
 
 
-def _run(fn: Any, args: argparse.Namespace, root: str, workers: int, async_commit: bool) -> Any:
+def _lose(config: dict[str, Any]) -> None:
+    """Reports (timing the mirror), then world rank 1 dies; the next generation restores."""
+    import torch.distributed as dist
+
+    from torchjob.train import (
+        Checkpoint,
+        TrainState,
+        get_checkpoint,
+        get_context,
+        register_state,
+        report,
+        shard_mirror,
+    )
+
+    ctx = get_context()
+    rank = ctx.get_world_rank()
+    out = Path(config["out"])
+    state = TrainState(_model(config["gib"]))
+    t = time.perf_counter()
+    from_memory = register_state(state)
+    if ctx.get_generation() > 0:
+        if not from_memory and (ckpt := get_checkpoint()) is not None:
+            ckpt.load_state(state)
+        restore_s = _slowest(time.perf_counter() - t)
+        if rank == 0:
+            killed = float((out.parent / "killed").read_text())
+            out.write_text(
+                json.dumps(
+                    {
+                        **json.loads((out.parent / "gen0.json").read_text()),
+                        "reform_s": time.time() - killed,
+                        "restore_s": restore_s,
+                        "from_memory": from_memory,
+                        "step": state.step,
+                    }
+                )
+            )
+        return
+    reports, takes = [], []
+    for i in range(config["repeats"]):
+        state.step = i + 1
+        last = i == config["repeats"] - 1
+        save = Checkpoint.from_state(state) if last and not config["mirror"] else None
+        dist.barrier()  # every rank starts the report together: its time is the report's own
+        t = time.perf_counter()
+        report({"i": i}, checkpoint=save)
+        reports.append(_slowest(time.perf_counter() - t))
+        held = shard_mirror.held()
+        takes.append(_slowest(held.seconds if held is not None else 0.0))
+    held = shard_mirror.held()
+    nbytes = held.nbytes if held is not None else 0
+    if rank == 0:
+        (out.parent / "gen0.json").write_text(
+            json.dumps({"report": reports, "take": takes, "bytes": nbytes})
+        )
+    dist.barrier()
+    if rank == 1:
+        (out.parent / "killed").write_text(str(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()  # fails when rank 1 is gone: the survivors re-form
+
+
+def _run(
+    fn: Any,
+    args: argparse.Namespace,
+    root: str,
+    workers: int | tuple[int, int],
+    async_commit: bool,
+    mirror: bool = True,
+) -> Any:
     out = Path(root, "out.json")
     TorchTrainer(
         fn,
-        train_loop_config={"gib": args.gib, "repeats": args.repeats, "out": str(out)},
-        scaling_config=ScalingConfig(num_workers=workers),
+        train_loop_config={
+            "gib": args.gib,
+            "repeats": args.repeats,
+            "out": str(out),
+            "mirror": mirror,
+        },
+        scaling_config=ScalingConfig(num_workers=workers, elastic_grow_cooldown_s=3600),
         run_config=RunConfig(
             name="sharded",
             storage_path=root,
@@ -129,12 +214,24 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dir", default=None, help="where the checkpoints go (default: a temp dir)")
     args = p.parse_args()
+    # A rank building or copying a large shard on a loaded machine can hold the GIL past the
+    # heartbeat's threshold: the bench measures the loss it causes itself, not silent peers.
+    os.environ.setdefault("TORCHJOB_SILENT_PEER_S", "0")
     root = tempfile.mkdtemp(prefix="bench-sharded-", dir=args.dir)
     try:
         sync = _run(_save, args, root, args.workers, async_commit=False)
         asyn = _run(_save, args, root, args.workers, async_commit=True)
         same = _run(_resume, args, root, args.workers, async_commit=True)
         other = _run(_resume, args, root, args.resume_workers, async_commit=True)
+        w = args.workers
+        shutil.rmtree(Path(root, "sharded"), ignore_errors=True)
+        mirror = _run(_lose, args, root, (w - 1, w), async_commit=False)
+        shutil.rmtree(Path(root, "sharded"), ignore_errors=True)
+        os.environ["TORCHJOB_SHARD_MIRROR"] = "0"
+        try:
+            storage = _run(_lose, args, root, (w - 1, w), async_commit=False, mirror=False)
+        finally:
+            del os.environ["TORCHJOB_SHARD_MIRROR"]
     finally:
         shutil.rmtree(root, ignore_errors=True)
     w, rw = args.workers, args.resume_workers
@@ -150,6 +247,18 @@ def main() -> None:
         ("  async/sync stall ratio (target < 0.10)", f"{ratio:7.3f}"),
         (f"resume, same world size ({w} -> {w})", _fmt(same["load"])),
         (f"resume, other world size ({w} -> {rw})", _fmt(other["load"])),
+        (f"lose rank 1 ({w} -> {w - 1}), re-form: mirror", f"{mirror['reform_s']:7.2f}s"),
+        ("  of which the rebuild from memory", f"{mirror['restore_s']:7.2f}s"),
+        (f"lose rank 1 ({w} -> {w - 1}), re-form: storage", f"{storage['reform_s']:7.2f}s"),
+        ("  of which the load from storage", f"{storage['restore_s']:7.2f}s"),
+        ("  mirror/storage re-form ratio", f"{mirror['reform_s'] / storage['reform_s']:7.3f}"),
+        ("mirror: its copy + exchange per report", _fmt(mirror["take"])),
+        ("  report() with the mirror", _fmt(mirror["report"])),
+        ("  report() without it (no checkpoint)", _fmt(storage["report"][:-1])),
+        (
+            f"mirror: host memory per rank (shard {args.gib / w:g} GiB)",
+            f"{mirror['bytes'] / 2**30:7.3f} GiB",
+        ),
     ]
     for name, value in rows:
         print(f"{name:<44} {value}")

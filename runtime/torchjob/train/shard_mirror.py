@@ -174,11 +174,18 @@ def fill(skeleton: Any, tensors: Mapping[tuple[Any, ...], Any]) -> Any:
 
 
 def box(shape: Any, mesh: Any, placements: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """This rank's (local shape, global offset) of a tensor of ``shape`` laid out so."""
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    """This rank's (local shape, global offset) of a tensor of ``shape`` laid out so on a 1-D
+    ``mesh`` (``Shard(d)``: ``torch.chunk``'s split of dim ``d``, as DTensor's; ``Replicate``)."""
+    from torch.distributed.tensor import Shard
 
-    local, offset = compute_local_shape_and_global_offset(tuple(shape), mesh, tuple(placements))
-    return tuple(int(x) for x in local), tuple(int(x) for x in offset)
+    local, offset = [int(x) for x in shape], [0] * len(shape)
+    for p in placements:
+        if isinstance(p, Shard):
+            n, world, rank = local[p.dim], mesh.size(), mesh.get_local_rank()
+            chunk = -(-n // world)
+            start = min(chunk * rank, n)
+            local[p.dim], offset[p.dim] = min(n, start + chunk) - start, start
+    return tuple(local), tuple(offset)
 
 
 def mirrorable(leaves: list[tuple[tuple[Any, ...], Any]], world: int) -> str | None:
