@@ -108,7 +108,7 @@ def preload() -> None:
     if "torch" in sys.modules and "torch._dynamo" not in sys.modules:
         import torch.compiler
 
-        torch.compiler.disable(preload)  # the public way to import it, with no side effect
+        torch.compiler.disable(preload)  # type: ignore[no-untyped-call]  # imports it, no side effect
 
 
 class ForkedProcess:
