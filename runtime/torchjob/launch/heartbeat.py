@@ -95,10 +95,13 @@ class Watchdog:
         return dist.PrefixStore(f"torchjob/g{generation}/hb", store)  # type: ignore[attr-defined]
 
     def _run(self) -> None:
-        try:
-            store = self._store()
-        except Exception:
-            return  # no store, no watchdog: the collective timeout still applies
+        store = None
+        while store is None:  # a rank that never beats would be found silent: keep trying
+            try:
+                store = self._store()
+            except Exception:
+                if self._stop.wait(self.interval_s):
+                    return
         others = [r for r in range(self.world_size) if r != self.rank]
         keys = [str(r) for r in others]
         start = time.monotonic()
