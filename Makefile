@@ -109,8 +109,13 @@ bench-sharded: venv ## sharded FSDP2 checkpoints: save stall sync vs async (2 Gi
 	$(PY) bench/sharded_checkpoint.py $(SHARDED_ARGS)
 
 .PHONY: bench-goodput
-bench-goodput: venv testbin ## goodput under preemption on the real node: policies x graceful/hard evictions (over an hour with the defaults; BENCH_ARGS to change)
+bench-goodput: venv testbin ## goodput under preemption on the real node: policies x graceful/hard evictions (over an hour with the defaults; BENCH_ARGS to change), then the recovery-vs-world-size curve (SCALE_ARGS)
 	$(PY) bench/goodput.py $(BENCH_ARGS)
+	$(PY) bench/recovery_scale.py $(SCALE_ARGS)
+
+.PHONY: bench-scale
+bench-scale: venv ## recovery after a SIGKILLed rank vs world size: 2, 8, 32, 64 local gloo ranks, replace and shrink; table + SVG curve in bench/out/scale (SCALE_ARGS to change)
+	$(PY) bench/recovery_scale.py $(SCALE_ARGS)
 
 .PHONY: bench-operator
 BENCH_ARGS ?= --sizes 20,100,500 --scale-jobs 1000

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 # Benchmarks with a make target of their own (they build and run a cluster for minutes).
-OWN_TARGET = ("operator_vs_kubeflow.py", "goodput.py")
+OWN_TARGET = ("operator_vs_kubeflow.py", "goodput.py", "recovery_scale.py")
 
 
 def main() -> int:

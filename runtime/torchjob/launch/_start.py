@@ -116,7 +116,9 @@ def preload() -> None:
     and in a replacement before it can join), so that forked workers share it. Only where
     the driver imported torch already (it starts no thread and does not touch CUDA)."""
     if "torch" in sys.modules and "torch._dynamo" not in sys.modules:
-        import torch._dynamo  # noqa: F401
+        import torch.compiler
+
+        torch.compiler.disable(preload)  # type: ignore[no-untyped-call]  # imports it, no side effect
 
 
 class ForkedProcess:

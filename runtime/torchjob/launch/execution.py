@@ -43,6 +43,8 @@ class Group(Protocol):
 
     def mark_broken(self, *, peer_loss_only: bool, survivors: bool = False) -> None: ...
 
+    def peer_lost(self) -> None: ...
+
 
 @dataclass
 class WorkerHandle:
@@ -134,6 +136,8 @@ class Execution(Generic[T]):
                     continue
                 del pending[conn]
                 if failure is not None:
+                    if failure.kind == "died" and not any(f.kind == "died" for f in failures):
+                        self._group.peer_lost()  # NCCL: the survivors abort their collective
                     failures.append(failure)
                     first_failure = first_failure or failure.at
             if on_tick is not None:

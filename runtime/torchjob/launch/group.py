@@ -20,13 +20,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import cloudpickle
 
-from torchjob import contract
-from torchjob.launch import _start, zygote
+from torchjob.launch import _start, nccl, zygote
 from torchjob.launch.errors import LaunchError, WorkerDiedError
 from torchjob.launch.execution import Execution, WorkerHandle
 from torchjob.launch.placement import Placement
@@ -36,8 +34,9 @@ from torchjob.launch.startup import (
     check_gpu_count,
     rank_env,
     resolve_backend,
+    spawn_env,
 )
-from torchjob.launch.worker import ENV_DRIVER_ADDR, ENV_DRIVER_PID, ENV_TOKEN
+from torchjob.launch.worker import ENV_DRIVER_PID
 
 T = TypeVar("T")
 
@@ -165,15 +164,21 @@ class WorkerGroup:
 
         Not after a failure of its own; but a gloo group broken only because another host's
         ranks vanished (every local rank raised a broken connection, none hung or died) can:
-        its processes leave the dead group and join the next one (NCCL communicators that
-        saw a peer die are not safe to reuse: such a group starts new processes)."""
-        healthy = not self._broken or (self._peer_loss_only and self._backend == "gloo")
+        its processes leave the dead group and join the next one (an NCCL group only with
+        ``TORCHJOB_NCCL_REFORM=1``, unverified: ``torchjob.launch.nccl.in_place``)."""
+        healthy = not self._broken or (self._peer_loss_only and nccl.in_place(self._backend))
         return (
             bool(self._workers)
             and healthy
             and all(w.conn is not None and w.proc.poll() is None for w in self._workers)
             and placement.local_world_size == self._num_workers
         )
+
+    def peer_lost(self) -> None:
+        """A worker died (:class:`Execution`): an NCCL group's survivors are told to abort
+        their communicators, which would otherwise wait on it until the timeout."""
+        if self._backend == "nccl" and nccl.enabled() and (p := self._placement).master_port:
+            nccl.request_abort(p.master_addr, p.master_port, p.generation)
 
     def reform(self, placement: Placement, env: dict[str, str] | None = None) -> None:
         """Move the running workers into the process group ``placement`` names, in place.
@@ -208,28 +213,16 @@ class WorkerGroup:
         rank = p.rank_offset + local_rank
         assert self._server is not None
         host, port = self._server.getsockname()
-        package_root = str(Path(__file__).resolve().parents[2])
-        env = {
-            **self._rank_env(local_rank),
-            contract.PYTHONUNBUFFERED: "1",
-            ENV_DRIVER_ADDR: f"{host}:{port}",
-            ENV_TOKEN: token,
-            ENV_DRIVER_PID: str(os.getpid()),
-            "PYTHONPATH": os.pathsep.join(
-                [package_root, *filter(None, [os.environ.get("PYTHONPATH")])]
-            ),
-        }
-        # Like Ray, workers without GPUs see none, so code that picks "cuda" whenever it is
-        # available (seed snippets do) stays on the CPU its model is on.
-        if (
-            not self._use_gpu
-            and self._backend != "nccl"
-            and "CUDA_VISIBLE_DEVICES" not in self._env
-        ):
-            env["CUDA_VISIBLE_DEVICES"] = ""
-        # torchrun's default: one intra-op thread per process when several share a host.
-        if "OMP_NUM_THREADS" not in env and p.local_world_size > 1:
-            env["OMP_NUM_THREADS"] = "1"
+        env = spawn_env(
+            self._rank_env(local_rank),
+            driver=f"{host}:{port}",
+            token=token,
+            use_gpu=self._use_gpu,
+            backend=self._backend,
+            local_world_size=p.local_world_size,
+            group_env=self._env,
+        )
+        env[ENV_DRIVER_PID] = str(os.getpid())
         proc, self.start_method = zygote.start_worker(
             env, use_gpu=self._use_gpu, backend=self._backend
         )
@@ -257,7 +250,7 @@ class WorkerGroup:
         (:meth:`heal`): a gloo group whose failures were only deaths and broken connections
         (no rank hung, none raised an error of its own)."""
         ok = not self._broken or self._survivors or self._peer_loss_only
-        return ok and self._backend == "gloo" and len(self._workers) - len(self.lost()) > 0
+        return ok and nccl.in_place(self._backend) and len(self._workers) - len(self.lost()) > 0
 
     def heal(self, num_workers: int) -> None:
         """Keep the survivors after a lost rank: drop the dead processes, start new ones
@@ -269,21 +262,26 @@ class WorkerGroup:
             raise LaunchError("this worker group has no survivors to keep; start a new one")
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        if not self.heals_to(num_workers):
+            raise LaunchError("an NCCL group re-forms in place at its own size only")
         lost = self.lost()
         alive = [w for w in self._workers if w.local_rank not in lost]
         for w in [w for w in self._workers if w.local_rank in lost] + alive[num_workers:]:
             self._reap(w)  # the dead, and the last survivors of a shrink beyond the losses
         alive = alive[:num_workers]
-        for i, w in enumerate(alive):
-            w.local_rank = i
-        self._workers = alive
+        if self._backend == "nccl":  # a survivor keeps its slot (its GPU, its model on it)
+            slots = lost  # a replacement takes a lost rank's slot
+        else:
+            for i, w in enumerate(alive):
+                w.local_rank = i
+            slots = list(range(len(alive), num_workers))
         self._num_workers = num_workers
         self._placement = Placement.local(num_workers, generation=self._placement.generation)
         self._broken = self._peer_loss_only = self._survivors = False
-        new = [self._spawn(i, self._token) for i in range(len(alive), num_workers)]
+        new = [self._spawn(i, self._token) for i in slots]
+        self._workers = sorted(alive + new, key=lambda w: w.local_rank)
         if not new:
             return
-        self._workers.extend(new)
         try:
             assert self._server is not None
             accept_workers(
@@ -296,6 +294,11 @@ class WorkerGroup:
         except BaseException:
             self._broken, self._peer_loss_only = True, False
             raise
+
+    def heals_to(self, num_workers: int) -> bool:
+        """Whether :meth:`heal` can make this group ``num_workers`` strong: an NCCL group only
+        at its own size (its survivors keep their GPUs)."""
+        return self._backend != "nccl" or num_workers == self._num_workers
 
     def _reap(self, w: WorkerHandle) -> None:
         """Kill the worker's session (it and what it started), wait for it, drop its line."""

@@ -80,24 +80,30 @@ class Watchdog:
     def _store(self) -> Any:
         import torch.distributed as dist
 
-        timeout = timedelta(seconds=max(1.0, self.interval_s * 2))
         use_libuv = os.environ.get("USE_LIBUV", "1") not in ("0", "false", "False")
+        # Connecting may take long where many ranks form a group at once on a loaded host (the
+        # store serves their rendezvous first): a rank whose watchdog gave up would never beat,
+        # and its peers would find it silent. Its requests then time out fast.
         store = dist.TCPStore(  # type: ignore[attr-defined]
             os.environ["MASTER_ADDR"],
             int(os.environ["MASTER_PORT"]),
             None,
             False,
-            timeout,
+            timedelta(seconds=max(1.0, self.silent_after / 2)),
             use_libuv=use_libuv,
         )
+        store.set_timeout(timedelta(seconds=max(1.0, self.interval_s * 2)))
         generation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         return dist.PrefixStore(f"torchjob/g{generation}/hb", store)  # type: ignore[attr-defined]
 
     def _run(self) -> None:
-        try:
-            store = self._store()
-        except Exception:
-            return  # no store, no watchdog: the collective timeout still applies
+        store = None
+        while store is None:  # a rank that never beats would be found silent: keep trying
+            try:
+                store = self._store()
+            except Exception:
+                if self._stop.wait(self.interval_s):
+                    return
         others = [r for r in range(self.world_size) if r != self.rank]
         keys = [str(r) for r in others]
         start = time.monotonic()

@@ -14,6 +14,7 @@ import socket
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 
 from torchjob import contract
 from torchjob.launch.errors import WorkerDiedError, WorkerGroupStartError
@@ -70,6 +71,43 @@ def rank_env(
         contract.TORCHELASTIC_RESTART_COUNT: str(p.generation),
         contract.TORCHELASTIC_RUN_ID: p.run_id,
     }
+
+
+def spawn_env(
+    rank_vars: dict[str, str],
+    *,
+    driver: str,
+    token: str,
+    use_gpu: bool,
+    backend: str,
+    local_world_size: int,
+    group_env: dict[str, str],
+) -> dict[str, str]:
+    """A new worker process's whole environment: its rank's (:func:`rank_env`), how to reach
+    the driver, and the defaults below unless ``group_env`` (the group's own) sets them."""
+    from torchjob.launch import nccl
+    from torchjob.launch.worker import ENV_DRIVER_ADDR, ENV_TOKEN
+
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = {
+        **rank_vars,
+        contract.PYTHONUNBUFFERED: "1",
+        ENV_DRIVER_ADDR: driver,
+        ENV_TOKEN: token,
+        "PYTHONPATH": os.pathsep.join(
+            [package_root, *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
+    }
+    # Like Ray, workers without GPUs see none, so code that picks "cuda" whenever it is
+    # available (seed snippets do) stays on the CPU its model is on.
+    if not use_gpu and backend != "nccl" and "CUDA_VISIBLE_DEVICES" not in group_env:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    if backend == "nccl" and nccl.enabled():
+        env = {**nccl.worker_env(), **env}  # a communicator error must not end a survivor
+    # torchrun's default: one intra-op thread per process when several share a host.
+    if "OMP_NUM_THREADS" not in env and local_world_size > 1:
+        env["OMP_NUM_THREADS"] = "1"
+    return env
 
 
 def accept_workers(

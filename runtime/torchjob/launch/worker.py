@@ -168,7 +168,7 @@ def _leave_broken_group(exc: BaseException) -> None:
     # not close gloo's pairs while an object still refers to the group (DDP's reducer, kept
     # by the failed function's traceback or the user's globals), and a peer two hops away in
     # the ring would wait on this rank until the collective's timeout.
-    from torchjob.launch import heartbeat
+    from torchjob.launch import heartbeat, nccl
 
     with contextlib.suppress(Exception):
         keep = frozenset({_CONN.fileno()}) if _CONN is not None else frozenset()
@@ -176,7 +176,9 @@ def _leave_broken_group(exc: BaseException) -> None:
     try:
         import torch.distributed as dist
 
-        if dist.is_initialized():
+        if _INFO is not None and _INFO.backend == "nccl" and nccl.enabled():
+            nccl.abort_group()  # destroying a communicator whose peer is gone may hang
+        elif dist.is_initialized():
             dist.destroy_process_group()
     except Exception:  # a broken group may fail to say goodbye; it is left either way
         pass
@@ -265,8 +267,9 @@ _GROUP_SOCKETS: list[frozenset[int]] = [frozenset()]
 peers opened meanwhile, which are never shut down): what leaving a broken group closes."""
 
 
-_WATCHDOG: list[Any] = [None]
-"""This generation's heartbeat and watchdog (``torchjob.launch.heartbeat``), if any."""
+_WATCHERS: list[Any] = []
+"""This generation's heartbeat and watchdog (``torchjob.launch.heartbeat``) and, for an NCCL
+group that re-forms in place, its abort listener (``torchjob.launch.nccl``)."""
 
 
 def _watch_peers(info: WorkerInfo) -> None:
@@ -282,20 +285,20 @@ def _watch_peers(info: WorkerInfo) -> None:
     def on_silent(rank: int, silent_s: float) -> None:
         send_event({"type": "silent_peer", "rank": rank, "silent_s": silent_s, "by": info.rank})
 
-    _WATCHDOG[0] = heartbeat.Watchdog(
+    dog = heartbeat.Watchdog(
         rank=info.rank,
         world_size=info.world_size,
         local_ranks=range(first, first + info.local_world_size),
         on_silent=on_silent,
         silent_after=after,
         keep_fds=frozenset({_CONN.fileno()}) if _CONN is not None else frozenset(),
-    ).start()
+    )
+    _WATCHERS.append(dog.start())
 
 
 def _stop_watching() -> None:
-    dog, _WATCHDOG[0] = _WATCHDOG[0], None
-    if dog is not None:
-        dog.stop()
+    while _WATCHERS:
+        _WATCHERS.pop().stop()
 
 
 def _form(init: dict[str, Any]) -> None:
@@ -313,6 +316,10 @@ def _form(init: dict[str, Any]) -> None:
         device=device,
     )
     _watch_peers(_INFO)
+    from torchjob.launch import nccl
+
+    if _INFO.backend == "nccl" and nccl.enabled() and _INFO.world_size > 1:
+        _WATCHERS.append(nccl.AbortListener().start())
 
 
 def _reform(init: dict[str, Any], env: dict[str, str]) -> None:
@@ -320,10 +327,15 @@ def _reform(init: dict[str, Any], env: dict[str, str]) -> None:
     process: the interpreter, its imports, its CUDA context and its ``worker_state`` stay."""
     import torch.distributed as dist
 
+    from torchjob.launch import nccl
+
     global _INFO
     _stop_watching()
     if dist.is_initialized():
-        dist.destroy_process_group()
+        if _INFO is not None and _INFO.backend == "nccl" and nccl.enabled():
+            nccl.abort_group()  # the group may have lost a peer: no collective teardown
+        else:
+            dist.destroy_process_group()
     _INFO = None
     os.environ.update(env)
     _STOP.clear()

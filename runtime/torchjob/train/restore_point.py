@@ -266,22 +266,23 @@ def agree(run: str, rank: int, world_size: int) -> Restored | None:
         return None
     source = min(r for r, i in enumerate(indices) if i == best)
     # The bytes go as one uint8 tensor (its length first): no pickling of the tensors'
-    # storage on the receivers beyond torch.load's.
+    # storage on the receivers beyond torch.load's. NCCL moves only device tensors.
+    on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
     if rank == source:
         assert mine is not None
         data = _encode(mine)
-        length = torch.tensor([len(data)], dtype=torch.int64)
+        length = torch.tensor([len(data)], dtype=torch.int64, device=on)
     else:
-        length = torch.zeros(1, dtype=torch.int64)
+        length = torch.zeros(1, dtype=torch.int64, device=on)
     dist.broadcast(length, src=source)
     if rank == source:
-        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(on or "cpu")
     else:
-        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+        payload = torch.empty(int(length.item()), dtype=torch.uint8, device=on)
     dist.broadcast(payload, src=source)
     if index == best:
         assert mine is not None
         return Restored(mine, source, False, time.monotonic() - t0)
-    snap = _decode(payload.numpy().tobytes())
+    snap = _decode(payload.cpu().numpy().tobytes())
     _HELD[0] = snap
     return Restored(snap, source, True, time.monotonic() - t0)

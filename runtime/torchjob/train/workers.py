@@ -125,10 +125,13 @@ class Workers:
         """The workers for this generation: the kept processes, re-formed in place when they
         fit ``placement``, else a new group (both ready to run)."""
         kept, self._kept = self._kept, None
-        if kept is not None and (kept.can_reform(placement) or self._heals(kept)):
+        n = placement.local_world_size
+        if kept is not None and (
+            kept.can_reform(placement) or (self._heals(kept) and kept.heals_to(n))
+        ):
             try:
                 if not kept.can_reform(placement):
-                    kept.heal(placement.local_world_size)
+                    kept.heal(n)
                 kept.reform(placement, env)
                 return kept
             except LaunchError:

@@ -1,0 +1,52 @@
+"""A rank that leaves a broken gloo group closes the group's connections even while something
+still refers to the group (DDP's reducer, kept alive by the failed function's traceback or the
+user's globals): otherwise ``destroy_process_group`` leaves gloo's pairs open and a survivor two
+hops from the lost rank in the ring waits on it until the collective's timeout, so the group
+cannot re-form in place (issue 26: at 8 ranks the watchdog killed such survivors after 30 s).
+The pure parts of the NCCL path (``torchjob.launch.nccl``) are checked here too; the path itself
+needs GPUs (tests/gpu/test_nccl_reform.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from torchjob.launch import WorkerDiedError, WorkerGroup, nccl
+
+_HELD: list[object] = []
+
+
+def _all_reduce_until_killed(victim: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    _HELD.append(dist.group.WORLD)  # as DDP's reducer refers to the group
+    t = torch.ones(256)
+    for i in range(100_000):
+        dist.all_reduce(t)
+        if i == 10 and dist.get_rank() == victim:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_every_survivor_of_a_killed_rank_answers_while_the_group_is_still_referred_to() -> None:
+    with WorkerGroup(5, backend="gloo") as g:
+        with pytest.raises(WorkerDiedError):
+            # Without the fix the ranks two hops away wait out this grace and the group
+            # has no survivors to keep.
+            g.submit(_all_reduce_until_killed, (4,)).wait(loss_grace_s=120)
+        assert g.lost() == [4]
+        assert g.survivable()
+
+
+def test_nccl_re_forms_in_place_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(nccl.ENV_NCCL_REFORM, raising=False)
+    assert nccl.in_place("gloo") and not nccl.in_place("nccl")
+    monkeypatch.setenv(nccl.ENV_NCCL_REFORM, "1")
+    assert nccl.in_place("nccl")
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
+    assert nccl.worker_env() == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    assert nccl.worker_env() == {}  # the user's choice stands
