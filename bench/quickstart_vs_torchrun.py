@@ -21,7 +21,8 @@ so the driver runs that thread while its workers start, as in a pod.
 Each repeat runs torchrun and every torchjob variant once, in an order that rotates every
 repeat; each run prints the wall clock at its first line, its first step and its last step, so
 the difference splits into start-up (process start -> first step), training (first -> last
-step) and the end (last step -> exit). Wall time is measured around the child process; CPU is
+step) and the end (last step -> exit); ``steps`` is the training phase less rank 0's time in
+the per-epoch checkpoint (torchjob: save and ``report``; torchrun: save and barrier). Wall time is measured around the child process; CPU is
 the children's user + system time (``RUSAGE_CHILDREN``, which includes every worker process
 and the zygote). The ratios are same-repeat ratios against that repeat's torchrun run (the
 machine may be loaded by others: a pair shares its load), printed as median and [min-max].
@@ -53,11 +54,11 @@ COMMON = textwrap.dedent(
     import torch
     from sklearn.datasets import load_digits
 
-    def marks(name):
+    def marks(name, t=None):
         rank = int(os.environ.get("RANK", "0"))
         if rank == 0:
             with open(os.environ["QS_MARKS"], "a") as f:
-                f.write(json.dumps({"mark": name, "t": time.time()}) + "\\n")
+                f.write(json.dumps({"mark": name, "t": time.time() if t is None else t}) + "\\n")
 
     def make_model():
         return torch.nn.Sequential(
@@ -85,6 +86,7 @@ QUICKSTART = COMMON + textwrap.dedent(
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         loss_fn = torch.nn.CrossEntropyLoss()
         first = True
+        ckpt_s = 0.0
         for epoch in range(config["epochs"]):
             if torchjob.train.get_context().get_world_size() > 1:
                 loader.sampler.set_epoch(epoch)
@@ -96,13 +98,16 @@ QUICKSTART = COMMON + textwrap.dedent(
                 if first:
                     marks("first_step")
                     first = False
+            t_ckpt = time.time()
             with tempfile.TemporaryDirectory() as d:
                 if torchjob.train.get_context().get_world_rank() == 0:
                     torch.save(model.module.state_dict(), os.path.join(d, "model.pt"))
                 torchjob.train.report(
                     {"loss": loss.item(), "epoch": epoch}, checkpoint=Checkpoint.from_directory(d)
                 )
+            ckpt_s += time.time() - t_ckpt
         marks("last_step")
+        marks("ckpt_total", ckpt_s)
 
     class _StubWatch:
         \"\"\"The TorchJob watch a pod's MembershipWatch thread follows: one event, then idle.\"\"\"
@@ -157,6 +162,7 @@ PLAIN = COMMON + textwrap.dedent(
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         loss_fn = torch.nn.CrossEntropyLoss()
         first = True
+        ckpt_s = 0.0
         out = sys.argv[2]
         for epoch in range(int(sys.argv[1])):
             sampler.set_epoch(epoch)
@@ -168,12 +174,15 @@ PLAIN = COMMON + textwrap.dedent(
                 if first:
                     marks("first_step")
                     first = False
+            t_ckpt = time.time()
             if rank == 0:
                 d = os.path.join(out, f"epoch_{epoch:03d}")
                 os.makedirs(d, exist_ok=True)
                 torch.save(model.module.state_dict(), os.path.join(d, "model.pt"))
             dist.barrier()
+            ckpt_s += time.time() - t_ckpt
         marks("last_step")
+        marks("ckpt_total", ckpt_s)
         dist.destroy_process_group()
 
     if __name__ == "__main__":
@@ -213,6 +222,8 @@ def run_once(kind: str, args: argparse.Namespace, work: Path) -> dict[str, float
         "start-up": m["first_step"] - t0,
         "training": m["last_step"] - m["first_step"],
         "end": t1 - m["last_step"],
+        # Training without the per-epoch checkpoint (save and report / save and barrier).
+        "steps": m["last_step"] - m["first_step"] - m["ckpt_total"],
     }
 
 
@@ -253,7 +264,7 @@ def main() -> int:
             runs[kind].append(r)
             print(f"[{i + 1}/{args.repeats}] {kind:24} " + "  ".join(
                 f"{k} {v:.2f}s" for k, v in r.items()), file=sys.stderr, flush=True)  # fmt: skip
-    keys = ("wall", "cpu", "start-up", "training", "end")
+    keys = ("wall", "cpu", "start-up", "training", "end", "steps")
     print(
         f"digits, small CNN, {args.workers} gloo workers, {args.epochs} epochs, a checkpoint per "
         f"epoch; {args.repeats} repeats (rotating order): medians, and same-repeat ratios against "
@@ -263,10 +274,15 @@ def main() -> int:
     for kind in kinds:
         med = {k: statistics.median(r[k] for r in runs[kind]) for k in keys}
         print(f"{kind:24}" + "".join(f"{med[k]:>10.2f}s" for k in keys))
-    print(f"\n{'ratio vs torchrun':24}" + "".join(f"{k:>20}" for k in ("wall", "cpu", "training")))
+    print(
+        f"\n{'ratio vs torchrun':24}"
+        + "".join(f"{k:>20}" for k in ("wall", "cpu", "training", "steps"))
+    )
     for kind in variants:
         pairs = list(zip(runs[kind], runs["torchrun"], strict=True))
-        cells = [spread([a[k] / b[k] for a, b in pairs]) for k in ("wall", "cpu", "training")]
+        cells = [
+            spread([a[k] / b[k] for a, b in pairs]) for k in ("wall", "cpu", "training", "steps")
+        ]
         print(f"{kind:24}" + "".join(f"{c:>20}" for c in cells))
     return 0
 

@@ -13,6 +13,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -67,6 +68,7 @@ def serve(sock: socket.socket, preload: Iterable[str]) -> None:
             continue
         data, fds, _flags, _addr = socket.recv_fds(sock, BUF, 3)
         if not data:
+            _reap_last(children)
             return
         _, req, env, cwd, which = pickle.loads(data)
         why = cuda_touched() or (
@@ -84,6 +86,21 @@ def serve(sock: socket.socket, preload: Iterable[str]) -> None:
             _send(sock, ("forked", req, pid))
         for fd in fds:
             os.close(fd)
+
+
+def _reap_last(children: set[int], wait_s: float = 5.0) -> None:
+    """The driver is gone: its workers follow it within moments (they watch it); reap them,
+    so that their exit (and their CPU time, for the driver's ``RUSAGE_CHILDREN``) ends here."""
+    deadline = time.monotonic() + wait_s
+    while children and time.monotonic() < deadline:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid:
+            children.discard(pid)
+        else:
+            time.sleep(0.01)
 
 
 def _worker(

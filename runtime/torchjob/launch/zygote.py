@@ -26,6 +26,7 @@ driver, ``TORCHJOB_LAUNCH_DRIVER_PID``), but their exit status is lost (:data:`E
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -84,6 +85,8 @@ class Zygote:
         """No OpenMP pool can exist in the zygote: its workers may run any number of threads
         (a pool used before a fork hangs the child's first parallel region)."""
         self.pid = proc if isinstance(proc, int) else proc.pid
+        if not _AT_EXIT:  # the driver reaps its zygotes (and so counts their CPU time)
+            _AT_EXIT.append(atexit.register(shutdown))
         self.ready = False
         self.dead: str | None = None
         self.exits: dict[int, int] = {}
@@ -281,6 +284,7 @@ class ZygoteProcess:
 _ZYGOTES: dict[Kind, Zygote] = {}
 _PRELOAD: list[str] = []
 _WARNED: set[str] = set()
+_AT_EXIT: list[object] = []
 
 
 def prepare(preload: Iterable[str] = ()) -> Kind | None:

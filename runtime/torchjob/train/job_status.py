@@ -133,6 +133,7 @@ class JobStatusReporter:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = False
+        self._closed = threading.Event()
         self._warned = False
         self.sent = 0
         self._thread = threading.Thread(target=self._run, name="torchjob-status", daemon=True)
@@ -154,6 +155,7 @@ class JobStatusReporter:
     def close(self, timeout_s: float = 5.0) -> None:
         """Flush the last report and stop."""
         self._closing = True
+        self._closed.set()  # a pause between reports ends now: the last one goes at once
         self._wake.set()
         self._thread.join(timeout_s)
 
@@ -165,7 +167,7 @@ class JobStatusReporter:
             if not self._closing:
                 pause = self.min_interval_s - (time.monotonic() - last_sent)
                 if pause > 0:
-                    time.sleep(pause)
+                    self._closed.wait(pause)
             with self._lock:
                 body, self._latest = self._latest, None
             if body is not None:
