@@ -314,8 +314,16 @@ def role_in(published: Published, pod_index: int) -> Role:
 def _deciding(pod: PodEnv, published: Published | None) -> Published | None:
     """The published generation where it, not the pod's env, says the pod's place; None
     while the status publishes no generation yet, or publishes the one the env was written
-    for with no rank order of its own (then the env, written from the same plan, says)."""
-    if published is None or (published.members is None and published.generation == pod.generation):
+    for with no rank order of its own (then the env, written from the same plan, says).
+    An env that gives the pod another rank than its index (``NODE_RANK``) was not written
+    from a plan in index order: a joiner created for generation g+1 of a grow, when a restart
+    published its own g+1 (a hard loss of the last survivor) in index order; there the
+    status says."""
+    if published is None or (
+        published.members is None
+        and published.generation == pod.generation
+        and pod.node_rank is None
+    ):
         return None
     return published
 

@@ -5,7 +5,6 @@ SIGKILL a pod's trainer or drop its packets in its network namespace (iptables t
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -31,14 +30,6 @@ def trainer_pid(uid: str) -> int | None:
     """The pod's worker process (the rank that runs the training function: a fresh
     interpreter, ``python -m torchjob.launch._entry``), if it runs."""
     return next((pid for pid, cmd in pod_processes(uid) if "torchjob.launch._entry" in cmd), None)
-
-
-def iptables_problem() -> str | None:
-    """None when packets can be dropped in a pod's network namespace, else what is missing."""
-    missing = [b for b in ("iptables", "nsenter") if shutil.which(b) is None]
-    if missing:
-        return f"missing: {', '.join(missing)} (Debian: apt-get install iptables util-linux)"
-    return None
 
 
 def drop_packets(pid: int) -> None:

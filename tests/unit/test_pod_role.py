@@ -87,11 +87,21 @@ def test_not_yet_published_the_env_says(env: dict[str, Any], role: contract.Role
 
 
 def test_the_generation_the_env_was_written_for_goes_by_the_env() -> None:
-    """The status publishes the env's own generation with no rank order: the env says (it
-    may carry the rank order as NODE_RANK, written from the same plan)."""
-    mine = pod(pod_index=0, node_rank=1, generation=2)
-    assert pod_role(mine, Status(2, 2)) == Member(2, 1, 2)
+    """The status publishes the env's own generation with no rank order: the env says."""
+    mine = pod(pod_index=0, generation=2)
+    assert pod_role(mine, Status(2, 2)) == Member(2, 0, 2)
     assert pod_as_of(mine, Status(2, 2)) is mine
+
+
+def test_a_joiner_whose_generation_number_a_restart_took_goes_by_the_status() -> None:
+    """A joiner created for generation 2 of a grow ranked after pod 1 (NODE_RANK 1, the
+    rendezvous on pod 1); pod 1 was then lost too (a hard loss of the last survivor) and the
+    restart published its own generation 2 in index order: pod 0 is rank 0 and hosts the
+    rendezvous (found by bench/goodput.py: both pods took rank 1 and never formed)."""
+    joiner = pod(pod_index=0, node_rank=1, generation=2, rdzv_host="job-worker-1.job.ns.svc")
+    assert pod_role(joiner, Status(2, 2)) == Member(2, 0, 2)
+    now = pod_as_of(joiner, Status(2, 2))
+    assert (now.group_rank, now.rdzv_host) == (0, "job-worker-0.job.ns.svc")
 
 
 def test_a_later_generation_or_a_rank_order_goes_by_the_status() -> None:
