@@ -28,6 +28,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Protocol
 
+# The termination message (the runtime's failure summary, read by the operator) is part of
+# the contract too; it lives in torchjob.termination and is reachable from here.
+from torchjob.termination import TERMINATION_MESSAGE_LIMIT as TERMINATION_MESSAGE_LIMIT
+from torchjob.termination import TerminationSummary as TerminationSummary
+from torchjob.termination import parse_termination_message as parse_termination_message
+from torchjob.termination import termination_message as termination_message
+
 # --- torchjob's own variables -------------------------------------------------
 JOB_NAME: Final = "TORCHJOB_JOB_NAME"
 NAMESPACE: Final = "TORCHJOB_NAMESPACE"
@@ -362,59 +369,3 @@ def pod_as_of(pod: PodEnv, published: Published | None = None) -> PodEnv:
         node_rank=None if rank is None or rank == pod.pod_index else rank,
         rdzv_host=host,
     )
-
-
-# --- the termination message: the runtime's failure summary, read by the operator ---------
-TERMINATION_MESSAGE_LIMIT: Final = 4096
-"""The kubelet keeps at most 4096 bytes of a container's termination message."""
-_TERMINATION_TAG: Final = "torchjob: "
-_PEER_TAG: Final = "peer failure: "
-_KILLED_TAG: Final = "killed: "
-
-
-@dataclass(frozen=True)
-class TerminationSummary:
-    """What a worker container's termination message says about why it stopped."""
-
-    line: str
-    """One line for a person: the root-cause exception with its rank, or the log's last line."""
-    peer_failure: bool = False
-    """The container failed only because a peer did (a broken connection): not a root cause."""
-    killed: bool = False
-    """A worker process of the container was killed from outside (SIGKILL: ``kill -9``, the
-    OOM killer): a hard loss, as if the container had exited 137."""
-
-
-def termination_message(
-    summary: str, detail: str = "", *, peer_failure: bool = False, killed: bool = False
-) -> str:
-    """The text the runtime writes to the termination log: one tagged summary line, then
-    ``detail`` (a traceback tail), cut to what the kubelet keeps."""
-    line = next((ln.strip() for ln in summary.splitlines() if ln.strip()), "failed")
-    tag = _PEER_TAG if peer_failure else _KILLED_TAG if killed else ""
-    head = _TERMINATION_TAG + tag + line
-    text = f"{head}\n{detail.strip()}" if detail.strip() else head
-    data = text.encode()
-    if len(data) <= TERMINATION_MESSAGE_LIMIT:
-        return text
-    return data[: TERMINATION_MESSAGE_LIMIT - 3].decode(errors="ignore") + "..."
-
-
-def parse_termination_message(text: str) -> TerminationSummary | None:
-    """Read back a termination message: ours (tagged) or a log tail (``FallbackToLogsOnError``).
-
-    For a log tail the last non-empty line is the summary: a Python traceback ends with the
-    exception. ``None`` when there is no message at all.
-    """
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        return None
-    first = lines[0]
-    if first.startswith(_TERMINATION_TAG):
-        line = first[len(_TERMINATION_TAG) :]
-        if line.startswith(_PEER_TAG):
-            return TerminationSummary(line[len(_PEER_TAG) :].strip(), peer_failure=True)
-        if line.startswith(_KILLED_TAG):
-            return TerminationSummary(line[len(_KILLED_TAG) :].strip(), killed=True)
-        return TerminationSummary(line.strip())
-    return TerminationSummary(lines[-1].strip())
