@@ -329,6 +329,9 @@ def test_the_fsdp_finetune_example_shrinks_and_grows_back_and_resumes_its_shards
     assert reported == sorted(reported) and reported[-1] == steps, reported
     assert f"'step': {steps}, 'workers': 2" in out, out
     assert "[finetune] greedy sample from the checkpoint" in out, out
+    # What the example's README quotes (shown with pytest -s).
+    print(*(f"event {e.reason}: {e.message}" for e in real_jobs.events("ft")), sep="\n")
+    print(*(line for line in out.splitlines() if "resumed" in line or "'step'" in line), sep="\n")
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
