@@ -790,38 +790,54 @@ def main(argv: list[str] | None = None) -> int:
         systems = [(p, s) for p, s in systems if acc.system_of(p, s) not in args.ideal]
         baselines, rows = [], []
         index = 0
-        for rep in range(args.repeats):
-            for system, strategy in systems:
-                log(
-                    f"repeat {rep + 1}: baseline of {system}/{strategy}, "
-                    f"{duration:.0f}s without evictions"
-                )
-                baselines.append(
-                    run_row(
-                        args, cluster, core, custom, system, "none", 0, duration, index, strategy
+        try:
+            for rep in range(args.repeats):
+                for system, strategy in systems:
+                    log(
+                        f"repeat {rep + 1}: baseline of {system}/{strategy}, "
+                        f"{duration:.0f}s without evictions"
                     )
-                )
-                index += 1
-            for mode in args.modes.split(","):
-                for strategy in strategies:
-                    for policy in policies:
-                        if policy == KUBEFLOW and strategy != "ddp":
-                            continue
-                        rows.append(
-                            run_row(
-                                args,
-                                cluster,
-                                core,
-                                custom,
-                                policy,
-                                mode,
-                                args.evictions,
-                                0,
-                                index,
-                                strategy,
-                            )
+                    baselines.append(
+                        run_row(
+                            args,
+                            cluster,
+                            core,
+                            custom,
+                            system,
+                            "none",
+                            0,
+                            duration,
+                            index,
+                            strategy,
                         )
-                        index += 1
+                    )
+                    index += 1
+                for mode in args.modes.split(","):
+                    for strategy in strategies:
+                        for policy in policies:
+                            if policy == KUBEFLOW and strategy != "ddp":
+                                continue
+                            rows.append(
+                                run_row(
+                                    args,
+                                    cluster,
+                                    core,
+                                    custom,
+                                    policy,
+                                    mode,
+                                    args.evictions,
+                                    0,
+                                    index,
+                                    strategy,
+                                )
+                            )
+                            index += 1
+        except KeyboardInterrupt:
+            # A stopped run keeps what it measured: the rows that finished are reported.
+            log(f"interrupted: the table of the {len(baselines) + len(rows)} rows that finished")
+            for ns in core.list_namespace().items:  # the row that was running
+                if ns.metadata.name.startswith(f"goodput-{args.run_id}-"):
+                    core.delete_namespace(ns.metadata.name)
         report(args, baselines, rows)
         for path in write_timelines(args.out, baselines + rows):
             print(f"timeline: {path}")
