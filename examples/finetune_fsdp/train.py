@@ -81,14 +81,22 @@ def corpus(n: int, vocab: int, seq: int) -> TensorDataset:
     return TensorDataset(ids)
 
 
+def _torch_at_least(major: int, minor: int) -> bool:
+    found = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    return found >= (major, minor)
+
+
 def train_func(config: dict) -> None:
     ctx = train.get_context()
     torch.manual_seed(0)  # the same initial weights on every rank, before sharding
     shape = {**MODEL, **config.get("model", {})}
     model = CausalLM(**shape)
     if ctx.get_world_size() > 1:
+        # torch < 2.7's FSDP2 on CPU cannot gather a block's weights again for its backward
+        # (autograd sees the in-place all-gather): there the gathered weights stay until then.
+        regather = torch.cuda.is_available() or _torch_at_least(2, 7)
         for block in model.blocks:  # one all-gather per block, freed after its forward
-            torch.distributed.fsdp.fully_shard(block)
+            torch.distributed.fsdp.fully_shard(block, reshard_after_forward=regather)
     model = prepare_model(model, parallel_strategy="fsdp")  # the root (FSDP2 at > 1 worker)
     opt = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=0.01)
     warmup, total = 10, config["steps"]
