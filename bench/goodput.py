@@ -577,7 +577,7 @@ def write_timelines(out: Path, rows: list[Row]) -> list[Path]:
 
 def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> None:
     """The table: one line per (policy, mode), the median [min-max] over the repeats."""
-    ideal = acc.ideal_rates(r.figures() for r in baselines)
+    ideal = {**args.ideal, **acc.ideal_rates(r.figures() for r in baselines)}
     nominal = args.replicas * args.batch / args.step_seconds
     print()
     print(
@@ -594,9 +594,13 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
         )
     for system, rate in sorted(ideal.items()):
         walls = [b.wall for b in baselines if b.figures().system == system]
+        where = (
+            f"its own baseline row, no evictions, {statistics.median(walls):.0f}s"
+            if walls
+            else "given with --ideal: an earlier run's baseline row of the same size"
+        )
         print(
-            f"ideal rate of {system} (its own baseline row, no evictions, "
-            f"{statistics.median(walls):.0f}s): {rate:.1f} samples/s "
+            f"ideal rate of {system} ({where}): {rate:.1f} samples/s "
             f"({rate / nominal:.2f} of the nominal {nominal:.0f}/s)"
         )
     head = (
@@ -680,6 +684,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="elastic minimum of the Elastic and Standby rows and of Kubeflow's elasticPolicy "
         "(default: replicas - 1)",
     )
+    p.add_argument(
+        "--ideal",
+        default="",
+        help="SYSTEM=RATE[,...]: take this ideal rate (samples/s) from an earlier run's baseline "
+        "row of the same size instead of running that system's baseline (e.g. Kubeflow=2200)",
+    )
     p.add_argument("--cpu-request", default="100m", help="each worker pod's CPU request")
     p.add_argument("--memory-request", default="256Mi", help="each worker pod's memory request")
     p.add_argument("--modes", default="graceful,hard")
@@ -712,6 +722,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.run_id = time.strftime("%H%M%S")
     args.min_replicas = args.min_replicas or max(1, args.replicas - 1)
+    ideal: dict[str, float] = {}
+    for item in filter(None, args.ideal.split(",")):
+        system, _, rate = item.partition("=")
+        try:
+            ideal[system] = float(rate)
+        except ValueError:
+            p.error(f"--ideal: {item!r} is not SYSTEM=RATE (e.g. Kubeflow=2200.5)")
+    args.ideal = ideal
     if not 1 <= args.min_replicas <= args.replicas:
         p.error(f"--min-replicas must be between 1 and --replicas ({args.replicas})")
     for pol in args.policies.split(","):
@@ -769,40 +787,57 @@ def main(argv: list[str] | None = None) -> int:
         systems = [("RecreateGroup", s) for s in strategies]
         if KUBEFLOW in policies:
             systems.append((KUBEFLOW, "ddp"))
+        systems = [(p, s) for p, s in systems if acc.system_of(p, s) not in args.ideal]
         baselines, rows = [], []
         index = 0
-        for rep in range(args.repeats):
-            for system, strategy in systems:
-                log(
-                    f"repeat {rep + 1}: baseline of {system}/{strategy}, "
-                    f"{duration:.0f}s without evictions"
-                )
-                baselines.append(
-                    run_row(
-                        args, cluster, core, custom, system, "none", 0, duration, index, strategy
+        try:
+            for rep in range(args.repeats):
+                for system, strategy in systems:
+                    log(
+                        f"repeat {rep + 1}: baseline of {system}/{strategy}, "
+                        f"{duration:.0f}s without evictions"
                     )
-                )
-                index += 1
-            for mode in args.modes.split(","):
-                for strategy in strategies:
-                    for policy in policies:
-                        if policy == KUBEFLOW and strategy != "ddp":
-                            continue
-                        rows.append(
-                            run_row(
-                                args,
-                                cluster,
-                                core,
-                                custom,
-                                policy,
-                                mode,
-                                args.evictions,
-                                0,
-                                index,
-                                strategy,
-                            )
+                    baselines.append(
+                        run_row(
+                            args,
+                            cluster,
+                            core,
+                            custom,
+                            system,
+                            "none",
+                            0,
+                            duration,
+                            index,
+                            strategy,
                         )
-                        index += 1
+                    )
+                    index += 1
+                for mode in args.modes.split(","):
+                    for strategy in strategies:
+                        for policy in policies:
+                            if policy == KUBEFLOW and strategy != "ddp":
+                                continue
+                            rows.append(
+                                run_row(
+                                    args,
+                                    cluster,
+                                    core,
+                                    custom,
+                                    policy,
+                                    mode,
+                                    args.evictions,
+                                    0,
+                                    index,
+                                    strategy,
+                                )
+                            )
+                            index += 1
+        except KeyboardInterrupt:
+            # A stopped run keeps what it measured: the rows that finished are reported.
+            log(f"interrupted: the table of the {len(baselines) + len(rows)} rows that finished")
+            for ns in core.list_namespace().items:  # the row that was running
+                if ns.metadata.name.startswith(f"goodput-{args.run_id}-"):
+                    core.delete_namespace(ns.metadata.name)
         report(args, baselines, rows)
         for path in write_timelines(args.out, baselines + rows):
             print(f"timeline: {path}")

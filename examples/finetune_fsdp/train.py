@@ -81,14 +81,22 @@ def corpus(n: int, vocab: int, seq: int) -> TensorDataset:
     return TensorDataset(ids)
 
 
+def _torch_at_least(major: int, minor: int) -> bool:
+    found = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    return found >= (major, minor)
+
+
 def train_func(config: dict) -> None:
     ctx = train.get_context()
     torch.manual_seed(0)  # the same initial weights on every rank, before sharding
     shape = {**MODEL, **config.get("model", {})}
     model = CausalLM(**shape)
     if ctx.get_world_size() > 1:
+        # torch < 2.7's FSDP2 on CPU cannot gather a block's weights again for its backward
+        # (autograd sees the in-place all-gather): there the gathered weights stay until then.
+        regather = torch.cuda.is_available() or _torch_at_least(2, 7)
         for block in model.blocks:  # one all-gather per block, freed after its forward
-            torch.distributed.fsdp.fully_shard(block)
+            torch.distributed.fsdp.fully_shard(block, reshard_after_forward=regather)
     model = prepare_model(model, parallel_strategy="fsdp")  # the root (FSDP2 at > 1 worker)
     opt = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=0.01)
     warmup, total = 10, config["steps"]
@@ -127,7 +135,10 @@ def train_func(config: dict) -> None:
             state.step += 1
             tokens += ids[:, 1:].numel() * ctx.get_world_size()
             stop = train.should_stop()  # collective: a preemption on any worker
-            if stop or state.step % config["checkpoint_every"] == 0 or state.step == total:
+            # Done at the last step, unless --until-workers asks a shrunk run to keep training
+            # until the job is back at that size (the project's real-node test uses it).
+            done = state.step >= total and ctx.get_world_size() >= config["until_workers"]
+            if stop or done or state.step % config["checkpoint_every"] == 0:
                 t = time.perf_counter()
                 metrics = {
                     "loss": round(loss.item(), 4),
@@ -138,7 +149,7 @@ def train_func(config: dict) -> None:
                 train.report(metrics, checkpoint=Checkpoint.from_state(state))
                 if ctx.get_world_rank() == 0:
                     print(f"{metrics} checkpoint stall {time.perf_counter() - t:.3f}s", flush=True)
-            if stop or state.step >= total:
+            if stop or done:
                 return
         state.extra["epoch"] += 1
 
@@ -172,6 +183,12 @@ def main() -> None:
         default=0.0,
         help="sleep this long in every step (a demo: time to preempt a pod by hand)",
     )
+    p.add_argument(
+        "--until-workers",
+        type=int,
+        default=0,
+        help="past --steps, keep training while fewer workers run (an elastic job that shrank)",
+    )
     p.add_argument("--name", default="finetune-fsdp")
     p.add_argument("--storage-path", default=None, help="fsspec URL or path (in a pod: the job's)")
     p.add_argument("--sync", action="store_true", help="report waits for each commit")
@@ -186,6 +203,7 @@ def main() -> None:
             "lr": args.lr,
             "model": {"layers": args.layers, "dim": args.dim},
             "step_seconds": args.step_seconds,
+            "until_workers": args.until_workers,
         },
         scaling_config=ScalingConfig(num_workers=args.workers),
         run_config=RunConfig(
