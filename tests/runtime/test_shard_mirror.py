@@ -39,6 +39,7 @@ from torchjob.train import (
     ScalingConfig,
     TrainState,
 )
+from torchjob.train.shard_mirror import box
 from torchjob.train.torch import TorchTrainer, prepare_model
 
 STEPS = 10
@@ -73,6 +74,8 @@ def loop(config: dict[str, Any]) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     state = TrainState(model, opt)
     from_memory = torchjob.train.register_state(state)
+    for p in model.parameters():  # the mirror's own box is DTensor's, at every world size
+        assert box(p.shape, p.device_mesh, p.placements)[0] == tuple(p.to_local().shape)
     ckpt = torchjob.train.get_checkpoint()
     if not from_memory and ckpt is not None:
         ckpt.load_state(state)
