@@ -18,7 +18,9 @@ so a rank lost before it leaves every survivor holding the previous report, cons
 
 At the next generation's start (:func:`agree`, collective) the ranks gather which old ranks'
 records each holds and pick the newest report whose every old rank's record is held by some
-survivor: a lost rank's shard comes from its mirror. ``register_state`` then rebuilds the
+survivor: a lost rank's shard comes from its mirror. Records are combined only within one
+report of one generation (a record carries both; the exchange refuses a peer at another
+report), so one report's shards are never paired with another's step or moments. ``register_state`` then rebuilds the
 state at the new world size (``torchjob.train.shard_rebuild``) and storage is not read. Two
 adjacent ranks lost at once (a shard and its mirror) leave a hole: the generation resumes from
 the latest committed checkpoint, and the driver says so.
