@@ -39,6 +39,7 @@ from torchjob.train import (
     ScalingConfig,
     TrainState,
 )
+from torchjob.train.shard_mirror import box
 from torchjob.train.torch import TorchTrainer, prepare_model
 
 STEPS = 10
@@ -73,6 +74,8 @@ def loop(config: dict[str, Any]) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     state = TrainState(model, opt)
     from_memory = torchjob.train.register_state(state)
+    for p in model.parameters():  # the mirror's own box is DTensor's, at every world size
+        assert box(p.shape, p.device_mesh, p.placements)[0] == tuple(p.to_local().shape)
     ckpt = torchjob.train.get_checkpoint()
     if not from_memory and ckpt is not None:
         ckpt.load_state(state)
@@ -174,9 +177,12 @@ def test_fsdp_shrinks_4_3_2_and_grows_to_4_from_the_mirror_without_storage(
         assert len({r["first"] for r in gens[g]}) == 1 and gens[g][0]["first"] in first
     log = "".join(capsys.readouterr())  # the driver's lines (stderr)
     assert log.count("resumed from the shard mirror") == 3, log
-    assert "4 -> 3 ranks, old rank(s) 1 from their mirror" in log
-    assert "3 -> 2 ranks, old rank(s) 2 from their mirror" in log
-    assert "2 -> 4 ranks, old rank(s) none from their mirror" in log
+    # The report whose shards were rebuilt is the one whose step counter was restored (a
+    # report per step: report N holds step N).
+    grown = gens[3][0]["first"] - 1
+    assert "(report 3, 4 -> 3 ranks, old rank(s) 1 from their mirror" in log
+    assert "(report 5, 3 -> 2 ranks, old rank(s) 2 from their mirror" in log
+    assert f"(report {grown}, 2 -> 4 ranks, old rank(s) none from their mirror" in log
     assert log.count("storage was not read") == 3
     torch.testing.assert_close(torch.load(tmp_path / "final.pt"), reference(), rtol=1e-4, atol=1e-5)
 

@@ -18,7 +18,9 @@ so a rank lost before it leaves every survivor holding the previous report, cons
 
 At the next generation's start (:func:`agree`, collective) the ranks gather which old ranks'
 records each holds and pick the newest report whose every old rank's record is held by some
-survivor: a lost rank's shard comes from its mirror. ``register_state`` then rebuilds the
+survivor: a lost rank's shard comes from its mirror. Records are combined only within one
+report of one generation (a record carries both; the exchange refuses a peer at another
+report), so one report's shards are never paired with another's step or moments. ``register_state`` then rebuilds the
 state at the new world size (``torchjob.train.shard_rebuild``) and storage is not read. Two
 adjacent ranks lost at once (a shard and its mirror) leave a hole: the generation resumes from
 the latest committed checkpoint, and the driver says so.
@@ -82,6 +84,9 @@ class Record:
     """A uint8 tensor: every leaf's local piece at ``Leaf.start``."""
     rest: bytes = b""
     """``torch.save`` of (the state with ``Piece`` markers for the leaves, RNG, positions)."""
+    generation: int = -1
+    """The generation that took it: records are combined only with records of the same
+    (generation, index), i.e. of one report of one group."""
 
     def piece(self, leaf: Leaf) -> Any:
         return self.flat[leaf.start : leaf.start + leaf.nbytes].view(leaf.dtype).view(leaf.local)
@@ -278,7 +283,8 @@ def take(
         mirror = prev.mirror if prev is not None else None
         if mirror is not None:
             mirror.index = -1  # another generation's: only its buffer is reused
-        h = Holding(run, generation, Record(rank, world, -1, layout, flat), mirror)
+        own = Record(rank, world, -1, layout, flat, generation=generation)
+        h = Holding(run, generation, own, mirror)
     else:
         h = prev
         h.own.index = -1  # overwritten below: not a consistent record until the copy is done
@@ -302,7 +308,7 @@ def _exchange(h: Holding, index: int, rank: int, world: int, changed: bool, grou
     import torch
 
     to, frm = (rank - 1) % world, (rank + 1) % world
-    meta = pickle.dumps((h.own.layout if changed else None, h.own.rest))
+    meta = pickle.dumps((h.own.layout if changed else None, h.own.rest, index, h.generation))
     header = torch.tensor([int(h.own.flat.numel()), len(meta)], dtype=torch.int64)
     theirs = torch.zeros(2, dtype=torch.int64)
     _pairwise(header, to, theirs, frm, _TAG_HEADER, group)
@@ -310,7 +316,13 @@ def _exchange(h: Holding, index: int, rank: int, world: int, changed: bool, grou
     _pairwise(
         torch.frombuffer(bytearray(meta), dtype=torch.uint8), to, meta_in, frm, _TAG_META, group
     )
-    layout, rest = pickle.loads(meta_in.numpy().tobytes())  # our own peer's record
+    layout, rest, their_index, their_generation = pickle.loads(meta_in.numpy().tobytes())
+    if (their_index, their_generation) != (index, h.generation):
+        # Never pair one report's record with another's: the ring is out of step.
+        raise RuntimeError(
+            f"shard mirror: rank {frm} sent report {their_index} of generation "
+            f"{their_generation}, this rank is at report {index} of generation {h.generation}"
+        )
     old = h.mirror
     if layout is None and (old is None or (old.rank, old.world) != (frm, world)):
         raise RuntimeError(f"shard mirror: rank {frm} sent no layout and none is held for it")
@@ -318,7 +330,7 @@ def _exchange(h: Holding, index: int, rank: int, world: int, changed: bool, grou
     if old is not None:
         old.index = -1  # being overwritten: not a consistent record until the receive is done
     flat = _buffer(int(theirs[0]), old.flat if old is not None else None)
-    h.mirror = Record(frm, world, -1, layout, flat, rest)
+    h.mirror = Record(frm, world, -1, layout, flat, rest, h.generation)
     _pairwise(h.own.flat, to, flat, frm, _TAG_FLAT, group)
     h.mirror.index = index
 

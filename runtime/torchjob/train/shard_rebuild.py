@@ -40,6 +40,8 @@ class Plan:
 
     index: int
     old_world: int
+    generation: int
+    """The generation that took the records (with ``index``: one report of one group)."""
     holders: dict[int, int]
     """Old rank -> the rank (of the new group) whose memory gives its record."""
     from_mirror: tuple[int, ...]
@@ -56,13 +58,21 @@ class Fallback:
     reason: str
 
 
-def _summary(run: str) -> list[tuple[int, int, int, bool, Any]] | None:
-    """(old rank, its world, report index, own record, old rank 0's positions) per record."""
+def _summary(run: str) -> list[tuple[int, int, int, int, bool, Any]] | None:
+    """(old rank, its world, its generation, report index, own record, old rank 0's
+    positions) per complete record."""
     h = held(run)
     if h is None or not h.records():
         return None
     return [
-        (r.rank, r.world, r.index, r is h.own, _positions(r) if r.rank == 0 else None)
+        (
+            r.rank,
+            r.world,
+            r.generation,
+            r.index,
+            r is h.own,
+            _positions(r) if r.rank == 0 else None,
+        )
         for r in h.records()
     ]
 
@@ -86,27 +96,39 @@ def agree(run: str, rank: int, world: int) -> Plan | Fallback | None:
 
         everyone = [None] * world
         dist.all_gather_object(everyone, mine)
-    by_index: dict[tuple[int, int], dict[int, list[tuple[bool, int]]]] = {}
-    positions: dict[int, list[dict[str, Any]]] = {}
+    return choose(everyone)
+
+
+def choose(everyone: list[Any]) -> Plan | Fallback | None:
+    """:func:`agree`'s decision over every rank's ``_summary``: the newest report (index,
+    then generation) of one group whose every old rank's record is held, complete, by some
+    rank. Records of one report are never mixed with another's (nor with another
+    generation's of the same index and size)."""
+    Key = tuple[int, int, int]  # (index, generation, old world)
+    by_index: dict[Key, dict[int, list[tuple[bool, int]]]] = {}
+    positions: dict[Key, list[dict[str, Any]]] = {}
     for new_rank, records in enumerate(everyone):
-        for old, old_world, index, own, pos in records or []:
-            holders = by_index.setdefault((index, old_world), {}).setdefault(old, [])
+        for old, old_world, generation, index, own, pos in records or []:
+            key = (index, generation, old_world)
+            holders = by_index.setdefault(key, {}).setdefault(old, [])
             holders.append((not own, new_rank))  # own records first, then mirrors
             if pos is not None:
-                positions[index] = pos
+                positions[key] = pos
     if not by_index:
         return None
-    for (index, old_world), held_by in sorted(by_index.items(), reverse=True):
+    for key, held_by in sorted(by_index.items(), reverse=True):
+        index, generation, old_world = key
         if all(k in held_by for k in range(old_world)):
             chosen = {k: min(held_by[k]) for k in range(old_world)}
             return Plan(
                 index,
                 old_world,
+                generation,
                 {k: new_rank for k, (_, new_rank) in chosen.items()},
                 tuple(k for k, (mirrored, _) in chosen.items() if mirrored),
-                positions.get(index, []),
+                positions.get(key, []),
             )
-    (index, old_world), held_by = max(by_index.items())
+    (index, _, old_world), held_by = max(by_index.items())
     missing = [k for k in range(old_world) if k not in held_by]
     lost = ", ".join(f"{k} (mirrored by {(k - 1) % old_world})" for k in missing)
     reason = (
@@ -210,7 +232,9 @@ def restore(
     mine: dict[int, Record] = {}
     if h is not None:
         for rec in h.records():
-            if rec.index == plan.index and plan.holders.get(rec.rank) == rank:
+            same = (rec.index, rec.generation, rec.world)
+            ours = plan.holders.get(rec.rank) == rank
+            if ours and same == (plan.index, plan.generation, plan.old_world):
                 mine.setdefault(rec.rank, rec)
     _, leaves = split(restore_point.state_of(registered))
     given = {k: (r.layout, r.rest) for k, r in mine.items()}
