@@ -135,10 +135,7 @@ def train_func(config: dict) -> None:
             state.step += 1
             tokens += ids[:, 1:].numel() * ctx.get_world_size()
             stop = train.should_stop()  # collective: a preemption on any worker
-            # Done at the last step, unless --until-workers asks a shrunk run to keep training
-            # until the job is back at that size (the project's real-node test uses it).
-            done = state.step >= total and ctx.get_world_size() >= config["until_workers"]
-            if stop or done or state.step % config["checkpoint_every"] == 0:
+            if stop or state.step % config["checkpoint_every"] == 0 or state.step == total:
                 t = time.perf_counter()
                 metrics = {
                     "loss": round(loss.item(), 4),
@@ -149,7 +146,7 @@ def train_func(config: dict) -> None:
                 train.report(metrics, checkpoint=Checkpoint.from_state(state))
                 if ctx.get_world_rank() == 0:
                     print(f"{metrics} checkpoint stall {time.perf_counter() - t:.3f}s", flush=True)
-            if stop or done:
+            if stop or state.step >= total:
                 return
         state.extra["epoch"] += 1
 
@@ -183,12 +180,6 @@ def main() -> None:
         default=0.0,
         help="sleep this long in every step (a demo: time to preempt a pod by hand)",
     )
-    p.add_argument(
-        "--until-workers",
-        type=int,
-        default=0,
-        help="past --steps, keep training while fewer workers run (an elastic job that shrank)",
-    )
     p.add_argument("--name", default="finetune-fsdp")
     p.add_argument("--storage-path", default=None, help="fsspec URL or path (in a pod: the job's)")
     p.add_argument("--sync", action="store_true", help="report waits for each commit")
@@ -203,7 +194,6 @@ def main() -> None:
             "lr": args.lr,
             "model": {"layers": args.layers, "dim": args.dim},
             "step_seconds": args.step_seconds,
-            "until_workers": args.until_workers,
         },
         scaling_config=ScalingConfig(num_workers=args.workers),
         run_config=RunConfig(

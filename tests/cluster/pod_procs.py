@@ -26,10 +26,36 @@ def pod_processes(uid: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+def _ppid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # after "(comm)": state, then ppid
+
+
 def trainer_pid(uid: str) -> int | None:
-    """The pod's worker process (the rank that runs the training function: a fresh
-    interpreter, ``python -m torchjob.launch._entry``), if it runs."""
-    return next((pid for pid, cmd in pod_processes(uid) if "torchjob.launch._entry" in cmd), None)
+    """The pod's worker process (the rank that runs the training function), if it runs: a
+    spawned worker (``python -m torchjob.launch._entry``), or one forked by a zygote, which
+    shows its zygote's command line (``torchjob.launch._zygote_proc``, or the driver's for a
+    copy of the driver) and is the deepest process of the pod's tree (driver -> zygote ->
+    worker, at least two levels down)."""
+    procs = pod_processes(uid)
+    spawned = next((pid for pid, cmd in procs if "torchjob.launch._entry" in cmd), None)
+    if spawned is not None:
+        return spawned
+    in_pod = {pid for pid, _ in procs}
+    parents = {pid: _ppid(pid) for pid in in_pod}
+
+    def depth(pid: int) -> int:
+        n, seen = 0, set()
+        while (pid := parents.get(pid) or -1) in in_pod and pid not in seen:
+            seen.add(pid)
+            n += 1
+        return n
+
+    deepest = sorted(in_pod, key=lambda pid: (-depth(pid), pid))
+    return deepest[0] if deepest and depth(deepest[0]) >= 2 else None
 
 
 def drop_packets(pid: int) -> None:
