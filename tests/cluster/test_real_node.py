@@ -290,7 +290,7 @@ def test_the_fsdp_finetune_example_shrinks_and_grows_back_and_resumes_its_shards
     job grows back to 2 ranks, resharding again, and finishes at the last step."""
     job = yaml.safe_load((REPO / "examples" / "finetune_fsdp" / "job.yaml").read_text())
     spec = job["spec"]
-    steps = 300  # 0.2 s each: a minute at 1 rank leaves the replacement time to join
+    steps = 450  # 0.2 s each: 80 s at 1 rank leaves a loaded CI time for the replacement to join
     spec["nprocPerNode"] = 1
     spec["checkpoint"] = {"path": str(storage)}
     spec["failurePolicy"] = {"maxRestarts": 0}
