@@ -70,7 +70,7 @@ def _evict_after_epoch_3(jobs: Jobs, name: str, pod: str) -> None:
         name,
         lambda s: s if (s.get("progress") or {}).get("epoch", -1) >= 3 else None,
         "rank 0 to report epoch 3",
-        timeout=180,
+        timeout=400,
     )
     eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod))
     jobs.core.create_namespaced_pod_eviction(pod, jobs.ns, eviction)
@@ -83,7 +83,7 @@ def _wait_finished(jobs: Jobs, kubelet: ProcessKubelet, name: str) -> dict:
 
     return k.wait_for(  # type: ignore[no-any-return]
         finished,
-        300,
+        900,  # a wait, not a bound: at CI's load a two-generation job took over 300 s
         lambda: f"{name} job to finish\n{jobs.describe(name)}\n{kubelet.log_of(name)}",
         interval=0.5,
     )
@@ -190,7 +190,7 @@ def test_preempted_pod_stops_every_rank_at_one_checkpoint_and_the_job_resumes(
         "spot",
         lambda s: s if (s.get("progress") or {}).get("epoch", -1) >= 3 else None,
         "rank 0 to report epoch 3",
-        timeout=180,
+        timeout=400,
     )
     eviction = client.V1Eviction(
         metadata=client.V1ObjectMeta(name="spot-worker-1", namespace=jobs.ns)
@@ -236,7 +236,7 @@ def test_keep_survivors_the_surviving_pod_rejoins_the_next_generation(
         failurePolicy={"maxRestarts": 2, "backoff": {"initialSeconds": 1}},
     )
     jobs.apply(manifest)
-    survivor = jobs.wait_running_pods("keep", 2, generation=0, timeout=120)[0]
+    survivor = jobs.wait_running_pods("keep", 2, generation=0, timeout=300)[0]
     status = _wait_finished(jobs, kubelet, "keep")
     logs = {i: kubelet.log_of(f"keep-worker-{i}") for i in (0, 1)}
     assert status["phase"] == "Succeeded", f"{jobs.describe('keep')}\n{logs}"
@@ -269,7 +269,7 @@ def test_keep_survivors_a_preemption_costs_only_the_preempted_pod(
         failurePolicy={"maxRestarts": 0},
     )
     jobs.apply(manifest)
-    survivor = jobs.wait_running_pods("kept", 2, generation=0, timeout=120)[0]
+    survivor = jobs.wait_running_pods("kept", 2, generation=0, timeout=300)[0]
     _evict_after_epoch_3(jobs, "kept", "kept-worker-1")
 
     status = _wait_finished(jobs, kubelet, "kept")
@@ -312,7 +312,7 @@ def test_losing_pod_0_the_survivor_goes_on_as_rank_0_in_its_own_process(
         failurePolicy={"maxRestarts": 0},
     )
     jobs.apply(manifest)
-    pods = jobs.wait_running_pods("lead", 2, generation=0, timeout=120)
+    pods = jobs.wait_running_pods("lead", 2, generation=0, timeout=300)
     survivor = next(p for p in pods if p.metadata.name == "lead-worker-1")
     _evict_after_epoch_3(jobs, "lead", "lead-worker-0")
 
@@ -359,7 +359,7 @@ def test_a_warm_standby_takes_the_evicted_pods_place_and_a_new_standby_starts(
         "warm",
         lambda s: s if s.get("standbyWorkers") == 1 else None,
         "the standby to wait, ready",
-        timeout=180,
+        timeout=400,
     )
     pods = {p.metadata.name: p for p in jobs.core.list_namespaced_pod(jobs.ns).items}
     assert set(pods) == {"warm-worker-0", "warm-worker-1", "warm-worker-2"}, set(pods)
@@ -371,7 +371,7 @@ def test_a_warm_standby_takes_the_evicted_pods_place_and_a_new_standby_starts(
             s if s.get("currentGeneration", 0) >= 1 and s.get("standbyWorkers") == 1 else None
         ),
         "the new standby (pod 0) to wait, ready",
-        timeout=180,
+        timeout=400,
     )
 
     status = _wait_finished(jobs, kubelet, "warm")

@@ -1,5 +1,5 @@
-"""The zygote process (``python -m torchjob.launch._zygote_proc FD MODULE...``, or a fork of
-the driver): preload, then fork a worker per request and report each worker's exit status.
+"""The zygote process (a fresh interpreter running :func:`main` with ``FD MODULE...``, or a
+fork of the driver): preload, then fork a worker per request and report each worker's exit status.
 The driver's side, and why, is ``torchjob.launch.zygote``."""
 
 from __future__ import annotations
@@ -152,8 +152,3 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     serve(sock, argv[1:])
     return 0
-
-
-if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    os._exit(code)

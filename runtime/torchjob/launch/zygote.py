@@ -49,6 +49,10 @@ from torchjob.launch.errors import EXIT_UNKNOWN
 
 log = logging.getLogger(__name__)
 
+_FRESH_MAIN = (
+    "import os, sys\nfrom torchjob.launch._zygote_proc import main\nos._exit(main(sys.argv[1:]))\n"
+)
+
 Kind = Literal["copy", "fresh"]
 BASE_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torchjob.train._worker_loop")
 
@@ -119,13 +123,15 @@ class Zygote:
 
     @classmethod
     def fresh(cls, preload: Iterable[str] = ()) -> Zygote:
-        """Start the zygote as a fresh interpreter (``python -m torchjob.launch._zygote_proc``)."""
+        """Start the zygote as a fresh interpreter that runs ``_zygote_proc.main``."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         package_root = str(Path(__file__).resolve().parents[2])
         path = os.pathsep.join([package_root, *filter(None, [os.environ.get("PYTHONPATH")])])
         names = list(dict.fromkeys([*BASE_PRELOAD, *preload]))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "torchjob.launch._zygote_proc", str(theirs.fileno()), *names],
+            # -c, not -m: torchjob.launch imports _zygote_proc, and runpy would run it a second
+            # time as __main__ (a RuntimeWarning on every pod's stderr, and two copies).
+            [sys.executable, "-c", _FRESH_MAIN, str(theirs.fileno()), *names],
             pass_fds=[theirs.fileno()],
             env={**os.environ, "PYTHONPATH": path},
             start_new_session=True,
