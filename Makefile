@@ -47,7 +47,7 @@ testbin: ## build (or reuse) the pinned control-plane binaries from the Go modul
 	hack/build-testbin.sh
 
 .PHONY: test
-test: venv testbin ## run the whole suite: unit/runtime (multi-process torch), cluster, real-node and pod (own clusters) tests, four sessions at once
+test: venv testbin ## run the whole suite: unit/runtime (multi-process torch), cluster, real-node and pod (own clusters) tests, five sessions at once
 	PY=$(PY) hack/test.sh
 
 .PHONY: test-cluster

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from torchjob.checkpoint import CheckpointError, CheckpointStorage
-from torchjob.checkpoint.background import BackgroundCommitter, stage
+from torchjob.checkpoint.background import BackgroundCommitter, stage, sweep_orphans
 
 
 def _user_dir(root: Path, i: int, size: int = 1000) -> str:
@@ -106,6 +107,12 @@ def test_sigkill_during_a_background_commit_never_leaves_a_committed_partial(
             assert {data[0] for data in files.values()} == {ckpt.metrics["i"] % 256}
         storage.remove_incomplete()
         assert not [n for n in os.listdir(run) if n.startswith(".tmp-")]
+    # A killed saver's staging directory (beside its temporary directories; there when the
+    # kill landed mid-commit) is removed by the next stage() there; the one in flight stays.
+    ours = stage(_user_dir(scratch, 99))
+    assert [n for n in os.listdir(scratch) if n.startswith(".torchjob-staged-")] == [
+        os.path.basename(ours)
+    ]
 
 
 def test_a_file_rewritten_in_place_during_its_commit_is_an_error_not_a_checkpoint(
@@ -140,3 +147,19 @@ def test_a_file_rewritten_in_place_during_its_commit_is_an_error_not_a_checkpoin
         committer.wait()
     assert rewritten and "async_commit=False" in str(info.value)
     assert storage.list_committed() == []
+
+
+def test_only_this_hosts_staging_directories_of_dead_pids_are_swept(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname()
+    names = [
+        f".torchjob-staged-{host}_{dead.pid}_x",  # killed mid-commit: swept
+        f".torchjob-staged-{host}_{os.getpid()}_x",  # in flight here: kept
+        f".torchjob-staged-{host}-1_{dead.pid}_x",  # another pod's, over a shared filesystem
+        ".torchjob-staged-abc123",  # an older release's name: no owner to check
+    ]
+    for name in names:
+        (tmp_path / name).mkdir()
+    assert sweep_orphans(str(tmp_path)) == [names[0]]
+    assert sorted(os.listdir(tmp_path)) == sorted(names[1:])

@@ -12,13 +12,15 @@ At most one commit is in flight: ``submit`` waits for the previous one first, so
 disk stay bounded and checkpoints commit in the order they were reported. ``wait()`` drains
 and re-raises a failed commit's error; a process killed mid-commit leaves at most a
 ``.tmp-checkpoint_*`` directory, which readers ignore (storage.py), never a checkpoint that
-looks committed and is not complete.
+looks committed and is not complete. Its staging directory (named after its host and pid) is
+removed by the next ``stage()`` beside it on that host.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
 import threading
 from collections.abc import Callable
@@ -53,10 +55,51 @@ def _unchanged_since(staged: str, before: dict[str, tuple[int, int]], origin: st
         )
 
 
+_STAGED = ".torchjob-staged-"
+
+
+def _owner_prefix() -> str:
+    """The staging prefix of this process: host and pid, so that a later process on the same
+    host can tell a directory left by a killed one from one still in use."""
+    return f"{_STAGED}{socket.gethostname()}_{os.getpid()}_"  # no hostname has a "_"
+
+
+def sweep_orphans(parent: str) -> list[str]:
+    """Remove the staging directories in ``parent`` that a process of this host left when it
+    was killed mid-commit (SIGKILL, OOM: nothing ran to clean up), and return their names.
+    Only this host's, and only a pid that no longer runs: a pod that shares ``parent`` over a
+    network filesystem has another hostname, and a live pid's directory may be in flight."""
+    host = f"{_STAGED}{socket.gethostname()}_"
+    removed = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        pid_text = name[len(host) :].split("_", 1)[0]
+        if not name.startswith(host) or not pid_text.isdigit() or _alive(int(pid_text)):
+            continue
+        shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
 def stage(local_dir: str) -> str:
-    """A new directory beside ``local_dir`` holding the same files (hard links, else copies)."""
+    """A new directory beside ``local_dir`` holding the same files (hard links, else copies).
+    Staging directories that killed processes of this host left there go first."""
     parent = os.path.dirname(os.path.abspath(local_dir))
-    staged = tempfile.mkdtemp(prefix=".torchjob-staged-", dir=parent)
+    sweep_orphans(parent)
+    staged = tempfile.mkdtemp(prefix=_owner_prefix(), dir=parent)
     for root, _dirs, files in os.walk(local_dir):
         rel_root = os.path.relpath(root, local_dir)
         for name in files:
