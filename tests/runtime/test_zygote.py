@@ -82,7 +82,7 @@ def test_a_killed_workers_signal_reaches_the_driver_and_a_dead_zygote_falls_back
 
 _TOUCHED = textwrap.dedent(
     """
-    import json, sys
+    import json, os, sys
     import torch
     from torchjob.launch import WorkerGroup, cuda_guard, zygote
 
@@ -95,11 +95,23 @@ _TOUCHED = textwrap.dedent(
     torch.cuda.is_available()
     out["is_available"] = cuda_guard.cuda_touched()
     # This driver cannot be copied; the fresh zygote imports a module that asks torch.cuda
-    # too (as some libraries do at import): it refuses, and the worker is spawned instead.
+    # too (as many training scripts do at import): it refuses, and a zygote of torch alone
+    # takes its place.
     out["kind"] = zygote.prepare([sys.argv[1]])
+    first = zygote._ZYGOTES["fresh"]
     with WorkerGroup(1, backend="gloo") as g:
         out["method"] = g.start_method
-    out["dead"] = zygote._ZYGOTES["fresh"].dead
+        out["ppid"] = g.execute(os.getppid)[0]
+    out["dead"] = first.dead
+    second = zygote._ZYGOTES["fresh"]
+    out["second"] = [second.pid, second.extra, second.dead]
+    # A failed attempt to initialize CUDA (no GPU here) leaves no flag in this process, but
+    # its children are bad forks: the guard asks one.
+    try:
+        torch.cuda.current_device()
+    except Exception:
+        pass
+    out["failed_init"] = [cuda_guard.cuda_touched(), cuda_guard.cuda_touched(probe_fork=True)]
     print(json.dumps(out))
     """
 )
@@ -113,6 +125,10 @@ def test_a_process_that_asked_torch_cuda_is_never_forked(tmp_path: Path) -> None
     assert out["device_count"] == [False, "torch.cuda.is_available()/device_count() was called"]
     assert out["is_available"] == "torch.cuda.is_available()/device_count() was called"
     assert out["kind"] == "fresh"
-    assert out["method"] == "spawn"
     assert "it touched CUDA" in str(out["dead"])
-    assert "starting workers as fresh interpreters" in stderr
+    second_pid, extra, dead = out["second"]
+    assert out["method"] == "zygote" and out["ppid"] == second_pid, out
+    assert extra == [] and dead is None, out["second"]
+    assert "starting workers as fresh interpreters" not in stderr
+    if not out["failed_init"][0]:  # on a GPU-less host (CI): only the probe sees it
+        assert "tried to initialize CUDA" in out["failed_init"][1], out["failed_init"]

@@ -96,7 +96,8 @@ def current_choice(
         use_gpu=use_gpu,
         backend=backend,
         torch_imported="torch" in sys.modules,
-        cuda_touched=cuda_touched() is not None,
+        # the probe forks: only where the driver itself is about to be forked
+        cuda_touched=cuda_touched(probe_fork=env.get(ENV_START) == "fork") is not None,
         other_threads=threading.active_count() - 1,
     )
 

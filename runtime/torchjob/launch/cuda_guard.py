@@ -6,11 +6,15 @@ without initializing ``torch.cuda`` (pytorch issue 68861), and a child forked af
 fails at its first CUDA call, or sees the parent's devices. :func:`cuda_touched` looks at
 every trace such a call leaves: ``torch.cuda``'s own flags and cache, the calls the
 :func:`install_tripwire` wrapper counted, and the CUDA driver library mapped into the process
-(whoever loaded it: torch, CuPy, JAX, NVML-free probes).
+(whoever loaded it: torch, CuPy, JAX, NVML-free probes), and, last, whether torch poisoned
+``fork`` (:func:`fork_poisoned`): an attempt to initialize ``torch.cuda`` that *failed* (no GPU:
+``torch.cuda.current_device()``, ``_lazy_init()``) sets none of those flags, yet every child
+forked afterwards is a "bad fork" that cannot use CUDA and that a zygote must refuse to be.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -42,10 +46,12 @@ def libcuda_loaded(maps: str) -> bool:
     return "/libcuda.so" in maps
 
 
-def cuda_touched() -> str | None:
+def cuda_touched(*, probe_fork: bool = False) -> str | None:
     """Why this process must not be forked for a worker, or None: CUDA initialized (or this
-    is a bad fork), the device count cached, a device-count call seen by the tripwire, or the
-    CUDA driver (``libcuda``) loaded into the process by anything at all."""
+    is a bad fork), the device count cached, a device-count call seen by the tripwire, the
+    CUDA driver (``libcuda``) loaded into the process by anything at all, or (``probe_fork``:
+    where a process is about to be copied, not on every request) fork poisoned by a failed
+    CUDA initialization."""
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
     if cuda is not None:
@@ -63,7 +69,39 @@ def cuda_touched() -> str | None:
         maps = ""
     if libcuda_loaded(maps):
         return "the CUDA driver (libcuda) is loaded in this process"
+    if probe_fork and cuda is not None and fork_poisoned(cuda):
+        return "torch tried to initialize CUDA in this process (a child would be a bad fork)"
     return None
+
+
+def fork_poisoned(cuda: object) -> bool:
+    """Whether a child forked now would be a "bad fork" for ``torch.cuda`` (torch's at-fork
+    handler, installed by its first attempt to initialize CUDA, successful or not, marks the
+    child). The mark shows only in a child, so ask one: it reads the flag and exits at once
+    (a few milliseconds; only where torch.cuda is imported and no other check already said
+    so)."""
+    in_bad_fork = getattr(cuda, "_is_in_bad_fork", None)
+    if in_bad_fork is None or not hasattr(os, "fork"):
+        return False
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return False
+    if pid == 0:  # the child: only the flag, then out without any cleanup
+        try:
+            os.write(w, b"1" if in_bad_fork() else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        answer = os.read(r, 1)
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    return answer == b"1"
 
 
 def copyable(*, platform: str, touched: str | None, other_threads: int) -> str | None:

@@ -84,6 +84,9 @@ class Zygote:
     def __init__(self, kind: Kind, sock: socket.socket, proc: Any, omp_clean: bool) -> None:
         self.kind = kind
         self.sock = sock
+        self.extra: tuple[str, ...] = ()
+        """What a fresh zygote imported beyond torch and the worker loop: the training
+        function's modules."""
         self.proc = proc  # a Popen (fresh) or a pid (copy)
         self.omp_clean = omp_clean
         """No OpenMP pool can exist in the zygote: its workers may run any number of threads
@@ -137,7 +140,9 @@ class Zygote:
             start_new_session=True,
         )
         theirs.close()
-        return cls("fresh", ours, proc, omp_clean=True)
+        zygote = cls("fresh", ours, proc, omp_clean=True)
+        zygote.extra = tuple(n for n in names if n not in BASE_PRELOAD)
+        return zygote
 
     def alive(self) -> bool:
         self.pump(0)
@@ -306,7 +311,9 @@ def prepare(preload: Iterable[str] = ()) -> Kind | None:
         return "copy" if live else None
     install_tripwire()
     why = copyable(
-        platform=sys.platform, touched=cuda_touched(), other_threads=threading.active_count() - 1
+        platform=sys.platform,
+        touched=cuda_touched(probe_fork=True),
+        other_threads=threading.active_count() - 1,
     )
     if why is None:
         _ZYGOTES["copy"] = Zygote.copy()
@@ -327,11 +334,23 @@ def start(env: Mapping[str, str]) -> tuple[ZygoteProcess | None, str]:
         chosen = copy
     else:  # made once; a zygote that died is not replaced (its workers spawn instead)
         chosen = _ZYGOTES.get("fresh") or _ZYGOTES.setdefault("fresh", Zygote.fresh(_PRELOAD))
-    if chosen.alive():
-        try:
-            return chosen.fork(env), f"forked from the {chosen.kind} zygote (pid {chosen.pid})"
-        except ZygoteError:
-            pass
+    for _ in range(2):
+        if chosen.alive():
+            try:
+                return chosen.fork(env), f"forked from the {chosen.kind} zygote (pid {chosen.pid})"
+            except ZygoteError:
+                pass
+        if chosen.kind != "fresh" or not chosen.extra or chosen.dead == "closed":
+            break
+        # One of the training function's modules asked torch.cuda at import (a module-level
+        # ``torch.cuda.is_available()`` is common) or started a thread: that zygote may not
+        # fork. Once, a zygote of torch alone instead (the workers import those modules).
+        log.info(
+            "torchjob: the zygote that imported %s cannot fork (%s); a zygote without them",
+            ", ".join(chosen.extra),
+            chosen.dead,
+        )
+        chosen = _ZYGOTES["fresh"] = Zygote.fresh(())
     why = f"the {chosen.kind} zygote (pid {chosen.pid}) is unusable: {chosen.dead}"
     if why not in _WARNED:
         _WARNED.add(why)
