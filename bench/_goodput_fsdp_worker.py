@@ -16,27 +16,11 @@ import time
 
 T0 = time.time()
 
-import json  # noqa: E402
-import os  # noqa: E402
-import socket  # noqa: E402
 import sys  # noqa: E402
 
-EVENTS = sys.argv[1]
+from _goodput_events import Events  # noqa: E402  (the standard library only: T0 stays first)
 
-
-def emit(ev: str, **fields: object) -> None:
-    line = {
-        "ev": ev,
-        "t": time.time(),
-        "pod": socket.gethostname(),
-        "gen": int(os.environ.get("TORCHJOB_GENERATION", "0")),
-        "pid": os.getpid(),
-        **fields,
-    }
-    with open(EVENTS, "a") as f:  # O_APPEND: one short line per write
-        f.write(json.dumps(line) + "\n")
-
-
+emit = Events(sys.argv[1]).emit
 emit("start", t_start=T0)
 
 import torch  # noqa: E402

@@ -49,11 +49,11 @@ if len(sys.argv) > 1 and sys.argv[1] == "--torchrun":
     torchrun(sys.argv[2:])
     sys.exit(0)
 
-import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
-import socket  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+from _goodput_events import Events  # noqa: E402  (the standard library only: T0 stays first)
 
 EVENTS = Path(sys.argv[1])
 STORE = EVENTS.parent / "checkpoints"
@@ -67,16 +67,9 @@ def _read_gen() -> int:
         return -1
 
 
-GEN = _read_gen() + 1  # the group this process expects to join; rank 0 settles it below
-
-
-def emit(ev: str, **fields: object) -> None:
-    line = {"ev": ev, "t": time.time(), "pod": socket.gethostname(), "gen": GEN, "pid": os.getpid()}
-    line.update(fields)
-    with EVENTS.open("a") as f:  # O_APPEND: one short line per write
-        f.write(json.dumps(line) + "\n")
-
-
+# The group this process expects to join; rank 0 settles it in main().
+events = Events(EVENTS, gen=_read_gen() + 1)
+emit = events.emit
 emit("start", t_start=T0)
 
 import torch  # noqa: E402
@@ -94,7 +87,6 @@ def on_sigterm(_signum: int, _frame: object) -> None:
 
 
 def main() -> None:
-    global GEN
     signal.signal(signal.SIGTERM, on_sigterm)
     step_seconds, ckpt_every = float(sys.argv[2]), int(sys.argv[3])
     max_steps, batch = int(sys.argv[4]), int(sys.argv[5])
@@ -107,7 +99,7 @@ def main() -> None:
         tmp.write_text(str(int(gen[0])))
         os.replace(tmp, GEN_FILE)
     dist.broadcast(gen, 0)
-    GEN = int(gen[0])
+    events.gen = int(gen[0])
     emit("group", rank=rank, world=world)
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 1))
