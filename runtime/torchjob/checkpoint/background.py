@@ -70,7 +70,7 @@ def sweep_orphans(parent: str) -> list[str]:
     Only this host's, and only a pid that no longer runs: a pod that shares ``parent`` over a
     network filesystem has another hostname, and a live pid's directory may be in flight."""
     host = f"{_STAGED}{socket.gethostname()}_"
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(parent)
     except OSError:
