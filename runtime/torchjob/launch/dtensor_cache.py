@@ -27,7 +27,7 @@ def forget() -> None:
 
     cached = DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding
     # torch >= 2.7: LocalLRUCache.cache_clear(); torch 2.6: only its ``cache`` (an lru_cache).
-    clear = getattr(cached, "cache_clear", None) or getattr(cached, "cache").cache_clear
+    clear = getattr(cached, "cache_clear", None) or cached.cache.cache_clear
     clear()
     fast_path = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
     if fast_path is not None:  # the C++ dispatch fast path's own cache (newer torch)
