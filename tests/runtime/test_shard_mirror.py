@@ -31,6 +31,7 @@ from tests.kube import wait_for
 
 import torchjob.launch
 import torchjob.train
+from torchjob.checkpoint import CheckpointStorage
 from torchjob.train import (
     Checkpoint,
     CheckpointConfig,
@@ -149,7 +150,9 @@ def test_fsdp_shrinks_4_3_2_and_grows_to_4_from_the_mirror_without_storage(
 ) -> None:
     config = {
         "dir": str(tmp_path),
-        "checkpoint_at": [2, 7],  # committed checkpoints exist: the mirror must win over them
+        # Committed checkpoints exist: the mirror must win over them. Step 10 is saved after
+        # the grow, by a survivor whose rank changed (rank 2 at 4 ranks, now rank 1).
+        "checkpoint_at": [2, 7, 10],
         "kill": [(0, 3, 1, None), (1, 5, 2, None)],  # gen 0: rank 1 after step 3; gen 1: 2 after 5
         "grow_after": (2, 7),
     }
@@ -185,6 +188,10 @@ def test_fsdp_shrinks_4_3_2_and_grows_to_4_from_the_mirror_without_storage(
     assert f"(report {grown}, 2 -> 4 ranks, old rank(s) none from their mirror" in log
     assert log.count("storage was not read") == 3
     torch.testing.assert_close(torch.load(tmp_path / "final.pt"), reference(), rtol=1e-4, atol=1e-5)
+    # The grown group's sharded save committed every shard (a survivor's DTensor specs cached
+    # in an earlier generation once held its old mesh coordinate: the save's plan failed).
+    latest = CheckpointStorage(str(tmp_path / "runs" / "mirror")).list_committed()[-1]
+    assert (latest.metrics["step"], latest.metrics["world"]) == (STEPS, 4), latest.metrics
 
 
 def test_losing_a_shard_and_its_mirror_falls_back_to_storage(

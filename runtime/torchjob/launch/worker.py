@@ -305,6 +305,9 @@ def _form(init: dict[str, Any]) -> None:
     """Join this generation's process group (as the environment names it) and set ``_INFO``."""
     global _INFO
     device = _init_process_group(init)
+    from torchjob.launch import dtensor_cache
+
+    dtensor_cache.forget()  # specs cached in an earlier generation hold that one's coordinate
     _INFO = WorkerInfo(
         rank=int(os.environ["RANK"]),
         local_rank=int(os.environ["LOCAL_RANK"]),
