@@ -15,7 +15,11 @@ when the group is formed costs one miss per operator in the new generation.
 
 from __future__ import annotations
 
+import logging
 import sys
+
+log = logging.getLogger(__name__)
+_WARNED: list[str] = []
 
 
 def forget() -> None:
@@ -25,10 +29,19 @@ def forget() -> None:
     import torch
     from torch.distributed.tensor import DTensor
 
-    cached = DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding
-    # torch >= 2.7: LocalLRUCache.cache_clear(); torch 2.6: only its ``cache`` (an lru_cache).
-    clear = getattr(cached, "cache_clear", None) or cached.cache.cache_clear
-    clear()
+    try:  # torch's private names: a torch that moved them must not stop the group forming
+        cached = DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding
+        # torch >= 2.7: LocalLRUCache.cache_clear(); torch 2.6: only its ``cache`` (an lru_cache).
+        clear = getattr(cached, "cache_clear", None) or cached.cache.cache_clear
+        clear()
+    except AttributeError as exc:
+        if not _WARNED:
+            _WARNED.append(str(exc))
+            log.warning(
+                "torchjob: cannot clear DTensor's sharding cache on this torch (%s): a rank "
+                "that changes in place may keep its old mesh coordinate",
+                exc,
+            )
     fast_path = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
     if fast_path is not None:  # the C++ dispatch fast path's own cache (newer torch)
         fast_path()
