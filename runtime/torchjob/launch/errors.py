@@ -146,3 +146,34 @@ class CollectiveTimeoutError(LaunchError):
 
 def _rebuild_timeout(rank: int, hung: list[int], detail: str) -> CollectiveTimeoutError:
     return CollectiveTimeoutError(rank, hung_ranks=hung, detail=detail)
+
+
+_PEER_MARKERS = (
+    "connection closed by peer",
+    "connection reset",
+    "broken pipe",
+    "socket closed",
+    "communicator was aborted",
+    "connection refused",
+    "end of file",
+)
+_TIMEOUT_MARKERS = ("timed out", "timeout", "watchdog caught collective operation")
+
+
+def classify_failure(exc: BaseException) -> str:
+    """What a worker's exception means (pure): ``"timeout"`` (a collective timed out),
+    ``"peer"`` (a consequence of another rank's failure: its socket closed, its store gone)
+    or ``"user"`` (the training function's own error)."""
+    text = f"{type(exc).__name__}: {exc}".lower()
+    dist_error = type(exc).__name__ in {"DistBackendError", "DistNetworkError", "DistStoreError"}
+    if any(m in text for m in _TIMEOUT_MARKERS) and (
+        dist_error or "gloo" in text or "nccl" in text
+    ):
+        return "timeout"
+    if any(m in text for m in _PEER_MARKERS) and (
+        dist_error or "gloo" in text or "nccl" in text or "store" in text
+    ):
+        return "peer"
+    if dist_error:
+        return "peer"
+    return "user"

@@ -29,6 +29,8 @@ from typing import Any
 
 import cloudpickle
 
+from torchjob.launch.errors import classify_failure
+
 # Environment variables the driver gives each worker (besides the torchrun ones).
 ENV_DRIVER_ADDR = "TORCHJOB_LAUNCH_DRIVER"
 ENV_TOKEN = "TORCHJOB_LAUNCH_TOKEN"
@@ -100,35 +102,6 @@ def send_event(payload: Any) -> bool:
     with _SEND_LOCK:
         _CONN.send(("event", _TASK_ID[0], data))
     return True
-
-
-_PEER_MARKERS = (
-    "connection closed by peer",
-    "connection reset",
-    "broken pipe",
-    "socket closed",
-    "communicator was aborted",
-    "connection refused",
-    "end of file",
-)
-_TIMEOUT_MARKERS = ("timed out", "timeout", "watchdog caught collective operation")
-
-
-def classify_failure(exc: BaseException) -> str:
-    """``"timeout"``, ``"peer"`` (a consequence of another rank's failure) or ``"user"``."""
-    text = f"{type(exc).__name__}: {exc}".lower()
-    dist_error = type(exc).__name__ in {"DistBackendError", "DistNetworkError", "DistStoreError"}
-    if any(m in text for m in _TIMEOUT_MARKERS) and (
-        dist_error or "gloo" in text or "nccl" in text
-    ):
-        return "timeout"
-    if any(m in text for m in _PEER_MARKERS) and (
-        dist_error or "gloo" in text or "nccl" in text or "store" in text
-    ):
-        return "peer"
-    if dist_error:
-        return "peer"
-    return "user"
 
 
 def _watch_parent(driver_pid: int) -> None:
