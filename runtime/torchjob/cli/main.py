@@ -16,12 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchjob.client.errors import TorchJobClientError, TorchJobInvalid
-from torchjob.client.manifest import (
-    ManifestError,
-    check_manifest,
-    load_manifest,
-    read_documents,
-)
+from torchjob.client.manifest import ManifestError, check_manifest, load_manifest, read_documents
 from torchjob.client.runtimes import with_runtime
 
 EXIT_API_ERROR = 1
