@@ -40,7 +40,7 @@ run() {
   local name="$1"
   shift
   "${PY}" -m pytest --basetemp="${BASE}/${name}" -o cache_dir=".pytest_cache/${name}" "$@" 2>&1 \
-    | sed -u "s/^/[${name}] /"
+    | tee "${BASE}/${name}.out" | sed -u "s/^/[${name}] /"
   return "${PIPESTATUS[0]}"
 }
 
@@ -71,6 +71,11 @@ pods_rc=0
 wait "${pods_pid}" || pods_rc=$?
 runtime_rc=0
 wait "${runtime_pid}" || runtime_rc=$?
+# The five sessions' output interleaves, and a CI page often shows only the end of the log:
+# name every failed or erroring test again, last.
+for name in rest runtime cluster e2e pods; do
+  grep -E "^(FAILED|ERROR) " "${BASE}/${name}.out" 2>/dev/null | sed "s/^/[${name}] /"
+done
 echo "make test: rest (unit, gpu, runtime a-r) exit ${rest_rc}; runtime (s-z) exit ${runtime_rc};" \
   "cluster exit ${cluster_rc}; e2e exit ${e2e_rc}; pods exit ${pods_rc}; $(($(date +%s) - start))s"
 # pytest's 5 (nothing collected) is a failure too.
