@@ -65,8 +65,30 @@ healthy() {
 }
 
 kwokctl() {
-  # 8>&-: the control-plane processes kwokctl starts must not inherit (and hold) the lock.
-  "${KWOKCTL}" --name "${NAME}" "$@" 8>&-
+  # 8>&- 9>&-: the control-plane processes kwokctl starts must not inherit (and hold) the locks.
+  "${KWOKCTL}" --name "${NAME}" "$@" 8>&- 9>&-
+}
+
+# kwokctl (v0.8.0) picks a cluster's ports by counting down from 32767 and taking the first
+# one nobody listens on *yet*: two clusters created at the same moment (make test creates three
+# at once) get the same ports, and the second one's etcd or kube-apiserver cannot bind. Creating
+# clusters one at a time, each until its components listen, makes that impossible.
+create_lock() {
+  if command -v flock >/dev/null 2>&1; then
+    exec 9>"${KWOK_WORKDIR}/.create-lock"
+    flock -w 300 9 || die "could not lock ${KWOK_WORKDIR}/.create-lock within 300s"
+  fi
+}
+create_unlock() { exec 9>&-; }
+
+# The end of each component's log, for an error message that says why a create failed.
+component_logs() {
+  local f
+  for f in "${CLUSTER_DIR}"/logs/*.log; do
+    [[ -f "${f}" ]] || continue
+    printf '[cluster] --- %s (last lines)\n' "${f##*/}" >&2
+    tail -n 5 "${f}" >&2
+  done
 }
 
 # wait_until <seconds> <description> <command...>
@@ -204,44 +226,63 @@ cmd_up() {
   fi
   if healthy; then
     log "cluster '${NAME}' is running; (re)applying its nodes"
-  elif [[ -f "${CLUSTER_DIR}/kwok.yaml" ]] && kwokctl start cluster >/dev/null 2>&1 &&
-    wait_until 60 "the restarted kube-apiserver" healthy; then
-    log "cluster '${NAME}' restarted"
   else
-    [[ -d "${CLUSTER_DIR}" ]] && { log "removing a broken cluster '${NAME}'"; cmd_down; }
-    mkdir -p "${KWOK_WORKDIR}"
-    log "creating cluster '${NAME}' (Kubernetes ${KUBE_VERSION}, etcd ${ETCD_VERSION}, kwok ${KWOK_VERSION})"
-    # --kubeconfig "" keeps kwokctl away from ~/.kube/config.
-    KWOK_KUBECTL_BINARY="${KUBECTL}" kwokctl create cluster \
-      --runtime binary \
-      --kubeconfig "" \
-      --kube-apiserver-binary "${KUBE_DIR}/kube-apiserver" \
-      --kube-controller-manager-binary "${KUBE_DIR}/kube-controller-manager" \
-      --kube-scheduler-binary "${KUBE_DIR}/kube-scheduler" \
-      --etcd-binary "${ETCD_DIR}/etcd" \
-      --kwok-controller-binary "${KWOK_DIR}/kwok" \
-      --kube-authorization=true \
-      --kube-admission=true \
-      --disable-qps-limits \
-      --heartbeat-factor 1 \
-      --extra-args kwok-controller=manage-all-nodes=false \
-      --extra-args kube-apiserver=kubelet-preferred-address-types=InternalIP,Hostname \
-      --extra-args "kwok-controller=manage-nodes-with-annotation-selector=${KWOK_NODE_ANNOTATION}" \
-      --config "${HACK_DIR}/kwok/stages.yaml" \
-      --config "$(logs_config)" \
-      --config "$(node_config)" \
-      --timeout 5m \
-      --wait 2m >"${KWOK_WORKDIR}/${NAME}-create.log" 2>&1 || {
-      cat "${KWOK_WORKDIR}/${NAME}-create.log" >&2
-      die "kwokctl create cluster failed; logs: ${CLUSTER_DIR}/logs"
-    }
-    config_digest >"${DIGEST_FILE}"
-    wait_until 60 "kube-apiserver" healthy
+    # A restart binds the ports chosen at creation, so it is serialized with creations too.
+    create_lock
+    if [[ -f "${CLUSTER_DIR}/kwok.yaml" ]] && kwokctl start cluster >/dev/null 2>&1 &&
+      wait_until 60 "the restarted kube-apiserver" healthy; then
+      log "cluster '${NAME}' restarted"
+    else
+      [[ -d "${CLUSTER_DIR}" ]] && { log "removing a broken cluster '${NAME}'"; cmd_down; }
+      if ! create_cluster; then
+        # One more try from nothing: a port that something else took between kwokctl's check
+        # and its component's bind is the likely cause, and the next try picks other ports.
+        log "kwokctl create cluster failed; its log and the components' logs:"
+        cat "${KWOK_WORKDIR}/${NAME}-create.log" >&2
+        component_logs
+        log "deleting cluster '${NAME}' and creating it again"
+        cmd_down
+        if ! create_cluster; then
+          cat "${KWOK_WORKDIR}/${NAME}-create.log" >&2
+          component_logs
+          die "kwokctl create cluster '${NAME}' failed twice (its output and the components' logs are above)"
+        fi
+      fi
+      config_digest >"${DIGEST_FILE}"
+      wait_until 60 "kube-apiserver" healthy
+    fi
+    create_unlock
   fi
   ensure_nodes
   wait_until 60 "the default ServiceAccount (kube-controller-manager)" default_sa_exists
   log "ready in $((($(now_ms) - start)))ms; export KUBECONFIG=${KUBECONFIG_PATH}"
   echo "${KUBECONFIG_PATH}"
+}
+
+create_cluster() {
+  mkdir -p "${KWOK_WORKDIR}"
+  log "creating cluster '${NAME}' (Kubernetes ${KUBE_VERSION}, etcd ${ETCD_VERSION}, kwok ${KWOK_VERSION})"
+  # --kubeconfig "" keeps kwokctl away from ~/.kube/config.
+  KWOK_KUBECTL_BINARY="${KUBECTL}" kwokctl create cluster \
+    --runtime binary \
+    --kubeconfig "" \
+    --kube-apiserver-binary "${KUBE_DIR}/kube-apiserver" \
+    --kube-controller-manager-binary "${KUBE_DIR}/kube-controller-manager" \
+    --kube-scheduler-binary "${KUBE_DIR}/kube-scheduler" \
+    --etcd-binary "${ETCD_DIR}/etcd" \
+    --kwok-controller-binary "${KWOK_DIR}/kwok" \
+    --kube-authorization=true \
+    --kube-admission=true \
+    --disable-qps-limits \
+    --heartbeat-factor 1 \
+    --extra-args kwok-controller=manage-all-nodes=false \
+    --extra-args kube-apiserver=kubelet-preferred-address-types=InternalIP,Hostname \
+    --extra-args "kwok-controller=manage-nodes-with-annotation-selector=${KWOK_NODE_ANNOTATION}" \
+    --config "${HACK_DIR}/kwok/stages.yaml" \
+    --config "$(logs_config)" \
+    --config "$(node_config)" \
+    --timeout 5m \
+    --wait 2m >"${KWOK_WORKDIR}/${NAME}-create.log" 2>&1
 }
 
 cmd_down() {

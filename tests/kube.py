@@ -580,7 +580,10 @@ def cluster_up(timeout: float = 300.0) -> Path:
         ["bash", str(CLUSTER_SH), "up"], capture_output=True, text=True, timeout=timeout
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"hack/cluster.sh up failed ({proc.returncode}):\n{proc.stderr}")
+        # The cause first: a CI page that shows one line per failed test shows this one.
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        cause = next((ln for ln in reversed(lines) if "error:" in ln), lines[-1] if lines else "")
+        raise RuntimeError(f"hack/cluster.sh up failed ({proc.returncode}): {cause}\n{proc.stderr}")
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
