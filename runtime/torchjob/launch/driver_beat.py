@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from torchjob.launch.heartbeat import silent_after_s
+from torchjob.launch.heartbeat import beat_interval_s, silent_after_s
 
 
 def process_runs(pid: int) -> bool:
@@ -77,7 +77,7 @@ class DriverBeat:
             port=placement.master_port,
             generation=placement.generation,
             ranks={w.rank: w.proc.pid for w in workers},
-            interval_s=min(1.0, after / 4),
+            interval_s=beat_interval_s(after),
         )
         beat._thread.start()
         return beat
