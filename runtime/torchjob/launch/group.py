@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import cloudpickle
 
-from torchjob.launch import _start, nccl, zygote
+from torchjob.launch import _start, abort, nccl, zygote
 from torchjob.launch.errors import LaunchError, WorkerDiedError
 from torchjob.launch.execution import Execution, WorkerHandle
 from torchjob.launch.placement import Placement
@@ -175,10 +175,14 @@ class WorkerGroup:
         )
 
     def peer_lost(self) -> None:
-        """A worker died (:class:`Execution`): an NCCL group's survivors are told to abort
-        their communicators, which would otherwise wait on it until the timeout."""
-        if self._backend == "nccl" and nccl.enabled() and (p := self._placement).master_port:
-            nccl.request_abort(p.master_addr, p.master_port, p.generation)
+        """A worker died (:class:`Execution`): the survivors are told to leave the group at
+        once (``torchjob.launch.abort``): a gloo ring would learn of it hop by hop, an NCCL
+        group's kernels not until the timeout."""
+        p = self._placement
+        # A driver that never imported torch leaves it to the ranks (they set it too).
+        torch_here = "torch.distributed" in sys.modules
+        if torch_here and p.master_port and p.world_size > 1 and nccl.in_place(self._backend):
+            abort.request_abort(p.master_addr, p.master_port, p.generation)
 
     def reform(self, placement: Placement, env: dict[str, str] | None = None) -> None:
         """Move the running workers into the process group ``placement`` names, in place.

@@ -137,15 +137,17 @@ def _leave_broken_group(exc: BaseException) -> None:
     if classify_failure(exc) == "user":
         return
     _stop_watching()
+    from torchjob.launch import abort, nccl
+
+    # Every other rank leaves now too (its abort listener), not hop by hop around the ring.
+    if _INFO is not None:
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        abort.request_abort_soon(addr, port, _INFO.generation)
     # Its connections are closed first, whatever holds the group: destroy_process_group() does
     # not close gloo's pairs while an object still refers to the group (DDP's reducer, kept
     # by the failed function's traceback or the user's globals), and a peer two hops away in
     # the ring would wait on this rank until the collective's timeout.
-    from torchjob.launch import heartbeat, nccl
-
-    with contextlib.suppress(Exception):
-        keep = frozenset({_CONN.fileno()}) if _CONN is not None else frozenset()
-        heartbeat.break_group_connections(keep, only=_GROUP_SOCKETS[0])
+    _break_group()
     try:
         import torch.distributed as dist
 
@@ -155,6 +157,15 @@ def _leave_broken_group(exc: BaseException) -> None:
             dist.destroy_process_group()
     except Exception:  # a broken group may fail to say goodbye; it is left either way
         pass
+
+
+def _break_group() -> None:
+    """Shut down the current group's own connections: a collective blocked on them fails."""
+    from torchjob.launch import heartbeat
+
+    with contextlib.suppress(Exception):
+        keep = frozenset({_CONN.fileno()}) if _CONN is not None else frozenset()
+        heartbeat.break_group_connections(keep, only=_GROUP_SOCKETS[0])
 
 
 def _error_msg(kind: str, task_id: int, exc: BaseException) -> tuple[Any, ...]:
@@ -292,10 +303,11 @@ def _form(init: dict[str, Any]) -> None:
         device=device,
     )
     _watch_peers(_INFO)
-    from torchjob.launch import nccl
+    from torchjob.launch import abort, nccl
 
-    if _INFO.backend == "nccl" and nccl.enabled() and _INFO.world_size > 1:
-        _WATCHERS.append(nccl.AbortListener().start())
+    if _INFO.world_size > 1 and nccl.in_place(_INFO.backend):
+        leave = nccl.abort_group if _INFO.backend == "nccl" else _break_group
+        _WATCHERS.append(abort.AbortListener(leave).start())
 
 
 def _reform(init: dict[str, Any], env: dict[str, str]) -> None:
