@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -84,7 +85,13 @@ class AbortListener:
 
 def request_abort(addr: str, port: int, generation: int | str) -> bool:
     """Tell every rank of ``generation`` to leave its group now. False when the store does
-    not answer (its rank 0 is the lost one: the listeners leave on their own)."""
+    not answer (its rank 0 is the lost one: the listeners leave on their own). A plain
+    connection is tried first: c10d's client would retry a refused one for seconds, and log
+    each try with a stack trace."""
+    try:
+        socket.create_connection((addr, port), timeout=1.0).close()
+    except OSError:
+        return False
     try:
         _store(addr, port, str(generation), timeout_s=2.0).set(ABORT_KEY, "1")
     except Exception:
