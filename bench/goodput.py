@@ -744,9 +744,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from kubernetes import client
+
+    # A run started in the background ignores SIGINT (the shell's rule for background jobs),
+    # so SIGTERM and SIGINT both stop it the way Ctrl-C does: the finished rows' table, then
+    # the clean-up.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
 
     problem = RealNode.prerequisites_problem()
     if problem:
