@@ -137,7 +137,7 @@ class Execution(Generic[T]):
                 del pending[conn]
                 if failure is not None:
                     if failure.kind == "died" and not any(f.kind == "died" for f in failures):
-                        self._group.peer_lost()  # the survivors leave their collective now
+                        self._group.peer_lost()  # NCCL: the survivors abort their collective
                     failures.append(failure)
                     first_failure = first_failure or failure.at
             if on_tick is not None:

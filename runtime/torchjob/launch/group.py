@@ -175,13 +175,10 @@ class WorkerGroup:
         )
 
     def peer_lost(self) -> None:
-        """A worker died (:class:`Execution`): the survivors are told to leave the group at
-        once (``torchjob.launch.abort``): a gloo ring would learn of it hop by hop, an NCCL
-        group's kernels not until the timeout."""
-        p = self._placement
-        # A driver that never imported torch leaves it to the ranks (they set it too).
-        torch_here = "torch.distributed" in sys.modules
-        if torch_here and p.master_port and p.world_size > 1 and nccl.in_place(self._backend):
+        """A worker died (:class:`Execution`): an NCCL group's survivors are told to abort
+        their communicators (``torchjob.launch.abort``), which would otherwise wait on it
+        until the timeout. (A gloo group learns of it from its closed connections.)"""
+        if self._backend == "nccl" and nccl.enabled() and (p := self._placement).master_port:
             abort.request_abort(p.master_addr, p.master_port, p.generation)
 
     def reform(self, placement: Placement, env: dict[str, str] | None = None) -> None:

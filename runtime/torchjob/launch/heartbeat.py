@@ -15,9 +15,10 @@ for a rank on another host, breaks this process's own connections to the group
 ``worker._leave_broken_group`` reaches every survivor.
 
 ``TORCHJOB_SILENT_PEER_S`` sets ``silent_after_s`` (default 5; 0 turns the watchdog off). The
-beats come every :func:`beat_interval_s` (0.5 s at the default), so a rank is found silent
-after about ten missed beats of both its sources (below), and the group has re-formed
-without it within 10 s of its last packet (the real-node test drops a pod's packets).
+beats come every :func:`beat_interval_s` (1 s at the default), so a rank is found silent
+after about five missed beats of both its sources (below). A rank that has not beaten yet
+(its watchdog still connecting, as when many ranks form a group at once on a loaded host) is
+given twice the threshold.
 The worker's own beat is a Python thread: a call that holds the worker's GIL for long (a slow
 import, a large pickle) stops it. So the driver beats for its workers too, from its own
 process, while their processes run and are not stopped (``torchjob.launch.driver_beat``): a
@@ -40,9 +41,10 @@ DEFAULT_SILENT_PEER_S = 5.0
 
 
 def beat_interval_s(silent_after: float) -> float:
-    """How often a rank's beat is written and its peers' read: an eighth of the threshold, at
-    most 0.5 s (a 64-rank group then makes about 400 small store requests a second)."""
-    return min(0.5, silent_after / 8)
+    """How often a rank's beat is written and its peers' read: a quarter of the threshold, at
+    most 1 s (each beat is three small requests to rank 0's store, from every rank: at 32
+    ranks on a small machine, twice as many slowed the store down for everybody)."""
+    return min(1.0, silent_after / 4)
 
 
 def silent_after_s() -> float:
@@ -117,7 +119,9 @@ class Watchdog:
         keys = [str(r) for r in others]
         start = time.monotonic()
         last_value: dict[int, bytes] = {}
-        last_seen = dict.fromkeys(others, start)
+        # A rank not seen yet is judged from a threshold later: its own watchdog may still
+        # be connecting (a whole group connects at once), and its driver's beat may be too.
+        last_seen = dict.fromkeys(others, start + self.silent_after)
         store_ok = previous = start
         beat = 0
         while not self._stop.wait(self.interval_s):

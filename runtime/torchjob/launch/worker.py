@@ -137,12 +137,8 @@ def _leave_broken_group(exc: BaseException) -> None:
     if classify_failure(exc) == "user":
         return
     _stop_watching()
-    from torchjob.launch import abort, nccl
+    from torchjob.launch import nccl
 
-    # Every other rank leaves now too (its abort listener), not hop by hop around the ring.
-    if _INFO is not None:
-        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        abort.request_abort_soon(addr, port, _INFO.generation)
     # Its connections are closed first, whatever holds the group: destroy_process_group() does
     # not close gloo's pairs while an object still refers to the group (DDP's reducer, kept
     # by the failed function's traceback or the user's globals), and a peer two hops away in
@@ -305,9 +301,8 @@ def _form(init: dict[str, Any]) -> None:
     _watch_peers(_INFO)
     from torchjob.launch import abort, nccl
 
-    if _INFO.world_size > 1 and nccl.in_place(_INFO.backend):
-        leave = nccl.abort_group if _INFO.backend == "nccl" else _break_group
-        _WATCHERS.append(abort.AbortListener(leave).start())
+    if _INFO.backend == "nccl" and nccl.enabled() and _INFO.world_size > 1:
+        _WATCHERS.append(abort.AbortListener(nccl.abort_group).start())
 
 
 def _reform(init: dict[str, Any], env: dict[str, str]) -> None:
