@@ -1,4 +1,4 @@
-"""The rows of run (d), which was stopped (SIGTERM) before it printed its table, recomputed from
+"""The rows of run (e), which was stopped (SIGTERM) before it printed its table, recomputed from
 their files with the bench's own accounting (bench/goodput_accounting.py) and readers
 (bench/goodput.py). Run from the repository root:
 
