@@ -245,3 +245,19 @@ def test_threshold_and_hyperband_judge_a_rebuilt_study(
     else:
         assert states[:2] == (["Pruned", "Pruned"] if pruned else ["Running", "Running"])
         assert len(states) == (4 if pruned else 2)  # the freed slots take new trials
+
+
+def test_a_finished_trial_still_takes_a_checkpoint_reported_after_its_job_ended() -> None:
+    """The trial's agent writes its last progress (with the last checkpoint) on a thread that
+    races its pod's exit: the study may see the TorchJob Succeeded first. The best trial must
+    still end up pointing at the last checkpoint, not at none."""
+    tt = tune(parallelism=1, maxTrials=1)
+    tt["status"] = plan_study(tt, {}, NOW).status
+    ended = job("Succeeded", 3, loss=0.5)
+    del ended["status"]["progress"]["lastCheckpoint"]  # its last write had not landed yet
+    tt["status"] = plan_study(tt, {"study-t0": ended}, NOW).status
+    assert tt["status"]["trials"][0]["state"] == "Succeeded"
+    assert "checkpoint" not in tt["status"]["bestTrial"]
+    landed = plan_study(tt, {"study-t0": job("Succeeded", 3, loss=0.5)}, NOW).status
+    assert landed["bestTrial"]["checkpoint"] == "/ck/3"
+    assert landed["trials"][0]["checkpoint"] == "/ck/3"

@@ -114,6 +114,12 @@ def observe_trial(
     ``metric`` as reported, or its alias (``torchjob.search.metrics``)."""
     r = record.model_copy(deep=True)
     if r.state in TERMINAL_TRIAL_STATES:
+        # A trial's last checkpoint can reach its TorchJob's status after the job ended (the
+        # agent's final progress write races its pod's exit): a finished trial still takes it.
+        if r.state is TrialState.SUCCEEDED and job is not None:
+            late = TorchJobStatus.parse(job.get("status")).progress
+            if late is not None and late.last_checkpoint:
+                r.checkpoint = late.last_checkpoint
         return r
     if job is None:
         if r.state is TrialState.RUNNING:

@@ -152,8 +152,10 @@ class JobStatusReporter:
             self._latest = progress
         self._wake.set()
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Flush the last report and stop."""
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Flush the last report and stop. It carries the run's last checkpoint, which a
+        study's best trial points at: the pod waits up to ``timeout_s`` for a slow API server
+        (5 s lost it under CI load)."""
         self._closing = True
         self._closed.set()  # a pause between reports ends now: the last one goes at once
         self._wake.set()
