@@ -41,9 +41,22 @@ def profile(events: list[dict[str, Any]]) -> list[str]:
     span = max(t_end - t0, 1e-9)
     shares = ", ".join(f"{w}: {d:.0f}s ({d / span:.0%})" for w, d in sorted(at_size.items()))
     out.append(f"time at each world size: {shares}")
-    imported = {e["pid"]: e["t"] for e in events if e["ev"] == "imported"}
     late = [e for e in events if e["ev"] == "start" and e["t"] - t0 > 5]  # replacements
-    imports = [imported[e["pid"]] - e["t_start"] for e in late if e["pid"] in imported]
+    # Every container's processes have small pids (the same in every pod), and a replacement
+    # pod may carry its predecessor's name: a process is its pod, its pid and its start.
+    imports = [
+        min(i["t"] for i in found) - e["t_start"]
+        for e in late
+        if (
+            found := [
+                i
+                for i in events
+                if i["ev"] == "imported"
+                and (i.get("pod"), i["pid"]) == (e.get("pod"), e["pid"])
+                and i["t"] >= e["t"]
+            ]
+        )
+    ]
     if imports:
         out.append(
             f"replacement processes: start -> torch and torchjob imported p50 "
