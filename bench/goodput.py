@@ -233,15 +233,49 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-class PodWatch:
-    """Wall-clock times at which pods of the job appear (watch ADDED), by UID."""
+def pod_summary(pod: Any) -> dict[str, Any]:
+    """What a trace line says of a pod: its phase, readiness, and each container's state."""
+    status = pod.status
+    ready = any(c.type == "Ready" and c.status == "True" for c in status.conditions or ())
+    states = []
+    for cs in status.container_statuses or ():
+        if cs.state.terminated is not None:
+            states.append(f"terminated:{cs.state.terminated.exit_code}")
+        elif cs.state.running is not None:
+            states.append("running")
+        else:
+            states.append("waiting")
+    return {
+        "phase": status.phase,
+        "ready": ready,
+        "containers": states,
+        "deleting": pod.metadata.deletion_timestamp is not None,
+    }
 
-    def __init__(self, core: Any, ns: str) -> None:
-        self.core, self.ns = core, ns
+
+class PodWatch:
+    """Wall-clock times at which pods of the job appear (watch ADDED), by UID, and a trace of
+    what the control plane said when: each pod's phase, readiness and container states as
+    they change, and each generation the TorchJob's status publishes. ``goodput_profile.py``
+    puts it beside the workers' events, so a recovery splits into what Kubernetes took (the
+    kubelet's report of a dead container, the operator's decision) and what the runtime took."""
+
+    def __init__(self, core: Any, ns: str, custom: Any = None) -> None:
+        self.core, self.ns, self.custom = core, ns, custom
         self.added: dict[str, float] = {}
+        self.trace: list[dict[str, Any]] = []
+        self._last: dict[str, dict[str, Any]] = {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, daemon=True)]
+        if custom is not None:
+            self._threads.append(threading.Thread(target=self._run_job, daemon=True))
+        for t in self._threads:
+            t.start()
+
+    def note(self, what: str, **fields: Any) -> None:
+        with self._lock:
+            self.trace.append({"t": time.time(), "what": what, **fields})
 
     def _run(self) -> None:
         from kubernetes import watch
@@ -250,15 +284,56 @@ class PodWatch:
             w = watch.Watch()
             try:
                 for ev in w.stream(self.core.list_namespaced_pod, self.ns, timeout_seconds=30):
-                    uid = ev["object"].metadata.uid
+                    pod = ev["object"]
+                    uid = pod.metadata.uid
                     self.added.setdefault(uid, time.time())
+                    summary = pod_summary(pod)
+                    if self._last.get(uid) != summary:
+                        self._last[uid] = summary
+                        self.note("pod", pod=pod.metadata.name, uid=uid, **summary)
                     if self._stop.is_set():
                         break
             except Exception:  # a dropped watch is resumed
                 time.sleep(0.2)
 
+    def _run_job(self) -> None:
+        from kubernetes import watch
+
+        seen: tuple[Any, ...] | None = None
+        while not self._stop.is_set():
+            w = watch.Watch()
+            try:
+                for ev in w.stream(
+                    self.custom.list_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    self.ns,
+                    PLURAL,
+                    timeout_seconds=30,
+                ):
+                    st = (ev["object"] or {}).get("status") or {}
+                    key = (st.get("currentGeneration"), st.get("replicas"), st.get("phase"))
+                    if key != seen:
+                        seen = key
+                        self.note(
+                            "job",
+                            generation=key[0],
+                            replicas=key[1],
+                            phase=key[2],
+                            members=st.get("members"),
+                        )
+                    if self._stop.is_set():
+                        break
+            except Exception:
+                time.sleep(0.2)
+
     def stop(self) -> None:
         self._stop.set()
+
+    def write(self, path: Path) -> None:
+        with self._lock:
+            lines = sorted(self.trace, key=lambda e: e["t"])
+        path.write_text("".join(json.dumps(e) + "\n" for e in lines))
 
 
 # ------------------------------------------------------------------------------ a row
@@ -410,7 +485,7 @@ def run_row(
     events = base / "events.jsonl"
     events.touch()
     events.chmod(0o666)
-    watch = PodWatch(core, ns)
+    watch = PodWatch(core, ns, custom if policy != KUBEFLOW else None)
     rng = random.Random(args.seed * 1000 + index)
     body = (
         kubeflow_manifest(args, storage, events)
@@ -454,6 +529,7 @@ def run_row(
         steps = [e for e in read_events(events) if e["ev"] == "step"]
         gen = max(e["gen"] for e in steps)
         rec = Recovery(time.time(), victim.metadata.name, gen, steps[-1]["step"])
+        watch.note("kill" if mode == "hard" else "evict", pod=victim.metadata.name)
         if mode == "graceful":
             from kubernetes import client
 
@@ -534,6 +610,11 @@ def run_row(
     row.step_times = [e["t"] for e in steps]
     row.step_samples = [float(e.get("world", args.replicas) * args.batch) for e in steps]
     watch.stop()
+    # The row's raw material, kept beside its table: the workers' events and the trace.
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"{index:02d}-{policy}-{mode}-{strategy}"
+    (args.out / f"{stem}-events.jsonl").write_text(events.read_text())
+    watch.write(args.out / f"{stem}-trace.jsonl")
     core.delete_namespace(ns)
     return row
 

@@ -5,7 +5,18 @@ how long the replacement processes took to import torch and to join a group. It 
 a goodput figure is made of: an eviction's re-formation, or the time spent smaller while a
 replacement pod starts.
 
-    python bench/goodput_profile.py /tmp/tj-goodput-2-*/events.jsonl
+With the row's trace (``NN-<row>-trace.jsonl``, which bench/goodput.py writes beside the
+events under ``--out``: what the control plane said when), each preemption is split further
+into what Kubernetes took and what the runtime took:
+
+* the loss: preempted -> the pod's container seen terminated (the kubelet's report) -> the
+  next generation published (the operator) -> the survivors' group formed -> their first
+  step;
+* the replacement: its pod created -> its process started -> torch imported -> the pod Ready
+  (the joiner's readiness probe) -> the generation that takes it in published -> its group
+  formed.
+
+    python bench/goodput_profile.py bench/out/goodput/01-Elastic-hard-ddp-events.jsonl
 """
 
 from __future__ import annotations
@@ -72,14 +83,137 @@ def profile(events: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def main() -> None:
-    events = []
-    for line in Path(sys.argv[1]).read_text().splitlines():
+def _first(items: list[dict[str, Any]], after: float, pred: Any) -> dict[str, Any] | None:
+    return next((e for e in items if e["t"] >= after and pred(e)), None)
+
+
+Stages = dict[str, list[float]]
+
+
+def _stages(t0: float, marks: list[tuple[str, dict[str, Any] | None]], into: Stages) -> list[str]:
+    line, prev = [], t0
+    for label, e in marks:
+        if not e:
+            continue
+        into.setdefault(label, []).append(e["t"] - prev)
+        line.append(f"{label} +{e['t'] - prev:.2f}s")
+        prev = max(prev, e["t"])
+    return line
+
+
+def _split_one(
+    hit: dict[str, Any],
+    events: list[dict[str, Any]],
+    trace: list[dict[str, Any]],
+    loss: Stages,
+    join: Stages,
+) -> list[str]:
+    t0, name = hit["t"], hit["pod"]
+    before = [e for e in trace if e["what"] == "job" and e["t"] <= t0]
+    gen0 = (before[-1]["generation"] if before else 0) or 0
+    dead = _first(
+        trace,
+        t0,
+        lambda e: (
+            e["what"] == "pod"
+            and e["pod"] == name
+            and (
+                e["deleting"]
+                or e["phase"] in ("Failed", "Succeeded")
+                or any(c.startswith("terminated") for c in e["containers"])
+            )
+        ),
+    )
+    pub = _first(trace, t0, lambda e: e["what"] == "job" and (e["generation"] or 0) > gen0)
+    if pub is None:
+        return [f"{hit['what']} {name}: no generation published after it"]
+    gen1 = pub["generation"]
+    group = _first(events, t0, lambda e: e["ev"] == "group" and e["gen"] == gen1)
+    step = _first(events, t0, lambda e: e["ev"] == "step" and e["gen"] == gen1)
+    marks = [
+        ("kubelet reports the pod", dead),
+        ("generation published", pub),
+        ("group formed", group),
+        ("first step", step),
+    ]
+    out = [f"{hit['what']} {name} (gen {gen0} -> {gen1}): " + ", ".join(_stages(t0, marks, loss))]
+    # The replacement: a new pod of that name, and the generation that takes it in.
+    dead_uid = (dead or {}).get("uid")
+    created = _first(
+        trace, t0, lambda e: e["what"] == "pod" and e["pod"] == name and e["uid"] != dead_uid
+    )
+    if created is None:
+        return out
+    tc = created["t"]
+    start = _first(events, tc - 1.0, lambda e: e["ev"] == "start" and e.get("pod") == name)
+    imported = None
+    if start is not None:
+        key = (name, start["pid"])
+        imported = _first(
+            events, start["t"], lambda e: e["ev"] == "imported" and (e.get("pod"), e["pid"]) == key
+        )
+    uid = created["uid"]
+    ready = _first(trace, tc, lambda e: e["what"] == "pod" and e["uid"] == uid and e["ready"])
+    taken = joined = None
+    if ready is not None:
+        taken = _first(
+            trace, ready["t"], lambda e: e["what"] == "job" and (e["generation"] or 0) > gen1
+        )
+    if taken is not None:
+        gen2 = taken["generation"]
+        joined = _first(events, taken["t"], lambda e: e["ev"] == "group" and e["gen"] == gen2)
+    jmarks = [
+        ("process started", start),
+        ("torch imported", imported),
+        ("pod Ready", ready),
+        ("generation published", taken),
+        ("group formed", joined),
+    ]
+    out.append(
+        f"  replacement pod created +{tc - t0:.2f}s: " + ", ".join(_stages(tc, jmarks, join))
+    )
+    return out
+
+
+def split_recoveries(events: list[dict[str, Any]], trace: list[dict[str, Any]]) -> list[str]:
+    """Each preemption of the trace, split into its stages (seconds since the one before)."""
+    events = sorted(events, key=lambda e: e["t"])
+    trace = sorted(trace, key=lambda e: e["t"])
+    loss: Stages = {}
+    join: Stages = {}
+    out = []
+    for hit in (e for e in trace if e["what"] in ("kill", "evict")):
+        out.extend(_split_one(hit, events, trace, loss, join))
+    for title, stages in (("the loss", loss), ("the replacement", join)):
+        if stages:
+            out.append(
+                f"{title}, p50 of each stage: "
+                + ", ".join(f"{k} {median(v):.2f}s" for k, v in stages.items())
+            )
+    return out
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text().splitlines():
         try:
-            events.append(json.loads(line))
+            out.append(json.loads(line))
         except ValueError:
             continue
+    return out
+
+
+def main() -> None:
+    path = Path(sys.argv[1])
+    events = read_jsonl(path)
     print("\n".join(profile(events)))
+    trace_path = (
+        Path(sys.argv[2])
+        if len(sys.argv) > 2
+        else path.with_name(path.name.replace("-events.jsonl", "-trace.jsonl"))
+    )
+    if trace_path != path and trace_path.exists():
+        print("\n".join(split_recoveries(events, read_jsonl(trace_path))))
 
 
 if __name__ == "__main__":

@@ -132,3 +132,51 @@ def test_a_process_that_asked_torch_cuda_is_never_forked(tmp_path: Path) -> None
     assert "starting workers as fresh interpreters" not in stderr
     if not out["failed_init"][0]:  # on a GPU-less host (CI): only the probe sees it
         assert "tried to initialize CUDA" in out["failed_init"][1], out["failed_init"]
+
+
+_OPENMP = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    from torchjob.launch import WorkerGroup, zygote
+
+    def parallel_op():
+        import torch
+        torch.ones(1 << 17).exp_()  # one OpenMP parallel region (four times the grain size)
+        return torch.get_num_threads()
+
+    if sys.argv[1] == "pool":
+        torch.ones(1 << 20).exp_()  # the driver's own OpenMP pool starts here
+    out = {}
+    g = WorkerGroup(1, backend="gloo", start_timeout_s=120)
+    g.start()
+    out["kind"] = next(k for k, z in zygote._ZYGOTES.items() if z.pid == g.execute(os.getppid)[0])
+    out["threads"] = g.execute(parallel_op)
+    out["driver_threads"] = torch.get_num_threads()
+    g.shutdown()
+    print(json.dumps(out))
+    """
+)
+
+
+def test_a_driver_without_an_openmp_pool_is_copied_for_workers_of_any_thread_count() -> None:
+    """One worker per pod leaves ``OMP_NUM_THREADS`` unset. A driver that imported torch but ran
+    no parallel op has no OpenMP pool, so its copy serves such a worker (no second import of
+    torch); once the driver ran a parallel op, a fork would hang in its first parallel
+    region, so the worker comes from a fresh zygote. Either way the worker's op completes."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["TORCHJOB_WORKER_START"] = "auto"
+    for case, kind in (("clean", "copy"), ("pool", "fresh")):
+        done = subprocess.run(
+            [sys.executable, "-c", _OPENMP, case],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+        assert out["kind"] == kind, (case, out)
+        # The worker runs as many intra-op threads as the driver (not pinned to one).
+        assert out["threads"] == [out["driver_threads"]], (case, out)

@@ -128,3 +128,29 @@ def test_only_pods_whose_controller_is_this_job_are_its_own() -> None:
     ours, others = split_by_owner(pods, "u2")
     assert [p["metadata"]["name"] for p in ours] == ["tj-worker-0"]
     assert others == ("tj-worker-0x", "tj-worker-1")
+
+
+def test_a_never_pod_whose_containers_all_ended_has_ended_before_the_kubelet_says_so() -> None:
+    """The kubelet reports a SIGKILLed container first and the pod's terminal phase about a
+    second later; the operator judges the loss on the first report."""
+    from torchjob_operator.engine.objects import trim_pod
+    from torchjob_operator.torchjob.observed import PodPhase, pod_view
+
+    def pod(policy: str, *codes: int | None) -> dict[str, Any]:
+        states = [
+            {"state": {"terminated": {"exitCode": c}} if c is not None else {"running": {}}}
+            for c in codes
+        ]
+        return {
+            "metadata": {"name": "j-worker-1", "labels": {contract.LABEL_POD_INDEX: "1"}},
+            "spec": {"restartPolicy": policy, "nodeName": "n"},
+            "status": {"phase": "Running", "containerStatuses": states},
+        }
+
+    killed = pod_view(trim_pod(pod("Never", 137)))
+    assert killed is not None and killed.phase == PodPhase.FAILED and killed.exit_code == 137
+    done = pod_view(pod("Never", 0))
+    assert done is not None and done.phase == PodPhase.SUCCEEDED
+    # A container still running (a sidecar), or a policy that restarts it: the pod goes on.
+    assert (v := pod_view(pod("Never", 137, None))) is not None and v.phase == PodPhase.RUNNING
+    assert (v := pod_view(pod("OnFailure", 137))) is not None and v.phase == PodPhase.RUNNING

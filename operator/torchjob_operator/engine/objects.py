@@ -66,12 +66,10 @@ def trim_pod(pod: Mapping[str, Any]) -> Pod:
     for key in ("initContainerStatuses", "containerStatuses"):
         if status.get(key):
             kept_status[key] = [_trim_container_status(cs) for cs in status[key]]
-    node = (pod.get("spec") or {}).get("nodeName")
-    return {
-        "metadata": kept_meta,
-        "spec": {"nodeName": node} if node else {},
-        "status": kept_status,
-    }
+    spec = pod.get("spec") or {}
+    # restartPolicy: a Never pod whose containers all ended has ended (``pod_view``).
+    kept_spec = {k: spec[k] for k in ("nodeName", "restartPolicy") if spec.get(k)}
+    return {"metadata": kept_meta, "spec": kept_spec, "status": kept_status}
 
 
 def trim_job(job: Mapping[str, Any]) -> dict[str, Any]:

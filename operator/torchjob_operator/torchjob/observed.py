@@ -120,6 +120,26 @@ def probe_view(pod: Mapping[str, Any]) -> ProbeView | None:
     )
 
 
+def ended_phase(pod: Mapping[str, Any], phase: PodPhase) -> PodPhase:
+    """The phase of a ``restartPolicy: Never`` pod (every worker pod) whose containers have
+    all terminated: Failed if one failed, else Succeeded, as the kubelet will say. It says so
+    in a second status update, about a second after the one that shows the containers
+    terminated; a hard loss (a SIGKILLed trainer) is judged on the first, so the survivors
+    re-form that much sooner. Any other pod keeps its phase."""
+    if phase not in (PodPhase.PENDING, PodPhase.RUNNING):
+        return phase
+    if ((pod.get("spec") or {}).get("restartPolicy")) != "Never":
+        return phase
+    states = [
+        (cs.get("state") or {}).get("terminated")
+        for cs in (pod.get("status") or {}).get("containerStatuses") or ()
+    ]
+    if not states or not all(t and t.get("exitCode") is not None for t in states):
+        return phase
+    failed = any(int(t["exitCode"]) != 0 for t in states if t)
+    return PodPhase.FAILED if failed else PodPhase.SUCCEEDED
+
+
 def pod_view(pod: Mapping[str, Any]) -> PodView | None:
     """A worker pod dict -> PodView; ``None`` for pods that are not torchjob workers."""
     meta = pod.get("metadata") or {}
@@ -154,6 +174,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
                 message = terminated.get("message") or message
                 finished_at = parse_time(terminated.get("finishedAt"))
 
+    phase = ended_phase(pod, phase)
     waiting, waiting_message = "", ""
     for cs in [
         *(status.get("initContainerStatuses") or ()),

@@ -10,12 +10,21 @@ every trace such a call leaves: ``torch.cuda``'s own flags and cache, the calls 
 ``fork`` (:func:`fork_poisoned`): an attempt to initialize ``torch.cuda`` that *failed* (no GPU:
 ``torch.cuda.current_device()``, ``_lazy_init()``) sets none of those flags, yet every child
 forked afterwards is a "bad fork" that cannot use CUDA and that a zygote must refuse to be.
+
+OpenMP is the other state a fork cannot copy: once a process ran a parallel region, GNU
+OpenMP's thread pool exists, and a child forked afterwards hangs in its first parallel
+region (the pool's threads are not copied, but the library believes they are there).
+Importing torch does not start the pool; the first parallel op does (a model built in the
+driver, a tensor op on more than 32768 elements). :func:`openmp_pool_started` asks a forked
+child to run one.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 _TOUCHED: list[str] = []
@@ -102,6 +111,45 @@ def fork_poisoned(cuda: object) -> bool:
         os.close(r)
         os.waitpid(pid, 0)
     return answer == b"1"
+
+
+OPENMP_PROBE_TIMEOUT_S = 2.0
+"""How long the probe child may take for one parallel op (a few ms when it can run it)."""
+
+
+def openmp_pool_started(timeout_s: float = OPENMP_PROBE_TIMEOUT_S) -> bool:
+    """Whether torch's OpenMP pool already runs in this process, so that a child forked now
+    would hang in its first parallel region. Asks one: a forked child runs a parallel op
+    (131072 elements, four times torch's grain size) and exits; if it has not finished within
+    ``timeout_s``, it is killed and the answer is yes (a child that was merely slow only
+    costs the caller a fresh interpreter instead of a copy). No torch imported, one intra-op
+    thread, or no ``fork``: no pool can be in the way (False)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(os, "fork"):
+        return False
+    try:
+        if torch.get_num_threads() <= 1:
+            return False
+    except Exception:
+        return True
+    pid = os.fork()
+    if pid == 0:  # the child: one parallel region, then out without any cleanup
+        code = 1
+        try:
+            torch.ones(1 << 17).exp_()
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return True
+        time.sleep(0.002)
 
 
 def copyable(*, platform: str, touched: str | None, other_threads: int) -> str | None:

@@ -44,7 +44,12 @@ from typing import Any, Literal
 
 from torchjob.launch import _start, _zygote_proc
 from torchjob.launch._start import ENV_START
-from torchjob.launch.cuda_guard import copyable, cuda_touched, install_tripwire
+from torchjob.launch.cuda_guard import (
+    copyable,
+    cuda_touched,
+    install_tripwire,
+    openmp_pool_started,
+)
 from torchjob.launch.errors import EXIT_UNKNOWN
 
 log = logging.getLogger(__name__)
@@ -104,7 +109,9 @@ class Zygote:
     def copy(cls, preload: Iterable[str] = BASE_PRELOAD) -> Zygote:
         """Fork the zygote from this (single-threaded, CUDA-free) driver."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        omp_clean = "torch" not in sys.modules
+        # A driver that imported torch but never ran a parallel op has no OpenMP pool yet:
+        # its copy may serve workers of any thread count (asked of a child, 10-50 ms).
+        omp_clean = not openmp_pool_started()
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
