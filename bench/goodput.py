@@ -594,12 +594,15 @@ def run_row(
             for cs in p.status.container_statuses or ()
         )
         row.disruptions = None
-        cluster.kubectl("-n", ns, "delete", "pytorchjob", JOB, "--wait=false")
     else:
         status = (
             custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, JOB).get("status") or {}
         )
         row.restarts, row.disruptions = status.get("restarts", 0), status.get("disruptions", 0)
+    save_logs(cluster, core, ns, args.out / f"{index:02d}-{policy}-{mode}-{strategy}-logs")
+    if policy == KUBEFLOW:
+        cluster.kubectl("-n", ns, "delete", "pytorchjob", JOB, "--wait=false")
+    else:
         cluster.kubectl("-n", ns, "delete", "torchjobs", JOB, "--wait=false")
     k.wait_for(lambda: not core.list_namespaced_pod(ns).items, args.grace + 120, "pods gone")
     all_events = read_events(events)
@@ -617,6 +620,18 @@ def run_row(
     watch.write(args.out / f"{stem}-trace.jsonl")
     core.delete_namespace(ns)
     return row
+
+
+def save_logs(cluster: k.Cluster, core: Any, ns: str, into: Path) -> None:
+    """The logs of the pods left at a row's end (the last replacements among them), with the
+    kubelet's timestamps: where a replacement's start went, line by line."""
+    into.mkdir(parents=True, exist_ok=True)
+    for pod in core.list_namespaced_pod(ns).items:
+        name = pod.metadata.name
+        done = cluster.kubectl(
+            "-n", ns, "logs", "--timestamps", "--all-containers", name, check=False
+        )
+        (into / f"{name}.log").write_text(getattr(done, "stdout", "") or "")
 
 
 def _has_default_sa(core: Any, ns: str) -> bool:

@@ -86,6 +86,8 @@ class WorkerGroup:
         self._token = ""
         self._init: dict[str, Any] = {}
         self.start_method: _start.StartMethod | None = None
+        self.start_why = ""
+        """How the last worker started, in words (``forked from the copy zygote (pid N)``)."""
         """How the last worker started: from the zygote, forked from this process, or a fresh
         interpreter (``torchjob.launch._start``)."""
 
@@ -224,7 +226,7 @@ class WorkerGroup:
             group_env=self._env,
         )
         env[ENV_DRIVER_PID] = str(os.getpid())
-        proc, self.start_method = zygote.start_worker(
+        proc, self.start_method, self.start_why = zygote.start_worker(
             env, use_gpu=self._use_gpu, backend=self._backend
         )
         return WorkerHandle(local_rank=local_rank, rank=rank, proc=proc)

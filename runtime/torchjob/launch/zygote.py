@@ -367,18 +367,19 @@ def start(env: Mapping[str, str]) -> tuple[ZygoteProcess | None, str]:
 
 def start_worker(
     env: Mapping[str, str], *, use_gpu: bool, backend: str
-) -> tuple[_start.WorkerProcess, _start.StartMethod]:
+) -> tuple[_start.WorkerProcess, _start.StartMethod, str]:
     """Start a worker with ``env`` the way :func:`choose` says (the zygote falling back to a
-    fresh interpreter when it is unusable, the zygote's :func:`start` logs why)."""
-    method, _why = _start.current_choice(env, use_gpu=use_gpu, backend=backend)
+    fresh interpreter when it is unusable, the zygote's :func:`start` logs why): the process,
+    how it started, and why that way (``forked from the copy zygote (pid N)``)."""
+    method, why = _start.current_choice(env, use_gpu=use_gpu, backend=backend)
     if method == "zygote":
-        proc, _why = start(env)
+        proc, why = start(env)
         if proc is not None:
-            return proc, "zygote"
+            return proc, "zygote", why
         method = "spawn"
     if method == "fork":
-        return _start.ForkedProcess(env), "fork"
-    return _start.spawn(env), "spawn"
+        return _start.ForkedProcess(env), "fork", why
+    return _start.spawn(env), "spawn", why
 
 
 def shutdown() -> None:

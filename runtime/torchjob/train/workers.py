@@ -9,6 +9,7 @@ for a membership change, and re-formed in place for the next generation.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -114,11 +115,16 @@ class Workers:
         generation, so that they import torch while the pod waits (a joiner waits for the
         job to grow); every generation then forms its group in these same processes."""
         group = self._new_group(placement, env, pod)
+        started = time.monotonic()
         try:
             group.start(form=False)
         except LaunchError as err:
             view.message(f"[torchjob] could not start the workers ahead: {err}")
             return
+        view.message(
+            f"[torchjob] {placement.local_world_size} worker process(es) started ahead in "
+            f"{time.monotonic() - started:.1f}s ({group.start_why})"
+        )
         self._kept = group
 
     def take(self, placement: Placement, env: dict[str, str], pod: PodEnv | None) -> WorkerGroup:
