@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 _KILLS = textwrap.dedent(
     """
@@ -49,9 +50,15 @@ _KILLS = textwrap.dedent(
 )
 
 
-def _run(script: str, *args: str, path: str = "") -> tuple[dict[str, object], str]:
-    # One intra-op thread: a copy of a driver that imported torch serves only such workers.
-    env = {**os.environ, "TORCHJOB_WORKER_START": "auto", "OMP_NUM_THREADS": "1"}
+def _run(
+    script: str, *args: str, path: str = "", omp_threads: str | None = "1"
+) -> tuple[dict[str, Any], str]:
+    """Run ``script`` as a driver; its last line of output, as JSON, and its stderr.
+    ``omp_threads``: the workers' ``OMP_NUM_THREADS`` (None: unset, as in a one-worker pod)."""
+    env = {**os.environ, "TORCHJOB_WORKER_START": "auto"}
+    env.pop("OMP_NUM_THREADS", None)
+    if omp_threads is not None:
+        env["OMP_NUM_THREADS"] = omp_threads
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [path, env.get("PYTHONPATH")]))
     done = subprocess.run(
         [sys.executable, "-c", script, *args],
@@ -164,19 +171,8 @@ def test_a_driver_without_an_openmp_pool_is_copied_for_workers_of_any_thread_cou
     no parallel op has no OpenMP pool, so its copy serves such a worker (no second import of
     torch); once the driver ran a parallel op, a fork would hang in its first parallel
     region, so the worker comes from a fresh zygote. Either way the worker's op completes."""
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    env["TORCHJOB_WORKER_START"] = "auto"
     for case, kind in (("clean", "copy"), ("pool", "fresh")):
-        done = subprocess.run(
-            [sys.executable, "-c", _OPENMP, case],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        out = json.loads(done.stdout.strip().splitlines()[-1])
+        out, _ = _run(_OPENMP, case, omp_threads=None)
         assert out["kind"] == kind, (case, out)
         # The worker runs as many intra-op threads as the driver (not pinned to one).
         assert out["threads"] == [out["driver_threads"]], (case, out)
