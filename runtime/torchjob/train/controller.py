@@ -32,7 +32,7 @@ from typing import Any, NoReturn, assert_never
 from torchjob import contract
 from torchjob.checkpoint import CheckpointStorage
 from torchjob.contract import Member, PodEnv, Role, Standby
-from torchjob.launch import LaunchError, WorkerGroup
+from torchjob.launch import LaunchError, WorkerGroup, WorkerGroupError
 from torchjob.launch.policy import RestartGroup, RunState, next_generation
 from torchjob.train import _session, record, workers
 from torchjob.train._spec import WorkerSpec
@@ -67,6 +67,10 @@ log = logging.getLogger(__name__)
 
 REFORM_WAIT_S = 1.0
 """KeepSurvivors: pause before forming the same generation again when a peer is not up yet."""
+STUCK_AFTER_SILENT_S = 5.0
+"""KeepSurvivors: how long this pod's workers may stay in their task after their watchdog
+found a rank of another pod silent (and broke their connections to the group) before the
+driver kills them (``RestorePoints.stuck_for``): a broken collective fails in milliseconds."""
 LOSS_GRACE_S = 30.0
 """How long the survivors of a lost rank get to answer while they hold a restore point."""
 
@@ -287,6 +291,8 @@ class Controller:
         history = self.record.history
         current = state
         signalled = False
+        unstuck: WorkerGroupError | None = None
+        """Set when this pod's workers were killed for hanging past a silent peer."""
         group: WorkerGroup | None = None
         reporter = silent_reporter(self._published(), self.pod, self._endpoint)
         points = RestorePoints(report_silent=reporter)
@@ -324,8 +330,22 @@ class Controller:
                 )
 
         def on_tick() -> None:
-            nonlocal signalled
+            nonlocal signalled, unstuck
             view.tick()
+            if group is not None and unstuck is None:
+                waited = points.stuck_for(time.monotonic(), STUCK_AFTER_SILENT_S)
+                if waited is not None:
+                    assert points.remote_silent is not None
+                    unstuck = WorkerGroupError(
+                        0,
+                        "StuckCollective",
+                        f"this pod's workers were still in a collective {waited:.0f}s after rank "
+                        f"{points.remote_silent[1]} of another pod was found silent; killed, so "
+                        "that this pod joins the next generation with new processes",
+                        peer_failure=True,
+                    )
+                    view.message(f"[torchjob] {unstuck.message}")
+                    group.signal(signal.SIGKILL)
             if signalled or group is None:
                 return
             if self.stop_requested.is_set():
@@ -351,7 +371,8 @@ class Controller:
                 # Another pod's loss broke the group: under KeepSurvivors these processes stay;
                 # on a laptop the survivors of a lost rank stay and re-form in place.
                 kept = self.workers.settle(group, placement, keep=self._keeps(), timeout_s=0)
-            return Crashed(err, survivors_hold_state=kept and points.held)
+            # Workers killed for hanging past a silent peer failed for that peer's loss.
+            return Crashed(unstuck or err, survivors_hold_state=kept and points.held)
         if any(o.stopped for o in outcomes):
             # Stopped for a membership change: the processes stay for the next generation.
             self.workers.settle(group, placement, keep=self._keeps(), timeout_s=10)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +37,26 @@ class RestorePoints:
     """Ranks killed here because their peers found them silent."""
     report_silent: Callable[[int, float], None] | None = None
     """Tells the operator that a rank of another pod is silent (KeepSurvivors pods)."""
+    remote_silent: tuple[float, int] | None = None
+    """When (monotonic) a rank of another pod was first found silent here, and which: this
+    pod's workers broke their connections to the group then, and must leave their
+    collective within moments (:meth:`stuck_for`)."""
     restore_point_bytes: int = 0
+
+    def stuck_for(self, now: float, after_s: float) -> float | None:
+        """Seconds since a rank of another pod was found silent, once more than ``after_s``
+        have passed and this pod's workers are still running their task; else None.
+
+        The watchdog shut down the workers' connections to the group when it found the rank
+        silent, which fails a collective at once, as a rank's death does. But gloo does not
+        always fail a *send* whose connection was shut down: seen on the real node, a joiner
+        rank waited out the full collective timeout (300 s) in ``waitSend`` while the other
+        survivors waited for it in the next generation's rendezvous. Past ``after_s`` the
+        driver takes its workers for stuck (see the controller)."""
+        if self.remote_silent is None:
+            return None
+        waited = now - self.remote_silent[0]
+        return waited if waited > after_s else None
 
     def on_event(
         self, event: dict[str, Any], group: WorkerGroup | None, view: ProgressView
@@ -84,6 +104,8 @@ class RestorePoints:
                 view.message(f"{said}seen by rank {event['by']}): killed, the survivors re-form")
             elif self.report_silent is not None:
                 self.report_silent(rank, float(event["silent_s"]))
+                if self.remote_silent is None:
+                    self.remote_silent = (time.monotonic(), rank)
                 view.message(f"{said}seen by rank {event['by']}): its pod is reported lost")
             return True
         return False
