@@ -23,6 +23,10 @@ every running pod of the job, standbys included, each at the same rate):
   from storage, so the final one (whose ``report()`` raises once the job is stopped, before
   the worker's ``commit`` event) counts too. The pure accounting is bench/goodput_accounting.py;
 - goodput per pod paid: goodput x workers / (workers + standbys), and the pod count;
+- goodput per pod-second paid, measured: goodput x workers x wall / the pod-seconds the row's
+  trace shows over the same window (``acc.pod_seconds``: a pod is paid from the kubelet
+  having it until it is gone or terminated, so an evicted pod's grace period and a
+  replacement created ahead of its predecessor's end are both charged);
 - a timeline per row (``--out``, SVG): rank 0's steps/s over time, each eviction marked;
 - recovery p50/p95: eviction -> the first step of the new membership (rank 0's step event);
 - lost steps: steps done before an eviction that the next membership did not resume from;
@@ -256,9 +260,10 @@ def pod_summary(pod: Any) -> dict[str, Any]:
 class PodWatch:
     """Wall-clock times at which pods of the job appear (watch ADDED), by UID, and a trace of
     what the control plane said when: each pod's phase, readiness and container states as
-    they change, and each generation the TorchJob's status publishes. ``goodput_profile.py``
-    puts it beside the workers' events, so a recovery splits into what Kubernetes took (the
-    kubelet's report of a dead container, the operator's decision) and what the runtime took."""
+    they change (and a ``pod-gone`` line when one is deleted), and each generation the
+    TorchJob's status publishes. ``goodput_profile.py`` puts it beside the workers' events, so
+    a recovery splits into what Kubernetes took (the kubelet's report of a dead container, the
+    operator's decision) and what the runtime took; ``acc.pod_seconds`` reads the pods paid."""
 
     def __init__(self, core: Any, ns: str, custom: Any = None) -> None:
         self.core, self.ns, self.custom = core, ns, custom
@@ -280,20 +285,32 @@ class PodWatch:
     def _run(self) -> None:
         from kubernetes import watch
 
+        # Each 30 s stream resumes at the last one's resourceVersion, so that a pod deleted
+        # between two streams still has its DELETED event (a fresh list would not say so).
+        rv: str | None = None
         while not self._stop.is_set():
             w = watch.Watch()
             try:
-                for ev in w.stream(self.core.list_namespaced_pod, self.ns, timeout_seconds=30):
+                since = {"resource_version": rv} if rv else {}
+                for ev in w.stream(
+                    self.core.list_namespaced_pod, self.ns, timeout_seconds=30, **since
+                ):
                     pod = ev["object"]
                     uid = pod.metadata.uid
-                    self.added.setdefault(uid, time.time())
-                    summary = pod_summary(pod)
-                    if self._last.get(uid) != summary:
-                        self._last[uid] = summary
-                        self.note("pod", pod=pod.metadata.name, uid=uid, **summary)
+                    if ev["type"] == "DELETED":
+                        self._last.pop(uid, None)
+                        self.note("pod-gone", pod=pod.metadata.name, uid=uid)
+                    else:
+                        self.added.setdefault(uid, time.time())
+                        summary = pod_summary(pod)
+                        if self._last.get(uid) != summary:
+                            self._last[uid] = summary
+                            self.note("pod", pod=pod.metadata.name, uid=uid, **summary)
                     if self._stop.is_set():
                         break
-            except Exception:  # a dropped watch is resumed
+                rv = w.resource_version
+            except Exception:  # a dropped watch is resumed (from a fresh list)
+                rv = None
                 time.sleep(0.2)
 
     def _run_job(self) -> None:
@@ -330,10 +347,12 @@ class PodWatch:
     def stop(self) -> None:
         self._stop.set()
 
-    def write(self, path: Path) -> None:
+    def lines(self) -> list[dict[str, Any]]:
         with self._lock:
-            lines = sorted(self.trace, key=lambda e: e["t"])
-        path.write_text("".join(json.dumps(e) + "\n" for e in lines))
+            return sorted(self.trace, key=lambda e: e["t"])
+
+    def write(self, path: Path) -> None:
+        path.write_text("".join(json.dumps(e) + "\n" for e in self.lines()))
 
 
 # ------------------------------------------------------------------------------ a row
@@ -373,6 +392,8 @@ class Row:
     step_samples: list[float] = field(default_factory=list)
     """The samples of each of those steps (world size x batch)."""
     t_first: float = 0.0
+    pod_seconds: float = 0.0
+    """Pod-seconds paid over [t_first, t_first + wall], from the trace (``acc.pod_seconds``)."""
 
     def pods_label(self) -> str:
         return str(self.workers + self.standbys)
@@ -586,6 +607,7 @@ def run_row(
     else:
         time.sleep(args.mtbf)  # the last recovery's next interval counts too
     t_end = time.time()
+    watch.note("window", t0=t_first, t1=t_end)  # the row's measured window, for the trace
     if policy == KUBEFLOW:
         # No restart budget to charge here: what torchrun restarted is the container restarts.
         row.restarts = sum(
@@ -613,6 +635,7 @@ def run_row(
     row.step_times = [e["t"] for e in steps]
     row.step_samples = [float(e.get("world", args.replicas) * args.batch) for e in steps]
     watch.stop()
+    row.pod_seconds = acc.pod_seconds(watch.lines(), t_first, t_end)
     # The row's raw material, kept beside its table: the workers' events and the trace.
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"{index:02d}-{policy}-{mode}-{strategy}"
@@ -701,7 +724,7 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
         )
     head = (
         f"{'policy':<14}{'mode':<10}{'strat':<6}{'pods':>5}{'goodput med [min-max]':>24}"
-        f"{'per pod paid':>24}{'rec p50':>8}{'rec p95':>8}{'lost':>6}"
+        f"{'per pod paid':>24}{'per pod-s':>24}{'rec p50':>8}{'rec p95':>8}{'lost':>6}"
         f"{'restarts':>9}{'disr':>5}  " + "  ".join(f"{p:>10}" for p in PHASES)
     )
     print(head)
@@ -728,6 +751,10 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
         per_pod = [
             acc.per_pod_paid(g, r.workers, r.standbys) for g, r in zip(goods, reps, strict=True)
         ]
+        per_pod_s = [
+            acc.per_pod_second(g, r.workers, r.wall, r.pod_seconds)
+            for g, r in zip(goods, reps, strict=True)
+        ]
         failed = len(recs) - len(secs)
         disr = (
             "-"
@@ -738,6 +765,7 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
         print(
             f"{policy:<14}{mode:<10}{strategy:<6}{reps[0].pods_label():>5}"
             f"{acc.format_spread(goods):>24}{acc.format_spread(per_pod):>24}"
+            f"{acc.format_spread(per_pod_s):>24}"
             f"{pct(secs, 0.5):>7.1f}s{pct(secs, 0.95):>7.1f}s"
             f"{lost:>6}{sum(r.restarts for r in reps):>9}{disr:>5}  "
             + "  ".join(phases)
@@ -745,6 +773,11 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
             + (f"   {'; '.join(notes)}" if notes else "")
         )
     print("lost, restarts and disr are totals over the repeats; rec and phases over every recovery")
+    print(
+        "per pod-s = goodput x workers x wall / pod-seconds paid, measured from the trace: a "
+        "pod is paid from the kubelet having it until it is gone or terminated (an evicted "
+        "pod's grace period and a replacement created ahead overlap, both paid)"
+    )
     if any(r.policy == KUBEFLOW for r in rows):
         print(
             "Kubeflow = PyTorchJob v1.8.1, elasticPolicy (c10d on worker-0, min "

@@ -8,6 +8,9 @@ tests/unit/test_goodput_accounting.py; issue 26, item 1).
 - ``ideal_rates``: each system (torchjob, Kubeflow) is divided by the rate of its own baseline
   row (mode ``none``) of the same run, never by another system's.
 - ``per_pod_paid``: goodput times workers / (workers + standbys): a standby is paid for.
+- ``pod_seconds`` / ``per_pod_second``: the pods actually paid for, measured from the row's
+  trace (a pod taken away during its grace period and its replacement created ahead are both
+  paid while they overlap), and goodput per pod-second paid.
 - ``pick_victim``: a preemption hits any running pod of the job, standbys included, each with
   the same probability (a spot reclaim does not know which pod trains).
 - ``spread``: median, min and max over the repeats of a row.
@@ -100,6 +103,47 @@ def per_pod_paid(value: float, workers: int, standbys: int) -> float:
     if workers < 1 or standbys < 0:
         raise ValueError(f"workers must be >= 1 and standbys >= 0, got {workers}, {standbys}")
     return value * workers / (workers + standbys)
+
+
+ENDED_PHASES = ("Succeeded", "Failed")
+
+
+def pod_seconds(trace: Iterable[Mapping[str, Any]], t0: float, t1: float) -> float:
+    """Pod-seconds paid for in [t0, t1], from a row's trace (bench/goodput.py's ``PodWatch``:
+    a ``pod`` line each time a pod's summary changes, a ``pod-gone`` line when the watch says
+    DELETED; other lines are ignored). Every pod of a trace is the job's: each row runs in a
+    namespace of its own. Pods are told apart by UID (a replacement takes its predecessor's
+    name).
+
+    A pod is paid from its first line on a node: phase ``Running``, or ``Pending`` with
+    container statuses (the kubelet has it and is starting its containers). A pod that never
+    gets that far (``Pending``, unscheduled) costs nothing. It stays paid until it is gone
+    (``pod-gone``) or its phase ends (``Succeeded``/``Failed``: every container terminated),
+    else until ``t1``: a pod being deleted keeps its share of the node through its grace period,
+    and a replacement created before its predecessor is gone is paid from its start, so the two
+    overlap. Traces written before ``pod-gone`` lines existed still work: a pod then stays paid
+    until its phase ends or ``t1`` (a pod deleted while ``Running`` is overcharged)."""
+    start: dict[str, float] = {}
+    end: dict[str, float] = {}
+    for e in sorted(trace, key=lambda e: float(e["t"])):
+        uid = e.get("uid")
+        if uid is None or uid in end:
+            continue
+        if e["what"] == "pod-gone" or (e["what"] == "pod" and e["phase"] in ENDED_PHASES):
+            end[uid] = float(e["t"])
+        elif e["what"] == "pod" and (e["phase"] == "Running" or e["containers"]):
+            start.setdefault(uid, float(e["t"]))
+    return sum(max(0.0, min(end.get(u, t1), t1) - max(s, t0)) for u, s in start.items())
+
+
+def per_pod_second(value: float, workers: int, wall: float, paid: float) -> float:
+    """``value`` per pod-second paid: the baseline pays ``workers`` pods for the ``wall`` time,
+    this row ``paid`` pod-seconds (``pod_seconds`` over the same window); NaN without any."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if wall <= 0 or paid <= 0:
+        return float("nan")
+    return value * workers * wall / paid
 
 
 def pick_victim(pods: Sequence[T], rng: random.Random, name: Any = None) -> T:

@@ -16,6 +16,8 @@ into what Kubernetes took and what the runtime took:
   (the joiner's readiness probe) -> the generation that takes it in published -> its group
   formed.
 
+and the pods paid over the row (``goodput_accounting.pod_seconds``).
+
     python bench/goodput_profile.py bench/out/goodput/01-Elastic-hard-ddp-events.jsonl
 """
 
@@ -25,6 +27,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+import goodput_accounting as acc
 
 
 def median(xs: list[float]) -> float:
@@ -193,6 +197,21 @@ def split_recoveries(events: list[dict[str, Any]], trace: list[dict[str, Any]]) 
     return out
 
 
+def pods_paid(events: list[dict[str, Any]], trace: list[dict[str, Any]]) -> str:
+    """The pod-seconds paid over the row's window (its trace's ``window`` line; in older
+    traces, the first to the last step), and the pods that makes on average."""
+    window = next((e for e in trace if e["what"] == "window"), None)
+    steps = [e["t"] for e in events if e["ev"] == "step"]
+    if window is not None:
+        t0, t1 = float(window["t0"]), float(window["t1"])
+    elif steps:
+        t0, t1 = min(steps), max(steps)
+    else:
+        return "pods paid: no window (no step)"
+    paid = acc.pod_seconds(trace, t0, t1)
+    return f"pods paid: {paid:.1f} pod-s over {t1 - t0:.1f}s, {paid / max(t1 - t0, 1e-9):.3f} on average"
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     out = []
     for line in path.read_text().splitlines():
@@ -213,7 +232,9 @@ def main() -> None:
         else path.with_name(path.name.replace("-events.jsonl", "-trace.jsonl"))
     )
     if trace_path != path and trace_path.exists():
-        print("\n".join(split_recoveries(events, read_jsonl(trace_path))))
+        trace = read_jsonl(trace_path)
+        print("\n".join(split_recoveries(events, trace)))
+        print(pods_paid(events, trace))
 
 
 if __name__ == "__main__":

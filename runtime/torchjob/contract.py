@@ -52,6 +52,7 @@ BACKEND: Final = "TORCHJOB_BACKEND"
 CHECKPOINT_PATH: Final = "TORCHJOB_CHECKPOINT_PATH"
 """fsspec URL or local path where rank 0 writes checkpoints ("" when none)."""
 MEMBERSHIP: Final = "TORCHJOB_MEMBERSHIP"
+DRAIN_S: Final = "TORCHJOB_DRAIN_S"  # seconds a pod given notice trains on (torchjob.rules.drain)
 """``spec.membershipPolicy``: ``RecreateGroup``, or ``KeepSurvivors`` (the runtime then follows
 the job's ``status.currentGeneration`` instead of exiting when the group breaks)."""
 KEEP_SURVIVORS: Final = "KeepSurvivors"
@@ -162,6 +163,9 @@ class PodEnv:
     """This pod's rank among the generation's pods when it is not ``pod_index`` (KeepSurvivors:
     ``status.members`` puts survivors first, so a generation that lost pod 0 has another
     rank 0 and its rendezvous on that pod)."""
+    drain_s: int = 0
+    """Seconds this pod's workers train on after SIGTERM while the operator starts its
+    replacement (``torchjob.rules.drain``); 0: stop at the next report."""
 
     @property
     def group_rank(self) -> int:
@@ -196,6 +200,7 @@ class PodEnv:
             BACKEND: self.backend,
             CHECKPOINT_PATH: self.checkpoint_path,
             MEMBERSHIP: self.membership,
+            **({DRAIN_S: str(self.drain_s)} if self.drain_s else {}),
             # torch / torchrun
             MASTER_ADDR: self.rdzv_host,
             MASTER_PORT: str(self.rdzv_port),
@@ -254,6 +259,7 @@ class PodEnv:
             checkpoint_path=env.get(CHECKPOINT_PATH, ""),
             membership=env.get(MEMBERSHIP) or "RecreateGroup",
             node_rank=None if node_rank == pod_index else node_rank,
+            drain_s=integer(DRAIN_S, 0),
         )
 
 

@@ -306,7 +306,12 @@ def test_losing_pod_0_the_survivor_goes_on_as_rank_0_in_its_own_process(
         replicas=2,
         backend="gloo",
         membershipPolicy="KeepSurvivors",
-        elastic={"minReplicas": 1, "maxReplicas": 2, "shrinkOnDisruption": True},
+        elastic={
+            "minReplicas": 1,
+            "maxReplicas": 2,
+            "shrinkOnDisruption": True,
+            "replaceBeforeLeaving": False,  # the shrink path (the drain's test is below)
+        },
         template=_e2e_template(str(epochs), "-1", "0.2", grace=30, hold_until=2),
         checkpoint={"path": str(storage)},
         failurePolicy={"maxRestarts": 0},
@@ -334,6 +339,51 @@ def test_losing_pod_0_the_survivor_goes_on_as_rank_0_in_its_own_process(
     assert len(stops) == 1, f"{said}\n{logs}"
     # Generation 1 resumed from the checkpoint the evicted rank 0 committed as it stopped.
     assert f"resumed from epoch {int(stops[0]) - 1} at generation 1" in logs[1], logs[1]
+
+
+def test_an_evicted_pod_trains_on_until_its_replacement_takes_its_place(
+    jobs: Jobs, kubelet: ProcessKubelet, tmp_path: Path
+) -> None:
+    """elastic.replaceBeforeLeaving (the default), grace 30 s: pod 1 is evicted and its
+    workers train on (SIGTERM starts a 20 s drain) while the replacement, pod 2 (pod 1 holds
+    its name), starts and imports torch. Once it is Ready, generation 1 is pods [0, 2] at the
+    full size: the group stops once, pod 1 leaves, pod 0 re-forms in its own process and pod 2
+    receives its parameters. The job never ran smaller; one disruption, nothing charged."""
+    storage = tmp_path / "checkpoints"
+    epochs = 40
+    manifest = torchjob(
+        "drain",
+        replicas=2,
+        backend="gloo",
+        membershipPolicy="KeepSurvivors",
+        elastic={"minReplicas": 1, "maxReplicas": 2, "shrinkOnDisruption": True},
+        template=_e2e_template(str(epochs), "-1", "0.2", grace=30, hold_until=1),
+        checkpoint={"path": str(storage)},
+        failurePolicy={"maxRestarts": 0},
+    )
+    jobs.apply(manifest)
+    pods = jobs.wait_running_pods("drain", 2, generation=0, timeout=300)
+    survivor = next(p for p in pods if p.metadata.name == "drain-worker-0")
+    _evict_after_epoch_3(jobs, "drain", "drain-worker-1")
+
+    status = _wait_finished(jobs, kubelet, "drain")
+    logs = {i: kubelet.log_of(f"drain-worker-{i}") for i in (0, 1, 2)}
+    assert status["phase"] == "Succeeded", f"{jobs.describe('drain')}\n{logs}"
+    assert (status["restarts"], status["disruptions"], status["currentGeneration"]) == (0, 1, 1)
+    assert status["members"] == [0, 2], status
+    pod0 = jobs.core.read_namespaced_pod("drain-worker-0", jobs.ns)
+    assert pod0.metadata.uid == survivor.metadata.uid, "the survivor kept its pod"
+    reasons = [e.reason for e in jobs.core.list_namespaced_event(jobs.ns).items]
+    assert {"ReplacingBeforeLeaving", "ReplacedBeforeLeaving"} <= set(reasons), reasons
+    assert "ShrunkAfterDisruption" not in reasons, reasons
+    assert "given notice; its workers train on for up to 20s" in logs[1], logs[1]
+    assert "replaces this pod (drain-worker-1)" in logs[1], logs[1]
+    firsts = _first_steps(logs[0], logs[2])
+    assert firsts[(0, 0)][0] == firsts[(1, 0)][0], f"pod 0 kept its process\n{logs[0]}"
+    assert firsts[(1, 1)][1] == firsts[(1, 0)][1], f"the replacement differs\n{logs}"
+    assert "this pod waits to join" in logs[2], logs[2]
+    assert f"done: {epochs} epochs, world size 2" in logs[0], logs[0]
+    assert "rank 0 of 1 on" not in logs[0], f"the job never ran smaller\n{logs[0]}"
 
 
 def test_a_warm_standby_takes_the_evicted_pods_place_and_a_new_standby_starts(

@@ -395,79 +395,116 @@ def test_a_job_recreated_under_the_same_name_waits_for_the_old_pods(jobs: Jobs) 
     assert "WorkerDisrupted" not in jobs.event_reasons("again")
 
 
+def evict_held(jobs: Jobs, pod: str) -> None:
+    """The Eviction API takes ``pod``; a finalizer keeps it terminating (as a pod that trains
+    on, or checkpoints, in its grace period would) until ``release``."""
+    jobs.core.patch_namespaced_pod(pod, jobs.ns, {"metadata": {"finalizers": [HOLD]}})
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=jobs.ns))
+    jobs.core.create_namespaced_pod_eviction(pod, jobs.ns, eviction)
+
+
+def release(jobs: Jobs, pod: str) -> None:
+    with contextlib.suppress(client.exceptions.ApiException):
+        jobs.core.patch_namespaced_pod(pod, jobs.ns, {"metadata": {"finalizers": None}})
+
+
 def test_an_elastic_job_goes_on_smaller_while_the_evicted_pod_still_terminates(
     jobs: Jobs,
 ) -> None:
-    """issue 16: the Eviction API takes worker 1 of an elastic KeepSurvivors job; a finalizer
-    keeps it terminating (as its checkpoint in the grace period would). Before it is gone the
-    operator has already published the smaller generation with the survivor in it; once its
-    name is free the replacement is created for the next generation, and the job grows back
-    to it when it runs. The survivor is never restarted, nothing is charged."""
+    """issue 16: the Eviction API takes worker 1 of an elastic KeepSurvivors job that does not
+    replace before leaving. Before it is gone the operator has already published the smaller
+    generation with the survivor in it, and created the replacement under index 2 (index 1's
+    name is still taken) for the next generation; the job grows back to it when it runs. The
+    survivor is never restarted, nothing is charged."""
     jobs.apply(
         torchjob(
             "shrinky",
             replicas=2,
             membershipPolicy="KeepSurvivors",
-            elastic={"minReplicas": 1, "maxReplicas": 2, "shrinkOnDisruption": True},
+            elastic={
+                "minReplicas": 1,
+                "maxReplicas": 2,
+                "shrinkOnDisruption": True,
+                "replaceBeforeLeaving": False,
+            },
             failurePolicy={"maxRestarts": 0},
         )
     )
     before = {p.metadata.name: p.metadata.uid for p in jobs.wait_running_pods("shrinky", 2, 0)}
     jobs.wait_phase("shrinky", "Running")
-    jobs.core.patch_namespaced_pod(
-        "shrinky-worker-1", jobs.ns, {"metadata": {"finalizers": [HOLD]}}
-    )
+    evict_held(jobs, "shrinky-worker-1")
     try:
-        eviction = client.V1Eviction(
-            metadata=client.V1ObjectMeta(name="shrinky-worker-1", namespace=jobs.ns)
-        )
-        jobs.core.create_namespaced_pod_eviction("shrinky-worker-1", jobs.ns, eviction)
+        # Smaller at once (generation 1), then back to 2 with the replacement, created under
+        # index 2 while pod 1 still holds its name: all before the evicted pod is gone.
         status = jobs.wait(
             "shrinky",
-            lambda s: s if s.get("currentGeneration") == 1 else None,
-            "the smaller generation",
+            lambda s: (
+                s if s.get("currentGeneration") == 2 and s.get("phase") == "Running" else None
+            ),
+            "grown back to 2",
         )
-        assert (status["replicas"], status["worldSize"]) == (1, 1)
-        assert (status["disruptions"], status["restarts"]) == (1, 0)
-        # Decided while the evicted pod is still there, and the survivor follows it in place.
+        assert status["members"] == [0, 2]
+        assert (status["replicas"], status["disruptions"], status["restarts"]) == (2, 1, 0)
+        jobs.wait_events("shrinky", "ShrunkAfterDisruption", "CreatedJoiner", "ScaledUp")
         evictee = jobs.core.read_namespaced_pod("shrinky-worker-1", jobs.ns)
         assert evictee.metadata.deletion_timestamp is not None
-        assert evictee.metadata.uid == before["shrinky-worker-1"]
+        assert evictee.metadata.uid == before["shrinky-worker-1"], "still terminating"
         conditions = {c.type: c.reason for c in evictee.status.conditions or []}
         assert conditions.get("DisruptionTarget") == "EvictionByEvictionAPI"
-        k.wait_for(
-            lambda: (
-                jobs.core.read_namespaced_pod("shrinky-worker-0", jobs.ns).metadata.labels[
-                    contract.LABEL_GENERATION
-                ]
-                == "1"
-            ),
-            30,
-            "the survivor relabelled with generation 1",
-        )
-        assert [p.metadata.name for p in jobs.pods("shrinky")] == [
-            "shrinky-worker-0",
-            "shrinky-worker-1",
-        ], "no pod can be created while the evicted one holds its name"
-        jobs.wait_events("shrinky", "ShrunkAfterDisruption")
     finally:
-        with contextlib.suppress(client.exceptions.ApiException):
-            jobs.core.patch_namespaced_pod(
-                "shrinky-worker-1", jobs.ns, {"metadata": {"finalizers": None}}
-            )
-    # The name is free: the replacement joins; generation 2 is the full size again.
+        release(jobs, "shrinky-worker-1")
     pods = jobs.wait_running_pods("shrinky", 2, generation=2)
     after = {p.metadata.name: p for p in pods}
+    assert set(after) == {"shrinky-worker-0", "shrinky-worker-2"}
     assert after["shrinky-worker-0"].metadata.uid == before["shrinky-worker-0"]
-    joiner = env_of(after["shrinky-worker-1"])
+    joiner = env_of(after["shrinky-worker-2"])
     assert (joiner[contract.GENERATION], joiner[contract.WORLD_SIZE]) == ("2", "2")
-    status = jobs.wait(
-        "shrinky",
-        lambda s: s if s.get("currentGeneration") == 2 and s.get("phase") == "Running" else None,
-        "grown back to 2",
+
+
+def test_an_evicted_pod_trains_on_until_its_replacement_takes_its_place(jobs: Jobs) -> None:
+    """elastic.replaceBeforeLeaving (the default): the Eviction API takes worker 1 (a
+    finalizer keeps it terminating, as its drain would). The generation does not change: the
+    replacement is created at once under index 2 and, once Ready, takes pod 1's place in one
+    generation at full size (one re-formation), counted as a disruption."""
+    manifest = torchjob(
+        "drain",
+        replicas=2,
+        membershipPolicy="KeepSurvivors",
+        elastic={"minReplicas": 1, "maxReplicas": 2, "shrinkOnDisruption": True},
+        failurePolicy={"maxRestarts": 0},
     )
-    assert (status["replicas"], status["disruptions"], status["restarts"]) == (2, 1, 0)
-    jobs.wait_events("shrinky", "CreatedJoiner", "ScaledUp")
+    manifest["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 60
+    jobs.apply(manifest)
+    before = {p.metadata.name: p.metadata.uid for p in jobs.wait_running_pods("drain", 2, 0)}
+    drain_s = env_of(jobs.core.read_namespaced_pod("drain-worker-1", jobs.ns))[contract.DRAIN_S]
+    assert drain_s == "50", "the grace period less the margin"
+    jobs.wait_phase("drain", "Running")
+    evict_held(jobs, "drain-worker-1")
+    try:
+        status = jobs.wait(
+            "drain",
+            lambda s: s if s.get("currentGeneration") == 1 else None,
+            "the replacement in the evicted pod's place",
+        )
+        assert status["members"] == [0, 2] and status["replicas"] == 2
+        assert (status["disruptions"], status["restarts"]) == (1, 0)
+        assert status["replacedWorkers"] == ["drain-worker-1"]
+        evictee = jobs.core.read_namespaced_pod("drain-worker-1", jobs.ns)
+        assert evictee.metadata.uid == before["drain-worker-1"], "it trained on meanwhile"
+        assert evictee.metadata.deletion_timestamp is not None
+        reasons = jobs.event_reasons("drain")
+        assert "ShrunkAfterDisruption" not in reasons, ", ".join(reasons)
+        jobs.wait_events(
+            "drain", "CreatedJoiner", "ReplacingBeforeLeaving", "ReplacedBeforeLeaving"
+        )
+    finally:
+        release(jobs, "drain-worker-1")
+    pods = jobs.wait_running_pods("drain", 2, generation=1)
+    after = {p.metadata.name: p for p in pods}
+    assert set(after) == {"drain-worker-0", "drain-worker-2"}
+    assert after["drain-worker-0"].metadata.uid == before["drain-worker-0"], "never restarted"
+    status = jobs.wait_phase("drain", "Running")
+    assert status["currentGeneration"] == 1
 
 
 def test_node_lost_is_a_disruption(jobs: Jobs, cluster: k.Cluster) -> None:

@@ -292,6 +292,7 @@ def test_the_fsdp_finetune_example_shrinks_and_grows_back_and_resumes_its_shards
     spec = job["spec"]
     steps = 450  # 0.2 s each: 80 s at 1 rank leaves a loaded CI time for the replacement to join
     spec["nprocPerNode"] = 1
+    spec["elastic"]["replaceBeforeLeaving"] = False  # the test is of resharding: 2 -> 1 -> 2
     spec["checkpoint"] = {"path": str(storage)}
     spec["failurePolicy"] = {"maxRestarts": 0}
     spec["template"] = real_template(

@@ -7,8 +7,9 @@ the pod spec, with the pod's ``*.svc`` DNS names mapped to 127.0.0.1 since all
 "pods" share this machine, and each TorchJob's rendezvous port mapped to a free
 port of its own, since two jobs' pods would each have their own IP on a real
 node but share 127.0.0.1 here), reports Running / Succeeded / Failed with the
-exit code, and on deletion sends SIGTERM, waits the grace period, SIGKILLs,
-then removes the pod, as a kubelet does. So the operator's pods run the real
+exit code, and on deletion sends SIGTERM to the container's main process (as a container
+runtime signals PID 1 only), SIGKILLs what is left once it exits or the grace period ends,
+then removes the pod, as a kubelet does, without holding up the node's other pods. So the operator's pods run the real
 torchjob runtime, and the test proves operator and runtime agree end to end.
 """
 
@@ -19,6 +20,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -51,6 +53,8 @@ class _Container:
     fallback_to_logs: bool
     exit_code: int | None = None
     reported: bool = False
+    kill_at: float | None = None
+    """Set by a deletion: when the grace period ends (time.monotonic)."""
 
 
 @dataclass
@@ -354,13 +358,18 @@ class ProcessKubelet:
         self.core.patch_namespaced_pod_status(c.pod, c.namespace, {"status": status})
 
     def _terminate(self, pod: Any, c: _Container | None) -> None:
+        if c is not None and c.kill_at is None and c.proc.poll() is None:
+            c.kill_at = time.monotonic() + c.grace_s
+            os.kill(c.proc.pid, signal.SIGTERM)
         if c is not None and c.proc.poll() is None:
-            os.killpg(c.proc.pid, signal.SIGTERM)
-            try:
-                c.proc.wait(c.grace_s)
-            except subprocess.TimeoutExpired:
+            assert c.kill_at is not None
+            if time.monotonic() < c.kill_at:
+                return  # the next sync looks again: other pods are not held up
+        if c is not None:
+            # The main process ended (or its grace did): nothing of the container outlives it.
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(c.proc.pid, signal.SIGKILL)
-                c.proc.wait(5)
+            c.proc.wait(5)
         try:
             self.core.delete_namespaced_pod(
                 pod.metadata.name,

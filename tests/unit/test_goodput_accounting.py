@@ -102,3 +102,72 @@ def test_a_weighted_timeline_shows_a_smaller_world_as_a_lower_line() -> None:
     assert acc.timeline(times, 100.0, 110.0, 5.0, weights) == [(0.0, 25.6), (5.0, 12.8)]
     with pytest.raises(ValueError, match="3 weights for 4 steps"):
         acc.timeline(times, 100.0, 110.0, 5.0, weights[:3])
+
+
+def _pod(t: float, uid: str, phase: str, containers: list[str]) -> dict[str, object]:
+    name = f"gp-worker-{uid[0]}"
+    return {
+        "t": t,
+        "what": "pod",
+        "pod": name,
+        "uid": uid,
+        "phase": phase,
+        "containers": containers,
+    }
+
+
+def _gone(t: float, uid: str) -> dict[str, object]:
+    return {"t": t, "what": "pod-gone", "pod": f"gp-worker-{uid[0]}", "uid": uid}
+
+
+def test_a_leaving_pod_and_its_replacement_are_both_paid_while_they_overlap() -> None:
+    # gp-worker-0 is evicted at 100 and trains through its grace period until 105; its
+    # replacement (same name, another UID) was created at 101 and runs from 102.
+    trace = [
+        _pod(0.0, "0a", "Pending", []),
+        _pod(1.0, "0a", "Pending", ["waiting"]),  # paid from here: the kubelet has it
+        _pod(2.0, "0a", "Running", ["running"]),
+        {"t": 100.0, "what": "evict", "pod": "gp-worker-0"},
+        _pod(101.0, "0b", "Pending", []),
+        _pod(101.5, "0b", "Pending", ["waiting"]),
+        _pod(102.0, "0b", "Running", ["running"]),
+        _pod(105.0, "0a", "Failed", ["terminated:0"]),
+        _gone(106.0, "0a"),
+        {"t": 1.0, "what": "job", "generation": 0, "replicas": 1},
+    ]
+    assert acc.pod_seconds(trace, 0.0, 200.0) == pytest.approx(104.0 + 98.5)
+    # 200 s of one worker paid 202.5 pod-seconds: the 3.5 s of overlap are charged.
+    assert acc.per_pod_second(1.0, 1, 200.0, 202.5) == pytest.approx(200.0 / 202.5)
+    assert math.isnan(acc.per_pod_second(1.0, 1, 200.0, 0.0))
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        acc.per_pod_second(1.0, 0, 200.0, 1.0)
+
+
+def test_a_pod_gone_early_is_paid_until_gone_and_old_traces_until_the_phase_ends() -> None:
+    # Force-deleted while Running: no Failed line, only the watch's DELETED.
+    trace = [_pod(10.0, "1a", "Running", ["running"]), _gone(30.0, "1a")]
+    assert acc.pod_seconds(trace, 0.0, 100.0) == pytest.approx(20.0)
+    # An old trace (no pod-gone lines): paid until t1, or until its phase ended.
+    assert acc.pod_seconds(trace[:1], 0.0, 100.0) == pytest.approx(90.0)
+    ended = [*trace[:1], _pod(40.0, "1a", "Succeeded", ["terminated:0"])]
+    assert acc.pod_seconds(ended, 0.0, 100.0) == pytest.approx(30.0)
+    # Lines after a pod's end do not revive it.
+    assert acc.pod_seconds([*trace, _pod(50.0, "1a", "Running", [])], 0.0, 100.0) == 20.0
+
+
+def test_pod_seconds_are_clipped_to_the_window() -> None:
+    trace = [
+        _pod(0.0, "0a", "Running", ["running"]),  # before t0: paid from t0
+        _pod(5.0, "1a", "Running", ["running"]),
+        _gone(8.0, "1a"),  # gone before t0: nothing
+        _pod(50.0, "2a", "Running", ["running"]),
+        _pod(150.0, "2a", "Failed", ["terminated:1"]),  # ends after t1: paid until t1
+        _pod(120.0, "3a", "Running", ["running"]),  # starts after t1: nothing
+    ]
+    assert acc.pod_seconds(trace, 10.0, 110.0) == pytest.approx(100.0 + 60.0)
+
+
+def test_a_pod_never_scheduled_costs_nothing() -> None:
+    trace = [_pod(1.0, "4a", "Pending", []), _gone(50.0, "4a")]
+    assert acc.pod_seconds(trace, 0.0, 100.0) == 0.0
+    assert acc.pod_seconds([_pod(1.0, "4a", "Pending", [])], 0.0, 100.0) == 0.0

@@ -584,18 +584,18 @@ def test_elastic_goes_on_smaller_at_once_and_grows_back_when_the_replacement_run
     assert "ShrunkAfterDisruption" in {e.reason for e in decided.events}
     assert decided.status["worldSize"] == 1
     survivor = replace(up[0], generation=1)
-    # While the evicted pod terminates its name is taken: nothing is created.
-    waiting = plan(view, [survivor, evicted(up[1])], at(6))
-    assert waiting.create is None and waiting.status["currentGeneration"] == 1
-    assert waiting.phase == Phase.RUNNING
-    # The name is free: the replacement is created at once, for the *next* generation.
-    joining, view, pods = step(view, [survivor], 9)
+    # The evicted pod holds its name for its grace period: the replacement is created at once
+    # under the lowest free index, for the *next* generation, ranked after the survivor.
+    joining, view, pods = step(view, [survivor, evicted(up[1])], 6)
+    assert joining.phase == Phase.RUNNING
     assert joining.create is not None
-    assert (joining.create.indices, joining.create.generation, joining.create.replicas) == (
-        (1,),
-        2,
-        2,
-    )
+    assert (
+        joining.create.indices,
+        joining.create.generation,
+        joining.create.replicas,
+        joining.create.members,
+    ) == ((2,), 2, 2, (0, 2))
+    pods = [p for p in pods if p.name != "tj-worker-1"]  # the evicted pod is gone
     assert joining.create.joiners, "created ahead: their pods get the joiner's readiness probe"
     assert joining.status["currentGeneration"] == 1, "the job goes on at 1 meanwhile"
     assert "CreatedJoiner" in {e.reason for e in joining.events}

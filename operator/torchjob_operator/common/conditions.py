@@ -43,6 +43,9 @@ REASONS: Final[Mapping[str, str]] = {
     "{target} workers (min {min}) while the replacement starts",
     "StandbyTookOver": "{detail}; {counted}; standby {pods} took the lost place at once "
     "(generation {generation}, {replicas} workers); a new standby starts",
+    "ReplacedBeforeLeaving": "{detail}; {counted}; {pods}, started while the leaving pod "
+    "trained on through its grace period, took its place at once (generation {generation}, "
+    "{replicas} workers)",
     "Rescaled": "replicas changed from {old} to {replicas}; starting generation {generation}",
     "BackoffWaiting": "restarting in {seconds}s",
     "Suspended": "the job is suspended; its pods were deleted",
@@ -81,6 +84,8 @@ REASONS: Final[Mapping[str, str]] = {
     "CreatedProbe": "probing capacity with pod {name}",
     "CreatedJoiner": "replacement {pods} starting for generation {generation}; it joins at a "
     "step boundary once it runs",
+    "ReplacingBeforeLeaving": "{leaving} was given notice: it trains on through its grace "
+    "period while its replacement {pods} starts",
     "DeletedPod": "deleted {pods}",
     "CreatedWorkload": "created Workload {name} in LocalQueue {queue} ({count} pods)",
     "DeletedWorkload": "deleted Workload {name}: the job's pod set changed; a new one queues",

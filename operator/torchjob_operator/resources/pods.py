@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchjob import contract
-from torchjob.api.models import GangScheduler, GangSpec, TorchJobSpec
+from torchjob.api.models import GangScheduler, GangSpec, MembershipPolicy, TorchJobSpec
+from torchjob.rules.drain import drain_seconds
 from torchjob.rules.worker_env import worker_pod_env
 from torchjob_operator.resources.initializers import mount_in_worker
 from torchjob_operator.resources.owner import owner_reference
@@ -39,6 +40,7 @@ def pod_env(
     generation: int,
     replicas: int,
     members: Sequence[int] | None = None,
+    drain_s: int = 0,
 ) -> contract.PodEnv:
     return worker_pod_env(
         spec,
@@ -48,7 +50,19 @@ def pod_env(
         generation=generation,
         replicas=replicas,
         members=members,
+        drain_s=drain_s,
     )
+
+
+def drains_for(spec: TorchJobSpec, grace_s: int | None) -> int:
+    """``TORCHJOB_DRAIN_S`` of the job's worker pods: how long one given notice trains on
+    (``elastic.replaceBeforeLeaving``, KeepSurvivors only; ``torchjob.rules.drain``)."""
+    el = spec.elastic
+    if el is None or not el.replace_before_leaving:
+        return 0
+    if spec.membership_policy != MembershipPolicy.KEEP_SURVIVORS:
+        return 0
+    return drain_seconds(grace_s)
 
 
 def _gpu_requests_equal_limits(resources: dict[str, Any]) -> None:
@@ -128,6 +142,7 @@ def worker_pod(
         generation=generation,
         replicas=replicas,
         members=members,
+        drain_s=drains_for(spec, pod_spec.get("terminationGracePeriodSeconds")),
     ).to_env()
     contract_env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
     contract_env.append(

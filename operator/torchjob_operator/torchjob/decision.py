@@ -114,6 +114,8 @@ class Decision:
     """Joiners ready to take a worker's place (``status.standbyWorkers``; None: not elastic)."""
     spec_replicas: int | None = None
     last_rescale: datetime | None = None
+    leaving: tuple[int, ...] = ()
+    """Members given notice that train on while their replacements start (``drain``)."""
     replaced: tuple[str, ...] = ()
     """KeepSurvivors: stale pods whose index the current generation gives to a new pod."""
     probes: tuple[ProbeView, ...] = ()

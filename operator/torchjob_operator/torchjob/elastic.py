@@ -65,29 +65,39 @@ def survivors_first(
     the newcomers join it). ``None`` (pods ``0..replicas-1``) for ``RecreateGroup``."""
     if d.job.spec.membership_policy != MembershipPolicy.KEEP_SURVIVORS:
         return None
-    kept = tuple(i for i in in_rank_order(d, survivors) if i < replicas)
-    return kept + tuple(i for i in range(replicas) if i not in kept)
+    kept = in_rank_order(d, survivors)[:replicas]
+    fill = tuple(i for i in range(replicas + len(kept)) if i not in kept)
+    return kept + fill[: replicas - len(kept)]
+
+
+def joiner_room(d: Decision, pods: Sequence[PodView]) -> int:
+    """How many joiners the job keeps: the places of members that are gone or going (below the
+    target size, or given notice), plus ``standbyReplicas``."""
+    ranked = set(d.ranked)
+    staying = sum(1 for p in pods if p.index in ranked and p.active and p.disruption is None)
+    return max(target_replicas(d) - staying, 0) + d.job.spec.standby_replicas
 
 
 def joiners(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
     """Pods created ahead of the generation that takes them in (``contract.LABEL_JOINER``;
     an older operator's: labelled ``generation + 1``): replacements and warm standbys, still
-    running or about to, with an index within ``target + standbyReplicas``. Not members yet,
-    not stale either. One that ended (it failed, or was taken away) is stale and is replaced."""
+    running or about to, by index, as many as ``joiner_room``. Not members yet, not stale
+    either. One that ended (it failed, or was taken away), or one beyond the room (the job
+    was scaled down, or has fewer standbys now), is stale and goes."""
     if d.job.spec.elastic is None or d.job.spec.membership_policy != (
         MembershipPolicy.KEEP_SURVIVORS
     ):
         return []
-    pool = target_replicas(d) + d.job.spec.standby_replicas
     ranked = set(d.ranked)
-    return [
-        p
-        for p in pods
-        if p.index not in ranked
-        and p.index < pool
-        and (p.joiner or p.generation == d.generation + 1)
-        and p.active
-    ]
+    waiting = sorted(
+        (
+            p
+            for p in pods
+            if p.index not in ranked and (p.joiner or p.generation == d.generation + 1) and p.active
+        ),
+        key=lambda p: p.index,
+    )
+    return waiting[: joiner_room(d, pods)]
 
 
 def ready_joiners(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
@@ -120,8 +130,9 @@ def replace_with_standbys(
 
 
 def grow_with_joiners(d: Decision, current: Sequence[PodView], pods: Sequence[PodView]) -> Decision:
-    """KeepSurvivors: keep ``target - replicas`` joiners plus ``standbyReplicas`` standbys,
-    created as soon as their names are free; once enough joiners wait to join, publish
+    """KeepSurvivors: keep ``joiner_room`` joiners (``target - replicas``, the places of
+    members given notice, and ``standbyReplicas`` standbys), created at once under free pod
+    indices; once enough joiners wait to join, publish
     generation g+1 at the full size (the survivors stop at their next report and re-form the
     group with the joiners), and the other joiners stay as standbys.
 
@@ -136,7 +147,8 @@ def grow_with_joiners(d: Decision, current: Sequence[PodView], pods: Sequence[Po
     standby = d.job.spec.standby_replicas
     alive = [p for p in current if not p.deleting]
     running = len(alive) == d.replicas and all(p.phase == PodPhase.RUNNING for p in alive)
-    if want <= 0 and standby == 0:
+    room = joiner_room(d, pods)
+    if want <= 0 and room == 0:
         return d
     cooling = False
     if want > 0 and d.last_rescale is not None:
@@ -157,14 +169,13 @@ def grow_with_joiners(d: Decision, current: Sequence[PodView], pods: Sequence[Po
         )
     if want > 0 and cooling and standby == 0:
         return d
-    missing = max(want, 0) + standby - len(joining)
-    taken = {p.index for p in pods}
-    ranked = set(d.ranked)
-    free = tuple(i for i in range(top + standby) if i not in taken and i not in ranked)[
-        : max(missing, 0)
-    ]
-    if not free:
+    missing = room - len(joining)
+    if missing <= 0:
         return d
+    # The lowest indices whose names are free: a pod being deleted holds its name for its
+    # grace period, so a replacement is created under another index rather than after it.
+    taken = {p.index for p in pods} | set(d.ranked)
+    free = tuple(i for i in range(len(taken) + missing) if i not in taken)[:missing]
     grown = d.ranked + tuple(sorted({p.index for p in joining} | set(free)))[: max(want, 0)]
     create = CreatePods(
         indices=free,
@@ -173,12 +184,12 @@ def grow_with_joiners(d: Decision, current: Sequence[PodView], pods: Sequence[Po
         joiners=True,
         members=None if want <= 0 or grown == tuple(range(len(grown))) else grown,
     )
-    joined = Event.of(
-        "CreatedJoiner",
-        pods=", ".join(contract.worker_pod_name(d.job.name, i) for i in free),
-        generation=d.generation + 1,
-    )
-    return d.but(create=create).also(events=[joined])
+    names = ", ".join(contract.worker_pod_name(d.job.name, i) for i in free)
+    joined = [Event.of("CreatedJoiner", pods=names, generation=d.generation + 1)]
+    if d.leaving:
+        leaving = ", ".join(contract.worker_pod_name(d.job.name, i) for i in d.leaving)
+        joined.append(Event.of("ReplacingBeforeLeaving", leaving=leaving, pods=names))
+    return d.but(create=create).also(events=joined)
 
 
 def fit_to_capacity(

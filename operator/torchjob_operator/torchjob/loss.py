@@ -174,10 +174,12 @@ def took_over(
     d = d.but(created_generation=d.generation, restart_after=None)
     kept = in_rank_order(d, survivors)
     took = ", ".join(contract.worker_pod_name(d.job.name, i) for i in members if i not in kept)
+    # Without standbys, the joiner was started for a member given notice (``drain``).
+    reason = "StandbyTookOver" if d.job.spec.standby_replicas else "ReplacedBeforeLeaving"
     return d.transition(
         Phase.RESTARTING,
         *cond.say(
-            "StandbyTookOver",
+            reason,
             detail=detail,
             counted=counted,
             pods=took,

@@ -66,6 +66,9 @@ class PodView:
     killer): a hard loss, like a container that exited 137 (``hard_loss.killed``)."""
     joiner: bool = False
     """Created ahead of the generation that takes it in (``contract.LABEL_JOINER``)."""
+    deletion_at: datetime | None = None
+    """When the kubelet kills it (``deletionTimestamp``: the delete's time plus its grace
+    period), for a pod being deleted."""
 
     @property
     def active(self) -> bool:
@@ -218,6 +221,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         phase=phase,
         ready=bool(ready_cond and ready_cond.get("status") == "True"),
         deleting=meta.get("deletionTimestamp") is not None,
+        deletion_at=parse_time_or_none(meta.get("deletionTimestamp")),
         scheduled=scheduled,
         exit_code=exit_code,
         reason=reason,

@@ -16,7 +16,8 @@ from torchjob_operator.torchjob.observed import (
 
 def active_phase(d: Decision, current: Sequence[PodView]) -> Decision:
     """Pending -> Starting -> Running for a live generation; Restarting holds until it runs again."""
-    alive = [p for p in current if not p.deleting]
+    # A member given notice still trains while its replacement starts (``drain``).
+    alive = [p for p in current if not p.deleting or p.index in d.leaving]
     running = sum(1 for p in alive if p.phase in (PodPhase.RUNNING, PodPhase.SUCCEEDED))
     ready = sum(
         1

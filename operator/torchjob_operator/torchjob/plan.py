@@ -57,6 +57,7 @@ from torchjob.rules import Outcome, deadline_left, judge_generation
 from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.events import Event
 from torchjob_operator.torchjob.decision import CreatePods, Decision, JobView, Plan
+from torchjob_operator.torchjob.drain import draining
 from torchjob_operator.torchjob.elastic import fit_to_capacity, joiners, ready_joiners
 from torchjob_operator.torchjob.ending import (
     MAX_REQUEUE_S,
@@ -184,7 +185,9 @@ def plan(
     if d.created_generation == d.generation:
         have = {p.index for p in current}
         missing = [i for i in d.ranked if i not in have]
-    verdict = judge_generation(current, replicas=d.replicas, missing=missing, now=now)
+    # A member given notice trains on while its replacement starts (torchjob/drain.py).
+    d, judged = draining(d, current, pods)
+    verdict = judge_generation(judged, replicas=d.replicas, missing=missing, now=now)
     if verdict.recheck_after_s is not None:
         d = d.also(requeue=[verdict.recheck_after_s])
     d, stranded = stranded_by_success(d, current, verdict.outcome)

@@ -25,6 +25,7 @@ def worker_pod_env(
     rdzv_port: int = DEFAULT_RDZV_PORT,
     nproc_per_node: int | None = None,
     members: Sequence[int] | None = None,
+    drain_s: int = 0,
 ) -> PodEnv:
     """What worker ``index`` of a TorchJob gets. ``members`` is the generation's rank order
     of pod indices (``status.members``; default ``0..replicas-1``): the pod's rank is its
@@ -47,4 +48,5 @@ def worker_pod_env(
         checkpoint_path=spec.checkpoint.location if spec.checkpoint else "",
         membership=spec.membership_policy.value,
         node_rank=None if rank is None or rank == index else rank,
+        drain_s=drain_s,
     )

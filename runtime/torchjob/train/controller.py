@@ -40,6 +40,7 @@ from torchjob.train._worker_loop import run_training
 from torchjob.train.job_status import JobEndpoint, JobStatusReporter, progress_body
 from torchjob.train.membership import GenerationTimeout, Membership
 from torchjob.train.modes import KeepSurvivorsMode, choose_mode
+from torchjob.train.notice import Notice
 from torchjob.train.progress import ProgressView
 from torchjob.train.record import RunRecord, run_location, shares_result
 from torchjob.train.result import Result
@@ -87,6 +88,7 @@ class Controller:
         self.name, self.run_url = run_location(trainer.run_config, pod)
         self.record = RunRecord(self.run_url, trainer.run_config.checkpoint_config)
         self.stop_requested = threading.Event()
+        self.notice = Notice(self.stop_requested, pod.drain_s if pod is not None else 0)
         self._storage: CheckpointStorage | None = None
         self._endpoint = JobEndpoint.from_env(pod) if pod is not None else None
         self._job_status: JobStatusReporter | None = None
@@ -178,7 +180,7 @@ class Controller:
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
         previous = signal.getsignal(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, lambda _signum, _frame: self.stop_requested.set())
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: self.notice.sigterm())
 
         def restore() -> None:
             signal.signal(signal.SIGTERM, previous)
@@ -203,6 +205,7 @@ class Controller:
                 return result
         finally:
             restore()
+            self.notice.cancel()
             self.workers.release()
             self.tracking.end(failed=failed)
             _session.set_fit_led(self._leads())
@@ -332,6 +335,9 @@ class Controller:
         def on_tick() -> None:
             nonlocal signalled, unstuck
             view.tick()
+            told = self.notice.tell()
+            if told is not None:
+                view.message(f"[torchjob] {told}")
             if group is not None and unstuck is None:
                 waited = points.stuck_for(time.monotonic(), STUCK_AFTER_SILENT_S)
                 if waited is not None:
@@ -359,12 +365,13 @@ class Controller:
 
         try:
             group = self.workers.take(placement, env, pod)
-            outcomes = group.submit(run_training, (self._spec(),)).wait(
-                on_event=on_event,
-                on_tick=on_tick,
-                # Wait for the survivors only when they hold a restore point worth keeping.
-                loss_grace_s=lambda: LOSS_GRACE_S if points.held else 3.0,
-            )
+            with self.notice.training():
+                outcomes = group.submit(run_training, (self._spec(),)).wait(
+                    on_event=on_event,
+                    on_tick=on_tick,
+                    # Wait for the survivors only when they hold a restore point worth keeping.
+                    loss_grace_s=lambda: LOSS_GRACE_S if points.held else 3.0,
+                )
         except LaunchError as err:
             kept = False
             if group is not None:

@@ -77,6 +77,18 @@ class ElasticPolicy(_Model):
             " (shrink, grow); docs/runtime.md has the measurement."
         ),
     )
+    replace_before_leaving: bool = Field(
+        default=True,
+        description=(
+            "With membershipPolicy KeepSurvivors: a worker given notice (a graceful eviction,"
+            " preemption or node drain, with at least 20 s of grace left) trains on through its"
+            " grace period while its replacement starts under a new pod index; once that is"
+            " Ready, one generation puts it in the leaving pod's place (one re-formation, at"
+            " full size). The leaving pod stops 10 s before its grace period ends, or when"
+            " replaced. Off: it stops at once (then shrinkOnDisruption, a standby or a"
+            " full-size replacement applies)."
+        ),
+    )
     standby_replicas: int = Field(
         default=0,
         ge=0,

@@ -1,0 +1,66 @@
+"""SIGTERM in a pod given notice: train on while the operator starts the replacement.
+
+A worker pod of an elastic ``KeepSurvivors`` job with ``replaceBeforeLeaving`` carries
+``TORCHJOB_DRAIN_S`` (``torchjob.rules.drain``). When the kubelet sends SIGTERM while the
+pod's workers train, they go on: the operator creates the replacement at once and, once it
+is Ready, publishes a generation with it in this pod's place, which stops the group at a
+report and lets this pod leave (``KeepSurvivorsMode.interrupt``). Only if that has not
+happened ``drain_s`` later is the stop requested, as any SIGTERM requests it without a drain
+(all ranks stop at their next report). A SIGTERM outside training (a joiner waiting to join,
+a survivor between generations) stops at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class Notice:
+    """What a SIGTERM means for this process: stop now, or after ``drain_s`` of training."""
+
+    def __init__(self, stop: threading.Event, drain_s: float) -> None:
+        self.stop = stop
+        self.drain_s = drain_s
+        self.given = False
+        """SIGTERM came while the workers trained, and they train on."""
+        self._told = False
+        self._training = False
+        self._timer: threading.Timer | None = None
+
+    @contextmanager
+    def training(self) -> Iterator[None]:
+        """While the workers train a SIGTERM drains; outside, it stops at once."""
+        self._training = True
+        try:
+            yield
+        finally:
+            self._training = False
+
+    def sigterm(self) -> None:
+        """The SIGTERM handler (main thread): start the drain, or request the stop."""
+        if self.drain_s <= 0 or not self._training or self.stop.is_set():
+            self.stop.set()
+            return
+        if self.given:
+            return
+        self.given = True
+        self._timer = threading.Timer(self.drain_s, self.stop.set)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def tell(self) -> str | None:
+        """Once, after a SIGTERM that drains: the line to log (not from the handler)."""
+        if not self.given or self._told:
+            return None
+        self._told = True
+        return (
+            f"SIGTERM: this pod was given notice; its workers train on for up to "
+            f"{self.drain_s:g}s while the operator starts its replacement"
+        )
+
+    def cancel(self) -> None:
+        """The run ended: no stop to request any more."""
+        if self._timer is not None:
+            self._timer.cancel()
