@@ -367,6 +367,9 @@ class Recovery:
     boundaries: dict[str, float] = field(default_factory=dict)
     first_step: float | None = None
     resumed_step: int | None = None
+    pause: float | None = None
+    """The longest stretch without a step from the preemption to ``first_step``
+    (``acc.longest_pause``)."""
 
     @property
     def seconds(self) -> float | None:
@@ -573,6 +576,8 @@ def run_row(
             row.recoveries.append(rec)
             break
         rec.first_step = step["t"]
+        rank0_steps = [e["t"] for e in read_events(events) if e["ev"] == "step"]
+        rec.pause = acc.longest_pause(rank0_steps, rec.t_evict, rec.first_step)
         new_gen = step["gen"]
         evs = [e for e in read_events(events) if e["gen"] == new_gen]
         restored = [e for e in evs if e["ev"] == "restored"]
@@ -724,7 +729,7 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
         )
     head = (
         f"{'policy':<14}{'mode':<10}{'strat':<6}{'pods':>5}{'goodput med [min-max]':>24}"
-        f"{'per pod paid':>24}{'per pod-s':>24}{'rec p50':>8}{'rec p95':>8}{'lost':>6}"
+        f"{'per pod paid':>24}{'per pod-s':>24}{'rec p50':>8}{'rec p95':>8}{'pause50':>8}{'lost':>6}"
         f"{'restarts':>9}{'disr':>5}  " + "  ".join(f"{p:>10}" for p in PHASES)
     )
     print(head)
@@ -735,6 +740,7 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
     for (policy, mode, strategy), reps in groups.items():
         recs = [x for r in reps for x in r.recoveries]
         secs = [x.seconds for x in recs if x.seconds is not None]
+        pauses = [x.pause for x in recs if x.pause is not None]
         lost = sum(
             max(0, x.step_before - x.resumed_step) for x in recs if x.resumed_step is not None
         )
@@ -766,7 +772,7 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
             f"{policy:<14}{mode:<10}{strategy:<6}{reps[0].pods_label():>5}"
             f"{acc.format_spread(goods):>24}{acc.format_spread(per_pod):>24}"
             f"{acc.format_spread(per_pod_s):>24}"
-            f"{pct(secs, 0.5):>7.1f}s{pct(secs, 0.95):>7.1f}s"
+            f"{pct(secs, 0.5):>7.1f}s{pct(secs, 0.95):>7.1f}s{pct(pauses, 0.5):>7.1f}s"
             f"{lost:>6}{sum(r.restarts for r in reps):>9}{disr:>5}  "
             + "  ".join(phases)
             + (f"   ({failed} not recovered)" if failed else "")

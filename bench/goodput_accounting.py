@@ -20,6 +20,7 @@ tests/unit/test_goodput_accounting.py; issue 26, item 1).
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -213,3 +214,16 @@ def timeline_svg(
     return plots.chart(
         title, [line], vlines=evictions, x_unit=" s", y_unit=unit, width=width, height=height
     )
+
+
+def longest_pause(step_times: Iterable[float], t_from: float, t_to: float) -> float:
+    """The longest stretch without a step between the last step at or before ``t_from`` (a
+    preemption) and ``t_to`` (the new membership's first step): what the preemption stopped
+    training for. A pod that trains on through its grace period while its replacement starts
+    stops the job only for the re-formation at the end, so its recovery (``t_to - t_from``)
+    can be long while its pause is short."""
+    ts = sorted(t for t in step_times if t <= t_to)
+    before = [t for t in ts if t <= t_from]
+    start = before[-1] if before else t_from
+    marks = [start, *(t for t in ts if t > start), t_to]
+    return max(b - a for a, b in itertools.pairwise(marks))

@@ -171,3 +171,14 @@ def test_a_pod_never_scheduled_costs_nothing() -> None:
     trace = [_pod(1.0, "4a", "Pending", []), _gone(50.0, "4a")]
     assert acc.pod_seconds(trace, 0.0, 100.0) == 0.0
     assert acc.pod_seconds([_pod(1.0, "4a", "Pending", [])], 0.0, 100.0) == 0.0
+
+
+def test_the_pause_is_the_longest_stretch_without_a_step_after_the_preemption() -> None:
+    # Steps every 0.1 s; preempted at 1.05; training went on until 3.0 (a drain), then 0.6 s
+    # without a step while the group re-formed, then the new membership's first step at 3.6.
+    steps = [i / 10 for i in range(0, 31)] + [3.6]
+    assert acc.longest_pause(steps, 1.05, 3.6) == pytest.approx(0.6)
+    # A shrink at once: nothing after the preemption until the first step 1.2 s later.
+    assert acc.longest_pause([0.9, 1.0, 2.2], 1.05, 2.2) == pytest.approx(1.2)
+    # No step before the preemption: counted from it.
+    assert acc.longest_pause([2.0], 1.0, 2.0) == pytest.approx(1.0)
