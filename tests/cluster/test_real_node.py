@@ -713,7 +713,13 @@ def test_a_torchtune_runs_the_tune_seeds_trainable_in_real_containers_to_the_bes
     assert best.config["lr"] == 0.1 and best.job_name == status["bestTrial"]["name"]
     assert status["bestTrial"]["params"] == {"lr": 0.1}
     committed = CheckpointStorage(str(storage / best.job_name)).list_committed()
-    assert status["bestTrial"]["checkpoint"] == committed[-1].path
+    # Seen once (2026-11-26): the best trial t0's checkpoint named t1's directory; what each
+    # trial's TorchJob said is printed, so that a recurrence shows where the path came from.
+    progress = {
+        t["name"]: (real_jobs.status(t["name"]).get("progress") or {}).get("lastCheckpoint")
+        for t in status["trials"]
+    }
+    assert status["bestTrial"]["checkpoint"] == committed[-1].path, (status, progress)
     assert best.checkpoint is not None and best.checkpoint.path == committed[-1].path
     import torch
 

@@ -33,7 +33,9 @@ Semantics (docs/api.md explains them for users):
   permanent exit code fails the job at once.
 * A disruption (DisruptionTarget, Kueue's TerminationTarget, node loss, a pod
   deleted by someone else) starts a new generation at once and never consumes
-  ``maxRestarts``.
+  ``maxRestarts``. An elastic ``KeepSurvivors`` job with ``replaceBeforeLeaving`` first
+  lets a pod given notice train on through its grace period while its replacement
+  starts, and then swaps the two in one generation (``drain``).
 * A job Kueue manages (``torchjob.kueue``) runs only while its Workload is admitted: before,
   and after an eviction, it is held like a suspended one (no pods; an eviction counts as a
   disruption, never against ``maxRestarts``); an admission resumes it in a new generation.
