@@ -20,6 +20,7 @@ tests/unit/test_goodput_accounting.py; issue 26, item 1).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import random
 import statistics
@@ -227,3 +228,54 @@ def longest_pause(step_times: Iterable[float], t_from: float, t_to: float) -> fl
     start = before[-1] if before else t_from
     marks = [start, *(t for t in ts if t > start), t_to]
     return max(b - a for a, b in itertools.pairwise(marks))
+
+
+@dataclass(frozen=True)
+class PreemptionCost:
+    """What one preemption cost, from rank 0's steps: from the preemption until the first
+    step of the next membership at the size the job had before it (``until``)."""
+
+    at: float
+    until: float
+    delivered: float
+    """Samples trained in that stretch over what the ideal rate trains in it."""
+    pause: float
+    """The longest stretch without a step in it (``longest_pause``)."""
+
+    @property
+    def lost_s(self) -> float:
+        """Seconds of ideal training the preemption cost."""
+        return (self.until - self.at) * (1.0 - self.delivered)
+
+
+def preemption_costs(
+    steps: Sequence[Mapping[str, Any]], preempted_at: Iterable[float], ideal_rate: float
+) -> list[PreemptionCost]:
+    """Each preemption's cost (``PreemptionCost``), from rank 0's step events (``t``,
+    ``world``, ``samples``, in time order). A preemption the job never got back to its size
+    from is costed to the last step. Samples count across generations (they are kept in the
+    checkpoint), so a smaller or slower stretch shows as ``delivered < 1``."""
+    if ideal_rate <= 0:
+        raise ValueError(f"ideal_rate must be > 0, got {ideal_rate}")
+    ts = [float(s["t"]) for s in steps]
+    out = []
+    for at in sorted(preempted_at):
+        i = bisect.bisect_right(ts, at) - 1
+        if i < 0 or i + 1 >= len(ts):
+            continue
+        size = steps[i]["world"]
+        back = next(
+            (j for j in range(i + 1, len(ts)) if steps[j]["world"] >= size and _new(steps, i, j)),
+            len(ts) - 1,
+        )
+        span = ts[back] - at
+        done = steps[back]["samples"] - steps[i]["samples"]
+        delivered = done / (ideal_rate * span) if span > 0 else 1.0
+        pause = longest_pause(ts[: back + 1], at, ts[back])
+        out.append(PreemptionCost(at=at, until=ts[back], delivered=delivered, pause=pause))
+    return out
+
+
+def _new(steps: Sequence[Mapping[str, Any]], i: int, j: int) -> bool:
+    """Step ``j`` is of a later membership than step ``i`` (its generation moved on)."""
+    return bool(steps[j].get("gen", 0) > steps[i].get("gen", 0))

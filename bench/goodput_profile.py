@@ -18,7 +18,8 @@ into what Kubernetes took and what the runtime took:
 
 and the pods paid over the row (``goodput_accounting.pod_seconds``).
 
-    python bench/goodput_profile.py bench/out/goodput/01-Elastic-hard-ddp-events.jsonl
+    python bench/goodput_profile.py bench/out/goodput/01-Elastic-hard-ddp-events.jsonl \
+        [--ideal 1853]   # with the row's ideal rate: what each preemption cost
 """
 
 from __future__ import annotations
@@ -212,6 +213,33 @@ def pods_paid(events: list[dict[str, Any]], trace: list[dict[str, Any]]) -> str:
     return f"pods paid: {paid:.1f} pod-s over {t1 - t0:.1f}s, {paid / max(t1 - t0, 1e-9):.3f} on average"
 
 
+def preemption_costs(
+    events: list[dict[str, Any]], trace: list[dict[str, Any]], ideal_rate: float
+) -> list[str]:
+    """Each preemption's cost in seconds of ideal training (``acc.preemption_costs``), and
+    what they add up to against the whole row's shortfall: the rest is the stretches between
+    preemptions running below the ideal rate (another run's baseline, machine drift)."""
+    steps = sorted((e for e in events if e["ev"] == "step"), key=lambda e: e["t"])
+    hits = [e["t"] for e in trace if e["what"] in ("kill", "evict")]
+    costs = acc.preemption_costs(steps, hits, ideal_rate)
+    out = [
+        f"  preempted +{c.at - steps[0]['t']:.1f}s: back at full size {c.until - c.at:.1f}s "
+        f"later, {c.delivered:.3f} of the ideal rate meanwhile, pause {c.pause:.2f}s, "
+        f"cost {c.lost_s:.2f}s"
+        for c in costs
+    ]
+    if steps and costs:
+        wall = steps[-1]["t"] - steps[0]["t"]
+        short = wall - (steps[-1]["samples"] - steps[0]["samples"]) / ideal_rate
+        lost = sum(c.lost_s for c in costs)
+        out.append(
+            f"preemptions cost {lost:.1f}s of {wall:.1f}s ({lost / wall:.3f}; pauses "
+            f"{sum(c.pause for c in costs):.1f}s); the row's whole shortfall "
+            f"{short:.1f}s ({short / wall:.3f})"
+        )
+    return out
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     out = []
     for line in path.read_text().splitlines():
@@ -223,18 +251,28 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    path = Path(sys.argv[1])
+    """``EVENTS [TRACE] [--ideal SAMPLES_PER_S]`` (the ideal rate: the row's baseline, which
+    the bench prints; with it, each preemption's cost)."""
+    args = sys.argv[1:]
+    ideal = None
+    if "--ideal" in args:
+        at = args.index("--ideal")
+        ideal = float(args[at + 1])
+        del args[at : at + 2]
+    path = Path(args[0])
     events = read_jsonl(path)
     print("\n".join(profile(events)))
     trace_path = (
-        Path(sys.argv[2])
-        if len(sys.argv) > 2
+        Path(args[1])
+        if len(args) > 1
         else path.with_name(path.name.replace("-events.jsonl", "-trace.jsonl"))
     )
     if trace_path != path and trace_path.exists():
         trace = read_jsonl(trace_path)
         print("\n".join(split_recoveries(events, trace)))
         print(pods_paid(events, trace))
+        if ideal is not None:
+            print("\n".join(preemption_costs(events, trace, ideal)))
 
 
 if __name__ == "__main__":

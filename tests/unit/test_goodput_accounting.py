@@ -182,3 +182,38 @@ def test_the_pause_is_the_longest_stretch_without_a_step_after_the_preemption() 
     assert acc.longest_pause([0.9, 1.0, 2.2], 1.05, 2.2) == pytest.approx(1.2)
     # No step before the preemption: counted from it.
     assert acc.longest_pause([2.0], 1.0, 2.0) == pytest.approx(1.0)
+
+
+def _steps(spans: list[tuple[float, float, int, int]]) -> list[dict[str, float]]:
+    """Rank 0's steps: (from, to, generation, world) stretches at 0.1 s a step, 10 samples
+    per worker per step."""
+    out: list[dict[str, float]] = []
+    samples = 0
+    for start, end, gen, world in spans:
+        t = start
+        while t < end - 1e-9:
+            samples += 10 * world
+            out.append({"t": round(t, 3), "gen": gen, "world": world, "samples": samples})
+            t += 0.1
+    return out
+
+
+def test_a_preemption_costs_its_pause_and_its_smaller_stretch() -> None:
+    ideal = 800.0  # 8 workers x 10 samples / 0.1 s
+    # Shrink at once: 1 s pause, 9 s at 7 of 8, a 0.5 s pause, back at 8.
+    shrink = _steps([(0, 10, 0, 8), (11, 20, 1, 7), (20.5, 30, 2, 8)])
+    (c,) = acc.preemption_costs(shrink, [10.0], ideal)
+    assert c.until == pytest.approx(20.5) and c.pause == pytest.approx(1.1, abs=0.01)
+    assert c.lost_s == pytest.approx(1.0 + 9 / 8 + 0.5, abs=0.15)
+    # Replace before leaving: full speed until the swap, one 0.5 s pause.
+    drain = _steps([(0, 18, 0, 8), (18.5, 30, 1, 8)])
+    (d,) = acc.preemption_costs(drain, [10.0], ideal)
+    assert d.until == pytest.approx(18.5) and d.pause == pytest.approx(0.6, abs=0.01)
+    assert d.lost_s == pytest.approx(0.5, abs=0.15)
+    assert d.lost_s < c.lost_s
+    # Never back at full size: costed to the last step; a preemption before any step, none.
+    (e,) = acc.preemption_costs(_steps([(0, 10, 0, 8), (10, 20, 1, 7)]), [10.0], ideal)
+    assert e.until == pytest.approx(19.9) and e.delivered == pytest.approx(7 / 8, abs=0.02)
+    assert acc.preemption_costs(drain, [-1.0], ideal) == []
+    with pytest.raises(ValueError, match="ideal_rate"):
+        acc.preemption_costs(drain, [10.0], 0.0)
