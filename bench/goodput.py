@@ -270,6 +270,9 @@ class PodWatch:
         self.added: dict[str, float] = {}
         self.trace: list[dict[str, Any]] = []
         self._last: dict[str, dict[str, Any]] = {}
+        self.ended_logs: dict[str, str] = {}
+        """The log of each pod whose containers ended during the row, by ``<pod>-<uid>``: a
+        pod replaced mid-row is gone by the row's end (``save_logs`` keeps these too)."""
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._run, daemon=True)]
@@ -306,12 +309,30 @@ class PodWatch:
                         if self._last.get(uid) != summary:
                             self._last[uid] = summary
                             self.note("pod", pod=pod.metadata.name, uid=uid, **summary)
+                            ended = summary["containers"] and all(
+                                c.startswith("terminated") for c in summary["containers"]
+                            )
+                            if ended:
+                                self._keep_log(pod.metadata.name, uid)
                     if self._stop.is_set():
                         break
                 rv = w.resource_version
             except Exception:  # a dropped watch is resumed (from a fresh list)
                 rv = None
                 time.sleep(0.2)
+
+    def _keep_log(self, name: str, uid: str) -> None:
+        """Read an ended pod's log now, beside the watch (the pod may go any moment)."""
+
+        def read() -> None:
+            try:
+                text = self.core.read_namespaced_pod_log(name, self.ns, timestamps=True)
+            except Exception as exc:  # gone already: say so in its place
+                text = f"(log not read: {exc})"
+            with self._lock:
+                self.ended_logs[f"{name}-{uid[:8]}"] = text
+
+        threading.Thread(target=read, daemon=True).start()
 
     def _run_job(self) -> None:
         from kubernetes import watch
@@ -626,7 +647,13 @@ def run_row(
             custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, JOB).get("status") or {}
         )
         row.restarts, row.disruptions = status.get("restarts", 0), status.get("disruptions", 0)
-    save_logs(cluster, core, ns, args.out / f"{index:02d}-{policy}-{mode}-{strategy}-logs")
+    save_logs(
+        cluster,
+        core,
+        ns,
+        args.out / f"{index:02d}-{policy}-{mode}-{strategy}-logs",
+        ended=dict(watch.ended_logs),
+    )
     if policy == KUBEFLOW:
         cluster.kubectl("-n", ns, "delete", "pytorchjob", JOB, "--wait=false")
     else:
@@ -650,10 +677,15 @@ def run_row(
     return row
 
 
-def save_logs(cluster: k.Cluster, core: Any, ns: str, into: Path) -> None:
+def save_logs(
+    cluster: k.Cluster, core: Any, ns: str, into: Path, ended: dict[str, str] | None = None
+) -> None:
     """The logs of the pods left at a row's end (the last replacements among them), with the
-    kubelet's timestamps: where a replacement's start went, line by line."""
+    kubelet's timestamps: where a replacement's start went, line by line; and ``ended``, the
+    logs of the pods whose containers ended during the row (``<pod>-<uid>.log``)."""
     into.mkdir(parents=True, exist_ok=True)
+    for key, text in (ended or {}).items():
+        (into / f"{key}.log").write_text(text)
     for pod in core.list_namespaced_pod(ns).items:
         name = pod.metadata.name
         done = cluster.kubectl(
