@@ -55,6 +55,14 @@ def progress_body(
     ).to_wire()
 
 
+def newer_checkpoint(a: str, b: str) -> bool:
+    """Whether checkpoint path ``a`` is later than ``b`` (``checkpoint_<index>``, zero-padded,
+    in one run directory); a path of another directory counts as newer."""
+    head_a, _, tail_a = a.rstrip("/").rpartition("/")
+    head_b, _, tail_b = b.rstrip("/").rpartition("/")
+    return head_a != head_b or tail_a > tail_b
+
+
 class JobEndpoint:
     """This pod's TorchJob ``/status``, reached with the pod's ServiceAccount token."""
 
@@ -130,6 +138,7 @@ class JobStatusReporter:
         self.url = endpoint.url
         self.min_interval_s = min_interval_s
         self._latest: dict[str, Any] | None = None
+        self._checkpoint: str | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = False
@@ -148,7 +157,16 @@ class JobStatusReporter:
         return cls(endpoint) if endpoint is not None else None
 
     def report(self, progress: dict[str, Any]) -> None:
+        """Queue ``progress`` (the newest replaces one not yet sent). The last checkpoint is
+        carried into every later body: a report's own body may not name it (its background
+        commit lands after, or before, the report's event), and a body without it must not
+        replace one with it before it is sent (a study's best trial points at it)."""
         with self._lock:
+            said = progress.get("lastCheckpoint")
+            if said and (self._checkpoint is None or newer_checkpoint(said, self._checkpoint)):
+                self._checkpoint = said
+            if self._checkpoint is not None:
+                progress = {**progress, "lastCheckpoint": self._checkpoint}
             self._latest = progress
         self._wake.set()
 

@@ -1,0 +1,39 @@
+"""The progress reporter keeps the last checkpoint in every body it sends: a study's best
+trial points at it, and a report's own body may not name it (its background commit lands
+before or after the report's event)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchjob.train.job_status import JobStatusReporter, newer_checkpoint
+
+
+class Recorder:
+    """Where the bodies go (the reporter's coalescing is under test, not the API server)."""
+
+    url = "https://api/status"
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    def call(self, method: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        assert method == "PATCH" and body is not None
+        self.bodies.append(body["status"]["progress"])
+        return {}
+
+
+def test_a_body_without_the_checkpoint_never_drops_it() -> None:
+    sink = Recorder()
+    reporter = JobStatusReporter(sink, min_interval_s=60.0)  # type: ignore[arg-type]
+    reporter.report({"step": 5, "lastCheckpoint": "/r/checkpoint_000005"})
+    reporter.report({"step": 6})  # replaces the one above before it is sent
+    reporter.report({"step": 6, "lastCheckpoint": "/r/checkpoint_000004"})  # an older one
+    reporter.close(timeout_s=10)
+    assert sink.bodies[-1] == {"step": 6, "lastCheckpoint": "/r/checkpoint_000005"}
+
+
+def test_checkpoints_are_ordered_by_their_index() -> None:
+    assert newer_checkpoint("/r/checkpoint_000010", "/r/checkpoint_000009")
+    assert not newer_checkpoint("/r/checkpoint_000004", "/r/checkpoint_000005")
+    assert newer_checkpoint("s3://b/other/checkpoint_000001", "s3://b/r/checkpoint_000005")
