@@ -19,6 +19,7 @@ from torchjob.api.models import MembershipPolicy
 from torchjob.rules.drain import MARGIN_S, drain_left
 from torchjob_operator.torchjob.decision import Decision
 from torchjob_operator.torchjob.elastic import replace_with_standbys
+from torchjob_operator.torchjob.loss import survives
 from torchjob_operator.torchjob.observed import PodPhase, PodView
 
 NOTICE_RECHECK_S = 1.0
@@ -62,9 +63,7 @@ def draining(
     leaving = leavers(d, current)
     if not leaving:
         return d, list(current)
-    survivors = [
-        p for p in current if p not in leaving and p.active and p.scheduled and p.disruption is None
-    ]
+    survivors = [p for p in current if survives(p)]  # a leaver is deleting or disrupted
     if replace_with_standbys(d, survivors, pods) is not None:
         return d, list(current)  # judged disrupted: a ready joiner takes each leaver's place
     waits = [drain_left(p.deletion_at, d.now) if p.deleting else NOTICE_RECHECK_S for p in leaving]
