@@ -153,11 +153,15 @@ class ProcessKubelet:
 
     def stop(self) -> None:
         self._stop.set()
+        # The sync loop first: one still in _sync_pod could start a container after the kill
+        # below, left running with no kubelet (seen once: a pod the operator created while
+        # the test's namespace went away).
+        for t in self._threads:
+            t.join(30)
         for c in self._containers.values():
             if c.proc.poll() is None:
-                os.killpg(c.proc.pid, signal.SIGKILL)
-        for t in self._threads:
-            t.join(5)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(c.proc.pid, signal.SIGKILL)
         with contextlib.suppress(ApiException):
             self.core.delete_node(self.node)
 
@@ -190,7 +194,7 @@ class ProcessKubelet:
             self._terminate(pod, c)
             return
         if c is None:
-            if pod.status.phase in ("Succeeded", "Failed"):
+            if pod.status.phase in ("Succeeded", "Failed") or self._stop.is_set():
                 return
             c = self._run(pod)
             self._containers[uid] = c
