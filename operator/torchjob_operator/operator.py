@@ -166,6 +166,33 @@ class Operator:
             client_timeout_s=self.settings.watch_client_timeout_s,
         )
         self.pod_watch.start()
+        self._keep(loop.create_task(self._sweep_forever(), name="torchjob-sweep"))
+
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        # Held until done: the event loop keeps only a weak reference to a task.
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.job_sweep_s)
+            if self.jobs.leading:
+                try:
+                    await self.sweep_jobs()
+                except Exception as exc:  # the next sweep tries again
+                    log.warning("listing the TorchJobs to sweep the cache failed: %s", exc)
+
+    async def sweep_jobs(self) -> list[Key]:
+        """LIST the TorchJobs; forget every cached one the LIST no longer shows (deleted
+        without a watch event, ``OperatorSettings.job_sweep_s``). Returns them."""
+        started = self.store.clock()
+        listed = await asyncio.to_thread(self.kube.list_jobs, self.settings.namespaces)
+        dropped = self.store.sweep(listed, started)
+        for key in dropped:
+            log.warning("[%s/%s] deleted without a watch event: forgetting it", *key)
+            metrics.GHOSTS_DROPPED.inc()
+            self.jobs.forget(key)
+        return dropped
 
     async def stop(self) -> None:
         """Clean shutdown (SIGTERM, a rolling upgrade): stop reconciling, hand the lease back
@@ -178,6 +205,8 @@ class Operator:
         if self.pod_watch is not None:
             await asyncio.to_thread(self.pod_watch.stop)
         await asyncio.to_thread(self.pool.release)
+        for task in list(self._tasks):
+            task.cancel()
 
     def _elect(self, config: ElectionConfig) -> None:
         """Start the election; leading starts the loops, losing the lease ends the process
@@ -187,12 +216,11 @@ class Operator:
         queues = (self.jobs, self.studies)
 
         def lead(queue: WorkQueue) -> None:  # on the event loop
-            task = loop.create_task(
-                queue.start_leading(namespaces), name=f"{queue.controller.kind}-leading"
+            self._keep(
+                loop.create_task(
+                    queue.start_leading(namespaces), name=f"{queue.controller.kind}-leading"
+                )
             )
-            # Held until done: the event loop keeps only a weak reference to a task.
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
 
         def started() -> None:
             for queue in queues:

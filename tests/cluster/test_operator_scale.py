@@ -17,7 +17,47 @@ pytestmark = pytest.mark.cluster
 JOBS = 200
 
 
+def _bookkeeping(jobs: Jobs) -> dict[str, float]:
+    op = jobs.operator
+    return {
+        "loops": op.metric("torchjob_job_loops"),
+        **{
+            kind: op.metric(f'torchjob_cache_objects{{kind="{kind}"}}')
+            for kind in ("jobs", "pods", "awaiting")
+        },
+    }
+
+
+def _what_is_left(jobs: Jobs) -> str:
+    """The operator's counts, and what the cluster still holds (the operator serves every
+    namespace: an earlier test's job in a namespace still being deleted counts too)."""
+    left = jobs.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
+    pods = jobs.core.list_pod_for_all_namespaces(label_selector=contract.LABEL_JOB_NAME).items
+    return (
+        f"{_bookkeeping(jobs)}; TorchJobs: "
+        + (
+            ", ".join(f"{j['metadata']['namespace']}/{j['metadata']['name']}" for j in left[:20])
+            or "none"
+        )
+        + "; pods: "
+        + (
+            ", ".join(
+                f"{p.metadata.namespace}/{p.metadata.name} ({p.status.phase}, node "
+                f"{p.spec.node_name}, deleting: {p.metadata.deletion_timestamp is not None})"
+                for p in pods[:20]
+            )
+            or "none"
+        )
+    )
+
+
+def _idle(jobs: Jobs) -> bool:
+    return not any(_bookkeeping(jobs).values())
+
+
 def test_loops_and_cache_are_empty_after_200_jobs_come_and_go(jobs: Jobs) -> None:
+    # The earlier tests' namespaces go in the background: their jobs are the operator's too.
+    k.wait_for(lambda: _idle(jobs), 180, lambda: f"an idle operator first: {_what_is_left(jobs)}")
     names = [f"churn-{i:03d}" for i in range(JOBS)]
     with ThreadPoolExecutor(8) as pool:
         list(
@@ -51,27 +91,8 @@ def test_loops_and_cache_are_empty_after_200_jobs_come_and_go(jobs: Jobs) -> Non
 
     def drained() -> bool:
         leftover = jobs.core.list_namespaced_pod(jobs.ns, label_selector=contract.LABEL_JOB_NAME)
-        return not leftover.items and all(
-            op.metric(m) == 0
-            for m in (
-                "torchjob_job_loops",
-                'torchjob_cache_objects{kind="jobs"}',
-                'torchjob_cache_objects{kind="pods"}',
-                'torchjob_cache_objects{kind="awaiting"}',
-            )
-        )
+        return not leftover.items and _idle(jobs)
 
     # Pods deleted by the garbage collector poke their (gone) job once more: the loop that
     # starts for it must find the job gone and end too.
-    k.wait_for(
-        drained,
-        180,
-        lambda: (
-            f"torchjob_job_loops={op.metric('torchjob_job_loops')}, cache="
-            + ", ".join(
-                str(op.metric(f'torchjob_cache_objects{{kind="{kind}"}}'))
-                for kind in ("jobs", "pods", "awaiting")
-            )
-        ),
-        interval=1,
-    )
+    k.wait_for(drained, 180, lambda: _what_is_left(jobs), interval=1)

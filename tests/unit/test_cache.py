@@ -7,6 +7,7 @@ cache there); here a ``Watch`` stands in for them so the lag can be chosen exact
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
@@ -311,3 +312,54 @@ def test_a_deleted_job_is_gone_without_asking_until_its_tombstone_expires() -> N
     store.drop_job(("ns", "third"))
     assert not store.is_gone(("ns", "other")) and store.is_gone(("ns", "third"))
     assert list(store._gone) == [("ns", "third")], "expired tombstones are pruned"
+
+
+def test_a_job_deleted_behind_the_watch_is_dropped_when_a_write_finds_it_gone() -> None:
+    """kopf lists again after a watch's 410 Gone and reports no deletion in between: the
+    cache may hold a job the API server no longer has. Its first status write (404) drops it,
+    and the loop ends at the next reconcile instead of planning a ghost forever."""
+    api, store, cached, _, _ = _setup()
+    deleted: list[str] = []
+
+    def gone(namespace: str, name: str, status: Any) -> bool:
+        deleted.append(name)
+        return False  # the API server answers 404
+
+    api.patch_job_status = gone  # type: ignore[method-assign]
+    api.get_job = lambda namespace, name: None  # type: ignore[method-assign]
+    assert not reconcile_once(cached, "ns", "tj", settings=OperatorSettings(), clock=Clock()).gone
+    assert deleted == ["tj"], "the ghost was planned from the cache and its write found it gone"
+    assert store.job(KEY) is None and not store.awaiting(KEY)
+    assert reconcile_once(cached, "ns", "tj", settings=OperatorSettings(), clock=Clock()).gone
+
+
+def test_a_list_drops_the_jobs_it_no_longer_shows_but_not_those_newer_than_it() -> None:
+    ticks = Ticks()
+    store = Store(clock=ticks)
+    for name in ("kept", "ghost"):
+        store.put_job({"metadata": {"namespace": "ns", "name": name}})
+    ticks.now += 1
+    started = ticks()
+    ticks.now += 1
+    store.put_job({"metadata": {"namespace": "ns", "name": "new"}})  # after the LIST began
+    assert store.sweep([("ns", "kept")], started) == [("ns", "ghost")]
+    assert store.job(("ns", "ghost")) is None and store.is_gone(("ns", "ghost"))
+    assert store.job(("ns", "kept")) is not None and store.job(("ns", "new")) is not None
+    assert store.sweep([("ns", "kept"), ("ns", "new")], ticks()) == []
+
+
+def test_the_operator_forgets_a_job_deleted_without_a_watch_event() -> None:
+    from torchjob_operator.operator import Operator
+
+    api = FakeKube(_spec())
+    api.list_jobs = lambda namespaces: []  # type: ignore[method-assign]
+
+    async def scenario() -> tuple[list[tuple[str, str]], bool]:
+        op = Operator(OperatorSettings(), live=api)
+        op.store.put_job(copy.deepcopy(api.job))
+        op.jobs.poke(KEY)  # its loop runs (and reads the ghost from the cache)
+        dropped = await op.sweep_jobs()
+        return dropped, KEY in op.jobs.loops
+
+    dropped, looping = asyncio.run(scenario())
+    assert dropped == [KEY] and not looping

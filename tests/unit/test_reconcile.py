@@ -66,7 +66,7 @@ class FakeKube:
     def list_jobs(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
         return [("ns", "tj")]
 
-    def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+    def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
         self._mutate("patch_job_status")
         merged = dict(self.job["status"])
         for k, v in status.items():
@@ -75,6 +75,7 @@ class FakeKube:
             else:
                 merged[k] = copy.deepcopy(v)
         self.job["status"] = merged
+        return True
 
     def delete_job(self, namespace: str, name: str) -> None:
         raise AssertionError("not in these scenarios")

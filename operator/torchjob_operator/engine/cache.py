@@ -118,13 +118,17 @@ class Store:
         self._live: dict[JobKey, set[str]] = {}
         self._gone: dict[JobKey, float] = {}
         """Deleted jobs, oldest first, with when: tombstones (``TOMBSTONE_S``)."""
+        self._put_at: dict[JobKey, float] = {}
+        """When the watch last delivered each cached job (``sweep``)."""
 
     # --- what the watches deliver -------------------------------------------------------
     def put_job(self, job: Mapping[str, Any]) -> JobKey:
         meta = job.get("metadata") or {}
         key = (str(meta.get("namespace") or ""), str(meta.get("name")))
+        now = self.clock()
         with self._lock:
             self._jobs[key] = trim_job(job)
+            self._put_at[key] = now
             self._gone.pop(key, None)
         return key
 
@@ -133,6 +137,7 @@ class Store:
         now = self.clock()
         with self._lock:
             self._jobs.pop(key, None)
+            self._put_at.pop(key, None)
             self._pending.pop(key, None)
             self._live.pop(key, None)
             self._gone.pop(key, None)
@@ -141,6 +146,17 @@ class Store:
                 if now - since < TOMBSTONE_S:
                     break
                 del self._gone[old]
+
+    def sweep(self, listed: Iterable[JobKey], started: float) -> list[JobKey]:
+        """Drop the jobs a LIST begun at ``started`` (this store's clock) no longer shows:
+        they were deleted without the watch reporting it. A job first delivered after the
+        LIST began may be newer than it, so it stays. Returns the dropped keys."""
+        shown = set(listed)
+        with self._lock:
+            missing = [k for k, at in self._put_at.items() if at < started and k not in shown]
+        for key in missing:
+            self.drop_job(key)
+        return missing
 
     def is_gone(self, key: JobKey) -> bool:
         """Whether the watch saw this job deleted (in the last ``TOMBSTONE_S``), and no new

@@ -52,9 +52,17 @@ class CachedKube:
         return self.live.list_jobs(namespaces)
 
     # --- writes, each with what it expects ---------------------------------------------------
-    def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        self.live.patch_job_status(namespace, name, status)
-        self.store.expect_status((namespace, name), status)
+    def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
+        key = (namespace, name)
+        if not self.live.patch_job_status(namespace, name, status):
+            # Gone, though the cache held it: its DELETED event never came (kopf lists again
+            # after a watch's 410 Gone and reports no deletion in between). Forget it, so
+            # that the next reconcile finds it gone and ends its loop.
+            metrics.GHOSTS_DROPPED.inc()
+            self.store.drop_job(key)
+            return False
+        self.store.expect_status(key, status)
+        return True
 
     def create_pod(self, body: dict[str, Any]) -> bool:
         created = self.live.create_pod(body)  # False: it exists already, so expect it too

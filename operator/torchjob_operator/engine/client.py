@@ -171,13 +171,14 @@ class KubeClient:
             raise KubeError("list", plural, e) from e
         return [(i["metadata"]["namespace"], i["metadata"]["name"]) for i in items]
 
-    def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        """A merge patch of the status subresource: no resourceVersion, so no conflicts to lose."""
+    def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
+        """A merge patch of the status subresource: no resourceVersion, so no conflicts to
+        lose. False when the job is gone."""
         path = (
             f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}/{quote(name)}/status"
         )
         target = f"torchjob {namespace}/{name}"
-        self._merge_patch(path, {"status": dict(status)}, "patch status of", target, (404,))
+        return self._merge_patch(path, {"status": dict(status)}, "patch status of", target, (404,))
 
     def create_job(self, body: dict[str, Any]) -> bool:
         """Create the TorchJob ``body`` (a study's trial); False when it exists already."""

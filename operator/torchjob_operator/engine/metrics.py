@@ -30,4 +30,9 @@ LIVE_READS = Counter(
 )
 for _kind in ("job", "pods"):  # exposed as 0 from the start, not only after the first miss
     LIVE_READS.labels(kind=_kind)
+GHOSTS_DROPPED = Counter(
+    "torchjob_cache_ghosts_dropped",
+    "TorchJobs the cache held after they were deleted (a watch missed the deletion), "
+    "dropped when a write or a LIST found them gone",
+)
 CACHE_OBJECTS = Gauge("torchjob_cache_objects", "Objects in the operator's cache", ["kind"])

@@ -51,6 +51,10 @@ class OperatorSettings:
     cache_deadline_s: float = 10.0
     """How long a job waits for the watches to show its last writes before its next
     reconcile reads the API server instead of the cache (``cache.py``)."""
+    job_sweep_s: float = 300.0
+    """Seconds between LISTs of the TorchJobs that drop from the cache any job deleted
+    without a watch event: after a watch's 410 Gone kopf lists again and reports no deletion
+    that happened in between (client-go's informers synthesise those deletions)."""
     component: str = "torchjob-operator"
     """Name in the ``source`` of the Events the operator posts."""
     leader_election: ElectionConfig | None = None
