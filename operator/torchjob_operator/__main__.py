@@ -52,6 +52,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "API server instead of the cache",
     )
     p.add_argument(
+        "--job-sweep",
+        type=float,
+        default=defaults.job_sweep_s,
+        help="seconds between LISTs of the TorchJobs that drop from the cache any job deleted "
+        "without a watch event",
+    )
+    p.add_argument(
         "--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)"
     )
     p.add_argument(
@@ -105,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         resync_period_s=args.resync_period,
         create_concurrency=args.create_concurrency,
         cache_deadline_s=args.cache_deadline,
+        job_sweep_s=args.job_sweep,
         max_concurrent_reconciles=args.max_concurrent_reconciles,
         leader_election=election,
     )

@@ -76,6 +76,8 @@ class OperatorProcess:
                 str(self.cluster.kubeconfig),
                 "--resync-period",
                 "10",
+                "--job-sweep",
+                "30",
                 "--liveness",
                 f"http://127.0.0.1:{port}/healthz",
                 "--metrics-port",
