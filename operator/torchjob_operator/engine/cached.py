@@ -57,8 +57,10 @@ class CachedKube:
         if not self.live.patch_job_status(namespace, name, status):
             # Gone, though the cache held it: its DELETED event never came (kopf lists again
             # after a watch's 410 Gone and reports no deletion in between). Forget it, so
-            # that the next reconcile finds it gone and ends its loop.
-            metrics.GHOSTS_DROPPED.inc()
+            # that the next reconcile finds it gone and ends its loop. (A job deleted while
+            # this reconcile ran, its DELETED event already handled, is no ghost.)
+            if self.store.job(key) is not None:
+                metrics.GHOSTS_DROPPED.inc()
             self.store.drop_job(key)
             return False
         self.store.expect_status(key, status)
