@@ -312,6 +312,15 @@ def row_line(size: int, how: str, who: str, losses: list[Loss], step_s: float) -
     )
 
 
+def each_line(losses: list[Loss]) -> str:
+    """Every loss of a row in order, with its largest phase: where a p95 comes from."""
+    parts = []
+    for x in losses:
+        top = max(PHASES, key=lambda p: x.phases[p])
+        parts.append(f"{x.recovery:.2f}s ({top} {x.phases[top]:.2f}s)")
+    return "      each: " + ", ".join(parts)
+
+
 def write_curve(out: Path, curve: dict[tuple[str, int], list[float]]) -> Path:
     colors = {"replace": "steelblue", "shrink": "seagreen"}
     series = []
@@ -396,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                 losses, step_s = measure(args, size, how, who)
                 curve.setdefault((how, size), []).extend(x.recovery for x in losses)
                 print(row_line(size, how, who, losses, step_s), flush=True)
+                print(each_line(losses), flush=True)
     print(
         "recovery: the kill to the end of the next generation's first step, less one median "
         "step; phases: medians (see the module docstring); lost: steps redone, in total; "

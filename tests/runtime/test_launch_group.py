@@ -355,3 +355,40 @@ def test_rank_0_serves_the_store_once_the_previous_holder_lets_the_port_go() -> 
     released.join()
     store.set("k", "v")
     assert store.get("k") == b"v"
+
+
+def _store_connection() -> tuple[int, int]:
+    """(pid, identity of this process's rendezvous connection to the store)."""
+    from torchjob.launch import store_clients
+
+    key = ("rendezvous", os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    return os.getpid(), id(store_clients._clients[key])
+
+
+def test_a_local_group_keeps_its_store_and_connections_when_rank_0_is_lost() -> None:
+    """The driver serves a local group's store: rank 0's loss moves nothing, and the survivors
+    re-form over the connections they already hold (new ones cost seconds at 32+ ranks)."""
+    import torch.distributed  # noqa: F401  # the driver serves the store where it imported torch
+
+    def die_on_rank_0() -> float:
+        if _rank() == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _all_reduce_sum(1.0)
+
+    with WorkerGroup(3, timeout_s=60) as group:
+        port = group.placement.master_port
+        before = dict(group.execute(_store_connection))
+        assert len(before) == 3  # rank 0 connects as a client too
+        with pytest.raises(WorkerDiedError) as info:
+            group.execute(die_on_rank_0)
+        assert info.value.rank == 0
+        assert group.survivable()
+        group.heal(3)
+        # the same generation again: the driver's formations are keyed apart in its store
+        group.reform(Placement.local(3))
+        assert group.placement.master_port == port
+        after = dict(group.execute(_store_connection))
+        kept = set(before) & set(after)
+        assert len(kept) == 2
+        assert {pid: after[pid] for pid in kept} == {pid: before[pid] for pid in kept}
+        assert group.execute(_all_reduce_sum, 1.0) == [3.0, 3.0, 3.0]

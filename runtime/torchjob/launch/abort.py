@@ -25,13 +25,13 @@ ABORT_KEY = "abort"
 POLL_S = 0.1
 
 
-def _store(addr: str, port: int, generation: str, timeout_s: float) -> Any:
+def _store(use: str, addr: str, port: int, generation: str, timeout_s: float) -> Any:
     import torch.distributed as dist
 
-    use_libuv = os.environ.get("USE_LIBUV", "1") not in ("0", "false", "False")
-    store = dist.TCPStore(  # type: ignore[attr-defined]
-        addr, port, None, False, timedelta(seconds=timeout_s), use_libuv=use_libuv
-    )
+    from torchjob.launch import store_clients
+
+    timeout = timedelta(seconds=timeout_s)
+    store = store_clients.client(use, addr, port, connect=timeout, timeout=timeout)
     return dist.PrefixStore(f"torchjob/g{generation}/group", store)  # type: ignore[attr-defined]
 
 
@@ -60,7 +60,7 @@ class AbortListener:
             # whole timeout and log each try with a stack trace.
             socket.create_connection((addr, port), timeout=5.0).close()
             generation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            store = _store(addr, port, generation, timeout_s=30.0)
+            store = _store("abort", addr, port, generation, timeout_s=30.0)
         except Exception:
             return  # no store: the collective's own failure (or timeout) still applies
         while not self._stop.wait(POLL_S):
@@ -87,7 +87,7 @@ def request_abort(addr: str, port: int, generation: int | str) -> bool:
     except OSError:
         return False
     try:
-        _store(addr, port, str(generation), timeout_s=2.0).set(ABORT_KEY, "1")
+        _store("abort-request", addr, port, str(generation), timeout_s=2.0).set(ABORT_KEY, "1")
     except Exception:
         return False
     return True

@@ -18,7 +18,6 @@ that never imported torch leaves the beat to the workers, as before.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import threading
@@ -90,14 +89,11 @@ class DriverBeat:
     def _store(self) -> Any:
         import torch.distributed as dist
 
-        use_libuv = os.environ.get("USE_LIBUV", "1") not in ("0", "false", "False")
-        store = dist.TCPStore(  # type: ignore[attr-defined]
-            self.addr,
-            self.port,
-            None,
-            False,
-            timedelta(seconds=max(1.0, self.interval_s * 2)),
-            use_libuv=use_libuv,
+        from torchjob.launch import store_clients
+
+        timeout = timedelta(seconds=max(1.0, self.interval_s * 2))
+        store = store_clients.client(
+            "driver-beat", self.addr, self.port, connect=timeout, timeout=timeout
         )
         prefix = f"torchjob/g{self.generation}/hb"
         return dist.PrefixStore(prefix, store)  # type: ignore[attr-defined]
@@ -116,6 +112,7 @@ class DriverBeat:
                     if process_runs(pid):
                         store.set(str(rank), f"d{self.beats}")
             except Exception:
-                with contextlib.suppress(Exception):
-                    del store
+                from torchjob.launch import store_clients
+
+                store_clients.discard("driver-beat", self.addr, self.port)
                 store = None

@@ -12,6 +12,7 @@ caller does not have to read N stack traces.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import signal
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import cloudpickle
@@ -36,7 +38,7 @@ from torchjob.launch.startup import (
     resolve_backend,
     spawn_env,
 )
-from torchjob.launch.worker import ENV_DRIVER_PID
+from torchjob.launch.worker import ENV_DRIVER_PID, ENV_STORE_SERVED
 
 T = TypeVar("T")
 
@@ -72,6 +74,9 @@ class WorkerGroup:
         self._use_gpu = use_gpu
         self._timeout_s = timeout_s
         self._placement = placement
+        self._store_server: Any = None
+        self._formations = 0
+        """The local group's rendezvous store, served by this process (:meth:`_with_store`)."""
         self._env = dict(env or {})
         self._init_hook = init_hook
         self._start_timeout_s = start_timeout_s
@@ -129,7 +134,7 @@ class WorkerGroup:
         if self._workers:
             raise LaunchError("worker group already started")
         self._formed = form
-        self._placement = self._placement.with_port()
+        self._placement = self._with_store(self._placement, form=form)
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         server.bind(("127.0.0.1", 0))
         server.listen(self._num_workers)
@@ -193,8 +198,8 @@ class WorkerGroup:
         :meth:`start` (the group is then broken: shut it down)."""
         if not self.can_reform(placement):
             raise LaunchError("this worker group cannot be re-formed; start a new one")
-        self._placement = placement.with_port()
         self._env.update(env or {})
+        self._placement = self._with_store(placement, form=True)
         try:
             for w in self._workers:
                 assert w.conn is not None
@@ -207,6 +212,38 @@ class WorkerGroup:
             w.rank = self._placement.rank_offset + w.local_rank
         self._formed = True
         self._broken = self._peer_loss_only = self._survivors = False
+
+    def _with_store(self, placement: Placement, *, form: bool) -> Placement:
+        """``placement`` with its store's port. A local group's store (port 0: this process
+        picks it) is served by this process, the driver, for the group's life, where the
+        driver imported torch: a lost rank 0 then moves nothing, and every survivor keeps its
+        connections to the store across re-formations (``torchjob.launch.store_clients``), so
+        a re-formation opens none (new connections cost 5 s per re-formation at 32 gloo ranks
+        on the 2-core sandbox, docs/runtime.md). Else rank 0 serves it (a pod's group: its
+        port is the job's; a driver without torch: a new port per generation)."""
+        served = form and not placement.master_port and "torch" in sys.modules
+        if not served:
+            self._env[ENV_STORE_SERVED] = "0"
+            return placement.with_port()
+        # The store outlives a formation: each keys its rendezvous apart, whatever its
+        # generation (a WorkerGroup may re-form into the same one).
+        self._formations += 1
+        self._env[ENV_STORE_SERVED] = str(self._formations)
+        if self._store_server is None:
+            import torch.distributed as dist
+
+            from torchjob.launch.store_clients import use_libuv
+
+            self._store_server = dist.TCPStore(  # type: ignore[attr-defined]
+                placement.master_addr,
+                0,
+                None,
+                True,
+                timedelta(seconds=self._timeout_s),
+                wait_for_workers=False,
+                use_libuv=use_libuv(),
+            )
+        return dataclasses.replace(placement, master_port=self._store_server.port)
 
     def _rank_env(self, local_rank: int, *, with_base: bool = True) -> dict[str, str]:
         return rank_env(self._placement, self._env, local_rank, with_base=with_base)
@@ -339,6 +376,7 @@ class WorkerGroup:
         if self._server is not None:
             self._server.close()
             self._server = None
+        self._store_server = None  # stops serving (after the workers: they may still ask)
 
     def __enter__(self) -> WorkerGroup:
         self.start()

@@ -55,6 +55,28 @@ def silent_after_s() -> float:
         raise ValueError(f"{ENV_SILENT_PEER_S}={raw!r} is not a number of seconds") from None
 
 
+def store_client(
+    silent_after: float, interval_s: float | None = None, connect: timedelta | None = None
+) -> Any:
+    """This rank's heartbeat connection to the store (``MASTER_ADDR:MASTER_PORT``): the one of
+    the generation before where it still answers (``torchjob.launch.store_clients``). Its
+    requests time out fast (two beats). Connecting may take long where many ranks connect at
+    once on a loaded host (the store serves their rendezvous first), so the worker connects it
+    ahead, beside its rendezvous (``connect``: the rendezvous timeout); the watchdog itself
+    tries for up to half the threshold, and again until connected (a rank that never beats
+    would be found silent)."""
+    from torchjob.launch import store_clients
+
+    interval_s = interval_s or beat_interval_s(silent_after)
+    return store_clients.client(
+        "heartbeat",
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        connect=connect or timedelta(seconds=max(1.0, silent_after / 2)),
+        timeout=timedelta(seconds=max(1.0, interval_s * 2)),
+    )
+
+
 class Watchdog:
     """One rank's heartbeat and watchdog for one generation (a daemon thread)."""
 
@@ -91,19 +113,7 @@ class Watchdog:
     def _store(self) -> Any:
         import torch.distributed as dist
 
-        use_libuv = os.environ.get("USE_LIBUV", "1") not in ("0", "false", "False")
-        # Connecting may take long where many ranks form a group at once on a loaded host (the
-        # store serves their rendezvous first): a rank whose watchdog gave up would never beat,
-        # and its peers would find it silent. Its requests then time out fast.
-        store = dist.TCPStore(  # type: ignore[attr-defined]
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            None,
-            False,
-            timedelta(seconds=max(1.0, self.silent_after / 2)),
-            use_libuv=use_libuv,
-        )
-        store.set_timeout(timedelta(seconds=max(1.0, self.interval_s * 2)))
+        store = store_client(self.silent_after, self.interval_s)
         generation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         return dist.PrefixStore(f"torchjob/g{generation}/hb", store)  # type: ignore[attr-defined]
 

@@ -35,6 +35,10 @@ from torchjob.launch.errors import classify_failure
 ENV_DRIVER_ADDR = "TORCHJOB_LAUNCH_DRIVER"
 ENV_TOKEN = "TORCHJOB_LAUNCH_TOKEN"
 ENV_DRIVER_PID = "TORCHJOB_LAUNCH_DRIVER_PID"
+ENV_STORE_SERVED = "TORCHJOB_LAUNCH_STORE_SERVED"
+"""``N`` > 0: the driver serves the rendezvous store (a local group; this is its N-th
+formation there, which keys the rendezvous apart), so rank 0 connects to it as the others
+do; ``0`` or unset: rank 0 serves it (``WorkerGroup._with_store``)."""
 
 
 @dataclass(frozen=True)
@@ -193,27 +197,29 @@ def _serve_store(addr: str, port: int, timeout: timedelta, use_libuv: bool) -> A
 
 
 def _rendezvous_store(timeout: timedelta) -> Any:
-    """This generation's store: rank 0 serves the TCPStore on ``MASTER_PORT`` (kept across
-    re-formations), the others connect to it; keys live under the generation's prefix, so a
-    re-formed group never reads a previous generation's keys, and a fresh process (a joiner)
-    and a survivor meet in the same place."""
+    """This generation's store: the driver serves it for a local group (``ENV_STORE_SERVED``),
+    else rank 0 serves the TCPStore on ``MASTER_PORT`` (kept across re-formations); the
+    others connect to it and keep the connection across re-formations
+    (``torchjob.launch.store_clients``). Keys live under the generation's prefix (and the
+    driver's formation's), so a re-formed group never reads a previous one's keys, and a
+    fresh process (a joiner) and a survivor meet in the same place."""
     import torch.distributed as dist
+
+    from torchjob.launch import store_clients
 
     addr = os.environ["MASTER_ADDR"]
     port = int(os.environ["MASTER_PORT"])
-    # Images whose torch lacks libuv set USE_LIBUV=0, as init_process_group("env://") reads it.
-    use_libuv = os.environ.get("USE_LIBUV", "1") not in ("0", "false", "False")
-    if int(os.environ["RANK"]) == 0:
+    formation = os.environ.get(ENV_STORE_SERVED) or "0"
+    if int(os.environ["RANK"]) == 0 and formation == "0":
         store = _SERVER.get(port)
         if store is None:
-            store = _serve_store(addr, port, timeout, use_libuv)
+            store = _serve_store(addr, port, timeout, store_clients.use_libuv())
             _SERVER[port] = store
-    else:
-        store = dist.TCPStore(  # type: ignore[attr-defined]
-            addr, port, None, False, timeout, use_libuv=use_libuv
-        )
+    else:  # the connection of the generation before, where it still answers
+        store = store_clients.client("rendezvous", addr, port, connect=timeout, timeout=timeout)
     generation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"torchjob/g{generation}", store)  # type: ignore[attr-defined]
+    prefix = f"torchjob/g{generation}" + (f"/f{formation}" if formation != "0" else "")
+    return dist.PrefixStore(prefix, store)  # type: ignore[attr-defined]
 
 
 def _init_process_group(init: dict[str, Any]) -> str:
@@ -228,7 +234,15 @@ def _init_process_group(init: dict[str, Any]) -> str:
         device = f"cuda:{local_rank}"
     timeout = timedelta(seconds=float(init["timeout_s"]))
     store = _rendezvous_store(timeout)
+    from torchjob.launch import heartbeat
     from torchjob.launch.heartbeat import socket_inodes
+
+    if int(os.environ["WORLD_SIZE"]) > 1 and (after := heartbeat.silent_after_s()) > 0:
+        # The watchdog's connection, ahead of the group: connected by the whole group at
+        # once after its formation, a few took seconds and were still trying when a loss
+        # came soon after (64 ranks on the 2-core sandbox), delaying its re-formation.
+        with contextlib.suppress(Exception):  # the watchdog tries again itself
+            heartbeat.store_client(after, connect=timeout)
 
     before = socket_inodes()
     dist.init_process_group(

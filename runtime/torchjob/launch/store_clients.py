@@ -1,0 +1,101 @@
+"""Connections to the rendezvous store, kept across generations.
+
+Every generation of a group meets in rank 0's TCPStore (``MASTER_ADDR:MASTER_PORT``, under
+the generation's key prefix), and each rank talks to it for three uses: the rendezvous of
+``init_process_group``, its heartbeat (``torchjob.launch.heartbeat``) and, for an NCCL group,
+its abort listener (``torchjob.launch.abort``); the driver has its own for its beat. Each use
+had opened a new client connection per generation. On a host where a whole group connects
+at once, that is what a re-formation waited for: at 32 and 64 gloo ranks on the 2-core
+gVisor sandbox, a few of 32 new connections took 5 s (c10d logs "timed out after 2500ms
+while trying to connect" and retries), so every re-formation cost 5-11 s, while a group
+whose ranks kept their connections re-formed in 0.1 s (32) and 0.3-0.5 s (64)
+(bench/results/2026-11-27/README.md has the probe).
+
+So a process keeps one client per (use, address, port) and hands it out again in the next
+generation after one cheap request shows it still answers. It does not when the store's
+process died (rank 0 lost: the connection was closed and the request fails at once) or went
+silent (the request times out after :data:`PROBE_S`); then it connects anew. Each use has
+its own connection: a rendezvous ``get`` that blocks until a peer arrives must not hold up a
+heartbeat (a client's requests are serialised). A forked child never uses its parent's
+connections: it starts with none (the inherited objects are kept, never destroyed, since
+destroying one would close a socket the parent still uses).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from datetime import timedelta
+from typing import Any
+
+PROBE_S = 2.0
+"""How long a kept connection may take to answer before it is replaced by a new one."""
+
+PROBE_KEY = "torchjob/probe"
+
+_lock = threading.Lock()
+_clients: dict[tuple[str, str, int], Any] = {}
+_inherited: list[Any] = []
+"""A forked child's copies of its parent's clients: never used, never destroyed."""
+
+
+def _forget_after_fork() -> None:
+    global _lock
+    _lock = threading.Lock()  # another thread of the parent may have held it
+    _inherited.extend(_clients.values())
+    _clients.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def use_libuv() -> bool:
+    """Images whose torch lacks libuv set ``USE_LIBUV=0``, as ``init_process_group("env://")``
+    reads it."""
+    return os.environ.get("USE_LIBUV", "1") not in ("0", "false", "False")
+
+
+def _answers(store: Any, timeout: timedelta) -> bool:
+    try:
+        store.set_timeout(timedelta(seconds=min(PROBE_S, timeout.total_seconds())))
+        store.check([PROBE_KEY])
+        store.set_timeout(timeout)
+    except Exception:  # closed by a dead server, or silent: DistNetworkError, DistStoreError
+        return False
+    return True
+
+
+def client(use: str, addr: str, port: int, *, connect: timedelta, timeout: timedelta) -> Any:
+    """This process's ``TCPStore`` client of ``addr:port`` for ``use``: the one it already has
+    if that still answers, else a new one (connecting for up to ``connect``). Its requests
+    time out after ``timeout``. Raises what ``TCPStore`` raises when it cannot connect."""
+    key = (use, addr, port)
+    with _lock:
+        store = _clients.pop(key, None)
+    if store is None or not _answers(store, timeout):
+        import torch.distributed as dist
+
+        store = dist.TCPStore(  # type: ignore[attr-defined]  # re-exported from torch._C
+            addr, port, None, False, connect, use_libuv=use_libuv()
+        )
+        store.set_timeout(timeout)
+    with _lock:
+        _clients[key] = store
+    return store
+
+
+def discard(use: str, addr: str, port: int) -> None:
+    """Drop ``use``'s connection to ``addr:port`` (its requests failed): the next
+    :func:`client` connects anew instead of probing it."""
+    with _lock:
+        store = _clients.pop((use, addr, port), None)
+    with contextlib.suppress(Exception):
+        del store
+
+
+def held() -> list[tuple[str, str, int]]:
+    """The (use, address, port) of every connection this process keeps."""
+    with _lock:
+        return sorted(_clients)

@@ -1,0 +1,91 @@
+"""Store connections kept across generations (torchjob.launch.store_clients), against a real
+TCPStore in this process."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from torchjob.launch import store_clients
+
+dist = pytest.importorskip("torch.distributed")
+
+T = timedelta(seconds=5)
+
+
+def _server(port: int = 0) -> Any:
+    return dist.TCPStore("127.0.0.1", port, None, True, T, wait_for_workers=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_connections() -> Iterator[None]:
+    for use, addr, port in store_clients.held():
+        store_clients.discard(use, addr, port)
+    yield
+    for use, addr, port in store_clients.held():
+        store_clients.discard(use, addr, port)
+
+
+def test_a_connection_that_answers_is_handed_out_again() -> None:
+    server = _server()
+    first = store_clients.client("rendezvous", "127.0.0.1", server.port, connect=T, timeout=T)
+    first.set("k", "v")
+    again = store_clients.client("rendezvous", "127.0.0.1", server.port, connect=T, timeout=T)
+    assert again is first
+    assert again.get("k") == b"v"
+    assert store_clients.held() == [("rendezvous", "127.0.0.1", server.port)]
+
+
+def test_each_use_has_its_own_connection() -> None:
+    server = _server()
+    a = store_clients.client("rendezvous", "127.0.0.1", server.port, connect=T, timeout=T)
+    b = store_clients.client("heartbeat", "127.0.0.1", server.port, connect=T, timeout=T)
+    assert a is not b
+    assert len(store_clients.held()) == 2
+
+
+def test_a_connection_whose_server_died_is_replaced_by_a_new_one() -> None:
+    server = _server()
+    port = server.port
+    old = store_clients.client("rendezvous", "127.0.0.1", port, connect=T, timeout=T)
+    del server  # rank 0 lost: its store, and every connection to it, closed
+    server = _server(port)  # the next generation's store on the same port
+    server.set("next", "1")
+    new = store_clients.client("rendezvous", "127.0.0.1", port, connect=T, timeout=T)
+    assert new is not old
+    assert new.get("next") == b"1"
+
+
+def test_the_request_timeout_is_restored_after_the_probe() -> None:
+    server = _server()
+    store_clients.client("rendezvous", "127.0.0.1", server.port, connect=T, timeout=T)
+    again = store_clients.client(
+        "rendezvous", "127.0.0.1", server.port, connect=T, timeout=timedelta(seconds=42)
+    )
+    assert again.timeout == timedelta(seconds=42)
+
+
+def test_a_forked_child_never_uses_its_parents_connections() -> None:
+    server = _server()
+    store_clients.client("rendezvous", "127.0.0.1", server.port, connect=T, timeout=T)
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if it holds nothing and connects its own
+        code = 1
+        try:
+            if not store_clients.held():
+                own = store_clients.client(
+                    "rendezvous", "127.0.0.1", server.port, connect=T, timeout=T
+                )
+                own.set("child", "1")
+                code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    # the parent's connection still works: the child did not close it
+    parent = store_clients.client("rendezvous", "127.0.0.1", server.port, connect=T, timeout=T)
+    assert parent.get("child") == b"1"
