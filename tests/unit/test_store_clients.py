@@ -4,6 +4,7 @@ TCPStore in this process."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -89,3 +90,26 @@ def test_a_forked_child_never_uses_its_parents_connections() -> None:
     # the parent's connection still works: the child did not close it
     parent = store_clients.client("rendezvous", "127.0.0.1", server.port, connect=T, timeout=T)
     assert parent.get("child") == b"1"
+
+
+def test_a_served_store_is_counted_as_a_thread_until_it_stops() -> None:
+    """The checks that fork the driver count Python threads; a served store's loop is not one."""
+    from torchjob.launch import _start
+
+    before = store_clients.serving()
+    store = store_clients.serve("127.0.0.1", T)
+    try:
+        assert store_clients.serving() == before + 1
+        client = store_clients.client("rendezvous", "127.0.0.1", store.port, connect=T, timeout=T)
+        client.set("k", "v")
+        assert store.get("k") == b"v"
+        method, why = _start.current_choice(
+            {_start.ENV_START: "fork", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"},
+            use_gpu=False,
+            backend="gloo",
+        )
+        threads = threading.active_count() - 1 + before + 1
+        assert (method, why) == ("spawn", f"the driver runs {threads} other thread(s)")
+    finally:
+        store_clients.stop_serving(store)
+    assert store_clients.serving() == before

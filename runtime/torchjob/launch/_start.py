@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping
 from typing import Literal, Protocol
 
-from torchjob.launch import _child
+from torchjob.launch import _child, store_clients
 
 StartMethod = Literal["zygote", "fork", "spawn"]
 
@@ -98,7 +98,7 @@ def current_choice(
         torch_imported="torch" in sys.modules,
         # the probe forks: only where the driver itself is about to be forked
         cuda_touched=cuda_touched(probe_fork=env.get(ENV_START) == "fork") is not None,
-        other_threads=threading.active_count() - 1,
+        other_threads=threading.active_count() - 1 + store_clients.serving(),
     )
 
 

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import cloudpickle
 
-from torchjob.launch import _start, abort, nccl, zygote
+from torchjob.launch import _start, abort, nccl, store_clients, zygote
 from torchjob.launch.errors import LaunchError, WorkerDiedError
 from torchjob.launch.execution import Execution, WorkerHandle
 from torchjob.launch.placement import Placement
@@ -221,7 +221,10 @@ class WorkerGroup:
         a re-formation opens none (new connections cost 5 s per re-formation at 32 gloo ranks
         on the 2-core sandbox, docs/runtime.md). Else rank 0 serves it (a pod's group: its
         port is the job's; a driver without torch: a new port per generation)."""
-        served = form and not placement.master_port and "torch" in sys.modules
+        # Not where workers are forked from the driver itself: the store's thread would be
+        # a thread the fork does not carry (``_start``: the fork path needs none).
+        start = self._env.get(_start.ENV_START) or os.environ.get(_start.ENV_START)
+        served = form and not placement.master_port and "torch" in sys.modules and start != "fork"
         if not served:
             self._env[ENV_STORE_SERVED] = "0"
             return placement.with_port()
@@ -230,19 +233,8 @@ class WorkerGroup:
         self._formations += 1
         self._env[ENV_STORE_SERVED] = str(self._formations)
         if self._store_server is None:
-            import torch.distributed as dist
-
-            from torchjob.launch.store_clients import use_libuv
-
-            self._store_server = dist.TCPStore(  # type: ignore[attr-defined]
-                placement.master_addr,
-                0,
-                None,
-                True,
-                timedelta(seconds=self._timeout_s),
-                wait_for_workers=False,
-                use_libuv=use_libuv(),
-            )
+            timeout = timedelta(seconds=self._timeout_s)
+            self._store_server = store_clients.serve(placement.master_addr, timeout)
         return dataclasses.replace(placement, master_port=self._store_server.port)
 
     def _rank_env(self, local_rank: int, *, with_base: bool = True) -> dict[str, str]:
@@ -376,7 +368,9 @@ class WorkerGroup:
         if self._server is not None:
             self._server.close()
             self._server = None
-        self._store_server = None  # stops serving (after the workers: they may still ask)
+        if self._store_server is not None:  # after the workers: they may still ask
+            store_clients.stop_serving(self._store_server)
+            self._store_server = None
 
     def __enter__(self) -> WorkerGroup:
         self.start()

@@ -44,7 +44,9 @@ def _forget_after_fork() -> None:
     global _lock
     _lock = threading.Lock()  # another thread of the parent may have held it
     _inherited.extend(_clients.values())
+    _inherited.extend(_served.values())  # their threads are not in the child
     _clients.clear()
+    _served.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -93,6 +95,36 @@ def discard(use: str, addr: str, port: int) -> None:
         store = _clients.pop((use, addr, port), None)
     with contextlib.suppress(Exception):
         del store
+
+
+_served: dict[int, Any] = {}
+"""The stores this process serves (a driver, for its local groups), by id."""
+
+
+def serve(addr: str, timeout: timedelta) -> Any:
+    """A ``TCPStore`` served by this process on a free port of ``addr`` (``.port``), until
+    :func:`stop_serving`. It runs a thread of its own (libuv's loop) that Python does not
+    count: :func:`serving` says how many, for the checks that fork this process."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        addr, 0, None, True, timeout, wait_for_workers=False, use_libuv=use_libuv()
+    )
+    with _lock:
+        _served[id(store)] = store
+    return store
+
+
+def stop_serving(store: Any) -> None:
+    """Stop serving ``store`` (its thread ends with it) once nothing else refers to it."""
+    with _lock:
+        _served.pop(id(store), None)
+
+
+def serving() -> int:
+    """How many stores this process serves: threads a fork would not carry."""
+    with _lock:
+        return len(_served)
 
 
 def held() -> list[tuple[str, str, int]]:
