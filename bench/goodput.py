@@ -15,13 +15,17 @@ Per policy (``RecreateGroup``, ``KeepSurvivors``, ``Elastic`` = KeepSurvivors wi
 (``--standby``, default 1) and ``shrinkOnDisruption``) and per mode it prints (the storm hits
 every running pod of the job, standbys included, each at the same rate):
 
-- goodput: committed samples / (ideal rate x the same wall time), the median [min-max] over
-  ``--repeats`` runs. Each system's ideal rate (torchjob's, and Kubeflow's when it runs) is
-  measured in the same invocation by its own row without evictions (same job, full size): its
-  committed samples over its wall time. Wall time runs from the job's first step to the end of
-  the row, when the bench deletes the job; "committed" is the latest committed checkpoint read
-  from storage, so the final one (whose ``report()`` raises once the job is stopped, before
-  the worker's ``commit`` event) counts too. The pure accounting is bench/goodput_accounting.py;
+- goodput: the samples trained in the row's window / (ideal rate x the same wall time), the
+  median [min-max] over ``--repeats`` runs. Each system's ideal rate (torchjob's, and
+  Kubeflow's when it runs) is measured in the same invocation by its own row without
+  evictions (same job, full size): its samples over its wall time, counted the same way. The
+  window (the wall time) runs from the job's first step to the end of the row, when the bench
+  deletes the job; the samples are the lineage's at the window's end less those at its start,
+  from rank 0's step events (``acc.window_samples``: what a restore after the window threw
+  away does not count). What the job trains after the window does not count either: an
+  elastic pod drains ~20 s after the deletion before its final checkpoint. Storage's latest
+  committed checkpoint after the row caps it (work trained but never saved counts as lost,
+  in every row but the baselines), and a row whose work was not all saved says so in its line. The pure accounting is bench/goodput_accounting.py;
 - goodput per pod paid: goodput x workers / (workers + standbys), and the pod count;
 - goodput per pod-second paid, measured: goodput x workers x wall / the pod-seconds the row's
   trace shows over the same window (``acc.pod_seconds``: a pod is paid from the kubelet
@@ -403,7 +407,10 @@ class Row:
     mode: str
     strategy: str = "ddp"
     wall: float = 0.0
+    samples: int = 0
+    """What the row trained in its window (``acc.window_samples``): goodput's numerator."""
     committed: int = 0
+    """What storage held after the row (``acc.committed_samples``): a check, not goodput."""
     recoveries: list[Recovery] = field(default_factory=list)
     restarts: int = 0
     """TorchJob: ``status.restarts``; Kubeflow: container restarts of the pods left at the end."""
@@ -426,7 +433,7 @@ class Row:
         return acc.RowFigures(
             self.policy,
             self.mode,
-            self.committed,
+            self.samples,
             self.wall,
             self.workers,
             self.standbys,
@@ -661,6 +668,16 @@ def run_row(
     k.wait_for(lambda: not core.list_namespaced_pod(ns).items, args.grace + 120, "pods gone")
     all_events = read_events(events)
     row.committed = acc.committed_samples(all_events, storage_metrics(storage))
+    # Work the row trained but did not save counts as lost, except in a baseline (there the
+    # larger count, the ideal rate's, is the conservative one).
+    saved = None if mode == acc.BASELINE_MODE else row.committed
+    row.samples = acc.window_samples(all_events, t_first, t_end, saved=saved)
+    trained = acc.samples_at(all_events, t_end)
+    if row.committed < trained:
+        # The job's stop after the window did not save it all (counted as lost).
+        unsaved = f"final checkpoint short: storage holds {row.committed} of {trained} samples"
+        row.note = "; ".join(filter(None, (row.note, unsaved)))
+        log(f"{policy}/{mode}/{strategy}: {unsaved} trained by the window's end")
     row.wall = t_end - t_first
     row.t_first = t_first
     steps = [e for e in all_events if e["ev"] == "step" and e["t"] <= t_end]

@@ -1,10 +1,15 @@
 """The accounting of bench/goodput.py, as pure functions (unit-tested in
 tests/unit/test_goodput_accounting.py; issue 26, item 1).
 
-- ``committed_samples``: what a row committed is read from storage (the manifests' ``samples``
-  metric of the latest committed checkpoint), so the final checkpoint counts (a stopped job's
-  last ``report()`` may raise before the worker writes its ``commit`` event) and a report
-  whose asynchronous commit never finished does not; ``commit`` events only without storage.
+- ``window_samples``: what a row trained in its window (its first step to its end), from
+  rank 0's step events: the lineage's ``samples`` at the window's end less those at its start,
+  less what the job threw away after it (a restore from fewer samples). The numerator of
+  goodput, for the baselines and the rows alike: it stops at the window's end, where the wall
+  time stops (an elastic pod drains, training on, for ~20 s after the bench deletes the job,
+  and the final checkpoint holds that drain, or nothing when it fails to commit).
+- ``committed_samples``: what storage holds after the row (the manifests' ``samples`` metric
+  of the latest committed checkpoint; ``commit`` events only without storage): a check that
+  the row's work was saved, not its goodput.
 - ``ideal_rates``: each system (torchjob, Kubeflow) is divided by the rate of its own baseline
   row (mode ``none``) of the same run, never by another system's.
 - ``per_pod_paid``: goodput times workers / (workers + standbys): a standby is paid for.
@@ -41,15 +46,51 @@ def system_of(policy: str, strategy: str = "ddp") -> str:
     return system if strategy == "ddp" else f"{system}/{strategy}"
 
 
+def samples_at(events: Iterable[Mapping[str, Any]], t: float) -> int:
+    """The lineage's samples at ``t``: those of rank 0's last step at or before ``t`` (0 before
+    any). ``samples`` is kept in the state across generations, so steps redone after a
+    rollback are counted once and a smaller world's steps count for what they trained."""
+    steps = [e for e in events if e.get("ev") == "step" and float(e["t"]) <= t]
+    return int(max(steps, key=lambda e: float(e["t"]))["samples"]) if steps else 0
+
+
+def window_samples(
+    events: Iterable[Mapping[str, Any]], t0: float, t1: float, saved: int | None = None
+) -> int:
+    """The samples a row trained and kept in its window [``t0``, ``t1``] (bench/goodput.py:
+    its first step to its end, the wall time of its goodput): ``samples_at(t1)`` less
+    ``samples_at(t0)`` (the first step trained before the window), capped by any restore after
+    ``t1`` (a generation resumed from fewer samples threw the rest away).
+
+    Not storage's count after the row: the bench deletes the job at ``t1``, and what comes
+    after is no part of the row. An elastic pod given notice trains on for its drain (~20 s,
+    ``TORCHJOB_DRAIN_S``) before it stops and commits, so the final checkpoint holds work
+    done after ``t1``; and where that stop's commit fails, storage holds only an earlier
+    checkpoint (a grow's). Either would move the row by the drain's share of it (2026-11-26l:
+    +0.06 and -0.07 on 2-pod rows of ~340 s).
+
+    ``saved``: the lineage's samples in storage after the row (``committed_samples``). Work
+    trained in the window but never saved (the stop's final commit failed) then counts as
+    lost: the conservative reading, which bench/goodput.py takes for every row but the
+    baselines (for a baseline the larger count is the conservative one)."""
+    events = list(events)
+    end = samples_at(events, t1)
+    after = [int(e["samples"]) for e in events if e.get("ev") == "restored" and float(e["t"]) > t1]
+    caps = [end, *after, *([saved] if saved is not None else [])]
+    return max(0, min(caps) - samples_at(events, t0))
+
+
 def committed_samples(
     events: Iterable[Mapping[str, Any]], storage_metrics: Iterable[Mapping[str, Any]] = ()
 ) -> int:
-    """The samples of the latest committed checkpoint. Storage decides when it lists any
-    committed checkpoint (it includes the final one, whose ``commit`` event a stopped job may
-    never write, and it excludes a report whose background commit never finished: torchjob
-    commits asynchronously, so a ``commit`` event after ``report()`` only says "staged").
-    The ``commit`` events count only where storage lists nothing (Kubeflow's torchrun worker
-    writes its own ``state.pt``, and emits ``commit`` after its atomic rename)."""
+    """The samples of the latest committed checkpoint: what storage holds after the row (a
+    check that the row's work was saved; goodput counts ``window_samples``). Storage decides
+    when it lists any committed checkpoint (it includes the final one, whose ``commit`` event
+    a stopped job may never write, and it excludes a report whose background commit never
+    finished: torchjob commits asynchronously, so a ``commit`` event after ``report()`` only
+    says "staged"). The ``commit`` events count only where storage lists nothing (Kubeflow's
+    torchrun worker writes its own ``state.pt``, and emits ``commit`` after its atomic
+    rename)."""
     from_storage = [int(m["samples"]) for m in storage_metrics if "samples" in m]
     if from_storage:
         return max(from_storage)
@@ -60,7 +101,8 @@ def committed_samples(
 class RowFigures:
     policy: str
     mode: str
-    committed: int
+    samples: int
+    """What the row trained in its window (``window_samples``)."""
     wall: float
     workers: int
     standbys: int = 0
@@ -75,10 +117,10 @@ class RowFigures:
         return self.workers + self.standbys
 
 
-def rate(committed: int, wall: float) -> float:
+def rate(samples: int, wall: float) -> float:
     if wall <= 0:
         raise ValueError(f"wall time must be positive, got {wall}")
-    return committed / wall
+    return samples / wall
 
 
 def ideal_rates(rows: Iterable[RowFigures]) -> dict[str, float]:
@@ -86,17 +128,17 @@ def ideal_rates(rows: Iterable[RowFigures]) -> dict[str, float]:
     by_system: dict[str, list[float]] = {}
     for r in rows:
         if r.mode == BASELINE_MODE and r.wall > 0:
-            by_system.setdefault(r.system, []).append(rate(r.committed, r.wall))
+            by_system.setdefault(r.system, []).append(rate(r.samples, r.wall))
     return {s: statistics.median(v) for s, v in by_system.items()}
 
 
 def goodput(row: RowFigures, ideal: Mapping[str, float]) -> float:
-    """Committed samples over what the row's own system's baseline would have committed in the
-    same wall time; NaN when that system has no baseline row."""
+    """The samples the row trained in its window over what the row's own system's baseline
+    trains in the same wall time; NaN when that system has no baseline row."""
     base = ideal.get(row.system)
     if not base or row.wall <= 0:
         return float("nan")
-    return row.committed / (base * row.wall)
+    return row.samples / (base * row.wall)
 
 
 def per_pod_paid(value: float, workers: int, standbys: int) -> float:

@@ -44,7 +44,9 @@ def profile(events: list[dict[str, Any]]) -> list[str]:
     gens: dict[int, list[dict[str, Any]]] = {}
     for e in steps:
         gens.setdefault(e["gen"], []).append(e)
-    out, at_size, prev_end = [], {}, None
+    out: list[str] = []
+    at_size: dict[int, float] = {}
+    prev_end = None
     for gen, s in sorted(gens.items()):
         world, dur = s[0]["world"], s[-1]["t"] - s[0]["t"]
         at_size[world] = at_size.get(world, 0.0) + dur
@@ -198,17 +200,26 @@ def split_recoveries(events: list[dict[str, Any]], trace: list[dict[str, Any]]) 
     return out
 
 
-def pods_paid(events: list[dict[str, Any]], trace: list[dict[str, Any]]) -> str:
-    """The pod-seconds paid over the row's window (its trace's ``window`` line; in older
-    traces, the first to the last step), and the pods that makes on average."""
+def shortfall_window(
+    events: list[dict[str, Any]], trace: list[dict[str, Any]]
+) -> tuple[float, float] | None:
+    """The row's window, bench/goodput.py's wall time: its trace's ``window`` line (the first
+    step to the row's end, when the bench deletes the job); in older traces, the first to the
+    last step. None without a step."""
     window = next((e for e in trace if e["what"] == "window"), None)
-    steps = [e["t"] for e in events if e["ev"] == "step"]
     if window is not None:
-        t0, t1 = float(window["t0"]), float(window["t1"])
-    elif steps:
-        t0, t1 = min(steps), max(steps)
-    else:
+        return float(window["t0"]), float(window["t1"])
+    steps = [float(e["t"]) for e in events if e["ev"] == "step"]
+    return (min(steps), max(steps)) if steps else None
+
+
+def pods_paid(events: list[dict[str, Any]], trace: list[dict[str, Any]]) -> str:
+    """The pod-seconds paid over the row's window (``shortfall_window``), and the pods that
+    makes on average."""
+    window = shortfall_window(events, trace)
+    if window is None:
         return "pods paid: no window (no step)"
+    t0, t1 = window
     paid = acc.pod_seconds(trace, t0, t1)
     return f"pods paid: {paid:.1f} pod-s over {t1 - t0:.1f}s, {paid / max(t1 - t0, 1e-9):.3f} on average"
 
@@ -218,7 +229,12 @@ def preemption_costs(
 ) -> list[str]:
     """Each preemption's cost in seconds of ideal training (``acc.preemption_costs``), and
     what they add up to against the whole row's shortfall: the rest is the stretches between
-    preemptions running below the ideal rate (another run's baseline, machine drift)."""
+    preemptions running below the ideal rate (another run's baseline, machine drift).
+
+    The row is bench/goodput.py's: its window (``shortfall_window``) and the samples trained
+    in it (``acc.window_samples``), so that 1 - the shortfall is the row's goodput for the
+    same ideal rate. Steps after the window (an elastic pod's drain once the bench deleted
+    the job) are not the row's."""
     steps = sorted((e for e in events if e["ev"] == "step"), key=lambda e: e["t"])
     hits = [e["t"] for e in trace if e["what"] in ("kill", "evict")]
     costs = acc.preemption_costs(steps, hits, ideal_rate)
@@ -228,9 +244,11 @@ def preemption_costs(
         f"cost {c.lost_s:.2f}s"
         for c in costs
     ]
-    if steps and costs:
-        wall = steps[-1]["t"] - steps[0]["t"]
-        short = wall - (steps[-1]["samples"] - steps[0]["samples"]) / ideal_rate
+    window = shortfall_window(events, trace)
+    if window is not None and costs:
+        t0, t1 = window
+        wall = t1 - t0
+        short = wall - acc.window_samples(events, t0, t1) / ideal_rate
         lost = sum(c.lost_s for c in costs)
         out.append(
             f"preemptions cost {lost:.1f}s of {wall:.1f}s ({lost / wall:.3f}; pauses "

@@ -37,10 +37,10 @@ def test_a_commit_event_whose_background_commit_never_finished_does_not_count() 
 
 def test_each_system_is_divided_by_its_own_baseline() -> None:
     rows = [
-        acc.RowFigures("RecreateGroup", "none", committed=6_000, wall=10.0, workers=2),
-        acc.RowFigures("Kubeflow", "none", committed=4_000, wall=10.0, workers=2),
-        acc.RowFigures("Standby", "graceful", committed=5_400, wall=10.0, workers=2, standbys=1),
-        acc.RowFigures("Kubeflow", "graceful", committed=3_600, wall=10.0, workers=2),
+        acc.RowFigures("RecreateGroup", "none", samples=6_000, wall=10.0, workers=2),
+        acc.RowFigures("Kubeflow", "none", samples=4_000, wall=10.0, workers=2),
+        acc.RowFigures("Standby", "graceful", samples=5_400, wall=10.0, workers=2, standbys=1),
+        acc.RowFigures("Kubeflow", "graceful", samples=3_600, wall=10.0, workers=2),
     ]
     ideal = acc.ideal_rates(rows)
     assert ideal == {"torchjob": 600.0, "Kubeflow": 400.0}
@@ -217,3 +217,66 @@ def test_a_preemption_costs_its_pause_and_its_smaller_stretch() -> None:
     assert acc.preemption_costs(drain, [-1.0], ideal) == []
     with pytest.raises(ValueError, match="ideal_rate"):
         acc.preemption_costs(drain, [10.0], 0.0)
+
+
+def _events(steps: list[dict[str, float]]) -> list[dict[str, float | str]]:
+    return [{"ev": "step", **s} for s in steps]
+
+
+def test_a_row_counts_what_it_trained_in_its_window_not_the_drain_after_it() -> None:
+    # 2026-11-26l's 2-pod hard rows: the window ends at 30 s and the bench deletes the job;
+    # the elastic pods drain (train on) 20 s before they stop and commit. Storage's latest
+    # checkpoint holds those 20 s too, or, when the final one never commits, only an earlier
+    # one (the stop checkpoint of a grow, at 15 s): neither is what the window trained.
+    steps = _steps([(0, 10, 0, 2), (10, 15, 1, 1), (15, 50, 2, 2)])
+    events = _events(steps)
+    at = {s["t"]: int(s["samples"]) for s in steps}
+    assert (at[0.0], at[14.9], at[30.0], at[49.9]) == (20, 2_500, 5_520, 9_500)
+    # The steps in (t0, t1]: the first step (at t0) trained before the window.
+    assert acc.window_samples(events, 0.0, 30.0) == 5_520 - 20
+    assert acc.committed_samples(events, [{"samples": 2_500}, {"samples": 9_500}]) == 9_500
+    assert acc.committed_samples(events, [{"samples": 2_500}]) == 2_500
+    # Whatever happens after the window does not move it.
+    assert acc.window_samples(events[:450], 0.0, 30.0) == 5_500
+    # The baseline is counted the same way (no preemption, the same tail after its window).
+    baseline = acc.window_samples(_events(_steps([(0, 50, 0, 2)])), 0.0, 30.0)
+    assert baseline == 6_000
+    rows = [
+        acc.RowFigures("RecreateGroup", "none", baseline, 30.0, 2),
+        acc.RowFigures("Elastic", "hard", 5_500, 30.0, 2),
+    ]
+    ideal = acc.ideal_rates(rows)
+    assert ideal == {"torchjob": 200.0}
+    # 5 s at half size cost 2.5 s of the 30: 0.917, not 9,500 / 6,000 nor 2,500 / 6,000.
+    assert acc.goodput(rows[1], ideal) == pytest.approx(27.5 / 30)
+
+
+def test_work_rolled_back_after_the_window_is_not_counted() -> None:
+    # Killed at 29.5 s, the job resumes after the window from a checkpoint at 20 s: what it
+    # trained from 20 s on was thrown away.
+    steps = _steps([(0, 29.5, 0, 2)])
+    at = {s["t"]: int(s["samples"]) for s in steps}
+    events: list[dict[str, float | str]] = [
+        *_events(steps),
+        {"ev": "restored", "t": 35.0, "gen": 1, "samples": at[19.9]},
+        {"ev": "restored", "t": 35.0, "gen": 1, "samples": at[19.9]},  # every rank says so
+        {"ev": "step", "t": 35.1, "gen": 1, "world": 2, "samples": at[19.9] + 20},
+    ]
+    assert acc.window_samples(events, 0.0, 30.0) == at[19.9] - at[0.0]
+    # A re-formation after the window from the survivors' memory loses nothing.
+    kept: list[dict[str, float | str]] = [
+        *_events(steps),
+        {"ev": "restored", "t": 35.0, "gen": 1, "samples": at[29.4]},
+    ]
+    assert acc.window_samples(kept, 0.0, 30.0) == at[29.4] - at[0.0]
+    assert acc.window_samples([], 0.0, 30.0) == 0
+
+
+def test_work_trained_in_the_window_but_never_saved_counts_as_lost() -> None:
+    # The stop's final commit failed: storage holds the checkpoint of 20 s, not the window's end.
+    steps = _steps([(0, 29.5, 0, 2)])
+    at = {s["t"]: int(s["samples"]) for s in steps}
+    events = _events(steps)
+    assert acc.window_samples(events, 0.0, 30.0, saved=at[19.9]) == at[19.9] - at[0.0]
+    # A final checkpoint that holds the drain after the window adds nothing.
+    assert acc.window_samples(events, 0.0, 30.0, saved=at[29.4] + 999) == at[29.4] - at[0.0]

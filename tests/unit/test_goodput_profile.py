@@ -1,0 +1,45 @@
+"""bench/goodput_profile.py: a row's profile counts what bench/goodput.py counts."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import goodput_profile as prof
+
+
+def _row() -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """Two workers, 20 samples a step every 0.1 s (200/s ideal); killed at 10 s, 5 s at 1
+    worker; the window ends at 30 s and the pods drain 20 s more after the job is deleted."""
+    events: list[dict[str, object]] = []
+    samples = 0
+    for start, end, gen, world in ((0, 10, 0, 2), (10, 15, 1, 1), (15, 50, 2, 2)):
+        for i in range(round((end - start) * 10)):
+            samples += 10 * world
+            t = round(start + i / 10, 3)
+            events.append({"ev": "step", "t": t, "gen": gen, "world": world, "samples": samples})
+    trace: list[dict[str, object]] = [
+        {"t": 9.95, "what": "kill", "pod": "gp-worker-1"},
+        {"t": 30.0, "what": "window", "t0": 0.0, "t1": 30.0},
+    ]
+    return events, trace
+
+
+def test_the_rows_shortfall_is_over_its_window_not_to_the_last_step() -> None:
+    events, trace = _row()
+    *costs, whole = prof.preemption_costs(events, trace, ideal_rate=200.0)
+    assert len(costs) == 1 and costs[0].startswith("  preempted +9.9s")
+    # The window trained 5,500 samples (27.5 s of ideal training) in 30 s; the 20 s of drain
+    # after it, at the full rate, are not the row's (with them: 2.5 s short of 49.9 s, 0.050).
+    assert "of 30.0s" in whole
+    assert whole.endswith("the row's whole shortfall 2.5s (0.083)")
+    assert prof.shortfall_window(events, trace) == (0.0, 30.0)
+
+
+def test_without_a_window_line_the_row_runs_from_its_first_to_its_last_step() -> None:
+    events, trace = _row()
+    whole = prof.preemption_costs(events, trace[:1], ideal_rate=200.0)[-1]
+    assert "of 49.9s" in whole
+    assert whole.endswith("the row's whole shortfall 2.5s (0.050)")
