@@ -392,3 +392,18 @@ def test_a_local_group_keeps_its_store_and_connections_when_rank_0_is_lost() -> 
         assert len(kept) == 2
         assert {pid: after[pid] for pid in kept} == {pid: before[pid] for pid in kept}
         assert group.execute(_all_reduce_sum, 1.0) == [3.0, 3.0, 3.0]
+
+
+def test_a_rank_that_does_not_answer_after_a_failure_leaves_its_stack_in_the_log(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    def hang_on_rank_1() -> float:
+        if _rank() == 1:
+            time.sleep(60)
+        return _all_reduce_sum(1.0)
+
+    with WorkerGroup(2, timeout_s=3) as group, pytest.raises(CollectiveTimeoutError):
+        group.execute(hang_on_rank_1)
+    err = capfd.readouterr().err
+    assert "rank(s) 1 did not answer" in err
+    assert "in hang_on_rank_1" in err  # faulthandler's frame of the hung rank's main thread

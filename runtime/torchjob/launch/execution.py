@@ -8,7 +8,10 @@ does not have to read N stack traces.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -142,6 +145,8 @@ class Execution(Generic[T]):
                     first_failure = first_failure or failure.at
             if on_tick is not None:
                 on_tick()
+        if failures and pending:
+            _dump_stacks(list(pending.values()), failures)
         if failures:
             # Peers may be stuck in a collective unless every rank returned a plain exception.
             if pending or any(f.kind != "user" for f in failures):
@@ -182,6 +187,27 @@ class Execution(Generic[T]):
         _, _, exc_type, message, tb, failure_kind = msg
         err = WorkerGroupError(worker.rank, exc_type, message, tb)
         return _Failure(worker.rank, failure_kind, time.monotonic(), err)
+
+
+def _dump_stacks(hung: list[WorkerHandle], failures: list[_Failure]) -> None:
+    """Ask the ranks that did not answer after a failure for every thread's Python stack
+    (``worker.STACK_SIGNAL``, faulthandler: written to their stderr, the job's log), so that
+    what held them is on record before they are killed."""
+    from torchjob.launch.worker import STACK_SIGNAL
+
+    ranks = sorted(w.rank for w in hung)
+    first = min(failures, key=lambda f: f.at)
+    print(
+        f"[torchjob] rank(s) {', '.join(map(str, ranks))} did not answer "
+        f"{time.monotonic() - first.at:.0f}s after rank {first.rank} failed; their stacks follow",
+        file=sys.stderr,
+        flush=True,
+    )
+    for w in hung:
+        if w.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                os.kill(w.proc.pid, STACK_SIGNAL)
+    time.sleep(0.5)  # faulthandler writes from the signal handler at once; let it land
 
 
 def _root_cause(failures: list[_Failure], *, hung: list[int]) -> LaunchError:

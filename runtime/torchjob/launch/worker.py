@@ -13,6 +13,7 @@ which is what a stateful trainer (RaySGD's ``PyTorchTrainer``) keeps its model i
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import select
 import signal
@@ -35,6 +36,9 @@ from torchjob.launch.errors import classify_failure
 ENV_DRIVER_ADDR = "TORCHJOB_LAUNCH_DRIVER"
 ENV_TOKEN = "TORCHJOB_LAUNCH_TOKEN"
 ENV_DRIVER_PID = "TORCHJOB_LAUNCH_DRIVER_PID"
+STACK_SIGNAL = signal.SIGUSR2
+"""Makes a worker write every thread's Python stack to stderr (faulthandler): the driver
+sends it to the ranks that do not answer after a failure (``execution._dump_stacks``)."""
 ENV_STORE_SERVED = "TORCHJOB_LAUNCH_STORE_SERVED"
 """``N`` > 0: the driver serves the rendezvous store (a local group; this is its N-th
 formation there, which keys the rendezvous apart), so rank 0 connects to it as the others
@@ -360,6 +364,8 @@ def _connect() -> Connection:
 def main() -> int:
     global _CONN
     signal.signal(signal.SIGTERM, lambda _s, _f: _STOP.set())
+    # Every thread's stack to stderr on the driver's request (a rank that did not answer).
+    faulthandler.register(STACK_SIGNAL, file=2, all_threads=True)  # fd 2: the job log
     conn = _connect()
     _CONN = conn
     conn.send(("hello", os.environ[ENV_TOKEN], int(os.environ["LOCAL_RANK"]), os.getpid()))
