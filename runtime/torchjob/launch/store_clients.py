@@ -9,7 +9,7 @@ at once, that is what a re-formation waited for: at 32 and 64 gloo ranks on the 
 gVisor sandbox, a few of 32 new connections took 5 s (c10d logs "timed out after 2500ms
 while trying to connect" and retries), so every re-formation cost 5-11 s, while a group
 whose ranks kept their connections re-formed in 0.1 s (32) and 0.3-0.5 s (64)
-(bench/results/2026-11-27/README.md has the probe).
+(bench/results/2026-11-26m/README.md has the probe and the curve).
 
 So a process keeps one client per (use, address, port) and hands it out again in the next
 generation after one cheap request shows it still answers. It does not when the store's
