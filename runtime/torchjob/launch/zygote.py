@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from torchjob.launch import _start, _zygote_proc, store_clients
+from torchjob.launch import _start, _zygote_proc
 from torchjob.launch._start import ENV_START
 from torchjob.launch.cuda_guard import (
     copyable,
@@ -320,7 +320,11 @@ def prepare(preload: Iterable[str] = ()) -> Kind | None:
     why = copyable(
         platform=sys.platform,
         touched=cuda_touched(probe_fork=True),
-        other_threads=threading.active_count() - 1 + store_clients.serving(),
+        # A store this driver serves (``store_clients.serving()``) runs a thread of libuv's
+        # own, not counted here: it only waits on its sockets, holding nothing the copy needs,
+        # and the copy and its workers never touch the inherited store (store_clients) and
+        # never tear it down (they leave with os._exit).
+        other_threads=threading.active_count() - 1,
     )
     if why is None:
         _ZYGOTES["copy"] = Zygote.copy()
