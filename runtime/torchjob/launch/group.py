@@ -75,8 +75,9 @@ class WorkerGroup:
         self._timeout_s = timeout_s
         self._placement = placement
         self._store_server: Any = None
-        self._formations = 0
         """The local group's rendezvous store, served by this process (:meth:`_with_store`)."""
+        self._formations = 0
+        """How many times this group formed in that store (keys each formation apart)."""
         self._env = dict(env or {})
         self._init_hook = init_hook
         self._start_timeout_s = start_timeout_s

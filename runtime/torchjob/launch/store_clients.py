@@ -23,7 +23,6 @@ destroying one would close a socket the parent still uses).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from datetime import timedelta
@@ -92,9 +91,7 @@ def discard(use: str, addr: str, port: int) -> None:
     """Drop ``use``'s connection to ``addr:port`` (its requests failed): the next
     :func:`client` connects anew instead of probing it."""
     with _lock:
-        store = _clients.pop((use, addr, port), None)
-    with contextlib.suppress(Exception):
-        del store
+        _clients.pop((use, addr, port), None)
 
 
 _served: dict[int, Any] = {}
