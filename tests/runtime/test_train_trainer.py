@@ -186,6 +186,62 @@ def test_corrupt_checkpoint_error_names_path(tmp_path: Path) -> None:
     assert "state.pt" in str(info.value)
 
 
+def checkpoint_on_stop_loop(config: dict[str, Any]) -> None:
+    """The loop docs/runtime.md gives: report every step, a checkpoint only at step 0 and when
+    ``should_stop()`` says so. Rank 1 gets SIGTERM between its ``should_stop()`` and its
+    ``report()`` at step ``config["term_at"]``: the moment that used to end the run at a report
+    without a checkpoint."""
+    ctx = torchjob.train.get_context()
+    model = prepare_model(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(16, 4, generator=torch.Generator().manual_seed(1))
+    for step in range(config["steps"]):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        stop = torchjob.train.should_stop()
+        if step == config["term_at"] and ctx.get_world_rank() == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        log = Path(config["log_dir"]) / f"rank{ctx.get_world_rank()}.json"
+        log.write_text(json.dumps({"last_step": step}))
+        if stop or step == 0:
+            with tempfile.TemporaryDirectory() as d:
+                torch.save({"step": step}, os.path.join(d, "state.pt"))
+                torchjob.train.report(
+                    {"step": step}, checkpoint=torchjob.train.Checkpoint.from_directory(d)
+                )
+        else:
+            torchjob.train.report({"step": step})
+        if stop:
+            return
+
+
+def test_a_stop_between_should_stop_and_report_ends_at_the_loops_checkpoint(
+    tmp_path: Path,
+) -> None:
+    # The stop arrives after should_stop() answered False: report() must not end the run
+    # there (no checkpoint: every step since step 0 would be lost); the next should_stop()
+    # says True on every rank and the loop saves the step it stops at.
+    config = _config(tmp_path, 50, term_at=3)
+    with pytest.raises(TrainingStoppedError) as info:
+        TorchTrainer(
+            checkpoint_on_stop_loop,
+            train_loop_config=config,
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=_run_config(tmp_path),
+        ).fit()
+    last = {
+        rank: json.loads((Path(config["log_dir"]) / f"rank{rank}.json").read_text())["last_step"]
+        for rank in range(2)
+    }
+    assert last[0] == last[1] == 4
+    result = info.value.result
+    assert result is not None and result.checkpoint is not None
+    with result.checkpoint.as_directory() as d:
+        assert torch.load(os.path.join(d, "state.pt"))["step"] == 4
+
+
 def test_sigterm_stops_all_ranks_at_the_same_step_with_a_checkpoint(tmp_path: Path) -> None:
     config = _config(tmp_path, 50, faults={"0:3": "sigterm-driver"}, hold="0:4")
     with pytest.raises(TrainingStoppedError) as info:

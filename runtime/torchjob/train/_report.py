@@ -168,7 +168,12 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
                 "restore_point_bytes": snapshot.nbytes if snapshot else _nbytes(mirror),
             }
         )
-    stop = _agree_to_stop(stop_requested())
+    # Always collective (the restore point and the shard mirror rely on this point), but a
+    # loop that asked should_stop() since the last report stops on its answer: a stop asked
+    # for in between waits for the next should_stop(), where the loop saves its checkpoint.
+    agreed = _agree_to_stop(stop_requested())
+    stop = agreed if s.stop_polled is None else s.stop_polled
+    s.stop_polled = None
     if live is not None and snapshot is None and s.mirror_on:
         # Sharded state: the shard mirror, after the all-reduce above (a rank lost before it
         # leaves every survivor with the previous report's records, consistently).
@@ -214,8 +219,15 @@ def get_checkpoint() -> Checkpoint | None:
 
 
 def should_stop() -> bool:
-    """Collective: True on every rank once any rank was asked to stop. For loops that report rarely."""
-    return _agree_to_stop(stop_requested())
+    """Collective: True on every rank once any rank was asked to stop. For loops that report
+    rarely, or that checkpoint when it says so: the next ``report()`` stops on this answer (a
+    stop asked for after it is answered by the next ``should_stop()``), so the report that
+    ends the run is the one the loop gave its checkpoint."""
+    stop = _agree_to_stop(stop_requested())
+    s = _session.current()
+    if s is not None:
+        s.stop_polled = stop or bool(s.stop_polled)
+    return stop
 
 
 # --- the training function's side ----------------------------------------------------------

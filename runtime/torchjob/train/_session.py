@@ -53,6 +53,10 @@ class Session:
     loaders: list[PositionedLoader] = field(default_factory=list)
     reports: int = 0
     stopped_at_report: int | None = None
+    stop_polled: bool | None = None
+    """What ``should_stop()`` agreed since the last report (None: not asked). The next
+    ``report()`` stops on that answer, not on a newer one: a loop that checkpoints when
+    ``should_stop()`` says so never stops at a report that carries no checkpoint."""
     last_metrics: dict[str, Any] | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     """Every report of this worker in this generation (rank 0's become the Result's)."""
