@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     print("ideal rates (samples/s): " + ", ".join(f"{s} {r:.1f}" for s, r in ideal.items()))
     groups: dict[tuple[str, str, str], list[tuple[float, float, float]]] = {}
     for stem, fig, paid in rows:
-        if fig.mode == acc.BASELINE_MODE:
+        if fig.mode == acc.BASELINE_MODE:  # each baseline, so that its spread shows
+            print(f"  {stem}: {fig.samples} samples in {fig.wall:.1f} s, "
+                  f"{fig.samples / fig.wall:.1f} samples/s")  # fmt: skip
             continue
         g = acc.goodput(fig, ideal)
         per_pod = acc.per_pod_paid(g, fig.workers, fig.standbys)
