@@ -24,7 +24,10 @@ the difference splits into start-up (process start -> first step), training (fir
 step) and the end (last step -> exit); ``steps`` is the training phase less rank 0's time in
 the per-epoch checkpoint (torchjob: save and ``report``; torchrun: save and barrier). Wall time is measured around the child process; CPU is
 the children's user + system time (``RUSAGE_CHILDREN``, which includes every worker process
-and the zygote). The ratios are same-repeat ratios against that repeat's torchrun run (the
+and the zygote). ``train-cpu-ranks`` and ``train-cpu-others`` split the CPU the run's
+processes spent in the training phase (read from /proc at the first and the last step, polled
+every 20 ms): the busiest ``--workers`` processes (the ranks), and all the others (torchjob's
+driver and zygote, torchrun's agent), which compete with the ranks for the same cores. The ratios are same-repeat ratios against that repeat's torchrun run (the
 machine may be loaded by others: a pair shares its load), printed as median and [min-max].
 Asserts nothing.
 
@@ -209,13 +212,28 @@ def run_once(kind: str, args: argparse.Namespace, work: Path) -> dict[str, float
                str(out / "ckpt")]  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, cwd=work)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, cwd=work)
+    # CPU of every process of the run at its first and its last step (polled: within 20 ms).
+    at: dict[str, dict[int, float]] = {}
+    while proc.poll() is None:
+        text = marks.read_text() if marks.exists() else ""
+        for mark in ("first_step", "last_step"):
+            if mark not in at and f'"{mark}"' in text:
+                at[mark] = tree_cpu(proc.pid)
+        time.sleep(0.02)
     t1 = time.time()
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     m: dict[str, float] = {}
     for line in marks.read_text().splitlines():
         rec = json.loads(line)
         m.setdefault(rec["mark"], rec["t"])
+    spent = sorted(
+        (at["last_step"][pid] - cpu for pid, cpu in at.get("first_step", {}).items()
+         if pid in at.get("last_step", {})),
+        reverse=True,
+    )  # fmt: skip
     return {
         "wall": t1 - t0,
         "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
@@ -224,7 +242,34 @@ def run_once(kind: str, args: argparse.Namespace, work: Path) -> dict[str, float
         "end": t1 - m["last_step"],
         # Training without the per-epoch checkpoint (save and report / save and barrier).
         "steps": m["last_step"] - m["first_step"] - m["ckpt_total"],
+        # CPU in the training phase: the busiest `workers` processes (the ranks), the rest.
+        "train-cpu-ranks": sum(spent[: args.workers]),
+        "train-cpu-others": sum(spent[args.workers :]),
     }
+
+
+def tree_cpu(root: int) -> dict[int, float]:
+    """User + system CPU seconds of ``root`` and each of its descendants, by pid (/proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        parent[int(d.name)] = int(fields[1])
+        cpu[int(d.name)] = (int(fields[11]) + int(fields[12])) / tick
+    tree = {root}
+    grew = True
+    while grew:
+        more = {pid for pid, ppid in parent.items() if ppid in tree and pid not in tree}
+        tree |= more
+        grew = bool(more)
+    return {pid: cpu[pid] for pid in tree if pid in cpu}
 
 
 def pod_env(nproc: int, storage: Path) -> dict[str, str]:
@@ -237,6 +282,9 @@ def pod_env(nproc: int, storage: Path) -> dict[str, str]:
         checkpoint_path=str(storage), membership="KeepSurvivors",
     )  # fmt: skip
     return {**pod.to_env(), "QS_POD": "1", "TORCHJOB_TERMINATION_LOG": str(storage / "term")}
+
+
+RATIOS = ("wall", "cpu", "training", "steps", "train-cpu-ranks")
 
 
 def spread(values: list[float]) -> str:
@@ -264,25 +312,22 @@ def main() -> int:
             runs[kind].append(r)
             print(f"[{i + 1}/{args.repeats}] {kind:24} " + "  ".join(
                 f"{k} {v:.2f}s" for k, v in r.items()), file=sys.stderr, flush=True)  # fmt: skip
-    keys = ("wall", "cpu", "start-up", "training", "end", "steps")
+    keys = ("wall", "cpu", "start-up", "training", "end", "steps", "train-cpu-ranks",
+            "train-cpu-others")  # fmt: skip
     print(
         f"digits, small CNN, {args.workers} gloo workers, {args.epochs} epochs, a checkpoint per "
         f"epoch; {args.repeats} repeats (rotating order): medians, and same-repeat ratios against "
         "torchrun as median [min-max]"
     )
-    print(f"{'':24}" + "".join(f"{k:>11}" for k in keys))
+    width = {k: max(11, len(k) + 2) for k in keys}
+    print(f"{'':24}" + "".join(f"{k:>{width[k]}}" for k in keys))
     for kind in kinds:
         med = {k: statistics.median(r[k] for r in runs[kind]) for k in keys}
-        print(f"{kind:24}" + "".join(f"{med[k]:>10.2f}s" for k in keys))
-    print(
-        f"\n{'ratio vs torchrun':24}"
-        + "".join(f"{k:>20}" for k in ("wall", "cpu", "training", "steps"))
-    )
+        print(f"{kind:24}" + "".join(f"{med[k]:>{width[k] - 1}.2f}s" for k in keys))
+    print(f"\n{'ratio vs torchrun':24}" + "".join(f"{k:>20}" for k in RATIOS))
     for kind in variants:
         pairs = list(zip(runs[kind], runs["torchrun"], strict=True))
-        cells = [
-            spread([a[k] / b[k] for a, b in pairs]) for k in ("wall", "cpu", "training", "steps")
-        ]
+        cells = [spread([a[k] / b[k] if b[k] else float("nan") for a, b in pairs]) for k in RATIOS]
         print(f"{kind:24}" + "".join(f"{c:>20}" for c in cells))
     return 0
 

@@ -217,6 +217,31 @@ def checkpoint_on_stop_loop(config: dict[str, Any]) -> None:
             return
 
 
+def _fit_until_stopped(loop: Any, config: dict[str, Any], tmp_path: Path) -> Any:
+    """Two workers run ``loop`` until a SIGTERM stops them: the stopped run's Result."""
+    with pytest.raises(TrainingStoppedError) as info:
+        TorchTrainer(
+            loop,
+            train_loop_config=config,
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=_run_config(tmp_path),
+        ).fit()
+    result = info.value.result
+    assert result is not None and result.checkpoint is not None
+    return result
+
+
+def _last_steps(config: dict[str, Any], name: str) -> list[int]:
+    """Each rank's last trained step, from the log file ``name`` (``{rank}`` filled in)."""
+    logs = Path(config["log_dir"])
+    return [json.loads((logs / name.format(rank=r)).read_text())["last_step"] for r in range(2)]
+
+
+def _saved_step(result: Any) -> int:
+    with result.checkpoint.as_directory() as d:
+        return int(torch.load(os.path.join(d, "state.pt"))["step"])
+
+
 def test_a_stop_between_should_stop_and_report_ends_at_the_loops_checkpoint(
     tmp_path: Path,
 ) -> None:
@@ -224,41 +249,14 @@ def test_a_stop_between_should_stop_and_report_ends_at_the_loops_checkpoint(
     # there (no checkpoint: every step since step 0 would be lost); the next should_stop()
     # says True on every rank and the loop saves the step it stops at.
     config = _config(tmp_path, 50, term_at=3)
-    with pytest.raises(TrainingStoppedError) as info:
-        TorchTrainer(
-            checkpoint_on_stop_loop,
-            train_loop_config=config,
-            scaling_config=ScalingConfig(num_workers=2),
-            run_config=_run_config(tmp_path),
-        ).fit()
-    last = {
-        rank: json.loads((Path(config["log_dir"]) / f"rank{rank}.json").read_text())["last_step"]
-        for rank in range(2)
-    }
-    assert last[0] == last[1] == 4
-    result = info.value.result
-    assert result is not None and result.checkpoint is not None
-    with result.checkpoint.as_directory() as d:
-        assert torch.load(os.path.join(d, "state.pt"))["step"] == 4
+    result = _fit_until_stopped(checkpoint_on_stop_loop, config, tmp_path)
+    assert _last_steps(config, "rank{rank}.json") == [4, 4]
+    assert _saved_step(result) == 4
 
 
 def test_sigterm_stops_all_ranks_at_the_same_step_with_a_checkpoint(tmp_path: Path) -> None:
     config = _config(tmp_path, 50, faults={"0:3": "sigterm-driver"}, hold="0:4")
-    with pytest.raises(TrainingStoppedError) as info:
-        TorchTrainer(
-            step_loop,
-            train_loop_config=config,
-            scaling_config=ScalingConfig(num_workers=2),
-            run_config=_run_config(tmp_path),
-        ).fit()
-    last = {
-        rank: json.loads((Path(config["log_dir"]) / f"rank{rank}-gen0.json").read_text())[
-            "last_step"
-        ]
-        for rank in range(2)
-    }
+    result = _fit_until_stopped(step_loop, config, tmp_path)
+    last = _last_steps(config, "rank{rank}-gen0.json")
     assert last[0] == last[1] < 49
-    result = info.value.result
-    assert result is not None and result.checkpoint is not None
-    with result.checkpoint.as_directory() as d:
-        assert torch.load(os.path.join(d, "state.pt"))["step"] == last[0]
+    assert _saved_step(result) == last[0]
