@@ -266,3 +266,21 @@ def test_a_second_sigterm_during_the_drain_changes_nothing_and_cancel_ends_it() 
         notice.sigterm()
     notice.cancel()
     assert not stop.wait(0.6), "the run ended: no stop requested after it"
+
+
+@pytest.mark.parametrize("deleted_first", [True, False])
+def test_a_job_deletion_ends_the_drain_whichever_comes_first(deleted_first: bool) -> None:
+    # Deleting the TorchJob deletes its pods: no replacement will come, so a pod given notice
+    # stops at its next report instead of training on for the drain (30 s here).
+    stop = threading.Event()
+    notice = Notice(stop, 30.0)
+    with notice.training():
+        if deleted_first:
+            notice.final()
+            assert not stop.is_set(), "the deletion alone stops nothing: the SIGTERM will"
+        notice.sigterm()
+        if not deleted_first:
+            assert not stop.is_set() and notice.given, "draining until the deletion is seen"
+            notice.final()
+        assert stop.is_set()
+    notice.cancel()

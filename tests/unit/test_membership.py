@@ -176,3 +176,38 @@ def test_the_restart_backoff_is_read_from_the_status() -> None:
     assert m.backoff_left_s(now) == 20
     assert m.backoff_left_s(datetime(2026, 1, 1, 0, 1, tzinfo=timezone.utc)) == 0
     assert Membership(2, 4).backoff_left_s(now) == 0
+
+
+@pytest.mark.parametrize("how", ["deletionTimestamp", "DELETED"])
+def test_the_jobs_deletion_is_told_to_every_listener_once(how: str) -> None:
+    # Foreground deletion sets deletionTimestamp first; background deletion sends DELETED.
+    going = event("MODIFIED", 12, currentGeneration=1, replicas=2, phase="Running")
+    if how == "DELETED":
+        going["type"] = "DELETED"
+    else:
+        going["object"]["metadata"]["deletionTimestamp"] = "2026-11-27T03:00:00Z"
+    later = event("MODIFIED", 13, currentGeneration=1, replicas=2, phase="Running")
+    if how != "DELETED":
+        later["object"]["metadata"]["deletionTimestamp"] = "2026-11-27T03:00:00Z"
+    ep = ScriptedEndpoint(
+        [event("ADDED", 10, currentGeneration=1, replicas=2, phase="Running"), going, later]
+    )
+    told: list[str] = []
+    w = follow(ep)
+    w.on_deleting(lambda: told.append("early"))
+    assert w.deleting.wait(5)
+    w.on_deleting(lambda: told.append("late"))  # registered after: told at once
+    assert w.read() is not None
+    assert sorted(told) == ["early", "late"], told
+    w.close()
+
+
+def test_a_running_job_is_not_being_deleted() -> None:
+    ep = ScriptedEndpoint(
+        Ended([event("ADDED", 10, currentGeneration=1, replicas=2, phase="Running")]),
+        [event("MODIFIED", 11, currentGeneration=2, replicas=2, phase="Running")],
+    )
+    w = follow(ep)
+    w.wait_beyond(1, timeout_s=5, poll_s=0.01)
+    assert not w.deleting.is_set()
+    w.close()

@@ -93,6 +93,8 @@ class Controller:
         self._endpoint = JobEndpoint.from_env(pod) if pod is not None else None
         self._job_status: JobStatusReporter | None = None
         self.mode = choose_mode(trainer, pod, self._endpoint)
+        if isinstance(self.mode, KeepSurvivorsMode):  # a job deletion ends the drain
+            self.mode.watch.on_deleting(self.notice.final)
         self.tracking = RunTracking.of(trainer, self.name, self.run_url, pod, self._endpoint)
         self.workers = Workers(trainer, heals=pod is None)
 

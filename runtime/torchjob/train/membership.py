@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 import urllib.error
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -120,6 +121,12 @@ class MembershipWatch:
         self._warned = False
         self.polling = False
         """True once the watch was refused (403) and the thread polls instead."""
+        self.deleting = threading.Event()
+        """The TorchJob is being deleted (its ``deletionTimestamp`` is set, or it is gone):
+        no generation, and no replacement for a pod given notice, will come. Set once every
+        listener (:meth:`on_deleting`) was told."""
+        self._on_deleting: list[Callable[[], None]] = []
+        self._deletion_seen = False
         self._thread = threading.Thread(target=self._run, name="torchjob-membership", daemon=True)
         self._thread.start()
 
@@ -167,6 +174,15 @@ class MembershipWatch:
                     )
                 self._cond.wait(min(left, poll_s) if poll_s > 0 else min(left, 0.01))
 
+    def on_deleting(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from the watch's thread) once the TorchJob is being deleted; at
+        once if it already is."""
+        with self._cond:
+            self._on_deleting.append(callback)
+            now = self._deletion_seen
+        if now:
+            callback()
+
     def close(self) -> None:
         self._closed.set()
         response = self._response
@@ -184,6 +200,16 @@ class MembershipWatch:
             if m is not None:
                 self._latest = m
             self._cond.notify_all()
+
+    def _deleted(self) -> None:
+        with self._cond:
+            if self._deletion_seen:
+                return
+            self._deletion_seen = True
+            callbacks = list(self._on_deleting)
+        for callback in callbacks:
+            callback()
+        self.deleting.set()
 
     def _warn(self, what: str, exc: BaseException) -> None:
         if not self._warned:
@@ -243,6 +269,8 @@ class MembershipWatch:
                     self._publish(obj.get("status"))
                 elif kind == "DELETED":
                     self._publish({**(obj.get("status") or {}), "phase": "Failed"})
+                if kind == "DELETED" or (obj.get("metadata") or {}).get("deletionTimestamp"):
+                    self._deleted()
         finally:
             self._response = None
             response.close()

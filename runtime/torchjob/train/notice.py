@@ -7,7 +7,9 @@ is Ready, publishes a generation with it in this pod's place, which stops the gr
 report and lets this pod leave (``KeepSurvivorsMode.interrupt``). Only if that has not
 happened ``drain_s`` later is the stop requested, as any SIGTERM requests it without a drain
 (all ranks stop at their next report). A SIGTERM outside training (a joiner waiting to join,
-a survivor between generations) stops at once.
+a survivor between generations) stops at once, and so does one that comes while the TorchJob
+itself is being deleted (:meth:`Notice.final`: no replacement will come, so training on would
+only delay the deletion by the drain).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Notice:
         """SIGTERM came while the workers trained, and they train on."""
         self._told = False
         self._training = False
+        self._final = False
         self._timer: threading.Timer | None = None
 
     @contextmanager
@@ -40,7 +43,7 @@ class Notice:
 
     def sigterm(self) -> None:
         """The SIGTERM handler (main thread): start the drain, or request the stop."""
-        if self.drain_s <= 0 or not self._training or self.stop.is_set():
+        if self.drain_s <= 0 or not self._training or self._final or self.stop.is_set():
             self.stop.set()
             return
         if self.given:
@@ -59,6 +62,14 @@ class Notice:
             f"SIGTERM: this pod was given notice; its workers train on for up to "
             f"{self.drain_s:g}s while the operator starts its replacement"
         )
+
+    def final(self) -> None:
+        """The TorchJob is being deleted (any thread): a SIGTERM, before or after this, stops
+        at the next report instead of draining."""
+        self._final = True
+        if self.given:
+            self.cancel()
+            self.stop.set()
 
     def cancel(self) -> None:
         """The run ended: no stop to request any more."""
