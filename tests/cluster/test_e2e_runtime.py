@@ -386,6 +386,47 @@ def test_an_evicted_pod_trains_on_until_its_replacement_takes_its_place(
     assert "rank 0 of 1 on" not in logs[0], f"the job never ran smaller\n{logs[0]}"
 
 
+def test_deleting_the_job_stops_its_pods_at_the_next_report_without_the_drain(
+    jobs: Jobs, kubelet: ProcessKubelet, tmp_path: Path
+) -> None:
+    """A KeepSurvivors job whose pods would drain 20 s after SIGTERM (grace 30 s) is deleted:
+    no replacement will come, so each pod's runtime, following the job's watch, stops at its
+    next report with a final checkpoint instead of training on."""
+    storage = tmp_path / "checkpoints"
+    manifest = torchjob(
+        "gone",
+        replicas=2,
+        backend="gloo",
+        membershipPolicy="KeepSurvivors",
+        elastic={"minReplicas": 1, "maxReplicas": 2, "shrinkOnDisruption": True},
+        template=_e2e_template("400", "-1", "0.2", grace=30),
+        checkpoint={"path": str(storage)},
+        failurePolicy={"maxRestarts": 0},
+    )
+    jobs.apply(manifest)
+    jobs.wait_running_pods("gone", 2, generation=0, timeout=300)
+    jobs.wait(
+        "gone",
+        lambda s: s if (s.get("progress") or {}).get("epoch", -1) >= 3 else None,
+        "rank 0 to report epoch 3",
+        timeout=400,
+    )
+    jobs.kubectl("delete", "torchjob", "gone", "--wait=false")
+    k.wait_for(
+        lambda: not jobs.pods("gone"),
+        120,  # a wait, not a bound
+        lambda: f"the deleted job's pods to go\n{kubelet.log_of('gone')}",
+        interval=0.5,
+    )
+    logs = {i: kubelet.log_of(f"gone-worker-{i}") for i in (0, 1)}
+    for i, log in logs.items():
+        assert "the TorchJob is being deleted" in log, f"pod {i}\n{log}"
+    said = "\n".join(kubelet.termination_messages("gone-worker-0"))
+    assert "training stopped on request" in said, f"{said}\n{logs[0]}"
+    stopped_at = re.search(r"latest checkpoint: (\S+)", said)
+    assert stopped_at is not None and Path(stopped_at.group(1)).is_dir(), said
+
+
 def test_a_warm_standby_takes_the_evicted_pods_place_and_a_new_standby_starts(
     jobs: Jobs, kubelet: ProcessKubelet, tmp_path: Path
 ) -> None:

@@ -281,6 +281,11 @@ def test_a_job_deletion_ends_the_drain_whichever_comes_first(deleted_first: bool
         notice.sigterm()
         if not deleted_first:
             assert not stop.is_set() and notice.given, "draining until the deletion is seen"
+            told = notice.tell()
+            assert told is not None and "train on for up to 30s" in told
             notice.final()
         assert stop.is_set()
+        told = notice.tell()
+        assert told is not None and "the TorchJob is being deleted" in told
+        assert notice.tell() is None, "said once"
     notice.cancel()

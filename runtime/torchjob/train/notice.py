@@ -28,6 +28,7 @@ class Notice:
         self.given = False
         """SIGTERM came while the workers trained, and they train on."""
         self._told = False
+        self._told_final = False
         self._training = False
         self._final = False
         self._timer: threading.Timer | None = None
@@ -54,7 +55,16 @@ class Notice:
         self._timer.start()
 
     def tell(self) -> str | None:
-        """Once, after a SIGTERM that drains: the line to log (not from the handler)."""
+        """The line to log (not from the handler), once each: after a SIGTERM that drains,
+        and after one that the job's deletion ended or cut short."""
+        if self._final and self.stop.is_set() and (self.given or self.drain_s > 0):
+            if self._told_final:
+                return None
+            self._told = self._told_final = True
+            return (
+                "SIGTERM: the TorchJob is being deleted; no replacement will come, so this "
+                "pod stops at its next report instead of training on"
+            )
         if not self.given or self._told:
             return None
         self._told = True
