@@ -64,14 +64,34 @@ def _first_steps(*logs: str) -> dict[tuple[int, int], tuple[int, str]]:
     }
 
 
-def _evict_after_epoch_3(jobs: Jobs, name: str, pod: str) -> None:
-    """Once rank 0 reported epoch 3 (a checkpoint exists), the Eviction API takes ``pod``."""
+def _wait_epoch_3(jobs: Jobs, name: str) -> None:
+    """Until rank 0 reported epoch 3 (a checkpoint exists)."""
     jobs.wait(
         name,
         lambda s: s if (s.get("progress") or {}).get("epoch", -1) >= 3 else None,
         "rank 0 to report epoch 3",
         timeout=400,
     )
+
+
+def _draining_job(name: str, epochs: int, storage: Path, **template: int) -> dict:
+    """Two KeepSurvivors pods that may shrink to one, grace 30 s: a pod given notice trains
+    on for 20 s (``replaceBeforeLeaving``, the default); no restart allowed."""
+    return torchjob(
+        name,
+        replicas=2,
+        backend="gloo",
+        membershipPolicy="KeepSurvivors",
+        elastic={"minReplicas": 1, "maxReplicas": 2, "shrinkOnDisruption": True},
+        template=_e2e_template(str(epochs), "-1", "0.2", grace=30, **template),
+        checkpoint={"path": str(storage)},
+        failurePolicy={"maxRestarts": 0},
+    )
+
+
+def _evict_after_epoch_3(jobs: Jobs, name: str, pod: str) -> None:
+    """Once rank 0 reported epoch 3 (a checkpoint exists), the Eviction API takes ``pod``."""
+    _wait_epoch_3(jobs, name)
     eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod))
     jobs.core.create_namespaced_pod_eviction(pod, jobs.ns, eviction)
 
@@ -350,19 +370,8 @@ def test_an_evicted_pod_trains_on_until_its_replacement_takes_its_place(
     its name), starts and imports torch. Once it is Ready, generation 1 is pods [0, 2] at the
     full size: the group stops once, pod 1 leaves, pod 0 re-forms in its own process and pod 2
     receives its parameters. The job never ran smaller; one disruption, nothing charged."""
-    storage = tmp_path / "checkpoints"
     epochs = 40
-    manifest = torchjob(
-        "drain",
-        replicas=2,
-        backend="gloo",
-        membershipPolicy="KeepSurvivors",
-        elastic={"minReplicas": 1, "maxReplicas": 2, "shrinkOnDisruption": True},
-        template=_e2e_template(str(epochs), "-1", "0.2", grace=30, hold_until=1),
-        checkpoint={"path": str(storage)},
-        failurePolicy={"maxRestarts": 0},
-    )
-    jobs.apply(manifest)
+    jobs.apply(_draining_job("drain", epochs, tmp_path / "checkpoints", hold_until=1))
     pods = jobs.wait_running_pods("drain", 2, generation=0, timeout=300)
     survivor = next(p for p in pods if p.metadata.name == "drain-worker-0")
     _evict_after_epoch_3(jobs, "drain", "drain-worker-1")
@@ -392,25 +401,9 @@ def test_deleting_the_job_stops_its_pods_at_the_next_report_without_the_drain(
     """A KeepSurvivors job whose pods would drain 20 s after SIGTERM (grace 30 s) is deleted:
     no replacement will come, so each pod's runtime, following the job's watch, stops at its
     next report with a final checkpoint instead of training on."""
-    storage = tmp_path / "checkpoints"
-    manifest = torchjob(
-        "gone",
-        replicas=2,
-        backend="gloo",
-        membershipPolicy="KeepSurvivors",
-        elastic={"minReplicas": 1, "maxReplicas": 2, "shrinkOnDisruption": True},
-        template=_e2e_template("400", "-1", "0.2", grace=30),
-        checkpoint={"path": str(storage)},
-        failurePolicy={"maxRestarts": 0},
-    )
-    jobs.apply(manifest)
+    jobs.apply(_draining_job("gone", 400, tmp_path / "checkpoints"))
     jobs.wait_running_pods("gone", 2, generation=0, timeout=300)
-    jobs.wait(
-        "gone",
-        lambda s: s if (s.get("progress") or {}).get("epoch", -1) >= 3 else None,
-        "rank 0 to report epoch 3",
-        timeout=400,
-    )
+    _wait_epoch_3(jobs, "gone")
     jobs.kubectl("delete", "torchjob", "gone", "--wait=false")
     k.wait_for(
         lambda: not jobs.pods("gone"),
