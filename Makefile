@@ -117,6 +117,12 @@ bench-goodput: venv testbin ## goodput under preemption on the real node: polici
 bench-scale: venv ## recovery after a SIGKILLed rank vs world size: 2, 8, 32, 64 local gloo ranks, replace and shrink; table + SVG curve in bench/out/scale (SCALE_ARGS to change)
 	$(PY) bench/recovery_scale.py $(SCALE_ARGS)
 
+.PHONY: bench-quickstart
+QUICKSTART_ARGS ?= --repeats 5 --epochs 60 --starts zygote,spawn --paths pod
+bench-quickstart: venv ## the Ray Train quickstart vs torchrun: wall, CPU and start-up (runs in turn), then the training phase with both sides taking turns epoch by epoch (QUICKSTART_ARGS to change; about 25 min)
+	$(PY) bench/quickstart_vs_torchrun.py $(QUICKSTART_ARGS)
+	$(PY) bench/quickstart_vs_torchrun.py $(QUICKSTART_ARGS) --interleave
+
 .PHONY: bench-operator
 BENCH_ARGS ?= --sizes 20,100,500 --scale-jobs 1000
 bench-operator: venv testbin ## operator cost: torchjob vs Kubeflow training-operator v1.8.1 on a private kwok cluster, then 1000 TorchJobs (45 min or more; BENCH_ARGS to change)
