@@ -174,6 +174,18 @@ def torchjob(name: str, *, replicas: int = 2, **spec: Any) -> dict[str, Any]:
     }
 
 
+def shrinking_pair(name: str, **spec: Any) -> dict[str, Any]:
+    """Two gloo ``KeepSurvivors`` pods that go on as one after a loss (elastic 1..2,
+    ``shrinkOnDisruption``) and may not restart; ``spec`` adds to or overrides that."""
+    base: dict[str, Any] = {
+        "backend": "gloo",
+        "membershipPolicy": "KeepSurvivors",
+        "elastic": {"minReplicas": 1, "maxReplicas": 2, "shrinkOnDisruption": True},
+        "failurePolicy": {"maxRestarts": 0},
+    }
+    return torchjob(name, replicas=2, **{**base, **spec})
+
+
 class Jobs:
     """TorchJobs in one namespace, driven through kubectl and read through the API."""
 

@@ -18,7 +18,13 @@ import pytest
 from kubernetes import client
 from mlflow.tracking import MlflowClient
 from tests import kube as k
-from tests.cluster.operator_harness import REPO, Jobs, torchjob, worker_template
+from tests.cluster.operator_harness import (
+    REPO,
+    Jobs,
+    shrinking_pair,
+    torchjob,
+    worker_template,
+)
 from tests.e2e.kubelet import NODE_LABEL, TAINT, ProcessKubelet
 
 from torchjob import contract
@@ -77,15 +83,10 @@ def _wait_epoch_3(jobs: Jobs, name: str) -> None:
 def _draining_job(name: str, epochs: int, storage: Path, **template: int) -> dict:
     """Two KeepSurvivors pods that may shrink to one, grace 30 s: a pod given notice trains
     on for 20 s (``replaceBeforeLeaving``, the default); no restart allowed."""
-    return torchjob(
+    return shrinking_pair(
         name,
-        replicas=2,
-        backend="gloo",
-        membershipPolicy="KeepSurvivors",
-        elastic={"minReplicas": 1, "maxReplicas": 2, "shrinkOnDisruption": True},
         template=_e2e_template(str(epochs), "-1", "0.2", grace=30, **template),
         checkpoint={"path": str(storage)},
-        failurePolicy={"maxRestarts": 0},
     )
 
 

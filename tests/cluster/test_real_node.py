@@ -23,7 +23,7 @@ import yaml
 from kubernetes import client
 from tests import kube as k
 from tests.cluster import conftest
-from tests.cluster.operator_harness import Jobs, torchjob
+from tests.cluster.operator_harness import Jobs, shrinking_pair, torchjob
 from tests.cluster.pod_procs import drop_packets, trainer_pid
 from tests.cluster.realnode import (
     NODE_LABEL,
@@ -351,12 +351,8 @@ def hard_loss_job(name: str, storage: Path, events: Path, steps: int, hold: int)
     """2 pods, KeepSurvivors, elastic (shrink on a disruption or a hard loss), the restore
     point registered; a storage checkpoint every 1000 steps (never, here); the last step
     holds until generation ``hold`` runs, so the replacement has joined before the end."""
-    return torchjob(
+    return shrinking_pair(
         name,
-        replicas=2,
-        backend="gloo",
-        membershipPolicy="KeepSurvivors",
-        elastic={"minReplicas": 1, "maxReplicas": 2, "shrinkOnDisruption": True},
         template=real_template(
             storage,
             str(events),
