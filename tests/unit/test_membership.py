@@ -193,9 +193,11 @@ def test_the_jobs_deletion_is_told_to_every_listener_once(how: str) -> None:
         [event("ADDED", 10, currentGeneration=1, replicas=2, phase="Running"), going, later]
     )
     told: list[str] = []
+    seen = threading.Event()
     w = follow(ep)
     w.on_deleting(lambda: told.append("early"))
-    assert w.deleting.wait(5)
+    w.on_deleting(seen.set)
+    assert seen.wait(5)
     w.on_deleting(lambda: told.append("late"))  # registered after: told at once
     assert w.read() is not None
     assert sorted(told) == ["early", "late"], told
@@ -207,7 +209,9 @@ def test_a_running_job_is_not_being_deleted() -> None:
         Ended([event("ADDED", 10, currentGeneration=1, replicas=2, phase="Running")]),
         [event("MODIFIED", 11, currentGeneration=2, replicas=2, phase="Running")],
     )
+    seen = threading.Event()
     w = follow(ep)
+    w.on_deleting(seen.set)
     w.wait_beyond(1, timeout_s=5, poll_s=0.01)
-    assert not w.deleting.is_set()
+    assert not seen.is_set()
     w.close()

@@ -121,12 +121,10 @@ class MembershipWatch:
         self._warned = False
         self.polling = False
         """True once the watch was refused (403) and the thread polls instead."""
-        self.deleting = threading.Event()
-        """The TorchJob is being deleted (its ``deletionTimestamp`` is set, or it is gone):
-        no generation, and no replacement for a pod given notice, will come. Set once every
-        listener (:meth:`on_deleting`) was told."""
         self._on_deleting: list[Callable[[], None]] = []
         self._deletion_seen = False
+        """The TorchJob is being deleted (its ``deletionTimestamp`` is set, or it is gone):
+        no generation, and no replacement for a pod given notice, will come."""
         self._thread = threading.Thread(target=self._run, name="torchjob-membership", daemon=True)
         self._thread.start()
 
@@ -209,7 +207,6 @@ class MembershipWatch:
             callbacks = list(self._on_deleting)
         for callback in callbacks:
             callback()
-        self.deleting.set()
 
     def _warn(self, what: str, exc: BaseException) -> None:
         if not self._warned:
