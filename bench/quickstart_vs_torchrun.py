@@ -122,7 +122,7 @@ QUICKSTART = COMMON + textwrap.dedent(
     """
     from torch.utils.data import DataLoader
     import torchjob.train
-    from torchjob.train import Checkpoint, RunConfig, ScalingConfig
+    from torchjob.train import Checkpoint, CheckpointConfig, RunConfig, ScalingConfig
     from torchjob.train.torch import TorchTrainer, prepare_data_loader, prepare_model
 
     def train_func(config):
@@ -192,7 +192,11 @@ QUICKSTART = COMMON + textwrap.dedent(
             train_func,
             train_loop_config={"epochs": int(sys.argv[1])},
             scaling_config=ScalingConfig(num_workers=int(sys.argv[2])),
-            run_config=RunConfig(name="qs", storage_path=sys.argv[3], progress=False),
+            run_config=RunConfig(
+                name="qs", storage_path=sys.argv[3], progress=False,
+                # --sync-commit: the checkpoint's commit inside report(), not after it
+                checkpoint_config=CheckpointConfig(async_commit=not os.environ.get("QS_SYNC")),
+            ),
         ).fit()
     """
 )
@@ -261,6 +265,8 @@ def command(
     if kind.startswith("torchjob"):
         _, start, where = kind.split(":")
         env["TORCHJOB_WORKER_START"] = start
+        if args.sync_commit:
+            env["QS_SYNC"] = "1"
         cmd = [sys.executable, str(work / "quickstart.py"), str(args.epochs), str(args.workers),
                str(out / "storage")]  # fmt: skip
         if where == "pod":
@@ -335,12 +341,19 @@ def run_once(kind: str, args: argparse.Namespace, work: Path) -> dict[str, float
     spent = sorted(by_pid.values(), reverse=True)
     # The ranks' threads other than their main thread (the training loop), by thread name,
     # from the first step to the start of the last epoch but one.
+    # Threads that ended meanwhile (a background checkpoint commit's) are the process's CPU
+    # less its live threads'.
     helpers: dict[str, float] = {}
     for pid in ranks:
         before_t = first.threads.get(pid, {})
+        live = 0.0
         for (tid, name), cpu in late.threads.get(pid, {}).items():
+            spent_t = cpu - before_t.get((tid, name), 0.0)
+            live += spent_t
             if tid != pid:
-                helpers[name] = helpers.get(name, 0.0) + cpu - before_t.get((tid, name), 0.0)
+                helpers[name] = helpers.get(name, 0.0) + spent_t
+        ended = late.cpu.get(pid, 0.0) - first.cpu.get(pid, 0.0) - live
+        helpers["(ended threads)"] = helpers.get("(ended threads)", 0.0) + max(ended, 0.0)
     if helpers:
         top = sorted(helpers.items(), key=lambda kv: -kv[1])[:6]
         print(f"    {kind}: ranks' other threads in the training phase: "
@@ -475,6 +488,9 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--starts", default="zygote,fork,spawn")
     p.add_argument("--paths", default="local,pod")
+    p.add_argument("--sync-commit", action="store_true",
+                   help="torchjob commits each checkpoint inside report() (async_commit=False), "
+                   "so no commit runs on after its turn")  # fmt: skip
     p.add_argument("--interleave", action="store_true",
                    help="the training phase alone: each variant and torchrun at once, taking "
                    "turns epoch by epoch")  # fmt: skip
