@@ -45,10 +45,13 @@ in time; per repeat the bench prints the median over epochs of the ratio of the 
 epoch i (its steps; and its steps with its checkpoint), and checks from the marks that the
 turns did alternate. Both sides pay the same turn-taking; the side that waits holds its
 processes idle (its background threads, torchjob's heartbeat and torchrun's agent, still run:
-about 0.1 % of a core each, ``train-cpu-others``).
+about 0.1 % of a core each, ``train-cpu-others``). Rank 0's background checkpoint commit
+(``async_commit``, the default) runs on after ``report()`` returns and may land in the other
+side's turn; ``--sync-commit`` keeps it inside ``report()`` (``async_commit=False``), which
+charges torchjob all of it.
 
     python bench/quickstart_vs_torchrun.py [--repeats 3] [--epochs 10] [--workers 2]
-        [--starts zygote,fork,spawn] [--paths local,pod] [--interleave]
+        [--starts zygote,fork,spawn] [--paths local,pod] [--interleave] [--sync-commit]
 """
 
 from __future__ import annotations
