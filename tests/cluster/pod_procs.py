@@ -5,6 +5,9 @@ SIGKILL a pod's trainer or drop its packets in its network namespace (iptables t
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -68,3 +71,25 @@ def drop_packets(pid: int) -> None:
             capture_output=True,
             timeout=30,
         )
+
+
+def freeze_pod(uid: str) -> list[int]:
+    """A pod gone silent the way a vanished node's pods do: its packets dropped (no FIN, no
+    RST), then every one of its processes stopped (driver, workers, the store it serves).
+    Returns the stopped pids (:func:`thaw` lets them go on)."""
+    procs = [pid for pid, _ in pod_processes(uid)]
+    if not procs:
+        raise RuntimeError(f"pod {uid} has no processes on this host")
+    drop_packets(procs[-1])  # any of them: they share the pod's network namespace
+    for pid in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    return procs
+
+
+def thaw(pids: list[int]) -> None:
+    """Let stopped processes go on (a test's clean-up: the kubelet's SIGKILL reaches a
+    stopped process anyway, this only ends what is still stopped)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)

@@ -24,7 +24,7 @@ from kubernetes import client
 from tests import kube as k
 from tests.cluster import conftest
 from tests.cluster.operator_harness import Jobs, shrinking_pair, torchjob
-from tests.cluster.pod_procs import drop_packets, trainer_pid
+from tests.cluster.pod_procs import drop_packets, freeze_pod, thaw, trainer_pid
 from tests.cluster.realnode import (
     NODE_LABEL,
     REPO,
@@ -452,6 +452,71 @@ def test_a_pod_whose_packets_are_dropped_is_found_silent_and_the_survivor_goes_o
     assert "quiet-worker-1 silent for" in status["lastFailure"]["message"], status
     assert (status["restarts"], status["disruptions"]) == (1, 0), status
     assert_resumed_from_memory(read_events(events), lost_gen=0)
+
+
+def test_a_silent_rank_0_is_found_without_its_store_and_the_survivors_go_on(
+    real_jobs: Jobs, storage: Path
+) -> None:
+    """Issue 39: the pod of rank 0 goes silent as a vanished node's does (every process of it
+    stopped, its packets dropped; its kubelet still reports it Running). It serves the
+    generation's store, which every heartbeat goes through, so the survivors find it silent
+    from the store's silence, report it, and re-form without it with a new rank 0 and a new
+    store (world 2), from their memory; the silent pod is replaced, never kept."""
+    events = storage / "events.jsonl"
+    body = shrinking_pair(
+        "mute",
+        template=real_template(
+            storage,
+            str(events),
+            "60",
+            "0.1",
+            "1000",
+            script="hard_loss_job.py",
+            env={"HARD_LOSS_HOLD_UNTIL_GENERATION": "2"},
+        ),
+        checkpoint={"path": str(storage)},
+        elastic={"minReplicas": 1, "maxReplicas": 3, "shrinkOnDisruption": True},
+        failurePolicy={"maxRestarts": 3, "backoff": {"initialSeconds": 30}},
+    )
+    body["spec"]["replicas"] = 3
+    real_jobs.apply(body)
+    pods = real_jobs.wait_running_pods("mute", 3, generation=0, timeout=300)
+    victim = next(p for p in pods if p.metadata.name == "mute-worker-0")
+    k.wait_for(
+        lambda: any(e["ev"] == "step" and e["step"] >= 10 for e in read_events(events)),
+        240,
+        lambda: f"10 steps\n{pod_logs(real_jobs, 'mute')}",
+        interval=0.5,
+    )
+    frozen_at = time.time()
+    stopped = freeze_pod(victim.metadata.uid)
+    try:
+        resumed = k.wait_for(
+            lambda: next(
+                (e for e in read_events(events) if e["ev"] == "step" and e["gen"] >= 1), None
+            ),
+            120,
+            lambda: f"a step of generation 1\n{pod_logs(real_jobs, 'mute')}",
+            interval=0.2,
+        )
+        print(f"rank 0 frozen -> the survivors' next step: {resumed['t'] - frozen_at:.1f}s")
+        assert resumed["world"] == 2 and resumed["pod"] != "mute-worker-0", resumed
+        status = wait_finished(real_jobs, "mute")
+    finally:
+        thaw(stopped)
+    assert status["phase"] == "Succeeded", pod_logs(real_jobs, "mute")
+    assert status["lastFailure"]["reason"] == "SilentPeer", status["lastFailure"]
+    assert "mute-worker-0 silent for" in status["lastFailure"]["message"], status
+    evs = read_events(events)
+    done = max(e["step"] for e in evs if e["ev"] == "step" and e["gen"] == 0)
+    first = min((e for e in evs if e["ev"] == "restored" and e["gen"] >= 1), key=lambda e: e["gen"])
+    assert first["source"] == "memory" and first["world"] == 2, first
+    assert done - first["step"] <= 2, f"lost {done - first['step']} steps: {first}, last {done}"
+    final = [e for e in evs if e["ev"] == "final"]
+    last = [e for e in final if e["gen"] == max(e["gen"] for e in final)]
+    assert sorted(e["rank"] for e in last) == [0, 1, 2], last
+    assert {e["pod"] for e in last} == {f"mute-worker-{i}" for i in range(3)}, last
+    assert all(e["params"] == last[0]["params"] for e in last), "parameters equal across ranks"
 
 
 def s3_template(

@@ -78,7 +78,17 @@ def store_client(
 
 
 class Watchdog:
-    """One rank's heartbeat and watchdog for one generation (a daemon thread)."""
+    """One rank's heartbeat and watchdog for one generation: two daemon threads.
+
+    The *beat* thread writes this rank's beat and reads the others' through the store. The
+    *judge* thread never touches the store: it reads what the beat thread last saw. The split
+    is what finds a silent rank 0: a ``TCPStore`` client request to a server that is frozen
+    or whose packets are dropped can block for ever whatever its timeout (measured with
+    torch 2.15: ``check``, ``get`` and ``wait`` wait for a reply after their own timeout
+    lapses; only ``set``, which expects none, returns), so a single thread that asked the
+    store and judged its answer never judged again. The judge sees the beat thread's last
+    answer age past ``silent_after`` and declares rank 0, which serves the store.
+    """
 
     def __init__(
         self,
@@ -88,23 +98,38 @@ class Watchdog:
         local_ranks: range,
         on_silent: Callable[[int, float], None],
         silent_after: float,
+        break_group: Callable[[], object] = lambda: None,
         interval_s: float | None = None,
-        keep_fds: frozenset[int] = frozenset(),
     ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.local_ranks = local_ranks
         self.on_silent = on_silent
         self.silent_after = silent_after
-        self.keep_fds = keep_fds
-        """Connections :func:`break_group_connections` leaves alone (the driver's)."""
+        self.break_group = break_group
+        """Fails this rank's collective on a silent peer of another host: closes the group's
+        own connections, never the process's others (the user's object store, tracking or
+        database connections stay up)."""
         self.interval_s = interval_s or beat_interval_s(silent_after)
         self._stop = threading.Event()
         self._declared: set[int] = set()
-        self._thread = threading.Thread(target=self._run, name="torchjob-heartbeat", daemon=True)
+        self._lock = threading.Lock()
+        self._others = [r for r in range(world_size) if r != rank]
+        now = time.monotonic()
+        # A rank not seen yet is judged from a threshold later: its own watchdog may still
+        # be connecting (a whole group connects at once), and its driver's beat may be too.
+        self._last_seen = dict.fromkeys(self._others, now + silent_after)
+        self._last_value: dict[int, bytes] = {}
+        self._store_ok = now + silent_after
+        """When the store last answered (or, before its first answer, when the grace ends)."""
+        self._threads = [
+            threading.Thread(target=self._beat_loop, name="torchjob-heartbeat", daemon=True),
+            threading.Thread(target=self._judge_loop, name="torchjob-watchdog", daemon=True),
+        ]
 
     def start(self) -> Watchdog:
-        self._thread.start()
+        for t in self._threads:
+            t.start()
         return self
 
     def stop(self) -> None:
@@ -117,62 +142,78 @@ class Watchdog:
         generation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         return dist.PrefixStore(f"torchjob/g{generation}/hb", store)  # type: ignore[attr-defined]
 
-    def _run(self) -> None:
+    def _beat_loop(self) -> None:
+        """Beat and read the others' beats; may block for ever in a request to a frozen
+        store (the judge then finds rank 0 silent; this thread dies with the process)."""
         store = None
-        while store is None:  # a rank that never beats would be found silent: keep trying
-            try:
-                store = self._store()
-            except Exception:
-                if self._stop.wait(self.interval_s):
-                    return
-        others = [r for r in range(self.world_size) if r != self.rank]
-        keys = [str(r) for r in others]
-        start = time.monotonic()
-        last_value: dict[int, bytes] = {}
-        # A rank not seen yet is judged from a threshold later: its own watchdog may still
-        # be connecting (a whole group connects at once), and its driver's beat may be too.
-        last_seen = dict.fromkeys(others, start + self.silent_after)
-        store_ok = previous = start
         beat = 0
+        keys = [str(r) for r in self._others]
         while not self._stop.wait(self.interval_s):
-            now = time.monotonic()
-            if now - previous > self.silent_after / 2:
-                # This thread itself was starved (a loaded machine, a stopped debugger): it
-                # cannot tell a silent peer from its own silence, so it judges afresh.
-                last_seen = dict.fromkeys(others, now)
-                store_ok = now
-            previous = now
-            beat += 1
             try:
+                if store is None:  # a rank that never beats would be found silent
+                    store = self._store()
+                beat += 1
                 store.set(str(self.rank), str(beat))
                 if store.check(keys):  # the usual case: one request for every key
-                    present = others
+                    present = self._others
                 else:  # some rank has not beaten yet (it is still starting its thread)
-                    present = [r for r, k in zip(others, keys, strict=True) if store.check([k])]
+                    present = [
+                        r for r, k in zip(self._others, keys, strict=True) if store.check([k])
+                    ]
                 values = store.multi_get([str(r) for r in present]) if present else []
-                store_ok = now
             except Exception:
-                values, present = [], []
-                if now - store_ok > self.silent_after and self.rank != 0:
-                    self._declare(0, now - store_ok)  # rank 0 serves the store
+                continue  # the store's silence is judged by the judge, from _store_ok
+            now = time.monotonic()
+            with self._lock:
+                self._store_ok = max(self._store_ok, now)
+                for r, v in zip(present, values, strict=True):
+                    if self._last_value.get(r) != v:
+                        self._last_value[r] = v
+                        self._last_seen[r] = max(self._last_seen[r], now)
+
+    def _judge_loop(self) -> None:
+        waited_from = time.monotonic()
+        while not self._stop.wait(self.interval_s):
+            now = time.monotonic()
+            with self._lock:
+                if now - waited_from - self.interval_s > self.silent_after / 2:
+                    # The wait itself overran: this process was starved (a loaded machine,
+                    # a stopped debugger) and cannot tell a silent peer from its own
+                    # silence, so it judges afresh.
+                    self._last_seen = dict.fromkeys(self._others, now)
+                    self._store_ok = now
+                store_silent = now - self._store_ok
+                peers_silent = {r: now - t for r, t in self._last_seen.items()}
+            waited_from = now
+            if store_silent > self.silent_after:
+                # Every other rank's beat goes through the store too: only rank 0, which
+                # serves it, can be judged while it does not answer.
+                if self.rank != 0:
+                    self._declare(0, store_silent)
                 continue
-            for r, v in zip(present, values, strict=True):
-                if last_value.get(r) != v:
-                    last_value[r] = v
-                    last_seen[r] = now
-            for r in others:
-                if now - last_seen[r] > self.silent_after:
-                    self._declare(r, now - last_seen[r])
+            for r, silent_s in peers_silent.items():
+                if silent_s > self.silent_after:
+                    self._declare(r, silent_s)
 
     def _declare(self, rank: int, silent_s: float) -> None:
         if rank in self._declared or self._stop.is_set():
             return
         self._declared.add(rank)
+        if rank == 0:
+            from torchjob.launch import store_clients
+
+            # Nobody may reuse a connection to a store that went silent.
+            store_clients.discard("heartbeat", *_store_address())
         with contextlib.suppress(Exception):
             self.on_silent(rank, silent_s)
         if rank not in self.local_ranks:
             # The driver cannot kill a rank on another host: fail this rank's collective.
-            break_group_connections(self.keep_fds)
+            with contextlib.suppress(Exception):
+                self.break_group()
+
+
+def _store_address() -> tuple[str, int]:
+    return os.environ.get("MASTER_ADDR", ""), int(os.environ.get("MASTER_PORT", "0"))
 
 
 # --- breaking this process's connections to a group whose peer went silent ---------------
@@ -186,22 +227,6 @@ def _socket_inodes() -> dict[int, int]:
             target = os.readlink(f"/proc/self/fd/{name}")
             if target.startswith("socket:["):
                 out[int(target[8:-1])] = int(name)
-    return out
-
-
-def _tcp_connections() -> dict[int, tuple[int, int]]:
-    """Established TCP connections of this network namespace: inode -> (local, remote port)."""
-    out: dict[int, tuple[int, int]] = {}
-    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        with contextlib.suppress(OSError), open(table) as f:
-            next(f)
-            for line in f:
-                parts = line.split()
-                if len(parts) < 10 or parts[3] != "01":  # 01: ESTABLISHED
-                    continue
-                local_port = int(parts[1].rsplit(":", 1)[1], 16)
-                remote_port = int(parts[2].rsplit(":", 1)[1], 16)
-                out[int(parts[9])] = (local_port, remote_port)
     return out
 
 
@@ -229,33 +254,17 @@ def _shutdown(fd: int, store_port: int) -> bool:
     return False
 
 
-def break_group_connections(
-    keep_fds: frozenset[int] = frozenset(), only: frozenset[int] | None = None
-) -> int:
-    """Shut down this process's established TCP connections except the store's (to or from
-    ``MASTER_PORT``) and ``keep_fds`` (the driver's): gloo's pairs, so a collective blocked
-    on a silent peer fails now. ``only``: just these sockets (inodes; the group's own, taken
-    with :func:`socket_inodes` around its formation), else every one. Returns how many were
-    shut down. Linux only (``/proc``)."""
-    store_port = int(os.environ.get("MASTER_PORT", "0"))
+def break_group_connections(only: frozenset[int], keep_fds: frozenset[int] = frozenset()) -> int:
+    """Shut down this process's TCP connections among ``only`` (inodes: the group's own,
+    taken with :func:`socket_inodes` around its formation: gloo's pairs) except the store's
+    (to or from ``MASTER_PORT``) and ``keep_fds`` (the driver's), so a collective blocked on
+    a silent peer fails now. Never any other connection of the process: a user's object
+    store, tracking or database connection stays up. Returns how many were shut down. Linux
+    only (``/proc``)."""
+    store_port = _store_address()[1]
     keep = set(keep_fds)
-    fds = _socket_inodes()
-    if only is not None:
-        return sum(
-            _shutdown(fd, store_port)
-            for inode, fd in fds.items()
-            if inode in only and fd not in keep
-        )
-    n = 0
-    for inode, (local_port, remote_port) in _tcp_connections().items():
-        fd = fds.get(inode)
-        if fd is None or fd in keep or store_port in (local_port, remote_port):
-            continue
-        with contextlib.suppress(OSError):
-            s = socket.socket(fileno=os.dup(fd))
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-                n += 1
-            finally:
-                s.close()
-    return n
+    return sum(
+        _shutdown(fd, store_port)
+        for inode, fd in _socket_inodes().items()
+        if inode in only and fd not in keep
+    )

@@ -14,7 +14,8 @@ whose ranks kept their connections re-formed in 0.1 s (32) and 0.3-0.5 s (64)
 So a process keeps one client per (use, address, port) and hands it out again in the next
 generation after one cheap request shows it still answers. It does not when the store's
 process died (rank 0 lost: the connection was closed and the request fails at once) or went
-silent (the request times out after :data:`PROBE_S`); then it connects anew. Each use has
+silent (no answer within :data:`PROBE_S`; see :func:`within`: a request to a frozen
+server can block for ever whatever the client's timeout); then it connects anew. Each use has
 its own connection: a rendezvous ``get`` that blocks until a peer arrives must not hold up a
 heartbeat (a client's requests are serialised). A forked child never uses its parent's
 connections: it starts with none (the inherited objects are kept, never destroyed, since
@@ -25,8 +26,11 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 PROBE_S = 2.0
 """How long a kept connection may take to answer before it is replaced by a new one."""
@@ -58,12 +62,42 @@ def use_libuv() -> bool:
     return os.environ.get("USE_LIBUV", "1") not in ("0", "false", "False")
 
 
+def within(seconds: float, request: Callable[[], T]) -> T:
+    """``request()`` (a store request), or :class:`TimeoutError` after ``seconds``.
+
+    A ``TCPStore`` client waits for a reply without a deadline in several requests: measured
+    with torch 2.15 against a server that was SIGSTOPped, ``check`` blocks for ever and ``get``
+    logs its timeout, then blocks for ever in the cancellation that follows. A frozen node or
+    dropped packets look the same. So a request whose answer decides something runs on a
+    daemon thread of its own, which stays blocked if the server never answers (the connection
+    is then discarded, never used again)."""
+    out: list[tuple[bool, Any]] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            out.append((True, request()))
+        except BaseException as e:  # handed to the caller
+            out.append((False, e))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="torchjob-store-request", daemon=True).start()
+    if not done.wait(seconds):
+        raise TimeoutError(f"the store did not answer within {seconds:g}s")
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
 def _answers(store: Any, timeout: timedelta) -> bool:
+    probe_s = min(PROBE_S, timeout.total_seconds())
     try:
-        store.set_timeout(timedelta(seconds=min(PROBE_S, timeout.total_seconds())))
-        store.check([PROBE_KEY])
+        store.set_timeout(timedelta(seconds=probe_s))
+        within(probe_s, lambda: store.check([PROBE_KEY]))
         store.set_timeout(timeout)
-    except Exception:  # closed by a dead server, or silent: DistNetworkError, DistStoreError
+    except Exception:  # closed by a dead server, or silent: DistNetworkError, TimeoutError
         return False
     return True
 
@@ -71,15 +105,21 @@ def _answers(store: Any, timeout: timedelta) -> bool:
 def client(use: str, addr: str, port: int, *, connect: timedelta, timeout: timedelta) -> Any:
     """This process's ``TCPStore`` client of ``addr:port`` for ``use``: the one it already has
     if that still answers, else a new one (connecting for up to ``connect``). Its requests
-    time out after ``timeout``. Raises what ``TCPStore`` raises when it cannot connect."""
+    time out after ``timeout``. Raises what ``TCPStore`` raises when it cannot connect, or
+    :class:`TimeoutError` when the server does not answer within ``connect`` and
+    :data:`PROBE_S`."""
     key = (use, addr, port)
     with _lock:
         store = _clients.pop(key, None)
     if store is None or not _answers(store, timeout):
         import torch.distributed as dist
 
-        store = dist.TCPStore(  # type: ignore[attr-defined]  # re-exported from torch._C
-            addr, port, None, False, connect, use_libuv=use_libuv()
+        # Connecting validates with a request, which a frozen server never answers either.
+        store = within(
+            connect.total_seconds() + PROBE_S,
+            lambda: dist.TCPStore(  # type: ignore[attr-defined]  # re-exported from torch._C
+                addr, port, None, False, connect, use_libuv=use_libuv()
+            ),
         )
         store.set_timeout(timeout)
     with _lock:

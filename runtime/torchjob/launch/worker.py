@@ -169,7 +169,7 @@ def _break_group() -> None:
 
     with contextlib.suppress(Exception):
         keep = frozenset({_CONN.fileno()}) if _CONN is not None else frozenset()
-        heartbeat.break_group_connections(keep, only=_GROUP_SOCKETS[0])
+        heartbeat.break_group_connections(_GROUP_SOCKETS[0], keep)
 
 
 def _error_msg(kind: str, task_id: int, exc: BaseException) -> tuple[Any, ...]:
@@ -289,7 +289,7 @@ def _watch_peers(info: WorkerInfo) -> None:
         local_ranks=range(first, first + info.local_world_size),
         on_silent=on_silent,
         silent_after=after,
-        keep_fds=frozenset({_CONN.fileno()}) if _CONN is not None else frozenset(),
+        break_group=_break_group,
     )
     _WATCHERS.append(dog.start())
 
