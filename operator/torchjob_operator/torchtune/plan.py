@@ -118,33 +118,15 @@ def plan_study(
     name = str(meta.get("name"))
     generation = meta.get("generation")
     stamp = format_time(now)
-    raw_status = dict(tune.get("status") or {})
     try:
-        status = TorchTuneStatus.model_validate(raw_status)
+        status = TorchTuneStatus.model_validate(dict(tune.get("status") or {}))
     except ValidationError:
         status = TorchTuneStatus()
     old_conditions = list(status.conditions or [])
     try:
         spec = TorchTuneSpec.model_validate(tune.get("spec") or {})
     except ValidationError as err:
-        message = "; ".join(
-            f"spec.{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in err.errors()
-        )
-        status.phase = StudyPhase.FAILED
-        status.conditions = _conditions(
-            old_conditions,
-            [
-                ("Ready", False, "InvalidSpec", message),
-                ("Failed", True, "InvalidSpec", message),
-                ("Stalled", True, "InvalidSpec", message),
-            ],
-            generation,
-            stamp,
-        )
-        status.observed_generation = generation
-        return StudyPlan(
-            status=status.to_wire(), events=[Event.of("InvalidSpec", warning=True, detail=message)]
-        )
+        return _invalid_spec(status, err, generation, stamp)
 
     plan = StudyPlan(status={})
     records = [
@@ -154,66 +136,147 @@ def plan_study(
     finished = status.phase in (StudyPhase.SUCCEEDED, StudyPhase.FAILED)
     start = parse_time(status.start_time) or now
     status.start_time = format_time(start)
-
     study, ids = optuna_study(name, spec, records)
-    if not finished:
-        verdicts, attrs = prune_verdicts(spec, study, ids, records)
-        for r in records:
-            if r.number in attrs:
-                r.system_attrs = attrs[r.number]
-            if r.number in verdicts:
-                r.state, r.completion_time = TrialState.PRUNED, stamp
-                r.message = f"pruned by the {spec.pruner.type.value} pruner at step {r.step}"
-                plan.events.append(Event.of("TrialPruned", trial=r.name, detail=r.message))
-
-    failed = sum(r.state is TrialState.FAILED for r in records)
     limit = max_trials(spec)
-    reason, message = "", ""
+    stopped: Event | None = None
     if not finished:
-        deadline = spec.active_deadline_seconds
-        stopped: Event | None = None
-        if failed > spec.max_failed_trials:
-            stopped = Event.of(
-                "TooManyFailedTrials", warning=True, failed=failed, limit=spec.max_failed_trials
-            )
-        elif deadline is not None and now >= start + timedelta(seconds=deadline):
-            stopped = Event.of("StudyDeadlineExceeded", warning=True, deadline=deadline)
-        elif deadline is not None:
-            plan.requeue_after_s = max(
-                1.0, (start + timedelta(seconds=deadline) - now).total_seconds()
-            )
+        _prune(plan, spec, study, ids, records, stamp)
+        stopped = _stopped(plan, spec, records, start, now)
         if stopped is not None:
-            reason, message = stopped.reason, stopped.message
-            for r in records:
-                if r.state not in TERMINAL_TRIAL_STATES:
-                    r.state, r.completion_time = TrialState.FAILED, stamp
-                    r.message = f"stopped: {message}"
-                    plan.stop.append(r.name)
-            status.phase, status.completion_time = StudyPhase.FAILED, stamp
-            plan.events.append(stopped)
+            _stop_every_trial(plan, status, records, stopped, stamp)
+        else:
+            _sample_trials(plan, status, spec, study, name, records, limit, stamp)
+    _actions(plan, tune, spec, status, records, jobs)
+    _count(status, spec, records, limit, generation)
+    wanted = _wanted_conditions(status, records, spec, limit, stopped, old_conditions)
+    status.conditions = _conditions(old_conditions, wanted, generation, stamp)
+    plan.status = status.to_wire()
+    return plan
 
+
+def _invalid_spec(
+    status: TorchTuneStatus, err: ValidationError, generation: Any, stamp: str
+) -> StudyPlan:
+    """A spec the models refuse (the CRD's schema let it through): the study fails, saying
+    which field."""
+    message = "; ".join(
+        f"spec.{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in err.errors()
+    )
+    status.phase = StudyPhase.FAILED
+    status.conditions = _conditions(
+        list(status.conditions or []),
+        [
+            ("Ready", False, "InvalidSpec", message),
+            ("Failed", True, "InvalidSpec", message),
+            ("Stalled", True, "InvalidSpec", message),
+        ],
+        generation,
+        stamp,
+    )
+    status.observed_generation = generation
+    return StudyPlan(
+        status=status.to_wire(), events=[Event.of("InvalidSpec", warning=True, detail=message)]
+    )
+
+
+def _prune(
+    plan: StudyPlan,
+    spec: TorchTuneSpec,
+    study: Any,
+    ids: Any,
+    records: list[TrialRecord],
+    stamp: str,
+) -> None:
+    """Mark the trials the pruner stops (from their reported intermediate values)."""
+    verdicts, attrs = prune_verdicts(spec, study, ids, records)
+    for r in records:
+        if r.number in attrs:
+            r.system_attrs = attrs[r.number]
+        if r.number in verdicts:
+            r.state, r.completion_time = TrialState.PRUNED, stamp
+            r.message = f"pruned by the {spec.pruner.type.value} pruner at step {r.step}"
+            plan.events.append(Event.of("TrialPruned", trial=r.name, detail=r.message))
+
+
+def _stopped(
+    plan: StudyPlan,
+    spec: TorchTuneSpec,
+    records: list[TrialRecord],
+    start: datetime,
+    now: datetime,
+) -> Event | None:
+    """Why the study stops now (too many failed trials, its deadline), or None; a study with
+    a deadline still ahead is looked at again then."""
+    failed = sum(r.state is TrialState.FAILED for r in records)
+    deadline = spec.active_deadline_seconds
+    if failed > spec.max_failed_trials:
+        return Event.of(
+            "TooManyFailedTrials", warning=True, failed=failed, limit=spec.max_failed_trials
+        )
+    if deadline is not None and now >= start + timedelta(seconds=deadline):
+        return Event.of("StudyDeadlineExceeded", warning=True, deadline=deadline)
+    if deadline is not None:
+        plan.requeue_after_s = max(1.0, (start + timedelta(seconds=deadline) - now).total_seconds())
+    return None
+
+
+def _stop_every_trial(
+    plan: StudyPlan,
+    status: TorchTuneStatus,
+    records: list[TrialRecord],
+    stopped: Event,
+    stamp: str,
+) -> None:
+    for r in records:
+        if r.state not in TERMINAL_TRIAL_STATES:
+            r.state, r.completion_time = TrialState.FAILED, stamp
+            r.message = f"stopped: {stopped.message}"
+            plan.stop.append(r.name)
+    status.phase, status.completion_time = StudyPhase.FAILED, stamp
+    plan.events.append(stopped)
+
+
+def _sample_trials(
+    plan: StudyPlan,
+    status: TorchTuneStatus,
+    spec: TorchTuneSpec,
+    study: Any,
+    name: str,
+    records: list[TrialRecord],
+    limit: int,
+    stamp: str,
+) -> None:
+    """Sample new trials up to the parallelism and the trial limit; the study succeeds once
+    every trial of the limit has ended."""
     active = [r for r in records if r.state not in TERMINAL_TRIAL_STATES]
-    if not finished and not reason:
-        while len(active) < spec.parallelism and len(records) < limit:
-            number = len(records)
-            params = sample_params(spec, study, number)
-            record = TrialRecord(
-                number=number,
-                name=trial_job_name(name, number),
-                params=params,
-                state=TrialState.PENDING,
-                start_time=stamp,
-            )
-            records.append(record)
-            active.append(record)
-        if not active and len(records) >= limit:
-            status.phase, status.completion_time = StudyPhase.SUCCEEDED, stamp
-            best = _best(spec, records)
-            plan.events.append(
-                Event.of("StudySucceeded", count=len(records), best=best.name if best else "none")
-            )
+    while len(active) < spec.parallelism and len(records) < limit:
+        number = len(records)
+        record = TrialRecord(
+            number=number,
+            name=trial_job_name(name, number),
+            params=sample_params(spec, study, number),
+            state=TrialState.PENDING,
+            start_time=stamp,
+        )
+        records.append(record)
+        active.append(record)
+    if not active and len(records) >= limit:
+        status.phase, status.completion_time = StudyPhase.SUCCEEDED, stamp
+        best = _best(spec, records)
+        plan.events.append(
+            Event.of("StudySucceeded", count=len(records), best=best.name if best else "none")
+        )
 
-    # Actions, repeated until the world shows them (idempotent).
+
+def _actions(
+    plan: StudyPlan,
+    tune: Mapping[str, Any],
+    spec: TorchTuneSpec,
+    status: TorchTuneStatus,
+    records: list[TrialRecord],
+    jobs: Mapping[str, Mapping[str, Any] | None],
+) -> None:
+    """The writes, repeated until the world shows them (idempotent)."""
     for r in records:
         job = jobs.get(r.name)
         if r.state is TrialState.PENDING and job is None:
@@ -225,6 +288,15 @@ def plan_study(
             r.name for r in records if (j := jobs.get(r.name)) is not None and live(j)
         )
 
+
+def _count(
+    status: TorchTuneStatus,
+    spec: TorchTuneSpec,
+    records: list[TrialRecord],
+    limit: int,
+    generation: Any,
+) -> None:
+    """The trial counters, the progress, the best trial and the phase."""
     best = _best(spec, records)
     status.trials = records
     status.trials_created = len(records)
@@ -234,8 +306,7 @@ def plan_study(
     status.trials_succeeded = sum(r.state is TrialState.SUCCEEDED for r in records)
     status.trials_pruned = sum(r.state is TrialState.PRUNED for r in records)
     status.trials_failed = sum(r.state is TrialState.FAILED for r in records)
-    done = len(records) - status.trials_running
-    status.progress = f"{done}/{limit}"
+    status.progress = f"{len(records) - status.trials_running}/{limit}"
     status.best_trial = (
         BestTrial(
             number=best.number,
@@ -250,26 +321,35 @@ def plan_study(
     status.best_value = status.best_trial.value if status.best_trial else None
     status.phase = status.phase or StudyPhase.RUNNING
     status.observed_generation = generation
+
+
+def _wanted_conditions(
+    status: TorchTuneStatus,
+    records: list[TrialRecord],
+    spec: TorchTuneSpec,
+    limit: int,
+    stopped: Event | None,
+    old_conditions: list[Any],
+) -> list[tuple[str, bool, str, str]]:
+    done = len(records) - (status.trials_running or 0)
     if status.phase is StudyPhase.SUCCEEDED:
+        best = _best(spec, records)
         text = f"{done} trials finished" + (f"; best {best.name} = {best.value}" if best else "")
-        wanted = [
+        return [
             ("Ready", True, "StudySucceeded", text),
             ("Complete", True, "StudySucceeded", text),
         ]
-    elif status.phase is StudyPhase.FAILED:
-        text = message or next((c.message for c in old_conditions if c.type == "Failed"), "failed")
-        why = reason or next((c.reason for c in old_conditions if c.type == "Failed"), "Failed")
+    if status.phase is StudyPhase.FAILED:
+        said = next((c for c in old_conditions if c.type == "Failed"), None)
+        text = stopped.message if stopped else (said.message if said else "failed")
+        why = stopped.reason if stopped else (said.reason if said else "Failed")
         # Stalled=True: what kstatus reads as Failed (Argo CD reads phase Failed as Degraded).
-        wanted = [
+        return [
             ("Ready", False, why, text),
             ("Failed", True, why, text),
             ("Stalled", True, why, text),
         ]
-    else:
-        text = f"{status.trials_running} running, {done}/{limit} finished"
-        # Ready=True while the trials run, and no Reconciling condition: kstatus says Current
-        # (the study is doing what its spec asks), as Argo CD says Healthy.
-        wanted = [("Ready", True, "TrialsRunning", text)]
-    status.conditions = _conditions(old_conditions, wanted, generation, stamp)
-    plan.status = status.to_wire()
-    return plan
+    text = f"{status.trials_running} running, {done}/{limit} finished"
+    # Ready=True while the trials run, and no Reconciling condition: kstatus says Current
+    # (the study is doing what its spec asks), as Argo CD says Healthy.
+    return [("Ready", True, "TrialsRunning", text)]
