@@ -5,6 +5,8 @@ server keeps every reporter's entries (tests/cluster/test_silent_reports.py writ
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 from tests.unit.builders import pod_env
@@ -14,13 +16,19 @@ from torchjob.train.survivors import SilentReports
 
 
 class Applies:
-    """Where the applies go (the API server's merge is the cluster test's)."""
+    """Where the applies go (the API server's merge is the cluster test's); each takes
+    ``delay_s``, so that writes on several threads overlap."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay_s: float = 0.0) -> None:
         self.sent: list[tuple[str, dict[str, Any]]] = []
+        self.delay_s = delay_s
+        self.landed = threading.Condition()
 
     def apply(self, body: dict[str, Any], *, field_manager: str) -> dict[str, Any]:
-        self.sent.append((field_manager, body))
+        time.sleep(self.delay_s)
+        with self.landed:
+            self.sent.append((field_manager, body))
+            self.landed.notify_all()
         return {}
 
 
@@ -46,6 +54,19 @@ def test_an_apply_holds_every_report_of_the_generation_under_the_reporters_manag
     assert reports.record((0, 1), 5, 0, 5.0)  # the next generation replaces the last one's
     reports.write()
     assert entries(sink.sent[-1][1]) == [("tj-worker-0", 5, "tj-worker-1")]
+
+
+def test_reports_go_out_on_threads_one_at_a_time_and_the_last_write_holds_them_all() -> None:
+    """The driver never waits on the API server; writes that overlap would each replace
+    the reporter's entries with what they hold, so they go one at a time, each with the
+    reports as they are when it starts."""
+    sink = Applies(delay_s=0.05)
+    reports = SilentReports(sink, pod_env(job_name="tj", pod_index=0, replicas=4))
+    for rank in (1, 2, 3):
+        reports.report((0, 1, 2, 3), 0, rank, 5.0)
+    with sink.landed:
+        assert sink.landed.wait_for(lambda: len(sink.sent) == 3, timeout=30), sink.sent
+    assert entries(sink.sent[-1][1]) == [(f"tj-worker-{i}", 0, "tj-worker-0") for i in (1, 2, 3)]
 
 
 def test_silent_workers_is_a_list_map_keyed_by_reporter_and_pod() -> None:
