@@ -6,7 +6,11 @@ stopped for ``TORCHJOB_SILENT_PEER_S`` (``torchjob.launch.heartbeat``); the surv
 their connections and wait for the next generation. Nothing in Kubernetes says the silent
 pod is lost (it may still show Running: its kubelet, or the node's, has not noticed), so a
 survivor's runtime writes it into the job's status (``status.silentWorkers``: the pod, the
-generation, who saw it). :func:`silenced` turns such reports into what the planner judges:
+generation, who saw it; a list map keyed by reporter and pod, each survivor applying its own
+entries, so concurrent reports are all kept: ``torchjob.train.survivors.SilentReports``).
+The operator never writes that list (``TorchJobStatus.to_patch`` leaves it out) nor clears
+it: a report of an earlier generation stays until its reporter writes again, and counts
+for nothing here. :func:`silenced` turns such reports into what the planner judges:
 the pod of the current generation counts as killed (a hard loss, ``hard_loss``): the
 generation goes on without it at once (shrunk, or replaced at full size), and the pod is
 deleted as any pod left out of a generation.

@@ -60,7 +60,7 @@ from torchjob.train.steps import (
     Stopped,
     TrainerSettings,
 )
-from torchjob.train.survivors import RestorePoints, silent_reporter
+from torchjob.train.survivors import RestorePoints, SilentReports, silent_reporter
 from torchjob.train.tracking import RunTracking
 from torchjob.train.workers import Workers
 
@@ -92,6 +92,7 @@ class Controller:
         self._storage: CheckpointStorage | None = None
         self._endpoint = JobEndpoint.from_env(pod) if pod is not None else None
         self._job_status: JobStatusReporter | None = None
+        self._silent = SilentReports.of(pod, self._endpoint)
         self.mode = choose_mode(trainer, pod, self._endpoint)
         if isinstance(self.mode, KeepSurvivorsMode):  # a job deletion ends the drain
             self.mode.watch.on_deleting(self.notice.final)
@@ -299,7 +300,7 @@ class Controller:
         unstuck: WorkerGroupError | None = None
         """Set when this pod's workers were killed for hanging past a silent peer."""
         group: WorkerGroup | None = None
-        reporter = silent_reporter(self._published(), self.pod, self._endpoint)
+        reporter = silent_reporter(self._published(), self._silent)
         points = RestorePoints(report_silent=reporter)
 
         def on_event(_rank: int, event: dict[str, Any]) -> None:

@@ -92,16 +92,30 @@ class JobEndpoint:
         )
 
     def call(self, method: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One request; raises OSError / urllib.error.URLError on failure."""
+        """One request (a body is a JSON merge patch); raises OSError /
+        urllib.error.URLError on failure."""
+        # A GET with resourceVersion=0 is served from the API server's watch cache, not by a
+        # quorum read of etcd (the fallback poll of an agent whose Role cannot watch).
+        url = f"{self.url}?resourceVersion=0" if method == "GET" else self.url
+        return self._send(method, url, body, "application/merge-patch+json")
+
+    def apply(self, body: dict[str, Any], *, field_manager: str) -> dict[str, Any]:
+        """A server-side apply of the status (``body``: apiVersion, kind, metadata.name and
+        the fields ``field_manager`` owns). The API server merges it with every other
+        manager's fields by the schema, so two writers of one list map both keep their
+        entries; it is the ``patch`` verb, which the worker's Role grants."""
+        query = urllib.parse.urlencode({"fieldManager": field_manager, "force": "true"})
+        return self._send("PATCH", f"{self.url}?{query}", body, "application/apply-patch+yaml")
+
+    def _send(
+        self, method: str, url: str, body: dict[str, Any] | None, content_type: str
+    ) -> dict[str, Any]:
         token = (self.sa_dir / "token").read_text().strip()  # re-read: projected tokens rotate
         headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
         data = None
         if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/merge-patch+json"
-        # A GET with resourceVersion=0 is served from the API server's watch cache, not by a
-        # quorum read of etcd (the fallback poll of an agent whose Role cannot watch).
-        url = f"{self.url}?resourceVersion=0" if method == "GET" else self.url
+            data = json.dumps(body).encode()  # JSON is YAML: an apply body too
+            headers["Content-Type"] = content_type
         request = urllib.request.Request(url, data=data, method=method, headers=headers)
         with self.urlopen(request, timeout=10) as response:
             result: dict[str, Any] = json.loads(response.read() or b"{}")

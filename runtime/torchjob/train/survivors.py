@@ -5,7 +5,7 @@ registered it (``torchjob.train.restore_point``): their report events say so, an
 rank of a generation that started from memory says where from. A rank's watchdog reports a
 silent peer (``torchjob.launch.heartbeat``); a rank this host runs is then killed, so that
 its connections close and the survivors' collectives fail as for any death. A rank on
-another pod (KeepSurvivors) is reported to the operator (:func:`report_silent`:
+another pod (KeepSurvivors) is reported to the operator (:class:`SilentReports`:
 ``status.silentWorkers``), which takes its pod for lost: nothing in Kubernetes says so
 while its node has not noticed (a vanished node, a partition).
 """
@@ -15,11 +15,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from torchjob import contract
+from torchjob.api.models import API_VERSION, KIND, SilentWorker
 from torchjob.launch import WorkerGroup
 from torchjob.train.progress import ProgressView
 
@@ -111,45 +112,98 @@ class RestorePoints:
         return False
 
 
-def report_silent(
-    endpoint: Any,
-    pod: contract.PodEnv,
-    ranked: tuple[int, ...],
-    generation: int,
-    rank: int,
-    silent_s: float,
-) -> None:
-    """Write the pod of global ``rank`` into the job's ``status.silentWorkers`` (on a thread:
-    never blocks the driver; best effort: a survivor that cannot reach the API server leaves
-    it to the others). ``ranked``: the generation's pod indices in rank order."""
-    place = rank // max(1, pod.nproc_per_node)
-    if place >= len(ranked):
-        return
-    body = {
-        "status": {
-            "silentWorkers": [
-                {
-                    "pod": contract.worker_pod_name(pod.job_name, ranked[place]),
-                    "generation": generation,
-                    "by": contract.worker_pod_name(pod.job_name, pod.pod_index),
-                    "seconds": round(silent_s, 1),
-                }
-            ]
-        }
+def silent_manager(reporter: str) -> str:
+    """The field manager that owns pod ``reporter``'s entries of ``status.silentWorkers``."""
+    return f"torchjob-silent-{reporter}"
+
+
+def silent_apply(job: str, reports: Sequence[SilentWorker]) -> dict[str, Any]:
+    """The server-side apply of the status of TorchJob ``job`` that says ``reports``: all
+    that their reporter says (an apply that leaves out an entry it applied before removes
+    it)."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": job},
+        "status": {"silentWorkers": [r.to_wire() for r in reports]},
     }
 
-    def send() -> None:
-        with contextlib.suppress(Exception):
-            endpoint.call("PATCH", body)
 
-    threading.Thread(target=send, name="torchjob-silent-report", daemon=True).start()
+class SilentReports:
+    """The pods this pod's runtime found silent in the current generation, written into the
+    job's ``status.silentWorkers`` (KeepSurvivors).
+
+    The list is a list map keyed by reporter and pod, and each survivor writes its own
+    entries with a server-side apply under its own field manager (:func:`silent_manager`),
+    so the API server merges the reports of survivors that write at once; a merge patch
+    would replace the whole list, and the partition rule of the operator
+    (``torchjob_operator.torchjob.silent``: a reported pod's report does not count) would
+    rarely see both sides. An apply holds everything its manager says, so a generation's
+    reports accumulate here and every write sends them all (a later generation's first
+    report drops the earlier one's); writes run one at a time, each sending the reports as
+    they are then, so the last write holds them all."""
+
+    def __init__(self, endpoint: Any, pod: contract.PodEnv) -> None:
+        self.endpoint = endpoint
+        self.job = pod.job_name
+        self.by = contract.worker_pod_name(pod.job_name, pod.pod_index)
+        self.nproc = max(1, pod.nproc_per_node)
+        self._lock = threading.Lock()
+        self._writing = threading.Lock()
+        self._generation = -1
+        self._seconds: dict[str, float] = {}
+
+    @classmethod
+    def of(cls, pod: contract.PodEnv | None, endpoint: Any) -> SilentReports | None:
+        """The reports of a pod that can reach its job's status; else None."""
+        return None if pod is None or endpoint is None else cls(endpoint, pod)
+
+    def record(self, ranked: Sequence[int], generation: int, rank: int, silent_s: float) -> bool:
+        """Note the pod of global ``rank`` silent in ``generation`` (``ranked``: that
+        generation's pod indices in rank order); False when that names no pod, or an older
+        generation than one already reported."""
+        place = rank // self.nproc
+        if place >= len(ranked):
+            return False
+        with self._lock:
+            if generation < self._generation:
+                return False
+            if generation > self._generation:
+                self._generation, self._seconds = generation, {}
+            name = contract.worker_pod_name(self.job, ranked[place])
+            self._seconds.setdefault(name, round(silent_s, 1))
+        return True
+
+    def reports(self) -> list[SilentWorker]:
+        with self._lock:
+            return [
+                SilentWorker(pod=p, generation=self._generation, by=self.by, seconds=s)
+                for p, s in self._seconds.items()
+            ]
+
+    def write(self) -> None:
+        """Apply every report of the generation; raises when the API server cannot be
+        reached or refuses (the caller decides what that means)."""
+        with self._writing:
+            body = silent_apply(self.job, self.reports())
+            self.endpoint.apply(body, field_manager=silent_manager(self.by))
+
+    def report(self, ranked: Sequence[int], generation: int, rank: int, silent_s: float) -> None:
+        """:meth:`record` and :meth:`write` on a thread: never blocks the driver; best
+        effort (a survivor that cannot reach the API server leaves it to the others)."""
+        if not self.record(ranked, generation, rank, silent_s):
+            return
+
+        def send() -> None:
+            with contextlib.suppress(Exception):
+                self.write()
+
+        threading.Thread(target=send, name="torchjob-silent-report", daemon=True).start()
 
 
-def silent_reporter(
-    m: Any, pod: contract.PodEnv | None, endpoint: Any
-) -> Callable[[int, float], None] | None:
-    """KeepSurvivors (a published membership ``m``, an API endpoint): report a silent rank of
-    another pod to the job's status (:func:`report_silent`); elsewhere None."""
-    if m is None or pod is None or endpoint is None:
+def silent_reporter(m: Any, reports: SilentReports | None) -> Callable[[int, float], None] | None:
+    """KeepSurvivors (a published membership ``m``): report a silent rank of another pod to
+    the job's status (:meth:`SilentReports.report`); elsewhere None."""
+    if m is None or reports is None:
         return None
-    return lambda rank, s: report_silent(endpoint, pod, m.ranked, m.generation, rank, s)
+    return lambda rank, s: reports.report(m.ranked, m.generation, rank, s)

@@ -170,8 +170,16 @@ class TorchJobStatus(_Model):
         default=None,
         description=(
             "KeepSurvivors: member pods whose heartbeat stopped (a vanished node, a partition),"
-            " written by a survivor's runtime; the operator treats each as a hard loss."
+            " one entry per reporter and pod, each written by that survivor's runtime (a"
+            " server-side apply under its own field manager, so that concurrent reports are"
+            " all kept); the operator treats the current generation's as hard losses."
         ),
+        # A list map: the API server merges each reporter's apply into the list instead of
+        # replacing it (a merge patch replaces the whole list: the last reporter won).
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["by", "pod"],
+        },
     )
     start_time: str | None = None
     completion_time: str | None = None

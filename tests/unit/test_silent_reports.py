@@ -1,0 +1,77 @@
+"""What a survivor's runtime writes into ``status.silentWorkers`` (``SilentReports``): a
+server-side apply, under the reporter's own field manager, of every pod it found silent in
+the current generation; the CRD makes the list a map keyed by reporter and pod, so the API
+server keeps every reporter's entries (tests/cluster/test_silent_reports.py writes them)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from tests.unit.builders import pod_env
+
+from torchjob.api.crd import build_crd
+from torchjob.train.survivors import SilentReports
+
+
+class Applies:
+    """Where the applies go (the API server's merge is the cluster test's); each takes
+    ``delay_s``, so that writes on several threads overlap."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+        self.delay_s = delay_s
+        self.landed = threading.Condition()
+
+    def apply(self, body: dict[str, Any], *, field_manager: str) -> dict[str, Any]:
+        time.sleep(self.delay_s)
+        with self.landed:
+            self.sent.append((field_manager, body))
+            self.landed.notify_all()
+        return {}
+
+
+def entries(body: dict[str, Any]) -> list[tuple[str, int, str]]:
+    return [(e["pod"], e["generation"], e["by"]) for e in body["status"]["silentWorkers"]]
+
+
+def test_an_apply_holds_every_report_of_the_generation_under_the_reporters_manager() -> None:
+    sink = Applies()
+    reports = SilentReports(sink, pod_env(job_name="tj", pod_index=1, nproc_per_node=2))
+    ranked = (1, 0, 2)  # pod 1 runs ranks 0-1, pod 0 ranks 2-3, pod 2 ranks 4-5
+    assert reports.record(ranked, 4, 2, 5.04) and reports.record(ranked, 4, 5, 6.0)
+    reports.write()
+    manager, body = sink.sent[-1]
+    assert manager == "torchjob-silent-tj-worker-1"
+    assert body["apiVersion"] == "torchjob.io/v1alpha1" and body["kind"] == "TorchJob"
+    assert body["metadata"] == {"name": "tj"}
+    # Both: an apply that left the first out would remove it from the status.
+    assert entries(body) == [("tj-worker-0", 4, "tj-worker-1"), ("tj-worker-2", 4, "tj-worker-1")]
+    assert body["status"]["silentWorkers"][0]["seconds"] == 5.0
+    assert not reports.record(ranked, 4, 6, 1.0), "rank 6 is of no pod"
+    assert not reports.record(ranked, 3, 0, 1.0), "an older generation"
+    assert reports.record((0, 1), 5, 0, 5.0)  # the next generation replaces the last one's
+    reports.write()
+    assert entries(sink.sent[-1][1]) == [("tj-worker-0", 5, "tj-worker-1")]
+
+
+def test_reports_go_out_on_threads_one_at_a_time_and_the_last_write_holds_them_all() -> None:
+    """The driver never waits on the API server; writes that overlap would each replace
+    the reporter's entries with what they hold, so they go one at a time, each with the
+    reports as they are when it starts."""
+    sink = Applies(delay_s=0.05)
+    reports = SilentReports(sink, pod_env(job_name="tj", pod_index=0, replicas=4))
+    for rank in (1, 2, 3):
+        reports.report((0, 1, 2, 3), 0, rank, 5.0)
+    with sink.landed:
+        assert sink.landed.wait_for(lambda: len(sink.sent) == 3, timeout=30), sink.sent
+    assert entries(sink.sent[-1][1]) == [(f"tj-worker-{i}", 0, "tj-worker-0") for i in (1, 2, 3)]
+
+
+def test_silent_workers_is_a_list_map_keyed_by_reporter_and_pod() -> None:
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    silent = schema["properties"]["status"]["properties"]["silentWorkers"]
+    assert silent["x-kubernetes-list-type"] == "map"
+    assert silent["x-kubernetes-list-map-keys"] == ["by", "pod"]
+    assert {"by", "pod"} <= set(silent["items"]["required"])
