@@ -82,46 +82,8 @@ def run_training(spec: WorkerSpec) -> WorkerOutcome:
     info = worker_info()
     assert info is not None, "run_training runs inside a torchjob worker"
     os.environ.update(spec.env)
-    # The survivors' memory first: storage is read only when no rank holds a restore point.
-    restored = restore_point.agree(spec.run_path, info.rank, info.world_size)
-    mirrored: shard_rebuild.Plan | None = None
-    if restored is None:  # sharded state: the shard mirror (register_state rebuilds it)
-        agreed = shard_rebuild.agree(spec.run_path, info.rank, info.world_size)
-        if isinstance(agreed, shard_rebuild.Fallback) and info.rank == 0:
-            send_event({"type": "mirror_fallback", "reason": agreed.reason})
-        mirrored = agreed if isinstance(agreed, shard_rebuild.Plan) else None
-    if mirrored is not None:
-        payload: _Payload = ("memory", None, mirrored.positions)
-    elif restored is not None:
-        payload = ("memory", None, restored.snapshot.positions)
-        if info.rank == 0:
-            send_event(
-                {
-                    "type": "restored",
-                    "from": "memory",
-                    "index": restored.snapshot.index,
-                    "source_rank": restored.source_rank,
-                    "seconds": restored.seconds,
-                    "bytes": restored.snapshot.nbytes,
-                }
-            )
-    else:
-        payload = _broadcast(_load_resume(spec) if info.rank == 0 else None, info.world_size)
-    if payload[0] == "error":
-        raise CheckpointError(payload[1], payload[2])
-    restored_dir: str | None = None
-    checkpoint = None
-    positions: list[DataPosition] = []
-    if payload[0] == "ok":
-        restored_dir = tempfile.mkdtemp(prefix=f"torchjob-resume-r{info.rank}-")
-        write_files(payload[1], restored_dir)
-        checkpoint = Checkpoint(restored_dir)
-        positions = [DataPosition.from_dict(p) for p in payload[2] or []]
-    elif payload[0] == "sharded":
-        checkpoint = Checkpoint(payload[1])
-        positions = [DataPosition.from_dict(p) for p in payload[2] or []]
-    elif payload[0] == "memory":
-        positions = [DataPosition.from_dict(p) for p in payload[2] or []]
+    restored, mirrored, payload = _restore(spec, info)
+    restored_dir, checkpoint, positions = _resumed(payload, info.rank)
     session = _session.Session(
         world_rank=info.rank,
         local_rank=info.local_rank,
@@ -179,3 +141,54 @@ def run_training(spec: WorkerSpec) -> WorkerOutcome:
         stopped_at_report=session.stopped_at_report,
         shared=shared,
     )
+
+
+def _restore(
+    spec: WorkerSpec, info: Any
+) -> tuple[restore_point.Restored | None, shard_rebuild.Plan | None, _Payload]:
+    """Where this generation's state comes from: the survivors' memory first (the restore
+    point, or the shard mirror for sharded state); storage only when no rank holds one."""
+    restored = restore_point.agree(spec.run_path, info.rank, info.world_size)
+    mirrored: shard_rebuild.Plan | None = None
+    if restored is None:  # sharded state: the shard mirror (register_state rebuilds it)
+        agreed = shard_rebuild.agree(spec.run_path, info.rank, info.world_size)
+        if isinstance(agreed, shard_rebuild.Fallback) and info.rank == 0:
+            send_event({"type": "mirror_fallback", "reason": agreed.reason})
+        mirrored = agreed if isinstance(agreed, shard_rebuild.Plan) else None
+    if mirrored is not None:
+        return restored, mirrored, ("memory", None, mirrored.positions)
+    if restored is not None:
+        if info.rank == 0:
+            send_event(
+                {
+                    "type": "restored",
+                    "from": "memory",
+                    "index": restored.snapshot.index,
+                    "source_rank": restored.source_rank,
+                    "seconds": restored.seconds,
+                    "bytes": restored.snapshot.nbytes,
+                }
+            )
+        return restored, None, ("memory", None, restored.snapshot.positions)
+    payload = _broadcast(_load_resume(spec) if info.rank == 0 else None, info.world_size)
+    return None, None, payload
+
+
+def _resumed(
+    payload: _Payload, rank: int
+) -> tuple[str | None, Checkpoint | None, list[DataPosition]]:
+    """The checkpoint the training function resumes from (its files written to a temporary
+    directory when they came by broadcast) and the data positions."""
+    if payload[0] == "error":
+        raise CheckpointError(payload[1], payload[2])
+    restored_dir: str | None = None
+    checkpoint = None
+    if payload[0] == "ok":
+        restored_dir = tempfile.mkdtemp(prefix=f"torchjob-resume-r{rank}-")
+        write_files(payload[1], restored_dir)
+        checkpoint = Checkpoint(restored_dir)
+    elif payload[0] == "sharded":
+        checkpoint = Checkpoint(payload[1])
+    if payload[0] not in ("ok", "sharded", "memory"):
+        return restored_dir, checkpoint, []
+    return restored_dir, checkpoint, [DataPosition.from_dict(p) for p in payload[2] or []]

@@ -223,11 +223,49 @@ def restore(
     size (``torchjob.train.restore_point.load_into``, then this rank's RNG)."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
 
     from torchjob.train import restore_point
 
     t0 = time.perf_counter()
+    mine = _held_records(run, plan, rank)
+    _, leaves = split(restore_point.state_of(registered))
+    given = {k: (r.layout, r.rest) for k, r in mine.items()}
+    # The layout is the same on every old rank but for the offsets: old rank 0's paths decide.
+    layout0 = next(iter(given.values()))[0] if 0 in given else None
+    everyone: list[Any] = [None] * world
+    if world > 1:
+        box0: list[Any] = [layout0]
+        dist.broadcast_object_list(box0, src=plan.holders[0], group=group)
+        layout0 = box0[0]
+    assert layout0 is not None
+    boxes, where = _targets(leaves, layout0)
+    if world > 1:
+        dist.all_gather_object(everyone, (boxes, given), group=group)
+    else:
+        everyone = [(boxes, given)]
+    records = {k: v for _, g in everyone for k, v in g.items()}
+    layouts = {k: records[k][0] for k in range(plan.old_world)}
+    transfers = _transfers(layouts, [b for b, _ in everyone])
+    flat_in, recv_sizes = _exchange(transfers, plan, mine, rank, world, group)
+    old0 = {leaf.path: leaf for leaf in layout0}
+    local = _assemble(transfers, plan, boxes, old0, flat_in, recv_sizes, rank, world)
+    src_rank = rank if rank < plan.old_world else 0
+    skeleton, rng, _ = torch.load(io.BytesIO(records[src_rank][1]), weights_only=False)
+    restore_point.load_into(registered, fill(skeleton, _as_dtensors(local, where, old0)))
+    if rank < plan.old_world:
+        restore_point.set_rng_states(rng)
+    return Rebuilt(
+        plan.index,
+        plan.old_world,
+        world,
+        plan.from_mirror,
+        int(flat_in.numel()),
+        time.perf_counter() - t0,
+    )
+
+
+def _held_records(run: str, plan: Plan, rank: int) -> dict[int, Record]:
+    """The mirrored records of ``plan``'s report that this rank holds, by old rank."""
     h = held(run)
     mine: dict[int, Record] = {}
     if h is not None:
@@ -236,29 +274,25 @@ def restore(
             ours = plan.holders.get(rec.rank) == rank
             if ours and same == (plan.index, plan.generation, plan.old_world):
                 mine.setdefault(rec.rank, rec)
-    _, leaves = split(restore_point.state_of(registered))
-    given = {k: (r.layout, r.rest) for k, r in mine.items()}
-    # The layout is the same on every old rank but for the offsets: old rank 0's paths decide.
-    layout0 = next(iter(given.values()))[0] if 0 in given else None
-    everyone: list[Any] = [None] * world
-    if world > 1:
-        box0: list[Any] = [layout0]
-        holder0 = plan.holders[0]
-        dist.broadcast_object_list(box0, src=holder0, group=group)
-        layout0 = box0[0]
-    assert layout0 is not None
-    boxes, where = _targets(leaves, layout0)
-    if world > 1:
-        dist.all_gather_object(everyone, (boxes, given), group=group)
-    else:
-        everyone = [(boxes, given)]
-    targets = [b for b, _ in everyone]
-    records = {k: v for _, g in everyone for k, v in g.items()}
-    layouts = {k: records[k][0] for k in range(plan.old_world)}
-    plan_list = _transfers(layouts, targets)
+    return mine
+
+
+def _exchange(
+    transfers: list[Any],
+    plan: Plan,
+    mine: dict[int, Record],
+    rank: int,
+    world: int,
+    group: Any,
+) -> tuple[Any, list[int]]:
+    """Collective: every piece to its new owner in one ``all_to_all_single``; returns what
+    this rank received (bytes, by source in rank order) and how much from each source."""
+    import torch
+    import torch.distributed as dist
+
     send: list[list[Any]] = [[] for _ in range(world)]
     recv_sizes = [0] * world
-    for k, leaf, d, ov in plan_list:
+    for k, leaf, d, ov in transfers:
         src = plan.holders[k]
         n = leaf.dtype.itemsize * _numel(ov[1])
         if src == rank:
@@ -269,17 +303,31 @@ def restore(
     send_sizes = [sum(int(p.numel()) for p in parts) for parts in send]
     empty = torch.empty(0, dtype=torch.uint8)
     flat_out = torch.cat([p for parts in send for p in parts]) if any(send_sizes) else empty
+    if world == 1:
+        return flat_out, recv_sizes
     flat_in = torch.empty(sum(recv_sizes), dtype=torch.uint8)
-    if world > 1:
-        dist.all_to_all_single(flat_in, flat_out, recv_sizes, send_sizes, group=group)
-    else:
-        flat_in = flat_out
-    # Assemble this rank's new pieces from what each source sent, in the same order.
-    old0 = {leaf.path: leaf for leaf in layout0}
+    dist.all_to_all_single(flat_in, flat_out, recv_sizes, send_sizes, group=group)
+    return flat_in, recv_sizes
+
+
+def _assemble(
+    transfers: list[Any],
+    plan: Plan,
+    boxes: dict[Any, Any],
+    old0: dict[Any, Any],
+    flat_in: Any,
+    recv_sizes: list[int],
+    rank: int,
+    world: int,
+) -> dict[Any, Any]:
+    """This rank's new local pieces from what each source sent, in the same order; every
+    piece must be covered whole."""
+    import torch
+
     local = {path: torch.empty(b[1], dtype=old0[path].dtype) for path, b in boxes.items()}
     covered = dict.fromkeys(boxes, 0)
     starts = [sum(recv_sizes[:s]) for s in range(world)]
-    for k, leaf, d, ov in plan_list:
+    for k, leaf, d, ov in transfers:
         if d != rank:
             continue
         src = plan.holders[k]
@@ -291,6 +339,15 @@ def restore(
     for path, (_, shape) in boxes.items():
         if covered[path] != _numel(shape):
             raise RuntimeError(f"shard mirror: {'.'.join(map(str, path))} was not fully rebuilt")
+    return local
+
+
+def _as_dtensors(
+    local: dict[Any, Any], where: dict[Any, Any], old0: dict[Any, Any]
+) -> dict[Any, Any]:
+    import torch
+    from torch.distributed.tensor import DTensor
+
     tensors = {}
     for path, t in local.items():
         mesh, placements, device = where[path]
@@ -303,19 +360,7 @@ def restore(
             shape=torch.Size(shape),
             stride=_contiguous_stride(shape),
         )
-    src_rank = rank if rank < plan.old_world else 0
-    skeleton, rng, _ = torch.load(io.BytesIO(records[src_rank][1]), weights_only=False)
-    restore_point.load_into(registered, fill(skeleton, tensors))
-    if rank < plan.old_world:
-        restore_point.set_rng_states(rng)
-    return Rebuilt(
-        plan.index,
-        plan.old_world,
-        world,
-        plan.from_mirror,
-        int(flat_in.numel()),
-        time.perf_counter() - t0,
-    )
+    return tensors
 
 
 def _numel(shape: tuple[int, ...]) -> int:
