@@ -507,6 +507,12 @@ def test_a_silent_rank_0_is_found_without_its_store_and_the_survivors_go_on(
     assert status["phase"] == "Succeeded", pod_logs(real_jobs, "mute")
     assert status["lastFailure"]["reason"] == "SilentPeer", status["lastFailure"]
     assert "mute-worker-0 silent for" in status["lastFailure"]["message"], status
+    # The story in status.history (issue 41): generation 1 began for the silent peer, without
+    # pod 0, from the survivors' memory, and says how long it took.
+    silent = next(r for r in status["history"] if r["generation"] == 1)
+    assert silent["cause"] == "SilentPeer" and silent["left"][0].startswith("mute-worker-0@")
+    assert silent["restoredFrom"] == "memory" and silent["recoverySeconds"] > 0, silent
+    print(f"status.history: generation 1 recovered in {silent['recoverySeconds']}s")
     evs = read_events(events)
     done = max(e["step"] for e in evs if e["ev"] == "step" and e["gen"] == 0)
     first = min((e for e in evs if e["ev"] == "restored" and e["gen"] >= 1), key=lambda e: e["gen"])

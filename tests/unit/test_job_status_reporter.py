@@ -37,3 +37,26 @@ def test_checkpoints_are_ordered_by_their_index() -> None:
     assert newer_checkpoint("/r/checkpoint_000010", "/r/checkpoint_000009")
     assert not newer_checkpoint("/r/checkpoint_000004", "/r/checkpoint_000005")
     assert newer_checkpoint("s3://b/other/checkpoint_000001", "s3://b/r/checkpoint_000005")
+
+
+def test_a_generations_first_report_goes_at_once_with_its_facts() -> None:
+    from tests.kube import wait_for
+
+    from torchjob.train.job_status import GenerationFacts
+
+    sink = Recorder()
+    reporter = JobStatusReporter(sink, min_interval_s=600.0)  # type: ignore[arg-type]
+    reporter.report({"step": 1})  # the first write of the reporter goes at once
+    wait_for(lambda: len(sink.bodies) == 1, 10, "the first write")
+    facts = GenerationFacts(3)
+    body, first = facts.add({"step": 8}, reports=8, restored={"type": "restored", "from": "memory"})
+    assert first and body["generation"] == 3 and body["restoredFrom"] == "memory"
+    assert body["restoredStep"] == 7 and body["firstStepTime"].endswith("Z")
+    reporter.report(body, urgent=first)
+    # Without urgent it would wait out the 600 s pause.
+    wait_for(lambda: len(sink.bodies) == 2, 10, "the generation's first report, at once")
+    later, again = facts.add({"step": 9}, reports=9, restored=None)
+    assert not again and later["firstStepTime"] == body["firstStepTime"], "the same facts"
+    reporter.close(timeout_s=10)
+    fresh, _ = GenerationFacts(0).add({"step": 1}, reports=1, restored=None)
+    assert (fresh["restoredFrom"], fresh["restoredStep"]) == ("start", 0)

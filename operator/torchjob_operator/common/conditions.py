@@ -39,6 +39,10 @@ REASONS: Final[Mapping[str, str]] = {
     "ShrunkAfterDisruption": "{detail}; disruption {disruptions}, the restart budget is not "
     "charged; continuing at once with {replicas} of {target} workers (min {min}) while the "
     "replacement starts",
+    "GenerationStarted": "generation {generation} ({cause}): world size {world}; left: {left};"
+    " joined: {joined}",
+    "Recovered": "generation {generation} trained again {seconds}s after the loss, restored from"
+    " {source}, {lost} steps done again",
     "ShrunkAfterLoss": "{detail}; {explanation}; continuing at once with {replicas} of "
     "{target} workers (min {min}) while the replacement starts",
     "StandbyTookOver": "{detail}; {counted}; standby {pods} took the lost place at once "

@@ -13,7 +13,14 @@ from datetime import datetime
 from typing import Any
 
 from torchjob import contract
-from torchjob.api.models import FailureRecord, Phase, SilentWorker, TorchJobStatus
+from torchjob.api.models import (
+    FailureRecord,
+    GenerationRecord,
+    Phase,
+    Progress,
+    SilentWorker,
+    TorchJobStatus,
+)
 from torchjob.rules.member import MemberPhase
 from torchjob_operator.common.clock import parse_time, parse_time_or_none
 from torchjob_operator.common.owners import controller_uid
@@ -69,6 +76,8 @@ class PodView:
     deletion_at: datetime | None = None
     """When the kubelet kills it (``deletionTimestamp``: the delete's time plus its grace
     period), for a pod being deleted."""
+    node: str = ""
+    """The node it was bound to (``spec.nodeName``; empty until scheduled)."""
 
     @property
     def active(self) -> bool:
@@ -223,6 +232,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         deleting=meta.get("deletionTimestamp") is not None,
         deletion_at=parse_time_or_none(meta.get("deletionTimestamp")),
         scheduled=scheduled,
+        node=str((pod.get("spec") or {}).get("nodeName") or ""),
         exit_code=exit_code,
         reason=reason,
         message=message,
@@ -260,6 +270,10 @@ class JobState:
     conditions: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
     silent: tuple[SilentWorker, ...] = ()
     """Member pods the survivors' runtimes saw go silent (``status.silentWorkers``)."""
+    history: tuple[GenerationRecord, ...] = ()
+    """The last generations (``status.history``; ``torchjob_operator.torchjob.history``)."""
+    progress: Progress | None = None
+    """Rank 0's last report (``status.progress``)."""
 
     @classmethod
     def from_status(cls, status: Mapping[str, Any] | None) -> JobState:
@@ -281,4 +295,6 @@ class JobState:
             last_failure=s.last_failure,
             conditions=tuple(c.to_wire() for c in s.conditions or ()),
             silent=tuple(s.silent_workers or ()),
+            history=tuple(s.history or ()),
+            progress=s.progress,
         )

@@ -58,6 +58,7 @@ from torchjob.api.models import MembershipPolicy, Phase
 from torchjob.rules import Outcome, deadline_left, judge_generation
 from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.events import Event
+from torchjob_operator.torchjob import history
 from torchjob_operator.torchjob.decision import CreatePods, Decision, JobView, Plan
 from torchjob_operator.torchjob.drain import draining
 from torchjob_operator.torchjob.elastic import fit_to_capacity, joiners, ready_joiners
@@ -292,12 +293,13 @@ def _plan(d: Decision, pods: Sequence[PodView], current: Sequence[PodView]) -> P
     requeue = min(d.requeue) if d.requeue else None
     # The status never counts a pod this plan deletes: it is written before they go.
     doomed = set(delete)
+    records, told = history.advance(d, pods)
     return Plan(
         create=d.create,
         delete=delete,
         create_probes=d.create_probes if d.keep_probes else (),
-        status=render_status(d, [p for p in current if p.name not in doomed]),
-        events=d.events,
+        status=render_status(d, [p for p in current if p.name not in doomed], records),
+        events=(*d.events, *told),
         requeue_after_s=None if requeue is None else max(requeue, 0.5),
         delete_job=d.delete_job,
         # With the pods it serves: a running job's reconcile never POSTs it again (that was

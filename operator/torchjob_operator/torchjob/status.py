@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from torchjob import contract
-from torchjob.api.models import Condition, Phase, TorchJobStatus
+from torchjob.api.models import Condition, GenerationRecord, Phase, TorchJobStatus
 from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.clock import format_time
 from torchjob_operator.torchjob.decision import Decision
@@ -20,7 +20,9 @@ def _selector(name: str) -> str:
     return f"{contract.LABEL_JOB_NAME}={name},{contract.LABEL_ROLE}={contract.ROLE_WORKER}"
 
 
-def render_status(d: Decision, current: Sequence[PodView]) -> dict[str, Any]:
+def render_status(
+    d: Decision, current: Sequence[PodView], history: Sequence[GenerationRecord] = ()
+) -> dict[str, Any]:
     assert d.phase is not None
     now = format_time(d.now)
     obs = d.job.metadata_generation
@@ -80,6 +82,7 @@ def render_status(d: Decision, current: Sequence[PodView]) -> dict[str, Any]:
         active_workers=sum(1 for p in current if p.active),
         succeeded_workers=sum(1 for p in current if p.phase == PodPhase.SUCCEEDED),
         failed_workers=sum(1 for p in current if p.phase == PodPhase.FAILED),
+        history=list(history) or None,
     ).to_patch()
 
 

@@ -91,6 +91,22 @@ def cmd_get(args: argparse.Namespace) -> int:
     if not table.rows:
         sys.stderr.write(f"No TorchJobs found in {client.namespace} namespace.\n")
         return 0
+    _print_table(table)
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from torchjob.client.table import history_table
+
+    table = history_table(_client(args).get(args.job))
+    if not table.rows:
+        sys.stderr.write(f"{args.job} has no history yet.\n")
+        return 0
+    _print_table(table)
+    return 0
+
+
+def _print_table(table: Any) -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -100,8 +116,10 @@ def cmd_get(args: argparse.Namespace) -> int:
         t.add_column(col, no_wrap=True)
     for row in table.rows:
         t.add_row(*row)
-    Console(width=max(80, sum(len(c) + 12 for c in table.columns)), soft_wrap=True).print(t)
-    return 0
+    width = sum(
+        max([len(c), *(len(r[i]) for r in table.rows)]) + 3 for i, c in enumerate(table.columns)
+    )
+    Console(width=max(80, width), soft_wrap=True).print(t)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -220,6 +238,14 @@ def _add_cluster_commands(sub: Subparsers, common: argparse.ArgumentParser) -> N
     get.add_argument("job", nargs="?", help="TorchJob name (default: all in the namespace)")
     get.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
     get.set_defaults(func=cmd_get)
+
+    history = sub.add_parser(
+        "history",
+        parents=[common],
+        help="a TorchJob's generations: why each began, who left and joined, what it cost",
+    )
+    history.add_argument("job", help="TorchJob name")
+    history.set_defaults(func=cmd_history)
 
     logs = sub.add_parser(
         "logs", parents=[common], help="print all workers' logs, prefixed by rank"

@@ -47,3 +47,30 @@ def fallback_table(objs: Iterable[Mapping[str, Any]]) -> JobTable:
             ]
         )
     return JobTable(["NAME", "PHASE", "REPLICAS", "CREATED"], rows)
+
+
+HISTORY_COLUMNS = ["GEN", "BEGAN", "CAUSE", "WORLD", "LEFT", "JOINED", "FROM", "RECOVERY", "LOST"]
+
+
+def history_table(obj: Mapping[str, Any]) -> JobTable:
+    """A TorchJob's ``status.history`` as rows, oldest first: why each generation began,
+    who left and joined, where the state came from, the loss to the first step, the steps
+    done again (``torchjob history``)."""
+    rows = []
+    for r in (obj.get("status") or {}).get("history") or []:
+        recovery = r.get("recoverySeconds")
+        lost = r.get("stepsLost")
+        rows.append(
+            [
+                str(r.get("generation", "")),
+                str(r.get("began", ""))[:19].replace("T", " "),
+                str(r.get("cause", "")),
+                str(r.get("worldSize", "")),
+                ", ".join(r.get("left") or []) or "-",
+                ", ".join(r.get("joined") or []) or "-",
+                str(r.get("restoredFrom") or "-"),
+                f"{recovery:.1f}s" if isinstance(recovery, int | float) else "-",
+                "-" if lost is None else str(lost),
+            ]
+        )
+    return JobTable(list(HISTORY_COLUMNS), rows)

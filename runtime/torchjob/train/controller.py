@@ -37,7 +37,12 @@ from torchjob.launch.policy import RestartGroup, RunState, next_generation
 from torchjob.train import _session, record, workers
 from torchjob.train._spec import WorkerSpec
 from torchjob.train._worker_loop import run_training
-from torchjob.train.job_status import JobEndpoint, JobStatusReporter, progress_body
+from torchjob.train.job_status import (
+    GenerationFacts,
+    JobEndpoint,
+    JobStatusReporter,
+    progress_body,
+)
 from torchjob.train.membership import GenerationTimeout, Membership
 from torchjob.train.modes import KeepSurvivorsMode, choose_mode
 from torchjob.train.notice import Notice
@@ -302,6 +307,7 @@ class Controller:
         group: WorkerGroup | None = None
         reporter = silent_reporter(self._published(), self._silent)
         points = RestorePoints(report_silent=reporter)
+        facts = GenerationFacts(state.generation)
 
         def on_event(_rank: int, event: dict[str, Any]) -> None:
             nonlocal current
@@ -314,9 +320,8 @@ class Controller:
                 )
                 last = self.record.last_metrics
                 if self.job_status is not None and last is not None:
-                    self.job_status.report(
-                        progress_body(last, reports=len(history), checkpoint=event["path"])
-                    )
+                    body = progress_body(last, reports=len(history), checkpoint=event["path"])
+                    self.job_status.report(facts.add(body, reports=len(history), restored=None)[0])
                 return
             if event.get("type") != "report":
                 return
@@ -331,9 +336,9 @@ class Controller:
                 if event.get("checkpoint_index") is not None and self.storage is not None:
                     committed = self.storage.latest_committed()
                     latest = committed.path if committed else None
-                self.job_status.report(
-                    progress_body(event["metrics"], reports=len(history), checkpoint=latest)
-                )
+                body = progress_body(event["metrics"], reports=len(history), checkpoint=latest)
+                body, first = facts.add(body, reports=len(history), restored=points.restored)
+                self.job_status.report(body, urgent=first)
 
         def on_tick() -> None:
             nonlocal signalled, unstuck

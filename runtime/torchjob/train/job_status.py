@@ -55,6 +55,36 @@ def progress_body(
     ).to_wire()
 
 
+class GenerationFacts:
+    """What rank 0 tells the operator of its generation in every progress report: the
+    generation, where its state came from, the step it resumed after and when its first step
+    completed (``status.history`` is completed from them). The first report of a generation
+    is sent at once, past the reporter's pause, so the recovery is timed to the step."""
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.facts: dict[str, Any] | None = None
+
+    def add(
+        self, body: dict[str, Any], *, reports: int, restored: Mapping[str, Any] | None
+    ) -> tuple[dict[str, Any], bool]:
+        """``body`` with the generation's facts, and whether it is the generation's first."""
+        first = self.facts is None
+        if self.facts is None:
+            if restored is not None:
+                source = "mirror" if restored.get("from") == "mirror" else "memory"
+            else:
+                source = "storage" if reports > 1 else "start"
+            now = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+            self.facts = {
+                "generation": self.generation,
+                "restoredFrom": source,
+                "restoredStep": max(0, reports - 1),
+                "firstStepTime": now.replace("+00:00", "Z"),
+            }
+        return {**body, **self.facts}, first
+
+
 def newer_checkpoint(a: str, b: str) -> bool:
     """Whether checkpoint path ``a`` is later than ``b`` (``checkpoint_<index>``, zero-padded,
     in one run directory); a path of another directory counts as newer."""
@@ -158,6 +188,7 @@ class JobStatusReporter:
         self._closing = False
         self._closed = threading.Event()
         self._warned = False
+        self._urgent = False
         self.sent = 0
         self._thread = threading.Thread(target=self._run, name="torchjob-status", daemon=True)
         self._thread.start()
@@ -170,8 +201,9 @@ class JobStatusReporter:
         endpoint = JobEndpoint.from_env(pod, environ)
         return cls(endpoint) if endpoint is not None else None
 
-    def report(self, progress: dict[str, Any]) -> None:
-        """Queue ``progress`` (the newest replaces one not yet sent). The last checkpoint is
+    def report(self, progress: dict[str, Any], *, urgent: bool = False) -> None:
+        """Queue ``progress`` (the newest replaces one not yet sent); ``urgent``: send it
+        without waiting out the pause between writes. The last checkpoint is
         carried into every later body: a report's own body may not name it (its background
         commit lands after, or before, the report's event), and a body without it must not
         replace one with it before it is sent (a study's best trial points at it)."""
@@ -182,6 +214,7 @@ class JobStatusReporter:
             if self._checkpoint is not None:
                 progress = {**progress, "lastCheckpoint": self._checkpoint}
             self._latest = progress
+            self._urgent = self._urgent or urgent
         self._wake.set()
 
     def close(self, timeout_s: float = 30.0) -> None:
@@ -198,7 +231,9 @@ class JobStatusReporter:
         while True:
             self._wake.wait()
             self._wake.clear()
-            if not self._closing:
+            with self._lock:
+                urgent, self._urgent = self._urgent, False
+            if not self._closing and not urgent:
                 pause = self.min_interval_s - (time.monotonic() - last_sent)
                 if pause > 0:
                     self._closed.wait(pause)

@@ -21,6 +21,7 @@ from torchjob.api.models.base import CEL
 from torchjob.api.models.base import _cel as _cel
 from torchjob.api.models.base import _Model as _Model
 from torchjob.api.models.base import _Passthrough as _Passthrough
+from torchjob.api.models.history import CAUSES, HISTORY_LIMIT, GenerationRecord
 from torchjob.api.models.initializers import (
     INITIALIZER_KINDS,
     InitializerSource,
@@ -93,11 +94,13 @@ from torchjob.api.models.template import Container, ObjectMetaTemplate, PodSpec,
 
 __all__ = [
     "API_VERSION",
+    "CAUSES",
     "CEL",
     "DNS_LABEL",
     "DNS_SUBDOMAIN",
     "GPU_RESOURCE",
     "GROUP",
+    "HISTORY_LIMIT",
     "INITIALIZER_KINDS",
     "JOB_NAME",
     "KIND",
@@ -132,6 +135,7 @@ __all__ = [
     "FailureRecord",
     "GangScheduler",
     "GangSpec",
+    "GenerationRecord",
     "InitializerSource",
     "InitializerStatus",
     "InitializerVolume",

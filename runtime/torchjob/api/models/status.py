@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, ValidationError
 
 from torchjob.api.models.base import _Model
+from torchjob.api.models.history import GenerationRecord
 from torchjob.api.models.initializers import InitializerStatus
 
 
@@ -63,6 +64,15 @@ class Progress(_Model):
     )
     last_checkpoint: str | None = None
     update_time: str | None = None
+    generation: int | None = Field(default=None, description="The generation that reported.")
+    restored_from: str | None = Field(
+        default=None,
+        description="Where this generation's state came from: memory, mirror, storage, start.",
+    )
+    restored_step: int | None = Field(default=None, description="The step it resumed after.")
+    first_step_time: str | None = Field(
+        default=None, description="When this generation's first step completed (ms precision)."
+    )
 
 
 class RuntimeStatus(_Model):
@@ -192,6 +202,10 @@ class TorchJobStatus(_Model):
         default=None, description="spec.initializers: each one's phase, bytes and message."
     )
     tracking: Tracking | None = None
+    history: list[GenerationRecord] | None = Field(
+        default=None,
+        description="The last generations: why each began, who left and joined, what it cost.",
+    )
 
     def rank_order(self) -> tuple[int, ...] | None:
         """``members`` when it is a usable rank order (``replicas`` distinct, non-negative pod
@@ -205,12 +219,16 @@ class TorchJobStatus(_Model):
         """The operator's JSON merge patch of ``/status``: every field it owns, ``None`` as an
         explicit null (which clears it), and ``progress`` and ``tracking`` left out: the pod's
         agent owns them (``runtime`` too: written once, when the blueprint is pinned;
-        ``silentWorkers``: the survivors' agents write it)."""
-        return self.model_dump(
+        ``silentWorkers``: the survivors' agents write it). ``history`` only when there is
+        one (a write that did not plan, such as an invalid spec's, never clears it)."""
+        patch = self.model_dump(
             by_alias=True,
             mode="json",
-            exclude={"progress", "runtime", "tracking", "silent_workers"},
+            exclude={"progress", "runtime", "tracking", "silent_workers", "history"},
         )
+        if self.history:
+            patch["history"] = [r.to_wire() for r in self.history]
+        return patch
 
     @classmethod
     def parse(cls, status: Mapping[str, Any] | None) -> TorchJobStatus:

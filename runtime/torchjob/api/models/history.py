@@ -1,0 +1,63 @@
+"""What a TorchJob went through: one record per generation (``status.history``).
+
+The operator appends a record when it publishes a generation (why it began, which pods and
+nodes left and joined) and completes it from rank 0's progress report (where the state was
+restored from, when the first step after the loss completed, how many steps were redone).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from torchjob.api.models.base import _Model
+
+HISTORY_LIMIT = 20
+"""Generations kept in ``status.history`` (the oldest are dropped)."""
+
+CAUSES = (
+    "Start",
+    "Failure",
+    "OOM",
+    "Killed",
+    "SilentPeer",
+    "Disruption",
+    "NodeLost",
+    "Notice",
+    "ScaleUp",
+    "ScaleDown",
+    "Restart",
+)
+"""Why a generation began; the documented values of ``GenerationRecord.cause``."""
+
+
+class GenerationRecord(_Model):
+    """One generation of the job: why it began and what the change cost."""
+
+    generation: int
+    began: str = Field(description="When the operator published it.")
+    cause: str = Field(description="Why it began: " + ", ".join(CAUSES) + ".")
+    detail: str = Field(default="", description="The loss or change in a line.")
+    world_size: int = 0
+    left: list[str] | None = Field(
+        default=None, description="Pods of the previous generation not in this one (pod@node)."
+    )
+    joined: list[str] | None = Field(
+        default=None, description="Pods new in this generation (pod@node once scheduled)."
+    )
+    loss_time: str | None = Field(default=None, description="When the loss was seen.")
+    step_at_loss: int | None = Field(
+        default=None, description="The last step rank 0 had reported before the loss."
+    )
+    restored_from: str | None = Field(
+        default=None, description="Where the state came from: memory, mirror, storage, start."
+    )
+    restored_step: int | None = None
+    first_step_time: str | None = Field(
+        default=None, description="When the first step of this generation completed."
+    )
+    recovery_seconds: float | None = Field(
+        default=None, description="From the loss (or the generation's start) to its first step."
+    )
+    steps_lost: int | None = Field(
+        default=None, description="Steps done before the loss and done again after it."
+    )
