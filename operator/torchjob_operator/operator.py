@@ -24,7 +24,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes import config as kube_config
 
-from torchjob_operator.engine import metrics
+from torchjob_operator.engine import job_metrics, metrics
 from torchjob_operator.engine.cache import Store
 from torchjob_operator.engine.cached import CachedKube
 from torchjob_operator.engine.client import KubeClient
@@ -82,14 +82,15 @@ class TorchJobs:
         key = (namespace, name)
         started = time.monotonic()
         since = self._deferred_since.get(key)
-        outcome = reconcile_once(
-            self.kube,
-            namespace,
-            name,
-            settings=self.settings,
-            defer_progress=since is None or started - since < self.settings.progress_batch_s,
-            pool=self.pool.executor(),
-        )
+        with metrics.RECONCILE_SECONDS.time():
+            outcome = reconcile_once(
+                self.kube,
+                namespace,
+                name,
+                settings=self.settings,
+                defer_progress=since is None or started - since < self.settings.progress_batch_s,
+                pool=self.pool.executor(),
+            )
         if not outcome.deferred or outcome.gone:
             self._deferred_since.pop(key, None)
         elif since is None:
@@ -98,6 +99,7 @@ class TorchJobs:
 
     def forget(self, key: Key) -> None:
         self._deferred_since.pop(key, None)
+        metrics.forget_job(*key)
 
     def release(self) -> None:
         """No job left: end the write pool's threads (the next write starts them again)."""
@@ -129,6 +131,8 @@ class Operator:
         self._tasks: set[asyncio.Task[None]] = set()
         # The operator's own bookkeeping, on /metrics: it must drain when the jobs do.
         metrics.JOB_LOOPS.set_function(lambda: len(self.jobs.loops))
+        metrics.QUEUE_DEPTH.set_function(self.jobs.depth)
+        job_metrics.register(self.store)
         for i, kind in enumerate(("jobs", "pods", "awaiting")):
             metrics.CACHE_OBJECTS.labels(kind=kind).set_function(
                 lambda i=i: self.store.sizes()[i]  # type: ignore[misc]

@@ -215,6 +215,11 @@ class Store:
         with self._lock:
             return self._jobs.get(key)
 
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every cached TorchJob (a snapshot: the objects are never changed in place)."""
+        with self._lock:
+            return list(self._jobs.values())
+
     def job_of_pod(self, namespace: str, name: str) -> JobKey | None:
         """The job of a cached pod; None when the cache does not hold it."""
         with self._lock:

@@ -21,6 +21,7 @@ from torchjob.api.runtimes import CLUSTER_KIND, CLUSTER_PLURAL
 from torchjob.api.runtimes import PLURAL as RUNTIME_PLURAL
 from torchjob.api.torchtune import PLURAL as TUNE_PLURAL
 from torchjob_operator.common.owners import controller_uid
+from torchjob_operator.engine import metrics
 from torchjob_operator.engine.kube import EarlierOwnerError, KubeError
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class KubeClient:
         response: Any = self.api.call_api(method, url, headers, body)
         data = response.read()  # to the end: the connection goes back to the pool
         if not 200 <= response.status <= 299:
+            metrics.API_ERRORS.labels(verb=method, code=str(response.status)).inc()
             text = data.decode(errors="replace") if isinstance(data, bytes) else None
             raise ApiException.from_response(http_resp=response, body=text, data=None)
 
@@ -83,6 +85,7 @@ class KubeClient:
         if response.status == 404:
             return None
         if not 200 <= response.status <= 299:
+            metrics.API_ERRORS.labels(verb="GET", code=str(response.status)).inc()
             text = data.decode(errors="replace") if isinstance(data, bytes) else None
             raise ApiException.from_response(http_resp=response, body=text, data=None)
         return cast(dict[str, Any], json.loads(data))

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from torchjob.api.models import TorchJobStatus
 
 RECONCILES = Counter("torchjob_reconciles_total", "Reconciles of TorchJobs")
 PODS_CREATED = Counter("torchjob_pods_created_total", "Worker pods created")
@@ -36,3 +42,54 @@ GHOSTS_DROPPED = Counter(
     "dropped when a write or a LIST found them gone",
 )
 CACHE_OBJECTS = Gauge("torchjob_cache_objects", "Objects in the operator's cache", ["kind"])
+
+RECONCILE_SECONDS = Histogram(
+    "torchjob_reconcile_duration_seconds",
+    "Time of one reconcile of a TorchJob (observe, plan, writes)",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+QUEUE_DEPTH = Gauge(
+    "torchjob_workqueue_depth", "TorchJobs poked and waiting for their next reconcile"
+)
+API_ERRORS = Counter(
+    "torchjob_api_errors_total",
+    "Requests of the operator the API server answered with an error",
+    ["verb", "code"],
+)
+RECOVERY_SECONDS = Histogram(
+    "torchjob_job_recovery_seconds",
+    "From a loss (or a resize) to the first completed step of the next generation "
+    "(status.history's recoverySeconds)",
+    ["namespace", "job"],
+    buckets=(1.0, 2.0, 3.0, 5.0, 8.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0),
+)
+STEPS_LOST = Counter(
+    "torchjob_job_steps_lost_total",
+    "Steps done before a loss and done again after it (status.history's stepsLost)",
+    ["namespace", "job"],
+)
+
+
+def observe_history(
+    namespace: str, job: str, old: Mapping[str, Any], new: Mapping[str, Any]
+) -> None:
+    """Record each generation of the status patch ``new`` whose recovery completed since
+    ``old`` (the status before the write): its seconds and its lost steps."""
+    if not new.get("history"):
+        return
+    before = {r.generation: r for r in TorchJobStatus.parse(old).history or ()}
+    for r in TorchJobStatus.parse(new).history or ():
+        seen = before.get(r.generation)
+        if r.recovery_seconds is None or (seen is not None and seen.recovery_seconds is not None):
+            continue
+        if r.cause == "Start":
+            continue
+        RECOVERY_SECONDS.labels(namespace=namespace, job=job).observe(r.recovery_seconds)
+        STEPS_LOST.labels(namespace=namespace, job=job).inc(r.steps_lost or 0)
+
+
+def forget_job(namespace: str, job: str) -> None:
+    """A deleted job's series go with it."""
+    for metric in (RECOVERY_SECONDS, STEPS_LOST):
+        with contextlib.suppress(KeyError):
+            metric.remove(namespace, job)

@@ -102,6 +102,10 @@ class WorkQueue:
         for key in list(self.loops):
             self.forget(key)
 
+    def depth(self) -> int:
+        """Objects poked and not yet reconciled since (``torchjob_workqueue_depth``)."""
+        return sum(1 for loop in self.loops.values() if loop.wake.is_set())
+
     def poke(self, key: Key) -> None:
         if not self.leading:
             return

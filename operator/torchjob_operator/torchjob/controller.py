@@ -108,6 +108,7 @@ def reconcile_once(
     elif amended.write_status:
         max_restarts = spec.failure_policy.max_restarts
         act.write_status(kube, namespace, name, amended.status, old_status, max_restarts, log)
+        metrics.observe_history(namespace, name, old_status, amended.status)
     # Only now that the decision is recorded: older generations' pods go (or join, relabelled).
     uids = {p["metadata"]["name"]: p["metadata"].get("uid") for p in seen.raw_pods}
     deleted = act.remove(kube, pool, namespace, plan, uids)

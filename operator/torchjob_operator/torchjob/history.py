@@ -123,13 +123,19 @@ def completed(record: GenerationRecord, progress: Progress | None) -> Generation
     )
 
 
-def advance(d: Decision, pods: Sequence[PodView]) -> tuple[list[GenerationRecord], list[Event]]:
-    """The history after this pass, and the Events that tell what changed in it."""
+def advance(
+    d: Decision, pods: Sequence[PodView]
+) -> tuple[list[GenerationRecord], dict[str, int], list[Event]]:
+    """The history after this pass, the losses by cause, and the Events that tell what
+    changed."""
     records = list(d.job.state.history)
+    losses = dict(d.job.state.losses)
     events: list[Event] = []
     new = started(d, pods)
     if new is not None:
         records.append(new)
+        if new.cause not in ("Start", "ScaleUp", "ScaleDown", "Restart"):
+            losses[new.cause] = losses.get(new.cause, 0) + 1
         events.append(
             Event.of(
                 "GenerationStarted",
@@ -154,4 +160,4 @@ def advance(d: Decision, pods: Sequence[PodView]) -> tuple[list[GenerationRecord
                         lost=last.steps_lost if last.steps_lost is not None else "?",
                     )
                 )
-    return records[-HISTORY_LIMIT:], events
+    return records[-HISTORY_LIMIT:], losses, events

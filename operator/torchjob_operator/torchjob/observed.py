@@ -274,6 +274,8 @@ class JobState:
     """The last generations (``status.history``; ``torchjob_operator.torchjob.history``)."""
     progress: Progress | None = None
     """Rank 0's last report (``status.progress``)."""
+    losses: Mapping[str, int] = field(default_factory=dict)
+    """Generations begun for a loss, by cause (``status.losses``)."""
 
     @classmethod
     def from_status(cls, status: Mapping[str, Any] | None) -> JobState:
@@ -297,4 +299,5 @@ class JobState:
             silent=tuple(s.silent_workers or ()),
             history=tuple(s.history or ()),
             progress=s.progress,
+            losses=dict(s.losses or {}),
         )

@@ -293,12 +293,12 @@ def _plan(d: Decision, pods: Sequence[PodView], current: Sequence[PodView]) -> P
     requeue = min(d.requeue) if d.requeue else None
     # The status never counts a pod this plan deletes: it is written before they go.
     doomed = set(delete)
-    records, told = history.advance(d, pods)
+    records, losses, told = history.advance(d, pods)
     return Plan(
         create=d.create,
         delete=delete,
         create_probes=d.create_probes if d.keep_probes else (),
-        status=render_status(d, [p for p in current if p.name not in doomed], records),
+        status=render_status(d, [p for p in current if p.name not in doomed], records, losses),
         events=(*d.events, *told),
         requeue_after_s=None if requeue is None else max(requeue, 0.5),
         delete_job=d.delete_job,

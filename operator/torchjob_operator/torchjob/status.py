@@ -21,7 +21,10 @@ def _selector(name: str) -> str:
 
 
 def render_status(
-    d: Decision, current: Sequence[PodView], history: Sequence[GenerationRecord] = ()
+    d: Decision,
+    current: Sequence[PodView],
+    history: Sequence[GenerationRecord] = (),
+    losses: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     assert d.phase is not None
     now = format_time(d.now)
@@ -83,6 +86,7 @@ def render_status(
         succeeded_workers=sum(1 for p in current if p.phase == PodPhase.SUCCEEDED),
         failed_workers=sum(1 for p in current if p.phase == PodPhase.FAILED),
         history=list(history) or None,
+        losses=dict(losses) if losses else None,
     ).to_patch()
 
 

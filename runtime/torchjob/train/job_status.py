@@ -55,6 +55,11 @@ def progress_body(
     ).to_wire()
 
 
+def _now_ms() -> str:
+    """Now, RFC 3339 with milliseconds (recoveries take seconds)."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 class GenerationFacts:
     """What rank 0 tells the operator of its generation in every progress report: the
     generation, where its state came from, the step it resumed after and when its first step
@@ -75,12 +80,11 @@ class GenerationFacts:
                 source = "mirror" if restored.get("from") == "mirror" else "memory"
             else:
                 source = "storage" if reports > 1 else "start"
-            now = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
             self.facts = {
                 "generation": self.generation,
                 "restoredFrom": source,
                 "restoredStep": max(0, reports - 1),
-                "firstStepTime": now.replace("+00:00", "Z"),
+                "firstStepTime": _now_ms(),
             }
         return {**body, **self.facts}, first
 
@@ -183,6 +187,7 @@ class JobStatusReporter:
         self.min_interval_s = min_interval_s
         self._latest: dict[str, Any] | None = None
         self._checkpoint: str | None = None
+        self._checkpoint_time: str | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = False
@@ -211,8 +216,13 @@ class JobStatusReporter:
             said = progress.get("lastCheckpoint")
             if said and (self._checkpoint is None or newer_checkpoint(said, self._checkpoint)):
                 self._checkpoint = said
+                self._checkpoint_time = _now_ms()
             if self._checkpoint is not None:
-                progress = {**progress, "lastCheckpoint": self._checkpoint}
+                progress = {
+                    **progress,
+                    "lastCheckpoint": self._checkpoint,
+                    "lastCheckpointTime": self._checkpoint_time,
+                }
             self._latest = progress
             self._urgent = self._urgent or urgent
         self._wake.set()

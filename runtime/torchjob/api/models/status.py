@@ -63,6 +63,9 @@ class Progress(_Model):
         default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
     )
     last_checkpoint: str | None = None
+    last_checkpoint_time: str | None = Field(
+        default=None, description="When rank 0's runtime saw the last checkpoint committed."
+    )
     update_time: str | None = None
     generation: int | None = Field(default=None, description="The generation that reported.")
     restored_from: str | None = Field(
@@ -202,6 +205,10 @@ class TorchJobStatus(_Model):
         default=None, description="spec.initializers: each one's phase, bytes and message."
     )
     tracking: Tracking | None = None
+    losses: dict[str, int] | None = Field(
+        default=None,
+        description="Generations begun for a loss, by cause (status.history's causes).",
+    )
     history: list[GenerationRecord] | None = Field(
         default=None,
         description="The last generations: why each began, who left and joined, what it cost.",
@@ -219,15 +226,18 @@ class TorchJobStatus(_Model):
         """The operator's JSON merge patch of ``/status``: every field it owns, ``None`` as an
         explicit null (which clears it), and ``progress`` and ``tracking`` left out: the pod's
         agent owns them (``runtime`` too: written once, when the blueprint is pinned;
-        ``silentWorkers``: the survivors' agents write it). ``history`` only when there is
-        one (a write that did not plan, such as an invalid spec's, never clears it)."""
+        ``silentWorkers``: the survivors' agents write it). ``history`` and ``losses`` only
+        when there are some (a write that did not plan, such as an invalid spec's, never
+        clears them)."""
         patch = self.model_dump(
             by_alias=True,
             mode="json",
-            exclude={"progress", "runtime", "tracking", "silent_workers", "history"},
+            exclude={"progress", "runtime", "tracking", "silent_workers", "history", "losses"},
         )
         if self.history:
             patch["history"] = [r.to_wire() for r in self.history]
+        if self.losses:
+            patch["losses"] = dict(self.losses)
         return patch
 
     @classmethod

@@ -1,0 +1,100 @@
+"""The per-job Prometheus series (engine/job_metrics.py), computed from the cache at scrape
+time, and the recoveries observed from status.history when the leader writes it."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from torchjob import contract
+from torchjob_operator.engine import metrics
+from torchjob_operator.engine.cache import ALL_NAMESPACES, Store
+from torchjob_operator.engine.job_metrics import JobCollector
+
+NOW = datetime(2026, 1, 1, 0, 10, tzinfo=timezone.utc).timestamp()
+
+
+def worker(i: int, node: str | None, phase: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"tj-worker-{i}",
+            "namespace": "ns",
+            "labels": {contract.LABEL_JOB_NAME: "tj", contract.LABEL_POD_INDEX: str(i)},
+        },
+        "spec": {"nodeName": node} if node else {},
+        "status": {"phase": phase},
+    }
+
+
+def test_every_series_of_a_training_job() -> None:
+    store = Store()
+    store.put_job(
+        {
+            "metadata": {"name": "tj", "namespace": "ns"},
+            "spec": {"replicas": 4, "failurePolicy": {"maxRestarts": 5}},
+            "status": {
+                "phase": "Running",
+                "currentGeneration": 2,
+                "replicas": 3,
+                "worldSize": 6,
+                "restarts": 1,
+                "disruptions": 2,
+                "losses": {"SilentPeer": 1, "Disruption": 1},
+                "progress": {
+                    "step": 120,
+                    "generation": 2,
+                    "updateTime": "2026-01-01T00:09:50Z",
+                    "lastCheckpointTime": "2026-01-01T00:05:00.000Z",
+                },
+            },
+        }
+    )
+    store.replace_pods(
+        ALL_NAMESPACES,
+        [
+            worker(0, "a", "Running"),
+            worker(1, "a", "Running"),
+            worker(2, "b", "Running"),
+            worker(3, None, "Pending"),  # not bound: not paid for
+            worker(4, "c", "Failed"),  # finished: not paid for
+        ],
+    )
+    registry = CollectorRegistry()
+    registry.register(JobCollector(store, clock=lambda: NOW))
+    labels = {"namespace": "ns", "job": "tj"}
+
+    def value(name: str, **extra: str) -> float | None:
+        return registry.get_sample_value(name, {**labels, **extra})
+
+    assert value("torchjob_job_world_size") == 6
+    assert value("torchjob_job_desired_pods") == 4
+    assert value("torchjob_job_pods_paid") == 3
+    assert value("torchjob_job_training_pods") == 3, "Running, and a step 10 s ago"
+    assert value("torchjob_job_step") == 120
+    assert value("torchjob_job_progress_age_seconds") == 10
+    assert value("torchjob_job_last_checkpoint_age_seconds") == 300
+    assert value("torchjob_job_restarts_allowed") == 5
+    assert value("torchjob_job_restarts_total") == 1
+    assert value("torchjob_job_disruptions_total") == 2
+    assert value("torchjob_job_losses_total", cause="SilentPeer") == 1
+    assert value("torchjob_job_phase", phase="Running") == 1
+    # A stalled job (no step for minutes) is not training.
+    stalled = JobCollector(store, clock=lambda: NOW + 600)
+    registry2 = CollectorRegistry()
+    registry2.register(stalled)
+    assert registry2.get_sample_value("torchjob_job_training_pods", labels) == 0
+
+
+def test_a_completed_recovery_is_observed_once() -> None:
+    record = {"generation": 3, "began": "x", "cause": "SilentPeer", "worldSize": 2}
+    old = {"history": [record]}
+    new = {"history": [{**record, "recoverySeconds": 4.5, "stepsLost": 2}]}
+    before = metrics.RECOVERY_SECONDS.labels(namespace="m", job="j")._sum.get()
+    metrics.observe_history("m", "j", old, new)
+    metrics.observe_history("m", "j", new, new)  # already seen: not again
+    assert metrics.RECOVERY_SECONDS.labels(namespace="m", job="j")._sum.get() == before + 4.5
+    assert metrics.STEPS_LOST.labels(namespace="m", job="j")._value.get() == 2
+    metrics.forget_job("m", "j")
+    assert ("m", "j") not in metrics.STEPS_LOST._metrics
