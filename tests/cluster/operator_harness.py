@@ -110,6 +110,12 @@ class OperatorProcess:
             self.kill()  # never leave an operator running that no fixture will stop
             raise
 
+    def scrape(self) -> str:
+        """The operator's whole /metrics page."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return str(r.read().decode())
+
     def metric(self, name: str) -> float:
         """One sample of the operator's Prometheus /metrics: ``name`` with its labels as
         exposed, e.g. ``torchjob_cache_objects{kind="pods"}``."""

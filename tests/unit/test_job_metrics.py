@@ -63,7 +63,7 @@ def test_every_series_of_a_training_job() -> None:
     )
     registry = CollectorRegistry()
     registry.register(JobCollector(store, clock=lambda: NOW))
-    labels = {"namespace": "ns", "job": "tj"}
+    labels = {"namespace": "ns", "torchjob": "tj"}
 
     def value(name: str, **extra: str) -> float | None:
         return registry.get_sample_value(name, {**labels, **extra})
@@ -91,10 +91,10 @@ def test_a_completed_recovery_is_observed_once() -> None:
     record = {"generation": 3, "began": "x", "cause": "SilentPeer", "worldSize": 2}
     old = {"history": [record]}
     new = {"history": [{**record, "recoverySeconds": 4.5, "stepsLost": 2}]}
-    before = metrics.RECOVERY_SECONDS.labels(namespace="m", job="j")._sum.get()
+    before = metrics.RECOVERY_SECONDS.labels(namespace="m", torchjob="j")._sum.get()
     metrics.observe_history("m", "j", old, new)
     metrics.observe_history("m", "j", new, new)  # already seen: not again
-    assert metrics.RECOVERY_SECONDS.labels(namespace="m", job="j")._sum.get() == before + 4.5
-    assert metrics.STEPS_LOST.labels(namespace="m", job="j")._value.get() == 2
+    assert metrics.RECOVERY_SECONDS.labels(namespace="m", torchjob="j")._sum.get() == before + 4.5
+    assert metrics.STEPS_LOST.labels(namespace="m", torchjob="j")._value.get() == 2
     metrics.forget_job("m", "j")
     assert ("m", "j") not in metrics.STEPS_LOST._metrics

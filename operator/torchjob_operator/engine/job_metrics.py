@@ -30,7 +30,8 @@ from torchjob_operator.engine.cache import Store
 TRAINING_FRESH_S = 60.0
 """A generation trains while rank 0 reported a step within this many seconds."""
 
-_LABELS = ["namespace", "job"]
+_LABELS = ["namespace", "torchjob"]
+"""Not ``job``: Prometheus gives every scraped series its target's ``job`` label."""
 
 
 def _seconds(stamp: str | None) -> float | None:

@@ -60,13 +60,13 @@ RECOVERY_SECONDS = Histogram(
     "torchjob_job_recovery_seconds",
     "From a loss (or a resize) to the first completed step of the next generation "
     "(status.history's recoverySeconds)",
-    ["namespace", "job"],
+    ["namespace", "torchjob"],
     buckets=(1.0, 2.0, 3.0, 5.0, 8.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0),
 )
 STEPS_LOST = Counter(
     "torchjob_job_steps_lost_total",
     "Steps done before a loss and done again after it (status.history's stepsLost)",
-    ["namespace", "job"],
+    ["namespace", "torchjob"],
 )
 
 
@@ -84,8 +84,8 @@ def observe_history(
             continue
         if r.cause == "Start":
             continue
-        RECOVERY_SECONDS.labels(namespace=namespace, job=job).observe(r.recovery_seconds)
-        STEPS_LOST.labels(namespace=namespace, job=job).inc(r.steps_lost or 0)
+        RECOVERY_SECONDS.labels(namespace=namespace, torchjob=job).observe(r.recovery_seconds)
+        STEPS_LOST.labels(namespace=namespace, torchjob=job).inc(r.steps_lost or 0)
 
 
 def forget_job(namespace: str, job: str) -> None:
