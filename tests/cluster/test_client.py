@@ -390,3 +390,44 @@ def test_credentials_errors(jobs: Jobs, tmp_path: Path) -> None:
     assert proc.stderr.strip() == f"error: kubeconfig {missing}: no such file"
     with pytest.raises(KubeconfigError, match="no-such-context"):
         TorchJobClient(kubeconfig=jobs.cluster.kubeconfig, context="no-such-context")
+
+
+def test_kubectl_torchjob_describe_and_history_tell_what_the_job_went_through(jobs: Jobs) -> None:
+    """The same CLI as a kubectl plugin (``kubectl-torchjob`` on the PATH): after a pod's
+    failure, ``describe`` shows the state, the conditions, the generations and the Events,
+    ``history`` the generations (issue 41, items 1 and 5)."""
+    jobs.apply(torchjob("storied", replicas=3, membershipPolicy="KeepSurvivors"))
+    jobs.wait_running_pods("storied", 3, 0)
+    jobs.exit_pod("storied-worker-1", 1)
+    jobs.wait_running_pods("storied", 3, generation=1)
+    jobs.wait_events("storied", "GenerationStarted")
+    env = cli_env()
+    env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+    kubeconfig = ["--kubeconfig", str(jobs.cluster.kubeconfig), "-n", jobs.ns]
+
+    def plugin(*args: str) -> str:
+        proc = subprocess.run(
+            [str(k.kubectl_path()), "torchjob", *args, *kubeconfig],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        return ok(proc)
+
+    history = plugin("history", "storied")
+    rows = [line.split() for line in history.splitlines()]
+    assert rows[0][:3] == ["GEN", "BEGAN", "CAUSE"], history
+    gen1 = next(r for r in rows if r[0] == "1")
+    assert "Failure" in gen1, history
+    # Worker 1 left (its node named) and a new worker 1 joined under the same name.
+    assert any(c.startswith("storied-worker-1@") for c in gen1), history
+    assert "storied-worker-1" in gen1, history
+    page = k.wait_for(
+        lambda: page if "GenerationStarted" in (page := plugin("describe", "storied")) else None,
+        30,
+        "describe showing the GenerationStarted Event",
+    )
+    for section in ("Phase:", "Conditions:", "History:", "Events:", "1 restarts charged"):
+        assert section in page, page
+    assert "generation 1 (Failure)" in page, page

@@ -19,7 +19,7 @@ from torchjob.api.models import HISTORY_LIMIT, GenerationRecord, Progress
 from torchjob_operator.common.clock import parse_time_or_none
 from torchjob_operator.common.events import Event
 from torchjob_operator.torchjob.decision import Decision
-from torchjob_operator.torchjob.observed import JobState, PodView
+from torchjob_operator.torchjob.observed import JobState, PodPhase, PodView
 
 _CAUSE_OF_REASON = {"OOMKilled": "OOM", "SilentPeer": "SilentPeer", "NodeLost": "NodeLost"}
 
@@ -72,7 +72,16 @@ def started(d: Decision, pods: Sequence[PodView]) -> GenerationRecord | None:
     first = not before.history and d.generation == 0
     old = _members(before.replicas, before.members) if not first else []
     new = _members(d.replicas, d.members)
-    nodes = {p.name: p.node for p in pods}
+    nodes = {p.name: p.node for p in pods if p.generation < d.generation}
+    # A member lost and replaced under the same name (KeepSurvivors at full size): its old
+    # pod left and a new one joins.
+    replaced = {
+        p.index
+        for p in pods
+        if p.generation < d.generation
+        and p.index in new
+        and (p.phase == PodPhase.FAILED or p.deleting or p.killed)
+    }
     job = d.job.name
     if first:
         cause, detail = "Start", "the job's first generation"
@@ -89,8 +98,8 @@ def started(d: Decision, pods: Sequence[PodView]) -> GenerationRecord | None:
         cause=cause,
         detail=detail[:300],
         world_size=d.replicas * d.job.spec.resolved_nproc_per_node(),
-        left=_named([i for i in old if i not in new], job, nodes),
-        joined=_named([i for i in new if i not in old], job, nodes),
+        left=_named([i for i in old if i not in new or i in replaced], job, nodes),
+        joined=_named([i for i in new if i not in old or i in replaced], job, {}),
         loss_time=stamp(loss_time) if not first else None,
         step_at_loss=progress.step if progress is not None and not first else None,
     )

@@ -106,6 +106,23 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_describe(args: argparse.Namespace) -> int:
+    from torchjob.client.describe import job_events, sections
+
+    client = _client(args)
+    obj = client.get(args.job)
+    for title, part in sections(obj, job_events(client, args.job)):
+        if title:
+            print(f"\n{title}:")
+        if isinstance(part, list):
+            print("\n".join(part))
+        elif part.rows:
+            _print_table(part)
+        else:
+            print("  <none>")
+    return 0
+
+
 def _print_table(table: Any) -> None:
     from rich import box
     from rich.console import Console
@@ -159,7 +176,7 @@ def cmd_initialize(args: argparse.Namespace) -> int:
     return run(args.uri, args.target, args.source_root or SOURCE_ROOT)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "torchjob") -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--kubeconfig", help="path to a kubeconfig (default: $KUBECONFIG or ~/.kube/config)"
@@ -170,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     parser = argparse.ArgumentParser(
-        prog="torchjob",
+        prog=prog,
         description="Run TorchJobs locally or manage them on a Kubernetes cluster.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -239,6 +256,14 @@ def _add_cluster_commands(sub: Subparsers, common: argparse.ArgumentParser) -> N
     get.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
     get.set_defaults(func=cmd_get)
 
+    describe = sub.add_parser(
+        "describe",
+        parents=[common],
+        help="a TorchJob's state, conditions, generations and latest Events",
+    )
+    describe.add_argument("job", help="TorchJob name")
+    describe.set_defaults(func=cmd_describe)
+
     history = sub.add_parser(
         "history",
         parents=[common],
@@ -287,8 +312,15 @@ def _add_initialize(sub: Subparsers) -> None:
     init.set_defaults(func=cmd_initialize)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def kubectl_main() -> int:
+    """``kubectl torchjob ...``: kubectl finds ``kubectl-torchjob`` on the PATH (a krew-style
+    plugin, hack/krew/torchjob.yaml) and passes it the rest of the command line; the same
+    commands as ``torchjob``."""
+    return main(None, prog="kubectl torchjob")
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "torchjob") -> int:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
         rc: int = args.func(args)
