@@ -20,6 +20,7 @@ from torchjob_operator.common.clock import format_time
 from torchjob_operator.common.events import Event
 from torchjob_operator.resources.pods import worker_pod
 from torchjob_operator.torchjob import kueue
+from torchjob_operator.torchjob.topology import topology_request
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ def desired(
         worker=worker,
         priority_class=priority_class,
         priority=priority,
+        topology=None if spec.placement is None else topology_request(spec.placement),
     )
     return body, count
 

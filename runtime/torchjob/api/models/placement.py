@@ -11,6 +11,8 @@ The rules (``PLACEMENT_RULES``) are part of the rule table ``torchjob.api.models
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -20,6 +22,12 @@ from torchjob.api.models.rule import Rule, cel_on, enforce_rules
 
 MAX_LEVEL = 63
 """Kueue keeps a topology level (``topologyRequest.required``) to 63 characters."""
+
+
+def _label_ok(attr: str) -> Callable[[Any], object]:
+    """The check that ``attr`` of a Placement is unset or a label key."""
+    return lambda p: getattr(p, attr) is None or re.match(LABEL_KEY, getattr(p, attr))
+
 
 PLACEMENT_RULES: tuple[Rule, ...] = (
     Rule(
@@ -52,9 +60,7 @@ PLACEMENT_RULES: tuple[Rule, ...] = (
                 f"spec.placement.{field} must be a node label key (e.g. "
                 "topology.example.com/rack or kubernetes.io/hostname)"
             ),
-            check=lambda p, attr=attr: (
-                getattr(p, attr) is None or re.match(LABEL_KEY, getattr(p, attr))
-            ),
+            check=_label_ok(attr),
         )
         for field, attr in (
             ("required", "required"),
@@ -133,3 +139,21 @@ class Placement(_Model):
     def level(self) -> str:
         """The level asked for, required or preferred."""
         return self.required or self.preferred or ""
+
+
+class PlacementDomain(_Model):
+    """One domain the job holds: its value at each level, and the workers admitted to it."""
+
+    values: list[str] = Field(max_length=16, description="The domain's value at each level.")
+    workers: int = Field(ge=0, description="Workers the admission put in it.")
+
+
+class PlacementStatus(_Model):
+    """The domains a job holds, from its Kueue admission (``spec.placement``)."""
+
+    levels: list[str] = Field(
+        max_length=16, description="Node label keys, from the highest level to the lowest."
+    )
+    domains: list[PlacementDomain] = Field(
+        max_length=256, description="The domains, sorted (at most 256 are listed)."
+    )
