@@ -30,8 +30,8 @@ def _individual(values: list[str], prefix: str = "") -> dict[str, Any]:
 
 def _assignment(racks: dict[str, int], block: str = "b1") -> dict[str, Any]:
     """Kueue's compressed v1beta2 form: one slice, one host per pod, ``racks`` pods per rack,
-    listed (as Kueue may) in no useful order."""
-    hosts = [(r, f"{r}-h{i}") for r, n in racks.items() for i in range(n)][::-1]
+    in Kueue's order (sorted by the values at every level)."""
+    hosts = sorted((r, f"{r}-h{i}") for r, n in racks.items() for i in range(n))
     return {
         "levels": LEVELS,
         "slices": [
@@ -106,16 +106,14 @@ def test_the_placement_rules_name_the_field() -> None:
     assert bp.placement is not None and bp.placement.level == RACK
 
 
-def test_the_assignment_is_decoded_and_sorted_along_the_topology() -> None:
-    ta = topology.assignment_of(_assignment({"rack10": 2, "rack2": 2}))
+def test_the_assignment_is_decoded_in_kueues_order() -> None:
+    ta = topology.assignment_of(_assignment({"rack1": 2, "rack2": 1}))
     assert ta is not None
     assert ta.levels == tuple(LEVELS)
-    # rack2 before rack10, hosts in order within each rack.
     assert [d.values for d in ta.domains] == [
+        ("b1", "rack1", "rack1-h0"),
+        ("b1", "rack1", "rack1-h1"),
         ("b1", "rack2", "rack2-h0"),
-        ("b1", "rack2", "rack2-h1"),
-        ("b1", "rack10", "rack10-h0"),
-        ("b1", "rack10", "rack10-h1"),
     ]
     counts = {"levels": [RACK], "slices": [
         {"domainCount": 2, "valuesPerLevel": [_individual(["r1", "r2"])],
@@ -124,6 +122,42 @@ def test_the_assignment_is_decoded_and_sorted_along_the_topology() -> None:
     two = topology.assignment_of(counts)
     assert two is not None and two.slots == (("r1",), ("r1",), ("r1",), ("r2",))
     assert topology.assignment_of({"levels": [RACK], "slices": [{"domainCount": 1}]}) is None
+
+
+def _hosts_only(hosts: list[str]) -> topology.Assignment:
+    ta = topology.assignment_of(
+        {
+            "levels": [HOST],
+            "slices": [
+                {
+                    "domainCount": len(hosts),
+                    "valuesPerLevel": [_individual(hosts)],
+                    "podCounts": {"universal": 1},
+                }
+            ],
+        }
+    )
+    assert ta is not None and topology.host_only(ta)
+    return ta
+
+
+def test_a_host_only_assignment_gets_its_levels_from_the_nodes_once() -> None:
+    """Kueue names only the hosts when the Topology ends at kubernetes.io/hostname: the
+    other levels come from the nodes, read once and then from status.placement."""
+    ta = _hosts_only(["n1", "n2"])
+    assert topology.host_selector(ta) == f"{HOST} in (n1,n2)"
+    nodes = {"n1": {BLOCK: "b1", RACK: "r1"}, "n2": {BLOCK: "b1", RACK: "r2"}}
+    full = topology.complete(ta, LEVELS, nodes)
+    assert [d.values for d in full.domains] == [("b1", "r1", "n1"), ("b1", "r2", "n2")]
+    held = topology.held(full)
+    assert topology.from_held(ta, held) == full
+    # Another admission (other hosts) is read again.
+    assert topology.from_held(_hosts_only(["n1", "n3"]), held) is None
+    # A node that is gone keeps its host only; the pod is then pinned to nothing but it.
+    gone = topology.complete(ta, LEVELS, {"n1": nodes["n1"]})
+    assert gone.domains[1].values == ("", "", "n2")
+    pod = topology.pin({"spec": {"containers": [{"name": "t"}]}}, LEVELS, gone.domains[1].values)
+    assert pod["spec"]["nodeSelector"] == {}
 
 
 def test_ranks_are_contiguous_per_rack_and_each_pod_is_pinned_to_its_domain() -> None:

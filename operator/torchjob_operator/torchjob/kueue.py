@@ -172,6 +172,15 @@ def gate_of(
     )
 
 
+def topology_of(wl: Mapping[str, Any]) -> Topology | None:
+    """The admission's ``topologyAssignment`` of the job's pod set, as Kueue wrote it."""
+    admission = (wl.get("status") or {}).get("admission") or {}
+    for psa in admission.get("podSetAssignments") or []:
+        if psa.get("name") == POD_SET:
+            return assignment_of(psa.get("topologyAssignment"))
+    return None
+
+
 def flavor_names(wl: Mapping[str, Any]) -> tuple[str, ...]:
     """The ResourceFlavors the Workload's admission assigns (to read before ``gate_of``)."""
     out: set[str] = set()
@@ -399,5 +408,6 @@ __all__ = [
     "owned_by",
     "queue_of",
     "release_patch",
+    "topology_of",
     "workload_name",
 ]

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -77,14 +76,6 @@ def topology_request(placement: Placement) -> dict[str, Any]:
     return request
 
 
-_NUMBER = re.compile(r"(\d+)")
-
-
-def _natural(value: str) -> tuple[Any, ...]:
-    """``rack-2`` before ``rack-10``."""
-    return tuple(int(p) if p.isdigit() else p for p in _NUMBER.split(value))
-
-
 def _value(values: Mapping[str, Any], i: int) -> str:
     if values.get("universal") is not None:
         return str(values["universal"])
@@ -100,8 +91,9 @@ def _count(counts: Mapping[str, Any], i: int) -> int:
 
 def assignment_of(topology: Mapping[str, Any] | None) -> Assignment | None:
     """A v1beta2 ``topologyAssignment`` (levels and compressed slices, as Kueue's
-    ``InternalSeqFrom`` reads them) -> its domains, sorted naturally by their values from
-    the highest level down; None without one (or one this reader cannot parse)."""
+    ``InternalSeqFrom`` reads them) -> its domains in Kueue's order, which is sorted by their
+    values at every level of the Topology, the highest first (``buildAssignment``), even when
+    it lists only the hosts; None without one (or one this reader cannot parse)."""
     if not topology:
         return None
     levels = tuple(str(x) for x in topology.get("levels") or ())
@@ -116,8 +108,54 @@ def assignment_of(topology: Mapping[str, Any] | None) -> Assignment | None:
         return None
     if not levels or not domains:
         return None
-    ordered = sorted(domains, key=lambda d: tuple(_natural(v) for v in d.values))
-    return Assignment(levels, tuple(ordered))
+    return Assignment(levels, tuple(domains))
+
+
+def host_only(assignment: Assignment | None) -> bool:
+    """Kueue names only the hosts when ``kubernetes.io/hostname`` is its Topology's lowest
+    level: their other levels are the nodes' labels."""
+    return assignment is not None and assignment.levels == (HOSTNAME,)
+
+
+def from_held(assignment: Assignment | None, held: Mapping[str, Any] | None) -> Assignment | None:
+    """The job's ``status.placement`` when it is ``assignment`` with every level filled in
+    (the same hosts with the same counts, in the same order): read once per admission."""
+    if not host_only(assignment) or not held:
+        return None
+    assert assignment is not None
+    levels = tuple(str(x) for x in held.get("levels") or ())
+    domains = tuple(
+        Domain(tuple(str(v) for v in d.get("values") or ()), int(d.get("workers") or 0))
+        for d in held.get("domains") or ()
+    )
+    if not levels or levels[-1] != HOSTNAME or any(len(d.values) != len(levels) for d in domains):
+        return None
+    if [(d.values[-1], d.count) for d in domains] != [
+        (d.values[0], d.count) for d in assignment.domains
+    ]:
+        return None
+    return Assignment(levels, domains)
+
+
+def host_selector(assignment: Assignment) -> str:
+    """The label selector of the assignment's hosts."""
+    return f"{HOSTNAME} in ({','.join(sorted({d.values[-1] for d in assignment.domains}))})"
+
+
+def complete(
+    assignment: Assignment, levels: Sequence[str], nodes: Mapping[str, Mapping[str, str]]
+) -> Assignment:
+    """A host-only assignment with each host's value at every level of the Topology
+    (``levels``, highest first, the host last); a host whose node is gone keeps its host
+    only, and so does an assignment whose Topology could not be read."""
+    if not host_only(assignment) or not levels or levels[-1] != HOSTNAME:
+        return assignment
+    filled = []
+    for d in assignment.domains:
+        labels = nodes.get(d.values[0]) or {}
+        values = tuple(labels.get(level, "") for level in levels[:-1]) + d.values
+        filled.append(Domain(values, d.count))
+    return Assignment(tuple(levels), tuple(filled))
 
 
 def domain_key(values: Sequence[str]) -> str:
@@ -152,7 +190,7 @@ def pin(pod: dict[str, Any], levels: Sequence[str], values: Sequence[str]) -> di
     hash label, and ``TORCHJOB_TOPOLOGY`` in every container."""
     spec = pod.setdefault("spec", {})
     meta = pod.setdefault("metadata", {})
-    domain = dict(zip(levels, values, strict=True))
+    domain = {k: v for k, v in zip(levels, values, strict=True) if v}
     host = domain.pop(HOSTNAME, None)
     spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **domain}
     if host is not None:
@@ -224,8 +262,12 @@ __all__ = [
     "Domain",
     "assignment_of",
     "co_locate",
+    "complete",
     "domain_key",
+    "from_held",
     "held",
+    "host_only",
+    "host_selector",
     "pin",
     "place",
     "topology_request",
