@@ -174,7 +174,9 @@ def test_ranks_are_contiguous_per_rack_and_each_pod_is_pinned_to_its_domain() ->
     pref = first["spec"]["affinity"]["nodeAffinity"][
         "preferredDuringSchedulingIgnoredDuringExecution"
     ]
-    assert pref[0]["preference"]["matchExpressions"][0]["values"] == ["rack1-h0"]
+    assert pref[0]["preference"]["matchExpressions"] == [
+        {"key": HOST, "operator": "In", "values": ["rack1-h0"]}
+    ]
     env = {e["name"]: e.get("value") for e in first["spec"]["containers"][0]["env"]}
     assert json.loads(env[contract.TOPOLOGY]) == {BLOCK: "b1", RACK: "rack1"}
     assert contract.topology_of({contract.TOPOLOGY: env[contract.TOPOLOGY]})[RACK] == "rack1"
@@ -210,6 +212,18 @@ def test_a_lost_pod_regrows_in_the_same_rack_through_the_planner() -> None:
     again = decide(view, "uid", [], [], at(100))
     racks = {int(w["metadata"]["labels"][contract.LABEL_POD_INDEX]): w for w in again.workers}
     assert racks[2]["spec"]["nodeSelector"][RACK] == "rack2"
+
+
+def test_a_preferred_level_only_prefers_the_domain_so_a_replacement_can_spill_over() -> None:
+    view = gated(_placed({"preferred": RACK}, replicas=2), _gate(_assignment({"rack1": 2})))
+    w0 = decide(view, "uid", [], [], at(0)).workers[0]
+    assert not w0["spec"].get("nodeSelector")
+    aff = w0["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert {e["key"]: e["values"] for e in aff[0]["preference"]["matchExpressions"]} == {
+        BLOCK: ["b1"],
+        RACK: ["rack1"],
+        HOST: ["rack1-h0"],
+    }
 
 
 def test_a_required_level_no_domain_can_hold_says_so() -> None:

@@ -32,7 +32,7 @@ from typing import Any, Final
 from torchjob import contract
 from torchjob.api.models import GROUP, VERSION
 from torchjob_operator.torchjob.topology import Assignment as Topology
-from torchjob_operator.torchjob.topology import assignment_of
+from torchjob_operator.torchjob.topology import topology_of
 
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
 KUEUE_VERSION: Final = "v1beta2"
@@ -126,11 +126,9 @@ def gate_of(
         else None
     )
     names: list[str] = []
-    topology: Topology | None = None
     for psa in admission.get("podSetAssignments") or []:
         if psa.get("name") == POD_SET:
             names = sorted(set((psa.get("flavors") or {}).values()))
-            topology = assignment_of(psa.get("topologyAssignment"))
     reserved = _cond(wl, QUOTA_RESERVED)
     pending = (
         str(reserved.get("message") or "")
@@ -167,18 +165,9 @@ def gate_of(
         flavors=tuple(names),
         workload=str((wl.get("metadata") or {}).get("name", "")),
         queue=queue,
-        topology=topology,
+        topology=topology_of(wl, POD_SET),
         pending=pending,
     )
-
-
-def topology_of(wl: Mapping[str, Any]) -> Topology | None:
-    """The admission's ``topologyAssignment`` of the job's pod set, as Kueue wrote it."""
-    admission = (wl.get("status") or {}).get("admission") or {}
-    for psa in admission.get("podSetAssignments") or []:
-        if psa.get("name") == POD_SET:
-            return assignment_of(psa.get("topologyAssignment"))
-    return None
 
 
 def flavor_names(wl: Mapping[str, Any]) -> tuple[str, ...]:
@@ -217,9 +206,7 @@ def spec_hash(
     priority_class: str | None,
     topology: Mapping[str, Any] | None = None,
 ) -> str:
-    # A topology request joins the hash only when there is one: the Workloads of jobs
-    # without one keep their hash across an upgrade of the operator.
-    extra = [topology] if topology else []
+    extra = [topology] if topology else []  # jobs without one keep their hash
     blob = json.dumps([count, _requests(template), priority_class, *extra], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -408,6 +395,5 @@ __all__ = [
     "owned_by",
     "queue_of",
     "release_patch",
-    "topology_of",
     "workload_name",
 ]

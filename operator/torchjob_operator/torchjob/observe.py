@@ -121,7 +121,7 @@ def _topology(
     hosts when its Topology ends at ``kubernetes.io/hostname``, so their other levels are
     read once per admission (the Topology, one LIST of those nodes) and kept in
     ``status.placement``, which later passes read instead."""
-    assigned = kueue.topology_of(workload)
+    assigned = topology.topology_of(workload, kueue.POD_SET)
     held = topology.from_held(assigned, (job.get("status") or {}).get("placement"))
     if held is not None or assigned is None or not topology.host_only(assigned):
         return held or assigned

@@ -111,6 +111,15 @@ def assignment_of(topology: Mapping[str, Any] | None) -> Assignment | None:
     return Assignment(levels, tuple(domains))
 
 
+def topology_of(wl: Mapping[str, Any], pod_set: str) -> Assignment | None:
+    """A Workload's admission's ``topologyAssignment`` of ``pod_set``, as Kueue wrote it."""
+    admission = (wl.get("status") or {}).get("admission") or {}
+    for psa in admission.get("podSetAssignments") or []:
+        if psa.get("name") == pod_set:
+            return assignment_of(psa.get("topologyAssignment"))
+    return None
+
+
 def host_only(assignment: Assignment | None) -> bool:
     """Kueue names only the hosts when ``kubernetes.io/hostname`` is its Topology's lowest
     level: their other levels are the nodes' labels."""
@@ -184,23 +193,34 @@ def place(
     return out
 
 
-def pin(pod: dict[str, Any], levels: Sequence[str], values: Sequence[str]) -> dict[str, Any]:
+def pin(
+    pod: dict[str, Any], levels: Sequence[str], values: Sequence[str], *, strict: bool = True
+) -> dict[str, Any]:
     """``pod`` placed in the domain ``values`` of ``levels`` (in place, and returned): a node
-    selector for each level (the host only preferred, see the module docstring), the domain's
-    hash label, and ``TORCHJOB_TOPOLOGY`` in every container."""
+    selector for each level (``strict``: a required request) or a node affinity preference
+    (a preferred one: a replacement spills over when the domain has no room); the host is
+    always only preferred (see the module docstring). Also the domain's hash label and
+    ``TORCHJOB_TOPOLOGY`` in every container."""
     spec = pod.setdefault("spec", {})
     meta = pod.setdefault("metadata", {})
     domain = {k: v for k, v in zip(levels, values, strict=True) if v}
     host = domain.pop(HOSTNAME, None)
-    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **domain}
-    if host is not None:
+    preferred = {} if host is None else {HOSTNAME: host}
+    if strict:
+        spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **domain}
+    else:
+        preferred.update(domain)
+    if preferred:
         affinity = spec.setdefault("affinity", {})
         node = affinity.setdefault("nodeAffinity", {})
         node.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(
             {
                 "weight": 100,
                 "preference": {
-                    "matchExpressions": [{"key": HOSTNAME, "operator": "In", "values": [host]}]
+                    "matchExpressions": [
+                        {"key": k, "operator": "In", "values": [v]}
+                        for k, v in sorted(preferred.items())
+                    ]
                 },
             }
         )
@@ -270,5 +290,6 @@ __all__ = [
     "host_selector",
     "pin",
     "place",
+    "topology_of",
     "topology_request",
 ]

@@ -85,7 +85,8 @@ def _place(
         taken = [p.domain for p in pods if p.active and p.domain and p.name not in doomed]
         index = {int(w["metadata"]["labels"][contract.LABEL_POD_INDEX]): w for w in workers}
         for i, values in topology.place(assigned, sorted(index), taken).items():
-            topology.pin(index[i], assigned.levels, values)
+            strict = placement is None or placement.required is not None
+            topology.pin(index[i], assigned.levels, values, strict=strict)
         return replace(decided, status={**decided.status, "placement": topology.held(assigned)})
     if placement is not None and view.kueue is None:
         for w in workers:
