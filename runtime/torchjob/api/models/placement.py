@@ -87,9 +87,10 @@ PLACEMENT_RULES: tuple[Rule, ...] = (
 
 
 class Placement(_Model):
-    """A topology request: all workers in one domain of ``required`` (or, best effort,
-    ``preferred``), optionally in slices of ``sliceSize`` workers that each share a domain of
-    ``sliceLevel`` (HSDP-style groups)."""
+    """Topology request: every worker in one domain of a topology level (a node label such as
+    a block, rack or host label), required or preferred, optionally in slices of sliceSize
+    workers that each share a domain of sliceLevel. Through Kueue's Topology-Aware
+    Scheduling, else pod affinity (docs/fits-your-cluster.md)."""
 
     model_config = ConfigDict(json_schema_extra={CEL: cel_on(PLACEMENT_RULES, "Placement")})
 

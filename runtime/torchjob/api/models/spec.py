@@ -356,9 +356,7 @@ class TorchJobSpec(_Model):
         json_schema_extra={CEL: cel_of("TorchJobSpec", "checkpoint")},
     )
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
-    placement: Placement | None = Field(
-        default=None, description="Topology request (docs/fits-your-cluster.md)."
-    )
+    placement: Placement | None = None
     runtime_ref: RuntimeRef | None = Field(
         default=None,
         description=(
