@@ -89,6 +89,12 @@ def fabric(
     finally:
         for name in names:
             k.delete_node(core, name)
+        k.wait_for(
+            lambda: not core.list_node(label_selector=f"{FABRIC}=true").items,
+            60,
+            "the fabric nodes gone (later tests count the GPU nodes)",
+            interval=0.5,
+        )
 
 
 @pytest.fixture
