@@ -22,6 +22,7 @@ set by the agent (``torchjob.launch``) for each worker process it starts.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -69,6 +70,9 @@ TUNE_TRIAL: Final = "TORCHJOB_TUNE_TRIAL"
 """The trial id of a tuning trial's TorchJob."""
 DATASET_PATH: Final = "TORCHJOB_DATASET_PATH"  # where spec.initializers put the dataset,
 MODEL_PATH: Final = "TORCHJOB_MODEL_PATH"  # and the model (each set only when the job has it)
+TOPOLOGY: Final = "TORCHJOB_TOPOLOGY"
+"""The pod's topology domain as JSON, ``{"<node label>": "<value>", ...}``, for a job admitted
+with ``spec.placement`` through Kueue (``topology_of``); absent otherwise."""
 MLFLOW_AUTOLOG: Final = "TORCHJOB_MLFLOW_AUTOLOG"
 """``false`` turns off the MLflow logging that ``MLFLOW_TRACKING_URI`` in a pod's env turns on
 (rank 0's driver logs every report and checkpoint URI: ``torchjob.train.tracking``)."""
@@ -261,6 +265,24 @@ class PodEnv:
             node_rank=None if node_rank == pod_index else node_rank,
             drain_s=integer(DRAIN_S, 0),
         )
+
+
+def topology_env(domain: Mapping[str, str]) -> str:
+    """The value of ``TORCHJOB_TOPOLOGY`` for a domain."""
+    return json.dumps(dict(sorted(domain.items())), separators=(",", ":"))
+
+
+def topology_of(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This pod's domain, level by level (``{}`` when the job has none): a script builds its
+    device mesh along it. Raises ``ValueError`` naming the variable when it is malformed."""
+    raw = (os.environ if environ is None else environ).get(TOPOLOGY) or "{}"
+    try:
+        domain = json.loads(raw)
+    except ValueError:
+        domain = None
+    if not isinstance(domain, dict) or not all(isinstance(v, str) for v in domain.values()):
+        raise ValueError(f"environment variable {TOPOLOGY}={raw!r} is not a JSON object of labels")
+    return domain
 
 
 def rank_among(ranked: Sequence[int], pod_index: int) -> int | None:

@@ -19,16 +19,21 @@ reaches its webhooks on 127.0.0.1 (docs/development.md):
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import subprocess
 import urllib.request
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
+from kubernetes import client
 from tests import kube as k
 from tests.cluster.operator_harness import free_port
 
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
 METRICS_CERTS = Path("/etc/kueue/metrics/certs")
 CONVERTED = ("workloads", "clusterqueues", "localqueues", "cohorts")
 MUTATING = "torchjob-test-kueue-mutating"
@@ -225,3 +230,81 @@ class KueueProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+@contextlib.contextmanager
+def running_kueue(cluster: k.Cluster, work: Path) -> Iterator[KueueProcess]:
+    """Kueue for one test module, uninstalled after it. Never skipped: if Kueue is not built
+    or cannot start, the test fails saying why."""
+    problem = missing()
+    if problem:
+        pytest.fail(f"Kueue cannot run: {problem}", pytrace=False)
+    proc = KueueProcess(cluster, work)
+    try:
+        proc.start()
+    except Exception as e:
+        proc.stop()
+        pytest.fail(f"Kueue did not start: {e}", pytrace=False)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def create_kueue_object(
+    custom: Any, plural: str, body: dict[str, Any], namespace: str | None = None
+) -> None:
+    """Create, retrying while Kueue's webhook is not serving yet (a moment after /readyz)."""
+
+    def attempt() -> bool:
+        try:
+            if namespace is None:
+                custom.create_cluster_custom_object(*KUEUE, plural, body)
+            else:
+                custom.create_namespaced_custom_object(*KUEUE, namespace, plural, body)
+            return True
+        except client.ApiException as e:
+            if e.status == 409:
+                return True
+            if e.status == 500 and "webhook" in str(e.body):
+                return False
+            raise
+
+    k.wait_for(attempt, 30, f"create {plural} {body['metadata']['name']}", interval=0.5)
+
+
+def remove_queue(
+    custom: Any, namespace: str, cq: str, flavor: str, more: Sequence[tuple[str, str]] = ()
+) -> None:
+    """Take the queue down while Kueue still runs: it removes its ``resource-in-use``
+    finalizers only once nothing uses a ClusterQueue or flavor, and only while it runs (a
+    reused cluster would otherwise keep them, undeletable, and a CRD deletion would hang).
+    ``more``: other cluster objects of Kueue to delete after them, as (plural, name)."""
+    custom.delete_collection_namespaced_custom_object(
+        "torchjob.io", "v1alpha1", namespace, "torchjobs"
+    )
+
+    def workloads_gone() -> bool:
+        items = custom.list_namespaced_custom_object(*KUEUE, namespace, "workloads")["items"]
+        return not items
+
+    k.wait_for(workloads_gone, 60, f"the Workloads of {namespace} to go", interval=0.5)
+    with contextlib.suppress(client.ApiException):
+        custom.delete_namespaced_custom_object(*KUEUE, namespace, "localqueues", "lq")
+    for plural, name in (("clusterqueues", cq), ("resourceflavors", flavor), *more):
+        try:
+            custom.delete_cluster_custom_object(*KUEUE, plural, name)
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
+
+        def gone(plural: str = plural, name: str = name) -> bool:
+            try:
+                custom.get_cluster_custom_object(*KUEUE, plural, name)
+            except client.ApiException as e:
+                if e.status == 404:
+                    return True
+                raise
+            return False
+
+        k.wait_for(gone, 60, f"{plural} {name} to go (Kueue drops its finalizer)", interval=0.5)

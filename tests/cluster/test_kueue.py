@@ -7,55 +7,30 @@ saying why.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes import client
 from tests import kube as k
-from tests.cluster.kueue_harness import KueueProcess, missing
+from tests.cluster.kueue_harness import (
+    KUEUE,
+    KueueProcess,
+    create_kueue_object,
+    remove_queue,
+    running_kueue,
+)
 from tests.cluster.operator_harness import Jobs, torchjob, worker_template
 
 pytestmark = pytest.mark.cluster
 
-KUEUE = ("kueue.x-k8s.io", "v1beta2")
 TOLERATION = {"key": "torchjob.io/kueue-test", "operator": "Exists", "effect": "NoSchedule"}
 
 
 @pytest.fixture(scope="module")
 def kueue(cluster: k.Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KueueProcess]:
-    problem = missing()
-    if problem:
-        pytest.fail(f"Kueue cannot run: {problem}", pytrace=False)
-    proc = KueueProcess(cluster, tmp_path_factory.mktemp("kueue"))
-    try:
-        proc.start()
-    except Exception as e:
-        proc.stop()
-        pytest.fail(f"Kueue did not start: {e}", pytrace=False)
-    yield proc
-    proc.stop()
-
-
-def _create(custom: Any, plural: str, body: dict[str, Any], namespace: str | None = None) -> None:
-    """Create, retrying while Kueue's webhook is not serving yet (a moment after /readyz)."""
-
-    def attempt() -> bool:
-        try:
-            if namespace is None:
-                custom.create_cluster_custom_object(*KUEUE, plural, body)
-            else:
-                custom.create_namespaced_custom_object(*KUEUE, namespace, plural, body)
-            return True
-        except client.ApiException as e:
-            if e.status == 409:
-                return True
-            if e.status == 500 and "webhook" in str(e.body):
-                return False
-            raise
-
-    k.wait_for(attempt, 30, f"create {plural} {body['metadata']['name']}", interval=0.5)
+    with running_kueue(cluster, tmp_path_factory.mktemp("kueue")) as proc:
+        yield proc
 
 
 @pytest.fixture
@@ -64,7 +39,7 @@ def queue(kueue: KueueProcess, kube: Any, namespace: str) -> Iterator[str]:
     flavor that puts a node label and a toleration on the pods it admits."""
     custom = client.CustomObjectsApi(kube)
     flavor, cq = f"{namespace}-flavor", f"{namespace}-cq"
-    _create(
+    create_kueue_object(
         custom,
         "resourceflavors",
         {
@@ -74,7 +49,7 @@ def queue(kueue: KueueProcess, kube: Any, namespace: str) -> Iterator[str]:
             "spec": {"nodeLabels": {"type": "kwok"}, "tolerations": [TOLERATION]},
         },
     )
-    _create(
+    create_kueue_object(
         custom,
         "clusterqueues",
         {
@@ -101,7 +76,7 @@ def queue(kueue: KueueProcess, kube: Any, namespace: str) -> Iterator[str]:
             },
         },
     )
-    _create(
+    create_kueue_object(
         custom,
         "localqueues",
         {
@@ -113,41 +88,7 @@ def queue(kueue: KueueProcess, kube: Any, namespace: str) -> Iterator[str]:
         namespace,
     )
     yield "lq"
-    _remove_queue(custom, namespace, cq, flavor)
-
-
-def _remove_queue(custom: Any, namespace: str, cq: str, flavor: str) -> None:
-    """Take the queue down while Kueue still runs: it removes its ``resource-in-use``
-    finalizers only once nothing uses a ClusterQueue or flavor, and only while it runs (a
-    reused cluster would otherwise keep them, undeletable, and a CRD deletion would hang)."""
-    custom.delete_collection_namespaced_custom_object(
-        "torchjob.io", "v1alpha1", namespace, "torchjobs"
-    )
-
-    def workloads_gone() -> bool:
-        items = custom.list_namespaced_custom_object(*KUEUE, namespace, "workloads")["items"]
-        return not items
-
-    k.wait_for(workloads_gone, 60, f"the Workloads of {namespace} to go", interval=0.5)
-    with contextlib.suppress(client.ApiException):
-        custom.delete_namespaced_custom_object(*KUEUE, namespace, "localqueues", "lq")
-    for plural, name in (("clusterqueues", cq), ("resourceflavors", flavor)):
-        try:
-            custom.delete_cluster_custom_object(*KUEUE, plural, name)
-        except client.ApiException as e:
-            if e.status != 404:
-                raise
-
-        def gone(plural: str = plural, name: str = name) -> bool:
-            try:
-                custom.get_cluster_custom_object(*KUEUE, plural, name)
-            except client.ApiException as e:
-                if e.status == 404:
-                    return True
-                raise
-            return False
-
-        k.wait_for(gone, 60, f"{plural} {name} to go (Kueue drops its finalizer)", interval=0.5)
+    remove_queue(custom, namespace, cq, flavor)
 
 
 def queued_job(name: str, queue: str, priority: str | None = None) -> dict[str, Any]:
@@ -239,7 +180,7 @@ def test_a_higher_priority_job_preempts_one_that_resumes_later_without_a_charged
 ) -> None:
     custom = client.CustomObjectsApi(kube)
     for name, value in ((f"{jobs.ns}-low", 10), (f"{jobs.ns}-high", 1000)):
-        _create(
+        create_kueue_object(
             custom,
             "workloadpriorityclasses",
             {

@@ -144,6 +144,9 @@ class FakeKube:
     def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
         return None
 
+    def node_labels(self, label_selector: str) -> dict[str, dict[str, str]]:
+        return {}
+
     def get_runtime(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         self.calls.append(f"get_runtime:{kind}/{name}")
         found = self.runtimes.get((kind, name))

@@ -33,6 +33,7 @@ PLACES: dict[str, tuple[str, ...]] = {
     "CheckpointSpec": ("spec", "checkpoint"),
     "PvcSource": ("spec", "checkpoint", "pvc"),
     "SchedulingSpec": ("spec", "scheduling"),
+    "Placement": ("spec", "placement"),
     "io.k8s.api.core.v1.PodSpec": ("spec", "template", "spec"),
     "io.k8s.api.core.v1.Container": ("spec", *CONTAINER),
     "io.k8s.api.core.v1.EnvVar": ("spec", *CONTAINER, "env", "items"),
@@ -90,6 +91,18 @@ EXAMPLES: dict[str, tuple[dict[str, Any], str | None]] = {
     "checkpoint-storage": (_with("checkpoint", {}), None),
     "priority-class-name": (_with("scheduling.priorityClassName", "High"), None),
     "queue-name": (_with("scheduling.queueName", "team a"), None),
+    "placement-one-level": (_with("placement", {"required": "a/rack", "preferred": "b"}), None),
+    "placement-slice-pair": (_with("placement", {"required": "rack", "sliceSize": 2}), None),
+    "placement-required-label": (_with("placement", {"required": "rack/"}), None),
+    "placement-preferred-label": (_with("placement", {"preferred": "-rack"}), None),
+    "placement-sliceLevel-label": (
+        _with("placement", {"required": "a", "sliceLevel": "b c", "sliceSize": 1}),
+        None,
+    ),
+    "placement-slice-fits": (
+        _with("placement", {"required": "a", "sliceLevel": "b", "sliceSize": 3}),
+        None,
+    ),
     "replicas-in-bounds": (
         _with("replicas", 5, _with("elastic", {"minReplicas": 1, "maxReplicas": 4})),
         None,

@@ -55,6 +55,9 @@ REASONS: Final[Mapping[str, str]] = {
     "Suspended": "the job is suspended; its pods were deleted",
     "WaitingForAdmission": "waiting for Kueue to admit Workload {workload} (LocalQueue {queue}); "
     "no pod runs before",
+    "TopologyUnsatisfiable": "Kueue cannot admit Workload {workload}: no domain of the "
+    "{how} topology level {level} (spec.placement) has room for the job ({detail}); the job "
+    "waits without pods until one has",
     "AdmissionEvicted": "Kueue evicted Workload {workload} ({detail}); the workers stop and "
     "checkpoint, the job resumes from it when admitted again; the restart budget is not charged",
     "Resumed": "the job resumed",

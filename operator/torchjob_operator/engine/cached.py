@@ -142,6 +142,9 @@ class CachedKube:
     def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
         return self.live.get_kueue_object(plural, name)
 
+    def node_labels(self, label_selector: str) -> dict[str, dict[str, str]]:
+        return self.live.node_labels(label_selector)
+
     def post_event(
         self, obj: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
     ) -> None:

@@ -338,6 +338,18 @@ class KubeClient:
         except ApiException as e:
             raise KubeError("read", f"{plural}/{name}", e) from e
 
+    def node_labels(self, label_selector: str) -> dict[str, dict[str, str]]:
+        """The labels of the nodes ``label_selector`` selects, by node name (a Kueue
+        admission's hosts, to place them in the levels of its Topology)."""
+        try:
+            resp: Any = self.core.list_node(label_selector=label_selector, _preload_content=False)
+        except ApiException as e:
+            raise KubeError("list", "nodes", e) from e
+        return {
+            str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {})
+            for n in json.loads(resp.data).get("items") or []
+        }
+
     # --- events ------------------------------------------------------------------------
     def post_event(
         self, obj: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str

@@ -20,6 +20,7 @@ from torchjob_operator.common.clock import format_time
 from torchjob_operator.common.events import Event
 from torchjob_operator.resources.pods import worker_pod
 from torchjob_operator.torchjob import kueue
+from torchjob_operator.torchjob.topology import Assignment, topology_request
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class WorkloadSeen:
     flavors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     failure: Failure | None = None
     """A read failed: nothing after it was read."""
+    topology: Assignment | None = None
+    """The admission's topology assignment with every level filled in (``observe``)."""
 
 
 def desired(
@@ -83,6 +86,7 @@ def desired(
         worker=worker,
         priority_class=priority_class,
         priority=priority,
+        topology=None if spec.placement is None else topology_request(spec.placement),
     )
     return body, count
 
@@ -139,7 +143,10 @@ def sync(seen: WorkloadSeen, phase: Phase | None) -> WorkloadStep:
             delete=(namespace, seen.name, seen.existing["metadata"]["uid"]),
             written_event=gone,
         )
-    return WorkloadStep(kueue.gate_of(seen.existing, seen.flavors, queue=seen.queue), seen.existing)
+    gate = kueue.gate_of(seen.existing, seen.flavors, queue=seen.queue)
+    if seen.topology is not None:
+        gate = replace(gate, topology=seen.topology)
+    return WorkloadStep(gate, seen.existing)
 
 
 def _missing_class(seen: WorkloadSeen) -> str:

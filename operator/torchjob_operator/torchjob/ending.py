@@ -93,11 +93,25 @@ def hold(d: Decision, pods: Sequence[PodView], gate: Gate) -> Decision:
     d = d.also(delete=[p.name for p in pods if not p.deleting])
     d = d.but(start_time=None, restart_after=None)
     if gate.evicted is None:
-        return d.transition(
-            Phase.SUSPENDED,
-            "WaitingForAdmission",
-            cond.message("WaitingForAdmission", workload=gate.workload, queue=gate.queue),
-        )
+        placement = d.job.spec.placement
+        if placement is not None and "topology" in gate.pending:
+            # Kueue's TAS found no domain with room for the request: say which.
+            return d.transition(
+                Phase.SUSPENDED,
+                "TopologyUnsatisfiable",
+                cond.message(
+                    "TopologyUnsatisfiable",
+                    workload=gate.workload,
+                    how="required" if placement.required else "preferred",
+                    level=placement.level,
+                    detail=gate.pending,
+                ),
+                warning=True,
+            )
+        message = cond.message("WaitingForAdmission", workload=gate.workload, queue=gate.queue)
+        if gate.pending:
+            message = f"{message} (Kueue: {gate.pending})"
+        return d.transition(Phase.SUSPENDED, "WaitingForAdmission", message)
     if d.phase not in (None, Phase.SUSPENDED) and d.created_generation is not None:
         d = d.but(disruptions=d.disruptions + 1)
     return d.transition(

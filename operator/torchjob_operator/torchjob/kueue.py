@@ -31,6 +31,8 @@ from typing import Any, Final
 
 from torchjob import contract
 from torchjob.api.models import GROUP, VERSION
+from torchjob_operator.torchjob.topology import Assignment as Topology
+from torchjob_operator.torchjob.topology import topology_of
 
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
 KUEUE_VERSION: Final = "v1beta2"
@@ -93,6 +95,10 @@ class Gate:
     """The ResourceFlavors of the admission (their nodeLabels and tolerations go on the pods)."""
     workload: str = ""
     queue: str = ""
+    topology: Topology | None = None
+    """The admission's ``topologyAssignment`` (``spec.placement``, Kueue's TAS)."""
+    pending: str = ""
+    """Why Kueue has not reserved quota yet (its QuotaReserved=False message), if it said."""
 
 
 def _cond(wl: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
@@ -123,6 +129,12 @@ def gate_of(
     for psa in admission.get("podSetAssignments") or []:
         if psa.get("name") == POD_SET:
             names = sorted(set((psa.get("flavors") or {}).values()))
+    reserved = _cond(wl, QUOTA_RESERVED)
+    pending = (
+        str(reserved.get("message") or "")
+        if reserved is not None and reserved.get("status") == "False"
+        else ""
+    )
     selector: dict[str, str] = {}
     tolerations: list[Mapping[str, Any]] = []
     for n in names:
@@ -153,6 +165,8 @@ def gate_of(
         flavors=tuple(names),
         workload=str((wl.get("metadata") or {}).get("name", "")),
         queue=queue,
+        topology=topology_of(wl, POD_SET),
+        pending=pending,
     )
 
 
@@ -186,8 +200,14 @@ def _requests(template: Mapping[str, Any]) -> Any:
     ] + [spec.get("nodeSelector"), spec.get("tolerations"), spec.get("affinity")]
 
 
-def spec_hash(count: int, template: Mapping[str, Any], priority_class: str | None) -> str:
-    blob = json.dumps([count, _requests(template), priority_class], sort_keys=True)
+def spec_hash(
+    count: int,
+    template: Mapping[str, Any],
+    priority_class: str | None,
+    topology: Mapping[str, Any] | None = None,
+) -> str:
+    extra = [topology] if topology else []  # jobs without one keep their hash
+    blob = json.dumps([count, _requests(template), priority_class, *extra], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -201,15 +221,17 @@ def desired_workload(
     worker: Mapping[str, Any],
     priority_class: str | None,
     priority: int | None,
+    topology: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The Workload of TorchJob ``name``: one pod set of ``count`` pods like ``worker``
-    (the manifest of worker 0). No ``minCount``: a TorchJob is admitted whole (see
-    docs/fits-your-cluster.md for elastic jobs)."""
+    (the manifest of worker 0), with the ``topologyRequest`` of ``spec.placement``. No
+    ``minCount``: a TorchJob is admitted whole (see docs/fits-your-cluster.md for elastic
+    jobs)."""
     template = _pod_set_template(worker)
-    spec: dict[str, Any] = {
-        "queueName": queue,
-        "podSets": [{"name": POD_SET, "count": count, "template": template}],
-    }
+    pod_set: dict[str, Any] = {"name": POD_SET, "count": count, "template": template}
+    if topology:
+        pod_set["topologyRequest"] = dict(topology)
+    spec: dict[str, Any] = {"queueName": queue, "podSets": [pod_set]}
     if priority_class is not None:
         spec["priorityClassRef"] = {
             "group": KUEUE_GROUP,
@@ -225,7 +247,7 @@ def desired_workload(
             "name": workload_name(name),
             "namespace": namespace,
             "labels": {contract.LABEL_JOB_NAME: name},
-            "annotations": {SPEC_HASH: spec_hash(count, template, priority_class)},
+            "annotations": {SPEC_HASH: spec_hash(count, template, priority_class, topology)},
             "ownerReferences": [
                 {
                     "apiVersion": f"{GROUP}/{VERSION}",

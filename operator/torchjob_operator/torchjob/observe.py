@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from torchjob.api.models import TorchJobSpec
 from torchjob_operator.engine.kube import Kube, KubeError
-from torchjob_operator.torchjob import admission, blueprint, initializers, kueue
+from torchjob_operator.torchjob import admission, blueprint, initializers, kueue, topology
 from torchjob_operator.torchjob.decision import JobView
 from torchjob_operator.torchjob.observed import (
     JobState,
@@ -111,6 +111,30 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     )
 
 
+def _topology(
+    kube: Kube,
+    job: Mapping[str, Any],
+    workload: Mapping[str, Any],
+    flavors: Mapping[str, Mapping[str, Any]],
+) -> topology.Assignment | None:
+    """The admission's topology assignment with every level filled in: Kueue names only the
+    hosts when its Topology ends at ``kubernetes.io/hostname``, so their other levels are
+    read once per admission (the Topology, one LIST of those nodes) and kept in
+    ``status.placement``, which later passes read instead."""
+    assigned = topology.topology_of(workload, kueue.POD_SET)
+    held = topology.from_held(assigned, (job.get("status") or {}).get("placement"))
+    if held is not None or assigned is None or not topology.host_only(assigned):
+        return held or assigned
+    name = next((str(f["topologyName"]) for f in flavors.values() if f.get("topologyName")), "")
+    found = kube.get_kueue_object("topologies", name) if name else None
+    levels = [
+        str(x.get("nodeLabel")) for x in ((found or {}).get("spec") or {}).get("levels") or ()
+    ]
+    if not levels:
+        return assigned
+    return topology.complete(assigned, levels, kube.node_labels(topology.host_selector(assigned)))
+
+
 def _workload(
     kube: Kube, job: Mapping[str, Any], spec: TorchJobSpec, state: JobState
 ) -> admission.WorkloadSeen | None:
@@ -150,6 +174,7 @@ def _workload(
         for flavor in kueue.flavor_names(existing):
             rf = kube.get_kueue_object("resourceflavors", flavor)
             flavors[flavor] = (rf or {}).get("spec") or {}
-        return replace(seen, flavors=flavors)
+        placed = _topology(kube, job, existing, flavors)
+        return replace(seen, flavors=flavors, topology=placed)
     except KubeError as e:
         return replace(seen, failure=admission.Failure(str(e), e.status))

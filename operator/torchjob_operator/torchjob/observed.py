@@ -34,6 +34,9 @@ CANNOT_START_REASONS = frozenset(
 )
 """Waiting reasons of a container the kubelet cannot create or start (a missing Secret ...)."""
 
+DOMAIN_LABEL = f"{contract.GROUP}/domain"
+"""The hash of the topology domain a pod was placed in (``torchjob.topology``)."""
+
 NODE_LOSS_REASONS = frozenset({"NodeLost", "Evicted", "Shutdown", "NodeShutdown", "Terminated"})
 """``pod.status.reason`` values set when a node goes away or the kubelet evicts."""
 
@@ -73,6 +76,8 @@ class PodView:
     killer): a hard loss, like a container that exited 137 (``hard_loss.killed``)."""
     joiner: bool = False
     """Created ahead of the generation that takes it in (``contract.LABEL_JOINER``)."""
+    domain: str = ""
+    """Its topology domain's hash (``torchjob.topology.DOMAIN_LABEL``), if it was placed."""
     deletion_at: datetime | None = None
     """When the kubelet kills it (``deletionTimestamp``: the delete's time plus its grace
     period), for a pod being deleted."""
@@ -227,6 +232,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         index=index,
         generation=generation,
         joiner=labels.get(contract.LABEL_JOINER) == "true",
+        domain=labels.get(DOMAIN_LABEL, ""),
         phase=phase,
         ready=bool(ready_cond and ready_cond.get("status") == "True"),
         deleting=meta.get("deletionTimestamp") is not None,

@@ -9,12 +9,13 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from torchjob import contract
 from torchjob.api.models import TorchJobSpec
 from torchjob_operator.common.events import Event
 from torchjob_operator.resources.initializers import initializer_pod
 from torchjob_operator.resources.pods import headless_service, pod_group, probe_pod, worker_pod
 from torchjob_operator.resources.rbac import worker_rbac
-from torchjob_operator.torchjob import initializers, kueue
+from torchjob_operator.torchjob import initializers, kueue, topology
 from torchjob_operator.torchjob.decision import JobView, Plan
 from torchjob_operator.torchjob.observed import PodView, ProbeView
 from torchjob_operator.torchjob.plan import plan
@@ -49,6 +50,7 @@ def decide(
     if view.kueue is not None:
         for body in workers:
             kueue.apply_admission(body, view.kueue.assignment)
+    decided = _place(view, pods, workers, decided)
     probe_bodies = tuple(
         probe_pod(name=name, namespace=namespace, uid=uid, spec=spec, index=index)
         for index in decided.create_probes
@@ -68,6 +70,29 @@ def decide(
         )
     events = (*before, *init_events, *decided.events)
     return Decided(decided, workers, probe_bodies, events, inits)
+
+
+def _place(
+    view: JobView, pods: Sequence[PodView], workers: Sequence[dict[str, Any]], decided: Plan
+) -> Plan:
+    """``spec.placement``: each new worker in its domain of the admission's topology
+    assignment (``torchjob.topology``), and the domains in the status; without Kueue, the
+    request as pod affinity. In place on ``workers``."""
+    placement = view.spec.placement
+    assigned = view.kueue.topology if view.kueue is not None else None
+    if assigned is not None:
+        doomed = set(decided.delete)
+        taken = [p.domain for p in pods if p.active and p.domain and p.name not in doomed]
+        index = {int(w["metadata"]["labels"][contract.LABEL_POD_INDEX]): w for w in workers}
+        for i, values in topology.place(assigned, sorted(index), taken).items():
+            strict = placement is None or placement.required is not None
+            topology.pin(index[i], assigned.levels, values, strict=strict)
+        return replace(decided, status={**decided.status, "placement": topology.held(assigned)})
+    if placement is not None and view.kueue is None:
+        for w in workers:
+            index_label = w["metadata"]["labels"][contract.LABEL_POD_INDEX]
+            topology.co_locate(w, view.name, placement, int(index_label))
+    return decided
 
 
 def worker_bodies(

@@ -27,6 +27,7 @@ from torchjob.api.models import (
     FailurePolicy,
     MembershipPolicy,
     ObjectMeta,
+    Placement,
     PodTemplateSpec,
     RunPolicy,
     SchedulingSpec,
@@ -71,6 +72,7 @@ class TorchRuntimeSpec(_Model):
     run_policy: RunPolicy | None = None
     checkpoint: CheckpointSpec | None = None
     scheduling: SchedulingSpec | None = None
+    placement: Placement | None = None
 
 
 class TorchRuntime(_Model):

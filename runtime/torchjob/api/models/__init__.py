@@ -59,6 +59,7 @@ from torchjob.api.models.limits import (
     RESERVED_LABELS,
     parse_quantity,
 )
+from torchjob.api.models.placement import PLACEMENT_RULES, Placement
 from torchjob.api.models.pod_types import TEMPLATE_RULES
 from torchjob.api.models.rule import Rule
 from torchjob.api.models.rules import RULES
@@ -115,6 +116,7 @@ __all__ = [
     "MAX_RESTARTS",
     "MAX_TTL_SECONDS",
     "MAX_WAIT_SECONDS",
+    "PLACEMENT_RULES",
     "PLURAL",
     "RESERVED_LABELS",
     "RULES",
@@ -144,6 +146,7 @@ __all__ = [
     "ObjectMeta",
     "ObjectMetaTemplate",
     "Phase",
+    "Placement",
     "PodSpec",
     "PodTemplateSpec",
     "Progress",

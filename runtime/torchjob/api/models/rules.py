@@ -20,6 +20,7 @@ from torchjob.api.models.limits import (
     MAX_NPROC_PER_NODE,
     RESERVED_LABELS,
 )
+from torchjob.api.models.placement import PLACEMENT_RULES
 from torchjob.api.models.pod_types import POD_TYPE_RULES
 from torchjob.api.models.rule import Rule, cel_on, enforce_rules
 from torchjob.api.models.rule_parts import (
@@ -67,6 +68,7 @@ RULES: tuple[Rule, ...] = (
         unchecked=NAME,
     ),
     *POD_TYPE_RULES,
+    *PLACEMENT_RULES,
     # --- the spec's own blocks ---
     Rule(
         "elastic-bounds",

@@ -26,6 +26,7 @@ from torchjob.api.models.limits import (
     MAX_WAIT_SECONDS,
     parse_quantity,
 )
+from torchjob.api.models.placement import Placement
 from torchjob.api.models.rules import cel_of, enforce
 from torchjob.api.models.runtime_ref import RuntimeRef
 from torchjob.api.models.template import PodTemplateSpec
@@ -355,6 +356,7 @@ class TorchJobSpec(_Model):
         json_schema_extra={CEL: cel_of("TorchJobSpec", "checkpoint")},
     )
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    placement: Placement | None = None
     runtime_ref: RuntimeRef | None = Field(
         default=None,
         description=(

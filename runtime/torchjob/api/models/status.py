@@ -11,6 +11,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from torchjob.api.models.base import _Model
 from torchjob.api.models.history import GenerationRecord
 from torchjob.api.models.initializers import InitializerStatus
+from torchjob.api.models.placement import PlacementStatus
 
 
 class Phase(str, Enum):
@@ -200,6 +201,9 @@ class TorchJobStatus(_Model):
     runtime: RuntimeStatus | None = Field(
         default=None,
         description="spec.runtimeRef: the blueprint, its version and spec, pinned at start.",
+    )
+    placement: PlacementStatus | None = Field(
+        default=None, description="spec.placement: the topology domains the job holds."
     )
     initializers: list[InitializerStatus] | None = Field(
         default=None, description="spec.initializers: each one's phase, bytes and message."
