@@ -27,6 +27,8 @@ trap 'rm -rf "${OUT}"' EXIT
   --set networkPolicy.enabled=true \
   --set 'networkPolicy.apiServer.cidrs[0]=10.0.0.1/32' \
   --set image.digest=sha256:0000000000000000000000000000000000000000000000000000000000000000 \
+  --set dashboard.enabled=true --set metrics.prometheusRule.enabled=true \
+  --set metrics.grafanaDashboard.enabled=true --set metrics.serviceMonitor.enabled=true \
   >"${OUT}/chart.yaml"
 
 BC_SKIP_MAPPING=TRUE "${UV}" tool run --quiet --from "checkov==${CHECKOV_VERSION}" checkov \

@@ -241,6 +241,14 @@ def test_a_real_prometheus_scrapes_every_series_and_runs_every_panel_and_alert(
             interval=1.0,
         )
     alerts = {r["alert"] for r in rules if "alert" in r}
+    if os.environ.get("TORCHJOB_SCREENSHOTS"):  # docs/operations.md's picture of the alerts
+        from tests.cluster.test_dashboard import chromium, screenshot
+
+        with chromium() as browser:
+            # Debian builds Prometheus without its React UI: the classic pages.
+            browser.get(f"http://127.0.0.1:{prometheus.port}/classic/alerts")
+            k.wait_for(lambda: "TorchJobStalled" in browser.page_source, 60, "the alerts page")
+            screenshot(browser, "prometheus-alerts.png")
     assert len(alerts) == 4, alerts
     k.wait_for(
         lambda: {a["metric"]["alertname"] for a in prometheus.query("ALERTS")} >= alerts,

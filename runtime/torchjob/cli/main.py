@@ -123,6 +123,28 @@ def cmd_describe(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    import time
+
+    from torchjob.client.dashboard import serve
+
+    server = serve(
+        _client(args), host=args.listen, port=args.port, all_namespaces=args.all_namespaces
+    )
+    url = f"http://{args.listen}:{server.server_port}/"
+    print(f"torchjob dashboard on {url} (read-only; Ctrl-C to stop)", flush=True)
+    if not args.no_browser:
+        import webbrowser
+
+        webbrowser.open(url)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.shutdown()
+    return 0
+
+
 def _print_table(table: Any) -> None:
     from rich import box
     from rich.console import Console
@@ -263,6 +285,19 @@ def _add_cluster_commands(sub: Subparsers, common: argparse.ArgumentParser) -> N
     )
     describe.add_argument("job", help="TorchJob name")
     describe.set_defaults(func=cmd_describe)
+
+    dash = sub.add_parser(
+        "dashboard",
+        parents=[common],
+        help="a local read-only web page of the jobs and studies (through your kubeconfig)",
+    )
+    dash.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+    dash.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: any)")
+    dash.add_argument(
+        "--listen", default="127.0.0.1", help="address (default 127.0.0.1: this machine only)"
+    )
+    dash.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    dash.set_defaults(func=cmd_dashboard)
 
     history = sub.add_parser(
         "history",
