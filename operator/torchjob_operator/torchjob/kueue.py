@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from torchjob import contract
 from torchjob.api.models import GROUP, VERSION
+from torchjob_operator.common.conditions import set_condition
 from torchjob_operator.torchjob.topology import Assignment as Topology
 from torchjob_operator.torchjob.topology import topology_of
 
@@ -298,6 +299,7 @@ def apply_admission(pod: dict[str, Any], assignment: Assignment) -> dict[str, An
 def _condition(
     type_: str, status: bool, reason: str, message: str, now: str, generation: int | None
 ) -> dict[str, Any]:
+    """A Workload condition as Kueue writes it (``observedGeneration`` only when known)."""
     c: dict[str, Any] = {
         "type": type_,
         "status": "True" if status else "False",
@@ -313,20 +315,20 @@ def _condition(
 def _with(
     conditions: Sequence[Mapping[str, Any]], new: Sequence[dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """``conditions`` with ``new`` set; a condition whose status does not change keeps its
-    lastTransitionTime."""
-    by_type = {c["type"]: c for c in new}
-    out: list[dict[str, Any]] = []
-    for c in conditions:
-        n = by_type.pop(str(c.get("type")), None)
-        if n is None:
-            out.append(dict(c))
-        else:
-            if c.get("status") == n["status"] and c.get("lastTransitionTime"):
-                n = {**n, "lastTransitionTime": c["lastTransitionTime"]}
-            out.append(n)
-    out.extend(by_type.values())
-    return out
+    """``conditions`` with ``new`` set by the one setter of both controllers
+    (``common.conditions.set_condition``: the transition time moves only on a flip)."""
+    out: list[dict[str, Any]] = [dict(c) for c in conditions]
+    for n in new:
+        out, _ = set_condition(
+            out,
+            type_=n["type"],
+            status=n["status"] == "True",
+            reason=n["reason"],
+            message=n["message"],
+            now=n["lastTransitionTime"],
+            observed_generation=n.get("observedGeneration"),
+        )
+    return [{k: v for k, v in c.items() if v is not None} for c in out]
 
 
 def release_patch(wl: Mapping[str, Any], now: str) -> dict[str, Any] | None:
