@@ -1,4 +1,6 @@
-"""Run every ``bench/*.py`` benchmark in turn (``make bench``); each prints its own figures."""
+"""Run the benchmarks without a make target of their own in turn (``make bench``); each prints
+its own figures. The other modules of the package are the shared harness, the parts of the
+larger benchmarks, and offline tools (``goodput_profile.py``, ``goodput_recompute.py``)."""
 
 from __future__ import annotations
 
@@ -7,16 +9,23 @@ import sys
 import time
 from pathlib import Path
 
-# Benchmarks with a make target of their own (they build and run a cluster for minutes).
-OWN_TARGET = ("operator_vs_kubeflow.py", "goodput.py", "recovery_scale.py")
+# operator_vs_kubeflow.py, goodput.py and recovery_scale.py have a make target of their own
+# (they build and run a cluster, or 64 ranks, for minutes).
+BENCHMARKS = (
+    "bench_trainer_vs_torchrun.py",
+    "checkpoint_stall.py",
+    "initializers.py",
+    "object_store.py",
+    "quickstart_vs_torchrun.py",
+    "restore_point.py",
+    "sharded_checkpoint.py",
+)
 
 
 def main() -> int:
     here = Path(__file__).resolve().parent
     failed = []
-    for script in sorted(here.glob("*.py")):
-        if script.name in (Path(__file__).name, *OWN_TARGET) or script.name.startswith("_"):
-            continue
+    for script in (here / name for name in BENCHMARKS):
         print(f"== {script.name}", flush=True)
         started = time.monotonic()
         code = subprocess.call([sys.executable, str(script), *sys.argv[1:]])
