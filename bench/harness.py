@@ -1,6 +1,6 @@
 """The harness every benchmark shares: a cluster brought up and down (hack/cluster.sh), kubectl
-and CRDs, an operator process started and measured (CPU-seconds and RSS from /proc), waits
-and timers, the statistics a table prints (median, percentiles, ``median [min-max]`` over
+and CRDs, an operator process started and measured (CPU-seconds and RSS from /proc), waits, the
+statistics a table prints (median, percentiles, ``median [min-max]`` over
 repeats) and the raw result files (JSON lines, gzip-compressed where they are kept).
 
 Standard library only at import (a benchmark that forks workers must hold no thread, and
@@ -21,8 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -54,16 +53,6 @@ def wait_for(what: str, probe: Callable[[], Any], timeout: float, interval: floa
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
-
-
-@contextmanager
-def timed(into: dict[str, float], key: str) -> Iterator[None]:
-    """Adds the block's wall time in seconds to ``into[key]``."""
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        into[key] = into.get(key, 0.0) + time.perf_counter() - t0
 
 
 def free_port() -> int:

@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.harness import (
     REPO,
     Proc,
+    apply,
     cluster_down,
     cluster_up,
     kubectl,
@@ -129,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     api.configuration.connection_pool_maxsize = 32
     core = client.CoreV1Api(api)
     max_pods = PODS_PER_JOB * max([*args.sizes, args.scale_jobs])
-    manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": bench_nodes(max_pods)})
-    kubectl(kubeconfig, "apply", "-f", "-", input_=manifest)
+    apply(kubeconfig, *bench_nodes(max_pods))
     kubectl(kubeconfig, "apply", "--server-side", "-f", str(REPO / "crds"))
     wait_established(kubeconfig, f"crd/{TJ_PLURAL}.{TJ_GROUP}")
     workdir = Path(tempfile.mkdtemp(prefix="bench-operators-"))
