@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.harness import REPO
 from tests.cluster.realnode import NODE_LABEL, TOLERATION, image
 
+from bench.harness import REPO
 from torchjob.api.models import GROUP, VERSION
 
 WORKER = REPO / "bench" / "_goodput_worker.py"

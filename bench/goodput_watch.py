@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import write_jsonl
-
 from torchjob.api.models import GROUP, PLURAL, VERSION
 
 
