@@ -251,7 +251,7 @@ def timeline_svg(
 ) -> str:
     """An SVG line of steps/s over time with a red vertical line at each eviction (seconds
     from the row's first step); drawn by bench/plots.py."""
-    import plots
+    from bench import plots
 
     line = plots.Series(unit.lstrip("/") or "rate", points)
     return plots.chart(

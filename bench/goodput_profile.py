@@ -5,7 +5,7 @@ how long the replacement processes took to import torch and to join a group. It 
 a goodput figure is made of: an eviction's re-formation, or the time spent smaller while a
 replacement pod starts.
 
-With the row's trace (``NN-<row>-trace.jsonl``, which bench/goodput.py writes beside the
+With the row's trace (``NN-<row>-trace.jsonl.gz``, which bench/goodput.py writes beside the
 events under ``--out``: what the control plane said when), each preemption is split further
 into what Kubernetes took and what the runtime took:
 
@@ -18,18 +18,20 @@ into what Kubernetes took and what the runtime took:
 
 and the pods paid over the row (``goodput_accounting.pod_seconds``).
 
-    python bench/goodput_profile.py bench/out/goodput/01-Elastic-hard-ddp-events.jsonl \
+    python bench/goodput_profile.py bench/out/goodput/01-Elastic-hard-ddp-events.jsonl.gz \
         [--ideal 1853]   # with the row's ideal rate: what each preemption cost
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-import goodput_accounting as acc
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import goodput_accounting as acc
+from bench.harness import read_jsonl as _read
 
 
 def median(xs: list[float]) -> float:
@@ -259,13 +261,9 @@ def preemption_costs(
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    """A row's events or trace, plain or gzip-compressed (``.jsonl.gz``, as bench/results
+    keeps them); a cut last line is skipped."""
+    return _read(path, partial=True)
 
 
 def main() -> None:
@@ -285,7 +283,8 @@ def main() -> None:
         if len(args) > 1
         else path.with_name(path.name.replace("-events.jsonl", "-trace.jsonl"))
     )
-    if trace_path != path and trace_path.exists():
+    gz = trace_path.with_name(trace_path.name + ".gz")
+    if trace_path != path and (trace_path.exists() or gz.exists()):
         trace = read_jsonl(trace_path)
         print("\n".join(split_recoveries(events, trace)))
         print(pods_paid(events, trace))

@@ -1,7 +1,7 @@
 """Recompute bench/goodput.py's goodput columns offline from a results directory.
 
-Every row of a run leaves ``NN-POLICY-MODE-STRATEGY-events.jsonl`` (rank 0's step events) and
-``-trace.jsonl`` (the pods' trace and the row's ``window``) next to its table. This reads them
+Every row of a run leaves ``NN-POLICY-MODE-STRATEGY-events.jsonl.gz`` (rank 0's step events)
+and ``-trace.jsonl.gz`` (the pods' trace; uncompressed ``.jsonl`` files are read too) and the row's ``window``) next to its table. This reads them
 back through the same accounting (bench/goodput_accounting.py: each system divided by its
 own baselines, the samples of the row's window) and prints each row and the median [min-max]
 per (policy, mode), so that a published table can be checked, or recomputed when the
@@ -20,10 +20,10 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import goodput_accounting as acc
-from goodput_profile import read_jsonl
+from bench import goodput_accounting as acc
+from bench.harness import data_files, read_jsonl, strip_gz
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--standbys", type=int, default=0, help="standby pods per row (Standby rows)")
     args = p.parse_args(argv)
     rows = []
-    for f in sorted(args.results.glob("*-events.jsonl")):
-        stem = f.name[: -len("-events.jsonl")]
+    for f in data_files(args.results, "*-events.jsonl"):
+        stem = strip_gz(f.name)[: -len("-events.jsonl")]
         _, policy, mode, strategy = stem.split("-")
         events = read_jsonl(f)
         trace = read_jsonl(args.results / f"{stem}-trace.jsonl")

@@ -43,7 +43,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -51,19 +50,22 @@ from unittest import mock
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # c10d warns of every store a lost rank 0 served
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import plots
 import torchjob.train
+from bench.harness import mem_available_gib, pct
+from bench.recovery_scale_report import (
+    PHASES,
+    TARGET_S,
+    Loss,
+    each_line,
+    row_line,
+    write_curve,
+)
 from torchjob.launch import LaunchError, WorkerGroup
 from torchjob.launch.execution import Execution
 from torchjob.train import FailureConfig, RunConfig, ScalingConfig
 from torchjob.train.torch import TorchConfig, TorchTrainer, prepare_model
-
-PHASES = ("detect", "replace", "reform", "restore", "DDP", "first step", "other")
-TARGET_S = 3.0
-"""Issue 26: recovery p50 <= 3 s up to 64 ranks."""
-
 
 # ------------------------------------------------------------------------------ the workers
 
@@ -178,21 +180,6 @@ class Probe:
         return next((m for n, m in self.marks if n == name and t <= m <= before), None)
 
 
-@dataclass
-class Loss:
-    world_size: int
-    recovery: float
-    lost: int
-    phases: dict[str, float] = field(default_factory=dict)
-
-
-def pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
-
-
 def analyse(out: Path, probe: Probe, n_kills: int) -> tuple[list[Loss], float]:
     """The losses of one run (its rank 0 log, its kill files, the driver's marks) and its
     median step."""
@@ -272,13 +259,6 @@ def run(
     return losses, step_s
 
 
-def mem_available_gib() -> float:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) / 2**20
-    return float("inf")
-
-
 def measure(args: argparse.Namespace, size: int, how: str, who: str) -> tuple[list[Loss], float]:
     """``--losses`` losses at ``size`` ranks: one run, or (shrinking a small group, which
     cannot lose that many ranks and keep one) several."""
@@ -294,58 +274,6 @@ def measure(args: argparse.Namespace, size: int, how: str, who: str) -> tuple[li
         losses += got
         steps.append(step_s)
     return losses, statistics.median(steps) if steps else float("nan")
-
-
-# ------------------------------------------------------------------------------ report
-
-
-def row_line(size: int, how: str, who: str, losses: list[Loss], step_s: float) -> str:
-    recs = [x.recovery for x in losses]
-    phases = "".join(
-        f"{statistics.median(x.phases[p] for x in losses):>11.2f}s" if losses else f"{'-':>12}"
-        for p in PHASES
-    )
-    return (
-        f"{size:>5} {how:<8} {'rank 0' if who == 'zero' else 'rank>0':<7}{len(losses):>3}"
-        f"{pct(recs, 0.5):>7.2f}s{pct(recs, 0.95):>7.2f}s{sum(x.lost for x in losses):>5}"
-        f"{step_s:>7.3f}s{phases}"
-    )
-
-
-def each_line(losses: list[Loss]) -> str:
-    """Every loss of a row in order, with its largest phase: where a p95 comes from."""
-    parts = []
-    for x in losses:
-        top = max(PHASES, key=lambda p: x.phases[p])
-        parts.append(f"{x.recovery:.2f}s ({top} {x.phases[top]:.2f}s)")
-    return "      each: " + ", ".join(parts)
-
-
-def write_curve(out: Path, curve: dict[tuple[str, int], list[float]]) -> Path:
-    colors = {"replace": "steelblue", "shrink": "seagreen"}
-    series = []
-    for how in ("replace", "shrink"):
-        sizes = sorted(s for h, s in curve if h == how)
-        if not sizes:
-            continue
-        for q, dashed in ((0.5, False), (0.95, True)):
-            pts = [(float(s), pct(curve[(how, s)], q)) for s in sizes]
-            name = f"{how} p{round(q * 100)}"
-            series.append(plots.Series(name, pts, colors[how], dashed=dashed, markers=True))
-    ticks = sorted({s for _, s in curve})
-    svg = plots.chart(
-        "recovery after a SIGKILLed rank vs world size (local gloo ranks, log x)",
-        series,
-        hline=(TARGET_S, f"target p50 {TARGET_S:g} s"),
-        log_x=True,
-        x_ticks=ticks,
-        x_unit=" ranks",
-        y_unit=" s",
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "recovery_scale.svg"
-    path.write_text(svg)
-    return path
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,7 +1,8 @@
 """Sharded checkpoints (``TrainState`` + ``Checkpoint.from_state``) on real gloo workers with
 FSDP2: a save at 4 ranks loads at 2 and back at 4 with every parameter, optimizer moment,
 step, scheduler and RNG state equal; a SIGKILL during an async save leaves the previous
-checkpoint as the latest, and a corrupt or partial checkpoint is refused naming the file."""
+checkpoint as the latest, and a corrupt, partial or half-written checkpoint is refused naming
+the file."""
 
 from __future__ import annotations
 
@@ -262,4 +263,7 @@ def test_a_corrupt_or_partial_sharded_checkpoint_is_refused_naming_the_file(
         ckpt.load_state(fresh)
     shard.unlink()
     with pytest.raises(CheckpointError, match=r"__0_0\.distcp listed in the manifest is missing"):
+        ckpt.load_state(fresh)
+    Path(target.final_url, "_COMMITTED").unlink()  # a save that did not finish: no marker
+    with pytest.raises(CheckpointError, match=r"_COMMITTED is missing.*half-written"):
         ckpt.load_state(fresh)

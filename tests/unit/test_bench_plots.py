@@ -3,15 +3,10 @@ curve of bench/recovery_scale.py)."""
 
 from __future__ import annotations
 
-import sys
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import plots
+from bench import plots
 
 NS = "{http://www.w3.org/2000/svg}"
 

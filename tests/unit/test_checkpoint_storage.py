@@ -77,7 +77,7 @@ def test_incomplete_directory_is_ignored_and_cleaned(tmp_path: Path) -> None:
 
 def test_corrupt_file_error_names_path(storage: CheckpointStorage, tmp_path: Path) -> None:
     ckpt = storage.commit(_user_dir(tmp_path, b"good"))
-    storage.fs.pipe_file(storage._join("checkpoint_000001", "model.pt"), b"evil")
+    storage.fs.pipe_file(storage.join("checkpoint_000001", "model.pt"), b"evil")
     with pytest.raises(CheckpointError) as info:
         storage.read_files(ckpt)
     assert ckpt.path in str(info.value)

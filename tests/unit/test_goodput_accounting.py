@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import math
 import random
-import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import goodput_accounting as acc
+from bench import goodput_accounting as acc
 
 
 def test_the_final_commit_is_counted_from_storage_when_its_event_is_missing() -> None:

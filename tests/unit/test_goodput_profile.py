@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import goodput_profile as prof
+from bench import goodput_profile as prof
 
 
 def _row() -> tuple[list[dict[str, object]], list[dict[str, object]]]:

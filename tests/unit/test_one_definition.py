@@ -34,6 +34,12 @@ OWNERS: dict[str, str] = {
     "deadline_left": "torchjob.rules.generation",
     "worker_pod_env": "torchjob.rules.worker_env",
     "parse_uri": "torchjob.rules.initializer",
+    # checkpoints: one commit protocol, one RNG capture
+    "CommitTarget": "torchjob.checkpoint.commit",
+    "new_manifest": "torchjob.checkpoint.commit",
+    "read_manifest": "torchjob.checkpoint.commit",
+    "capture_rng": "torchjob.checkpoint.rng",
+    "restore_rng": "torchjob.checkpoint.rng",
     # the env contract and a pod's role
     "PodEnv": "torchjob.contract",
     "pod_role": "torchjob.contract",

@@ -11,7 +11,7 @@ instead rewrites a file of ``local_dir`` in place (same inode) while its commit 
 At most one commit is in flight: ``submit`` waits for the previous one first, so memory and
 disk stay bounded and checkpoints commit in the order they were reported. ``wait()`` drains
 and re-raises a failed commit's error; a process killed mid-commit leaves at most a
-``.tmp-checkpoint_*`` directory, which readers ignore (storage.py), never a checkpoint that
+``.tmp-checkpoint_*`` directory, which readers ignore (commit.py), never a checkpoint that
 looks committed and is not complete. Its staging directory (named after its host and pid) is
 removed by the next ``stage()`` beside it on that host.
 """

@@ -1,5 +1,5 @@
 """What a committed checkpoint is: its directory name, its manifest and marker files, and how
-checkpoints rank for retention (see ``torchjob.checkpoint.storage`` for the commit protocol)."""
+checkpoints rank for retention (see ``torchjob.checkpoint.commit`` for the commit protocol)."""
 
 from __future__ import annotations
 

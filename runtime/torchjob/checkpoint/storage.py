@@ -5,14 +5,12 @@ Layout of a run directory (``<storage_path>/<name>``)::
     checkpoint_000003/            user files + _torchjob_manifest.json + _COMMITTED
     .tmp-checkpoint_000004-ab12/  a save in progress (or a crashed one): never read
 
-Commit protocol: files are written under a temporary name and fsynced, the
-manifest (sizes and sha256 of every file, metrics, data position) is written and
-fsynced, the directory is renamed to its final name, and last the ``_COMMITTED``
-marker, holding the manifest's sha256, is written and fsynced. Object stores
-have no atomic directory rename, so there the marker alone decides: a directory
-without a valid marker is not a checkpoint. A crash at any point therefore leaves
-either the previous checkpoints or a new complete one, never a partial one that
-looks valid. Loading verifies every file against the manifest.
+Commit protocol (``torchjob.checkpoint.commit``, shared with sharded checkpoints): the
+files are written into a temporary directory and fsynced, the manifest (size and sha256 of
+every file, metrics, data position) is written and fsynced, the directory is renamed to its
+final name, and last the ``_COMMITTED`` marker, holding the manifest's sha256. Object stores
+have no atomic directory rename, so there the marker alone decides: a directory without a
+valid marker is not a checkpoint. Loading verifies every file against the manifest.
 
 On an object store (any fsspec filesystem but a local path or ``memory://``) every remote
 call is retried after a transient failure, and the bucket is checked once at start-up:
@@ -27,12 +25,8 @@ contents from rank 0 by broadcast (see ``torchjob.train``).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
-import shutil
-import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,34 +34,17 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
+from torchjob.checkpoint import commit as protocol
 from torchjob.checkpoint.errors import CheckpointError
 from torchjob.checkpoint.manifest import (
     DIR_RE,
-    MANIFEST,
     MARKER,
     RESERVED,
     CommittedCheckpoint,
     checkpoint_dir_name,
-    jsonable,
     rank_checkpoints,
-    sha256_file,
 )
 from torchjob.checkpoint.remote import LOCAL_PROTOCOLS, Retry, check_access, with_retries
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_synced(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _local_files(local_dir: str) -> dict[str, str]:
@@ -100,7 +77,7 @@ class CheckpointStorage:
         if check and self.is_remote:
             check_access(self.fs, protocols[0], self.url, self.root, self.retry)
 
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the filesystem; on an object store retried after transient failures,
         and a failure other than a missing object is a ``CheckpointError`` saying what failed."""
         if not self.is_remote:
@@ -112,12 +89,14 @@ class CheckpointStorage:
         except Exception as e:
             raise CheckpointError(self.url, f"{what} failed: {e!r}") from e
 
-    def _join(self, *parts: str) -> str:
+    def join(self, *parts: str) -> str:
+        """The filesystem path of ``parts`` under the run directory."""
         return "/".join([self.root.rstrip("/"), *parts])
 
-    def _url_of(self, name: str) -> str:
+    def url_of(self, name: str) -> str:
+        """The URL (a local path on a local store) of directory ``name`` of the run."""
         if self.is_local:
-            return self._join(name)
+            return self.join(name)
         return f"{self.url}/{name}"
 
     # --- writing --------------------------------------------------------------------
@@ -145,84 +124,15 @@ class CheckpointStorage:
         committed; if it raises, nothing is committed (the copy is left as incomplete)."""
         files = _local_files(local_dir)
         index = self.next_index() if index is None else index
-        name = checkpoint_dir_name(index)
-        manifest = {
-            "format": 1,
-            "index": index,
-            "created_at": time.time(),
-            "metrics": jsonable(metrics or {}),
-            "data_positions": data_positions or [],
-            "files": {
-                rel: {"size": os.path.getsize(p), "sha256": sha256_file(p)}
-                for rel, p in files.items()
-            },
-        }
-        manifest_bytes = json.dumps(manifest, indent=1, sort_keys=True).encode()
-        marker_bytes = hashlib.sha256(manifest_bytes).hexdigest().encode()
-        final = self._join(name)
-        try:
-            if self.is_local:
-                self._commit_local(files, name, manifest_bytes, marker_bytes, verify)
-            else:
-                self._commit_remote(files, final, manifest_bytes, marker_bytes, verify)
-        except CheckpointError:
-            raise
-        except Exception as e:
-            if not (isinstance(e, OSError) or self.is_remote):
-                raise
-            raise CheckpointError(self._url_of(name), f"saving failed: {e!r}") from e
-        return self._from_manifest(name, manifest)
-
-    def _commit_remote(
-        self,
-        files: dict[str, str],
-        final: str,
-        manifest_bytes: bytes,
-        marker_bytes: bytes,
-        verify: Callable[[], None] | None,
-    ) -> None:
-        """No rename on an object store: files, then the manifest, then the marker, each
-        retried on its own (an upload rewrites the same key)."""
-        self.fs.makedirs(final, exist_ok=True)
-        for rel, p in files.items():
-            self._call(f"uploading {final}/{rel}", self.fs.put_file, p, f"{final}/{rel}")
-        self._call(
-            f"writing {final}/{MANIFEST}", self.fs.pipe_file, f"{final}/{MANIFEST}", manifest_bytes
+        manifest = protocol.new_manifest(
+            index,
+            {rel: protocol.file_entry(p) for rel, p in files.items()},
+            metrics=metrics,
+            data_positions=data_positions,
         )
-        if verify is not None:
-            verify()
-        self._call(
-            f"writing {final}/{MARKER}", self.fs.pipe_file, f"{final}/{MARKER}", marker_bytes
-        )
-
-    def _commit_local(
-        self,
-        files: dict[str, str],
-        name: str,
-        manifest_bytes: bytes,
-        marker_bytes: bytes,
-        verify: Callable[[], None] | None,
-    ) -> None:
-        os.makedirs(self.root, exist_ok=True)
-        tmp = self._join(f".tmp-{name}-{uuid.uuid4().hex[:8]}")
-        os.makedirs(tmp)
-        for rel, src in files.items():
-            dst = os.path.join(tmp, rel)
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            shutil.copyfile(src, dst)
-            with open(dst, "rb+") as f:
-                os.fsync(f.fileno())
-        _write_synced(os.path.join(tmp, MANIFEST), manifest_bytes)
-        _fsync_dir(tmp)
-        if verify is not None:
-            verify()
-        final = self._join(name)
-        os.rename(tmp, final)
-        _fsync_dir(self.root)
-        marker_tmp = os.path.join(final, f".{MARKER}.tmp")
-        _write_synced(marker_tmp, marker_bytes)
-        os.rename(marker_tmp, os.path.join(final, MARKER))
-        _fsync_dir(final)
+        target = protocol.begin(self, index)
+        protocol.copy_in(self, target, files)
+        return protocol.finish(self, target, manifest, verify=verify)
 
     # --- reading --------------------------------------------------------------------
     def _names(self) -> list[str]:
@@ -230,42 +140,10 @@ class CheckpointStorage:
             # Other processes and pods write here: never trust a cached listing.
             self.fs.invalidate_cache(self.root)
         try:
-            entries = self._call(f"listing {self.root}", self.fs.ls, self.root, False)
+            entries = self.call(f"listing {self.root}", self.fs.ls, self.root, False)
         except FileNotFoundError:
             return []
         return [str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries]
-
-    def _read_manifest(self, name: str) -> dict[str, Any] | None:
-        """The manifest of a committed directory; ``None`` when it has no marker (incomplete)."""
-        base = self._join(name)
-        try:
-            marker = self._call(f"reading {base}/{MARKER}", self.fs.cat_file, f"{base}/{MARKER}")
-        except FileNotFoundError:
-            return None
-        path = self._url_of(name)
-        try:
-            manifest_bytes = self._call(
-                f"reading {base}/{MANIFEST}", self.fs.cat_file, f"{base}/{MANIFEST}"
-            )
-        except FileNotFoundError:
-            raise CheckpointError(path, f"is marked committed but {MANIFEST} is missing") from None
-        if hashlib.sha256(manifest_bytes).hexdigest().encode() != marker.strip():
-            raise CheckpointError(path, f"{MANIFEST} does not match its commit marker (corrupt)")
-        try:
-            data: dict[str, Any] = json.loads(manifest_bytes)
-        except ValueError as e:
-            raise CheckpointError(path, f"{MANIFEST} is not valid JSON: {e}") from e
-        return data
-
-    def _from_manifest(self, name: str, manifest: dict[str, Any]) -> CommittedCheckpoint:
-        return CommittedCheckpoint(
-            index=int(manifest["index"]),
-            path=self._url_of(name),
-            metrics=dict(manifest.get("metrics", {})),
-            data_positions=list(manifest.get("data_positions", [])),
-            files=dict(manifest.get("files", {})),
-            created_at=float(manifest.get("created_at", 0.0)),
-        )
 
     def list_committed(self) -> list[CommittedCheckpoint]:
         """Committed checkpoints by index; incomplete ones are skipped, corrupt markers raise."""
@@ -273,9 +151,9 @@ class CheckpointStorage:
         for name in sorted(self._names()):
             if not DIR_RE.match(name):
                 continue
-            manifest = self._read_manifest(name)
-            if manifest is not None:
-                out.append(self._from_manifest(name, manifest))
+            ckpt = protocol.read(self, name)
+            if ckpt is not None:
+                out.append(ckpt)
         return sorted(out, key=lambda c: c.index)
 
     def latest_committed(self) -> CommittedCheckpoint | None:
@@ -284,11 +162,11 @@ class CheckpointStorage:
 
     def read_files(self, ckpt: CommittedCheckpoint) -> dict[str, bytes]:
         """Every file of ``ckpt``, verified against its manifest."""
-        base = self._join(ckpt.path.rstrip("/").rsplit("/", 1)[-1])
+        base = self.join(ckpt.path.rstrip("/").rsplit("/", 1)[-1])
         out: dict[str, bytes] = {}
         for rel, meta in ckpt.files.items():
             try:
-                data = self._call(f"reading {base}/{rel}", self.fs.cat_file, f"{base}/{rel}")
+                data = self.call(f"reading {base}/{rel}", self.fs.cat_file, f"{base}/{rel}")
             except FileNotFoundError:
                 raise CheckpointError(
                     ckpt.path, f"file {rel} listed in the manifest is missing"
@@ -313,10 +191,10 @@ class CheckpointStorage:
         removed = []
         for name in self._names():
             incomplete = name.startswith(".tmp-checkpoint_") or (
-                DIR_RE.match(name) is not None and self._read_manifest(name) is None
+                DIR_RE.match(name) is not None and protocol.read_manifest(self, name) is None
             )
             if incomplete:
-                self._call(f"deleting {self._join(name)}", self._rm, self._join(name))
+                self.call(f"deleting {self.join(name)}", self._rm, self.join(name))
                 removed.append(name)
         return removed
 
@@ -345,10 +223,10 @@ class CheckpointStorage:
             if c.index not in keep:
                 name = checkpoint_dir_name(c.index)
                 # Remove the marker first: a half-deleted directory must never look committed.
-                self._call(
-                    f"deleting {self._join(name, MARKER)}", self.fs.rm, self._join(name, MARKER)
+                self.call(
+                    f"deleting {self.join(name, MARKER)}", self.fs.rm, self.join(name, MARKER)
                 )
-                self._call(f"deleting {self._join(name)}", self._rm, self._join(name))
+                self.call(f"deleting {self.join(name)}", self._rm, self.join(name))
                 deleted.append(c)
         return deleted
 
@@ -365,6 +243,18 @@ def write_files(files: dict[str, bytes], local_dir: str) -> None:
 def latest_committed(url: str) -> CommittedCheckpoint | None:
     """The newest committed checkpoint of the run directory ``url``, if any."""
     return CheckpointStorage(url).latest_committed()
+
+
+def committed_at(url: str) -> tuple[CheckpointStorage, CommittedCheckpoint] | None:
+    """The committed checkpoint at directory ``url``, asked for by path; ``None`` when ``url``
+    is a directory of the user's own files (no manifest, no marker). A checkpoint directory
+    that is half-written (no marker) or whose manifest is missing or corrupt is a
+    ``CheckpointError`` naming the file (``torchjob.checkpoint.commit.require``)."""
+    parent, sep, name = url.rstrip("/").rpartition("/")
+    storage = CheckpointStorage((parent or "/") if sep else ".", check=False)
+    if not protocol.is_checkpoint(storage, name):
+        return None
+    return storage, protocol.require(storage, name)
 
 
 def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:

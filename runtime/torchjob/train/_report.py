@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from torchjob.checkpoint import CheckpointStorage, CommittedCheckpoint
+from torchjob.checkpoint import CheckpointStorage, CommittedCheckpoint, restore_rng
 from torchjob.launch import send_event, stop_requested
 from torchjob.train import _session, restore_point, shard_mirror
 from torchjob.train.checkpoint import Checkpoint
@@ -275,5 +275,5 @@ def register_state(state: MutableMapping[str, Any] | Any, *, mirror: bool | None
     if s.restored is None:
         return False
     restore_point.load_into(registered, s.restored.snapshot.state)
-    restore_point.set_rng_states(s.restored.snapshot.rng)
+    restore_rng(s.restored.snapshot.rng)
     return True

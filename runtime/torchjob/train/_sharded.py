@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchjob.checkpoint import CheckpointError, CheckpointStorage, CommittedCheckpoint
 from torchjob.checkpoint import sharded as store
+from torchjob.checkpoint.commit import CommitTarget
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -166,7 +167,7 @@ class ShardedSaver:
         box: list[Any] = [store.new_target(self.storage) if self.rank == 0 else None]
         if d is not None and self.world_size > 1:
             d.broadcast_object_list(box, src=0, group=group)
-        target: store.ShardedTarget = box[0]
+        target: CommitTarget = box[0]
         state_dict = state.state_dict()
         writer = _writer(target.write_url)
         if background:
@@ -191,7 +192,7 @@ class ShardedSaver:
     def _finish(
         self,
         metadata: Any,
-        target: store.ShardedTarget,
+        target: CommitTarget,
         metrics: dict[str, Any],
         data_positions: list[dict[str, Any]],
     ) -> CommittedCheckpoint | None:

@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 from fsspec.core import url_to_fs
 
-from torchjob.checkpoint import MANIFEST, MARKER, CheckpointError, CheckpointStorage
+from torchjob.checkpoint import (
+    MANIFEST,
+    MARKER,
+    CheckpointError,
+    CheckpointStorage,
+    CommittedCheckpoint,
+    committed_at,
+)
 
 if TYPE_CHECKING:
     from torchjob.train.state import StateCheckpoint, TrainState
@@ -81,15 +88,18 @@ class Checkpoint:
         proto = self.filesystem.protocol
         return "file" in ((proto,) if isinstance(proto, str) else tuple(proto))
 
-    def _require(self) -> None:
+    def _require(self) -> tuple[CheckpointStorage, CommittedCheckpoint] | None:
+        """A directory, and, when it was written as a checkpoint, a committed one: a half-written
+        checkpoint or a missing or corrupt manifest is a ``CheckpointError`` naming the file."""
         if not self.filesystem.isdir(self.path):
             raise CheckpointError(self._url, "does not exist or is not a directory")
+        return committed_at(self._url)
 
     @contextmanager
     def as_directory(self) -> Iterator[str]:
         """A local directory with the checkpoint's files (the checkpoint itself when local)."""
-        self._require()
         if self._is_local:
+            self._require()
             yield self.path
             return
         tmp = tempfile.mkdtemp(prefix="torchjob-ckpt-")
@@ -102,16 +112,13 @@ class Checkpoint:
     def to_directory(self, path: str | os.PathLike[str] | None = None) -> str:
         """Copy the files into ``path`` (a new temporary directory by default), verified
         against the manifest when this is a committed checkpoint."""
-        self._require()
+        found = self._require()
         dest = os.fspath(path) if path is not None else tempfile.mkdtemp(prefix="torchjob-ckpt-")
         os.makedirs(dest, exist_ok=True)
-        if self.filesystem.exists(f"{self.path}/{MARKER}"):
-            parent, name = self._url.rstrip("/").rsplit("/", 1)
-            storage = CheckpointStorage(parent)
-            match = [c for c in storage.list_committed() if c.path.rstrip("/").endswith(name)]
-            if match:
-                storage.download(match[0], dest)
-                return dest
+        if found is not None:
+            storage, committed = found
+            storage.download(committed, dest)
+            return dest
         for src in self.filesystem.find(self.path):
             rel = src[len(self.path.rstrip("/")) + 1 :]
             if rel in (MANIFEST, MARKER):

@@ -24,11 +24,12 @@ DTensors.
 from __future__ import annotations
 
 import io
-import random
 import time
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from torchjob.checkpoint.rng import capture_rng
 
 
 @dataclass
@@ -139,36 +140,6 @@ def load_into(registered: MutableMapping[str, Any], state: Mapping[str, Any]) ->
             registered[k] = state[k]
 
 
-def rng_states() -> dict[str, Any]:
-    import torch
-
-    rng: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        rng["cuda"] = torch.cuda.get_rng_state_all()
-    try:
-        import numpy
-
-        rng["numpy"] = numpy.random.get_state()
-    except ImportError:
-        pass
-    return rng
-
-
-def set_rng_states(rng: Mapping[str, Any]) -> None:
-    import torch
-
-    if "python" in rng:
-        random.setstate(rng["python"])
-    if "torch" in rng:
-        torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    if "numpy" in rng:
-        import numpy
-
-        numpy.random.set_state(rng["numpy"])
-
-
 def is_sharded(value: Any) -> bool:
     """Whether ``value`` holds a tensor subclass (a DTensor: an FSDP2 shard)."""
     import torch
@@ -200,7 +171,7 @@ def take(
     prev = _HELD[0]
     old_state = prev.state if prev is not None and prev.run == run else None
     state, nbytes = _copy(live, old_state)
-    snap = Snapshot(run, index, state, rng_states(), list(positions), nbytes)
+    snap = Snapshot(run, index, state, capture_rng(), list(positions), nbytes)
     _HELD[0] = snap
     return snap
 

@@ -267,7 +267,7 @@ def take(
             _WARNED.append(why)
         _HOLD[0] = None
         return None
-    from torchjob.train.restore_point import rng_states
+    from torchjob.checkpoint.rng import capture_rng
 
     layout = layout_of(leaves)
     prev = _HOLD[0] if _HOLD[0] is not None and _HOLD[0].run == run else None
@@ -294,7 +294,7 @@ def take(
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         torch.cuda.synchronize()
     buf = io.BytesIO()
-    torch.save((skeleton, rng_states(), list(positions)), buf)
+    torch.save((skeleton, capture_rng(), list(positions)), buf)
     h.own.rest = buf.getvalue()
     h.own.index = index
     if world > 1:

@@ -224,6 +224,7 @@ def restore(
     import torch
     import torch.distributed as dist
 
+    from torchjob.checkpoint.rng import restore_rng
     from torchjob.train import restore_point
 
     t0 = time.perf_counter()
@@ -253,7 +254,7 @@ def restore(
     skeleton, rng, _ = torch.load(io.BytesIO(records[src_rank][1]), weights_only=False)
     restore_point.load_into(registered, fill(skeleton, _as_dtensors(local, where, old0)))
     if rank < plan.old_world:
-        restore_point.set_rng_states(rng)
+        restore_rng(rng)
     return Rebuilt(
         plan.index,
         plan.old_world,

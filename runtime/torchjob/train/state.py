@@ -59,11 +59,12 @@ beyond the old world size keeps the RNG it has (seed it from its rank if it matt
 from __future__ import annotations
 
 import pickle
-import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+
+from torchjob.checkpoint.rng import capture_rng, restore_rng
 
 MODEL = "model"
 OPTIMIZER = "optim"
@@ -84,32 +85,6 @@ def _rank() -> int:
 
 def rng_key(rank: int) -> str:
     return f"{RNG_PREFIX}{rank}"
-
-
-def _capture_rng() -> bytes:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    try:
-        import numpy as np
-
-        state["numpy"] = np.random.get_state()
-    except ImportError:  # pragma: no cover - numpy ships with torch's wheels
-        pass
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return pickle.dumps(state)
-
-
-def _restore_rng(blob: bytes) -> None:
-    state = pickle.loads(blob)  # our own checkpoint, verified against its manifest
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "numpy" in state:
-        import numpy as np
-
-        np.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        cuda = state["cuda"][: torch.cuda.device_count()]
-        torch.cuda.set_rng_state_all(cuda)
 
 
 class TrainState:
@@ -180,7 +155,7 @@ class TrainState:
                 k: (v.state_dict() if _is_stateful(v) else v) for k, v in self.extra.items()
             }
         if self.rng:
-            out[rng_key(_rank())] = _capture_rng()
+            out[rng_key(_rank())] = pickle.dumps(capture_rng())
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -206,7 +181,8 @@ class TrainState:
                 self.extra[k] = v
         blob = state_dict.get(rng_key(_rank()))
         if self.rng and isinstance(blob, bytes | bytearray):
-            _restore_rng(bytes(blob))
+            # our own checkpoint, verified against its manifest
+            restore_rng(pickle.loads(bytes(blob)))
 
 
 def _is_stateful(obj: Any) -> bool:

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, "bench")
-import goodput as g
-import goodput_accounting as acc
+sys.path.insert(0, ".")
+from bench import goodput_accounting as acc
+from bench import goodput_rows as g
 
 ROWS = [
     ("/tmp/tj-goodput-0-reqgndsw", "RecreateGroup", "none"),  # torchjob's baseline

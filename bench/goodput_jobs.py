@@ -1,0 +1,141 @@
+"""The jobs of the goodput benchmark (bench/goodput.py): a TorchJob per policy running
+bench/_goodput_worker.py (or the FSDP2 one) on the real node, and the Kubeflow PyTorchJob a
+user would pick instead, under torchrun (bench/_goodput_torchrun.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.cluster.realnode import NODE_LABEL, TOLERATION, image
+
+from bench.harness import REPO
+from torchjob.api.models import GROUP, VERSION
+
+WORKER = REPO / "bench" / "_goodput_worker.py"
+WORKERS = {"ddp": WORKER, "fsdp": REPO / "bench" / "_goodput_fsdp_worker.py"}
+STRATEGIES = tuple(WORKERS)
+TORCHRUN_WORKER = REPO / "bench" / "_goodput_torchrun.py"
+KUBEFLOW = "Kubeflow"
+POLICIES = ("RecreateGroup", "KeepSurvivors", "Elastic", "Standby", KUBEFLOW)
+JOB = "gp"
+
+
+def manifest(
+    args: argparse.Namespace, policy: str, storage: Path, events: Path, strategy: str = "ddp"
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "replicas": args.replicas,
+        "backend": "gloo",
+        "membershipPolicy": "RecreateGroup" if policy == "RecreateGroup" else "KeepSurvivors",
+        "checkpoint": {"path": str(storage)},
+        "failurePolicy": {"maxRestarts": 1000, "backoff": {"initialSeconds": 1, "maxSeconds": 1}},
+        "template": {
+            "spec": {
+                "nodeSelector": {NODE_LABEL: "true"},
+                "tolerations": [TOLERATION],
+                "terminationGracePeriodSeconds": args.grace,
+                "containers": [
+                    {
+                        "name": "trainer",
+                        "image": image("runtime-cpu"),
+                        "imagePullPolicy": "Never",
+                        "command": [
+                            "python3",
+                            str(WORKERS[strategy]),
+                            str(events),
+                            str(args.step_seconds),
+                            str(args.ckpt_every),
+                            str(10**9),
+                            str(args.batch),
+                            *(["--restore-point"] if args.restore_point else []),
+                        ],
+                        "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+                        "resources": {
+                            "requests": {"cpu": args.cpu_request, "memory": args.memory_request}
+                        },
+                        "volumeMounts": [
+                            {"name": "bench", "mountPath": str(WORKER.parent), "readOnly": True},
+                            {"name": "storage", "mountPath": str(storage.parent)},
+                        ],
+                    }
+                ],
+                "volumes": [
+                    {
+                        "name": "bench",
+                        "hostPath": {"path": str(WORKER.parent), "type": "Directory"},
+                    },
+                    {
+                        "name": "storage",
+                        "hostPath": {"path": str(storage.parent), "type": "Directory"},
+                    },
+                ],
+            }
+        },
+    }
+    if policy == "Elastic":
+        spec["elastic"] = {
+            "minReplicas": args.min_replicas,
+            "maxReplicas": args.replicas,
+            "shrinkOnDisruption": args.shrink_on_disruption,
+        }
+    if policy == "Standby":
+        # Warm standbys take a lost pod's place at once; without a ready one, go on smaller.
+        spec["elastic"] = {
+            "minReplicas": args.min_replicas,
+            "maxReplicas": args.replicas,
+            "standbyReplicas": args.standby,
+            "shrinkOnDisruption": True,
+        }
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TorchJob",
+        "metadata": {"name": JOB},
+        "spec": spec,
+    }
+
+
+KF_RDZV_PORT = 23456
+
+
+def kubeflow_manifest(args: argparse.Namespace, storage: Path, events: Path) -> dict[str, Any]:
+    """What a user would pick instead: Kubeflow's PyTorchJob v1.8.1, Workers only, with
+    ``elasticPolicy`` (c10d rendezvous on worker-0, ``minReplicas = replicas - 1``) under
+    torchrun, ``restartPolicy: OnFailure`` as Kubeflow's elastic example has it; the same
+    node, image, grace period, steps and checkpoint cadence (bench/_goodput_torchrun.py)."""
+    torchjob_spec = manifest(args, "RecreateGroup", storage, events)["spec"]["template"]
+    template = json.loads(json.dumps(torchjob_spec))
+    container = template["spec"]["containers"][0]
+    container["name"] = "pytorch"  # the container Kubeflow looks for
+    container["command"] = [
+        "python3",
+        str(TORCHRUN_WORKER),
+        "--torchrun",  # torchrun, with the one default this image's torch needs (see there)
+        str(TORCHRUN_WORKER),
+        *(a for a in container["command"][2:] if a != "--restore-point"),
+    ]
+    container["env"] = [*container["env"], {"name": "USE_LIBUV", "value": "0"}]
+    container["ports"] = [{"name": "pytorchjob-port", "containerPort": KF_RDZV_PORT}]
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": JOB},
+        "spec": {
+            "elasticPolicy": {
+                "rdzvBackend": "c10d",
+                "minReplicas": args.min_replicas,
+                "maxReplicas": args.replicas,
+                "maxRestarts": 1000,
+                "nProcPerNode": 1,
+            },
+            "pytorchReplicaSpecs": {
+                "Worker": {
+                    "replicas": args.replicas,
+                    "restartPolicy": "OnFailure",
+                    "template": template,
+                }
+            },
+        },
+    }

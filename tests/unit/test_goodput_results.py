@@ -1,0 +1,52 @@
+"""bench/results keeps the raw event and trace files compressed (``*.jsonl.gz``); the readers
+(bench/goodput_recompute.py, goodput_profile.py through bench/harness.py) read them as they
+read a plain file, and reproduce the published tables (bench/README.md, (n) and (p))."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+from bench import goodput_recompute
+from bench.harness import data_files, read_jsonl, write_jsonl
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+
+
+def test_no_raw_event_file_of_the_results_is_kept_uncompressed() -> None:
+    assert not sorted(RESULTS.rglob("*.jsonl"))
+    assert len(sorted(RESULTS.rglob("*.jsonl.gz"))) >= 99
+
+
+@pytest.mark.parametrize(
+    ("run", "published"),
+    [
+        ("2026-11-26n", "Elastic hard ddp: goodput 0.976 [0.964-0.980]"),
+        ("2026-11-26p", "Elastic graceful ddp: goodput 0.982 [0.968-0.992]"),
+    ],
+)
+def test_the_published_goodput_is_recomputed_from_the_compressed_files(
+    run: str, published: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert goodput_recompute.main([str(RESULTS / run), "--workers", "8"]) == 0
+    assert published in capsys.readouterr().out
+    table = (RESULTS / run / "table.txt").read_text()
+    assert published.rsplit(": goodput ", 1)[1] in table
+
+
+def test_a_plain_and_a_compressed_file_read_the_same(tmp_path: Path) -> None:
+    rows = [{"ev": "step", "t": 1.5, "step": 1}, {"ev": "step", "t": 1.6, "step": 2}]
+    write_jsonl(tmp_path / "01-a-events.jsonl", rows)
+    packed = write_jsonl(tmp_path / "02-b-events.jsonl.gz", rows)
+    assert gzip.decompress(packed.read_bytes()).count(b"\n") == 2
+    assert read_jsonl(tmp_path / "01-a-events.jsonl") == read_jsonl(packed) == rows
+    # a name without .gz finds its compressed copy; a cut last line is skipped when partial
+    assert read_jsonl(tmp_path / "02-b-events.jsonl") == rows
+    (tmp_path / "03-c-events.jsonl").write_text('{"ev": "step"}\n{"ev": "st')
+    assert read_jsonl(tmp_path / "03-c-events.jsonl", partial=True) == [{"ev": "step"}]
+    assert [p.name for p in data_files(tmp_path, "*-events.jsonl")] == [
+        "01-a-events.jsonl",
+        "02-b-events.jsonl.gz",
+        "03-c-events.jsonl",
+    ]
