@@ -22,6 +22,12 @@ SUCCEEDED: Final = "Succeeded"
 FAILED: Final = "Failed"
 READY: Final = "Ready"
 STALLED: Final = "Stalled"
+COMPLETE: Final = "Complete"
+"""A TorchTune's: its study ended with every trial it wanted."""
+CONDITION_TYPES: Final = frozenset(
+    {CREATED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED, READY, STALLED, COMPLETE}
+)
+"""Every condition type either controller writes."""
 
 # Every reason the operator writes into a condition or an Event (CamelCase), with the
 # message template it goes with. ``Decision.transition`` and ``Event`` refuse any other.
@@ -112,6 +118,8 @@ REASONS: Final[Mapping[str, str]] = {
     "TooManyFailedTrials": "{failed} trials failed, more than spec.maxFailedTrials={limit}",
     "StudyDeadlineExceeded": "the study ran longer than spec.activeDeadlineSeconds={deadline}",
     "StudySucceeded": "{count} trials; best: {best}",
+    "TrialsRunning": "{running} running, {done}/{limit} finished",
+    "StudyFailed": "the study failed",
 }
 SHOWN_AS: Final[Mapping[str, str]] = {
     "WaitingForPodsCreation": "WaitingForPods",
@@ -125,6 +133,12 @@ SHOWN_AS: Final[Mapping[str, str]] = {
 def message(reason: str, **values: Any) -> str:
     """The message for ``reason``, filled with ``values``."""
     return REASONS[reason].format(**values)
+
+
+def declared(reason: str) -> bool:
+    """Whether ``reason`` is one the operator writes (a key of ``REASONS``, or what one of
+    them is shown as)."""
+    return reason in REASONS or reason in SHOWN_AS.values()
 
 
 def say(reason: str, **values: Any) -> tuple[str, str]:

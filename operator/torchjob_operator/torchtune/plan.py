@@ -44,6 +44,7 @@ from torchjob.api.torchtune import (
     TrialRecord,
     TrialState,
 )
+from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.clock import format_time, parse_time
 from torchjob_operator.common.conditions import set_condition
 from torchjob_operator.common.events import Event
@@ -96,6 +97,8 @@ def _conditions(
     old_wire = [c.to_wire() for c in old]
     out = []
     for type_, ok, reason, message in wanted:
+        assert type_ in cond.CONDITION_TYPES, f"condition type {type_} is not declared"
+        assert cond.declared(reason), f"reason {reason} is not in conditions.REASONS"
         new, _ = set_condition(
             [c for c in old_wire if c.get("type") == type_][:1],
             type_=type_,
@@ -166,9 +169,9 @@ def _invalid_spec(
     status.conditions = _conditions(
         list(status.conditions or []),
         [
-            ("Ready", False, "InvalidSpec", message),
-            ("Failed", True, "InvalidSpec", message),
-            ("Stalled", True, "InvalidSpec", message),
+            (cond.READY, False, "InvalidSpec", message),
+            (cond.FAILED, True, "InvalidSpec", message),
+            (cond.STALLED, True, "InvalidSpec", message),
         ],
         generation,
         stamp,
@@ -336,20 +339,22 @@ def _wanted_conditions(
         best = _best(spec, records)
         text = f"{done} trials finished" + (f"; best {best.name} = {best.value}" if best else "")
         return [
-            ("Ready", True, "StudySucceeded", text),
-            ("Complete", True, "StudySucceeded", text),
+            (cond.READY, True, "StudySucceeded", text),
+            (cond.COMPLETE, True, "StudySucceeded", text),
         ]
     if status.phase is StudyPhase.FAILED:
-        said = next((c for c in old_conditions if c.type == "Failed"), None)
-        text = stopped.message if stopped else (said.message if said else "failed")
-        why = stopped.reason if stopped else (said.reason if said else "Failed")
+        said = next((c for c in old_conditions if c.type == cond.FAILED), None)
+        text = (
+            stopped.message if stopped else (said.message if said else cond.message("StudyFailed"))
+        )
+        why = stopped.reason if stopped else (said.reason if said else "StudyFailed")
         # Stalled=True: what kstatus reads as Failed (Argo CD reads phase Failed as Degraded).
         return [
-            ("Ready", False, why, text),
-            ("Failed", True, why, text),
-            ("Stalled", True, why, text),
+            (cond.READY, False, why, text),
+            (cond.FAILED, True, why, text),
+            (cond.STALLED, True, why, text),
         ]
-    text = f"{status.trials_running} running, {done}/{limit} finished"
+    text = cond.message("TrialsRunning", running=status.trials_running, done=done, limit=limit)
     # Ready=True while the trials run, and no Reconciling condition: kstatus says Current
     # (the study is doing what its spec asks), as Argo CD says Healthy.
-    return [("Ready", True, "TrialsRunning", text)]
+    return [(cond.READY, True, "TrialsRunning", text)]
