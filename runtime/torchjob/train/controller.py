@@ -307,7 +307,8 @@ class Controller:
         group: WorkerGroup | None = None
         reporter = silent_reporter(self._published(), self._silent)
         points = RestorePoints(report_silent=reporter)
-        facts = GenerationFacts(state.generation)
+        # The generation the operator published (a pod's), else this fit's own count.
+        facts = GenerationFacts(pod.generation if pod is not None else state.generation)
 
         def on_event(_rank: int, event: dict[str, Any]) -> None:
             nonlocal current
