@@ -10,7 +10,7 @@ GPU requests equal to limits, and a grace period long enough to checkpoint.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torchjob import contract
@@ -101,39 +101,11 @@ def worker_pod(
     meta = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template["spec"]
     pod_name = contract.worker_pod_name(name, index)
-
-    labels = dict(meta.get("labels") or {})
-    labels.update(job_labels(name))
-    labels[contract.LABEL_POD_INDEX] = str(index)
-    labels[contract.LABEL_GENERATION] = str(generation)
-    if joiner:
-        labels[contract.LABEL_JOINER] = "true"
-    if spec.scheduling.queue_name:
-        labels[contract.KUEUE_QUEUE_LABEL] = spec.scheduling.queue_name
-    gang_labels, gang_annotations = gang_pod_metadata(name=name, gang=spec.scheduling.gang)
-    labels.update(gang_labels)
-
-    pod_spec["hostname"] = pod_name
-    pod_spec["subdomain"] = name
-    pod_spec["restartPolicy"] = "Never"  # the operator restarts whole groups, never single ranks
-    if not pod_spec.get("serviceAccountName"):
-        pod_spec["serviceAccountName"] = contract.worker_service_account(name)
-    pod_spec.setdefault("terminationGracePeriodSeconds", DEFAULT_GRACE_PERIOD_S)
-    if spec.scheduling.scheduler_name:
-        pod_spec["schedulerName"] = spec.scheduling.scheduler_name
-    if spec.scheduling.priority_class_name:
-        pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
-
-    volumes: list[dict[str, Any]] = pod_spec.setdefault("volumes", [])
-    names = {v.get("name") for v in volumes}
-    if SHM_VOLUME not in names:
-        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+    labels = _labels(meta, name, spec, index, generation, joiner)
+    _, gang_annotations = gang_pod_metadata(name=name, gang=spec.scheduling.gang)
+    _pod_settings(pod_spec, pod_name, name, spec)
     pvc = spec.checkpoint.pvc if spec.checkpoint else None
-    if pvc and CHECKPOINT_VOLUME not in names:
-        volumes.append(
-            {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": pvc.claim_name}}
-        )
-
+    _volumes(pod_spec, pvc)
     env = pod_env(
         name=name,
         namespace=namespace,
@@ -144,50 +116,9 @@ def worker_pod(
         members=members,
         drain_s=drains_for(spec, pod_spec.get("terminationGracePeriodSeconds")),
     ).to_env()
-    contract_env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
-    contract_env.append(
-        {"name": contract.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
-    )
-    contract_env.append({"name": contract.SERVICE_NAME, "value": name})
     for i, container in enumerate(pod_spec["containers"]):
-        user_env = [
-            e
-            for e in container.get("env") or []
-            if e.get("name") not in env and e.get("name") != contract.TERMINATION_LOG
-        ]
-        # Contract variables win: a stale RANK in the template must never reach the workers.
-        # The termination log is where the runtime leaves its root-cause summary; without one
-        # (a static-mode script), the tail of the log stands in for it on an error.
-        container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
-        termination_log = container.get("terminationMessagePath") or (
-            contract.DEFAULT_TERMINATION_LOG
-        )
-        container["env"] = [
-            *user_env,
-            *contract_env,
-            {"name": contract.TERMINATION_LOG, "value": termination_log},
-        ]
-        mounts: list[dict[str, Any]] = container.setdefault("volumeMounts", [])
-        mounted = {m.get("mountPath") for m in mounts}
-        if "/dev/shm" not in mounted:
-            mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
-        if pvc and pvc.mount_path not in mounted:
-            mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": pvc.mount_path})
-        _gpu_requests_equal_limits(container.setdefault("resources", {}))
-        if i == 0 and joiner and "readinessProbe" not in container:
-            container["readinessProbe"] = {
-                "exec": {"command": ["test", "-e", contract.JOINER_READY_FILE]},
-                "periodSeconds": 1,
-                "failureThreshold": 1,
-            }
-        if i == 0:
-            ports: list[dict[str, Any]] = container.setdefault("ports", [])
-            if not any(p.get("containerPort") == contract.DEFAULT_RDZV_PORT for p in ports):
-                ports.append(
-                    {"name": "rdzv", "containerPort": contract.DEFAULT_RDZV_PORT, "protocol": "TCP"}
-                )
+        _container(container, env, name, pvc, first=i == 0, joiner=joiner)
     mount_in_worker(pod_spec, spec.initializers)
-
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -200,6 +131,109 @@ def worker_pod(
         },
         "spec": pod_spec,
     }
+
+
+def _labels(
+    meta: Mapping[str, Any],
+    name: str,
+    spec: TorchJobSpec,
+    index: int,
+    generation: int,
+    joiner: bool,
+) -> dict[str, str]:
+    """The template's labels with the job's, the pod's index and generation, Kueue's queue
+    and the gang's."""
+    labels = dict(meta.get("labels") or {})
+    labels.update(job_labels(name))
+    labels[contract.LABEL_POD_INDEX] = str(index)
+    labels[contract.LABEL_GENERATION] = str(generation)
+    if joiner:
+        labels[contract.LABEL_JOINER] = "true"
+    if spec.scheduling.queue_name:
+        labels[contract.KUEUE_QUEUE_LABEL] = spec.scheduling.queue_name
+    gang_labels, _ = gang_pod_metadata(name=name, gang=spec.scheduling.gang)
+    labels.update(gang_labels)
+    return labels
+
+
+def _pod_settings(pod_spec: dict[str, Any], pod_name: str, name: str, spec: TorchJobSpec) -> None:
+    """DNS name under the headless Service, no kubelet restarts, the worker account, the
+    grace period and the scheduling fields."""
+    pod_spec["hostname"] = pod_name
+    pod_spec["subdomain"] = name
+    pod_spec["restartPolicy"] = "Never"  # the operator restarts whole groups, never single ranks
+    if not pod_spec.get("serviceAccountName"):
+        pod_spec["serviceAccountName"] = contract.worker_service_account(name)
+    pod_spec.setdefault("terminationGracePeriodSeconds", DEFAULT_GRACE_PERIOD_S)
+    if spec.scheduling.scheduler_name:
+        pod_spec["schedulerName"] = spec.scheduling.scheduler_name
+    if spec.scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
+
+
+def _volumes(pod_spec: dict[str, Any], pvc: Any) -> None:
+    """Shared memory for the data loaders, and the checkpoint claim."""
+    volumes: list[dict[str, Any]] = pod_spec.setdefault("volumes", [])
+    names = {v.get("name") for v in volumes}
+    if SHM_VOLUME not in names:
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+    if pvc and CHECKPOINT_VOLUME not in names:
+        volumes.append(
+            {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": pvc.claim_name}}
+        )
+
+
+def _container(
+    container: dict[str, Any],
+    env: Mapping[str, str],
+    name: str,
+    pvc: Any,
+    *,
+    first: bool,
+    joiner: bool,
+) -> None:
+    """One container of the worker: the env contract, its mounts, GPU requests; the first
+    also the joiner's readiness probe and the rendezvous port."""
+    contract_env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
+    contract_env.append(
+        {"name": contract.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    )
+    contract_env.append({"name": contract.SERVICE_NAME, "value": name})
+    user_env = [
+        e
+        for e in container.get("env") or []
+        if e.get("name") not in env and e.get("name") != contract.TERMINATION_LOG
+    ]
+    # Contract variables win: a stale RANK in the template must never reach the workers.
+    # The termination log is where the runtime leaves its root-cause summary; without one
+    # (a static-mode script), the tail of the log stands in for it on an error.
+    container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+    termination_log = container.get("terminationMessagePath") or contract.DEFAULT_TERMINATION_LOG
+    container["env"] = [
+        *user_env,
+        *contract_env,
+        {"name": contract.TERMINATION_LOG, "value": termination_log},
+    ]
+    mounts: list[dict[str, Any]] = container.setdefault("volumeMounts", [])
+    mounted = {m.get("mountPath") for m in mounts}
+    if "/dev/shm" not in mounted:
+        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    if pvc and pvc.mount_path not in mounted:
+        mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": pvc.mount_path})
+    _gpu_requests_equal_limits(container.setdefault("resources", {}))
+    if not first:
+        return
+    if joiner and "readinessProbe" not in container:
+        container["readinessProbe"] = {
+            "exec": {"command": ["test", "-e", contract.JOINER_READY_FILE]},
+            "periodSeconds": 1,
+            "failureThreshold": 1,
+        }
+    ports: list[dict[str, Any]] = container.setdefault("ports", [])
+    if not any(p.get("containerPort") == contract.DEFAULT_RDZV_PORT for p in ports):
+        ports.append(
+            {"name": "rdzv", "containerPort": contract.DEFAULT_RDZV_PORT, "protocol": "TCP"}
+        )
 
 
 def headless_service(*, name: str, namespace: str, uid: str) -> dict[str, Any]:
