@@ -216,6 +216,7 @@ def build_parser(prog: str = "torchjob") -> argparse.ArgumentParser:
 
     _add_run(sub)
     _add_cluster_commands(sub, common)
+    _add_inspect_commands(sub, common)
     _add_initialize(sub)
     add_tune(sub, common)
     return parser
@@ -286,6 +287,18 @@ def _add_cluster_commands(sub: Subparsers, common: argparse.ArgumentParser) -> N
     describe.add_argument("job", help="TorchJob name")
     describe.set_defaults(func=cmd_describe)
 
+    delete = sub.add_parser("delete", parents=[common], help="delete a TorchJob and its pods")
+    delete.add_argument("job", help="TorchJob name")
+    delete.set_defaults(func=cmd_delete)
+
+    scale = sub.add_parser("scale", parents=[common], help="set spec.replicas (scale subresource)")
+    scale.add_argument("job", help="TorchJob name")
+    scale.add_argument("--replicas", type=int, required=True)
+    scale.set_defaults(func=cmd_scale)
+
+
+def _add_inspect_commands(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    """dashboard, describe, history, logs: what a job went through."""
     dash = sub.add_parser(
         "dashboard",
         parents=[common],
@@ -321,15 +334,6 @@ def _add_cluster_commands(sub: Subparsers, common: argparse.ArgumentParser) -> N
         "-c", "--container", help="container name (default: the pod's only container)"
     )
     logs.set_defaults(func=cmd_logs)
-
-    delete = sub.add_parser("delete", parents=[common], help="delete a TorchJob and its pods")
-    delete.add_argument("job", help="TorchJob name")
-    delete.set_defaults(func=cmd_delete)
-
-    scale = sub.add_parser("scale", parents=[common], help="set spec.replicas (scale subresource)")
-    scale.add_argument("job", help="TorchJob name")
-    scale.add_argument("--replicas", type=int, required=True)
-    scale.set_defaults(func=cmd_scale)
 
 
 def _add_initialize(sub: Subparsers) -> None:
