@@ -191,3 +191,23 @@ def set_condition(
             }
         )
     return out, changed
+
+
+def set_conditions(
+    conditions: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """``conditions`` with each of ``new`` (whole condition dicts, as another API's status
+    holds them, such as a Kueue Workload's) set by :func:`set_condition`; a missing
+    ``observedGeneration`` stays missing."""
+    out: list[dict[str, Any]] = [dict(c) for c in conditions]
+    for n in new:
+        out, _ = set_condition(
+            out,
+            type_=n["type"],
+            status=n["status"] == "True",
+            reason=n["reason"],
+            message=n["message"],
+            now=n["lastTransitionTime"],
+            observed_generation=n.get("observedGeneration"),
+        )
+    return [{k: v for k, v in c.items() if v is not None} for c in out]

@@ -31,7 +31,7 @@ from typing import Any, Final
 
 from torchjob import contract
 from torchjob.api.models import GROUP, VERSION
-from torchjob_operator.common.conditions import set_condition
+from torchjob_operator.common.conditions import set_conditions
 from torchjob_operator.torchjob.topology import Assignment as Topology
 from torchjob_operator.torchjob.topology import topology_of
 
@@ -312,25 +312,6 @@ def _condition(
     return c
 
 
-def _with(
-    conditions: Sequence[Mapping[str, Any]], new: Sequence[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """``conditions`` with ``new`` set by the one setter of both controllers
-    (``common.conditions.set_condition``: the transition time moves only on a flip)."""
-    out: list[dict[str, Any]] = [dict(c) for c in conditions]
-    for n in new:
-        out, _ = set_condition(
-            out,
-            type_=n["type"],
-            status=n["status"] == "True",
-            reason=n["reason"],
-            message=n["message"],
-            now=n["lastTransitionTime"],
-            observed_generation=n.get("observedGeneration"),
-        )
-    return [{k: v for k, v in c.items() if v is not None} for c in out]
-
-
 def release_patch(wl: Mapping[str, Any], now: str) -> dict[str, Any] | None:
     """After an eviction, once no pod of the job is left: the status merge-patch that hands
     the quota back (QuotaReserved=False, no admission, Admitted=False, Requeued), as Kueue's
@@ -358,7 +339,7 @@ def release_patch(wl: Mapping[str, Any], now: str) -> dict[str, Any] | None:
         )
     return {
         "metadata": {"resourceVersion": (wl.get("metadata") or {}).get("resourceVersion")},
-        "status": {"conditions": _with(status.get("conditions") or [], new), "admission": None},
+        "status": {"conditions": set_conditions(status.get("conditions") or [], new), "admission": None},
     }
 
 
@@ -373,7 +354,7 @@ def finish_patch(
     new = [_condition(FINISHED, True, "Succeeded" if succeeded else "Failed", message, now, gen)]
     return {
         "metadata": {"resourceVersion": (wl.get("metadata") or {}).get("resourceVersion")},
-        "status": {"conditions": _with((wl.get("status") or {}).get("conditions") or [], new)},
+        "status": {"conditions": set_conditions((wl.get("status") or {}).get("conditions") or [], new)},
     }
 
 
