@@ -136,3 +136,16 @@ def test_torchjob_history_prints_one_row_per_generation() -> None:
         "1",
     ]
     assert t.rows[0][4:6] == ["-", "tj-worker-0@a, tj-worker-1@b"]
+
+
+def test_a_silent_peers_loss_is_dated_from_when_it_went_silent() -> None:
+    _, view, pods = step(elastic_keep(), [], 0)
+    up = [on_node(p, "node-a") for p in pods]
+    ran, view, pods = step(view, up, 5)
+    report = {"pod": "tj-worker-2", "generation": 0, "by": "tj-worker-0", "seconds": 6.0}
+    view = with_state(view, {**ran.status, "silentWorkers": [report]})
+    decided = plan(view, up, at(30))
+    record = decided.status["history"][-1]
+    assert (record["generation"], record["cause"]) == (1, "SilentPeer"), record
+    assert record["left"] == ["tj-worker-2@node-a"]
+    assert record["lossTime"] == "2026-01-01T00:00:24.000Z", "30 s, less the 6 s of silence"

@@ -12,7 +12,7 @@ facts go out as Events (``GenerationStarted``, ``Recovered``). At most
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from torchjob import contract
 from torchjob.api.models import HISTORY_LIMIT, GenerationRecord, Progress
@@ -60,6 +60,22 @@ def _named(indices: Sequence[int], job: str, nodes: dict[str, str]) -> list[str]
     return out or None
 
 
+def _loss_time(d: Decision, cause: str, left: set[str]) -> datetime:
+    """When the loss happened: a silent peer's when it went silent (its reporters say for
+    how long, as of about now), a failure's when its pod ended, else when it was seen."""
+    if cause == "SilentPeer":
+        silent = [
+            r.seconds
+            for r in d.job.state.silent
+            if r.pod in left and r.generation == d.job.state.generation
+        ]
+        if silent:
+            return d.now - timedelta(seconds=max(silent))
+    if cause not in ("Start", "ScaleUp") and d.last_failure is not None and d.last_failure.time:
+        return min(d.now, parse_time_or_none(d.last_failure.time) or d.now)
+    return d.now
+
+
 def started(d: Decision, pods: Sequence[PodView]) -> GenerationRecord | None:
     """The record of the generation ``d`` publishes, if it is a new one; None otherwise."""
     before = d.job.state
@@ -87,10 +103,8 @@ def started(d: Decision, pods: Sequence[PodView]) -> GenerationRecord | None:
         cause, detail = "Start", "the job's first generation"
     else:
         cause, detail = _cause(before, d, len(new) > len(old), len(new) < len(old))
-    lost = cause not in ("Start", "ScaleUp")
-    loss_time = d.now
-    if lost and d.last_failure is not None and d.last_failure.time:
-        loss_time = min(d.now, parse_time_or_none(d.last_failure.time) or d.now)
+    left = [i for i in old if i not in new or i in replaced]
+    loss_time = _loss_time(d, cause, {contract.worker_pod_name(d.job.name, i) for i in left})
     progress = before.progress
     return GenerationRecord(
         generation=d.generation,
@@ -98,7 +112,7 @@ def started(d: Decision, pods: Sequence[PodView]) -> GenerationRecord | None:
         cause=cause,
         detail=detail[:300],
         world_size=d.replicas * d.job.spec.resolved_nproc_per_node(),
-        left=_named([i for i in old if i not in new or i in replaced], job, nodes),
+        left=_named(left, job, nodes),
         joined=_named([i for i in new if i not in old or i in replaced], job, {}),
         loss_time=stamp(loss_time) if not first else None,
         step_at_loss=progress.step if progress is not None and not first else None,

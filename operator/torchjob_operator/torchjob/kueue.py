@@ -339,7 +339,10 @@ def release_patch(wl: Mapping[str, Any], now: str) -> dict[str, Any] | None:
         )
     return {
         "metadata": {"resourceVersion": (wl.get("metadata") or {}).get("resourceVersion")},
-        "status": {"conditions": set_conditions(status.get("conditions") or [], new), "admission": None},
+        "status": {
+            "conditions": set_conditions(status.get("conditions") or [], new),
+            "admission": None,
+        },
     }
 
 
@@ -354,7 +357,9 @@ def finish_patch(
     new = [_condition(FINISHED, True, "Succeeded" if succeeded else "Failed", message, now, gen)]
     return {
         "metadata": {"resourceVersion": (wl.get("metadata") or {}).get("resourceVersion")},
-        "status": {"conditions": set_conditions((wl.get("status") or {}).get("conditions") or [], new)},
+        "status": {
+            "conditions": set_conditions((wl.get("status") or {}).get("conditions") or [], new)
+        },
     }
 
 
