@@ -24,7 +24,6 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from torchjob.api.models import TorchJobStatus
 from torchjob_operator.engine.cache import Store
 
 TRAINING_FRESH_S = 60.0
@@ -34,13 +33,17 @@ _LABELS = ["namespace", "torchjob"]
 """Not ``job``: Prometheus gives every scraped series its target's ``job`` label."""
 
 
-def _seconds(stamp: str | None) -> float | None:
-    if not stamp:
+def _seconds(stamp: Any) -> float | None:
+    if not isinstance(stamp, str) or not stamp:
         return None
     try:
         return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
+
+
+def _num(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
 def _paid(pods: list[dict[str, Any]]) -> int:
@@ -95,41 +98,37 @@ class JobCollector(Collector):
         for job in self.store.jobs():
             meta = job.get("metadata") or {}
             key = (str(meta.get("namespace") or ""), str(meta.get("name")))
-            spec = job.get("spec") or {}
-            s = TorchJobStatus.parse(job.get("status"))
             labels = list(key)
-            pods = self.store.pods_of(key) or []
-            g["world_size"].add_metric(labels, s.world_size or 0)
-            g["desired_pods"].add_metric(labels, spec.get("replicas") or 0)
-            g["pods_paid"].add_metric(labels, _paid(pods))
+            spec = job.get("spec") or {}
+            # Read as plain values (a scrape reads every job; the models' validation cost
+            # ten times as much): a malformed field reads as absent, as TorchJobStatus.parse.
+            s = job.get("status") or {}
+            g["world_size"].add_metric(labels, _num(s.get("worldSize")))
+            g["desired_pods"].add_metric(labels, _num(spec.get("replicas")))
+            g["pods_paid"].add_metric(labels, _paid(self.store.pods_of(key) or []))
             max_restarts = (spec.get("failurePolicy") or {}).get("maxRestarts")
             if isinstance(max_restarts, int):
                 g["restarts_allowed"].add_metric(labels, max_restarts)
-            restarts.add_metric(labels, s.restarts or 0)
-            disruptions.add_metric(labels, s.disruptions or 0)
-            for cause, n in sorted((s.losses or {}).items()):
-                losses.add_metric([*labels, cause], n)
-            if s.phase is not None:
-                phase.add_metric([*labels, s.phase.value], 1)
-            progress = s.progress
-            reported = _seconds(progress.update_time) if progress is not None else None
+            restarts.add_metric(labels, _num(s.get("restarts")))
+            disruptions.add_metric(labels, _num(s.get("disruptions")))
+            for cause, n in sorted((s.get("losses") or {}).items()):
+                losses.add_metric([*labels, str(cause)], _num(n))
+            if isinstance(s.get("phase"), str):
+                phase.add_metric([*labels, s["phase"]], 1)
+            progress = s.get("progress") or {}
+            reported = _seconds(progress.get("updateTime"))
             fresh = (
                 reported is not None
                 and now - reported <= TRAINING_FRESH_S
-                and progress is not None
-                and progress.generation in (None, s.current_generation)
+                and progress.get("generation") in (None, s.get("currentGeneration"))
             )
-            training = (
-                (s.replicas or 0)
-                if s.phase is not None and s.phase.value == "Running" and fresh
-                else 0
-            )
+            training = _num(s.get("replicas")) if s.get("phase") == "Running" and fresh else 0
             g["training_pods"].add_metric(labels, training)
-            if progress is not None and progress.step is not None:
-                g["step"].add_metric(labels, progress.step)
+            if isinstance(progress.get("step"), int):
+                g["step"].add_metric(labels, progress["step"])
             if reported is not None:
                 g["progress_age_seconds"].add_metric(labels, max(0.0, now - reported))
-            saved = _seconds(progress.last_checkpoint_time) if progress is not None else None
+            saved = _seconds(progress.get("lastCheckpointTime"))
             if saved is not None:
                 g["last_checkpoint_age_seconds"].add_metric(labels, max(0.0, now - saved))
         yield from g.values()
