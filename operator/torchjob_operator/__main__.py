@@ -122,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("TORCHJOB_TRACEMALLOC"):
         memory.trace_allocations(int(os.environ["TORCHJOB_TRACEMALLOC"]))
     if args.metrics_port:
-        from prometheus_client import start_http_server
+        from torchjob_operator.engine import exposition
 
-        start_http_server(args.metrics_port)
+        exposition.serve(args.metrics_port)
 
     import kopf
 

@@ -6,12 +6,10 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-
 from torchjob import contract
 from torchjob_operator.engine import metrics
 from torchjob_operator.engine.cache import ALL_NAMESPACES, Store
-from torchjob_operator.engine.job_metrics import JobCollector
+from torchjob_operator.engine.job_metrics import JobMetrics
 
 NOW = datetime(2026, 1, 1, 0, 10, tzinfo=timezone.utc).timestamp()
 
@@ -25,6 +23,18 @@ def worker(i: int, node: str | None, phase: str) -> dict[str, Any]:
         },
         "spec": {"nodeName": node} if node else {},
         "status": {"phase": phase},
+    }
+
+
+def samples(store: Store) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The per-job block as Prometheus' own parser reads it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = JobMetrics(store).render().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
     }
 
 
@@ -61,30 +71,41 @@ def test_every_series_of_a_training_job() -> None:
             worker(4, "c", "Failed"),  # finished: not paid for
         ],
     )
-    registry = CollectorRegistry()
-    registry.register(JobCollector(store, clock=lambda: NOW))
-    labels = {"namespace": "ns", "torchjob": "tj"}
+    got = samples(store)
+    job = (("namespace", "ns"), ("torchjob", "tj"))
 
-    def value(name: str, **extra: str) -> float | None:
-        return registry.get_sample_value(name, {**labels, **extra})
+    def value(name: str, **extra: str) -> float:
+        return got[(name, tuple(sorted((*job, *extra.items()))))]
 
     assert value("torchjob_job_world_size") == 6
     assert value("torchjob_job_desired_pods") == 4
+    assert value("torchjob_job_generation_pods") == 3
     assert value("torchjob_job_pods_paid") == 3
-    assert value("torchjob_job_training_pods") == 3, "Running, and a step 10 s ago"
     assert value("torchjob_job_step") == 120
-    assert value("torchjob_job_progress_age_seconds") == 10
-    assert value("torchjob_job_last_checkpoint_age_seconds") == 300
+    assert value("torchjob_job_progress_timestamp_seconds") == NOW - 10
+    assert value("torchjob_job_last_checkpoint_timestamp_seconds") == NOW - 300
     assert value("torchjob_job_restarts_allowed") == 5
     assert value("torchjob_job_restarts_total") == 1
     assert value("torchjob_job_disruptions_total") == 2
     assert value("torchjob_job_losses_total", cause="SilentPeer") == 1
     assert value("torchjob_job_phase", phase="Running") == 1
-    # A stalled job (no step for minutes) is not training.
-    stalled = JobCollector(store, clock=lambda: NOW + 600)
-    registry2 = CollectorRegistry()
-    registry2.register(stalled)
-    assert registry2.get_sample_value("torchjob_job_training_pods", labels) == 0
+
+
+def test_a_jobs_lines_are_rendered_again_only_when_it_or_its_pods_change() -> None:
+    store = Store()
+    body = {"metadata": {"name": "tj", "namespace": "ns"}, "spec": {"replicas": 2}, "status": {}}
+    store.put_job(body)
+    store.replace_pods(ALL_NAMESPACES, [worker(0, "a", "Running")])
+    metrics = JobMetrics(store)
+    first = metrics.render()
+    cached = metrics._cache[("ns", "tj")]
+    assert metrics.render() == first and metrics._cache[("ns", "tj")] is cached
+    store.put_pod(worker(1, "a", "Running"))  # a pod more: rendered again
+    assert b'torchjob_job_pods_paid{namespace="ns",torchjob="tj"} 2.0' in metrics.render()
+    store.put_job({**body, "status": {"phase": "Running"}})  # the job changed
+    assert b'phase="Running"' in metrics.render()
+    store.drop_job(("ns", "tj"))
+    assert b"torchjob=" not in metrics.render(), "a deleted job's series end with it"
 
 
 def test_a_completed_recovery_is_observed_once() -> None:

@@ -120,6 +120,9 @@ class Store:
         """Deleted jobs, oldest first, with when: tombstones (``TOMBSTONE_S``)."""
         self._put_at: dict[JobKey, float] = {}
         """When the watch last delivered each cached job (``sweep``)."""
+        self._rev = 0
+        self._pod_rev: dict[JobKey, int] = {}
+        """Moves whenever a job's cached pods change (``pods_revision``)."""
 
     # --- what the watches deliver -------------------------------------------------------
     def put_job(self, job: Mapping[str, Any]) -> JobKey:
@@ -174,6 +177,7 @@ class Store:
             with self._lock:
                 self._pods.setdefault(key, {})[name] = blob
                 self._pod_jobs[(key[0], name)] = key
+                self._moved(key)
         return key
 
     def drop_pod(self, pod: Mapping[str, Any]) -> JobKey | None:
@@ -187,6 +191,7 @@ class Store:
                     pods.pop(name, None)
                     if not pods:
                         del self._pods[key]
+                self._moved(key)
         return key
 
     def replace_pods(self, scope: str, pods: Iterable[Mapping[str, Any]]) -> set[JobKey]:
@@ -207,8 +212,23 @@ class Store:
             self._pods.update(fresh)
             for k, by_name in fresh.items():
                 self._pod_jobs.update(((k[0], name), k) for name in by_name)
+            for k in set(stale) | set(fresh):
+                self._moved(k)
             self._synced.add(scope)
         return set(stale) | set(fresh)
+
+    def _moved(self, key: JobKey) -> None:
+        if key in self._pods:
+            self._rev += 1
+            self._pod_rev[key] = self._rev
+        else:  # no pod left: revision 0, as for a job that never had one
+            self._pod_rev.pop(key, None)
+
+    def pods_revision(self, key: JobKey) -> int:
+        """A number that changes whenever the job's cached pods do (what a reader keeps
+        derived from them is still valid while it is the same)."""
+        with self._lock:
+            return self._pod_rev.get(key, 0)
 
     # --- what reconciles read -------------------------------------------------------------
     def job(self, key: JobKey) -> dict[str, Any] | None:

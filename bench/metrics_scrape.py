@@ -1,0 +1,199 @@
+"""What a Prometheus scrape costs the operator at 100 running jobs (issue 41's measure:
+under 1 % of its CPU when scraped every 15 s).
+
+The operator runs as a local process against the kwok control plane with ``--jobs``
+TorchJobs of ``--pods`` pods each, all Running, each with a 20-record ``status.history`` and a
+progress report (what a long-lived job's status holds). Two measurements:
+
+1. **Side by side**: windows of ``--window`` seconds with no scrape and with a scrape every
+   ``--interval`` seconds, in ABBA order over ``--pairs`` pairs; the operator's CPU seconds
+   (``/proc/<pid>/stat``) of each window, and their ratio. Everything else the operator does
+   (its resyncs, the pod watch) runs in both.
+2. **Per scrape**: in a quiet moment, ``--burst`` scrapes back to back; the operator's CPU
+   over them divided by their number. That cost at one scrape per ``--interval`` over the
+   operator's own CPU rate (the no-scrape windows) is the share a 15 s scrape costs.
+
+    python bench/metrics_scrape.py [--jobs 100] [--pods 8] [--window 60] [--pairs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import (
+    REPO,
+    apply,
+    cluster_down,
+    cluster_up,
+    kubectl,
+    logger,
+    spread,
+    start_torchjob_operator,
+    wait_established,
+    wait_for,
+)
+from bench.operator_jobs import bench_nodes
+
+log = logger("metrics-scrape")
+
+
+def job(i: int, pods: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "torchjob.io/v1alpha1",
+        "kind": "TorchJob",
+        "metadata": {"name": f"scraped-{i:03d}", "namespace": "default"},
+        "spec": {
+            "replicas": pods,
+            "template": {
+                "spec": {
+                    "containers": [{"name": "trainer", "image": "fake", "command": ["train"]}],
+                    "nodeSelector": {"type": "kwok"},
+                    "tolerations": [{"operator": "Exists"}],
+                }
+            },
+        },
+    }
+
+
+def progress(generation: int) -> dict[str, Any]:
+    """Rank 0's report and a long job's history, written as their writers would."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    history = [
+        {"generation": g, "began": now, "cause": "Disruption", "worldSize": 8, "left": [f"p-{g}@n"]}
+        for g in range(20)
+    ]
+    return {
+        "status": {
+            "progress": {"step": 1000, "generation": generation, "updateTime": now},
+            "history": history,
+        }
+    }
+
+
+def scrape(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        return len(r.read())
+
+
+def window(proc: Any, seconds: float, port: int | None, interval: float) -> tuple[float, int]:
+    """The operator's CPU seconds over ``seconds``, scraping every ``interval`` when ``port``."""
+    stop = threading.Event()
+    count = [0]
+
+    def scraper() -> None:
+        while not stop.wait(interval):
+            scrape(port)  # type: ignore[arg-type]
+            count[0] += 1
+
+    t = threading.Thread(target=scraper, daemon=True)
+    before = proc.cpu_s()
+    if port is not None:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    after = proc.cpu_s()
+    return after - before, count[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=100)
+    p.add_argument("--pods", type=int, default=8)
+    p.add_argument("--window", type=float, default=60.0)
+    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--interval", type=float, default=15.0)
+    p.add_argument("--burst", type=int, default=40)
+    p.add_argument("--cluster-name", default="bench-scrape")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "metrics_scrape.json")
+    args = p.parse_args(argv)
+    kubeconfig = cluster_up(args.cluster_name)
+    try:
+        apply(kubeconfig, *bench_nodes(args.jobs * args.pods))
+        kubectl(kubeconfig, "apply", "--server-side", "-f", str(REPO / "crds"))
+        wait_established(kubeconfig, "crd/torchjobs.torchjob.io")
+        proc, port = start_torchjob_operator(kubeconfig, Path(tempfile.mkdtemp(prefix="scrape-")))
+        try:
+            return measure(args, kubeconfig, proc, port)
+        finally:
+            proc.stop()
+    finally:
+        cluster_down(args.cluster_name)
+
+
+def measure(args: argparse.Namespace, kubeconfig: Path, proc: Any, port: int) -> int:
+    apply(kubeconfig, *(job(i, args.pods) for i in range(args.jobs)))
+
+    def running() -> bool:
+        out = json.loads(kubectl(kubeconfig, "get", "tj", "-o", "json"))
+        return (
+            sum((o.get("status") or {}).get("phase") == "Running" for o in out["items"])
+            == args.jobs
+        )
+
+    wait_for(f"{args.jobs} jobs Running", running, 900, interval=2.0)
+    for i in range(args.jobs):
+        patch = json.dumps(progress(0))
+        kubectl(
+            kubeconfig,
+            "patch",
+            "tj",
+            f"scraped-{i:03d}",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            patch,
+        )
+    size = scrape(port)
+    log(
+        f"{args.jobs} jobs x {args.pods} pods Running; /metrics is {size / 1024:.0f} KiB; settling 30 s"
+    )
+    time.sleep(30)
+    off, on, scrapes = [], [], 0
+    for pair in range(args.pairs):
+        order = (None, port) if pair % 2 == 0 else (port, None)
+        for which in order + order[::-1]:
+            cpu, n = window(proc, args.window, which, args.interval)
+            (on if which else off).append(cpu)
+            scrapes += n
+            log(f"pair {pair}: {'scraped' if which else 'not scraped'}: {cpu:.2f} s CPU")
+    before = proc.cpu_s()
+    for _ in range(args.burst):
+        scrape(port)
+    per_scrape = (proc.cpu_s() - before) / args.burst
+    base_rate = statistics.median(off) / args.window
+    share = per_scrape / args.interval / base_rate if base_rate else float("nan")
+    ratios = [b / a for a, b in zip(off, on, strict=True)]
+    print(
+        f"\nscraping the operator every {args.interval:.0f} s at {args.jobs} running jobs x {args.pods} pods"
+    )
+    print(f"  operator CPU per {args.window:.0f} s window, no scrape : {spread(off)} s")
+    print(
+        f"  operator CPU per {args.window:.0f} s window, scraped   : {spread(on)} s ({scrapes} scrapes)"
+    )
+    print(f"  scraped / not scraped, window by window      : {spread(ratios, '{:.3f}')}x")
+    print(
+        f"  one scrape (back to back, {args.burst})          : {per_scrape * 1000:.1f} ms CPU, {scrape(port) / 1024:.0f} KiB"
+    )
+    print(
+        f"  one scrape per {args.interval:.0f} s over the operator's own CPU: {100 * share:.2f} %"
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps({"off": off, "on": on, "per_scrape_s": per_scrape, "share": share})
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
