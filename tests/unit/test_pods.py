@@ -120,3 +120,23 @@ def test_only_a_joiner_gets_the_readiness_probe_on_its_ready_file() -> None:
     assert probe["exec"]["command"] == ["test", "-e", contract.JOINER_READY_FILE]
     member = worker_pod(**kw, generation=3, replicas=2)  # type: ignore[arg-type]
     assert "readinessProbe" not in member["spec"]["containers"][0]
+
+
+def test_workers_spread_over_nodes_unless_the_template_says_otherwise() -> None:
+    spread = build()["spec"]["topologySpreadConstraints"]
+    assert spread == [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {
+                "matchLabels": {contract.LABEL_JOB_NAME: "job", contract.LABEL_ROLE: "worker"}
+            },
+        }
+    ]
+    own = {"maxSkew": 2, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}
+    for mine in ([own], []):  # the template's own, or none at all
+        template = {
+            "spec": {"containers": [{"name": "t", "image": "i"}], "topologySpreadConstraints": mine}
+        }
+        assert build(template=template)["spec"]["topologySpreadConstraints"] == mine

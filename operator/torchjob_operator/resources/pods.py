@@ -169,6 +169,21 @@ def _pod_settings(pod_spec: dict[str, Any], pod_name: str, name: str, spec: Torc
         pod_spec["schedulerName"] = spec.scheduling.scheduler_name
     if spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
+    if "topologySpreadConstraints" not in pod_spec:
+        pod_spec["topologySpreadConstraints"] = [spread_across_nodes(name)]
+
+
+def spread_across_nodes(name: str) -> dict[str, Any]:
+    """The default spread of a job's workers: as evenly over nodes as the scheduler can
+    (``ScheduleAnyway``: never a reason to stay Pending), so that a lost node takes a known
+    share of the job (issue 39). A template with ``topologySpreadConstraints`` of its own
+    (``[]`` turns it off), in the job or its blueprint, replaces it."""
+    return {
+        "maxSkew": 1,
+        "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "ScheduleAnyway",
+        "labelSelector": {"matchLabels": job_labels(name)},
+    }
 
 
 def _volumes(pod_spec: dict[str, Any], pvc: Any) -> None:
