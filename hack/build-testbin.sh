@@ -16,7 +16,7 @@
 # checkpoint storage tests (tests/s3.py).
 #
 # Usage: hack/build-testbin.sh [--print-dir COMPONENT] [COMPONENT...]
-#   (COMPONENT: kubernetes|etcd|kwok|helm|kubelet|coredns|gitops|podgroup-crds|kueue|seaweedfs;
+#   (COMPONENT: kubernetes|etcd|kwok|helm|kubelet|coredns|gitops|podgroup-crds|monitoring-crds|kueue|seaweedfs;
 #    default: all)
 set -euo pipefail
 
@@ -40,6 +40,7 @@ component_dir() {
     coredns) echo "${ROOT}/coredns-${COREDNS_VERSION}" ;;
     gitops) echo "${ROOT}/gitops-check-${GOPHER_LUA_VERSION}-${CLI_UTILS_VERSION}" ;;
     podgroup-crds) echo "${ROOT}/podgroup-crds-${SCHEDULER_PLUGINS_VERSION}" ;;
+    monitoring-crds) echo "${ROOT}/monitoring-crds-${PROMETHEUS_OPERATOR_VERSION}" ;;
     kueue) echo "${ROOT}/kueue-${KUEUE_VERSION}" ;;
     seaweedfs) echo "${ROOT}/seaweedfs-${SEAWEEDFS_VERSION}" ;;
     *) die "unknown component: $1" ;;
@@ -336,6 +337,28 @@ build_podgroup-crds() {
   publish "${tmp}" "${dir}" podgroup-crds "${SCHEDULER_PLUGINS_VERSION}"
 }
 
+# ---------------------------------------------------------------- monitoring.coreos.com CRDs
+# ServiceMonitor and PrometheusRule, so the chart installs with every switch on (tests only).
+build_monitoring-crds() {
+  local dir mod base f
+  dir="$(component_dir monitoring-crds)"
+  if fresh "${dir}" monitoring-crds "${PROMETHEUS_OPERATOR_VERSION}"; then
+    log "monitoring-crds ${PROMETHEUS_OPERATOR_VERSION}: up to date in ${dir}"
+    return
+  fi
+  log "monitoring-crds: prometheus-operator ${PROMETHEUS_OPERATOR_VERSION} from the module proxy"
+  mod="$("${GO}" mod download -json "github.com/prometheus-operator/prometheus-operator@${PROMETHEUS_OPERATOR_VERSION}" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  base="${mod}/example/prometheus-operator-crd"
+  local tmp="${dir}.tmp.$$"
+  rm -rf "${tmp}"
+  mkdir -p "${tmp}"
+  for f in monitoring.coreos.com_servicemonitors.yaml monitoring.coreos.com_prometheusrules.yaml; do
+    [[ -f "${base}/${f}" ]] || die "prometheus-operator@${PROMETHEUS_OPERATOR_VERSION} has no example/prometheus-operator-crd/${f}"
+    cp "${base}/${f}" "${tmp}/"
+  done
+  publish "${tmp}" "${dir}" monitoring-crds "${PROMETHEUS_OPERATOR_VERSION}"
+}
+
 mkdir -p "${ROOT}" "${WORK}"
 # One build at a time per root: a second `make testbin` waits, then finds everything fresh.
 if command -v flock >/dev/null 2>&1; then
@@ -394,7 +417,7 @@ build_seaweedfs() {
 }
 
 components=("${@}")
-[[ ${#components[@]} -gt 0 ]] || components=(kwok etcd kubernetes helm kubelet coredns gitops podgroup-crds kueue seaweedfs)
+[[ ${#components[@]} -gt 0 ]] || components=(kwok etcd kubernetes helm kubelet coredns gitops podgroup-crds monitoring-crds kueue seaweedfs)
 # SeaweedFS needs ~2 GB of modules: download them in the background while the other components
 # compile (CPU-bound), so a cold build pays the network and the compiler at the same time.
 prefetch_pid=""
@@ -411,7 +434,7 @@ for c in "${components[@]}"; do
       [[ -z "${prefetch_pid}" ]] || wait "${prefetch_pid}" || true
       timed "${c}" "build_${c}"
       ;;
-    kubernetes | etcd | kwok | helm | kubelet | coredns | gitops | podgroup-crds | kueue) timed "${c}" "build_${c}" ;;
+    kubernetes | etcd | kwok | helm | kubelet | coredns | gitops | podgroup-crds | monitoring-crds | kueue) timed "${c}" "build_${c}" ;;
     *) die "unknown component '${c}' (kubernetes|etcd|kwok|helm|kubelet|coredns|gitops|podgroup-crds|kueue|seaweedfs)" ;;
   esac
 done

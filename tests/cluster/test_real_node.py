@@ -807,18 +807,32 @@ def test_helm_upgrade_rolls_the_operator_and_uninstall_keeps_the_crd(
     helm_operator: HelmOperator, cluster: k.Cluster, tmp_path: Path
 ) -> None:
     before = helm_operator.wait_ready()
-    # Every switch on (issue 41): the ServiceMonitor and PrometheusRule need the Prometheus
-    # Operator's CRDs, which this cluster lacks, so those two stay off here (make lint renders
-    # and checks them); the dashboard runs on the real node, and --wait holds until its
-    # readiness probe, a GET of /api/jobs through its read-only ServiceAccount, answers.
+    # Every switch on (issue 41): the Prometheus Operator's CRDs (ServiceMonitor,
+    # PrometheusRule; from the module proxy, hack/build-testbin.sh monitoring-crds) first; the
+    # dashboard runs on the real node, and --wait holds until its readiness probe, a GET of
+    # /api/jobs through its read-only ServiceAccount, answers.
+    crds = k.testbin_root() / f"monitoring-crds-{k.read_versions()['PROMETHEUS_OPERATOR_VERSION']}"
+    assert crds.is_dir(), f"{crds} missing: run `make testbin`"
+    cluster.kubectl("apply", "--server-side", "-f", str(crds))
+    for crd in ("servicemonitors", "prometheusrules"):
+        cluster.kubectl(
+            "wait",
+            "--for=condition=Established",
+            f"crd/{crd}.monitoring.coreos.com",
+            "--timeout=60s",
+        )
+    switches = [
+        "dashboard.enabled=true",
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.prometheusRule.enabled=true",
+        "metrics.grafanaDashboard.enabled=true",
+        "networkPolicy.enabled=true",
+    ]
     helm_operator.install(
         tmp_path / "values.yaml",
         "--set",
         "createConcurrency=8",
-        "--set",
-        "dashboard.enabled=true",
-        "--set",
-        "metrics.grafanaDashboard.enabled=true",
+        *(arg for switch in switches for arg in ("--set", switch)),
         command="upgrade",
     )
     after = helm_operator.wait_ready()
@@ -829,6 +843,13 @@ def test_helm_upgrade_rolls_the_operator_and_uninstall_keeps_the_crd(
     ).items
     assert dashboard and k.pod_condition(dashboard[0], "Ready").status == "True", dashboard
     assert dashboard[0].spec.node_selector == {NODE_LABEL: "true"}, "on the real node"
+    for kind in ("servicemonitor", "prometheusrule", "networkpolicy"):
+        out = cluster.kubectl("get", kind, "-n", OPERATOR_NS, "-o", "name").stdout
+        assert "torchjob-operator" in out, (kind, out)
+    dashboards = cluster.kubectl(
+        "get", "configmap", "-n", OPERATOR_NS, "-l", "grafana_dashboard=1", "-o", "name"
+    )
+    assert "torchjob-operator-dashboard" in dashboards.stdout, dashboards.stdout
     helm_operator.helm("uninstall", "torchjob", "--namespace", OPERATOR_NS, "--wait")
     k.wait_for(lambda: not helm_operator.pods(), 60, "the operator pod to go")
     # Helm never deletes a chart's crds/: TorchJobs (and their data) survive an uninstall.
