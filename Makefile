@@ -46,8 +46,12 @@ venv: $(VENV)/.installed $(VENV)/.bytecode ## create the virtual env and install
 testbin: ## build (or reuse) the pinned control-plane binaries from the Go module proxy
 	hack/build-testbin.sh
 
+.PHONY: prereqs
+prereqs: ## the Debian packages of the real node, Prometheus and Chromium (installed as root; else listed)
+	hack/prereqs.sh
+
 .PHONY: test
-test: venv testbin ## run the whole suite: unit/runtime (multi-process torch), cluster, real-node and pod (own clusters) tests, five sessions at once
+test: prereqs venv testbin ## run the whole suite: unit/runtime (multi-process torch), cluster, real-node and pod (own clusters) tests, five sessions at once
 	PY=$(PY) hack/test.sh
 
 .PHONY: test-cluster
