@@ -170,3 +170,10 @@ def test_the_jobs_page_with_100_jobs_and_the_studies_page(
         lambda: f"the study and its trials: {text_of(browser, 'main')}",
     )
     assert "loss (min)" in text_of(browser, "main")
+    # Each trial is a TorchJob: its name opens its own page (its generations, its Events).
+    browser.get(dashboard + f"#/job/{jobs.ns}/seen-t0")
+    k.wait_for(
+        lambda: "seen-t0" in text_of(browser, "h2") and text_of(browser, "table#history"),
+        30,
+        lambda: f"the trial's own page: {text_of(browser, 'main')}",
+    )

@@ -94,7 +94,8 @@ function studiesView(studies) {
     const W = 420, H = 160, P = 24, vals = done.map(t => t.value);
     const lo = Math.min(...vals), hi = Math.max(...vals), n = Math.max(1, s.trials.length - 1);
     const dots = done.map(t => `<circle cx="${P + (W - 2*P) * t.number / n}" cy="${H - P - (H - 2*P) * (hi > lo ? (t.value - lo) / (hi - lo) : 0.5)}" r="4" fill="${s.best && s.best.number === t.number ? "#b3261e" : "#1a56b0"}"/>`).join("");
-    const rows = s.trials.map(t => [t.number, t.name, t.state, t.value == null ? "-" : num(t.value, 4), JSON.stringify(t.params)]);
+    const rows = s.trials.map(t => [t.number, {html: `<a href="#/job/${encodeURIComponent(s.namespace)}/${encodeURIComponent(t.name)}">${esc(t.name)}</a>`},
+      t.state, t.value == null ? "-" : num(t.value, 4), JSON.stringify(t.params)]);
     return `<h2>${esc(s.namespace)}/${esc(s.name)} <span class="${esc(s.phase)}">${esc(s.phase)}</span></h2>` +
       `<p class="muted">${esc(s.metric)} (${esc(s.mode)}), ${esc(s.progress)}; best: ${s.best ? esc(s.best.name) + " = " + num(s.best.value, 4) : "-"}</p>` +
       `<svg width="${W}" height="${H}" class="objective">${dots}</svg>` + table(["#", "trial", "state", "value", "params"], rows, "trials-" + s.name);
