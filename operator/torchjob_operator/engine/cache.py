@@ -133,12 +133,14 @@ class Store:
             self._jobs[key] = trim_job(job)
             self._put_at[key] = now
             self._gone.pop(key, None)
+            self._rev += 1
         return key
 
     def drop_job(self, key: JobKey) -> None:
         """The TorchJob is gone: forget it, its pods go with their own DELETED events."""
         now = self.clock()
         with self._lock:
+            self._rev += 1
             self._jobs.pop(key, None)
             self._put_at.pop(key, None)
             self._pending.pop(key, None)
@@ -218,11 +220,16 @@ class Store:
         return set(stale) | set(fresh)
 
     def _moved(self, key: JobKey) -> None:
+        self._rev += 1
         if key in self._pods:
-            self._rev += 1
             self._pod_rev[key] = self._rev
         else:  # no pod left: revision 0, as for a job that never had one
             self._pod_rev.pop(key, None)
+
+    def revision(self) -> int:
+        """A number that changes whenever any cached job or pod does."""
+        with self._lock:
+            return self._rev
 
     def pods_revision(self, key: JobKey) -> int:
         """A number that changes whenever the job's cached pods do (what a reader keeps

@@ -119,6 +119,8 @@ class JobMetrics:
         self.store = store
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, str], tuple[int, int, dict[str, list[str]]]] = {}
+        self._page: tuple[int, bytes] | None = None
+        """The whole block and the store's revision it was rendered at."""
 
     def _of(self, job: Mapping[str, Any]) -> dict[str, list[str]]:
         meta = job.get("metadata") or {}
@@ -151,7 +153,14 @@ class JobMetrics:
                 yield from samples.get(name, ())
 
     def render(self) -> bytes:
-        return ("\n".join(self.lines()) + "\n").encode()
+        """The block; the last one again while nothing in the cache changed."""
+        revision = self.store.revision()
+        page = self._page
+        if page is not None and page[0] == revision:
+            return page[1]
+        body = ("\n".join(self.lines()) + "\n").encode()
+        self._page = (revision, body)
+        return body
 
 
 _current: list[JobMetrics] = []
