@@ -15,6 +15,7 @@ import signal
 import pytest
 
 from torchjob.launch import WorkerDiedError, WorkerGroup, nccl
+from torchjob.launch.settings import RuntimeSettings
 
 _HELD: list[object] = []
 
@@ -41,12 +42,10 @@ def test_every_survivor_of_a_killed_rank_answers_while_the_group_is_still_referr
         assert g.survivable()
 
 
-def test_nccl_re_forms_in_place_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(nccl.ENV_NCCL_REFORM, raising=False)
-    assert nccl.in_place("gloo") and not nccl.in_place("nccl")
-    monkeypatch.setenv(nccl.ENV_NCCL_REFORM, "1")
-    assert nccl.in_place("nccl")
-    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
-    assert nccl.worker_env() == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
-    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
-    assert nccl.worker_env() == {}  # the user's choice stands
+def test_nccl_re_forms_in_place_only_when_asked() -> None:
+    off = RuntimeSettings.from_env({})
+    assert nccl.in_place("gloo", off) and not nccl.in_place("nccl", off)
+    assert nccl.in_place("nccl", RuntimeSettings.from_env({nccl.ENV_NCCL_REFORM: "1"}))
+    assert nccl.worker_env(off) == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
+    chosen = RuntimeSettings.from_env({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"})
+    assert nccl.worker_env(chosen) == {}  # the user's choice stands

@@ -341,7 +341,7 @@ def test_rank_0_serves_the_store_once_the_previous_holder_lets_the_port_go() -> 
     from datetime import timedelta
 
     from torchjob.contract import free_port
-    from torchjob.launch.worker import _serve_store
+    from torchjob.launch._worker_process import _serve_store
 
     port = free_port()
     holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

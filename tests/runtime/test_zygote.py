@@ -28,11 +28,16 @@ _KILLS = textwrap.dedent(
             return [err.rank, err.exitcode, str(err)]
         return None
 
+    from torchjob.launch import request_stop, stop_requested, worker_state
+
     out = {}
+    worker_state()["driver's"] = 1  # in the driver, so in its copy, the zygote
+    request_stop()
     g = WorkerGroup(2, backend="gloo")
     g.start()
     z = zygote._ZYGOTES["copy"]
     out["method"], out["ppids"], out["zygote"] = g.start_method, g.execute(os.getppid), z.pid
+    out["fresh"] = g.execute(lambda: [sorted(worker_state()), stop_requested()])
     out["killed"] = died(g, g.pids[1])
     g.shutdown(timeout_s=0)
     h = WorkerGroup(1, backend="gloo")
@@ -76,6 +81,9 @@ def test_a_killed_workers_signal_reaches_the_driver_and_a_dead_zygote_falls_back
     out, stderr = _run(_KILLS)
     assert out["method"] == "zygote"
     assert out["ppids"] == [out["zygote"]] * 2  # not the driver's children
+    # A forked worker starts with a WorkerProcess of its own, not the zygote's copy of the
+    # driver's: no worker_state, no stop flag.
+    assert out["fresh"] == [[[], False]] * 2
     # The zygote reaped rank 1 and sent its status: the driver names the signal.
     assert out["killed"] == [1, -9, "rank 1 worker process died: killed by SIGKILL"]
     # With the zygote gone, its worker still runs, new ones are fresh interpreters (a log line

@@ -44,6 +44,7 @@ def test_checkpoints_are_ordered_by_their_index() -> None:
 def test_a_generations_first_report_goes_at_once_with_its_facts() -> None:
     from tests.kube import wait_for
 
+    from torchjob.launch.protocol import RestoredFromMemory
     from torchjob.train.job_status import GenerationFacts
 
     sink = Recorder()
@@ -51,7 +52,8 @@ def test_a_generations_first_report_goes_at_once_with_its_facts() -> None:
     reporter.report({"step": 1})  # the first write of the reporter goes at once
     wait_for(lambda: len(sink.bodies) == 1, 10, "the first write")
     facts = GenerationFacts(3)
-    body, first = facts.add({"step": 8}, reports=8, restored={"type": "restored", "from": "memory"})
+    restored = RestoredFromMemory(index=7, source_rank=1, seconds=0.1, bytes=10)
+    body, first = facts.add({"step": 8}, reports=8, restored=restored)
     assert first and body["generation"] == 3 and body["restoredFrom"] == "memory"
     assert body["restoredStep"] == 7 and body["firstStepTime"].endswith("Z")
     reporter.report(body, urgent=first)

@@ -44,7 +44,7 @@ def test_spawn_is_asked_for_or_the_only_way_off_linux() -> None:
 
 
 def test_a_bad_setting_names_the_variable() -> None:
-    with pytest.raises(ValueError, match="TORCHJOB_WORKER_START must be one of"):
+    with pytest.raises(ValueError, match="TORCHJOB_WORKER_START='forkserver' must be one of"):
         _choose({ENV_START: "forkserver"})
 
 

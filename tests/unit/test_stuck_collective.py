@@ -5,12 +5,13 @@ although its watchdog had shut its connections down."""
 
 from __future__ import annotations
 
+from torchjob.launch.protocol import SilentPeer
 from torchjob.train.progress import ProgressView
 from torchjob.train.survivors import RestorePoints
 
 
-def silent(rank: int) -> dict[str, object]:
-    return {"type": "silent_peer", "rank": rank, "silent_s": 5.0, "by": 7}
+def silent(rank: int) -> SilentPeer:
+    return SilentPeer(rank=rank, silent_s=5.0, by=7)
 
 
 def test_workers_are_stuck_only_past_the_bound_after_a_remote_peer_went_silent() -> None:

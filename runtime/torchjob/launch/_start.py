@@ -32,16 +32,16 @@ from collections.abc import Mapping
 from typing import Literal, Protocol
 
 from torchjob.launch import _child, store_clients
+from torchjob.launch.settings import ENV_WORKER_START, RuntimeSettings
 
 StartMethod = Literal["zygote", "fork", "spawn"]
 
-ENV_START = "TORCHJOB_WORKER_START"
+ENV_START = ENV_WORKER_START
 """``auto`` (unset) or ``zygote``: from the zygote; ``fork``: from the driver where safe;
-``spawn``: fresh interpreters."""
-SETTINGS = ("auto", "zygote", "fork", "spawn")
+``spawn``: fresh interpreters (``RuntimeSettings.worker_start``)."""
 
 
-class WorkerProcess(Protocol):
+class ProcessHandle(Protocol):
     """What the group uses of a worker process (``subprocess.Popen`` has it)."""
 
     @property
@@ -64,9 +64,7 @@ def choose(
 ) -> tuple[StartMethod, str]:
     """How to start a worker with ``env``, and why (pure; the rules in the module docstring).
     ``zygote`` may still fall back to ``spawn`` when the zygote is unusable."""
-    setting = env.get(ENV_START) or "auto"
-    if setting not in SETTINGS:
-        raise ValueError(f"{ENV_START} must be one of {', '.join(SETTINGS)}, got {setting!r}")
+    setting = RuntimeSettings.from_env(env).worker_start
     if setting == "spawn":
         return "spawn", f"{ENV_START}=spawn"
     if not platform.startswith("linux"):
@@ -90,6 +88,7 @@ def current_choice(
     """:func:`choose` for this process as it is now."""
     from torchjob.launch.cuda_guard import cuda_touched
 
+    fork = RuntimeSettings.from_env(env).worker_start == "fork"
     return choose(
         env,
         platform=sys.platform,
@@ -97,7 +96,7 @@ def current_choice(
         backend=backend,
         torch_imported="torch" in sys.modules,
         # the probe forks: only where the driver itself is about to be forked
-        cuda_touched=cuda_touched(probe_fork=env.get(ENV_START) == "fork") is not None,
+        cuda_touched=cuda_touched(probe_fork=fork) is not None,
         other_threads=threading.active_count() - 1 + store_clients.serving(),
     )
 

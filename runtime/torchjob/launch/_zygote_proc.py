@@ -15,15 +15,38 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
 
 from torchjob.launch import _child
 from torchjob.launch.cuda_guard import cuda_touched, install_tripwire
+from torchjob.launch.protocol import (
+    ChildExited,
+    Forked,
+    ForkRequest,
+    ProtocolError,
+    Refused,
+    ZygoteReady,
+)
 
 BUF = 1 << 20
 
 
-def _send(sock: socket.socket, msg: tuple[Any, ...]) -> None:
+def modules_of(fn: object) -> list[str]:
+    """The modules a function's globals (and ``__main__``'s) come from: what a fresh zygote
+    imports so that the workers find them loaded when they unpickle the function."""
+    spaces = [getattr(fn, "__globals__", {}), vars(sys.modules.get("__main__", sys))]
+    names: list[str] = []
+    for space in spaces:
+        for value in list(space.values()):
+            try:
+                name = value.__name__ if isinstance(value, type(sys)) else value.__module__
+            except Exception:  # no module, or an object that refuses to say
+                continue
+            if isinstance(name, str) and name not in ("__main__", "builtins") and name not in names:
+                names.append(name)
+    return names
+
+
+def _send(sock: socket.socket, msg: ZygoteReady | Forked | Refused | ChildExited) -> None:
     sock.send(pickle.dumps(msg))
 
 
@@ -50,7 +73,7 @@ def serve(sock: socket.socket, preload: Iterable[str]) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda _s, _f: None)
     children: set[int] = set()
-    _send(sock, ("ready", os.getpid(), cuda_touched()))
+    _send(sock, ZygoteReady(os.getpid(), cuda_touched()))
     while True:
         ready, _, _ = select.select([sock.fileno(), wake_r], [], [])
         if wake_r in ready:
@@ -63,27 +86,30 @@ def serve(sock: socket.socket, preload: Iterable[str]) -> None:
             if pid == 0:
                 break
             children.discard(pid)
-            _send(sock, ("exit", pid, os.waitstatus_to_exitcode(status)))
+            _send(sock, ChildExited(pid, os.waitstatus_to_exitcode(status)))
         if sock.fileno() not in ready:
             continue
         data, fds, _flags, _addr = socket.recv_fds(sock, BUF, 3)
         if not data:
             _reap_last(children)
             return
-        _, req, env, cwd, which = pickle.loads(data)
+        request = pickle.loads(data)
+        if not isinstance(request, ForkRequest):
+            raise ProtocolError(f"the zygote takes ForkRequest, got {request!r}"[:300])
         why = cuda_touched() or (
             f"{threading.active_count() - 1} thread(s) run"
             if threading.active_count() > 1
             else None
         )
         if why:
-            _send(sock, ("refused", req, why))
+            _send(sock, Refused(request.req, why))
         else:
             pid = os.fork()
             if pid == 0:
-                _worker(sock, (wake_r, wake_w), dict(zip(which, fds, strict=True)), env, cwd)
+                fd_map = dict(zip(request.which, fds, strict=True))
+                _worker(sock, (wake_r, wake_w), fd_map, request.env, request.cwd)
             children.add(pid)
-            _send(sock, ("forked", req, pid))
+            _send(sock, Forked(request.req, pid))
         for fd in fds:
             os.close(fd)
 

@@ -25,7 +25,8 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from torchjob.launch.heartbeat import beat_interval_s, silent_after_s
+from torchjob.launch.heartbeat import beat_interval_s
+from torchjob.launch.layout import StoreLayout, prefixed
 
 
 def process_runs(pid: int) -> bool:
@@ -48,13 +49,11 @@ class DriverBeat:
     def __init__(
         self,
         *,
-        addr: str,
-        port: int,
-        generation: int,
+        layout: StoreLayout,
         ranks: Mapping[int, int],
         interval_s: float,
     ) -> None:
-        self.addr, self.port, self.generation = addr, port, generation
+        self.layout = layout
         self.ranks = dict(ranks)
         self.interval_s = interval_s
         self.beats = 0
@@ -65,16 +64,14 @@ class DriverBeat:
     def for_group(cls, group: Any, workers: Any) -> DriverBeat | None:
         """A started beat for ``workers`` of ``group`` (a formed ``WorkerGroup`` of more than one
         rank), or None where the driver does not beat (see the module docstring)."""
-        after = silent_after_s()
+        after = group.settings.silent_peer_s
         placement = group.placement
         if after <= 0 or not group.formed or placement.world_size == 1:
             return None
         if "torch.distributed" not in sys.modules:
             return None
         beat = cls(
-            addr=placement.master_addr,
-            port=placement.master_port,
-            generation=placement.generation,
+            layout=group.store_layout(),
             ranks={w.rank: w.proc.pid for w in workers},
             interval_s=beat_interval_s(after),
         )
@@ -87,16 +84,19 @@ class DriverBeat:
         self._thread.join(timeout=0.2)
 
     def _store(self) -> Any:
-        import torch.distributed as dist
-
         from torchjob.launch import store_clients
 
         timeout = timedelta(seconds=max(1.0, self.interval_s * 2))
+        layout = self.layout
         store = store_clients.client(
-            "driver-beat", self.addr, self.port, connect=timeout, timeout=timeout
+            "driver-beat",
+            layout.addr,
+            layout.port,
+            connect=timeout,
+            timeout=timeout,
+            use_libuv=layout.use_libuv,
         )
-        prefix = f"torchjob/g{self.generation}/hb"
-        return dist.PrefixStore(prefix, store)  # type: ignore[attr-defined]
+        return prefixed(layout.heartbeat, store)
 
     def _run(self) -> None:
         store: Any = None
@@ -110,9 +110,9 @@ class DriverBeat:
             try:
                 for rank, pid in self.ranks.items():
                     if process_runs(pid):
-                        store.set(str(rank), f"d{self.beats}")
+                        store.set(StoreLayout.beat_key(rank), f"d{self.beats}")
             except Exception:
                 from torchjob.launch import store_clients
 
-                store_clients.discard("driver-beat", self.addr, self.port)
+                store_clients.discard("driver-beat", self.layout.addr, self.layout.port)
                 store = None

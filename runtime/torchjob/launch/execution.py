@@ -28,7 +28,10 @@ from torchjob.launch.errors import (
     WorkerDiedError,
     WorkerGroupError,
 )
+from torchjob.launch.layout import StoreLayout
 from torchjob.launch.placement import Placement
+from torchjob.launch.protocol import Dispatcher, TaskDone, TaskFailed, WorkerEvent
+from torchjob.launch.settings import RuntimeSettings
 
 T = TypeVar("T")
 EventHandler = Callable[[int, Any], None]
@@ -44,6 +47,11 @@ class Group(Protocol):
     @property
     def formed(self) -> bool: ...
 
+    @property
+    def settings(self) -> RuntimeSettings: ...
+
+    def store_layout(self) -> StoreLayout: ...
+
     def mark_broken(self, *, peer_loss_only: bool, survivors: bool = False) -> None: ...
 
     def peer_lost(self) -> None: ...
@@ -55,7 +63,7 @@ class WorkerHandle:
 
     local_rank: int
     rank: int
-    proc: _start.WorkerProcess
+    proc: _start.ProcessHandle
     conn: Connection | None = None
 
     def exitcode(self, wait_s: float = 5.0) -> int | None:
@@ -174,19 +182,36 @@ class Execution(Generic[T]):
             worker.conn = None
             died = WorkerDiedError(worker.rank, worker.exitcode())
             return _Failure(worker.rank, "died", time.monotonic(), died)
-        kind = msg[0]
-        if msg[1] != self._task_id:
-            return None  # left over from an earlier, abandoned task
-        if kind == "event":
-            if on_event is not None:
-                on_event(worker.rank, cloudpickle.loads(msg[2]))
-            return None
-        if kind == "ok":
-            results[worker.local_rank] = cloudpickle.loads(msg[2])
-            return None
-        _, _, exc_type, message, tb, failure_kind = msg
-        err = WorkerGroupError(worker.rank, exc_type, message, tb)
-        return _Failure(worker.rank, failure_kind, time.monotonic(), err)
+        return _ANSWER(msg, self._task_id, worker, results, on_event)
+
+
+def _done(
+    msg: TaskDone, task_id: int, w: WorkerHandle, results: dict[int, Any], _on: Any
+) -> _Failure | None:
+    if msg.task_id == task_id:  # else left over from an earlier, abandoned task
+        results[w.local_rank] = cloudpickle.loads(msg.data)
+    return None
+
+
+def _event(
+    msg: WorkerEvent, task_id: int, w: WorkerHandle, _results: Any, on_event: EventHandler | None
+) -> _Failure | None:
+    if msg.task_id == task_id and on_event is not None:
+        on_event(w.rank, cloudpickle.loads(msg.data))
+    return None
+
+
+def _failed(
+    msg: TaskFailed, task_id: int, w: WorkerHandle, _results: Any, _on: Any
+) -> _Failure | None:
+    if msg.task_id != task_id:
+        return None
+    err = WorkerGroupError(w.rank, msg.exc_type, msg.message, msg.traceback)
+    return _Failure(w.rank, msg.kind, time.monotonic(), err)
+
+
+_ANSWER = Dispatcher[_Failure | None]({TaskDone: _done, WorkerEvent: _event, TaskFailed: _failed})
+"""A worker's message while a task runs: its result, an event, or its failure."""
 
 
 def _dump_stacks(hung: list[WorkerHandle], failures: list[_Failure]) -> None:

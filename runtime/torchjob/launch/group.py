@@ -12,7 +12,6 @@ caller does not have to read N stack traces.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import secrets
 import signal
@@ -26,10 +25,16 @@ from typing import Any, TypeVar
 
 import cloudpickle
 
-from torchjob.launch import _start, abort, nccl, store_clients, zygote
+from torchjob.launch import abort, nccl, store_clients, zygote
+from torchjob.launch._start import StartMethod
+from torchjob.launch._survivors import Survivors
 from torchjob.launch.errors import LaunchError, WorkerDiedError
 from torchjob.launch.execution import Execution, WorkerHandle
+from torchjob.launch.group_state import GroupState
+from torchjob.launch.layout import StoreLayout
 from torchjob.launch.placement import Placement
+from torchjob.launch.protocol import Exit, Init, Reform, Run
+from torchjob.launch.settings import ENV_STORE_SERVED, RuntimeSettings
 from torchjob.launch.startup import (
     accept_workers,
     await_ready,
@@ -38,12 +43,11 @@ from torchjob.launch.startup import (
     resolve_backend,
     spawn_env,
 )
-from torchjob.launch.worker import ENV_DRIVER_PID, ENV_STORE_SERVED
 
 T = TypeVar("T")
 
 
-class WorkerGroup:
+class WorkerGroup(Survivors):
     """N local worker processes (fresh interpreters) forming one torch.distributed process group.
 
     Use it as a context manager, or call :meth:`start` and :meth:`shutdown`.
@@ -69,33 +73,33 @@ class WorkerGroup:
                 f"num_workers={num_workers} but placement runs {placement.local_world_size} locally"
             )
         check_gpu_count(num_workers, use_gpu)
+        self._env = dict(env or {})
+        self.settings = RuntimeSettings.from_env({**os.environ, **self._env})
+        """The runtime settings of this group (the driver's environment under ``env``, as
+        its workers see them), read once here."""
         self._num_workers = num_workers
         self._backend = resolve_backend(backend, use_gpu)
         self._use_gpu = use_gpu
         self._timeout_s = timeout_s
         self._placement = placement
-        self._store_server: Any = None
+        self._store = store_clients.DriverStore(
+            timedelta(seconds=timeout_s), use_libuv=self.settings.use_libuv
+        )
         """The local group's rendezvous store, served by this process (:meth:`_with_store`)."""
-        self._formations = 0
-        """How many times this group formed in that store (keys each formation apart)."""
-        self._env = dict(env or {})
         self._init_hook = init_hook
         self._start_timeout_s = start_timeout_s
         self._workers: list[WorkerHandle] = []
         self._server: socket.socket | None = None
         self._next_task = 0
-        self._broken = False
-        self._busy = False
-        self._formed = False
-        self._peer_loss_only = False
-        self._survivors = False
+        self.state = GroupState.NEW
+        """Where the group is in its life (``torchjob.launch.group_state``)."""
         self._token = ""
-        self._init: dict[str, Any] = {}
-        self.start_method: _start.StartMethod | None = None
-        self.start_why = ""
-        """How the last worker started, in words (``forked from the copy zygote (pid N)``)."""
+        self._init: Init | None = None
+        self.start_method: StartMethod | None = None
         """How the last worker started: from the zygote, forked from this process, or a fresh
         interpreter (``torchjob.launch._start``)."""
+        self.start_why = ""
+        """How the last worker started, in words (``forked from the copy zygote (pid N)``)."""
 
     # --- properties -----------------------------------------------------------------
     @property
@@ -123,7 +127,7 @@ class WorkerGroup:
     @property
     def is_broken(self) -> bool:
         """True after a failed execution: peers may be stuck in a collective; shut it down."""
-        return self._broken
+        return self.state.broken
 
     # --- lifecycle ------------------------------------------------------------------
     def start(self, *, form: bool = True) -> None:
@@ -134,7 +138,7 @@ class WorkerGroup:
         imports while it waits for its generation)."""
         if self._workers:
             raise LaunchError("worker group already started")
-        self._formed = form
+        self.state = self.state.started(form=form)
         self._placement = self._with_store(self._placement, form=form)
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         server.bind(("127.0.0.1", 0))
@@ -145,18 +149,17 @@ class WorkerGroup:
             for local_rank in range(self._num_workers):
                 self._workers.append(self._spawn(local_rank, token))
             accept_workers(self._server, self._workers, token, timeout_s=self._start_timeout_s)
-            init = {
-                "sys_path": list(sys.path),
-                "backend": self._backend,
-                "use_gpu": self._use_gpu,
-                "timeout_s": self._timeout_s,
-                "init_hook": cloudpickle.dumps(self._init_hook) if self._init_hook else None,
-                "form": form,
-            }
-            self._init = init
+            init = self._init = Init(
+                sys_path=tuple(sys.path),
+                backend=self._backend,
+                use_gpu=self._use_gpu,
+                timeout_s=self._timeout_s,
+                init_hook=cloudpickle.dumps(self._init_hook) if self._init_hook else None,
+                form=form,
+            )
             for w in self._workers:
                 assert w.conn is not None
-                w.conn.send(("init", init))
+                w.conn.send(init)
             self._await_ready()
         except BaseException:
             self.shutdown(timeout_s=0)
@@ -165,7 +168,7 @@ class WorkerGroup:
     @property
     def formed(self) -> bool:
         """True once the workers are in a process group (see ``start(form=False)``)."""
-        return self._formed
+        return self.state.formed
 
     def can_reform(self, placement: Placement) -> bool:
         """Whether :meth:`reform` can move this group's processes to ``placement``.
@@ -174,10 +177,10 @@ class WorkerGroup:
         ranks vanished (every local rank raised a broken connection, none hung or died) can:
         its processes leave the dead group and join the next one (an NCCL group only with
         ``TORCHJOB_NCCL_REFORM=1``, unverified: ``torchjob.launch.nccl.in_place``)."""
-        healthy = not self._broken or (self._peer_loss_only and nccl.in_place(self._backend))
+        in_place = nccl.in_place(self._backend, self.settings)
         return (
             bool(self._workers)
-            and healthy
+            and self.state.reformable(in_place=in_place)
             and all(w.conn is not None and w.proc.poll() is None for w in self._workers)
             and placement.local_world_size == self._num_workers
         )
@@ -186,8 +189,8 @@ class WorkerGroup:
         """A worker died (:class:`Execution`): an NCCL group's survivors are told to abort
         their communicators (``torchjob.launch.abort``), which would otherwise wait on it
         until the timeout. (A gloo group learns of it from its closed connections.)"""
-        if self._backend == "nccl" and nccl.enabled() and (p := self._placement).master_port:
-            abort.request_abort(p.master_addr, p.master_port, p.generation)
+        if self._backend == "nccl" and nccl.enabled(self.settings) and self._placement.master_port:
+            abort.request_abort(self.store_layout())
 
     def reform(self, placement: Placement, env: dict[str, str] | None = None) -> None:
         """Move the running workers into the process group ``placement`` names, in place.
@@ -204,39 +207,33 @@ class WorkerGroup:
         try:
             for w in self._workers:
                 assert w.conn is not None
-                w.conn.send(("reform", self._rank_env(w.local_rank, with_base=False)))
+                w.conn.send(Reform(self._rank_env(w.local_rank, with_base=False)))
             self._await_ready()
         except BaseException:
-            self._broken, self._peer_loss_only, self._survivors = True, False, False
+            self.state = self.state.errored()
             raise
         for w in self._workers:
             w.rank = self._placement.rank_offset + w.local_rank
-        self._formed = True
-        self._broken = self._peer_loss_only = self._survivors = False
+        self.state = self.state.reformed(in_place=nccl.in_place(self._backend, self.settings))
+
+    def store_layout(self) -> StoreLayout:
+        """The current generation's store, as its workers see it (``torchjob.launch.layout``)."""
+        p = self._placement
+        use_libuv = self.settings.use_libuv
+        return StoreLayout(
+            p.master_addr, p.master_port, p.generation, self._store.formation, use_libuv
+        )
 
     def _with_store(self, placement: Placement, *, form: bool) -> Placement:
-        """``placement`` with its store's port. A local group's store (port 0: this process
-        picks it) is served by this process, the driver, for the group's life, where the
-        driver imported torch: a lost rank 0 then moves nothing, and every survivor keeps its
-        connections to the store across re-formations (``torchjob.launch.store_clients``), so
-        a re-formation opens none (new connections cost 5 s per re-formation at 32 gloo ranks
-        on the 2-core sandbox, docs/runtime.md). Else rank 0 serves it (a pod's group: its
-        port is the job's; a driver without torch: a new port per generation)."""
+        """``placement`` with its store's port: the driver's store for a local group where it
+        imported torch (``store_clients.DriverStore``), else rank 0's."""
         # Not where workers are forked from the driver itself: the store's thread would be
         # a thread the fork does not carry (``_start``: the fork path needs none).
-        start = self._env.get(_start.ENV_START) or os.environ.get(_start.ENV_START)
+        start = self.settings.worker_start
         served = form and not placement.master_port and "torch" in sys.modules and start != "fork"
-        if not served:
-            self._env[ENV_STORE_SERVED] = "0"
-            return placement.with_port()
-        # The store outlives a formation: each keys its rendezvous apart, whatever its
-        # generation (a WorkerGroup may re-form into the same one).
-        self._formations += 1
-        self._env[ENV_STORE_SERVED] = str(self._formations)
-        if self._store_server is None:
-            timeout = timedelta(seconds=self._timeout_s)
-            self._store_server = store_clients.serve(placement.master_addr, timeout)
-        return dataclasses.replace(placement, master_port=self._store_server.port)
+        placement = self._store.place(placement, served=served)
+        self._env[ENV_STORE_SERVED] = str(self._store.formation)
+        return placement
 
     def _rank_env(self, local_rank: int, *, with_base: bool = True) -> dict[str, str]:
         return rank_env(self._placement, self._env, local_rank, with_base=with_base)
@@ -254,8 +251,8 @@ class WorkerGroup:
             backend=self._backend,
             local_world_size=p.local_world_size,
             group_env=self._env,
+            settings=self.settings,
         )
-        env[ENV_DRIVER_PID] = str(os.getpid())
         proc, self.start_method, self.start_why = zygote.start_worker(
             env, use_gpu=self._use_gpu, backend=self._backend
         )
@@ -269,78 +266,7 @@ class WorkerGroup:
         ``peer_loss_only``: every local rank answered, each with a broken connection to
         another host (see :meth:`can_reform`). ``survivors``: every local rank answered,
         each either dead or with a broken connection (see :meth:`heal`)."""
-        self._broken = True
-        self._peer_loss_only = peer_loss_only
-        self._survivors = survivors
-
-    # --- keeping the survivors of a lost rank ---------------------------------------------
-    def lost(self) -> list[int]:
-        """Local ranks whose process is gone."""
-        return [w.local_rank for w in self._workers if w.conn is None or w.proc.poll() is not None]
-
-    def survivable(self) -> bool:
-        """After a failed execution: some processes live on, and can re-form in place
-        (:meth:`heal`): a gloo group whose failures were only deaths and broken connections
-        (no rank hung, none raised an error of its own)."""
-        ok = not self._broken or self._survivors or self._peer_loss_only
-        return ok and nccl.in_place(self._backend) and len(self._workers) - len(self.lost()) > 0
-
-    def heal(self, num_workers: int) -> None:
-        """Keep the survivors after a lost rank: drop the dead processes, start new ones
-        (unformed) up to ``num_workers`` or drop the last survivors down to it, and renumber
-        the local ranks (survivors first, in rank order). :meth:`reform` then forms the next
-        group in these processes. Raises :class:`WorkerGroupStartError` when a new process
-        does not start (the group is then broken: shut it down)."""
-        if not self.survivable():
-            raise LaunchError("this worker group has no survivors to keep; start a new one")
-        if num_workers < 1:
-            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-        if not self.heals_to(num_workers):
-            raise LaunchError("an NCCL group re-forms in place at its own size only")
-        lost = self.lost()
-        alive = [w for w in self._workers if w.local_rank not in lost]
-        for w in [w for w in self._workers if w.local_rank in lost] + alive[num_workers:]:
-            self._reap(w)  # the dead, and the last survivors of a shrink beyond the losses
-        alive = alive[:num_workers]
-        if self._backend == "nccl":  # a survivor keeps its slot (its GPU, its model on it)
-            slots = lost  # a replacement takes a lost rank's slot
-        else:
-            for i, w in enumerate(alive):
-                w.local_rank = i
-            slots = list(range(len(alive), num_workers))
-        self._num_workers = num_workers
-        self._placement = Placement.local(num_workers, generation=self._placement.generation)
-        self._broken = self._peer_loss_only = self._survivors = False
-        new = [self._spawn(i, self._token) for i in slots]
-        self._workers = sorted(alive + new, key=lambda w: w.local_rank)
-        if not new:
-            return
-        try:
-            assert self._server is not None
-            accept_workers(
-                self._server, self._workers, self._token, timeout_s=self._start_timeout_s
-            )
-            for w in new:
-                assert w.conn is not None
-                w.conn.send(("init", {**self._init, "form": False}))
-            await_ready(new, timeout_s=self._start_timeout_s)
-        except BaseException:
-            self._broken, self._peer_loss_only = True, False
-            raise
-
-    def heals_to(self, num_workers: int) -> bool:
-        """Whether :meth:`heal` can make this group ``num_workers`` strong: an NCCL group only
-        at its own size (its survivors keep their GPUs)."""
-        return self._backend != "nccl" or num_workers == self._num_workers
-
-    def _reap(self, w: WorkerHandle) -> None:
-        """Kill the worker's session (it and what it started), wait for it, drop its line."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(w.proc.pid, signal.SIGKILL)
-        w.proc.wait()
-        if w.conn is not None:
-            w.conn.close()
-            w.conn = None
+        self.state = self.state.failed(peer_loss_only=peer_loss_only, survivors=survivors)
 
     def kill_rank(self, rank: int, sig: int = signal.SIGKILL) -> bool:
         """Send ``sig`` to the process of global rank ``rank`` if this host runs it (a silent
@@ -355,9 +281,9 @@ class WorkerGroup:
     def shutdown(self, timeout_s: float = 10) -> None:
         """Ask workers to exit; kill those still alive after ``timeout_s`` (and their children)."""
         for w in self._workers:
-            if w.conn is not None and w.proc.poll() is None and not self._broken:
+            if w.conn is not None and w.proc.poll() is None and not self.state.broken:
                 with contextlib.suppress(OSError):
-                    w.conn.send(("exit",))
+                    w.conn.send(Exit())
         deadline = time.monotonic() + timeout_s
         for w in self._workers:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -369,16 +295,14 @@ class WorkerGroup:
         if self._server is not None:
             self._server.close()
             self._server = None
-        if self._store_server is not None:  # after the workers: they may still ask
-            store_clients.stop_serving(self._store_server)
-            self._store_server = None
+        self._store.stop()  # after the workers: they may still ask
 
     def __enter__(self) -> WorkerGroup:
         self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.shutdown(timeout_s=0 if self._broken else 10)
+        self.shutdown(timeout_s=0 if self.state.broken else 10)
 
     # --- running functions ------------------------------------------------------------
     def submit(
@@ -392,18 +316,18 @@ class WorkerGroup:
         """Start ``fn(*args, **kwargs)`` on the workers (all by default); collect with ``wait``."""
         if not self._workers:
             raise LaunchError("worker group is not started")
-        if self._broken:
+        if self.state.broken:
             raise LaunchError("worker group is broken by an earlier failure; shut it down")
         chosen = [self._workers[i] for i in (local_ranks or range(self._num_workers))]
         self._next_task += 1
-        payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+        run = Run(self._next_task, cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))))
         for w in chosen:
             if w.conn is None:
                 raise WorkerDiedError(w.rank, w.proc.poll())
             try:
-                w.conn.send(("run", self._next_task, payload))
+                w.conn.send(run)
             except OSError:
-                self._broken = True
+                self.state = self.state.errored()
                 raise WorkerDiedError(w.rank, w.exitcode()) from None
         return Execution(self, self._next_task, chosen)
 

@@ -7,14 +7,15 @@ default). So every rank of a formed group runs one thread that, every ``interval
 writes its own beat to the generation's store (its own TCPStore client, with a short
 timeout) and reads every other rank's. A rank whose beat has not moved for
 ``silent_after_s`` (or a store that has not answered for that long: rank 0, which serves
-it, is the silent one) is *silent*: the watchdog tells the driver (an event,
-``{"type": "silent_peer", "rank": r, "silent_s": s}``), which kills the rank if it runs it
+it, is the silent one) is *silent*: the watchdog tells the driver (a
+``torchjob.launch.protocol.SilentPeer`` event), which kills the rank if it runs it
 (its connections then close and the survivors' collectives fail as for any death), and,
 for a rank on another host, breaks this process's own connections to the group
 (:func:`break_group_connections`), so its collective fails now and the cascade of
 ``worker._leave_broken_group`` reaches every survivor.
 
-``TORCHJOB_SILENT_PEER_S`` sets ``silent_after_s`` (default 5; 0 turns the watchdog off). The
+``TORCHJOB_SILENT_PEER_S`` (``RuntimeSettings.silent_peer_s``) sets ``silent_after_s``
+(default 5; 0 turns the watchdog off). Its keys are ``StoreLayout.heartbeat``'s. The
 beats come every :func:`beat_interval_s` (1 s at the default), so a rank is found silent
 after about five missed beats of both its sources (below). A rank that has not beaten yet
 (its watchdog still connecting, as when many ranks form a group at once on a loaded host) is
@@ -36,8 +37,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-ENV_SILENT_PEER_S = "TORCHJOB_SILENT_PEER_S"
-DEFAULT_SILENT_PEER_S = 5.0
+from torchjob.launch.layout import StoreLayout, prefixed
+from torchjob.launch.settings import WorkerEnv
 
 
 def beat_interval_s(silent_after: float) -> float:
@@ -47,18 +48,14 @@ def beat_interval_s(silent_after: float) -> float:
     return min(1.0, silent_after / 4)
 
 
-def silent_after_s() -> float:
-    raw = os.environ.get(ENV_SILENT_PEER_S, "")
-    try:
-        return float(raw) if raw else DEFAULT_SILENT_PEER_S
-    except ValueError:
-        raise ValueError(f"{ENV_SILENT_PEER_S}={raw!r} is not a number of seconds") from None
-
-
 def store_client(
-    silent_after: float, interval_s: float | None = None, connect: timedelta | None = None
+    silent_after: float,
+    interval_s: float | None = None,
+    connect: timedelta | None = None,
+    *,
+    layout: StoreLayout,
 ) -> Any:
-    """This rank's heartbeat connection to the store (``MASTER_ADDR:MASTER_PORT``): the one of
+    """This rank's heartbeat connection to the store (``layout``'s address): the one of
     the generation before where it still answers (``torchjob.launch.store_clients``). Its
     requests time out fast (two beats). Connecting may take long where many ranks connect at
     once on a loaded host (the store serves their rendezvous first), so the worker connects it
@@ -70,10 +67,11 @@ def store_client(
     interval_s = interval_s or beat_interval_s(silent_after)
     return store_clients.client(
         "heartbeat",
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
+        layout.addr,
+        layout.port,
         connect=connect or timedelta(seconds=max(1.0, silent_after / 2)),
         timeout=timedelta(seconds=max(1.0, interval_s * 2)),
+        use_libuv=layout.use_libuv,
     )
 
 
@@ -100,8 +98,11 @@ class Watchdog:
         silent_after: float,
         break_group: Callable[[], object] = lambda: None,
         interval_s: float | None = None,
+        layout: StoreLayout,
     ) -> None:
         self.rank = rank
+        self.layout = layout
+        """The generation's store and keys (``torchjob.launch.layout``)."""
         self.world_size = world_size
         self.local_ranks = local_ranks
         self.on_silent = on_silent
@@ -136,11 +137,8 @@ class Watchdog:
         self._stop.set()
 
     def _store(self) -> Any:
-        import torch.distributed as dist
-
-        store = store_client(self.silent_after, self.interval_s)
-        generation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        return dist.PrefixStore(f"torchjob/g{generation}/hb", store)  # type: ignore[attr-defined]
+        store = store_client(self.silent_after, self.interval_s, layout=self.layout)
+        return prefixed(self.layout.heartbeat, store)
 
     def _beat_loop(self) -> None:
         """Beat and read the others' beats; may block for ever in a request to a frozen
@@ -213,7 +211,8 @@ class Watchdog:
 
 
 def _store_address() -> tuple[str, int]:
-    return os.environ.get("MASTER_ADDR", ""), int(os.environ.get("MASTER_PORT", "0"))
+    env = WorkerEnv.from_env()  # this worker's, as of its current generation
+    return env.master_addr, env.master_port
 
 
 # --- breaking this process's connections to a group whose peer went silent ---------------

@@ -24,25 +24,25 @@ the process down on a communicator error, which would kill the survivors this ke
 
 from __future__ import annotations
 
-import os
+from torchjob.launch.settings import ENV_NCCL_REFORM, RuntimeSettings
 
-ENV_NCCL_REFORM = "TORCHJOB_NCCL_REFORM"
+__all__ = ["ENV_NCCL_REFORM", "abort_group", "enabled", "in_place", "worker_env"]
 
 
-def enabled() -> bool:
+def enabled(settings: RuntimeSettings) -> bool:
     """``TORCHJOB_NCCL_REFORM=1``: NCCL groups re-form in place (unverified; off by default)."""
-    return os.environ.get(ENV_NCCL_REFORM, "") == "1"
+    return settings.nccl_reform
 
 
-def in_place(backend: str) -> bool:
+def in_place(backend: str, settings: RuntimeSettings) -> bool:
     """Whether a group of ``backend`` broken by a lost peer re-forms in its survivors: gloo;
     NCCL only with ``TORCHJOB_NCCL_REFORM=1`` (unverified on GPUs)."""
-    return backend == "gloo" or (backend == "nccl" and enabled())
+    return backend == "gloo" or (backend == "nccl" and enabled(settings))
 
 
-def worker_env() -> dict[str, str]:
+def worker_env(settings: RuntimeSettings) -> dict[str, str]:
     """What an NCCL worker that may be kept after a peer's loss needs in its environment."""
-    if "TORCH_NCCL_ASYNC_ERROR_HANDLING" in os.environ:
+    if settings.nccl_async_error_handling is not None:
         return {}
     return {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
 

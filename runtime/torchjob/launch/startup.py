@@ -20,6 +20,13 @@ from torchjob import contract
 from torchjob.launch.errors import WorkerDiedError, WorkerGroupStartError
 from torchjob.launch.execution import WorkerHandle
 from torchjob.launch.placement import Placement
+from torchjob.launch.protocol import Dispatcher, Hello, InitFailed, Ready
+from torchjob.launch.settings import (
+    ENV_DRIVER_ADDR,
+    ENV_DRIVER_PID,
+    ENV_TOKEN,
+    RuntimeSettings,
+)
 
 
 def resolve_backend(backend: str, use_gpu: bool) -> str:
@@ -82,11 +89,11 @@ def spawn_env(
     backend: str,
     local_world_size: int,
     group_env: dict[str, str],
+    settings: RuntimeSettings,
 ) -> dict[str, str]:
     """A new worker process's whole environment: its rank's (:func:`rank_env`), how to reach
     the driver, and the defaults below unless ``group_env`` (the group's own) sets them."""
     from torchjob.launch import nccl
-    from torchjob.launch.worker import ENV_DRIVER_ADDR, ENV_TOKEN
 
     package_root = str(Path(__file__).resolve().parents[2])
     env = {
@@ -94,6 +101,7 @@ def spawn_env(
         contract.PYTHONUNBUFFERED: "1",
         ENV_DRIVER_ADDR: driver,
         ENV_TOKEN: token,
+        ENV_DRIVER_PID: str(os.getpid()),
         "PYTHONPATH": os.pathsep.join(
             [package_root, *filter(None, [os.environ.get("PYTHONPATH")])]
         ),
@@ -102,8 +110,8 @@ def spawn_env(
     # available (seed snippets do) stays on the CPU its model is on.
     if not use_gpu and backend != "nccl" and "CUDA_VISIBLE_DEVICES" not in group_env:
         env["CUDA_VISIBLE_DEVICES"] = ""
-    if backend == "nccl" and nccl.enabled():
-        env = {**nccl.worker_env(), **env}  # a communicator error must not end a survivor
+    if backend == "nccl" and nccl.enabled(settings):
+        env = {**nccl.worker_env(settings), **env}  # a communicator error must not end a survivor
     # torchrun's default: one intra-op thread per process when several share a host.
     if "OMP_NUM_THREADS" not in env and local_world_size > 1:
         env["OMP_NUM_THREADS"] = "1"
@@ -137,10 +145,12 @@ def accept_workers(
         sock.settimeout(None)
         conn = Connection(sock.detach())
         hello = conn.recv()
-        if hello[0] != "hello" or hello[1] != token or workers[hello[2]].conn is not None:
+        if not (isinstance(hello, Hello) and hello.token == token) or (
+            workers[hello.local_rank].conn is not None
+        ):
             conn.close()
             continue
-        workers[hello[2]].conn = conn
+        workers[hello.local_rank].conn = conn
         joined += 1
 
 
@@ -164,12 +174,24 @@ def await_ready(workers: Sequence[WorkerHandle], *, timeout_s: float) -> None:
                     f"rank {w.rank} worker died while joining the process group: "
                     f"{WorkerDiedError(w.rank, w.exitcode()).args[0]}"
                 ) from None
-            if msg[0] not in ("ready", "init_err"):
-                continue  # an event or a result left over from an abandoned task
-            del pending[conn]
-            if msg[0] == "init_err":
-                _, _, exc_type, message, _tb, kind = msg
-                raise WorkerGroupStartError(
-                    f"rank {w.rank} failed to initialize: {exc_type}: {message}",
-                    waiting_for_peers=kind in ("timeout", "peer"),
-                )
+            if _FORMED(msg, w):
+                del pending[conn]
+
+
+def _ready(_msg: Ready, _w: WorkerHandle) -> bool:
+    return True
+
+
+def _init_failed(msg: InitFailed, w: WorkerHandle) -> bool:
+    raise WorkerGroupStartError(
+        f"rank {w.rank} failed to initialize: {msg.exc_type}: {msg.message}",
+        waiting_for_peers=msg.kind in ("timeout", "peer"),
+    )
+
+
+def _left_over(_msg: object, _w: WorkerHandle) -> bool:
+    return False  # an event or a result left over from an abandoned task
+
+
+_FORMED = Dispatcher[bool]({Ready: _ready, InitFailed: _init_failed}, otherwise=_left_over)
+"""A worker's answer to its start or re-formation: True once it joined; raises if it failed."""

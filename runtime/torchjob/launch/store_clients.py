@@ -24,18 +24,22 @@ destroying one would close a socket the parent still uses).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from torchjob.launch.layout import StoreLayout
+from torchjob.launch.placement import Placement
+
 T = TypeVar("T")
 
 PROBE_S = 2.0
 """How long a kept connection may take to answer before it is replaced by a new one."""
 
-PROBE_KEY = "torchjob/probe"
+PROBE_KEY = StoreLayout.PROBE_KEY
 
 _lock = threading.Lock()
 _clients: dict[tuple[str, str, int], Any] = {}
@@ -54,12 +58,6 @@ def _forget_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_after_fork)
-
-
-def use_libuv() -> bool:
-    """Images whose torch lacks libuv set ``USE_LIBUV=0``, as ``init_process_group("env://")``
-    reads it."""
-    return os.environ.get("USE_LIBUV", "1") not in ("0", "false", "False")
 
 
 def within(seconds: float, request: Callable[[], T]) -> T:
@@ -102,10 +100,19 @@ def _answers(store: Any, timeout: timedelta) -> bool:
     return True
 
 
-def client(use: str, addr: str, port: int, *, connect: timedelta, timeout: timedelta) -> Any:
+def client(
+    use: str,
+    addr: str,
+    port: int,
+    *,
+    connect: timedelta,
+    timeout: timedelta,
+    use_libuv: bool = True,
+) -> Any:
     """This process's ``TCPStore`` client of ``addr:port`` for ``use``: the one it already has
-    if that still answers, else a new one (connecting for up to ``connect``). Its requests
-    time out after ``timeout``. Raises what ``TCPStore`` raises when it cannot connect, or
+    if that still answers, else a new one (connecting for up to ``connect``; ``use_libuv``:
+    ``RuntimeSettings.use_libuv``, images whose torch lacks libuv set ``USE_LIBUV=0``). Its
+    requests time out after ``timeout``. Raises what ``TCPStore`` raises when it cannot connect, or
     :class:`TimeoutError` when the server does not answer within ``connect`` and
     :data:`PROBE_S`."""
     key = (use, addr, port)
@@ -118,7 +125,7 @@ def client(use: str, addr: str, port: int, *, connect: timedelta, timeout: timed
         store = within(
             connect.total_seconds() + PROBE_S,
             lambda: dist.TCPStore(  # type: ignore[attr-defined]  # re-exported from torch._C
-                addr, port, None, False, connect, use_libuv=use_libuv()
+                addr, port, None, False, connect, use_libuv=use_libuv
             ),
         )
         store.set_timeout(timeout)
@@ -138,14 +145,14 @@ _served: dict[int, Any] = {}
 """The stores this process serves (a driver, for its local groups), by id."""
 
 
-def serve(addr: str, timeout: timedelta) -> Any:
+def serve(addr: str, timeout: timedelta, *, use_libuv: bool = True) -> Any:
     """A ``TCPStore`` served by this process on a free port of ``addr`` (``.port``), until
     :func:`stop_serving`. It runs a thread of its own (libuv's loop) that Python does not
     count: :func:`serving` says how many, for the checks that fork this process."""
     import torch.distributed as dist
 
     store = dist.TCPStore(  # type: ignore[attr-defined]
-        addr, 0, None, True, timeout, wait_for_workers=False, use_libuv=use_libuv()
+        addr, 0, None, True, timeout, wait_for_workers=False, use_libuv=use_libuv
     )
     with _lock:
         _served[id(store)] = store
@@ -168,3 +175,37 @@ def held() -> list[tuple[str, str, int]]:
     """The (use, address, port) of every connection this process keeps."""
     with _lock:
         return sorted(_clients)
+
+
+class DriverStore:
+    """A local group's rendezvous store, served by the driver (``WorkerGroup``) for the
+    group's life, where the driver imported torch: a lost rank 0 then moves nothing, and every
+    survivor keeps its connections to the store across re-formations (above), so a
+    re-formation opens none (new connections cost 5 s per re-formation at 32 gloo ranks on
+    the 2-core sandbox, docs/runtime.md). Else rank 0 serves it (a pod's group: its port is
+    the job's; a driver without torch: a new port per generation)."""
+
+    def __init__(self, timeout: timedelta, *, use_libuv: bool) -> None:
+        self.timeout = timeout
+        self.use_libuv = use_libuv
+        self.server: Any = None
+        self.formation = 0
+        """The current formation's number in the served store (0: not served). The store
+        outlives a formation: each keys its rendezvous apart, whatever its generation (a
+        WorkerGroup may re-form into the same one): ``StoreLayout.rendezvous``."""
+
+    def place(self, placement: Placement, *, served: bool) -> Placement:
+        """``placement`` with its store's port: this store's when ``served``, else a free one
+        (or the pod's) for rank 0 to serve."""
+        if not served:
+            self.formation = 0
+            return placement.with_port()
+        self.formation += 1
+        if self.server is None:
+            self.server = serve(placement.master_addr, self.timeout, use_libuv=self.use_libuv)
+        return dataclasses.replace(placement, master_port=self.server.port)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            stop_serving(self.server)
+            self.server = None

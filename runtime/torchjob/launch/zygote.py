@@ -18,7 +18,7 @@ serves fork requests over a ``SOCK_SEQPACKET`` socket: the driver sends the work
 environment, its working directory and its current stdin/stdout/stderr (as descriptors);
 the zygote checks that it never touched CUDA (``torchjob.launch.cuda_guard``), forks, and answers with
 the pid. It reaps its children and sends each exit status (``-N`` for a signal) back, which
-:class:`ZygoteProcess` (the driver's handle, a ``WorkerProcess``) reads. When the zygote is
+:class:`ZygoteProcess` (the driver's handle, a ``ProcessHandle``) reads. When the zygote is
 gone (killed, or it refused because it touched CUDA) new workers are spawned as fresh
 interpreters, with a log line; workers it already started keep running (they watch the
 driver, ``TORCHJOB_LAUNCH_DRIVER_PID``), but their exit status is lost (:data:`EXIT_UNKNOWN`).
@@ -42,8 +42,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from torchjob.launch import _start, _zygote_proc
-from torchjob.launch._start import ENV_START
+from torchjob.launch import _start, _zygote_proc, protocol
+from torchjob.launch._zygote_proc import modules_of as modules_of  # re-exported: fit() asks
 from torchjob.launch.cuda_guard import (
     copyable,
     cuda_touched,
@@ -51,6 +51,7 @@ from torchjob.launch.cuda_guard import (
     openmp_pool_started,
 )
 from torchjob.launch.errors import EXIT_UNKNOWN
+from torchjob.launch.settings import RuntimeSettings
 
 log = logging.getLogger(__name__)
 
@@ -60,22 +61,6 @@ _FRESH_MAIN = (
 
 Kind = Literal["copy", "fresh"]
 BASE_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torchjob.train._worker_loop")
-
-
-def modules_of(fn: object) -> list[str]:
-    """The modules a function's globals (and ``__main__``'s) come from: what a fresh zygote
-    imports so that the workers find them loaded when they unpickle the function."""
-    spaces = [getattr(fn, "__globals__", {}), vars(sys.modules.get("__main__", sys))]
-    names: list[str] = []
-    for space in spaces:
-        for value in list(space.values()):
-            try:
-                name = value.__name__ if isinstance(value, type(sys)) else value.__module__
-            except Exception:  # no module, or an object that refuses to say
-                continue
-            if isinstance(name, str) and name not in ("__main__", "builtins") and name not in names:
-                names.append(name)
-    return names
 
 
 # --- the driver's side -----------------------------------------------------------------------
@@ -102,8 +87,16 @@ class Zygote:
         self.ready = False
         self.dead: str | None = None
         self.exits: dict[int, int] = {}
-        self._replies: dict[int, tuple[Any, ...]] = {}
+        self._replies: dict[int, protocol.Forked | protocol.Refused] = {}
         self._next = 0
+        self._receive = protocol.Dispatcher[None](
+            {
+                protocol.ChildExited: self._exited,
+                protocol.ZygoteReady: self._ready,
+                protocol.Forked: self._reply,
+                protocol.Refused: self._reply,
+            }
+        )
 
     @classmethod
     def copy(cls, preload: Iterable[str] = BASE_PRELOAD) -> Zygote:
@@ -168,15 +161,18 @@ class Zygote:
             if not data:
                 self._died("it exited")
                 return
-            msg = pickle.loads(data)
-            if msg[0] == "exit":
-                self.exits[msg[1]] = msg[2]
-            elif msg[0] == "ready":
-                self.ready = True
-                if msg[2]:
-                    self._died(f"it touched CUDA ({msg[2]})")
-            else:
-                self._replies[msg[1]] = msg
+            self._receive(pickle.loads(data))
+
+    def _exited(self, msg: protocol.ChildExited) -> None:
+        self.exits[msg.pid] = msg.code
+
+    def _ready(self, msg: protocol.ZygoteReady) -> None:
+        self.ready = True
+        if msg.cuda_touched:
+            self._died(f"it touched CUDA ({msg.cuda_touched})")
+
+    def _reply(self, msg: protocol.Forked | protocol.Refused) -> None:
+        self._replies[msg.req] = msg
 
     def _died(self, why: str) -> None:
         self.dead = why
@@ -191,7 +187,7 @@ class Zygote:
             cwd = os.getcwd()
         except OSError:
             cwd = ""
-        msg = pickle.dumps(("fork", req, dict(env), cwd, which))
+        msg = pickle.dumps(protocol.ForkRequest(req, dict(env), cwd, tuple(which)))
         try:
             socket.send_fds(self.sock, [msg], which)
         except OSError as exc:
@@ -206,10 +202,10 @@ class Zygote:
         reply = self._replies.pop(req, None)
         if reply is None:
             raise ZygoteError(f"the zygote is gone: {self.dead}")
-        if reply[0] == "refused":
-            self._died(f"it refused to fork: {reply[2]}")
-            raise ZygoteError(f"the zygote refused to fork: {reply[2]}")
-        return ZygoteProcess(self, reply[2])
+        if isinstance(reply, protocol.Refused):
+            self._died(f"it refused to fork: {reply.why}")
+            raise ZygoteError(f"the zygote refused to fork: {reply.why}")
+        return ZygoteProcess(self, reply.pid)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -311,7 +307,7 @@ def prepare(preload: Iterable[str] = ()) -> Kind | None:
     worker's modules). ``fit()`` calls it first; call it early in a driver that starts
     threads or asks ``torch.cuda`` before ``fit()``. The kind, or None off Linux."""
     _PRELOAD[:] = list(dict.fromkeys([*_PRELOAD, *preload]))
-    if (os.environ.get(ENV_START) or "auto") not in ("auto", "zygote"):
+    if RuntimeSettings.from_env().worker_start not in ("auto", "zygote"):
         return None
     live = {k: z for k, z in _ZYGOTES.items() if z.alive()}
     if "copy" in live or not sys.platform.startswith("linux"):
@@ -371,7 +367,7 @@ def start(env: Mapping[str, str]) -> tuple[ZygoteProcess | None, str]:
 
 def start_worker(
     env: Mapping[str, str], *, use_gpu: bool, backend: str
-) -> tuple[_start.WorkerProcess, _start.StartMethod, str]:
+) -> tuple[_start.ProcessHandle, _start.StartMethod, str]:
     """Start a worker with ``env`` the way :func:`choose` says (the zygote falling back to a
     fresh interpreter when it is unusable, the zygote's :func:`start` logs why): the process,
     how it started, and why that way (``forked from the copy zygote (pid N)``)."""

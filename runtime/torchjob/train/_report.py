@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchjob.checkpoint import CheckpointStorage, CommittedCheckpoint, restore_rng
 from torchjob.launch import send_event, stop_requested
+from torchjob.launch.protocol import CheckpointLanded, Report, RestoredFromMirror
 from torchjob.train import _session, restore_point, shard_mirror
 from torchjob.train.checkpoint import Checkpoint
 
@@ -51,15 +52,7 @@ def _landed(
         storage.apply_retention(
             s.num_to_keep, score_attribute=s.score_attribute, score_order=s.score_order
         )
-        send_event(
-            {
-                "type": "checkpoint",
-                "path": ckpt.path,
-                "index": ckpt.index,
-                "report": None,
-                "generation": s.generation,
-            }
-        )
+        send_event(CheckpointLanded(path=ckpt.path, index=ckpt.index, generation=s.generation))
 
     return landed
 
@@ -155,18 +148,17 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
     mirror = shard_mirror.held(s.run_path) if live is not None and snapshot is None else None
     if s.world_rank == 0:
         send_event(
-            {
-                "type": "report",
-                "metrics": dict(metrics),
-                "checkpoint_path": committed.path if committed else None,
-                "checkpoint_index": committed.index if committed else None,
-                "checkpoint_pending": saving and committed is None,
-                "world_size": s.world_size,
-                "generation": s.generation,
-                "report": s.reports,
-                "restore_point": snapshot is not None or mirror is not None,
-                "restore_point_bytes": snapshot.nbytes if snapshot else _nbytes(mirror),
-            }
+            Report(
+                metrics=dict(metrics),
+                checkpoint_path=committed.path if committed else None,
+                checkpoint_index=committed.index if committed else None,
+                checkpoint_pending=saving and committed is None,
+                world_size=s.world_size,
+                generation=s.generation,
+                report=s.reports,
+                restore_point=snapshot is not None or mirror is not None,
+                restore_point_bytes=snapshot.nbytes if snapshot else _nbytes(mirror),
+            )
         )
     # Always collective (the restore point and the shard mirror rely on this point), but a
     # loop that asked should_stop() since the last report stops on its answer: a stop asked
@@ -270,7 +262,7 @@ def register_state(state: MutableMapping[str, Any] | Any, *, mirror: bool | None
             registered, s.mirror_plan, s.run_path, s.world_rank, s.world_size, _mirror_group(s)
         )
         if s.world_rank == 0:
-            send_event({"type": "restored", "from": "mirror", **dataclasses.asdict(done)})
+            send_event(RestoredFromMirror(**dataclasses.asdict(done)))
         return True
     if s.restored is None:
         return False

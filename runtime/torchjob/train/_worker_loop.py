@@ -20,6 +20,7 @@ from typing import Any
 from torchjob.checkpoint import CheckpointError, CheckpointStorage, DataPosition, write_files
 from torchjob.checkpoint.sharded import is_sharded
 from torchjob.launch import send_event, worker_info
+from torchjob.launch.protocol import MirrorFallback, RestoredFromMemory
 from torchjob.train import _session, _shared_result, restore_point, shard_rebuild
 from torchjob.train._spec import WorkerOutcome, WorkerSpec
 from torchjob.train.checkpoint import Checkpoint
@@ -153,21 +154,20 @@ def _restore(
     if restored is None:  # sharded state: the shard mirror (register_state rebuilds it)
         agreed = shard_rebuild.agree(spec.run_path, info.rank, info.world_size)
         if isinstance(agreed, shard_rebuild.Fallback) and info.rank == 0:
-            send_event({"type": "mirror_fallback", "reason": agreed.reason})
+            send_event(MirrorFallback(agreed.reason))
         mirrored = agreed if isinstance(agreed, shard_rebuild.Plan) else None
     if mirrored is not None:
         return restored, mirrored, ("memory", None, mirrored.positions)
     if restored is not None:
         if info.rank == 0:
+            snap = restored.snapshot
             send_event(
-                {
-                    "type": "restored",
-                    "from": "memory",
-                    "index": restored.snapshot.index,
-                    "source_rank": restored.source_rank,
-                    "seconds": restored.seconds,
-                    "bytes": restored.snapshot.nbytes,
-                }
+                RestoredFromMemory(
+                    index=snap.index,
+                    source_rank=restored.source_rank,
+                    seconds=restored.seconds,
+                    bytes=snap.nbytes,
+                )
             )
         return restored, None, ("memory", None, restored.snapshot.positions)
     payload = _broadcast(_load_resume(spec) if info.rank == 0 else None, info.world_size)

@@ -27,13 +27,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, NoReturn, assert_never
+from typing import NoReturn, assert_never
 
 from torchjob import contract
 from torchjob.checkpoint import CheckpointStorage
 from torchjob.contract import Member, PodEnv, Role, Standby
 from torchjob.launch import LaunchError, WorkerGroup, WorkerGroupError
 from torchjob.launch.policy import RestartGroup, RunState, next_generation
+from torchjob.launch.protocol import CheckpointLanded, Dispatcher, Report, ignore
 from torchjob.train import _session, record, workers
 from torchjob.train._spec import WorkerSpec
 from torchjob.train._worker_loop import run_training
@@ -310,36 +311,38 @@ class Controller:
         # The generation the operator published (a pod's), else this fit's own count.
         facts = GenerationFacts(pod.generation if pod is not None else state.generation)
 
-        def on_event(_rank: int, event: dict[str, Any]) -> None:
+        def checkpointed() -> None:
             nonlocal current
-            self.tracking.event(event)
-            if points.on_event(event, group, view):
-                return
-            if event.get("type") == "checkpoint":  # a background commit finished
-                current = replace(
-                    current, checkpoints_in_generation=current.checkpoints_in_generation + 1
-                )
-                last = self.record.last_metrics
-                if self.job_status is not None and last is not None:
-                    body = progress_body(last, reports=len(history), checkpoint=event["path"])
-                    self.job_status.report(facts.add(body, reports=len(history), restored=None)[0])
-                return
-            if event.get("type") != "report":
-                return
-            self.record.report(event["metrics"])
-            if event.get("checkpoint_index") is not None:
-                current = replace(
-                    current, checkpoints_in_generation=current.checkpoints_in_generation + 1
-                )
-            view.report(event["metrics"], len(history))
+            current = replace(
+                current, checkpoints_in_generation=current.checkpoints_in_generation + 1
+            )
+
+        def landed(e: CheckpointLanded) -> None:  # a background commit finished
+            checkpointed()
+            if self.job_status is not None and (last := self.record.last_metrics) is not None:
+                body = progress_body(last, reports=len(history), checkpoint=e.path)
+                self.job_status.report(facts.add(body, reports=len(history), restored=None)[0])
+
+        def reported(e: Report) -> None:
+            self.record.report(e.metrics)
+            if e.checkpoint_index is not None:
+                checkpointed()
+            view.report(e.metrics, len(history))
             if self.job_status is not None:
                 latest = None
-                if event.get("checkpoint_index") is not None and self.storage is not None:
+                if e.checkpoint_index is not None and self.storage is not None:
                     committed = self.storage.latest_committed()
                     latest = committed.path if committed else None
-                body = progress_body(event["metrics"], reports=len(history), checkpoint=latest)
+                body = progress_body(e.metrics, reports=len(history), checkpoint=latest)
                 body, first = facts.add(body, reports=len(history), restored=points.restored)
                 self.job_status.report(body, urgent=first)
+
+        follow = Dispatcher[None]({CheckpointLanded: landed, Report: reported}, otherwise=ignore)
+
+        def on_event(_rank: int, event: object) -> None:
+            self.tracking.event(event)
+            if not points.on_event(event, group, view):
+                follow(event)
 
         def on_tick() -> None:
             nonlocal signalled, unstuck

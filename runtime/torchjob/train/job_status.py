@@ -30,6 +30,7 @@ from typing import Any
 
 from torchjob.api.models import GROUP, PLURAL, VERSION, Progress
 from torchjob.contract import SERVICEACCOUNT_DIR, PodEnv
+from torchjob.launch.protocol import RestoredFromMemory, RestoredFromMirror
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +72,17 @@ class GenerationFacts:
         self.facts: dict[str, Any] | None = None
 
     def add(
-        self, body: dict[str, Any], *, reports: int, restored: Mapping[str, Any] | None
+        self,
+        body: dict[str, Any],
+        *,
+        reports: int,
+        restored: RestoredFromMemory | RestoredFromMirror | None,
     ) -> tuple[dict[str, Any], bool]:
         """``body`` with the generation's facts, and whether it is the generation's first."""
         first = self.facts is None
         if self.facts is None:
             if restored is not None:
-                source = "mirror" if restored.get("from") == "mirror" else "memory"
+                source = "mirror" if isinstance(restored, RestoredFromMirror) else "memory"
             else:
                 source = "storage" if reports > 1 else "start"
             self.facts = {

@@ -34,27 +34,29 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import pickle
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from torchjob.launch import settings, worker
+
 log = logging.getLogger(__name__)
 
-ENV_SHARD_MIRROR = "TORCHJOB_SHARD_MIRROR"
-"""``0`` turns the shard mirror off (default on)."""
+ENV_SHARD_MIRROR = settings.ENV_SHARD_MIRROR
+"""``0`` turns the shard mirror off (default on): ``RuntimeSettings.shard_mirror``."""
 ALIGN = 64
 """Each leaf's bytes start at a multiple of this in the flat buffer (any dtype's alignment)."""
 _TAG_HEADER, _TAG_META, _TAG_FLAT = 7301, 7302, 7303
 
 
 def enabled(mirror: bool | None = None) -> bool:
-    """The kwarg of ``register_state`` wins; else ``TORCHJOB_SHARD_MIRROR`` (on unless ``0``)."""
+    """The kwarg of ``register_state`` wins; else ``TORCHJOB_SHARD_MIRROR`` (on unless ``0``),
+    as this worker process read it (``RuntimeSettings``)."""
     if mirror is not None:
         return mirror
-    return os.environ.get(ENV_SHARD_MIRROR, "1").strip().lower() not in ("0", "false", "off", "no")
+    return worker.current().settings.shard_mirror
 
 
 @dataclass(frozen=True)

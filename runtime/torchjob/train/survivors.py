@@ -22,6 +22,14 @@ from typing import Any
 from torchjob import contract
 from torchjob.api.models import API_VERSION, KIND, SilentWorker
 from torchjob.launch import WorkerGroup
+from torchjob.launch.protocol import (
+    Dispatcher,
+    MirrorFallback,
+    Report,
+    RestoredFromMemory,
+    RestoredFromMirror,
+    SilentPeer,
+)
 from torchjob.train.progress import ProgressView
 
 
@@ -32,8 +40,8 @@ class RestorePoints:
     held: bool = False
     """The workers hold a restore point in memory (a report took one, or the generation
     started from one)."""
-    restored: dict[str, Any] | None = None
-    """The ``restored`` event of this generation (where its state came from), if any."""
+    restored: RestoredFromMemory | RestoredFromMirror | None = None
+    """The restore event of this generation (where its state came from), if any."""
     silenced: set[int] = field(default_factory=set)
     """Ranks killed here because their peers found them silent."""
     report_silent: Callable[[int, float], None] | None = None
@@ -59,57 +67,83 @@ class RestorePoints:
         waited = now - self.remote_silent[0]
         return waited if waited > after_s else None
 
-    def on_event(
-        self, event: dict[str, Any], group: WorkerGroup | None, view: ProgressView
-    ) -> bool:
+    def on_event(self, event: object, group: WorkerGroup | None, view: ProgressView) -> bool:
         """Handle ``event`` if it is about the restore point or a silent peer (True)."""
-        kind = event.get("type")
-        if kind == "report":
-            if event.get("restore_point"):
-                self.held = True
-                self.restore_point_bytes = int(event.get("restore_point_bytes") or 0)
-            return False  # the controller records the report itself
-        if kind == "restored" and event.get("from") == "mirror":
-            self.held = True
-            self.restored = dict(event)
-            lost = event["from_mirror"]
-            view.message(
-                f"[torchjob] resumed from the shard mirror in the survivors' memory (report "
-                f"{event['index']}, {event['old_world']} -> {event['world']} ranks, "
-                f"old rank(s) {', '.join(map(str, lost)) or 'none'} from their mirror; "
-                f"{event['bytes_moved'] / 2**20:.1f} MiB moved to rank 0 in "
-                f"{event['seconds']:.2f}s); storage was not read"
-            )
-            return True
-        if kind == "mirror_fallback":
-            view.message(
-                f"[torchjob] {event['reason']}; resuming from the latest committed checkpoint"
-            )
-            return True
-        if kind == "restored":
-            self.held = True
-            self.restored = dict(event)
-            view.message(
-                f"[torchjob] resumed from the survivors' memory (report {event['index']}, "
-                f"{event['bytes'] / 2**20:.1f} MiB from rank {event['source_rank']} in "
-                f"{event['seconds']:.2f}s); storage was not read"
-            )
-            return True
-        if kind == "silent_peer":
-            rank = int(event["rank"])
-            if rank in self.silenced:
-                return True
-            self.silenced.add(rank)
-            said = f"[torchjob] rank {rank} silent for {event['silent_s']:.1f}s (no heartbeat, "
-            if group is not None and group.kill_rank(rank):
-                view.message(f"{said}seen by rank {event['by']}): killed, the survivors re-form")
-            elif self.report_silent is not None:
-                self.report_silent(rank, float(event["silent_s"]))
-                if self.remote_silent is None:
-                    self.remote_silent = (time.monotonic(), rank)
-                view.message(f"{said}seen by rank {event['by']}): its pod is reported lost")
-            return True
-        return False
+        return _POINTS(event, self, group, view)
+
+
+def _report(e: Report, points: RestorePoints, _group: Any, _view: ProgressView) -> bool:
+    if e.restore_point:
+        points.held = True
+        points.restore_point_bytes = e.restore_point_bytes
+    return False  # the controller records the report itself
+
+
+def _from_mirror(
+    e: RestoredFromMirror, points: RestorePoints, _group: Any, view: ProgressView
+) -> bool:
+    points.held = True
+    points.restored = e
+    view.message(
+        f"[torchjob] resumed from the shard mirror in the survivors' memory (report "
+        f"{e.index}, {e.old_world} -> {e.world} ranks, "
+        f"old rank(s) {', '.join(map(str, e.from_mirror)) or 'none'} from their mirror; "
+        f"{e.bytes_moved / 2**20:.1f} MiB moved to rank 0 in "
+        f"{e.seconds:.2f}s); storage was not read"
+    )
+    return True
+
+
+def _fallback(e: MirrorFallback, _points: RestorePoints, _group: Any, view: ProgressView) -> bool:
+    view.message(f"[torchjob] {e.reason}; resuming from the latest committed checkpoint")
+    return True
+
+
+def _from_memory(
+    e: RestoredFromMemory, points: RestorePoints, _group: Any, view: ProgressView
+) -> bool:
+    points.held = True
+    points.restored = e
+    view.message(
+        f"[torchjob] resumed from the survivors' memory (report {e.index}, "
+        f"{e.bytes / 2**20:.1f} MiB from rank {e.source_rank} in "
+        f"{e.seconds:.2f}s); storage was not read"
+    )
+    return True
+
+
+def _silent(
+    e: SilentPeer, points: RestorePoints, group: WorkerGroup | None, view: ProgressView
+) -> bool:
+    if e.rank in points.silenced:
+        return True
+    points.silenced.add(e.rank)
+    said = f"[torchjob] rank {e.rank} silent for {e.silent_s:.1f}s (no heartbeat, "
+    if group is not None and group.kill_rank(e.rank):
+        view.message(f"{said}seen by rank {e.by}): killed, the survivors re-form")
+    elif points.report_silent is not None:
+        points.report_silent(e.rank, e.silent_s)
+        if points.remote_silent is None:
+            points.remote_silent = (time.monotonic(), e.rank)
+        view.message(f"{said}seen by rank {e.by}): its pod is reported lost")
+    return True
+
+
+def _not_ours(_e: object, *_context: object) -> bool:
+    return False
+
+
+_POINTS = Dispatcher[bool](
+    {
+        Report: _report,
+        RestoredFromMirror: _from_mirror,
+        MirrorFallback: _fallback,
+        RestoredFromMemory: _from_memory,
+        SilentPeer: _silent,
+    },
+    otherwise=_not_ours,
+)
+"""What :meth:`RestorePoints.on_event` handles: True when the event is done with."""
 
 
 def silent_manager(reporter: str) -> str:

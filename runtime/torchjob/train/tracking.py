@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchjob import contract
 from torchjob.contract import PodEnv
+from torchjob.launch.protocol import CheckpointLanded, Dispatcher, Report, ignore
 from torchjob.tracking.callback import Callbacks, TrialInfo
 from torchjob.tracking.mlflow import RUN_ID_ENV, TRACKING_URI_ENV, MLflowLoggerCallback
 from torchjob.train.job_status import JobEndpoint
@@ -162,20 +163,11 @@ class RunTracking:
         except (OSError, ValueError) as exc:
             log.warning("torchjob: cannot write status.tracking to %s: %s", self.endpoint.url, exc)
 
-    def event(self, event: Mapping[str, Any]) -> None:
+    def event(self, event: object) -> None:
         """One launcher event of rank 0: a report (maybe with its checkpoint committed) or a
         checkpoint the background committer landed."""
-        if not self.started:
-            return
-        if event.get("type") == "report":
-            self.reports += 1
-            result = {**event["metrics"], "training_iteration": self.reports}
-            self.callbacks.trial_result(self.trial, result)
-            if event.get("checkpoint_index") is not None:
-                ref = CheckpointRef(event["checkpoint_path"], event["checkpoint_index"])
-                self.callbacks.checkpoint(self.trial, ref)
-        elif event.get("type") == "checkpoint":
-            self.callbacks.checkpoint(self.trial, CheckpointRef(event["path"], event.get("index")))
+        if self.started:
+            _TRACKED(event, self)
 
     def end(self, *, failed: bool) -> None:
         if not self.started:
@@ -183,3 +175,20 @@ class RunTracking:
         self.started = False
         self.callbacks.trial_end(self.trial, failed=failed)
         self.callbacks.experiment_end()
+
+
+def _reported(e: Report, run: RunTracking) -> None:
+    run.reports += 1
+    result = {**e.metrics, "training_iteration": run.reports}
+    run.callbacks.trial_result(run.trial, result)
+    if e.checkpoint_index is not None:
+        assert e.checkpoint_path is not None
+        run.callbacks.checkpoint(run.trial, CheckpointRef(e.checkpoint_path, e.checkpoint_index))
+
+
+def _landed(e: CheckpointLanded, run: RunTracking) -> None:
+    run.callbacks.checkpoint(run.trial, CheckpointRef(e.path, e.index))
+
+
+_TRACKED = Dispatcher[None]({Report: _reported, CheckpointLanded: _landed}, otherwise=ignore)
+"""What experiment tracking follows of the launcher's events."""

@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from torchjob.launch import send_event, worker_info, worker_state
+from torchjob.launch.protocol import TrialCheckpointed, TrialReported
 from torchjob.rules.trial import trial_config
 
 _WORKER_KEY = "torchjob.tune.trial"
-EVENT_TYPE = "tune.report"
-CHECKPOINT_EVENT_TYPE = "tune.checkpoint"
 
 
 class TrialStopped(Exception):
@@ -89,7 +88,7 @@ def report(metrics: Mapping[str, Any] | None = None, /, **kwargs: Any) -> None:
     if _worker_trial() is not None:
         info = worker_info()
         if info is not None and info.rank == 0:
-            send_event({"type": EVENT_TYPE, "metrics": merged})
+            send_event(TrialReported(merged))
         return
     reporter = _reporter()
     if reporter is None:
@@ -114,7 +113,7 @@ def get_trial_dir() -> str | None:
 def _record_checkpoint(path: str) -> None:
     """Tell the trial's driver where its latest checkpoint is (rank 0 or the driver)."""
     if _worker_trial() is not None:
-        send_event({"type": CHECKPOINT_EVENT_TYPE, "path": path})
+        send_event(TrialCheckpointed(path))
         return
     reporter = _reporter()
     if reporter is not None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchjob.launch import WorkerGroup
+from torchjob.launch.protocol import Dispatcher, TrialCheckpointed, TrialReported, ignore
 from torchjob.rules.trial import merged_loop_config
 from torchjob.tune import session
 from torchjob.tune.session import Reporter, TrialStopped
@@ -60,15 +61,18 @@ class DistributedTrainable:
         try:
             group.execute(session._set_worker_trial, str(reporter.trial_dir))
 
-            def on_event(_rank: int, payload: Any) -> None:
-                if not isinstance(payload, dict):
-                    return
-                if payload.get("type") == session.CHECKPOINT_EVENT_TYPE:
-                    reporter.checkpoint = str(payload["path"])
-                elif payload.get("type") == session.EVENT_TYPE:
-                    reporter.report(payload["metrics"])  # raises to stop or prune the trial
+            def checkpointed(e: TrialCheckpointed) -> None:
+                reporter.checkpoint = e.path
 
-            group.submit(_call_train_func, (self.train_func, config)).wait(on_event=on_event)
+            def reported(e: TrialReported) -> None:
+                reporter.report(e.metrics)  # raises to stop or prune the trial
+
+            follow = Dispatcher[None](
+                {TrialCheckpointed: checkpointed, TrialReported: reported}, otherwise=ignore
+            )
+            group.submit(_call_train_func, (self.train_func, config)).wait(
+                on_event=lambda _rank, event: follow(event)
+            )
             clean = True
         finally:
             # A stopped or pruned trial leaves workers mid-function: kill them at once.
