@@ -729,7 +729,8 @@ cmd_notice() {
   [[ -z "${condition}" || "${condition}" =~ ^[A-Za-z][A-Za-z0-9]*$ ]] || die "notice --condition ${condition}: a condition type (letters and digits)"
   select_node "$(node_index "${node}")"
   pid_of >/dev/null || die "node ${NODE} is not running"
-  local taint t0=${SECONDS} now
+  local taint t0 now
+  t0=$(now_ms)
   taint="$(notice_taint "${provider}")"
   kc taint node "${NODE}" "${taint}" --overwrite >/dev/null
   echo "${taint%%[=:]*}:NoSchedule ${condition}" >"${STATE}/notice"
@@ -738,12 +739,12 @@ cmd_notice() {
     kc patch node "${NODE}" --subresource=status --type=strategic -p "{\"status\":{\"conditions\":[{\"type\":\"${condition}\",\"status\":\"True\",\"reason\":\"TerminationNotice\",\"message\":\"${provider}: the node goes in ${vanish_after}s\",\"lastHeartbeatTime\":\"${now}\",\"lastTransitionTime\":\"${now}\"}]}}" >/dev/null
   fi
   log "notice (${provider}) on ${NODE}: taint ${taint}${condition:+, condition ${condition}}; drain in ${drain_after}s, vanish in ${vanish_after}s"
-  while ((SECONDS - t0 < drain_after)); do sleep 0.2; done
+  while (($(now_ms) - t0 < drain_after * 1000)); do sleep 0.1; done
   log "draining ${NODE} (Eviction API)"
   timeout $((vanish_after - drain_after)) "${KUBECTL}" --kubeconfig "${KUBECONFIG_PATH}" drain "${NODE}" \
     --ignore-daemonsets --delete-emptydir-data --force --grace-period=-1 \
     --timeout="$((vanish_after - drain_after))s" >&2 || log "the drain of ${NODE} did not finish before the node goes"
-  while ((SECONDS - t0 < vanish_after)); do sleep 0.2; done
+  while (($(now_ms) - t0 < vanish_after * 1000)); do sleep 0.1; done
   lock
   cmd_vanish "${K}"
 }
