@@ -727,11 +727,11 @@ cmd_notice() {
   [[ "${vanish_after}" =~ ^[0-9]+$ ]] || die "notice --vanish-after ${vanish_after}: whole seconds"
   ((vanish_after > drain_after)) || die "notice: --vanish-after (${vanish_after}) must be later than --drain-after (${drain_after})"
   [[ -z "${condition}" || "${condition}" =~ ^[A-Za-z][A-Za-z0-9]*$ ]] || die "notice --condition ${condition}: a condition type (letters and digits)"
-  select_node "$(node_index "${node}")"
-  pid_of >/dev/null || die "node ${NODE} is not running"
   local taint t0 now
   t0=$(now_ms)
   taint="$(notice_taint "${provider}")"
+  select_node "$(node_index "${node}")"
+  pid_of >/dev/null || die "node ${NODE} is not running"
   kc taint node "${NODE}" "${taint}" --overwrite >/dev/null
   echo "${taint%%[=:]*}:NoSchedule ${condition}" >"${STATE}/notice"
   if [[ -n "${condition}" ]]; then
@@ -768,8 +768,8 @@ case "${1:-}" in
   name) echo "${NAME}-real-0" ;;
   names) for ((k = 0; k < COUNT; k++)); do echo "${NAME}-real-${k}"; done ;;
   host-ip) echo "${HOST_IP}" ;;
-  vanish) lock && cmd_vanish "${2:-}" ;;
-  return) lock && cmd_return "${2:-}" "${3:-}" ;;
+  vanish) node_index "${2:-}" >/dev/null && lock && cmd_vanish "${2:-}" ;;
+  return) node_index "${2:-}" >/dev/null && lock && cmd_return "${2:-}" "${3:-}" ;;
   notice)
     shift
     cmd_notice "$@"
