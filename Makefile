@@ -146,6 +146,13 @@ node: cluster ## join a real node (kubelet + containerd, hack/node.sh) to the lo
 	hack/node.sh up
 	hack/node.sh import $$(for i in operator runtime-cpu pause; do hack/images.sh save $$i; done)
 
+.PHONY: cluster-nodes
+REAL_NODES ?= 3
+cluster-nodes: cluster ## the local cluster with REAL_NODES real nodes (default 3, at most 4: kubelet + containerd each, hack/node.sh), the images in each
+	hack/images.sh build operator runtime-cpu pause
+	TORCHJOB_REAL_NODES=$(REAL_NODES) hack/node.sh up
+	hack/node.sh import $$(for i in operator runtime-cpu pause; do hack/images.sh save $$i; done)
+
 .PHONY: e2e-kind
 e2e-kind: ## end-to-end on kind (needs Docker; skips with a message without it)
 	hack/e2e-kind.sh

@@ -1,34 +1,60 @@
 #!/usr/bin/env bash
-# A real node for the local test cluster: kubelet + containerd + runc + CNI (bridge, host-local)
-# + CoreDNS, joined to the kwokctl control plane of hack/cluster.sh beside its fake kwok nodes.
+# Real nodes for the local test cluster: each a kubelet + containerd + runc + CNI (bridge,
+# host-local) + CoreDNS in its own network and mount namespaces, joined to the kwokctl control
+# plane of hack/cluster.sh beside its fake kwok nodes.
 #
-#   hack/node.sh up           start (or reuse) the real node of cluster $TORCHJOB_CLUSTER_NAME
-#   hack/node.sh down         stop it and remove its state (also done by `hack/cluster.sh down`)
-#   hack/node.sh import TAR.. import docker-archive image tars into the node's containerd
-#   hack/node.sh status       exit 0 when the node runs
-#   hack/node.sh name         print the Node's name
-#   hack/node.sh host-ip      print the host's address on the node's veth: pods reach the
+#   hack/node.sh up           start (or reuse) the real nodes of cluster $TORCHJOB_CLUSTER_NAME:
+#                             $TORCHJOB_REAL_NODES of them (1 to 4, default 1), <cluster>-real-K
+#   hack/node.sh down         stop them all and remove their state (also `hack/cluster.sh down`)
+#   hack/node.sh import TAR.. import docker-archive image tars into every running node's
+#                             containerd (a tar already imported into a node is skipped)
+#   hack/node.sh status       exit 0 when the $TORCHJOB_REAL_NODES nodes run and are Ready
+#   hack/node.sh name         print node 0's name;  names: every node's, one a line
+#   hack/node.sh host-ip      print the host's address on the nodes' network: pods reach the
 #                             machine there (the API server; tests/s3.py's object store)
 #   hack/node.sh prereqs      exit 0 when every prerequisite is installed, else say what is missing
+# Node faults (NODE: a node's name or its index K):
+#   hack/node.sh vanish NODE  cut the node's link (its port leaves the nodes' bridge: every
+#                             packet to and from it is dropped, no RST, no ICMP, no ARP) and
+#                             freeze every process of it (kubelet, containerd, shims, CoreDNS,
+#                             the pods' containers: one freezer cgroup), so that nothing it held
+#                             answers, resets or reports; the node controller marks it Unknown
+#                             after node-monitor-grace-period (40 s here)
+#   hack/node.sh return NODE  thaw it and restore its link; undo what `notice` set (taint,
+#                             condition, cordon); wait until it is Ready again
+#   hack/node.sh notice NODE [--provider aws|karpenter|karpenter-v0|gke] [--drain-after S]
+#                            [--vanish-after T] [--condition TYPE]
+#                             what a termination handler does: at once the provider's taint
+#                             (NoSchedule; and a Node condition TYPE=True if asked), after S
+#                             seconds (default 0) a drain through the Eviction API (kubectl
+#                             drain: cordon, evict, wait), and at T seconds from the notice
+#                             (default 120; gke 30) the node vanishes. Blocks until then.
 #
 # Isolation (several clusters share one machine, and the machine itself is never changed):
-# - the node lives in its own network namespace and a private mount namespace (unshare); the
-#   only change to the machine's network is one veth pair, tjh<IDX> on the host side with
-#   10.213.IDX.1/30 (IDX from the cluster name, or $TORCHJOB_NODE_NET_INDEX). Pods get
-#   10.214.IDX.0/24 on a bridge inside the node's namespace, which has no default route: pods
-#   reach the node, each other and the API server, nothing off the machine;
-# - no kube-proxy: it would rewrite iptables chains that every cluster shares. Inside the node's
-#   own namespace one DNAT rule sends the `kubernetes` Service (ClusterIP:443) to the API
+# - each node lives in its own network namespace and a private mount namespace (unshare). The
+#   nodes' network (10.213.IDX.0/24; IDX from the cluster name, or $TORCHJOB_NODE_NET_INDEX) is
+#   a bridge in a namespace of its own (the "fabric", held by one process): every node has a
+#   veth into it (10.213.IDX.K+2), and so has the host: the only change to the machine's network
+#   is that one veth pair, tjh<IDX> on the host side with 10.213.IDX.1/24 (and permanent
+#   neighbour entries on it). Pods of node K get 10.214.IDX.64*K/26 on a bridge inside K's
+#   namespace; every node routes the other nodes' pod ranges via their addresses (no tunnel, no
+#   NAT between pods; every MAC is fixed and every neighbour entry permanent, so no ARP crosses
+#   the fabric). No namespace has a default route: pods reach pods, nodes and the API server,
+#   nothing off the machine;
+# - no kube-proxy: it would rewrite iptables chains that every cluster shares. Inside each
+#   node's own namespace one DNAT rule sends the `kubernetes` Service (ClusterIP:443) to the API
 #   server, which is what in-cluster clients (the operator, rank 0's status reports) use;
 #   headless Services (the workers') need no proxy. Other ClusterIP Services do not work here;
-# - CoreDNS listens on the node's address inside its namespace (port 53 there collides with
-#   nothing); kubelet's port 10250 is in that namespace too;
+# - each node runs a CoreDNS on its own address inside its namespace (port 53 there collides
+#   with nothing) for its pods; kubelet's port 10250 is in that namespace too;
 # - kubelet writes to fixed paths (/var/lib/kubelet, /var/log/pods, ...): they are bind mounts
-#   of this cluster's state directory inside the private mount namespace; the few /proc/sys
+#   of the node's state directory inside its private mount namespace; the few /proc/sys
 #   files kubelet wants to set are bind-mounted regular files holding the values it expects,
 #   so the machine's sysctls stay as they are;
-# - pods' cgroups live under /torchjob-<cluster> in every cgroup v1 hierarchy (kubelet
-#   failCgroupV1: false; containerd restrict_oom_score_adj: no CAP_SYS_RESOURCE here).
+# - node K's pods' cgroups live under /torchjob-<cluster>/real-K in every cgroup v1 hierarchy
+#   (kubelet failCgroupV1: false; containerd restrict_oom_score_adj: no CAP_SYS_RESOURCE here);
+#   its daemons are in the freezer cgroup /torchjob-<cluster>/real-K/node (v1: only in the
+#   freezer hierarchy), so that freezing /torchjob-<cluster>/real-K stops the whole node.
 # Binaries: kubelet and CoreDNS from `make testbin` (hack/build-testbin.sh, pinned in
 # hack/versions.env); containerd, runc and the CNI plugins from Debian (apt-get install
 # containerd runc containernetworking-plugins iptables iproute2).
@@ -47,13 +73,23 @@ COREDNS="${ROOT}/coredns-${COREDNS_VERSION}/coredns"
 CNI_BIN_DIR="${TORCHJOB_CNI_BIN_DIR:-/usr/lib/cni}"
 KUBECONFIG_PATH="$("${HACK_DIR}/cluster.sh" kubeconfig)"
 CLUSTER_DIR="$(dirname "${KUBECONFIG_PATH}")"
-STATE="${CLUSTER_DIR}/realnode"
-NODE="${NAME}-real-0"
+STATE_ROOT="${CLUSTER_DIR}/realnode"
 NODE_LABEL="torchjob.io/real-node"
-# containerd's socket, at its usual path inside the node's mount namespace, where /run/containerd
-# is a bind mount of this node's state (a socket path under the state directory would be too
-# long for a unix socket); from outside: nsenter --target "$(cat ${STATE}/node.pid)" --mount.
+INDEX_LABEL="torchjob.io/real-node-index"
+# containerd's socket, at its usual path inside each node's mount namespace, where
+# /run/containerd is a bind mount of that node's state (a socket path under the state directory
+# would be too long for a unix socket); from outside: nsenter --target <node.pid> --mount.
 SOCK=/run/containerd/containerd.sock
+MAX_NODES=4 # four /26 pod ranges in the cluster's 10.214.IDX.0/24
+
+log() { printf '[node] %s\n' "$*" >&2; }
+die() { printf '[node] error: %s\n' "$*" >&2; exit 1; }
+kc() { "${KUBECTL}" --kubeconfig "${KUBECONFIG_PATH}" "$@"; }
+now_ms() { date +%s%3N; }
+
+COUNT="${TORCHJOB_REAL_NODES:-1}"
+[[ "${COUNT}" =~ ^[1-9][0-9]*$ && "${COUNT}" -le "${MAX_NODES}" ]] ||
+  die "TORCHJOB_REAL_NODES=${COUNT}: a number of real nodes from 1 to ${MAX_NODES}"
 
 net_index() {
   if [[ -n "${TORCHJOB_NODE_NET_INDEX:-}" ]]; then
@@ -63,17 +99,14 @@ net_index() {
   fi
 }
 IDX="$(net_index)"
+[[ "${IDX}" =~ ^[0-9]+$ && "${IDX}" -le 255 ]] || die "TORCHJOB_NODE_NET_INDEX=${IDX}: a number from 0 to 255"
 HOST_IF="tjh${IDX}"
 NODE_IF="tjn0"
 HOST_IP="10.213.${IDX}.1"
-NODE_IP="10.213.${IDX}.2"
-POD_CIDR="10.214.${IDX}.0/24"
+PODS_NET="10.214.${IDX}.0/24"
+HOST_MAC="$(printf '02:74:6a:%02x:00:01' "${IDX}")"
 CGROUP_ROOT="/torchjob-${NAME}"
-
-log() { printf '[node] %s\n' "$*" >&2; }
-die() { printf '[node] error: %s\n' "$*" >&2; exit 1; }
-kc() { "${KUBECTL}" --kubeconfig "${KUBECONFIG_PATH}" "$@"; }
-now_ms() { date +%s%3N; }
+FABRIC_PIDFILE="${STATE_ROOT}/fabric.pid"
 
 # What cluster.sh needs at creation for a real node to work: extra API server cert SANs.
 if [[ "${1:-}" == "cert-sans" ]]; then
@@ -81,6 +114,28 @@ if [[ "${1:-}" == "cert-sans" ]]; then
   exit 0
 fi
 
+node_ip() { echo "10.213.${IDX}.$(($1 + 2))"; }
+node_mac() { printf '02:74:6a:%02x:01:%02x' "${IDX}" "$1"; }
+pod_cidr() { echo "10.214.${IDX}.$((64 * $1))/26"; }
+
+# select_node K: the globals of node K (its name, addresses, state directory, cgroup).
+select_node() {
+  K="$1"
+  NODE="${NAME}-real-${K}"
+  NODE_IP="$(node_ip "${K}")"
+  NODE_MAC="$(node_mac "${K}")"
+  POD_CIDR="$(pod_cidr "${K}")"
+  STATE="${STATE_ROOT}/real-${K}"
+  NODE_CG="${CGROUP_ROOT}/real-${K}"
+}
+
+# node_index NODE: K for a node's name or index (of this cluster).
+node_index() {
+  local n="${1:?a node name or index}"
+  [[ "${n}" =~ ^[0-9]+$ ]] || n="${n#"${NAME}-real-"}"
+  [[ "${n}" =~ ^[0-9]+$ && "${n}" -lt "${MAX_NODES}" ]] || die "no real node '$1' in cluster '${NAME}' (names: ${NAME}-real-0 to ${NAME}-real-$((MAX_NODES - 1)))"
+  echo "${n}"
+}
 missing_prereqs() {
   local m=() b
   [[ "$(id -u)" == 0 ]] || m+=("root (kubelet and containerd need it)")
@@ -104,7 +159,7 @@ cgroup_dirs() { # the hierarchies where pods' cgroups go (v1: one per mounted co
   fi
 }
 
-pid_of() { # the node's namespace holder (the inner script), when it runs
+pid_of() { # the selected node's namespace holder (the inner script), when it runs
   local pid
   pid="$(cat "${STATE}/node.pid" 2>/dev/null)" || return 1
   [[ "${pid}" =~ ^[0-9]+$ ]] && kill -0 "${pid}" 2>/dev/null &&
@@ -144,6 +199,54 @@ wait_until() { # wait_until <seconds> <what> <cmd...>
   done
 }
 
+
+fabric_pid() { # the holder of the nodes' network namespace, when it runs
+  local pid
+  pid="$(cat "${FABRIC_PIDFILE}" 2>/dev/null)" || return 1
+  [[ "${pid}" =~ ^[0-9]+$ ]] && kill -0 "${pid}" 2>/dev/null &&
+    grep -q "torchjob-fabric" "/proc/${pid}/cmdline" 2>/dev/null && echo "${pid}"
+}
+
+in_fabric() { nsenter --target "$(fabric_pid)" --net "$@"; }
+
+# The cgroup files that freeze a node: v1 its freezer cgroup, v2 its cgroup.
+freezer_dir() {
+  if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
+    echo "/sys/fs/cgroup${NODE_CG}"
+  else
+    echo "/sys/fs/cgroup/freezer${NODE_CG}"
+  fi
+}
+
+set_frozen() { # set_frozen 1|0: freeze or thaw the selected node's cgroup, wait until done
+  local dir want i
+  dir="$(freezer_dir)"
+  [[ -d "${dir}" ]] || die "no freezer cgroup ${dir} for node ${NODE}"
+  if [[ -f "${dir}/cgroup.freeze" ]]; then
+    echo "$1" >"${dir}/cgroup.freeze"
+    want="frozen $1"
+    for i in $(seq 300); do grep -qx "${want}" "${dir}/cgroup.events" && return 0; sleep 0.1; done
+  else
+    if [[ "$1" == 1 ]]; then want=FROZEN; else want=THAWED; fi
+    for i in $(seq 300); do
+      echo "${want}" >"${dir}/freezer.state"
+      [[ "$(cat "${dir}/freezer.state")" == "${want}" ]] && return 0
+      sleep 0.1
+    done
+  fi
+  die "node ${NODE}'s cgroup ${dir} did not become ${want} within 30s"
+}
+
+is_frozen() {
+  local dir
+  dir="$(freezer_dir)"
+  if [[ -f "${dir}/cgroup.freeze" ]]; then
+    [[ "$(cat "${dir}/cgroup.freeze")" == 1 ]]
+  else
+    [[ -f "${dir}/freezer.state" && "$(cat "${dir}/freezer.state")" != THAWED ]]
+  fi
+}
+
 write_configs() {
   local server
   server="$(sed -n 's/^[[:space:]]*server: //p' "${KUBECONFIG_PATH}" | head -1)"
@@ -180,7 +283,7 @@ EOF
   cat >"${STATE}/cni/net.d/10-torchjob.conflist" <<EOF
 {
   "cniVersion": "0.4.0",
-  "name": "torchjob-${NAME}",
+  "name": "torchjob-${NAME}-${K}",
   "plugins": [
     {
       "type": "bridge",
@@ -217,7 +320,7 @@ apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false
 cgroupDriver: cgroupfs
-cgroupRoot: ${CGROUP_ROOT}
+cgroupRoot: ${NODE_CG}
 address: ${NODE_IP}
 port: 10250
 readOnlyPort: 0
@@ -257,9 +360,12 @@ write_inside() {
 # Generated by hack/node.sh: the node's namespaces' first process. Do not run by hand.
 set -euo pipefail
 STATE="$1"; KUBELET="$2"; COREDNS="$3"; NODE="$4"; NODE_IP="$5"; HOST_IP="$6"; POD_CIDR="$7"
-NODE_IF="$8"; SVC_IP="$9"; API_PORT="${10}"; NODE_LABEL="${11}"; shift 11
+NODE_IF="$8"; SVC_IP="$9"; API_PORT="${10}"; NODE_LABELS="${11}"; PODS_NET="${12}"
+FREEZER_PROCS="${13}"; HOST_MAC="${14}"; PEERS="${15}"; shift 15
 SYSCTLS=("$@")
 exec >>"${STATE}/inside.log" 2>&1
+# Into the node's freezer cgroup before anything starts: every process of the node inherits it.
+echo $$ >"${FREEZER_PROCS}"
 echo "[$(date -u +%T)] node namespaces up (pid $$)"
 # Fixed paths kubelet, containerd and CNI write to: bind mounts of this node's state.
 for d in /var/lib/kubelet /var/log/pods /var/log/containers /var/lib/cni /run/netns \
@@ -281,14 +387,23 @@ done
 # Wait for hack/node.sh to move our end of the veth in.
 for _ in $(seq 300); do ip link show "${NODE_IF}" >/dev/null 2>&1 && break; sleep 0.1; done
 ip link set lo up
-ip addr add "${NODE_IP}/30" dev "${NODE_IF}"
+ip addr add "${NODE_IP}/24" dev "${NODE_IF}"
 ip link set "${NODE_IF}" up
+# The other nodes' pod ranges via their addresses, every neighbour permanent (no ARP: a node
+# that vanished stays silent, as in a cloud network); PEERS: "ip,mac,cidr ..." of every slot.
+ip neigh replace "${HOST_IP}" lladdr "${HOST_MAC}" dev "${NODE_IF}" nud permanent
+for peer in ${PEERS}; do
+  IFS=, read -r ip mac cidr <<<"${peer}"
+  ip neigh replace "${ip}" lladdr "${mac}" dev "${NODE_IF}" nud permanent
+  ip route replace "${cidr}" via "${ip}" dev "${NODE_IF}"
+done
 # This namespace's own forwarding (pods <-> node); no default route, so nothing leaves.
 echo 1 >/proc/sys/net/ipv4/ip_forward
 # The `kubernetes` Service -> the API server at the host end of the veth.
 iptables -t nat -A PREROUTING -d "${SVC_IP}/32" -p tcp --dport 443 -j DNAT --to-destination "${HOST_IP}:${API_PORT}"
 iptables -t nat -A OUTPUT -d "${SVC_IP}/32" -p tcp --dport 443 -j DNAT --to-destination "${HOST_IP}:${API_PORT}"
-iptables -t nat -A POSTROUTING -s "${POD_CIDR}" -o "${NODE_IF}" -j MASQUERADE
+# Pods reach the host (API server, object store) as the node; pods of other nodes see pod IPs.
+iptables -t nat -A POSTROUTING -s "${POD_CIDR}" ! -d "${PODS_NET}" -o "${NODE_IF}" -j MASQUERADE
 pids=()
 cleanup() {
   trap - TERM INT EXIT
@@ -304,7 +419,7 @@ for _ in $(seq 300); do [[ -S /run/containerd/containerd.sock ]] && break; sleep
 pids+=($!)
 "${KUBELET}" --config "${STATE}/kubelet/config.yaml" --kubeconfig "${STATE}/kubeconfig.yaml" \
   --hostname-override "${NODE}" --node-ip "${NODE_IP}" \
-  --node-labels "${NODE_LABEL}=true,kubernetes.io/os=linux" \
+  --node-labels "${NODE_LABELS}" \
   --v 1 >>"${STATE}/kubelet.log" 2>&1 &
 pids+=($!)
 echo "[$(date -u +%T)] started containerd, coredns, kubelet: ${pids[*]}"
@@ -315,84 +430,162 @@ EOF
   chmod +x "${STATE}/node-inside.sh"
 }
 
+setup_cgroups() { # the selected node's cgroups: its pods' root in every hierarchy, its freezer
+  local cg dir
+  for cg in $(cgroup_dirs); do
+    for dir in "${cg}${CGROUP_ROOT}" "${cg}${NODE_CG}"; do
+      mkdir -p "${dir}"
+      if [[ -f "${cg}/cpuset.cpus" ]]; then
+        cat "${cg}/cpuset.cpus" >"${dir}/cpuset.cpus"
+        cat "${cg}/cpuset.mems" >"${dir}/cpuset.mems"
+      fi
+      # The weight kubelet gives kubepods at the machine's root (1024 per CPU): without it all
+      # of the nodes' containers together weigh as much as one process outside them. The
+      # nodes of a cluster weigh the same among themselves.
+      if [[ -f "${dir}/cpu.shares" ]]; then
+        echo $(($(nproc) * 1024)) >"${dir}/cpu.shares"
+      fi
+    done
+  done
+  mkdir -p "$(freezer_dir)/node"
+}
+
+# The nodes' network: a bridge in a namespace of its own, the host's veth into it.
+ensure_fabric() {
+  if fabric_pid >/dev/null && ip link show "${HOST_IF}" >/dev/null 2>&1; then
+    return
+  fi
+  if ip -4 route show | grep -qE "^10\.21[34]\.${IDX}\."; then
+    die "10.213.${IDX}.0/24 or 10.214.${IDX}.0/24 is already routed on this machine; set TORCHJOB_NODE_NET_INDEX to a free 0-255"
+  fi
+  mkdir -p "${STATE_ROOT}"
+  setsid unshare --net bash -c "exec -a torchjob-fabric-${NAME} sleep infinity" </dev/null >/dev/null 2>&1 7>&- &
+  local pid=$! i
+  echo "${pid}" >"${FABRIC_PIDFILE}"
+  for i in $(seq 50); do [[ "$(readlink "/proc/${pid}/ns/net")" != "$(readlink /proc/self/ns/net)" ]] && fabric_pid >/dev/null && break; sleep 0.1; done
+  fabric_pid >/dev/null || die "the nodes' network namespace did not start"
+  in_fabric sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 || true
+  in_fabric ip link set lo up
+  in_fabric ip link add br0 type bridge
+  in_fabric ip link set br0 up
+  ip link add "${HOST_IF}" address "${HOST_MAC}" type veth peer name up0 netns "${pid}"
+  in_fabric ip link set up0 master br0
+  in_fabric ip link set up0 up
+  ip addr add "${HOST_IP}/24" dev "${HOST_IF}"
+  ip link set "${HOST_IF}" up
+}
+
+# start_node: the selected node's namespaces, processes and link (does not wait for Ready).
+start_node() {
+  write_configs
+  write_inside
+  setup_cgroups
+  local svc_ip kv sysctls=() j peers=""
+  svc_ip="$(kc get service kubernetes -n default -o jsonpath='{.spec.clusterIP}')"
+  for kv in "${SYSCTLS[@]}"; do sysctls+=("${kv}"); done
+  for ((j = 0; j < MAX_NODES; j++)); do
+    [[ "${j}" == "${K}" ]] || peers+="$(node_ip "${j}"),$(node_mac "${j}"),$(pod_cidr "${j}") "
+  done
+  setsid unshare --mount --net --propagation private \
+    "${STATE}/node-inside.sh" "${STATE}" "${KUBELET}" "${COREDNS}" "${NODE}" "${NODE_IP}" \
+    "${HOST_IP}" "${POD_CIDR}" "${NODE_IF}" "${svc_ip}" "${API_PORT}" \
+    "${NODE_LABEL}=true,${INDEX_LABEL}=${K},kubernetes.io/os=linux" "${PODS_NET}" \
+    "$(freezer_dir)/node/cgroup.procs" "${HOST_MAC}" "${peers}" \
+    "${sysctls[@]}" </dev/null >>"${STATE}/inside.log" 2>&1 7>&- &
+  local pid=$! i
+  echo "${pid}" >"${STATE}/node.pid"
+  for i in $(seq 50); do [[ "$(readlink "/proc/${pid}/ns/net")" != "$(readlink /proc/self/ns/net)" ]] && break; sleep 0.1; done
+  readlink "/proc/${pid}/ns/mnt" >"${STATE}/node.mntns"
+  # The node's link: a veth from the fabric's bridge (port nK) into its namespace.
+  in_fabric ip link add "n${K}" type veth peer name "${NODE_IF}" address "${NODE_MAC}" netns "${pid}"
+  in_fabric ip link set "n${K}" master br0
+  in_fabric ip link set "n${K}" up
+  ip neigh replace "${NODE_IP}" lladdr "${NODE_MAC}" dev "${HOST_IF}" nud permanent
+}
+
 cmd_up() {
-  local start
+  local start missing k started=()
   start=$(now_ms)
-  local missing
   missing="$(missing_prereqs)"
   [[ -z "${missing}" ]] || die "missing prerequisites: $(tr '\n' ' ' <<<"${missing}")(Debian: apt-get install containerd runc containernetworking-plugins iptables iproute2; then make testbin)"
   kc get --raw /readyz >/dev/null 2>&1 || die "cluster '${NAME}' is not running (hack/cluster.sh up)"
-  if pid_of >/dev/null && node_ready; then
-    log "node ${NODE} is already running (checked in $(($(now_ms) - start))ms)"
+  if [[ -f "${STATE_ROOT}/node.pid" ]] || ! fabric_pid >/dev/null || ! ip link show "${HOST_IF}" >/dev/null 2>&1; then
+    cmd_down quiet # a node of an older hack/node.sh, or a broken network: from nothing
+  fi
+  ensure_fabric
+  PAUSE_IMAGE="$("${HACK_DIR}/images.sh" ref pause)"
+  for ((k = 0; k < COUNT; k++)); do
+    select_node "${k}"
+    if pid_of >/dev/null && node_ready && ! is_frozen; then
+      continue
+    fi
+    down_node
+    start_node
+    started+=("${k}")
+  done
+  if [[ ${#started[@]} == 0 ]]; then
+    log "${COUNT} real node(s) already running (checked in $(($(now_ms) - start))ms)"
     return
   fi
-  cmd_down quiet
-  if ip -4 route show | grep -qE "^10\.21[34]\.${IDX}\."; then
-    die "10.213.${IDX}.0/30 or 10.214.${IDX}.0/24 is already routed on this machine; set TORCHJOB_NODE_NET_INDEX to a free 0-255"
-  fi
-  PAUSE_IMAGE="$("${HACK_DIR}/images.sh" ref pause)"
-  write_configs
-  write_inside
-  local cg
-  for cg in $(cgroup_dirs); do
-    mkdir -p "${cg}${CGROUP_ROOT}"
-    if [[ -f "${cg}/cpuset.cpus" ]]; then
-      cat "${cg}/cpuset.cpus" >"${cg}${CGROUP_ROOT}/cpuset.cpus"
-      cat "${cg}/cpuset.mems" >"${cg}${CGROUP_ROOT}/cpuset.mems"
-    fi
-    # The weight kubelet gives kubepods at the machine's root (1024 per CPU): without it all
-    # of the node's containers together weigh as much as one process outside it.
-    if [[ -f "${cg}${CGROUP_ROOT}/cpu.shares" ]]; then
-      echo $(($(nproc) * 1024)) >"${cg}${CGROUP_ROOT}/cpu.shares"
-    fi
+  for k in "${started[@]}"; do
+    select_node "${k}"
+    wait_until 120 "node ${NODE} to register" kc get node "${NODE}"
+    wait_until 120 "node ${NODE} to become Ready" node_ready
+    log "node ${NODE} Ready (${NODE_IP}, pods ${POD_CIDR}, state ${STATE})"
   done
-  local svc_ip
-  svc_ip="$(kc get service kubernetes -n default -o jsonpath='{.spec.clusterIP}')"
-  local kv sysctls=()
-  for kv in "${SYSCTLS[@]}"; do sysctls+=("${kv}"); done
-  setsid unshare --mount --net --propagation private \
-    "${STATE}/node-inside.sh" "${STATE}" "${KUBELET}" "${COREDNS}" "${NODE}" "${NODE_IP}" \
-    "${HOST_IP}" "${POD_CIDR}" "${NODE_IF}" "${svc_ip}" "${API_PORT}" "${NODE_LABEL}" \
-    "${sysctls[@]}" </dev/null >>"${STATE}/inside.log" 2>&1 7>&- &
-  local pid=$!
-  echo "${pid}" >"${STATE}/node.pid"
-  # Our end of the veth pair on the host, the other end into the node's namespace.
-  local i
-  for i in $(seq 50); do [[ "$(readlink "/proc/${pid}/ns/net")" != "$(readlink /proc/self/ns/net)" ]] && break; sleep 0.1; done
-  readlink "/proc/${pid}/ns/mnt" >"${STATE}/node.mntns"
-  ip link add "${HOST_IF}" type veth peer name "${NODE_IF}" netns "${pid}"
-  ip addr add "${HOST_IP}/30" dev "${HOST_IF}"
-  ip link set "${HOST_IF}" up
-  wait_until 120 "node ${NODE} to register" kc get node "${NODE}"
-  wait_until 120 "node ${NODE} to become Ready" node_ready
-  log "node ${NODE} Ready in $(($(now_ms) - start))ms (pods ${POD_CIDR}, DNS ${NODE_IP}, state ${STATE})"
+  log "${COUNT} real node(s) Ready in $(($(now_ms) - start))ms (started ${#started[@]}; host ${HOST_IP})"
+}
+
+running_nodes() { # the indexes of the nodes whose processes run
+  local k
+  for ((k = 0; k < MAX_NODES; k++)); do
+    select_node "${k}"
+    pid_of >/dev/null && echo "${k}"
+  done
+  return 0
+}
+
+import_node() { # import_node TAR...: into the selected node, each tar once
+  local pid tar start
+  pid="$(pid_of)" || die "node ${NODE} is not running (hack/node.sh up)"
+  ! is_frozen || die "node ${NODE} has vanished (hack/node.sh return ${NODE})"
+  for tar in "$@"; do
+    grep -qxF "${tar}" "${STATE}/imported" 2>/dev/null && continue
+    start=$(now_ms)
+    nsenter --target "${pid}" --mount ctr --address "${SOCK}" -n k8s.io images import --no-unpack "${tar}" >/dev/null ||
+      die "ctr images import ${tar} into ${NODE} failed"
+    echo "${tar}" >>"${STATE}/imported"
+    log "imported ${tar##*/} into ${NODE} in $(($(now_ms) - start))ms"
+  done
 }
 
 cmd_import() {
-  local pid
-  pid="$(pid_of)" || die "node ${NODE} is not running (hack/node.sh up)"
-  local tar start
-  for tar in "$@"; do
-    start=$(now_ms)
-    nsenter --target "${pid}" --mount ctr --address "${SOCK}" -n k8s.io images import --no-unpack "${tar}" >/dev/null ||
-      die "ctr images import ${tar} failed"
-    log "imported ${tar##*/} in $(($(now_ms) - start))ms"
+  local k pids=() rc=0 p nodes
+  nodes="$(running_nodes)"
+  [[ -n "${nodes}" ]] || die "no real node of cluster '${NAME}' is running (hack/node.sh up)"
+  for k in ${nodes}; do
+    select_node "${k}"
+    import_node "$@" &
+    pids+=($!)
   done
+  for p in "${pids[@]}"; do wait "${p}" || rc=1; done
+  return "${rc}"
 }
 
-cmd_down() {
-  local quiet="${1:-}" pid mntns
+down_node() { # stop the selected node, remove its state, its Node
+  local pid mntns cg p
   mntns="$(cat "${STATE}/node.mntns" 2>/dev/null || true)"
+  # A frozen process takes no signal (cgroup v1): thaw first.
+  [[ -d "$(freezer_dir)" ]] && is_frozen && set_frozen 0
   if pid="$(pid_of)"; then
     kill "${pid}" 2>/dev/null || true
     for _ in $(seq 100); do kill -0 "${pid}" 2>/dev/null || break; sleep 0.1; done
   fi
-  # Whatever still runs in this node's cgroups (containers; their shims are in the state dir).
-  local cg p
+  # Whatever still runs in this node's cgroups (containers, shims, daemons).
   for _ in 1 2 3; do
     for cg in $(cgroup_dirs); do
-      [[ -d "${cg}${CGROUP_ROOT}" ]] || continue
-      for p in $(find "${cg}${CGROUP_ROOT}" -name cgroup.procs -exec cat {} + 2>/dev/null); do
+      [[ -d "${cg}${NODE_CG}" ]] || continue
+      for p in $(find "${cg}${NODE_CG}" -name cgroup.procs -exec cat {} + 2>/dev/null); do
         kill -9 "${p}" 2>/dev/null || true
       done
     done
@@ -404,28 +597,160 @@ cmd_down() {
     sleep 0.3
   done
   [[ -n "${pid:-}" ]] && kill -9 "${pid}" 2>/dev/null || true
-  ip link del "${HOST_IF}" 2>/dev/null || true
+  fabric_pid >/dev/null && in_fabric ip link del "n${K}" 2>/dev/null || true
   for cg in $(cgroup_dirs); do
-    [[ -d "${cg}${CGROUP_ROOT}" ]] && find "${cg}${CGROUP_ROOT}" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    [[ -d "${cg}${NODE_CG}" ]] && find "${cg}${NODE_CG}" -depth -type d -exec rmdir {} + 2>/dev/null || true
   done
-  if kc get node "${NODE}" >/dev/null 2>&1; then
+  if [[ -d "${STATE}" ]] && kc get node "${NODE}" >/dev/null 2>&1; then
     kc delete node "${NODE}" --wait=false >/dev/null 2>&1 || true
   fi
   # overlay mounts were in the node's own mount namespace: gone with it; plain files remain.
   rm -rf "${STATE}" 2>/dev/null || true
-  [[ -n "${quiet}" ]] || log "node ${NODE} stopped and removed"
+}
+
+cmd_down() {
+  local quiet="${1:-}" k pid cg p
+  for ((k = 0; k < MAX_NODES; k++)); do
+    select_node "${k}"
+    if [[ -d "${STATE}" ]] || [[ -d "$(freezer_dir)" ]]; then
+      down_node
+      [[ -n "${quiet}" ]] || log "node ${NODE} stopped and removed"
+    fi
+  done
+  # A node of an older hack/node.sh (its state directly in realnode/, cgroups in /torchjob-NAME).
+  if pid="$(cat "${STATE_ROOT}/node.pid" 2>/dev/null)" && [[ "${pid}" =~ ^[0-9]+$ ]] &&
+    grep -q "node-inside" "/proc/${pid}/cmdline" 2>/dev/null; then
+    kill "${pid}" 2>/dev/null || true
+    sleep 1
+    for cg in $(cgroup_dirs); do
+      for p in $(find "${cg}${CGROUP_ROOT}" -name cgroup.procs -exec cat {} + 2>/dev/null); do
+        kill -9 "${p}" 2>/dev/null || true
+      done
+    done
+    kill -9 "${pid}" 2>/dev/null || true
+    kc delete node "${NAME}-real-0" --wait=false >/dev/null 2>&1 || true
+  fi
+  if pid="$(fabric_pid)"; then
+    kill "${pid}" 2>/dev/null || true
+  fi
+  ip link del "${HOST_IF}" 2>/dev/null || true
+  for cg in $(cgroup_dirs); do
+    [[ -d "${cg}${CGROUP_ROOT}" ]] && find "${cg}${CGROUP_ROOT}" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  done
+  rm -rf "${STATE_ROOT}" 2>/dev/null || true
 }
 
 cmd_status() {
-  if pid_of >/dev/null && node_ready; then
-    log "node ${NODE} is Ready"
-  else
-    log "node ${NODE} is not running"
-    return 1
+  local k ok=0
+  for ((k = 0; k < COUNT; k++)); do
+    select_node "${k}"
+    if pid_of >/dev/null && node_ready && ! is_frozen; then
+      log "node ${NODE} is Ready"
+    elif pid_of >/dev/null && is_frozen; then
+      log "node ${NODE} has vanished (frozen, link cut)"
+      ok=1
+    else
+      log "node ${NODE} is not running"
+      ok=1
+    fi
+  done
+  return "${ok}"
+}
+
+# --- node faults -------------------------------------------------------------------------
+
+cmd_vanish() {
+  select_node "$(node_index "${1:-}")"
+  pid_of >/dev/null || die "node ${NODE} is not running"
+  fabric_pid >/dev/null || die "the nodes' network of cluster '${NAME}' is not running"
+  # The link first (its port leaves the bridge: frames to and from it go nowhere, silently),
+  # then every process of the node stops where it is.
+  in_fabric ip link set "n${K}" nomaster
+  set_frozen 1
+  date +%s >"${STATE}/vanished"
+  log "node ${NODE} vanished (link cut, processes frozen)"
+}
+
+cmd_return() {
+  local wait=1
+  [[ "${2:-}" == "--no-wait" ]] && wait=0
+  select_node "$(node_index "${1:-}")"
+  pid_of >/dev/null || die "node ${NODE} is not running"
+  set_frozen 0
+  in_fabric ip link set "n${K}" master br0
+  rm -f "${STATE}/vanished"
+  if [[ -f "${STATE}/notice" ]]; then
+    local taint condition
+    read -r taint condition <"${STATE}/notice"
+    kc taint node "${NODE}" "${taint}-" >/dev/null 2>&1 || true
+    if [[ -n "${condition}" ]]; then
+      # conditions is a list keyed by type: a strategic-merge $patch: delete removes one.
+      kc patch node "${NODE}" --subresource=status --type=strategic \
+        -p "{\"status\":{\"conditions\":[{\"type\":\"${condition}\",\"\$patch\":\"delete\"}]}}" >/dev/null || true
+    fi
+    kc uncordon "${NODE}" >/dev/null
+    rm -f "${STATE}/notice"
+  fi
+  log "node ${NODE} returned (thawed, link restored)"
+  if [[ "${wait}" == 1 ]]; then
+    wait_until 120 "node ${NODE} to be Ready again" node_ready
+    log "node ${NODE} is Ready again"
   fi
 }
 
-# up and down of one node are serialized (parallel pytest sessions share the cluster).
+notice_taint() { # the taint a termination handler puts on a node it was told will go
+  case "$1" in
+    aws) echo "aws-node-termination-handler/spot-itn=spot-itn-$(date +%s):NoSchedule" ;;
+    karpenter) echo "karpenter.sh/disrupted:NoSchedule" ;;
+    karpenter-v0) echo "karpenter.sh/disruption=disrupting:NoSchedule" ;;
+    gke) echo "cloud.google.com/impending-node-termination:NoSchedule" ;;
+    *) die "notice --provider $1: one of aws, karpenter, karpenter-v0, gke" ;;
+  esac
+}
+
+cmd_notice() {
+  local node="${1:-}" provider=aws drain_after=0 vanish_after="" condition=""
+  shift || true
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --provider) provider="${2:?--provider NAME}"; shift 2 ;;
+      --drain-after) drain_after="${2:?--drain-after SECONDS}"; shift 2 ;;
+      --vanish-after) vanish_after="${2:?--vanish-after SECONDS}"; shift 2 ;;
+      --condition) condition="${2:?--condition TYPE}"; shift 2 ;;
+      *) die "notice: unknown option $1" ;;
+    esac
+  done
+  if [[ -z "${vanish_after}" ]]; then
+    if [[ "${provider}" == gke ]]; then vanish_after=30; else vanish_after=120; fi
+  fi
+  [[ "${drain_after}" =~ ^[0-9]+$ ]] || die "notice --drain-after ${drain_after}: whole seconds"
+  [[ "${vanish_after}" =~ ^[0-9]+$ ]] || die "notice --vanish-after ${vanish_after}: whole seconds"
+  ((vanish_after > drain_after)) || die "notice: --vanish-after (${vanish_after}) must be later than --drain-after (${drain_after})"
+  [[ -z "${condition}" || "${condition}" =~ ^[A-Za-z][A-Za-z0-9]*$ ]] || die "notice --condition ${condition}: a condition type (letters and digits)"
+  local taint t0 now
+  t0=$(now_ms)
+  taint="$(notice_taint "${provider}")"
+  select_node "$(node_index "${node}")"
+  pid_of >/dev/null || die "node ${NODE} is not running"
+  kc taint node "${NODE}" "${taint}" --overwrite >/dev/null
+  echo "${taint%%[=:]*}:NoSchedule ${condition}" >"${STATE}/notice"
+  if [[ -n "${condition}" ]]; then
+    now="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    kc patch node "${NODE}" --subresource=status --type=strategic -p "{\"status\":{\"conditions\":[{\"type\":\"${condition}\",\"status\":\"True\",\"reason\":\"TerminationNotice\",\"message\":\"${provider}: the node goes in ${vanish_after}s\",\"lastHeartbeatTime\":\"${now}\",\"lastTransitionTime\":\"${now}\"}]}}" >/dev/null
+  fi
+  log "notice (${provider}) on ${NODE}: taint ${taint}${condition:+, condition ${condition}}; drain in ${drain_after}s, vanish in ${vanish_after}s"
+  while (($(now_ms) - t0 < drain_after * 1000)); do sleep 0.1; done
+  log "draining ${NODE} (Eviction API)"
+  timeout $((vanish_after - drain_after)) "${KUBECTL}" --kubeconfig "${KUBECONFIG_PATH}" drain "${NODE}" \
+    --ignore-daemonsets --delete-emptydir-data --force --grace-period=-1 \
+    --timeout="$((vanish_after - drain_after))s" >&2 || log "the drain of ${NODE} did not finish before the node goes"
+  while (($(now_ms) - t0 < vanish_after * 1000)); do sleep 0.1; done
+  lock
+  cmd_vanish "${K}"
+}
+
+# up and down of the nodes, and their faults, are serialized (parallel pytest sessions share
+# the cluster).
 lock() {
   mkdir -p "${CLUSTER_DIR}"
   exec 7>"${CLUSTER_DIR}/.realnode-lock"
@@ -440,14 +765,21 @@ case "${1:-}" in
     cmd_import "$@"
     ;;
   status) cmd_status ;;
-  name) echo "${NODE}" ;;
+  name) echo "${NAME}-real-0" ;;
+  names) for ((k = 0; k < COUNT; k++)); do echo "${NAME}-real-${k}"; done ;;
   host-ip) echo "${HOST_IP}" ;;
+  vanish) node_index "${2:-}" >/dev/null && lock && cmd_vanish "${2:-}" ;;
+  return) node_index "${2:-}" >/dev/null && lock && cmd_return "${2:-}" "${3:-}" ;;
+  notice)
+    shift
+    cmd_notice "$@"
+    ;;
   prereqs)
     m="$(missing_prereqs)"
     [[ -z "${m}" ]] || { printf 'missing: %s\n' "$(tr '\n' ' ' <<<"${m}")" >&2; exit 1; }
     ;;
   *)
-    echo "usage: $0 up|down|import TAR...|status|name|host-ip|prereqs|cert-sans" >&2
+    echo "usage: $0 up|down|import TAR...|status|name|names|host-ip|vanish NODE|return NODE|notice NODE [...]|prereqs|cert-sans" >&2
     exit 2
     ;;
 esac

@@ -3,9 +3,11 @@
 #
 #   cluster   tests/cluster minus the torch-heavy files: the operator against the control
 #             plane (admission, chaos, CLI, leader election, Helm, scale) on cluster `torchjob`
-#   e2e       the real node (test_real_node: kubelet + containerd, real containers) on its
-#             own cluster `torchjob-e2e` (TORCHJOB_CLUSTER_NAME), so that the sessions'
-#             cluster-wide operators never see each other's jobs
+#   e2e       the real nodes (test_real_node, test_real_nodes: kubelet + containerd, real
+#             containers) on their own cluster `torchjob-e2e` (TORCHJOB_CLUSTER_NAME), so that
+#             the sessions' cluster-wide operators never see each other's jobs; 3 real nodes
+#             (TORCHJOB_REAL_NODES; TORCHJOB_E2E_REAL_NODES to change), which the node-fault
+#             tests need and every other real-node test spreads its pods over
 #   pods      the tests that train with torch in pods run by the process kubelet
 #             (test_e2e_runtime) on their own cluster `torchjob-pods`: split from e2e because
 #             the real node's tests alone are the long pole, and both mostly wait on pods
@@ -44,7 +46,7 @@ run() {
   return "${PIPESTATUS[0]}"
 }
 
-E2E=(tests/cluster/test_real_node.py)
+E2E=(tests/cluster/test_real_node.py tests/cluster/test_real_nodes.py)
 RUNTIME=(tests/runtime/test_[s-z]*.py)
 ignore_runtime=()
 for f in "${RUNTIME[@]}"; do ignore_runtime+=("--ignore=${f}"); done
@@ -55,7 +57,8 @@ for f in "${E2E[@]}" "${PODS[@]}"; do ignore_e2e+=("--ignore=${f}"); done
 start=$(date +%s)
 run cluster tests/cluster "${ignore_e2e[@]}" "$@" &
 cluster_pid=$!
-TORCHJOB_CLUSTER_NAME="${TORCHJOB_E2E_CLUSTER_NAME:-torchjob-e2e}" run e2e "${E2E[@]}" "$@" &
+TORCHJOB_CLUSTER_NAME="${TORCHJOB_E2E_CLUSTER_NAME:-torchjob-e2e}" \
+  TORCHJOB_REAL_NODES="${TORCHJOB_E2E_REAL_NODES:-3}" run e2e "${E2E[@]}" "$@" &
 e2e_pid=$!
 TORCHJOB_CLUSTER_NAME="${TORCHJOB_PODS_CLUSTER_NAME:-torchjob-pods}" run pods "${PODS[@]}" "$@" &
 pods_pid=$!

@@ -8,6 +8,9 @@
 - ``real_node`` (session): a real kubelet + containerd node (hack/node.sh) running the images
   of hack/images.sh; only tests that ask for it start it. Missing prerequisites skip those
   tests with what to install, except under CI=true, where they fail.
+- ``real_nodes`` (session): at least 3 real nodes (``TORCHJOB_REAL_NODES``, which
+  hack/test.sh sets to 3 for the e2e session; more are started beside ``real_node`` if the
+  session has fewer), for the multi-node tests and the node faults of hack/node.sh.
 - ``node_s3`` (session): the S3-compatible object store of tests/s3.py where the real node's
   pods reach it (``realnode.start_node_s3``); ``S3Server.make_bucket`` gives a test its
   bucket and ``realnode.s3_credentials`` a Secret for the pods' ``envFrom``.
@@ -200,6 +203,18 @@ def real_node(cluster: helpers.Cluster) -> RealNode:
         return RealNode.start()
     except Exception as exc:
         pytest.fail(f"the real node failed to start: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def real_nodes(real_node: RealNode) -> RealNode:
+    if len(real_node.names) >= 3:
+        return real_node
+    if os.environ.get("TORCHJOB_E2E_KIND_NODE"):
+        pytest.skip("hack/e2e-kind.sh's cluster has one real node; these tests need 3")
+    try:
+        return RealNode.start(count=3)
+    except Exception as exc:
+        pytest.fail(f"the real nodes failed to start: {exc}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,16 @@
-"""A real node (kubelet + containerd, hack/node.sh) in the test cluster, the images it runs
-(hack/images.sh), and the operator installed on it with the Helm chart.
+"""Real nodes (kubelet + containerd, hack/node.sh) in the test cluster, the images they run
+(hack/images.sh), and the operator installed on them with the Helm chart.
 
-``RealNode.start`` builds (or reuses) the images, starts the node, imports the images into its
-containerd and records how long each step took. ``HelmOperator`` installs
+``RealNode.start`` builds (or reuses) the images, starts the nodes (``TORCHJOB_REAL_NODES``,
+default 1; ``count`` to ask for more), imports the images into each node's containerd and
+records how long each step took. ``RealNode.name`` is node 0, ``RealNode.names`` every node.
+
+Node faults (hack/node.sh, docs/development.md "Node faults"): ``vanish`` freezes every process
+of a node and cuts its link, ``return_node`` brings it back, ``notice`` does what a termination
+handler does (the provider's taint, a drain through the Eviction API, then vanish) in the
+background; ``frozen`` and ``node_processes`` show the node's processes from the host.
+
+``HelmOperator`` installs
 charts/torchjob-operator with the operator image, waits for its pod, and gives the operator's
 ``kubectl logs`` for failure messages.
 
@@ -30,8 +38,28 @@ REPO = Path(__file__).resolve().parents[2]
 HACK = REPO / "hack"
 CHART = REPO / "charts" / "torchjob-operator"
 NODE_LABEL = "torchjob.io/real-node"
+INDEX_LABEL = "torchjob.io/real-node-index"
+"""Node K of hack/node.sh carries ``torchjob.io/real-node-index=K``."""
 TOLERATION = {"key": NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}
 IMAGES = ("operator", "runtime-cpu", "pause")
+NOTICE_TAINTS = {
+    "aws": "aws-node-termination-handler/spot-itn",
+    "karpenter": "karpenter.sh/disrupted",
+    "karpenter-v0": "karpenter.sh/disruption",
+    "gke": "cloud.google.com/impending-node-termination",
+}
+"""The taint key (effect NoSchedule) each termination handler puts on a node it was told will
+go: AWS Node Termination Handler (spot interruption), Karpenter (v1, and before v1 with the
+value ``disrupting``), GKE."""
+
+
+def real_node_count() -> int:
+    """How many real nodes a session starts: ``TORCHJOB_REAL_NODES`` (default 1)."""
+    raw = os.environ.get("TORCHJOB_REAL_NODES", "1")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"TORCHJOB_REAL_NODES={raw!r}: a number of real nodes") from None
 
 
 class RealNodeUnavailable(RuntimeError):
@@ -47,6 +75,25 @@ def _run(args: list[str], timeout: float, what: str) -> str:
     return proc.stdout
 
 
+def _node_sh(*args: str, timeout: float, count: int | None = None) -> str:
+    env = dict(os.environ)
+    if count is not None:
+        env["TORCHJOB_REAL_NODES"] = str(count)
+    proc = subprocess.run(
+        ["bash", str(HACK / "node.sh"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"hack/node.sh {' '.join(args)} failed (exit {proc.returncode}):\n"
+            f"{proc.stderr[-6000:]}{proc.stdout[-2000:]}"
+        )
+    return proc.stdout
+
+
 @dataclass
 class RealNode:
     name: str
@@ -54,6 +101,12 @@ class RealNode:
     host_ip: str = ""
     """The host's address as the node's pods reach it (``hack/node.sh host-ip``); empty on a
     node this harness did not start (hack/e2e-kind.sh's)."""
+    names: list[str] = field(default_factory=list)
+    """Every real node of the cluster, node 0 (``name``) first."""
+
+    def __post_init__(self) -> None:
+        if not self.names:
+            self.names = [self.name]
 
     @staticmethod
     def prerequisites_problem() -> str | None:
@@ -70,13 +123,16 @@ class RealNode:
         return None
 
     @classmethod
-    def start(cls) -> RealNode:
+    def start(cls, count: int | None = None) -> RealNode:
+        """Start (or reuse) ``count`` real nodes (default ``real_node_count()``); nodes that
+        already run are kept, and an image already in a node is not imported again."""
+        count = count or real_node_count()
         timings: dict[str, float] = {}
         t = time.monotonic()
         _run(["bash", str(HACK / "images.sh"), "build", *IMAGES], 1800, "hack/images.sh build")
         timings["images build"] = time.monotonic() - t
         t = time.monotonic()
-        _run(["bash", str(HACK / "node.sh"), "up"], 300, "hack/node.sh up")
+        _node_sh("up", timeout=300, count=count)
         timings["node up"] = time.monotonic() - t
         t = time.monotonic()
         tars = [
@@ -87,22 +143,82 @@ class RealNode:
         ]
         timings["images save"] = time.monotonic() - t
         t = time.monotonic()
-        _run(["bash", str(HACK / "node.sh"), "import", *tars], 600, "hack/node.sh import")
+        _node_sh("import", *tars, timeout=900)
         timings["images import"] = time.monotonic() - t
-        name = _run(["bash", str(HACK / "node.sh"), "name"], 30, "hack/node.sh name").strip()
-        host_ip = _run(["bash", str(HACK / "node.sh"), "host-ip"], 30, "hack/node.sh host-ip")
-        return cls(name=name, timings=timings, host_ip=host_ip.strip())
+        names = _node_sh("names", timeout=30, count=count).split()
+        host_ip = _node_sh("host-ip", timeout=30).strip()
+        return cls(name=names[0], timings=timings, host_ip=host_ip, names=names)
 
-    def log_tails(self, kubeconfig: Path) -> str:
-        state = kubeconfig.parent / "realnode"
+    def log_tails(self, kubeconfig: Path, node: str | None = None) -> str:
+        """The end of the logs of ``node`` (default node 0)."""
+        index = self.names.index(node or self.name)
+        state = kubeconfig.parent / "realnode" / f"real-{index}"
         parts = []
         for f in ("kubelet", "containerd", "coredns", "inside"):
             try:
                 lines = (state / f"{f}.log").read_text(errors="replace").splitlines()[-20:]
             except OSError:
                 lines = ["(none)"]
-            parts.append(f"--- {f}.log (tail)\n" + "\n".join(lines))
+            parts.append(f"--- {node or self.name} {f}.log (tail)\n" + "\n".join(lines))
         return "\n".join(parts)
+
+    # --- node faults (hack/node.sh vanish / return / notice) -----------------------------
+
+    def vanish(self, node: str) -> None:
+        """Cut ``node``'s link (every packet dropped, silently) and freeze all its processes."""
+        _node_sh("vanish", node, timeout=120)
+
+    def return_node(self, node: str, wait: bool = True) -> None:
+        """Thaw ``node`` and restore its link, undo a notice's taint, condition and cordon;
+        with ``wait``, until the Node is Ready again."""
+        _node_sh("return", node, *([] if wait else ["--no-wait"]), timeout=300)
+
+    def notice(
+        self,
+        node: str,
+        provider: str = "aws",
+        drain_after: int = 0,
+        vanish_after: int | None = None,
+        condition: str | None = None,
+    ) -> subprocess.Popen[str]:
+        """What a termination handler does, in the background: ``provider``'s taint (and a
+        Node condition ``condition``) now, a drain through the Eviction API after
+        ``drain_after`` seconds, the node vanishes ``vanish_after`` seconds after the notice
+        (hack/node.sh's default: 120, gke 30). ``wait()`` on the process; its stderr says what
+        it did."""
+        if provider not in NOTICE_TAINTS:
+            raise ValueError(f"provider {provider!r}: one of {', '.join(NOTICE_TAINTS)}")
+        args = ["notice", node, "--provider", provider, "--drain-after", str(drain_after)]
+        if vanish_after is not None:
+            args += ["--vanish-after", str(vanish_after)]
+        if condition:
+            args += ["--condition", condition]
+        return subprocess.Popen(
+            ["bash", str(HACK / "node.sh"), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def freezer(self, node: str, kubeconfig: Path) -> Path:
+        """The cgroup that holds every process of ``node`` (v1: in the freezer hierarchy)."""
+        cluster = kubeconfig.parent.name
+        index = self.names.index(node)
+        base = Path("/sys/fs/cgroup")
+        v1 = not (base / "cgroup.controllers").exists()
+        return (base / "freezer" if v1 else base) / f"torchjob-{cluster}" / f"real-{index}"
+
+    def frozen(self, node: str, kubeconfig: Path) -> bool:
+        """Whether the kernel reports every process of ``node`` frozen."""
+        cg = self.freezer(node, kubeconfig)
+        if (cg / "freezer.state").exists():
+            return (cg / "freezer.state").read_text().strip() == "FROZEN"
+        return "frozen 1" in (cg / "cgroup.events").read_text().splitlines()
+
+    def node_processes(self, node: str, kubeconfig: Path) -> set[int]:
+        """Every process of ``node``: its daemons, shims and pods' containers."""
+        cg = self.freezer(node, kubeconfig)
+        return {int(pid) for procs in cg.rglob("cgroup.procs") for pid in procs.read_text().split()}
 
 
 def _which(name: str) -> bool:
