@@ -34,6 +34,7 @@ from torchjob.checkpoint import CheckpointStorage
 from torchjob.contract import Member, PodEnv, Role, Standby
 from torchjob.launch import LaunchError, WorkerGroup, WorkerGroupError
 from torchjob.launch.policy import RestartGroup, RunState, next_generation
+from torchjob.launch.termination import with_oom_evidence
 from torchjob.train import _session, record, workers
 from torchjob.train._spec import WorkerSpec
 from torchjob.train._worker_loop import run_training
@@ -257,7 +258,10 @@ class Controller:
                     view.message(f"[torchjob] {resize.reason}")
                     step = Running(
                         next_generation(
-                            state, resize.num_workers, charged=False, now_s=time.monotonic()
+                            state,
+                            resize.num_workers,
+                            state.counters.resized(),
+                            now_s=time.monotonic(),
                         )
                     )
                 case Following(state, why, err):
@@ -294,6 +298,7 @@ class Controller:
 
     def _run_generation(self, state: RunState, view: ProgressView) -> GenerationEnd:
         pod = self._pod_now()
+        gen = state.generation if pod is None else pod.generation
         self.record.world_sizes.append(state.num_workers if pod is None else pod.world_size)
         view.generation(state.generation, state.num_workers)
         if self._leads():
@@ -305,6 +310,7 @@ class Controller:
         unstuck: WorkerGroupError | None = None
         """Set when this pod's workers were killed for hanging past a silent peer."""
         group: WorkerGroup | None = None
+        oom_before = contract.oom_kills()  # the OOM killer's evidence, if a worker dies
         reporter = silent_reporter(self._published(), self._silent)
         points = RestorePoints(report_silent=reporter)
         # The generation the operator published (a pod's), else this fit's own count.
@@ -321,7 +327,9 @@ class Controller:
                 )
                 last = self.record.last_metrics
                 if self.job_status is not None and last is not None:
-                    body = progress_body(last, reports=len(history), checkpoint=event["path"])
+                    body = progress_body(
+                        last, reports=len(history), checkpoint=event["path"], generation=gen
+                    )
                     self.job_status.report(facts.add(body, reports=len(history), restored=None)[0])
                 return
             if event.get("type") != "report":
@@ -337,7 +345,9 @@ class Controller:
                 if event.get("checkpoint_index") is not None and self.storage is not None:
                     committed = self.storage.latest_committed()
                     latest = committed.path if committed else None
-                body = progress_body(event["metrics"], reports=len(history), checkpoint=latest)
+                body = progress_body(
+                    event["metrics"], reports=len(history), checkpoint=latest, generation=gen
+                )
                 body, first = facts.add(body, reports=len(history), restored=points.restored)
                 self.job_status.report(body, urgent=first)
 
@@ -381,7 +391,8 @@ class Controller:
                     # Wait for the survivors only when they hold a restore point worth keeping.
                     loss_grace_s=lambda: LOSS_GRACE_S if points.held else 3.0,
                 )
-        except LaunchError as err:
+        except LaunchError as caught:
+            err = with_oom_evidence(caught, oom_before)
             kept = False
             if group is not None:
                 # Another pod's loss broke the group: under KeepSurvivors these processes stay;
@@ -410,7 +421,7 @@ class Controller:
             view.message(f"[torchjob] restart backoff: {decision.backoff_s:g}s")
             self.stop_requested.wait(decision.backoff_s)
         return next_generation(
-            state, decision.num_workers, charged=decision.charged, now_s=time.monotonic()
+            state, decision.num_workers, decision.counters, now_s=time.monotonic()
         )
 
     def _follow(
