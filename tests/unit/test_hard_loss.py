@@ -52,7 +52,10 @@ def test_the_runtime_says_a_sigkilled_worker_and_the_operator_reads_it() -> None
         terminated = {"exitCode": 1, "reason": "Error", "message": message}
         body = {
             "metadata": {"name": "tj-worker-1", "labels": labels},
-            "status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated": terminated}}]},
+            "status": {
+                "phase": "Failed",
+                "containerStatuses": [{"state": {"terminated": terminated}}],
+            },
         }
         view = pod_view(body)
         assert view is not None

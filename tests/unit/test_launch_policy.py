@@ -173,9 +173,7 @@ def test_failure_policy_is_deterministic() -> None:
 )
 def test_scaling_policy(state: RunState, now: float, available: int, expected: object) -> None:
     rules = ElasticRules(floor=2, ceiling=4, grow_cooldown_s=10)
-    decision = GroupScalingPolicy(rules).decide_for(
-        state, now_s=now, available_workers=available
-    )
+    decision = GroupScalingPolicy(rules).decide_for(state, now_s=now, available_workers=available)
     assert type(decision) is type(expected)
     if isinstance(expected, Resize):
         assert isinstance(decision, Resize)
