@@ -288,8 +288,10 @@ def run_local(
             )
         if decision.culprit is not None and decision.action != "succeed":
             rc = codes.get(decision.culprit, 0)
+            # A pod taken away, or stopped as asked, did not fail (its loss is not charged).
+            how = "ended" if decision.reason == "WorkerDisrupted" else "failed"
             printer.note(
-                f"pod {contract.worker_pod_name(manifest.name, decision.culprit)} failed: "
+                f"pod {contract.worker_pod_name(manifest.name, decision.culprit)} {how}: "
                 f"exit code {rc}"
             )
         _stop(procs, grace_period_s)
