@@ -29,10 +29,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Protocol
 
-# The termination message (the runtime's failure summary, read by the operator) is part of
-# the contract too; it lives in torchjob.termination and is reachable from here.
+# The termination message (the runtime's failure summary, read by the operator), the stop exit
+# code (a worker that stopped as asked) and the OOM killer's evidence are part of the contract
+# too; they live in torchjob.termination and are reachable from here.
+from torchjob.termination import STOPPED_EXIT_CODE as STOPPED_EXIT_CODE
 from torchjob.termination import TERMINATION_MESSAGE_LIMIT as TERMINATION_MESSAGE_LIMIT
 from torchjob.termination import TerminationSummary as TerminationSummary
+from torchjob.termination import oom_kills as oom_kills
+from torchjob.termination import oom_since as oom_since
 from torchjob.termination import parse_termination_message as parse_termination_message
 from torchjob.termination import termination_message as termination_message
 

@@ -235,6 +235,9 @@ def test_preempted_pod_stops_every_rank_at_one_checkpoint_and_the_job_resumes(
         for i in said
     }
     assert len(stops[0]) == 1 and stops[0] == stops[1], f"one common stop report: {said}\n{logs}"
+    # Each stopped pod exited 75 (stopped as asked) with one line and no traceback (defect 3).
+    for log in logs.values():
+        assert "(exit code 75: stopped as asked)" in log and "Traceback" not in log, log
     stopped_at = int(stops[0][0])
     # Report n carries epoch n - 1's checkpoint: generation 1 resumes there, losing nothing.
     assert f"resumed from epoch {stopped_at - 1} at generation 1" in logs[0], logs[0]

@@ -31,3 +31,22 @@ from torchjob.launch.errors import classify_failure
 )
 def test_a_workers_exception_is_classified(exc: BaseException, meaning: str) -> None:
     assert classify_failure(exc) == meaning
+
+
+def test_a_timeout_waiting_for_a_rank_elsewhere_is_a_peer_failure() -> None:
+    """A pod's rank whose collective timed out waiting for another pod's rank (lost or
+    silent) blames that peer: its termination message says peer failure, so the operator
+    never charges it (docs/architecture.md, "What each loss costs")."""
+    from torchjob.launch.errors import WorkerGroupError
+    from torchjob.launch.execution import _Failure, _root_cause
+
+    timed_out = WorkerGroupError(
+        0, "RuntimeError", "[gloo/transport/tcp/pair.cc:598] Timed out waiting 30000ms for recv"
+    )
+    root = _root_cause([_Failure(0, "timeout", 1.0, timed_out)], hung=[])
+    assert isinstance(root, WorkerGroupError) and root.peer_failure
+    own = WorkerGroupError(1, "ValueError", "lr must be positive")
+    mixed = _root_cause(
+        [_Failure(0, "timeout", 2.0, timed_out), _Failure(1, "user", 1.0, own)], hung=[]
+    )
+    assert isinstance(mixed, WorkerGroupError) and mixed.rank == 1 and not mixed.peer_failure

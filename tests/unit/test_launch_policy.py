@@ -1,8 +1,11 @@
-"""GroupFailurePolicy and GroupScalingPolicy: pure decisions, table-driven."""
+"""GroupFailurePolicy and GroupScalingPolicy: pure decisions over ``torchjob.rules``,
+table-driven. A worker killed from outside (no OOM evidence) is a disruption, never charged,
+in a fixed-size group too; an OOM kill, an exception, an exit or a hang is charged."""
 
 from __future__ import annotations
 
 import signal
+from dataclasses import replace
 
 import pytest
 
@@ -18,11 +21,24 @@ from torchjob.launch.policy import (
     WorkerFailure,
     next_generation,
 )
+from torchjob.rules import Counters, ElasticRules
+
+
+def fixed(max_failures: int | None, n: int) -> GroupFailurePolicy:
+    return GroupFailurePolicy(max_failures, ElasticRules(floor=n, ceiling=n))
+
+
+def elastic(max_failures: int | None, lo: int, hi: int) -> GroupFailurePolicy:
+    return GroupFailurePolicy(max_failures, ElasticRules(floor=lo, ceiling=hi))
+
 
 KILLED = WorkerFailure(
     rank=2, kind=FailureKind.DIED, message="killed by SIGKILL", signal=signal.SIGKILL
 )
-EXIT3 = WorkerFailure(rank=1, kind=FailureKind.DIED, message="exit code 3")
+OOM = WorkerFailure(
+    rank=2, kind=FailureKind.DIED, message="killed by SIGKILL", signal=signal.SIGKILL, oom=True
+)
+EXIT3 = WorkerFailure(rank=1, kind=FailureKind.DIED, message="exit code 3", exit_code=3)
 RAISED = WorkerFailure(rank=0, kind=FailureKind.ERROR, message="ValueError: x")
 HUNG = WorkerFailure(rank=3, kind=FailureKind.TIMEOUT, message="collective timed out")
 
@@ -31,52 +47,75 @@ HUNG = WorkerFailure(rank=3, kind=FailureKind.TIMEOUT, message="collective timed
     ("policy", "state", "failure", "expected"),
     [
         pytest.param(
-            GroupFailurePolicy(max_failures=0, min_workers=3, max_workers=3),
+            fixed(0, 3),
+            RunState(num_workers=3),
+            OOM,
+            Fail,
+            id="fixed-no-budget-oom-fails",
+        ),
+        pytest.param(
+            fixed(0, 3),
             RunState(num_workers=3),
             KILLED,
-            Fail,
-            id="fixed-no-budget-fails",
+            RestartGroup(num_workers=3, reason="", charged=False, counters=Counters(1, 0, 1)),
+            id="fixed-kill-restarts-same-size-uncharged",
         ),
         pytest.param(
-            GroupFailurePolicy(max_failures=2, min_workers=3, max_workers=3),
+            fixed(2, 3),
             RunState(num_workers=3, failures=1),
-            KILLED,
-            RestartGroup(num_workers=3, reason="", charged=True),
-            id="fixed-kill-restarts-same-size-charged",
+            OOM,
+            RestartGroup(num_workers=3, reason="", charged=True, counters=Counters(1, 2, 0)),
+            id="fixed-oom-restarts-same-size-charged",
         ),
         pytest.param(
-            GroupFailurePolicy(max_failures=2, min_workers=3, max_workers=3),
+            fixed(2, 3),
             RunState(num_workers=3, failures=2),
             RAISED,
             Fail,
             id="fixed-budget-spent",
         ),
         pytest.param(
-            GroupFailurePolicy(max_failures=0, min_workers=2, max_workers=4),
+            elastic(0, 2, 4),
             RunState(num_workers=4),
             KILLED,
-            RestartGroup(num_workers=3, reason="", charged=False),
+            RestartGroup(num_workers=3, reason="", charged=False, counters=Counters(1, 0, 1)),
             id="elastic-kill-shrinks-uncharged",
         ),
         pytest.param(
-            GroupFailurePolicy(max_failures=0, min_workers=2, max_workers=4),
+            elastic(0, 2, 4),
             RunState(num_workers=2),
             KILLED,
-            Fail,
-            id="elastic-at-min-kill-is-charged",
+            RestartGroup(num_workers=2, reason="", charged=False, counters=Counters(1, 0, 1)),
+            id="elastic-at-min-kill-keeps-the-size-uncharged",
         ),
         pytest.param(
-            GroupFailurePolicy(max_failures=1, min_workers=2, max_workers=4),
+            elastic(1, 2, 4),
             RunState(num_workers=4),
             EXIT3,
-            RestartGroup(num_workers=4, reason="", charged=True),
+            RestartGroup(num_workers=4, reason="", charged=True, counters=Counters(1, 1, 0)),
             id="elastic-nonzero-exit-is-a-failure",
         ),
         pytest.param(
-            GroupFailurePolicy(max_failures=None, min_workers=2, max_workers=2),
+            elastic(1, 2, 4),
+            RunState(num_workers=4),
+            OOM,
+            RestartGroup(num_workers=4, reason="", charged=True, counters=Counters(1, 1, 0)),
+            id="elastic-oom-is-a-failure-at-full-size-without-memory",
+        ),
+        pytest.param(
+            elastic(1, 2, 4),
+            RunState(num_workers=4, survivors_hold_state=True),
+            OOM,
+            RestartGroup(
+                num_workers=3, reason="", charged=True, counters=Counters(1, 1, 0), from_memory=True
+            ),
+            id="elastic-oom-shrinks-in-place-charged-from-memory",
+        ),
+        pytest.param(
+            fixed(None, 2),
             RunState(num_workers=2, failures=1000),
             HUNG,
-            RestartGroup(num_workers=2, reason="", charged=True),
+            RestartGroup(num_workers=2, reason="", charged=True, counters=Counters(1, 1001, 0)),
             id="unlimited-budget",
         ),
     ],
@@ -91,12 +130,12 @@ def test_failure_policy(
         assert "max_failures" in decision.reason
         return
     assert isinstance(decision, RestartGroup) and isinstance(expected, RestartGroup)
-    assert (decision.num_workers, decision.charged) == (expected.num_workers, expected.charged)
+    assert replace(decision, reason="") == expected, "the decision's counters, kept as they are"
     assert f"rank {failure.rank}" in decision.reason
 
 
 def test_failure_policy_is_deterministic() -> None:
-    policy = GroupFailurePolicy(max_failures=1, min_workers=1, max_workers=1)
+    policy = fixed(1, 1)
     state = RunState(num_workers=1)
     assert policy.decide(state, RAISED) == policy.decide(state, RAISED)
 
@@ -133,23 +172,26 @@ def test_failure_policy_is_deterministic() -> None:
     ],
 )
 def test_scaling_policy(state: RunState, now: float, available: int, expected: object) -> None:
-    decision = GroupScalingPolicy(min_workers=2, max_workers=4, grow_cooldown_s=10).decide_for(
-        state, now_s=now, available_workers=available
-    )
+    rules = ElasticRules(floor=2, ceiling=4, grow_cooldown_s=10)
+    decision = GroupScalingPolicy(rules).decide_for(state, now_s=now, available_workers=available)
     assert type(decision) is type(expected)
     if isinstance(expected, Resize):
         assert isinstance(decision, Resize)
         assert decision.num_workers == expected.num_workers
 
 
-def test_next_generation_counts() -> None:
+def test_next_generation_adopts_the_decisions_counters() -> None:
     s0 = RunState(num_workers=4, checkpoints_in_generation=3)
-    s1 = next_generation(s0, 3, charged=False, now_s=5.0)
+    shrink = elastic(0, 2, 4).decide(s0, KILLED)
+    assert isinstance(shrink, RestartGroup)
+    s1 = next_generation(s0, shrink.num_workers, shrink.counters, now_s=5.0)
     assert (s1.generation, s1.failures, s1.disruptions, s1.checkpoints_in_generation) == (
         1,
         0,
         1,
         0,
     )
-    s2 = next_generation(s1, 3, charged=True, now_s=6.0)
+    s2 = next_generation(s1, 3, Counters(2, 1, 1), now_s=6.0)
     assert (s2.generation, s2.failures, s2.disruptions, s2.generation_started_s) == (2, 1, 1, 6.0)
+    grown = next_generation(s2, 4, s2.counters.resized(), now_s=7.0)
+    assert grown.counters == Counters(3, 1, 1)

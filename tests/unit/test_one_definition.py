@@ -4,6 +4,12 @@ names, and no module defines a function or class of the same name elsewhere. A s
 even a private one with the same name, fails here; so does a rule that moved without the
 table following it.
 
+Names are not enough: a renamed copy would pass. Where a decision can be played, it is played
+through every launcher (``test_every_launcher_decides_what_the_rules_decide``: each loss of
+``test_decisions_table.LOSSES`` through the operator's planner, ``torchjob run`` and the local
+group must reach what ``classify`` and ``decide_restart`` give themselves), and the exit code
+that meant "killed" in the copies (137) is written nowhere but ``torchjob.rules.loss``.
+
 The names the issue found defined twice (``Outcome``, ``FailurePolicy``, ``ScalingPolicy``,
 ``FailureDecision``, ``Mode``) must stay defined once."""
 
@@ -14,6 +20,7 @@ import functools
 import importlib
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.unit.test_layers import ROOTS, module_name
@@ -24,7 +31,13 @@ REPO = Path(__file__).resolve().parents[2]
 OWNERS: dict[str, str] = {
     # the job rules
     "judge_generation": "torchjob.rules.member",
-    "killed_from_outside": "torchjob.rules.member",
+    "classify": "torchjob.rules.loss",
+    "ElasticRules": "torchjob.rules.loss",
+    "Disruption": "torchjob.rules.loss",
+    "Silent": "torchjob.rules.loss",
+    "STOPPED_EXIT_CODE": "torchjob.termination",
+    "oom_kills": "torchjob.termination",
+    "grow_back": "torchjob.rules.resize",
     "decide_restart": "torchjob.rules.restart",
     "decide_failure": "torchjob.rules.failure",
     "backoff_seconds": "torchjob.rules.failure",
@@ -114,3 +127,70 @@ def test_every_owner_is_in_the_architecture_page() -> None:
         {m for m in OWNERS.values() if m not in table and m.rsplit(".", 1)[0] not in table}
     )
     assert not missing, f"docs/architecture.md's rule table does not name {missing}"
+
+
+def _the_rules_verdict(lost: Any) -> Any:
+    """What ``torchjob.rules`` itself decides for a loss of ``test_decisions_table.LOSSES``: the
+    one classifier over what was seen, then ``decide_restart``."""
+    import signal
+
+    from tests.unit.test_decisions_table import POLICY, Agreed
+
+    from torchjob import contract
+    from torchjob.api.models import FailurePolicy
+    from torchjob.rules import Counters, ElasticRules, RestartRules, Silent, classify
+    from torchjob.rules import decide_restart as decide
+
+    seen = {
+        "kill": {"signal": signal.SIGKILL},
+        "oom": {"signal": signal.SIGKILL, "oom": True, "exit_code": 137},
+        "silent": {"silent": Silent(9.0, "tj-worker-0")},
+        "evicted": {"taken": "PreemptionByScheduler"},
+        "stopped": {"exit_code": contract.STOPPED_EXIT_CODE},
+        "exit": {"exit_code": lost.code},
+    }[lost.how]
+    loss = classify(ended=True, **seen)
+    assert loss is not None
+    elastic = None if lost.elastic is None else ElasticRules(*lost.elastic)
+    rules = RestartRules.of(FailurePolicy.model_validate({**POLICY, **dict(lost.policy)}))
+    d = decide(
+        Counters(restarts=lost.restarts),
+        rules,
+        loss,
+        workers=lost.replicas,
+        elastic=elastic,
+        survivors_hold_state=lost.elastic is not None,
+    )
+    if not d.restarts:
+        return Agreed(d.verdict.value, d.counters, lost.replicas)
+    return Agreed("charged" if d.charged else "disrupted", d.counters, d.workers)
+
+
+def test_every_launcher_decides_what_the_rules_decide() -> None:
+    from tests.unit.test_decisions_table import (
+        LOSSES,
+        through_the_local_group,
+        through_the_operator,
+        through_torchjob_run,
+    )
+
+    for name, (lost, _) in sorted(LOSSES.items()):
+        rules = _the_rules_verdict(lost)
+        for launcher in (through_the_operator, through_torchjob_run, through_the_local_group):
+            got = launcher(lost)
+            assert got in (None, rules), (
+                f"{name}: {launcher.__name__} decided {got}, the rules {rules}"
+            )
+
+
+def test_no_module_but_the_loss_model_knows_what_exit_code_137_means() -> None:
+    """The copies of the loss model spelled SIGKILL as a bare 137 (``hard_loss``, ``silent``)."""
+    found = []
+    for root in ROOTS.values():
+        for path in sorted(root.rglob("*.py")):
+            if module_name(path) == "torchjob.rules.loss":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Constant) and node.value == 137:
+                    found.append(f"{module_name(path)}:{node.lineno}")
+    assert not found, f"exit code 137 decided outside torchjob.rules.loss: {found}"

@@ -78,9 +78,7 @@ def test_one_success_is_not_the_job_succeeding() -> None:
         pytest.param(1, {}, Phase.RESTARTING, 1, id="retryable-default"),
         pytest.param(3, {"permanentExitCodes": [3]}, Phase.FAILED, 0, id="permanent-listed"),
         pytest.param(3, {"retryableExitCodes": [137]}, Phase.FAILED, 0, id="not-in-retryable-list"),
-        pytest.param(
-            137, {"retryableExitCodes": [137]}, Phase.RESTARTING, 1, id="in-retryable-list"
-        ),
+        pytest.param(2, {"retryableExitCodes": [2]}, Phase.RESTARTING, 1, id="in-retryable-list"),
     ],
 )
 def test_failure_exit_code_classes(
@@ -203,14 +201,21 @@ def test_keep_survivors_replaces_only_the_failed_pod() -> None:
     assert sorted((p.index, p.generation) for p in pods) == [(0, 1), (1, 1), (2, 1)]
 
 
-def test_keep_survivors_a_killed_pod_is_charged_but_replaced_without_backoff() -> None:
+@pytest.mark.parametrize("oom", [True, False])
+def test_keep_survivors_a_killed_pod_is_replaced_without_backoff(oom: bool) -> None:
     # SIGKILL (exit 137): the survivors hold the last step in memory, so the replacement
-    # comes at once (the budget is still charged); an exception (exit 1) keeps its backoff.
+    # comes at once; the OOM killer's kill is charged, any other kill is a disruption; an
+    # exception (exit 1) keeps its backoff.
     _, view, pods = step(job().replicas(3).max_restarts(2).keep_survivors().build(), [], 0)
     pods = [running(p) for p in pods]
-    decided, view, pods = step(view, [pods[0], failed(pods[1], 137, at_s=5), pods[2]], 5)
-    assert decided.phase == Phase.RESTARTING and decided.status["restarts"] == 1
-    assert "survivors' memory" in next(e.message for e in decided.events if e.type == "Warning")
+    lost = failed(pods[1], 137, at_s=5)
+    lost = replace(lost, reason="OOMKilled") if oom else lost
+    decided, view, pods = step(view, [pods[0], lost, pods[2]], 5)
+    assert decided.phase == Phase.RESTARTING
+    st = decided.status
+    assert (st["restarts"], st["disruptions"]) == ((1, 0) if oom else (0, 1))
+    warning = next(e.message for e in decided.events if e.type == "Warning")
+    assert ("survivors' memory" in warning) is oom
     at_once, _, _ = step(view, pods, 6)
     assert at_once.create is not None and at_once.create.indices == (1,)
 
@@ -736,12 +741,16 @@ def test_a_ready_standby_takes_an_evicted_pods_place_at_once() -> None:
     assert again.status["currentGeneration"] == 1 and again.status["standbyWorkers"] == 0
 
 
-def test_a_hard_loss_is_charged_but_the_standby_takes_over_without_backoff() -> None:
+@pytest.mark.parametrize("oom", [True, False])
+def test_a_hard_loss_the_standby_takes_over_without_backoff(oom: bool) -> None:
     view, pods = with_ready_standby()
     by = {p.index: p for p in pods}
-    decided = plan(view, [by[0], failed(by[1], 137, at_s=4), by[2]], at(5))
+    lost = failed(by[1], 137, at_s=4)
+    lost = replace(lost, reason="OOMKilled") if oom else lost
+    decided = plan(view, [by[0], lost, by[2]], at(5))
     assert decided.status["currentGeneration"] == 1 and decided.status["members"] == [0, 2]
-    assert (decided.status["restarts"], decided.status["disruptions"]) == (1, 0)
+    counted = (decided.status["restarts"], decided.status["disruptions"])
+    assert counted == ((1, 0) if oom else (0, 1)), "an OOM kill is charged, a kill is not"
     assert decided.status["restartAfter"] is None and decided.create is None
     assert decided.delete == ("tj-worker-1",)
 

@@ -164,6 +164,13 @@ class Decision:
         return Counters(self.generation, self.restarts, self.disruptions)
 
     @property
+    def checkpoints_in_generation(self) -> int:
+        """Checkpoints the current generation committed, as far as the status says (0 or 1:
+        rank 0 reports the generation of its latest one)."""
+        progress = self.job.state.progress
+        return int(progress is not None and progress.checkpoint_generation == self.generation)
+
+    @property
     def ranked(self) -> tuple[int, ...]:
         """The current generation's pod indices in rank order."""
         return self.members if self.members is not None else tuple(range(self.replicas))

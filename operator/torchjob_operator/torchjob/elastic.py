@@ -1,20 +1,28 @@
-"""Elastic sizing: shrink to the capacity that exists, grow back once probes prove it.
+"""Elastic sizing in pod terms: which pods an elastic job goes on with, and which it adds.
+
+The rules are ``torchjob.rules``'s, the ones every launcher applies: the job's
+``spec.elastic`` as ``ElasticRules`` (:func:`elastic_rules`); whether a loss shrinks the
+group is ``decide_restart``'s (``operator/.../torchjob/loss.py`` calls it), when a shrunk
+group grows back is ``rules.resize.grow_back``'s. This module chooses the pod indices.
 
 Under ``membershipPolicy: KeepSurvivors`` a lost pod costs no waiting: the job goes on at
-once with the pods that survive (``shrink_at_once``), the replacement is created as soon as
-its name is free, for the *next* generation (a *joiner*: it starts, imports torch and waits
-for that generation to be published), and the job grows back to it at a step boundary once
-it runs (``grow_with_joiners``). Capacity probes are not needed there: a joiner that cannot
-be placed just stays Pending, as a probe would.
+once with the pods that survive (in their rank order, :func:`in_rank_order`), the
+replacement is created as soon as its name is free, for the *next* generation (a *joiner*:
+it starts, imports torch and waits for that generation to be published), and the job grows
+back to it at a step boundary once it runs (``grow_with_joiners``). Capacity probes are not
+needed there: a joiner that cannot be placed just stays Pending, as a probe would.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from torchjob import contract
 from torchjob.api.models import MembershipPolicy, Phase
+from torchjob.rules.loss import ElasticRules
+from torchjob.rules.resize import Resize, grow_back
 from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.events import Event
 from torchjob_operator.torchjob.decision import CreatePods, Decision
@@ -34,27 +42,29 @@ def in_rank_order(d: Decision, survivors: Sequence[PodView]) -> tuple[int, ...]:
     return tuple(i for i in d.ranked if i in alive)
 
 
-def shrink_at_once(d: Decision, survivors: Sequence[PodView]) -> tuple[int, ...] | None:
-    """After a disruption: the pods to continue with right away, in rank order, or None.
+def elastic_rules(d: Decision) -> ElasticRules | None:
+    """The job's ``spec.elastic`` as the job rules' ``ElasticRules`` (None: not elastic).
 
-    Only for an elastic ``KeepSurvivors`` job that asks for it (``shrinkOnDisruption``) and
-    whose generation was created, and only when ``minReplicas <= m`` survivors remain. Any
-    survivors will do: they keep their rank order and the first becomes rank 0 (the
-    rendezvous moves to it, ``status.members``), so losing pod 0 costs what losing any other
-    pod costs. Otherwise (too few left) the job is replaced at its full size.
+    A loss shrinks the group only under ``KeepSurvivors`` with ``shrinkOnDisruption``, and
+    only once the generation was created (the survivors must exist): the survivors keep
+    their rank order and the first becomes rank 0 (the rendezvous moves to it,
+    ``status.members``), so losing pod 0 costs what losing any other pod costs. The grow-back
+    cooldown is ``scaleUpCooldownSeconds``; a KeepSurvivors group re-forms in place from its
+    memory, so it needs no checkpoint to grow back; a ``RecreateGroup`` job with
+    ``spec.checkpoint`` restarts every pod from storage, so it grows back only once its
+    generation committed one (``status.progress.checkpointGeneration``, rank 0's report).
     """
     el = d.job.spec.elastic
-    if (
-        el is None
-        or not el.shrink_on_disruption
-        or d.job.spec.membership_policy != MembershipPolicy.KEEP_SURVIVORS
-        or d.created_generation != d.generation
-    ):
+    if el is None:
         return None
-    kept = in_rank_order(d, survivors)
-    if not kept or len(kept) < el.min_replicas or len(kept) >= target_replicas(d):
-        return None
-    return kept
+    keep = d.job.spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS
+    return ElasticRules(
+        floor=el.min_replicas,
+        ceiling=target_replicas(d),
+        grow_cooldown_s=el.scale_up_cooldown_seconds,
+        checkpoint_before_grow=not keep and d.job.spec.checkpoint is not None,
+        shrink_on_loss=el.shrink_on_disruption and keep and d.created_generation == d.generation,
+    )
 
 
 def survivors_first(
@@ -129,6 +139,25 @@ def replace_with_standbys(
     return kept + tuple(ready[:need])
 
 
+def _grows(d: Decision, *, proven: bool, since: datetime | None = None) -> bool:
+    """The job rules' grow-back decision (``rules.resize.grow_back``) for a job whose joiners
+    or probes ``proven`` room for the full size; the cooldown counts from ``since`` (default:
+    the last capacity rescale; none yet: no cooldown)."""
+    rules = elastic_rules(d)
+    assert rules is not None
+    start = since or d.last_rescale
+    age = math.inf if start is None else (d.now - start).total_seconds()
+    top = target_replicas(d)
+    decided = grow_back(
+        rules,
+        num_workers=d.replicas,
+        available_workers=top if proven else d.replicas,
+        checkpoints_in_generation=d.checkpoints_in_generation,
+        generation_age_s=age,
+    )
+    return isinstance(decided, Resize)
+
+
 def grow_with_joiners(d: Decision, current: Sequence[PodView], pods: Sequence[PodView]) -> Decision:
     """KeepSurvivors: keep ``joiner_room`` joiners (``target - replicas``, the places of
     members given notice, and ``standbyReplicas`` standbys), created at once under free pod
@@ -160,7 +189,7 @@ def grow_with_joiners(d: Decision, current: Sequence[PodView], pods: Sequence[Po
         return d
     joining = joiners(d, pods)
     ready = ready_joiners(d, pods)
-    if want > 0 and running and not cooling and len(ready) >= want:
+    if want > 0 and running and _grows(d, proven=len(ready) >= want):
         old = d.replicas
         d = d.next_generation(top, d.ranked + tuple(p.index for p in ready[:want]))
         # Every pod of the new generation exists: nothing to create.
@@ -251,7 +280,7 @@ def fit_to_capacity(
     if d.now < ready_at:
         return d.also(requeue=[(ready_at - d.now).total_seconds()])
     live = [p for p in d.probes if not p.deleting]
-    if len(live) >= want and all(p.scheduled for p in live):
+    if _grows(d, proven=len(live) >= want and all(p.scheduled for p in live), since=since):
         old = d.replicas
         # Capacity is proven: the probes go (keep_probes stays False) to make room.
         d = d.next_generation(old + want)

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 
 from torchjob import contract
 from torchjob.api.models import HISTORY_LIMIT, GenerationRecord, Progress
+from torchjob.rules.loss import Disruption
 from torchjob_operator.common.clock import parse_time_or_none
 from torchjob_operator.common.events import Event
 from torchjob_operator.torchjob.decision import Decision
@@ -60,9 +61,16 @@ def _named(indices: Sequence[int], job: str, nodes: dict[str, str]) -> list[str]
     return out or None
 
 
-def _loss_time(d: Decision, cause: str, left: set[str]) -> datetime:
+def _silent(d: Decision, left: set[str]) -> bool:
+    """A pod that left was reported silent in the generation that lost it."""
+    state = d.job.state
+    return any(r.pod in left and r.generation == state.generation for r in state.silent)
+
+
+def _loss_time(d: Decision, cause: str, left: set[str], ended: Sequence[PodView] = ()) -> datetime:
     """When the loss happened: a silent peer's when it went silent (its reporters say for
-    how long, as of about now), a failure's when its pod ended, else when it was seen."""
+    how long, as of about now), a failure's or a kill's when its pod ended, else when it was
+    seen."""
     if cause == "SilentPeer":
         silent = [
             r.seconds
@@ -71,6 +79,9 @@ def _loss_time(d: Decision, cause: str, left: set[str]) -> datetime:
         ]
         if silent:
             return d.now - timedelta(seconds=max(silent))
+    if cause in ("Disruption", "Killed"):  # no failure record: an earlier one is not this
+        times = [p.finished_at for p in ended if p.finished_at is not None]
+        return min([d.now, *times])
     if cause not in ("Start", "ScaleUp") and d.last_failure is not None and d.last_failure.time:
         return min(d.now, parse_time_or_none(d.last_failure.time) or d.now)
     return d.now
@@ -104,7 +115,17 @@ def started(d: Decision, pods: Sequence[PodView]) -> GenerationRecord | None:
     else:
         cause, detail = _cause(before, d, len(new) > len(old), len(new) < len(old))
     left = [i for i in old if i not in new or i in replaced]
-    loss_time = _loss_time(d, cause, {contract.worker_pod_name(d.job.name, i) for i in left})
+    gone = {contract.worker_pod_name(d.job.name, i) for i in left}
+    ended = [p for p in pods if p.generation < d.generation and p.name in gone]
+    if cause == "Disruption":
+        # Losses that are not the job's leave no failure to name them (torchjob.rules.loss).
+        if _silent(d, gone):
+            cause = "SilentPeer"
+        elif any(
+            isinstance(p.loss, Disruption) and p.loss.reason.startswith("killed") for p in ended
+        ):
+            cause = "Killed"
+    loss_time = _loss_time(d, cause, gone, ended)
     progress = before.progress
     return GenerationRecord(
         generation=d.generation,

@@ -28,6 +28,7 @@ from typing import Any
 from torchjob import contract
 from torchjob.api.models import InitializerStatus, TorchJobSpec
 from torchjob.rules import initializer as rules
+from torchjob.rules.loss import OUTSIDE_SIGNALS, signal_of_exit
 from torchjob_operator.common.events import Event
 from torchjob_operator.torchjob.observed import (
     CANNOT_START_REASONS,
@@ -102,7 +103,8 @@ def init_pod_view(pod: Mapping[str, Any]) -> InitPod | None:
         waiting_message=waiting_message,
         finished_at=finished,
         deleting=meta.get("deletionTimestamp") is not None,
-        disrupted=disrupted and exit_code in (None, 137, 143),
+        # Taken away while it ran (killed by a signal from outside), not ended on its own.
+        disrupted=disrupted and (exit_code is None or signal_of_exit(exit_code) in OUTSIDE_SIGNALS),
     )
 
 

@@ -1,10 +1,12 @@
 """After a loss: what a disrupted or failed generation becomes.
 
-``torchjob.rules.decide_restart`` decides the counters and the verdict (the same function
-every local launcher calls, with the job's ``spec.failurePolicy`` as plain ``RestartRules``);
-this module puts them into Kubernetes terms: which pods form the next generation (ready standbys taking the lost
-places, the survivors going on at once, or the whole group replaced), when it starts
-(a restart waits its backoff, a disruption never), and what the status says.
+``torchjob.rules.decide_restart`` decides the counters, the verdict and the size (the same
+function every local launcher calls, over the judged ``Loss``, the job's
+``spec.failurePolicy`` as plain ``RestartRules`` and its ``spec.elastic`` as ``ElasticRules``);
+this module puts them into Kubernetes terms: which pods form the next generation (ready
+standbys taking the lost places, the survivors going on at once, or the whole group
+replaced), when it starts (a charged restart waits its backoff; a loss that is not the job's,
+or a hard loss whose survivors hold the state, never does), and what the status says.
 Pure: takes a ``Decision`` and returns a new one.
 """
 
@@ -14,21 +16,20 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from torchjob import contract
-from torchjob.api.models import FailureRecord, Phase
-from torchjob.rules import Judgement, Outcome, RestartRules, Verdict
+from torchjob.api.models import FailureRecord, MembershipPolicy, Phase
+from torchjob.rules import Judgement, Outcome, RestartRules
 from torchjob.rules.restart import RestartDecision, decide_restart
 from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.clock import format_time
 from torchjob_operator.torchjob.decision import Decision
 from torchjob_operator.torchjob.elastic import (
+    elastic_rules,
     in_rank_order,
     replace_with_standbys,
-    shrink_at_once,
     survivors_first,
     target_replicas,
 )
 from torchjob_operator.torchjob.ending import end, finish
-from torchjob_operator.torchjob.hard_loss import killed, shrink_after_kill, survivors_hold_state
 from torchjob_operator.torchjob.observed import PodView
 
 
@@ -37,76 +38,62 @@ def survives(p: PodView) -> bool:
     return p.active and p.scheduled and p.disruption is None
 
 
+def survivors_hold_state(d: Decision, survivors: Sequence[PodView]) -> bool:
+    """KeepSurvivors with survivors: they keep their processes and the last completed step in
+    memory (``torchjob.train.restore_point``)."""
+    return bool(survivors) and d.job.spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS
+
+
 def after_loss(
     d: Decision, verdict: Judgement, current: Sequence[PodView], pods: Sequence[PodView]
 ) -> tuple[Decision, bool]:
     """A DISRUPTED or FAILED generation: (the decision, whether the job ended for good).
     Any other outcome: ``d`` unchanged."""
-    if verdict.outcome not in (Outcome.DISRUPTED, Outcome.FAILED):
+    if verdict.outcome not in (Outcome.DISRUPTED, Outcome.FAILED) or verdict.loss is None:
         return d, False
     survivors = [p for p in current if survives(p)]
     standbys = replace_with_standbys(d, survivors, pods)
-    if verdict.outcome == Outcome.DISRUPTED:
-        return _disrupted(d, verdict.detail, survivors, standbys), False
-    return _failed(d, verdict, current, pods, survivors, standbys)
-
-
-def _disrupted(
-    d: Decision,
-    detail: str,
-    survivors: Sequence[PodView],
-    standbys: tuple[int, ...] | None,
-) -> Decision:
-    """Taken away by the cluster: a new generation at once, the restart budget not charged."""
-    spec = d.job.spec
-    decision = _rule(d, disrupted=True)
-    disrupted = decision.counters
+    kept = in_rank_order(d, survivors)
+    decision = decide_restart(
+        d.counters(),
+        RestartRules.of(d.job.spec.failure_policy),
+        verdict.loss,
+        workers=d.replicas,
+        survivors=len(kept),
+        elastic=elastic_rules(d),
+        survivors_hold_state=survivors_hold_state(d, survivors),
+    )
+    if verdict.outcome == Outcome.FAILED:
+        d = _record_failure(d, verdict)
+        text = cond.message("WorkerFailed", detail=verdict.detail, explanation=decision.explanation)
+        if not decision.restarts:
+            return finish(end(d, Phase.FAILED, decision.verdict.value, text), pods), True
     if standbys is not None:
-        d = d.count(disrupted, len(standbys), standbys)
-        return took_over(d, standbys, survivors, detail, decision.explanation)
-    smaller = shrink_at_once(d, survivors)
-    if smaller is not None:
-        d = d.count(disrupted, len(smaller), smaller)
-    else:
-        d = d.count(disrupted, spec.replicas, survivors_first(d, survivors, spec.replicas))
+        # Charged or not as decided, but no pod is started: no backoff to wait for.
+        d = d.count(decision.counters, len(standbys), standbys)
+        return took_over(d, standbys, survivors, verdict.detail, decision.explanation), False
+    if decision.shrunk:
+        return _shrunk(d, decision, kept, verdict.detail), False
+    replicas = d.job.spec.replicas
+    if decision.charged:
+        d = d.count(decision.counters, replicas)
+        d = d.but(restart_after=d.now + timedelta(seconds=decision.backoff_s))
+        return d.transition(Phase.RESTARTING, "WorkerFailed", text, warning=True), False
+    # Not the job's doing: replaced at full size at once, the survivors first (KeepSurvivors).
+    d = d.count(decision.counters, replicas, survivors_first(d, survivors, replicas))
     d = d.but(restart_after=None)
-    if smaller is not None and spec.elastic is not None:
-        # Go on with the survivors now (the lost pod may still be checkpointing for its
-        # grace period); its replacement joins the generation after this one.
-        return d.but(created_generation=d.generation).transition(
-            Phase.RESTARTING,
-            *cond.say(
-                "ShrunkAfterDisruption",
-                detail=detail,
-                disruptions=d.disruptions,
-                replicas=len(smaller),
-                target=target_replicas(d),
-                min=spec.elastic.min_replicas,
-            ),
-            warning=True,
-        )
     return d.transition(
         Phase.RESTARTING,
         "WorkerDisrupted",
-        cond.message("WorkerDisrupted", detail=detail, disruptions=d.disruptions),
+        cond.message("WorkerDisrupted", detail=verdict.detail, disruptions=d.disruptions),
         warning=True,
-    )
+    ), False
 
 
-def _failed(
-    d: Decision,
-    verdict: Judgement,
-    current: Sequence[PodView],
-    pods: Sequence[PodView],
-    survivors: Sequence[PodView],
-    standbys: tuple[int, ...] | None,
-) -> tuple[Decision, bool]:
-    """A worker failed: the job fails for good, or restarts (after its backoff, or at once
-    where ready standbys take the lost places)."""
-    spec = d.job.spec
+def _record_failure(d: Decision, verdict: Judgement) -> Decision:
     culprit = verdict.culprit
     assert isinstance(culprit, PodView)
-    d = d.but(
+    return d.but(
         last_failure=FailureRecord(
             pod=culprit.name,
             exit_code=culprit.exit_code,
@@ -115,51 +102,35 @@ def _failed(
             time=format_time(culprit.finished_at or d.now),
         )
     )
-    # KeepSurvivors: the survivors keep their processes and the last completed step in
-    # memory (torchjob.train.restore_point): a pod killed from outside (SIGKILL, OOMKilled)
-    # is charged as the policy says, but with no backoff, and an elastic job goes on smaller
-    # at once (torchjob/hard_loss.py); the group resumes from the survivors' memory.
-    decision = _rule(
-        d,
-        disrupted=False,
-        exit_code=culprit.exit_code,
-        survivors_hold_state=survivors_hold_state(d, survivors),
-        killed=killed(culprit),
-    )
-    text = cond.message("WorkerFailed", detail=verdict.detail, explanation=decision.explanation)
-    if decision.verdict != Verdict.RESTART_GROUP:
-        return finish(end(d, Phase.FAILED, decision.verdict.value, text), pods), True
-    restarted = decision.counters
-    if standbys is not None:
-        # Charged as any restart, but no pod is started: no backoff to wait for.
-        d = d.count(restarted, len(standbys), standbys)
-        return took_over(d, standbys, survivors, verdict.detail, decision.explanation), False
-    smaller = shrink_after_kill(d, culprit, survivors, decision, verdict.detail)
-    if smaller is not None:
-        return smaller, False
-    d = d.count(restarted, spec.replicas)
-    d = d.but(restart_after=d.now + timedelta(seconds=decision.backoff_s))
-    return d.transition(Phase.RESTARTING, "WorkerFailed", text, warning=True), False
 
 
-def _rule(
-    d: Decision,
-    *,
-    disrupted: bool,
-    exit_code: int | None = None,
-    survivors_hold_state: bool = False,
-    killed: bool = False,
-) -> RestartDecision:
-    """The job rules' one decision after a loss (``torchjob.rules.decide_restart``)."""
-    return decide_restart(
-        d.counters(),
-        RestartRules.of(d.job.spec.failure_policy),
-        disrupted=disrupted,
-        workers=d.replicas,
-        exit_code=exit_code,
-        survivors_hold_state=survivors_hold_state,
-        killed=killed,
-    )
+def _shrunk(d: Decision, decision: RestartDecision, kept: tuple[int, ...], detail: str) -> Decision:
+    """The next generation with the survivors only, published at once (nothing to create, no
+    backoff: the lost pod may still be checkpointing for its grace period); the replacement
+    joins the generation after this one (``elastic.grow_with_joiners``)."""
+    el = d.job.spec.elastic
+    assert el is not None
+    d = d.count(decision.counters, len(kept), kept)
+    d = d.but(created_generation=d.generation, restart_after=None)
+    if decision.charged:  # a hard loss (the OOM killer): charged, from the survivors' memory
+        said = cond.say(
+            "ShrunkAfterLoss",
+            detail=detail,
+            explanation=decision.explanation,
+            replicas=len(kept),
+            target=target_replicas(d),
+            min=el.min_replicas,
+        )
+    else:
+        said = cond.say(
+            "ShrunkAfterDisruption",
+            detail=detail,
+            disruptions=d.disruptions,
+            replicas=len(kept),
+            target=target_replicas(d),
+            min=el.min_replicas,
+        )
+    return d.transition(Phase.RESTARTING, *said, warning=True)
 
 
 def took_over(

@@ -7,6 +7,7 @@ the API and the unit tests build views directly.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,6 +22,7 @@ from torchjob.api.models import (
     SilentWorker,
     TorchJobStatus,
 )
+from torchjob.rules.loss import SIGNAL_EXIT_BASE, Loss, Silent, classify, signal_of_exit
 from torchjob.rules.member import MemberPhase
 from torchjob_operator.common.clock import parse_time, parse_time_or_none
 from torchjob_operator.common.owners import controller_uid
@@ -73,7 +75,11 @@ class PodView:
     """The runtime said this pod failed only because a peer did (not a root cause)."""
     killed: bool = False
     """The runtime said a worker process of this pod was SIGKILLed (``kill -9``, the OOM
-    killer): a hard loss, like a container that exited 137 (``hard_loss.killed``)."""
+    killer), as if the container had exited 137."""
+    oom: bool = False
+    """... by the OOM killer (the runtime's evidence: the cgroup's ``oom_kill`` counter)."""
+    silent: Silent | None = None
+    """Its peers reported it silent (``status.silentWorkers``, ``torchjob/silent.py``)."""
     joiner: bool = False
     """Created ahead of the generation that takes it in (``contract.LABEL_JOINER``)."""
     domain: str = ""
@@ -89,6 +95,22 @@ class PodView:
         return (
             self.phase in (PodPhase.PENDING, PodPhase.RUNNING, PodPhase.UNKNOWN)
             and not self.deleting
+        )
+
+    @property
+    def loss(self) -> Loss | None:
+        """How this pod was lost (``torchjob.rules.loss.classify``): its disruption, its
+        silence, or how its container ended (``128 + n``: signal ``n``; a worker process the
+        runtime said was SIGKILLed counts as a container that exited 137; ``OOMKilled`` or the
+        runtime's ``oom``: the OOM killer)."""
+        code = SIGNAL_EXIT_BASE + signal.SIGKILL if self.killed else self.exit_code
+        return classify(
+            ended=self.phase == PodPhase.FAILED,
+            exit_code=code,
+            signal=signal_of_exit(code),
+            oom=self.oom or self.reason == "OOMKilled",
+            taken=self.disruption,
+            silent=self.silent,
         )
 
 
@@ -250,6 +272,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         summary=said.line if said else "",
         peer_failure=said.peer_failure if said else False,
         killed=said.killed if said else False,
+        oom=said.oom if said else False,
     )
 
 

@@ -1,5 +1,5 @@
 """Silent peers reported by the survivors: a pod whose trainer went silent (a node that
-vanished, a network partition, a frozen process) is lost like a SIGKILLed one.
+vanished, a network partition) is lost, never charged (``torchjob.rules.loss.Silent``).
 
 Every rank's watchdog declares a peer silent when its heartbeat in the generation's store
 stopped for ``TORCHJOB_SILENT_PEER_S`` (``torchjob.launch.heartbeat``); the survivors break
@@ -11,9 +11,10 @@ entries, so concurrent reports are all kept: ``torchjob.train.survivors.SilentRe
 The operator never writes that list (``TorchJobStatus.to_patch`` leaves it out) nor clears
 it: a report of an earlier generation stays until its reporter writes again, and counts
 for nothing here. :func:`silenced` turns such reports into what the planner judges:
-the pod of the current generation counts as killed (a hard loss, ``hard_loss``): the
-generation goes on without it at once (shrunk, or replaced at full size), and the pod is
-deleted as any pod left out of a generation.
+the pod of the current generation is lost to a ``Silent`` loss, a disruption: the driver
+beats for a live process whatever its GIL does, so silence means the machine or its network
+is gone, not the job's fault. The generation goes on without it at once (shrunk, or replaced
+at full size, uncharged), and the pod is deleted as any pod left out of a generation.
 
 A report counts only when it names a member of the current generation and comes from
 another member. Two pods that each report the other (a partition between them) cannot both
@@ -29,6 +30,7 @@ from dataclasses import replace
 
 from torchjob import contract
 from torchjob.api.models import SilentWorker
+from torchjob.rules.loss import Silent
 from torchjob_operator.torchjob.observed import PodPhase, PodView
 
 SILENT_REASON = "SilentPeer"
@@ -60,9 +62,9 @@ def silenced(
     job: str,
 ) -> list[PodView]:
     """``pods`` with each member of generation ``generation`` that its peers reported silent
-    seen as killed (exit 137, reason ``SilentPeer``): the loss the planner then judges, and a
-    pod no later generation keeps. A pod created for a later generation under the same name
-    (the replacement) is not the one reported."""
+    seen as lost to it (``PodView.silent``, reason ``SilentPeer``): the loss the planner then
+    judges, and a pod no later generation keeps. A pod created for a later generation under
+    the same name (the replacement) is not the one reported."""
     if not reports:
         return list(pods)
     members = [contract.worker_pod_name(job, i) for i in ranked]
@@ -73,16 +75,16 @@ def silenced(
         if r is None or not p.active or p.generation > r.generation:
             out.append(p)
             continue
-        line = f"{p.name} silent for {r.seconds:.0f}s (no heartbeat; seen by {r.by})"
+        silent = Silent(r.seconds, r.by)
+        line = f"{p.name} {silent.why}"
         out.append(
             replace(
                 p,
                 phase=PodPhase.FAILED,
-                exit_code=137,
                 reason=SILENT_REASON,
                 message=line,
                 summary=line,
-                killed=True,
+                silent=silent,
             )
         )
     return out

@@ -9,12 +9,17 @@ the cluster. What the local runner does not do: images, volumes, ``valueFrom``
 env, resources (other than counting GPUs for ``nprocPerNode: gpu``).
 
 Failure semantics are the operator's (``torchjob.rules``, the same functions): when a
-pod fails the whole group is stopped and judged; a process killed by a signal from
-outside is a disruption (never charged), a non-zero exit a failure: a permanent exit
-code (``spec.failurePolicy``) ends the run, otherwise the group restarts as the next
-generation (``TORCHJOB_GENERATION`` and ``TORCHELASTIC_RESTART_COUNT`` incremented)
-after the policy's backoff, while ``maxRestarts`` allows. ``activeDeadlineSeconds``
-ends the run when it expires.
+pod ends the whole group is stopped and judged, and what it was is the one loss model's
+(``torchjob.rules.classify``): a process killed by a signal from outside with no evidence
+of the OOM killer is a disruption (never charged), a process that exited
+``contract.STOPPED_EXIT_CODE`` stopped as asked (never charged), an OOM kill (the cgroup's
+``oom_kill`` counter moved, or the pod's runtime said ``oom``) or any other non-zero exit a
+failure: a permanent exit code (``spec.failurePolicy``) ends the run, otherwise the group
+restarts as the next generation (``TORCHJOB_GENERATION`` and ``TORCHELASTIC_RESTART_COUNT``
+incremented) after the policy's backoff, while ``maxRestarts`` allows. Each pod's
+termination message (``TORCHJOB_TERMINATION_LOG``, a file per pod here) is read as the
+operator reads a container's: a worker process of the pod killed from outside, or a pod that
+failed only because a peer did. ``activeDeadlineSeconds`` ends the run when it expires.
 """
 
 from __future__ import annotations
@@ -26,28 +31,30 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Sequence
+import weakref
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import IO, Literal
+from pathlib import Path
+from typing import IO
 
 from torchjob import contract
 from torchjob.client.manifest import Manifest
-from torchjob.rules import (
-    Counters,
-    Member,
-    MemberPhase,
-    Outcome,
-    RestartRules,
-    Verdict,
-    deadline_left,
-    decide_restart,
-    judge_generation,
-    killed_from_outside,
-)
+from torchjob.client.members import LocalDecision, LocalMember, decide, process_member
+from torchjob.rules import Counters, RestartRules, deadline_left
 from torchjob.rules.worker_env import worker_pod_env
+
+__all__ = [
+    "LocalDecision",
+    "LocalMember",
+    "LocalRunResult",
+    "decide",
+    "pod_env",
+    "process_member",
+    "run_local",
+]
 
 _PYTHON_NAMES = ("python", "python3", f"python3.{sys.version_info.minor}")
 
@@ -111,97 +118,24 @@ def pod_env(
     return env
 
 
-@dataclass(frozen=True)
-class LocalMember:
-    """One local pod's process as a ``torchjob.rules.Member``."""
+class _TerminationLogs:
+    """One termination log per local pod (``TORCHJOB_TERMINATION_LOG``), read back as the
+    operator reads a container's termination message."""
 
-    name: str
-    index: int
-    phase: MemberPhase = MemberPhase.RUNNING
-    exit_code: int | None = None
-    reason: str = ""
-    disruption: str | None = None
-    finished_at: datetime | None = None
-    summary: str = ""
-    peer_failure: bool = False
-    deleting: bool = False
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="torchjob-run-"))
+        weakref.finalize(self, shutil.rmtree, self.dir, True)
 
-    @property
-    def active(self) -> bool:
-        return self.phase in (MemberPhase.PENDING, MemberPhase.RUNNING)
+    def fresh(self, index: int) -> str:
+        path = self.dir / f"pod-{index}.log"
+        path.unlink(missing_ok=True)
+        return str(path)
 
-
-def process_member(
-    job: str, index: int, returncode: int | None, finished_at: datetime | None = None
-) -> LocalMember:
-    """A local pod from its process's return code (None: still running). Killed by a signal
-    it did not send itself (SIGKILL, SIGTERM ...): taken away, a disruption, as a preempted
-    pod is; any other non-zero exit: a failure, with the code a container would report."""
-    name = contract.worker_pod_name(job, index)
-    if returncode is None:
-        return LocalMember(name, index)
-    if returncode == 0:
-        return LocalMember(name, index, MemberPhase.SUCCEEDED, 0, "Completed", None, finished_at)
-    if returncode < 0:
-        sig = signal.Signals(-returncode)
-        code = 128 - returncode
-        taken = f"killed by {sig.name}" if killed_from_outside(sig) else None
-        return LocalMember(name, index, MemberPhase.FAILED, code, sig.name, taken, finished_at)
-    return LocalMember(name, index, MemberPhase.FAILED, returncode, "Error", None, finished_at)
-
-
-@dataclass(frozen=True)
-class LocalDecision:
-    """What ``torchjob run`` does after looking at a generation (see ``decide``)."""
-
-    action: Literal["continue", "succeed", "restart", "fail"]
-    counters: Counters
-    reason: str = ""
-    """The condition reason the operator would give (``WorkerFailed``, ``PermanentFailure`` ...)."""
-    detail: str = ""
-    backoff_s: float = 0.0
-    culprit: int | None = None
-
-
-def decide(
-    rules: RestartRules,
-    deadline_s: int | None,
-    counters: Counters,
-    members: Sequence[Member],
-    *,
-    start_time: datetime,
-    now: datetime,
-) -> LocalDecision:
-    """The local launcher's decision over one generation: the operator's rules
-    (``torchjob.rules``), with local processes as the members. ``rules`` are the manifest's
-    ``spec.failurePolicy`` (``RestartRules.of``), ``deadline_s`` its
-    ``activeDeadlineSeconds``."""
-    left = deadline_left(deadline_s, start_time, now)
-    if left is not None and left <= 0:
-        return LocalDecision(
-            "fail", counters, "DeadlineExceeded", f"activeDeadlineSeconds={deadline_s} exceeded"
-        )
-    j = judge_generation(members, replicas=len(members))
-    culprit = j.culprit.index if j.culprit is not None else None
-    if j.outcome is Outcome.SUCCEEDED:
-        return LocalDecision("succeed", counters, "AllWorkersSucceeded")
-    if j.outcome in (Outcome.DISRUPTED, Outcome.FAILED):
-        d = decide_restart(
-            counters,
-            rules,
-            disrupted=j.outcome is Outcome.DISRUPTED,
-            workers=len(members),
-            exit_code=None if j.culprit is None else j.culprit.exit_code,
-        )
-        if d.verdict is Verdict.DISRUPTED:
-            return LocalDecision("restart", d.counters, "WorkerDisrupted", j.detail, 0.0, culprit)
-        detail = f"{j.detail}; {d.explanation}"
-        if d.restarts:
-            return LocalDecision(
-                "restart", d.counters, "WorkerFailed", detail, d.backoff_s, culprit
-            )
-        return LocalDecision("fail", d.counters, d.verdict.value, detail, 0.0, culprit)
-    return LocalDecision("continue", counters)
+    def read(self, index: int) -> contract.TerminationSummary | None:
+        try:
+            return contract.parse_termination_message((self.dir / f"pod-{index}.log").read_text())
+        except OSError:
+            return None
 
 
 def local_argv(argv: list[str]) -> list[str]:
@@ -294,8 +228,10 @@ def run_local(
         rules = replace(rules, max_restarts=max_restarts)
     counters = Counters()
     start_time = _now()
+    said = _TerminationLogs()
     while True:
         generation = counters.generation
+        oom_before = contract.oom_kills()  # the OOM killer's evidence, if a pod is SIGKILLed
         port = contract.free_port()
         printer.note(
             f"job {manifest.name}: generation {generation}, {manifest.replicas} pod(s) x "
@@ -306,6 +242,7 @@ def run_local(
         exits: queue.Queue[tuple[int, int]] = queue.Queue()
         for i in range(manifest.replicas):
             env = pod_env(manifest, index=i, port=port, generation=generation, nproc=nproc)
+            env[contract.TERMINATION_LOG] = said.fresh(i)
             proc = subprocess.Popen(
                 argv,
                 env=env,
@@ -334,7 +271,10 @@ def run_local(
                     pass
                 else:
                     codes[idx] = rc
-                    members[idx] = process_member(manifest.name, idx, rc, _now())
+                    oom = rc == -signal.SIGKILL and contract.oom_since(oom_before)
+                    members[idx] = process_member(
+                        manifest.name, idx, rc, _now(), oom=oom, said=said.read(idx)
+                    )
                 decision = decide(
                     rules, deadline_s, counters, members, start_time=start_time, now=_now()
                 )
@@ -348,8 +288,10 @@ def run_local(
             )
         if decision.culprit is not None and decision.action != "succeed":
             rc = codes.get(decision.culprit, 0)
+            # A pod taken away, or stopped as asked, did not fail (its loss is not charged).
+            how = "ended" if decision.reason == "WorkerDisrupted" else "failed"
             printer.note(
-                f"pod {contract.worker_pod_name(manifest.name, decision.culprit)} failed: "
+                f"pod {contract.worker_pod_name(manifest.name, decision.culprit)} {how}: "
                 f"exit code {rc}"
             )
         _stop(procs, grace_period_s)

@@ -109,12 +109,15 @@ def describe_exit(exitcode: int | None) -> str:
 
 
 class WorkerDiedError(LaunchError):
-    """A worker process exited while it had work to do."""
+    """A worker process exited while it had work to do. ``oom``: the OOM killer killed it
+    (its cgroup's ``oom_kill`` counter moved: ``torchjob.termination.oom_kills``)."""
 
-    def __init__(self, rank: int, exitcode: int | None) -> None:
+    def __init__(self, rank: int, exitcode: int | None, *, oom: bool = False) -> None:
         self.rank = rank
         self.exitcode = exitcode
-        super().__init__(f"rank {rank} worker process died: {describe_exit(exitcode)}")
+        self.oom = oom
+        why = describe_exit(exitcode) + (" (the OOM killer)" if oom else "")
+        super().__init__(f"rank {rank} worker process died: {why}")
 
     @property
     def signal(self) -> int | None:
@@ -124,7 +127,11 @@ class WorkerDiedError(LaunchError):
         return None
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (WorkerDiedError, (self.rank, self.exitcode))
+        return (_rebuild_died, (self.rank, self.exitcode, self.oom))
+
+
+def _rebuild_died(rank: int, exitcode: int | None, oom: bool = False) -> WorkerDiedError:
+    return WorkerDiedError(rank, exitcode, oom=oom)
 
 
 class CollectiveTimeoutError(LaunchError):

@@ -262,6 +262,8 @@ def _root_cause(failures: list[_Failure], *, hung: list[int]) -> LaunchError:
             root.error.message,
             root.error.traceback_text,
             other_failures=others,
-            peer_failure=root.kind == "peer",
+            # A collective that broke or timed out with no rank of this group to blame waited
+            # for a rank elsewhere (another pod's, lost or silent): never the root cause.
+            peer_failure=root.kind in ("peer", "timeout"),
         )
     return root.error

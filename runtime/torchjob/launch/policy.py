@@ -1,20 +1,21 @@
 """Pure decisions of the local controller: restart, shrink, grow or give up.
 
 Ray Train V2's split: policies return decision *values*; the controller
-(``torchjob.train.controller.Controller``) carries them out. The rules themselves
-(``decide_restart``: restart budget, backoff, counters, shrinking; growing back) are
-``torchjob.rules``'s, the ones the operator and ``torchjob run`` use; this module maps
-worker processes' failures onto them. Policies hold configuration
-only. Counters (failures charged, generation, reports) live in the
-:class:`RunState` passed in, so ``decide`` gives the same answer for the same
-inputs and every branch is unit-testable without processes.
+(``torchjob.train.controller.Controller``) carries them out. The rules themselves are
+``torchjob.rules``'s, the ones the operator and ``torchjob run`` use: what a lost worker
+was (``classify``: the one loss model), what it costs (``decide_restart``: restart budget,
+backoff, counters, shrinking, over ``ElasticRules``) and when a shrunk group grows back
+(``grow_back``); this module maps worker processes' failures onto them and keeps the
+counters the decision moved (never recomputes them). Policies hold configuration only;
+the counters live in the :class:`RunState` passed in, so ``decide`` gives the same answer
+for the same inputs and every branch is unit-testable without processes.
 
-Failure vs disruption (DESIGN.md section 4): in an elastic run a worker that is
-*killed* (a signal, as when a machine or pod is lost) is a disruption: the group
-re-forms with one worker fewer and the failure budget is not charged. An
-exception, a non-zero exit or a hung collective is a failure: it consumes
-``max_failures``. Without elasticity every loss restarts the whole group at the
-same size and is charged, as in Ray Train.
+What a loss costs is the operator's too (docs/architecture.md, "What each loss costs"): a
+worker killed by a signal it does not send itself (SIGKILL with no OOM evidence, SIGTERM,
+SIGINT, SIGHUP: a lost machine, a ``kill -9``) is a disruption, never charged; an elastic
+group (``min_workers < max_workers``) re-forms with one worker fewer while ``min_workers``
+remain, and otherwise at the same size. An exception, a non-zero exit, a hung collective or
+an OOM kill is a failure: it consumes ``max_failures``.
 """
 
 from __future__ import annotations
@@ -24,14 +25,18 @@ from dataclasses import dataclass, replace
 
 from torchjob.rules import (
     Counters,
+    ElasticRules,
+    Failure,
+    Loss,
     Noop,
     Recovery,
     Resize,
     RestartRules,
+    ScalingDecision,
     Verdict,
+    classify,
     decide_restart,
-    killed_from_outside,
-    resize,
+    grow_back,
 )
 
 __all__ = [
@@ -67,11 +72,20 @@ class WorkerFailure:
     message: str
     signal: int | None = None
     """Signal that killed the worker (``kind == DIED`` only)."""
+    exit_code: int | None = None
+    """Its own exit code (``kind == DIED`` without a signal)."""
+    oom: bool = False
+    """The OOM killer's evidence (the cgroup's ``oom_kill`` counter moved)."""
 
     @property
-    def killed(self) -> bool:
-        """The process was killed from outside (lost machine, OOM killer, preemption)."""
-        return self.kind is FailureKind.DIED and killed_from_outside(self.signal)
+    def loss(self) -> Loss:
+        """The loss (``torchjob.rules.classify``): a worker that died is classified by how; an
+        exception or a hang is the job's own failure."""
+        if self.kind is FailureKind.DIED:
+            seen = classify(ended=True, exit_code=self.exit_code, signal=self.signal, oom=self.oom)
+            if seen is not None:
+                return seen
+        return Failure(self.exit_code)
 
 
 @dataclass(frozen=True)
@@ -83,7 +97,7 @@ class RunState:
     failures: int = 0
     """Failures charged against ``max_failures`` so far."""
     disruptions: int = 0
-    """Worker losses that were not charged (elastic shrink)."""
+    """Worker losses that were not charged."""
     checkpoints_in_generation: int = 0
     """Checkpoints committed since this generation started (progress to keep before a resize)."""
     generation_started_s: float = 0.0
@@ -104,6 +118,8 @@ class RestartGroup:
     num_workers: int
     reason: str
     charged: bool
+    counters: Counters
+    """The counters ``decide_restart`` moved: the next generation adopts them as they are."""
     backoff_s: float = 0.0
     from_memory: bool = False
     """The survivors re-form in place and restore from their memory, not from storage."""
@@ -122,41 +138,36 @@ GroupFailureDecision = RestartGroup | Fail
 
 @dataclass(frozen=True)
 class GroupFailurePolicy:
-    """A local worker group's failure policy: whether a generation's failure restarts the
+    """A local worker group's failure policy: whether a generation's loss restarts the
     group, shrinks it, or ends the run (the TorchJob CRD's is ``api.models.FailurePolicy``)."""
 
     max_failures: int | None
     """Charged failures allowed; ``None`` is unlimited (Ray's ``max_failures=-1``)."""
-    min_workers: int
-    max_workers: int
-
-    @property
-    def elastic(self) -> bool:
-        return self.min_workers < self.max_workers
+    elastic: ElasticRules
+    """``min_workers`` .. ``max_workers`` (``ScalingConfig``)."""
 
     def decide(self, state: RunState, failure: WorkerFailure) -> GroupFailureDecision:
-        # The job rules' decision (torchjob.rules.decide_restart): in an elastic group a worker
-        # killed from outside is a disruption that shrinks the group, never charged, while
-        # the group stays at or above min_workers; anything else is a charged failure (no
-        # backoff, no exit-code classes).
+        # The job rules' decision (torchjob.rules.decide_restart) over the loss, with the
+        # local budget (no backoff, no exit-code classes).
         d = decide_restart(
             state.counters,
             RestartRules(max_restarts=self.max_failures),
-            disrupted=self.elastic and failure.killed,
+            failure.loss,
             workers=state.num_workers,
-            shrink_floor=self.min_workers,
+            elastic=self.elastic,
             survivors_hold_state=state.survivors_hold_state,
-            killed=failure.killed,
         )
         from_memory = d.recovery is Recovery.MEMORY
         where = "; the survivors' memory is the restore point" if from_memory else ""
+        lost = f"rank {failure.rank} lost ({failure.message})"
         if d.verdict is Verdict.DISRUPTED:
+            size = "shrinking" if d.shrunk else "the same size"
             return RestartGroup(
                 num_workers=d.workers,
-                reason=f"rank {failure.rank} lost ({failure.message}); shrinking, not "
-                f"charged{where}",
+                reason=f"{lost}; {size}, not charged{where}",
                 charged=False,
                 from_memory=from_memory,
+                counters=d.counters,
             )
         if not d.restarts:
             return Fail(
@@ -173,41 +184,40 @@ class GroupFailurePolicy:
             charged=True,
             backoff_s=d.backoff_s,
             from_memory=from_memory,
+            counters=d.counters,
         )
 
 
 @dataclass(frozen=True)
-class GroupScalingPolicy(resize.ScalingPolicy):
-    """A local worker group's scaling policy: ``torchjob.rules.ScalingPolicy`` over a
+class GroupScalingPolicy:
+    """A local worker group's grow-back policy: ``torchjob.rules.grow_back`` over a
     :class:`RunState`."""
+
+    elastic: ElasticRules
 
     def decide_for(
         self, state: RunState, *, now_s: float, available_workers: int
-    ) -> resize.ScalingDecision:
-        return self.decide(
+    ) -> ScalingDecision:
+        return grow_back(
+            self.elastic,
             num_workers=state.num_workers,
+            available_workers=available_workers,
             checkpoints_in_generation=state.checkpoints_in_generation,
             generation_age_s=now_s - state.generation_started_s,
-            available_workers=available_workers,
         )
 
 
-def next_generation(state: RunState, num_workers: int, *, charged: bool, now_s: float) -> RunState:
-    """The state of the generation that follows a restart or resize (``torchjob.rules.Counters``:
-    a charged restart counts a failure, a shrink a disruption, a grow neither)."""
-    c = state.counters
-    if charged:
-        c = c.restarted()
-    elif num_workers < state.num_workers:
-        c = c.disrupted()
-    else:
-        c = c.resized()
+def next_generation(
+    state: RunState, num_workers: int, counters: Counters, *, now_s: float
+) -> RunState:
+    """The state of the generation that follows a restart or resize, with ``counters`` as the
+    decision moved them (``RestartGroup.counters``; a resize: ``state.counters.resized()``)."""
     return replace(
         state,
         num_workers=num_workers,
-        generation=c.generation,
-        failures=c.restarts,
-        disruptions=c.disruptions,
+        generation=counters.generation,
+        failures=counters.restarts,
+        disruptions=counters.disruptions,
         checkpoints_in_generation=0,
         generation_started_s=now_s,
         survivors_hold_state=False,

@@ -33,11 +33,28 @@ def failure_message(err: BaseException) -> str:
         tail = "\n".join(err.traceback_text.strip().splitlines()[-_TRACEBACK_LINES:])
         return contract.termination_message(str(err), tail, peer_failure=err.peer_failure)
     if isinstance(err, WorkerDiedError):
-        # Killed from outside (kill -9, the OOM killer): the operator treats it as a hard loss.
-        return contract.termination_message(str(err), killed=err.signal == signal.SIGKILL)
+        # SIGKILLed: with the OOM killer's evidence a charged failure, else a kill from outside
+        # (a disruption) for the operator and ``torchjob run`` (``torchjob.rules.loss``).
+        return contract.termination_message(
+            str(err), killed=err.signal == signal.SIGKILL, oom=err.oom
+        )
     if isinstance(err, LaunchError):
         return contract.termination_message(str(err))
     return contract.termination_message(f"{type(err).__name__}: {err}")
+
+
+def with_oom_evidence(err: LaunchError, oom_before: int | None) -> LaunchError:
+    """``err`` marked as the OOM killer's when it is a worker SIGKILLed while the cgroup's
+    ``oom_kill`` counter moved past ``oom_before`` (``contract.oom_kills()`` read when the
+    workers started)."""
+    if (
+        isinstance(err, WorkerDiedError)
+        and err.signal == signal.SIGKILL
+        and not err.oom
+        and contract.oom_since(oom_before)
+    ):
+        return WorkerDiedError(err.rank, err.exitcode, oom=True)
+    return err
 
 
 def write_termination_message(text: str, environ: Mapping[str, str] | None = None) -> Path | None:

@@ -1,8 +1,9 @@
 """What a launcher observes of one worker, and the judgement of a generation.
 
 A ``Member`` is a worker pod (``torchjob_operator.torchjob.observed.PodView``) or a local
-process (``torchjob.client.local``): both say whether it runs, how it ended, and
-whether it was taken away (a disruption) rather than failing on its own.
+process (``torchjob.client.local``): both say whether it runs and, through the one
+classifier (``torchjob.rules.loss.classify``), how it was lost (``Member.loss``): taken
+away (a disruption, a silent peer, stopped as asked: never charged) or failed on its own.
 
 ``judge_generation`` looks at *all* members of the current generation before it
 decides, because a peer's crash (NCCL/gloo error when a neighbour vanished) is often
@@ -19,12 +20,13 @@ exit too.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
 from typing import Protocol
+
+from torchjob.rules.loss import Disruption, Failure, Loss, Silent, Stopped
 
 
 class MemberPhase(str, Enum):
@@ -54,8 +56,9 @@ class Member(Protocol):
         ...
 
     @property
-    def disruption(self) -> str | None:
-        """Why it was taken away (preemption, eviction, node loss, a signal), else None."""
+    def loss(self) -> Loss | None:
+        """How it was lost (``torchjob.rules.loss.classify`` over what the launcher saw);
+        None while it runs or once it succeeded."""
         ...
 
     @property
@@ -81,25 +84,16 @@ class Member(Protocol):
         ...
 
 
-OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
-"""Signals a worker process does not send itself: the machine or pod went away, the OOM
-killer, a preemption, Ctrl-C."""
-
-
-def killed_from_outside(sig: int | None) -> bool:
-    """A local worker process killed by ``sig`` was taken away (a disruption), not failed."""
-    return sig is not None and sig in OUTSIDE_SIGNALS
-
-
 class Outcome(str, Enum):
     HEALTHY = "Healthy"
     """Nothing lost: keep going."""
     SUCCEEDED = "Succeeded"
     """Every worker of the generation exited 0."""
     DISRUPTED = "Disrupted"
-    """The cluster took a worker away (preemption, eviction, node loss, deletion by someone else)."""
+    """A worker was taken away (preemption, eviction, node loss, deletion by someone else, a
+    kill from outside), went silent, or stopped as asked: never charged."""
     FAILED = "Failed"
-    """A worker exited non-zero on its own."""
+    """A worker failed on its own (a non-zero exit, an OOM kill): charged."""
     AWAITING_ROOT_CAUSE = "AwaitingRootCause"
     """Failed members only blame a peer that still runs: wait briefly for its own failure."""
 
@@ -114,6 +108,9 @@ class Judgement:
     culprit: Member | None = None
     """The member the outcome is blamed on: the disrupted one, or the first one that failed."""
     detail: str = ""
+    loss: Loss | None = None
+    """What was lost, for ``decide_restart`` (DISRUPTED and FAILED only): the culprit's loss,
+    or a ``Disruption`` for a member that vanished or is being deleted."""
     recheck_after_s: float | None = None
     """For AWAITING_ROOT_CAUSE: judge again after this many seconds at the latest."""
 
@@ -143,15 +140,18 @@ def judge_generation(
     that were started and have since vanished. Without ``now`` a failure is judged at
     once (no waiting for a root cause).
     """
-    disrupted = [p for p in members if p.disruption is not None or p.deleting]
+    disrupted = [p for p in members if _taken(p.loss) or p.deleting]
     if disrupted:
-        # A member with a known reason explains the event better than one that merely vanished.
-        culprit = min(disrupted, key=lambda p: (p.disruption is None, p.index))
-        why = culprit.disruption or "deleted by another client"
-        return Judgement(Outcome.DISRUPTED, culprit, f"{culprit.name}: {why}")
+        # A member with a known reason explains the event better than one that merely
+        # vanished, and one taken away better than one that stopped as asked.
+        culprit = min(disrupted, key=lambda p: (_rank(p.loss), p.index))
+        loss = culprit.loss if _taken(culprit.loss) else Disruption("deleted by another client")
+        assert loss is not None
+        return Judgement(Outcome.DISRUPTED, culprit, f"{culprit.name}: {loss.why}", loss)
     if missing:
-        return Judgement(Outcome.DISRUPTED, None, f"worker {missing[0]} was deleted")
-    failed = [p for p in members if p.phase == MemberPhase.FAILED]
+        gone = Disruption(f"worker {missing[0]} was deleted")
+        return Judgement(Outcome.DISRUPTED, None, gone.reason, gone)
+    failed = [p for p in members if isinstance(p.loss, Failure)]
     if failed:
         own = [p for p in failed if not p.peer_failure]
         if not own and now is not None:
@@ -168,10 +168,23 @@ def judge_generation(
         detail = f"{culprit.name} exited with code {code} ({why})"
         if culprit.summary:
             detail += f": {culprit.summary[:300]}"
-        return Judgement(Outcome.FAILED, culprit, detail)
+        return Judgement(Outcome.FAILED, culprit, detail, culprit.loss)
     if len(members) == replicas and all(p.phase == MemberPhase.SUCCEEDED for p in members):
         return Judgement(Outcome.SUCCEEDED)
     return Judgement(Outcome.HEALTHY)
+
+
+def _taken(loss: Loss | None) -> bool:
+    """Lost without a fault of its own: taken away, silent, or stopped as asked."""
+    return isinstance(loss, Disruption | Silent | Stopped)
+
+
+def _rank(loss: Loss | None) -> int:
+    """Which member explains a disruption best: taken away or silent, then stopped as asked
+    (it stopped because of another's loss), then merely being deleted."""
+    if isinstance(loss, Disruption | Silent):
+        return 0
+    return 1 if isinstance(loss, Stopped) else 2
 
 
 def _root_cause_wait(

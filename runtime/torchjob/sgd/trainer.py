@@ -28,7 +28,7 @@ from torchjob.launch import (
     WorkerGroup,
     WorkerGroupStartError,
 )
-from torchjob.rules import Counters, RestartRules, decide_restart
+from torchjob.rules import Counters, Failure, Loss, RestartRules, classify, decide_restart
 from torchjob.sgd import runner, steps
 
 log = logging.getLogger("torchjob.sgd")
@@ -36,6 +36,21 @@ log = logging.getLogger("torchjob.sgd")
 _RETRYABLE = (WorkerDiedError, CollectiveTimeoutError, WorkerGroupStartError)
 """Failures of the infrastructure (a lost worker), which a restart can fix; a user's
 exception (:class:`WorkerGroupError`) is a bug and is raised at once."""
+
+
+def _loss(err: Exception) -> Loss:
+    """What the lost worker was (``torchjob.rules.classify``): a worker killed from outside is
+    a disruption (never charged), the OOM killer's or any other death a failure; a hang or a
+    group that did not form is an infrastructure failure, never permanent."""
+    if isinstance(err, WorkerDiedError):
+        code = err.exitcode if err.signal is None else None
+        seen = classify(ended=True, exit_code=code, signal=err.signal, oom=err.oom)
+        if isinstance(seen, Failure):
+            return Failure(seen.exit_code, seen.signal, seen.oom, permanent=False)
+        if seen is not None:
+            return seen
+    return Failure(None, permanent=False)
+
 
 _APEX_OPT_LEVELS = {"O1", "O2"}
 
@@ -261,31 +276,31 @@ class PyTorchTrainer:
             raise SGDConfigError(f"max_retries must be >= 0, got {max_retries}")
         if max_retries > 0 or checkpoint not in (None, "auto"):
             self._take_snapshot(checkpoint)
-        attempt = 0
+        counters = Counters()
         while True:
             group = self._require_group()
             try:
                 stats = group.execute(runner.train, num_steps, dict(info or {}))
             except _RETRYABLE as e:
-                # The job rules (torchjob.rules.decide_restart): a lost worker is a failure
-                # that a restart can fix; the budget is max_retries, no backoff.
+                if max_retries == 0:  # no retry asked for: nothing was kept to restart from
+                    raise
+                # The job rules (torchjob.rules.decide_restart) over the loss: a failure is
+                # charged to max_retries (no backoff), a worker killed from outside is not.
                 decision = decide_restart(
-                    Counters(restarts=attempt),
+                    counters,
                     RestartRules(max_restarts=max_retries),
-                    disrupted=False,
+                    _loss(e),
                     workers=self.num_replicas,
-                    permanent=False,
                 )
                 if not decision.restarts:
                     raise
-                attempt = decision.counters.restarts
+                counters = decision.counters
                 log.warning(
                     "train pass failed (%s); restarting %d workers from the checkpoint taken "
-                    "before the pass (retry %d/%d)",
+                    "before the pass (%s)",
                     str(e).splitlines()[0],
                     self.num_replicas,
-                    attempt,
-                    max_retries,
+                    decision.explanation,
                 )
                 self._restart_group(self._snapshot)
                 continue

@@ -35,6 +35,7 @@ from torchjob.contract import Member, PodEnv, Role, Standby
 from torchjob.launch import LaunchError, WorkerGroup, WorkerGroupError
 from torchjob.launch.policy import RestartGroup, RunState, next_generation
 from torchjob.launch.protocol import CheckpointLanded, Dispatcher, Report, ignore
+from torchjob.launch.termination import with_oom_evidence
 from torchjob.train import _session, record, workers
 from torchjob.train._spec import WorkerSpec
 from torchjob.train._worker_loop import run_training
@@ -258,7 +259,10 @@ class Controller:
                     view.message(f"[torchjob] {resize.reason}")
                     step = Running(
                         next_generation(
-                            state, resize.num_workers, charged=False, now_s=time.monotonic()
+                            state,
+                            resize.num_workers,
+                            state.counters.resized(),
+                            now_s=time.monotonic(),
                         )
                     )
                 case Following(state, why, err):
@@ -306,6 +310,7 @@ class Controller:
         unstuck: WorkerGroupError | None = None
         """Set when this pod's workers were killed for hanging past a silent peer."""
         group: WorkerGroup | None = None
+        oom_before = contract.oom_kills()  # the OOM killer's evidence, if a worker dies
         reporter = silent_reporter(self._published(), self._silent)
         points = RestorePoints(report_silent=reporter)
         # The generation the operator published (a pod's), else this fit's own count.
@@ -320,7 +325,9 @@ class Controller:
         def landed(e: CheckpointLanded) -> None:  # a background commit finished
             checkpointed()
             if self.job_status is not None and (last := self.record.last_metrics) is not None:
-                body = progress_body(last, reports=len(history), checkpoint=e.path)
+                body = progress_body(
+                    last, reports=len(history), checkpoint=e.path, generation=facts.generation
+                )
                 self.job_status.report(facts.add(body, reports=len(history), restored=None)[0])
 
         def reported(e: Report) -> None:
@@ -333,7 +340,9 @@ class Controller:
                 if e.checkpoint_index is not None and self.storage is not None:
                     committed = self.storage.latest_committed()
                     latest = committed.path if committed else None
-                body = progress_body(e.metrics, reports=len(history), checkpoint=latest)
+                body = progress_body(
+                    e.metrics, reports=len(history), checkpoint=latest, generation=facts.generation
+                )
                 body, first = facts.add(body, reports=len(history), restored=points.restored)
                 self.job_status.report(body, urgent=first)
 
@@ -384,7 +393,8 @@ class Controller:
                     # Wait for the survivors only when they hold a restore point worth keeping.
                     loss_grace_s=lambda: LOSS_GRACE_S if points.held else 3.0,
                 )
-        except LaunchError as err:
+        except LaunchError as caught:
+            err = with_oom_evidence(caught, oom_before)
             kept = False
             if group is not None:
                 # Another pod's loss broke the group: under KeepSurvivors these processes stay;
@@ -413,7 +423,7 @@ class Controller:
             view.message(f"[torchjob] restart backoff: {decision.backoff_s:g}s")
             self.stop_requested.wait(decision.backoff_s)
         return next_generation(
-            state, decision.num_workers, charged=decision.charged, now_s=time.monotonic()
+            state, decision.num_workers, decision.counters, now_s=time.monotonic()
         )
 
     def _follow(

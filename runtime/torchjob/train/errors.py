@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from torchjob.contract import STOPPED_EXIT_CODE
+
 if TYPE_CHECKING:
     from torchjob.train.result import Result
 
@@ -21,9 +23,21 @@ class TrainingFailedError(RuntimeError):
         self.result = result
 
 
-class TrainingStoppedError(RuntimeError):
-    """Training stopped on request (SIGTERM, e.g. preemption) after committing a checkpoint."""
+class TrainingStoppedError(SystemExit, RuntimeError):
+    """Training stopped on request (SIGTERM: a preemption, a drain, the job's deletion) after
+    committing a checkpoint.
+
+    A ``SystemExit`` whose ``code`` is ``contract.STOPPED_EXIT_CODE``: left uncaught in the
+    user's script, the interpreter exits with that code and prints no traceback (the runtime
+    has said so in one line), and every launcher reads the code as "stopped as asked", never a
+    failure (``torchjob.rules.loss.Stopped``). Still a ``RuntimeError``, so code that catches
+    it, or ``Exception``, as before keeps doing so. *Why a SystemExit:* the exit code is the
+    contract with the operator and ``torchjob run``, and this is the one way a library error
+    can end a script with a code of its choosing without a hook in the interpreter
+    (``sys.excepthook``, ``atexit``) or a ``sys.exit`` the user must write.
+    """
 
     def __init__(self, message: str, *, result: Result | None) -> None:
         super().__init__(message)
+        self.code = STOPPED_EXIT_CODE
         self.result = result

@@ -38,9 +38,14 @@ DEFAULT_SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 def progress_body(
-    metrics: Mapping[str, Any], *, reports: int, checkpoint: str | None
+    metrics: Mapping[str, Any],
+    *,
+    reports: int,
+    checkpoint: str | None,
+    generation: int | None = None,
 ) -> dict[str, Any]:
-    """The ``status.progress`` object for one report (JSON scalars only)."""
+    """The ``status.progress`` object for one report (JSON scalars only); ``generation``: the
+    membership generation that committed ``checkpoint``."""
     scalars = {
         k: v
         for k, v in metrics.items()
@@ -53,6 +58,7 @@ def progress_body(
         update_time=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         epoch=epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None,
         last_checkpoint=checkpoint or None,
+        checkpoint_generation=generation if checkpoint else None,
     ).to_wire()
 
 

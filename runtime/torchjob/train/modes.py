@@ -31,6 +31,7 @@ from torchjob.launch.policy import (
     RunState,
     WorkerFailure,
 )
+from torchjob.rules import ElasticRules
 from torchjob.train.job_status import JobEndpoint
 from torchjob.train.membership import GenerationTimeout, Membership, MembershipWatch
 from torchjob.train.progress import ProgressView
@@ -85,12 +86,12 @@ class LocalMode:
         self.pending: Resize | None = None
 
     def interrupt(self, c: FitContext, state: RunState) -> str | None:
-        if self.scaling.min_workers >= self.scaling.max_workers:
+        if not self.scaling.elastic.elastic:
             return None
         decision = self.scaling.decide_for(
             state,
             now_s=time.monotonic(),
-            available_workers=available_workers(self.scaling.max_workers, self.use_gpu),
+            available_workers=available_workers(self.scaling.elastic.ceiling, self.use_gpu),
         )
         if isinstance(decision, Resize):
             self.pending = decision
@@ -302,7 +303,9 @@ class KeepSurvivorsMode:
 def as_failure(err: LaunchError) -> WorkerFailure:
     """A launch error reduced to its root cause, for the failure policy."""
     if isinstance(err, WorkerDiedError):
-        return WorkerFailure(err.rank, FailureKind.DIED, str(err).split(": ", 1)[-1], err.signal)
+        code = err.exitcode if err.signal is None else None
+        why = str(err).split(": ", 1)[-1]
+        return WorkerFailure(err.rank, FailureKind.DIED, why, err.signal, code, err.oom)
     if isinstance(err, CollectiveTimeoutError):
         return WorkerFailure(err.rank, FailureKind.TIMEOUT, "hung in a collective")
     if isinstance(err, WorkerGroupError):
@@ -325,17 +328,12 @@ def choose_mode(
     """The mode for where ``fit()`` runs (see the module docstring)."""
     if pod is None:
         sc = trainer.scaling_config
+        elastic = ElasticRules(
+            floor=sc.min_workers, ceiling=sc.max_workers, grow_cooldown_s=sc.elastic_grow_cooldown_s
+        )
         return LocalMode(
-            GroupFailurePolicy(
-                max_failures=trainer.run_config.failure_config.budget,
-                min_workers=sc.min_workers,
-                max_workers=sc.max_workers,
-            ),
-            GroupScalingPolicy(
-                min_workers=sc.min_workers,
-                max_workers=sc.max_workers,
-                grow_cooldown_s=sc.elastic_grow_cooldown_s,
-            ),
+            GroupFailurePolicy(trainer.run_config.failure_config.budget, elastic),
+            GroupScalingPolicy(elastic),
             use_gpu=sc.use_gpu,
         )
     if pod.keeps_survivors:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,6 +117,13 @@ def stopped(result: Result, at_report: int | None, *, in_pod: bool) -> TrainingS
     text = f"training stopped on request{at}; latest checkpoint: {where}"
     if in_pod:
         write_termination_message(contract.termination_message(text))
+    # The one line a stopped run prints: uncaught, the error ends the process with this code
+    # and no traceback (TrainingStoppedError is a SystemExit).
+    print(
+        f"[torchjob] {text} (exit code {contract.STOPPED_EXIT_CODE}: stopped as asked)",
+        file=sys.stderr,
+        flush=True,
+    )
     return TrainingStoppedError(text, result=result)
 
 

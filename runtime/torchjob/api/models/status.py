@@ -67,6 +67,13 @@ class Progress(_Model):
     last_checkpoint_time: str | None = Field(
         default=None, description="When rank 0's runtime saw the last checkpoint committed."
     )
+    checkpoint_generation: int | None = Field(
+        default=None,
+        description=(
+            "The membership generation that committed lastCheckpoint: an elastic RecreateGroup"
+            " job with spec.checkpoint grows back only once its generation committed one."
+        ),
+    )
     update_time: str | None = None
     generation: int | None = Field(default=None, description="The generation that reported.")
     restored_from: str | None = Field(
