@@ -87,23 +87,17 @@ def cmd_get(args: argparse.Namespace) -> int:
 
             print(yaml.safe_dump(data, sort_keys=False), end="")
         return 0
-    table = client.table(args.job)
-    if not table.rows:
-        sys.stderr.write(f"No TorchJobs found in {client.namespace} namespace.\n")
-        return 0
-    _print_table(table)
-    return 0
+    return _print_table(
+        client.table(args.job), f"No TorchJobs found in {client.namespace} namespace."
+    )
 
 
 def cmd_history(args: argparse.Namespace) -> int:
     from torchjob.client.table import history_table
 
-    table = history_table(_client(args).get(args.job))
-    if not table.rows:
-        sys.stderr.write(f"{args.job} has no history yet.\n")
-        return 0
-    _print_table(table)
-    return 0
+    return _print_table(
+        history_table(_client(args).get(args.job)), f"{args.job} has no history yet."
+    )
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
@@ -116,10 +110,8 @@ def cmd_describe(args: argparse.Namespace) -> int:
             print(f"\n{title}:")
         if isinstance(part, list):
             print("\n".join(part))
-        elif part.rows:
-            _print_table(part)
         else:
-            print("  <none>")
+            _print_table(part, "  <none>", to=sys.stdout)
     return 0
 
 
@@ -145,7 +137,12 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_table(table: Any) -> None:
+def _print_table(table: Any, empty: str, to: Any = None) -> int:
+    """Print ``table``, or the line ``empty`` (to ``to``, stderr by default) when it has no
+    row."""
+    if not table.rows:
+        (to or sys.stderr).write(empty + "\n")
+        return 0
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -159,6 +156,7 @@ def _print_table(table: Any) -> None:
         max([len(c), *(len(r[i]) for r in table.rows)]) + 3 for i, c in enumerate(table.columns)
     )
     Console(width=max(80, width), soft_wrap=True).print(t)
+    return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
