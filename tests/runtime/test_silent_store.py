@@ -25,6 +25,7 @@ import torch.distributed as dist
 from tests.kube import wait_for
 
 from torchjob.launch import heartbeat, store_clients
+from torchjob.launch.layout import StoreLayout
 
 SILENT_S = 2.0
 
@@ -78,6 +79,7 @@ def test_a_frozen_store_is_rank_0_gone_silent_and_only_the_groups_connections_br
     before = heartbeat.socket_inodes()
     group = Connected()  # stands for gloo's pairs, opened while the group forms
     group_sockets = heartbeat.socket_inodes() - before
+    layout = StoreLayout(addr="127.0.0.1", port=port, generation=0)
     declared: list[tuple[int, float]] = []
     dog = heartbeat.Watchdog(
         rank=1,
@@ -86,11 +88,12 @@ def test_a_frozen_store_is_rank_0_gone_silent_and_only_the_groups_connections_br
         on_silent=lambda rank, s: declared.append((rank, s)),
         silent_after=SILENT_S,
         break_group=lambda: heartbeat.break_group_connections(group_sockets),
+        layout=layout,
     ).start()
     try:
         # Rank 0 beats too, so that rank 1 sees a live peer before the freeze.
         rank0 = dist.PrefixStore(  # type: ignore[attr-defined]
-            "torchjob/g0/hb",
+            layout.heartbeat,
             dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=10)),  # type: ignore[attr-defined]
         )
         stop_beating = threading.Event()
