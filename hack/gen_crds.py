@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Write crds/ (TorchJob, TorchTune and the runtime blueprints) from torchjob.api (run by `make crds`).
+"""Write crds/ (TorchJob, TorchTune and the runtime blueprints) from torchjob.api (run by `make crds`),
+and the chart's worker admission policy from torchjob_operator.resources.worker_policy.
 
 The pod template schema comes from the OpenAPI document of Kubernetes KUBE_VERSION in the Go
 module cache (torchjob.api.kube_schema); when it is missing, this downloads that one module
@@ -17,12 +18,14 @@ import sys
 from torchjob.api import kube_schema
 from torchjob.api.crd import render_crd_yaml, render_tune_crd_yaml
 from torchjob.api.runtime_crd import FILES, render_runtime_crd_yaml
+from torchjob_operator.resources.worker_policy import chart_template
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TARGET = ROOT / "crds" / "torchjob.io_torchjobs.yaml"
 CHART_COPY = ROOT / "charts" / "torchjob-operator" / "crds" / "torchjob.io_torchjobs.yaml"
 TUNE_TARGET = ROOT / "crds" / "torchjob.io_torchtunes.yaml"
 TUNE_CHART_COPY = ROOT / "charts" / "torchjob-operator" / "crds" / "torchjob.io_torchtunes.yaml"
+WORKER_POLICY = ROOT / "charts" / "torchjob-operator" / "templates" / "worker-policy.yaml"
 
 
 def _ensure_openapi() -> None:
@@ -50,6 +53,7 @@ def main() -> int:
     for file, cluster in FILES.items():
         text = render_runtime_crd_yaml(cluster)
         outputs[TARGET.parent / file] = outputs[CHART_COPY.parent / file] = text
+    outputs[WORKER_POLICY] = chart_template()
     for path, text in outputs.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)

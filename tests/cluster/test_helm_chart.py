@@ -41,8 +41,11 @@ HARDENED = [
     [
         pytest.param([], id="defaults"),
         pytest.param(
-            ["--set", "watchNamespaces={team-a,team-b}", "--set", "metrics.enabled=false"],
-            id="namespaced-no-metrics",
+            [
+                *("--set", "watchNamespaces={team-a,team-b}", "--set", "metrics.enabled=false"),
+                *("--set", "workerPolicy.enabled=false"),
+            ],
+            id="namespaced-no-metrics-no-worker-policy",
         ),
         pytest.param(["--set", "replicaCount=2"], id="ha-two-replicas"),
         pytest.param(HARDENED, id="hardened"),
@@ -68,6 +71,16 @@ def test_chart_renders_objects_the_api_server_accepts(
     assert gpus["torch-gpu"]["limits"]["nvidia.com/gpu"] == 1
     assert gpus["torch-gpu8"]["limits"]["nvidia.com/gpu"] == 8
     assert "nvidia.com/gpu" not in str(gpus["torch-cpu"])
+    # The worker admission policy (on by default) and its Deny binding: the server-side dry
+    # run below compiles its CEL (tests/cluster/test_worker_policy.py tests what it does).
+    admission = {d["kind"]: d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")}
+    if "workerPolicy.enabled=false" in values:
+        assert admission == {}
+    else:
+        binding = admission["ValidatingAdmissionPolicyBinding"]
+        assert binding["spec"]["policyName"] == "torchjob-operator-worker-writes"
+        assert binding["spec"]["validationActions"] == ["Deny"]
+        assert admission["ValidatingAdmissionPolicy"]["metadata"]["labels"]
     role = next(d for d in docs if d["kind"] == "ClusterRole")
     reads = next(r for r in role["rules"] if "clustertorchruntimes" in r["resources"])
     assert {"torchruntimes", "clustertorchruntimes"} <= set(reads["resources"])

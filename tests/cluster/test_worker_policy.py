@@ -193,7 +193,9 @@ def test_a_worker_writes_its_progress_but_never_the_operators_status(
     reporter.report(progress_body({"epoch": 2, "loss": 0.5}, reports=7, checkpoint="ckpt_000007"))
     reporter.close()
     assert reporter.sent == 1
-    tracking = RunTracking(None, name=JOB, run_url="/tmp/x", config=None, pod=None, endpoint=endpoint)
+    tracking = RunTracking(
+        None, name=JOB, run_url=str(tmp_path / "run"), config=None, pod=None, endpoint=endpoint
+    )
     tracking.trial.tracking["mlflow_run_id"] = "run-41"
     tracking._publish()
     pod = contract.PodEnv(

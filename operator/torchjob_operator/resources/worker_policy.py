@@ -135,8 +135,7 @@ def worker_policy(name: str = POLICY_NAME) -> dict[str, Any]:
                     # DELETE has no object: the rule above answers it.
                     "expression": 'request.operation == "DELETE" || size(variables.refused) == 0',
                     "message": (
-                        "a TorchJob's worker ServiceAccount may change only "
-                        f"{owned_fields_text()}"
+                        f"a TorchJob's worker ServiceAccount may change only {owned_fields_text()}"
                     ),
                     "messageExpression": (
                         f'{who} may change only {owned_fields_text()}; refused: "'
@@ -185,6 +184,6 @@ def chart_template() -> str:
     return (
         "# Generated from torchjob_operator/resources/worker_policy.py by `make crds`: do not edit.\n"
         "# A job's worker ServiceAccount may change only the status fields its runtime writes\n"
-        f"# (docs/operations.md, \"Threat model\"). Values: {CHART_SWITCH}.\n"
+        f'# (docs/operations.md, "Threat model"). Values: {CHART_SWITCH}.\n'
         f"{{{{- if .Values.{CHART_SWITCH} }}}}\n" + "---\n".join(docs) + "{{- end }}\n"
     )
