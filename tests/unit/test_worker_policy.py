@@ -7,6 +7,7 @@ these pin what ties it to the rest of the code: the chart's file, the account na
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from torchjob import contract
@@ -14,6 +15,7 @@ from torchjob.api.models import TorchJobStatus
 from torchjob_operator.resources.worker_policy import (
     WORKER_STATUS_FIELDS,
     chart_template,
+    worker_pod_regex_tail,
     worker_policy,
 )
 
@@ -32,13 +34,27 @@ def test_the_charts_policy_is_generated_from_the_builder() -> None:
 
 def test_it_matches_exactly_the_account_the_operator_names_for_the_job() -> None:
     (condition,) = worker_policy()["spec"]["matchConditions"]
-    left, _, right = condition["expression"].partition(" == ")
+    account = condition["expression"].partition(" || ")[0]
+    left, _, right = account.partition(" == ")
     assert left == "request.userInfo.username"
     # The right side concatenates string literals and two request fields: evaluate it.
     request = {"request.namespace": "team-a", "request.name": "resnet"}
     username = "".join(request.get(p) or json.loads(p) for p in right.split(" + "))
     account = contract.worker_service_account("resnet")
     assert username == f"system:serviceaccount:team-a:{account}"
+
+
+def test_it_matches_a_token_bound_to_one_of_the_jobs_worker_pods_only() -> None:
+    pattern = re.compile("^resnet" + worker_pod_regex_tail())
+    (condition,) = worker_policy()["spec"]["matchConditions"]
+    assert f'request.name + "{worker_pod_regex_tail()}"' in condition["expression"]
+    assert pattern.match(contract.worker_pod_name("resnet", 12))
+    for other in (
+        contract.probe_pod_name("resnet", 0),
+        contract.worker_pod_name("resnet-b", 0),
+        contract.worker_pod_name("resnet", 0) + "x",
+    ):
+        assert not pattern.match(other), other
 
 
 def test_the_workers_own_exactly_the_status_fields_the_operator_leaves_out() -> None:

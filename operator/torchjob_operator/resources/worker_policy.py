@@ -8,11 +8,15 @@ keeps its state in. This ``ValidatingAdmissionPolicy`` lets the job's own worker
 change only the fields the runtime writes (:data:`WORKER_STATUS_FIELDS`) and refuses
 everything else of the job, with a message that names what was refused.
 
-Who it applies to: the request's user is exactly the worker account of the job it writes
-(``system:serviceaccount:<namespace>:<contract.worker_service_account(job)>``), a name built
-from the same function the operator names the account with. No other account is matched, so
-a user's or a CI system's ServiceAccount that edits TorchJobs is never confined by accident;
-a worker writing another job is refused by RBAC (``resourceNames``) before admission.
+Who it applies to, by name (CEL cannot read the ServiceAccount or the pod): the worker
+account of the job it writes (``system:serviceaccount:<namespace>:<job>-worker``, built with
+the function the operator names the account with), or any service account token of the
+job's namespace bound to one of the job's worker pods (``<job>-worker-<i>``, the token's
+``authentication.kubernetes.io/pod-name``): a template that names its own
+``serviceAccountName`` (cloud storage credentials, say) runs its workers as that account,
+and the kubelet-mounted token is bound to the pod. Nothing else is matched, so a user's or
+a CI system's ServiceAccount that edits TorchJobs is never confined by accident; a worker
+writing another job is refused by RBAC (``resourceNames``) before admission.
 
 What it compares: the whole object, key by key (not a list of the operator's fields), so a
 status field added later is the operator's until it is named here. Any patch type passes as
@@ -54,6 +58,33 @@ def _worker_username() -> str:
         raise ValueError("a worker account name must not need escaping in CEL")
     name = f'"{before}" + request.name + "{after}"' if before else f'request.name + "{after}"'
     return f'"system:serviceaccount:" + request.namespace + ":" + {name}'
+
+
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+"""The pod a service account token is bound to (a kubelet-mounted token always is)."""
+
+
+def worker_pod_regex_tail() -> str:
+    """What follows the job's name in the name of one of its worker pods (an RE2 pattern)."""
+    suffix = contract.WORKER_SUFFIX
+    if not all(c.isalnum() or c == "-" for c in suffix):
+        raise ValueError("the worker pod suffix must not need escaping in a pattern")
+    return f"{suffix}[0-9]+$"
+
+
+def _from_a_worker() -> str:
+    """CEL: the request comes from the job's worker account, or from a service account token
+    bound to one of the job's worker pods in its namespace (a template that names its own
+    ``serviceAccountName`` runs its workers as that account)."""
+    in_namespace = (
+        'request.userInfo.username.startsWith("system:serviceaccount:" + request.namespace + ":")'
+    )
+    pod = (
+        f'"{POD_NAME_EXTRA}" in request.userInfo.extra'
+        f' && request.userInfo.extra["{POD_NAME_EXTRA}"].exists(p,'
+        f' p.matches("^" + request.name + "{worker_pod_regex_tail()}"))'
+    )
+    return f"request.userInfo.username == {_worker_username()} || ({in_namespace} && {pod})"
 
 
 def _changed(new: str, old: str, skipped: str) -> str:
@@ -119,8 +150,8 @@ def worker_policy(name: str = POLICY_NAME) -> dict[str, Any]:
             },
             "matchConditions": [
                 {
-                    "name": "the-jobs-own-worker-account",
-                    "expression": f"request.userInfo.username == {_worker_username()}",
+                    "name": "from-one-of-the-jobs-workers",
+                    "expression": _from_a_worker(),
                 }
             ],
             "variables": _variables(),
