@@ -4,9 +4,10 @@ Least privilege: the workers may get and patch the status of their own
 TorchJob (``resourceNames``), which is how rank 0 reports progress and a survivor
 reports a silent peer (a server-side apply: the same verb), and get and
 watch that one TorchJob, which is how a KeepSurvivors pod follows its
-generations; nothing else. A template that names its own ``serviceAccountName`` (for cloud storage
-credentials, say) keeps it; progress is then reported only if that account is
-granted the same.
+generations; nothing else. Which fields of that status they may change is the chart's
+admission policy's to say (``resources/worker_policy.py``): RBAC cannot. A template that
+names its own ``serviceAccountName`` (for cloud storage credentials, say) keeps it; progress
+is then reported only if that account is granted the same.
 """
 
 from __future__ import annotations
