@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from tests import kube as k
 
@@ -44,9 +45,8 @@ POLICY = f"ValidatingAdmissionPolicy '{POLICY_NAME}'"
 def worker_policy(cluster: k.Cluster, crd: None) -> Iterator[None]:
     """The policy and its binding, as the chart installs them; removed after the module."""
     api = client.AdmissionregistrationV1Api(cluster.api_client())
-    policy, binding = worker_policy_manifests()
-    api.create_validating_admission_policy(policy)
-    api.create_validating_admission_policy_binding(binding)
+    # apply, not create: an interrupted run may have left an older version
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(worker_policy_manifests()))
     try:
         yield
     finally:
