@@ -195,6 +195,11 @@ def test_two_pods_of_two_processes_train_with_gloo_through_the_headless_service_
     assert "done: 4 epochs, world size 4" in out[0]
     assert CheckpointStorage(str(storage)).list_committed(), "rank 0 committed checkpoints"
     assert (status.get("progress") or {}).get("epoch") == 3, status
+    # ... written by rank 0's agent with its kubelet-mounted token, through the worker admission
+    # policy that the chart installs by default (tests/cluster/test_worker_policy.py).
+    admission = client.AdmissionregistrationV1Api(real_jobs.custom.api_client)
+    policies = admission.list_validating_admission_policy()
+    assert "torchjob-operator-worker-writes" in {p.metadata.name for p in policies.items}
 
 
 def test_evicted_worker_stops_every_rank_at_one_checkpoint_and_the_job_resumes(
