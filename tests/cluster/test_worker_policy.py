@@ -4,7 +4,7 @@ real API server, driven with a worker's own token.
 The job's ServiceAccount, Role and RoleBinding come from the operator's builder
 (``resources/rbac.py``), the policy from the chart's one source (``resources/worker_policy.py``),
 the token from the TokenRequest API, as a kubelet mounts it. The runtime's own writers
-(``JobStatusReporter``, ``RunTracking``, ``report_silent``) must pass; a write of the phase,
+(``JobStatusReporter``, ``RunTracking``, ``SilentReports``) must pass; a write of the phase,
 the counters, the conditions is refused with the policy's message. A second test widens the
 worker's RBAC (what a platform team might grant by mistake) to show that the policy, not the
 Role alone, keeps the spec, the labels, the replica count and the job itself.
@@ -29,7 +29,7 @@ from tests import kube as k
 from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION, TorchJobStatus
 from torchjob.train.job_status import JobEndpoint, JobStatusReporter, progress_body
-from torchjob.train.survivors import report_silent
+from torchjob.train.survivors import SilentReports
 from torchjob.train.tracking import RunTracking
 from torchjob_operator.resources.rbac import worker_rbac
 from torchjob_operator.resources.worker_policy import POLICY_NAME, worker_policy_manifests
@@ -198,34 +198,29 @@ def test_a_worker_writes_its_progress_but_never_the_operators_status(
     )
     tracking.trial.tracking["mlflow_run_id"] = "run-41"
     tracking._publish()
-    pod = contract.PodEnv(
-        job_name=JOB, namespace=ns, pod_index=0, replicas=2, nproc_per_node=1,
-        generation=1, rdzv_host="h", membership=contract.KEEP_SURVIVORS,
-    )  # fmt: skip
-    report_silent(endpoint, pod, (0, 1), 1, 1, 12.5)
-    k.wait_for(
-        lambda: job_of(kube, ns)["status"].get("silentWorkers"), 30, "the silent-peer report"
-    )
-    # However the silent-peer list is written: a server-side apply of it passes too.
-    apply = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "TorchJob",
-        "metadata": {"name": JOB},
-        "status": {"silentWorkers": [{"pod": "tj-worker-1", "generation": 1, "by": "tj-worker-0"}]},
+    # Each survivor applies its own silent-peer reports (a server-side apply of a list map).
+    for index, silent in ((0, 1), (1, 0)):
+        pod = contract.PodEnv(
+            job_name=JOB, namespace=ns, pod_index=index, replicas=2, nproc_per_node=1,
+            generation=1, rdzv_host="h", membership=contract.KEEP_SURVIVORS,
+        )  # fmt: skip
+        reports = SilentReports(endpoint, pod)
+        assert reports.record((0, 1), 1, silent, 12.5)
+        reports.write()  # raises when refused
+    both = job_of(kube, ns)["status"]["silentWorkers"]
+    assert {(r["by"], r["pod"]) for r in both} == {
+        ("tj-worker-0", "tj-worker-1"),
+        ("tj-worker-1", "tj-worker-0"),
     }
-    code, message = worker.send(
-        "PATCH",
-        status,
-        apply,
-        content_type="application/apply-patch+yaml",
-        query="fieldManager=torchjob-survivor&force=true",
-    )
+    # However the list is written: a JSON merge patch of it (an older runtime's) passes too.
+    older = {"pod": "tj-worker-1", "generation": 1, "by": "tj-worker-0", "seconds": 3.0}
+    code, message = worker.send("PATCH", status, {"status": {"silentWorkers": [older]}})
     assert code == 200, message
     after = job_of(kube, ns)["status"]
     assert after["progress"]["step"] == 7 and after["progress"]["metrics"]["loss"] == 0.5
     assert after["progress"]["lastCheckpoint"] == "ckpt_000007"
     assert after["tracking"]["runId"] == "run-41"
-    assert after["silentWorkers"][0]["pod"] == "tj-worker-1"
+    assert after["silentWorkers"] == [older]
 
     # The operator's fields: each write is refused, and the message names what.
     condition = {**operator_status()["conditions"][0], "status": "False", "reason": "Failed"}

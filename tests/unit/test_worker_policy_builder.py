@@ -59,8 +59,11 @@ def test_it_matches_a_token_bound_to_one_of_the_jobs_worker_pods_only() -> None:
 
 def test_the_workers_own_exactly_the_status_fields_the_operator_leaves_out() -> None:
     """``TorchJobStatus.to_patch`` leaves out what others write; of those, only the runtime
-    blueprint's pin (``runtime``, the operator's, written once) is not the workers'."""
+    blueprint's pin (``runtime``, the operator's, written once) is not the workers'. (The
+    history and the loss counts are written only when there are some: here there are.)"""
     aliases = {f.alias or n for n, f in TorchJobStatus.model_fields.items()}
-    operators = set(TorchJobStatus().to_patch())
+    record = {"generation": 1, "began": "2026-11-28T00:00:00Z", "cause": "kill"}
+    full = TorchJobStatus.model_validate({"history": [record], "losses": {"kill": 1}})
+    operators = set(full.to_patch())
     assert set(WORKER_STATUS_FIELDS) <= aliases
     assert aliases - operators == set(WORKER_STATUS_FIELDS) | {"runtime"}
