@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from torchjob import contract
+from torchjob.api.models import choices
 from torchjob.api.models.limits import (
     DNS_SUBDOMAIN,
     JOB_NAME,
@@ -25,14 +26,12 @@ from torchjob.api.models.pod_types import POD_TYPE_RULES
 from torchjob.api.models.rule import Rule, cel_on, enforce_rules
 from torchjob.api.models.rule_parts import (
     IMAGE_OK,
-    IMMUTABLE,
     MOUNTS_KNOWN,
     NAME,
     NO_TEMPLATE,
     REF,
     SUFFIX_LEN,
     TEMPLATE_LABELS,
-    TRANSITION,
     agrees,
     both,
     extra,
@@ -41,6 +40,21 @@ from torchjob.api.models.rule_parts import (
     mount_clash,
     mounts_known,
 )
+from torchjob.api.models.runtime_ref import RuntimeRef
+from torchjob.api.models.transition import OPTIONAL, REQUIRED, Shape, immutable, literal
+
+IMMUTABLE_FIELDS: dict[str, Shape] = {
+    "nprocPerNode": choices.NPROC_PER_NODE,
+    "backend": choices.BACKEND,
+    "membershipPolicy": choices.MEMBERSHIP_POLICY,
+    "checkpoint": {
+        "path": OPTIONAL,
+        "pvc": {"claimName": REQUIRED, "mountPath": choices.CHECKPOINT_MOUNT_PATH},
+    },
+    "runtimeRef": {"name": REQUIRED, "kind": RuntimeRef.model_fields["kind"].default},
+}
+"""The spec's immutable fields and what "unchanged" means for each (``transition``): the
+effective values are compared, a default standing in where a field is left out."""
 
 RULES: tuple[Rule, ...] = (
     # --- the whole object ---
@@ -179,29 +193,8 @@ RULES: tuple[Rule, ...] = (
         unchecked="the field's type is the Python check (an int in bounds, 'gpu' or 'auto')",
     ),
     *(
-        Rule(
-            f"{field}-immutable",
-            on="TorchJobSpec",
-            field=field,
-            cel="self == oldSelf",
-            message=f"spec.{field} {IMMUTABLE}",
-            unchecked=TRANSITION,
-        )
-        for field in ("nprocPerNode", "backend", "membershipPolicy", "checkpoint")
-    ),
-    *(
-        # The CRD sets no defaults (a blueprint may fill the field), so adding or removing
-        # one of these fields would change it too.
-        Rule(
-            f"{field}-presence-immutable",
-            on="TorchJobSpec",
-            cel=f"has(self.{field}) == has(oldSelf.{field})",
-            message=(
-                f"spec.{field} {IMMUTABLE} (it cannot be added to or removed from an existing job)"
-            ),
-            unchecked=TRANSITION,
-        )
-        for field in ("nprocPerNode", "backend", "membershipPolicy")
+        immutable(field, shape, from_blueprint=field != "runtimeRef")
+        for field, shape in IMMUTABLE_FIELDS.items()
     ),
     # --- across the spec ---
     Rule(
@@ -228,23 +221,6 @@ RULES: tuple[Rule, ...] = (
         ),
         message="container image is required (e.g. image: ghcr.io/org/train:1.0)",
         check=lambda s: s.runtime_ref is not None or images(s),
-    ),
-    Rule(
-        "runtimeRef-immutable",
-        on="TorchJobSpec",
-        field="runtimeRef",
-        cel="self == oldSelf",
-        message=f"spec.runtimeRef {IMMUTABLE}",
-        unchecked=TRANSITION,
-    ),
-    Rule(
-        "runtimeRef-presence-immutable",
-        on="TorchJobSpec",
-        cel="has(self.runtimeRef) == has(oldSelf.runtimeRef)",
-        message=(
-            f"spec.runtimeRef {IMMUTABLE} (it cannot be added to or removed from an existing job)"
-        ),
-        unchecked=TRANSITION,
     ),
     Rule(
         "replicas-in-bounds",
@@ -277,15 +253,6 @@ RULES: tuple[Rule, ...] = (
             or not s.elastic.standby_replicas
             or s.membership_policy == contract.KEEP_SURVIVORS
         ),
-    ),
-    Rule(
-        "checkpoint-presence-immutable",
-        on="TorchJobSpec",
-        cel="has(self.checkpoint) == has(oldSelf.checkpoint)",
-        message=(
-            f"spec.checkpoint {IMMUTABLE} (it cannot be added to or removed from an existing job)"
-        ),
-        unchecked=TRANSITION,
     ),
     Rule(
         "scheduler-name-agrees",
@@ -369,7 +336,7 @@ RULES: tuple[Rule, ...] = (
             f"{NO_TEMPLATE}!has(self.checkpoint) || !has(self.checkpoint.pvc) || "
             "self.template.spec.containers.all(c, !has(c.volumeMounts) || "
             "c.volumeMounts.all(m, m.mountPath != (has(self.checkpoint.pvc.mountPath) ? "
-            "self.checkpoint.pvc.mountPath : '/checkpoints')))"
+            f"self.checkpoint.pvc.mountPath : {literal(choices.CHECKPOINT_MOUNT_PATH)})))"
         ),
         message=(
             "spec.checkpoint.pvc.mountPath is already a mountPath in the template; pick another "
