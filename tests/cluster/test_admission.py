@@ -362,6 +362,31 @@ INVALID: list[Case] = [
         changes={"spec.checkpoint": {"pvc": {"claimName": "ck", "mountPath": "/dev/shm"}}},
     ),
     c(
+        "pvc mountPath /dev/shm with a trailing slash",
+        "other than /dev/shm",
+        changes={"spec.checkpoint": {"pvc": {"claimName": "ck", "mountPath": "/dev/shm//"}}},
+    ),
+    c(
+        "initializer volume mounted at /dev/shm",
+        "spec.initializers.volume.mountPath must be an absolute path other than / and /dev/shm",
+        changes={
+            "spec.initializers": {
+                "volume": {"claimName": "data", "mountPath": "/dev/shm/"},
+                "dataset": {"uri": "s3://bucket/train"},
+            }
+        },
+    ),
+    c(
+        "initializer volume mounted at a relative path",
+        "spec.initializers.volume.mountPath must be an absolute path",
+        changes={
+            "spec.initializers": {
+                "volume": {"claimName": "data", "mountPath": "data"},
+                "model": {"uri": "hf://org/model"},
+            }
+        },
+    ),
+    c(
         "pvc mountPath already used by the template",
         "spec.checkpoint.pvc.mountPath is already a mountPath in the template",
         changes={

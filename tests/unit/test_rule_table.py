@@ -35,6 +35,7 @@ PLACES: dict[str, tuple[str, ...]] = {
     "Backoff": ("spec", "failurePolicy", "backoff"),
     "CheckpointSpec": ("spec", "checkpoint"),
     "PvcSource": ("spec", "checkpoint", "pvc"),
+    "InitializerVolume": ("spec", "initializers", "volume"),
     "SchedulingSpec": ("spec", "scheduling"),
     "Placement": ("spec", "placement"),
     "io.k8s.api.core.v1.PodSpec": ("spec", "template", "spec"),
@@ -89,6 +90,13 @@ EXAMPLES: dict[str, tuple[dict[str, Any], str | None]] = {
     "pvc-claim-name": (_with("checkpoint.pvc", {"claimName": "My_PVC"}), None),
     "pvc-mount-path": (
         _with("checkpoint.pvc", {"claimName": "ck", "mountPath": "/dev/shm/"}),
+        None,
+    ),
+    "initializer-mount-path": (
+        _with(
+            "initializers",
+            {"volume": {"claimName": "d", "mountPath": "//"}, "dataset": {"uri": "s3://bucket/k"}},
+        ),
         None,
     ),
     "checkpoint-storage": (_with("checkpoint", {}), None),

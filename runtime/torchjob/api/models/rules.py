@@ -43,6 +43,9 @@ from torchjob.api.models.rule_parts import (
 from torchjob.api.models.runtime_ref import RuntimeRef
 from torchjob.api.models.transition import OPTIONAL, REQUIRED, Shape, immutable, literal
 
+UNMOUNTABLE = ("", "/dev/shm")
+"""Paths (without trailing slashes) no volume may be mounted at: / and the pods' shared memory."""
+
 IMMUTABLE_FIELDS: dict[str, Shape] = {
     "nprocPerNode": choices.NPROC_PER_NODE,
     "backend": choices.BACKEND,
@@ -134,12 +137,25 @@ RULES: tuple[Rule, ...] = (
         "pvc-mount-path",
         on="PvcSource",
         field="mountPath",
-        cel="self.startsWith('/') && self != '/dev/shm' && self != '/dev/shm/'",
+        cel="self.startsWith('/') && !self.matches('^/dev/shm/*$')",
         message=(
             "spec.checkpoint.pvc.mountPath must be an absolute path other than /dev/shm (the "
             "operator mounts shared memory there)"
         ),
         check=lambda p: p.mount_path.startswith("/") and p.mount_path.rstrip("/") != "/dev/shm",
+    ),
+    Rule(
+        "initializer-mount-path",
+        on="InitializerVolume",
+        field="mountPath",
+        cel="self.startsWith('/') && !self.matches('^(/dev/shm)?/*$')",
+        message=(
+            "spec.initializers.volume.mountPath must be an absolute path other than / and "
+            "/dev/shm (the operator mounts shared memory there)"
+        ),
+        check=lambda v: (
+            v.mount_path.startswith("/") and v.mount_path.rstrip("/") not in UNMOUNTABLE
+        ),
     ),
     Rule(
         "checkpoint-storage",
