@@ -16,7 +16,6 @@ from torchjob import contract
 from torchjob.api.models import choices
 from torchjob.api.models.limits import (
     DNS_SUBDOMAIN,
-    JOB_NAME,
     LABEL_VALUE,
     MAX_NPROC_PER_NODE,
     RESERVED_LABELS,
@@ -28,6 +27,8 @@ from torchjob.api.models.rule_parts import (
     IMAGE_OK,
     MOUNTS_KNOWN,
     NAME,
+    NAME_IS_LABEL,
+    NAME_MUST,
     NO_TEMPLATE,
     REF,
     SUFFIX_LEN,
@@ -64,11 +65,10 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "job-name",
         on="TorchJob",
-        cel=f"self.metadata.name.matches(r'{JOB_NAME}')",
+        cel=NAME_IS_LABEL,
         message=(
-            "metadata.name must be a DNS label: lowercase letters, digits and '-', starting and "
-            "ending with a letter or digit (it names the job's Service and is part of every "
-            "pod's hostname); e.g. resnet-v2 instead of resnet.v2"
+            f"{NAME_MUST} (it names the job's Service and is part of every pod's hostname); "
+            "e.g. resnet-v2 instead of resnet.v2"
         ),
         unchecked=NAME,
     ),
