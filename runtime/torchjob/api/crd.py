@@ -266,7 +266,7 @@ TUNE_PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
-TUNE_NAME_RULES: list[dict[str, Any]] = tune_rules.cel_of("TorchTune")
+TUNE_NAME_RULES: list[dict[str, Any]] = tune_rules.tune_cel("TorchTune")
 """Rules on the whole TorchTune: its name begins every trial TorchJob's."""
 
 

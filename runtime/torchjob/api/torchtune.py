@@ -28,7 +28,7 @@ from torchjob.api.models import (
     TorchJobSpec,
     _Model,
 )
-from torchjob.api.tune_rules import NUMERIC, cel_of, enforce
+from torchjob.api.tune_rules import NUMERIC, enforce_tune, tune_cel
 
 KIND = "TorchTune"
 PLURAL = "torchtunes"
@@ -57,7 +57,7 @@ class Parameter(_Model):
 
     model_config = ConfigDict(
         json_schema_extra={
-            CEL: cel_of("Parameter"),
+            CEL: tune_cel("Parameter"),
             # CEL cannot see ``values`` (its items are untyped JSON, which the API server
             # leaves out of CEL's view), so "categorical and grid need values" is an OpenAPI
             # value validation. The API server reports the failing branch that matched most,
@@ -87,7 +87,7 @@ class Parameter(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> Parameter:
-        enforce("Parameter", self)
+        enforce_tune("Parameter", self)
         numeric = self.type.value in NUMERIC
         if not numeric and not self.values:
             raise ValueError(_MSG_VALUES)
@@ -130,7 +130,7 @@ class PrunerType(str, Enum):
 
 
 class Pruner(_Model):
-    model_config = ConfigDict(json_schema_extra={CEL: cel_of("Pruner")})
+    model_config = ConfigDict(json_schema_extra={CEL: tune_cel("Pruner")})
 
     type: PrunerType = PrunerType.NONE
     startup_trials: int = Field(default=1, ge=0, description="median: trials completed first.")
@@ -143,7 +143,7 @@ class Pruner(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> Pruner:
-        enforce("Pruner", self)
+        enforce_tune("Pruner", self)
         return self
 
 
@@ -160,7 +160,7 @@ class TrialTemplate(_Model):
 
 
 class TorchTuneSpec(_Model):
-    model_config = ConfigDict(json_schema_extra={CEL: cel_of("TorchTuneSpec")})
+    model_config = ConfigDict(json_schema_extra={CEL: tune_cel("TorchTuneSpec")})
 
     search_space: list[Parameter] = Field(max_length=64, description="The hyperparameters.")
     objective: Objective
@@ -191,7 +191,7 @@ class TorchTuneSpec(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> TorchTuneSpec:
-        enforce("TorchTuneSpec", self)
+        enforce_tune("TorchTuneSpec", self)
         d = self.active_deadline_seconds
         if d is not None and d > MAX_DEADLINE_SECONDS:
             raise ValueError("spec.activeDeadlineSeconds must fit in int64 (at most 2^63-1)")

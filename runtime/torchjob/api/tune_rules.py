@@ -1,8 +1,8 @@
 """The rule table of the TorchTune API: each rule written once, its CEL for the CRD and its
 Python check for pydantic, as ``torchjob.api.models.rules`` is for a TorchJob.
 
-``cel_of`` gives a schema of ``torchjob.api.torchtune`` its ``x-kubernetes-validations`` (and
-``crd.build_tune_crd`` the object's); ``enforce`` is what its model validators call, so
+``tune_cel`` gives a schema of ``torchjob.api.torchtune`` its ``x-kubernetes-validations`` (and
+``crd.build_tune_crd`` the object's); ``enforce_tune`` is what its model validators call, so
 ``TorchTune.model_validate`` refuses what the API server would, with the same message. A trial
 template's spec is a TorchJob spec: the TorchJob's own table checks it.
 
@@ -137,11 +137,11 @@ TUNE_RULES: tuple[Rule, ...] = (
 checks them."""
 
 
-def cel_of(on: str, field: str = "") -> list[Any]:
+def tune_cel(on: str, field: str = "") -> list[Any]:
     """The ``x-kubernetes-validations`` of ``on`` (or of its property ``field``)."""
     return cel_on(TUNE_RULES, on, field)
 
 
-def enforce(subject: str, obj: object) -> None:
+def enforce_tune(subject: str, obj: object) -> None:
     """Raise the first rule on ``subject`` that ``obj`` breaks (``ValueError``, its message)."""
     enforce_rules(TUNE_RULES, subject, obj)
