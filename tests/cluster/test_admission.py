@@ -362,6 +362,31 @@ INVALID: list[Case] = [
         changes={"spec.checkpoint": {"pvc": {"claimName": "ck", "mountPath": "/dev/shm"}}},
     ),
     c(
+        "pvc mountPath /dev/shm with a trailing slash",
+        "other than /dev/shm",
+        changes={"spec.checkpoint": {"pvc": {"claimName": "ck", "mountPath": "/dev/shm//"}}},
+    ),
+    c(
+        "initializer volume mounted at /dev/shm",
+        "spec.initializers.volume.mountPath must be an absolute path other than / and /dev/shm",
+        changes={
+            "spec.initializers": {
+                "volume": {"claimName": "data", "mountPath": "/dev/shm/"},
+                "dataset": {"uri": "s3://bucket/train"},
+            }
+        },
+    ),
+    c(
+        "initializer volume mounted at a relative path",
+        "spec.initializers.volume.mountPath must be an absolute path",
+        changes={
+            "spec.initializers": {
+                "volume": {"claimName": "data", "mountPath": "data"},
+                "model": {"uri": "hf://org/model"},
+            }
+        },
+    ),
+    c(
         "pvc mountPath already used by the template",
         "spec.checkpoint.pvc.mountPath is already a mountPath in the template",
         changes={
@@ -844,6 +869,93 @@ def test_invalid_updates_are_rejected(custom: client.CustomObjectsApi, admission
             dry_run="All",
         )
     assert "metadata.name is too long" in _api_message(err.value)
+
+
+# (field, its default, a real change, what the job needs besides). A field written with its
+# default and a field left out are the same job (GitOps tools add and drop such lines).
+DEFAULTED: list[tuple[str, Any, Any, dict[str, Any]]] = [
+    ("spec.nprocPerNode", 1, 2, {}),
+    ("spec.backend", "auto", "gloo", {}),
+    ("spec.membershipPolicy", "RecreateGroup", "KeepSurvivors", {}),
+    (
+        "spec.checkpoint.pvc.mountPath",
+        "/checkpoints",
+        "/ck",
+        {"spec.checkpoint.pvc.claimName": "ck"},
+    ),
+    (
+        "spec.runtimeRef.kind",
+        "ClusterTorchRuntime",
+        "TorchRuntime",
+        {"spec.runtimeRef.name": "gpu"},
+    ),
+]
+
+
+def _patch(path: str, value: Any) -> dict[str, Any]:
+    """A merge patch that sets ``path`` to ``value`` (None: removes it)."""
+    patch: dict[str, Any] = {}
+    _set(patch, path, value)
+    return patch
+
+
+@pytest.mark.parametrize(
+    ("path", "default", "change", "needs"), DEFAULTED, ids=[d[0] for d in DEFAULTED]
+)
+def test_a_default_valued_immutable_field_may_be_added_or_removed_but_not_changed(
+    custom: client.CustomObjectsApi,
+    admission_ns: str,
+    path: str,
+    default: Any,
+    change: Any,
+    needs: dict[str, Any],
+) -> None:
+    field = ".".join(path.split(".")[:2])  # the immutable field: spec.checkpoint
+    stem = "dflt-" + path.rsplit(".", 1)[-1].lower()
+    written, left_out = base(f"{stem}-w", replicas=1), base(f"{stem}-o", replicas=1)
+    for body in (written, left_out):
+        for key, value in needs.items():
+            _set(body, key, value)
+    _set(written, path, default)
+    for body in (written, left_out):
+        _create(custom, admission_ns, body, dry_run=False)
+
+    def patch(name: str, value: Any) -> Any:
+        return custom.patch_namespaced_custom_object(
+            GROUP, VERSION, admission_ns, PLURAL, name, _patch(path, value), dry_run="All"
+        )
+
+    removed = patch(f"{stem}-w", None)  # re-applied without the line
+    *parents, last = path.split(".")
+    for key in parents:
+        removed = removed[key]
+    assert last not in removed, removed
+    patch(f"{stem}-o", default)  # the line added
+    for name in (f"{stem}-w", f"{stem}-o"):
+        with pytest.raises(ApiException) as err:
+            patch(name, change)
+        assert err.value.status == 422, err.value.body
+        assert f"{field} is immutable" in _api_message(err.value), _api_message(err.value)
+
+
+def test_with_a_runtime_ref_a_default_valued_field_stays_as_written(
+    custom: client.CustomObjectsApi, admission_ns: str
+) -> None:
+    """Left out, the field is the blueprint's, which the API server cannot see."""
+    body = base("dflt-blueprint", replicas=1)
+    body["spec"]["runtimeRef"] = {"name": "gpu"}
+    _create(custom, admission_ns, body, dry_run=False)
+    with pytest.raises(ApiException) as err:
+        custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            admission_ns,
+            PLURAL,
+            "dflt-blueprint",
+            {"spec": {"backend": "auto"}},
+            dry_run="All",
+        )
+    assert "spec.backend is immutable" in _api_message(err.value), _api_message(err.value)
 
 
 def test_typos_are_rejected_by_kubectl_apply_client_and_server_side(

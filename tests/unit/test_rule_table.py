@@ -12,13 +12,16 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from typing import Any
+from typing import Any, get_args
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 from tests.unit.test_api import build_crd
 
-from torchjob.api.models import CEL, RULES, TEMPLATE_RULES, Rule, TorchJobSpec
+from torchjob.api.models import CEL, RULES, TEMPLATE_RULES, Backend, Rule, TorchJobSpec
+from torchjob.api.models.rules import IMMUTABLE_FIELDS
+from torchjob.api.models.transition import OPTIONAL, REQUIRED, Shape, literal, same
 
 BY_NAME = {r.name: r for r in RULES}
 CONTAINER = ("template", "spec", "containers", "items")
@@ -32,6 +35,7 @@ PLACES: dict[str, tuple[str, ...]] = {
     "Backoff": ("spec", "failurePolicy", "backoff"),
     "CheckpointSpec": ("spec", "checkpoint"),
     "PvcSource": ("spec", "checkpoint", "pvc"),
+    "InitializerVolume": ("spec", "initializers", "volume"),
     "SchedulingSpec": ("spec", "scheduling"),
     "Placement": ("spec", "placement"),
     "io.k8s.api.core.v1.PodSpec": ("spec", "template", "spec"),
@@ -86,6 +90,13 @@ EXAMPLES: dict[str, tuple[dict[str, Any], str | None]] = {
     "pvc-claim-name": (_with("checkpoint.pvc", {"claimName": "My_PVC"}), None),
     "pvc-mount-path": (
         _with("checkpoint.pvc", {"claimName": "ck", "mountPath": "/dev/shm/"}),
+        None,
+    ),
+    "initializer-mount-path": (
+        _with(
+            "initializers",
+            {"volume": {"claimName": "d", "mountPath": "//"}, "dataset": {"uri": "s3://bucket/k"}},
+        ),
         None,
     ),
     "checkpoint-storage": (_with("checkpoint", {}), None),
@@ -215,3 +226,37 @@ def test_pydantic_refuses_each_example_with_the_rules_message(name: str) -> None
     with pytest.raises(ValidationError) as err:
         TorchJobSpec.model_validate(body)
     assert [e["msg"] for e in err.value.errors()] == [f"Value error, {named or rule.message}"]
+
+
+def _shape(info: FieldInfo) -> Shape:
+    """What "unchanged" means for a field, read from the model: its default, or the shapes of
+    an optional object's fields."""
+    model = next(
+        (t for t in (info.annotation, *get_args(info.annotation)) if isinstance(t, type)),
+        None,
+    )
+    if model is not None and issubclass(model, BaseModel):
+        assert info.default is None, "an object field with a default: say what unchanged means"
+        return {f.alias or n: _shape(f) for n, f in model.model_fields.items()}
+    if info.is_required():
+        return REQUIRED
+    return OPTIONAL if info.default is None else info.default
+
+
+def test_each_immutable_field_compares_the_defaults_the_model_applies() -> None:
+    fields = {f.alias: f for f in TorchJobSpec.model_fields.values()}
+    immutable = {r.name.removesuffix("-immutable") for r in RULES if r.name.endswith("-immutable")}
+    assert immutable == set(IMMUTABLE_FIELDS)
+    for name, shape in IMMUTABLE_FIELDS.items():
+        assert shape == _shape(fields[name]), name
+
+
+def test_the_effective_value_stands_in_for_a_field_left_out() -> None:
+    assert same("self.backend", "oldSelf.backend", "auto") == (
+        "(has(self.backend) ? self.backend : 'auto') == "
+        "(has(oldSelf.backend) ? oldSelf.backend : 'auto')"
+    )
+    assert literal(Backend.NCCL) == "'nccl'" and literal(1) == "1" and literal("a'b") == r"'a\'b'"
+    rule = BY_NAME["backend-immutable"]
+    assert rule.cel.startswith("has(self.runtimeRef) ? ")  # the blueprint may set it
+    assert rule.field_path == ".backend" and "spec.backend is immutable" in rule.message

@@ -3,6 +3,7 @@ committed CRD is the one generated from them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,9 @@ from tests.unit.builders import torchtune
 
 from torchjob.api import crd
 from torchjob.api.crd import build_tune_crd, render_tune_crd_yaml
+from torchjob.api.models import CEL, RULES, Rule
 from torchjob.api.torchtune import TorchTune, TorchTuneSpec
+from torchjob.api.tune_rules import TUNE_RULES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -114,3 +117,76 @@ def test_no_category_shadows_a_resource_name() -> None:
         categories = set(c["spec"]["names"]["categories"])
         assert categories == {"all", "torch"}
         assert not categories & names, categories & names
+
+
+# --- the rule table (torchjob.api.tune_rules): each rule once, in the CRD and in pydantic ---
+
+TUNE_PLACES: dict[str, tuple[str, ...]] = {
+    "TorchTune": (),
+    "TorchTuneSpec": ("spec",),
+    "Parameter": ("spec", "searchSpace", "items"),
+    "Pruner": ("spec", "pruner"),
+}
+GRID = [{"name": "x", "type": "grid", "values": [1, 2]}]
+TUNE_EXAMPLES: dict[str, dict[str, Any]] = {
+    # rule name -> a study spec that breaks it and no other rule
+    "parameter-bounds": {"searchSpace": [{"name": "x", "type": "int", "low": 3, "high": 3}]},
+    "parameter-log-low": {
+        "searchSpace": [{"name": "x", "type": "loguniform", "low": 0, "high": 1}]
+    },
+    "pruner-threshold": {"pruner": {"type": "threshold"}},
+    "search-space-not-empty": {"searchSpace": []},
+    "grid-needs-grid-sampler": {"searchSpace": GRID},
+    "grid-sampler-enumerates": {
+        "searchSpace": [*GRID, {"name": "y", "type": "uniform", "low": 0, "high": 1}],
+        "sampler": {"type": "grid"},
+    },
+    "parameter-names-unique": {"searchSpace": [GRID[0], GRID[0]], "sampler": {"type": "grid"}},
+}
+
+
+def _tune_root() -> dict[str, Any]:
+    root: dict[str, Any] = build_tune_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return root
+
+
+def _tune_validations(node: Any, path: tuple[str, ...] = ()) -> list[Any]:
+    """Every x-kubernetes-validations entry below ``node``, but the trial template's spec (a
+    TorchJob spec: the TorchJob's table)."""
+    if path[-3:] == ("trialTemplate", "properties", "spec"):
+        return []
+    if isinstance(node, list):
+        return [v for item in node for v in _tune_validations(item, path)]
+    if not isinstance(node, dict):
+        return []
+    found = list(node.get(CEL, []))
+    return found + [
+        v for k, item in node.items() if k != CEL for v in _tune_validations(item, (*path, k))
+    ]
+
+
+@pytest.mark.parametrize("rule", TUNE_RULES, ids=lambda r: r.name)
+def test_every_tune_rule_is_in_the_crd_where_the_table_says(rule: Rule) -> None:
+    node = _tune_root()
+    for key in TUNE_PLACES[rule.on]:
+        node = node[key] if key == "items" else node["properties"][key]
+    assert rule.entry() in node[CEL]
+
+
+def test_the_tune_crd_has_no_rule_the_table_lacks() -> None:
+    in_crd = {json.dumps(v, sort_keys=True) for v in _tune_validations(_tune_root())}
+    assert in_crd == {json.dumps(r.entry(), sort_keys=True) for r in TUNE_RULES}
+
+
+def test_the_study_and_the_job_name_rules_share_the_name_pattern() -> None:
+    study_name = next(r for r in TUNE_RULES if r.name == "study-name")
+    assert study_name.cel == next(r for r in RULES if r.name == "job-name").cel
+
+
+@pytest.mark.parametrize("name", sorted(TUNE_EXAMPLES))
+def test_pydantic_refuses_each_tune_example_with_the_rules_message(name: str) -> None:
+    assert set(TUNE_EXAMPLES) == {r.name for r in TUNE_RULES if r.check is not None}
+    rule = next(r for r in TUNE_RULES if r.name == name)
+    with pytest.raises(ValidationError) as err:
+        TorchTune.model_validate(study(**TUNE_EXAMPLES[name]))
+    assert [e["msg"] for e in err.value.errors()] == [f"Value error, {rule.message}"]

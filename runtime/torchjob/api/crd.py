@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from torchjob.api import kube_schema, models
+from torchjob.api import kube_schema, models, tune_rules
 from torchjob.api import torchtune as tune
 from torchjob.api.models import rules
 
@@ -266,22 +266,8 @@ TUNE_PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
-TUNE_NAME_RULES: list[dict[str, Any]] = [
-    {
-        "rule": f"self.metadata.name.matches(r'{models.JOB_NAME}')",
-        "message": (
-            "metadata.name must be a DNS label: lowercase letters, digits and '-', starting and "
-            "ending with a letter or digit (it begins the name of every trial TorchJob)"
-        ),
-    },
-    {
-        "rule": f"size(self.metadata.name) <= {tune.MAX_STUDY_NAME}",
-        "message": (
-            f"metadata.name is too long: at most {tune.MAX_STUDY_NAME} characters, so that the "
-            "trial TorchJobs (<name>-t<number>) and their pods' hostnames fit in 63"
-        ),
-    },
-]
+TUNE_NAME_RULES: list[dict[str, Any]] = tune_rules.tune_cel("TorchTune")
+"""Rules on the whole TorchTune: its name begins every trial TorchJob's."""
 
 
 def build_tune_crd() -> dict[str, Any]:

@@ -26,9 +26,9 @@ from torchjob.api.models import (
     Condition,
     ObjectMeta,
     TorchJobSpec,
-    _cel,
     _Model,
 )
+from torchjob.api.tune_rules import NUMERIC, enforce_tune, tune_cel
 
 KIND = "TorchTune"
 PLURAL = "torchtunes"
@@ -38,9 +38,6 @@ SHORT_NAMES = ["tt"]
 MAX_TRIALS = 2_000
 """status.trials is the study's storage: about 0.5 KB a trial of 10 progress steps (measured),
 so 2,000 trials stay under the API server's 1.5 MiB object limit."""
-MAX_STUDY_NAME = 40
-"""Trial TorchJobs are named ``<study>-t<number>``: 40 + 6 characters leave room for the
-workers' ``-worker-<index>`` suffixes within the 63 of a hostname."""
 
 
 class ParameterType(str, Enum):
@@ -51,10 +48,6 @@ class ParameterType(str, Enum):
     GRID = "grid"
 
 
-_MSG_BOUNDS = (
-    "spec.searchSpace[].low and high are required for uniform, loguniform and int, with low < high"
-)
-_MSG_LOG = "spec.searchSpace[].low must be > 0 for a loguniform parameter"
 _MSG_VALUES = "spec.searchSpace[].values must list at least one value for categorical and grid"
 _MSG_NO_VALUES = "spec.searchSpace[].values is only for categorical and grid parameters"
 
@@ -64,14 +57,7 @@ class Parameter(_Model):
 
     model_config = ConfigDict(
         json_schema_extra={
-            CEL: [
-                _cel(
-                    "!(self.type in ['uniform', 'loguniform', 'int']) || "
-                    "(has(self.low) && has(self.high) && self.low < self.high)",
-                    _MSG_BOUNDS,
-                ),
-                _cel("self.type != 'loguniform' || !has(self.low) || self.low > 0.0", _MSG_LOG),
-            ],
+            CEL: tune_cel("Parameter"),
             # CEL cannot see ``values`` (its items are untyped JSON, which the API server
             # leaves out of CEL's view), so "categorical and grid need values" is an OpenAPI
             # value validation. The API server reports the failing branch that matched most,
@@ -101,13 +87,8 @@ class Parameter(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> Parameter:
-        numeric = self.type in (ParameterType.UNIFORM, ParameterType.LOGUNIFORM, ParameterType.INT)
-        if numeric and not (
-            self.low is not None and self.high is not None and self.low < self.high
-        ):
-            raise ValueError(_MSG_BOUNDS)
-        if self.type is ParameterType.LOGUNIFORM and self.low is not None and self.low <= 0:
-            raise ValueError(_MSG_LOG)
+        enforce_tune("Parameter", self)
+        numeric = self.type.value in NUMERIC
         if not numeric and not self.values:
             raise ValueError(_MSG_VALUES)
         if numeric and self.values is not None:
@@ -149,16 +130,7 @@ class PrunerType(str, Enum):
 
 
 class Pruner(_Model):
-    model_config = ConfigDict(
-        json_schema_extra={
-            CEL: [
-                _cel(
-                    "self.type != 'threshold' || has(self.lower) || has(self.upper)",
-                    "spec.pruner: a threshold pruner needs lower or upper",
-                )
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={CEL: tune_cel("Pruner")})
 
     type: PrunerType = PrunerType.NONE
     startup_trials: int = Field(default=1, ge=0, description="median: trials completed first.")
@@ -171,8 +143,7 @@ class Pruner(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> Pruner:
-        if self.type is PrunerType.THRESHOLD and self.lower is None and self.upper is None:
-            raise ValueError("spec.pruner: a threshold pruner needs lower or upper")
+        enforce_tune("Pruner", self)
         return self
 
 
@@ -188,35 +159,8 @@ class TrialTemplate(_Model):
     spec: TorchJobSpec
 
 
-_MSG_EMPTY = "spec.searchSpace must list at least one parameter"
-_MSG_GRID_SAMPLER = (
-    "spec.sampler.type must be grid when spec.searchSpace has a grid parameter (tpe, random "
-    "and cmaes sample; they cannot enumerate a grid)"
-)
-_MSG_GRID_ONLY = (
-    "spec.searchSpace: the grid sampler enumerates only grid and categorical parameters; "
-    "give the others type grid with values, or choose another spec.sampler.type"
-)
-_MSG_UNIQUE = "spec.searchSpace[].name must be unique"
-
-_STUDY_RULES = [
-    _cel("size(self.searchSpace) > 0", _MSG_EMPTY),
-    _cel(
-        "!self.searchSpace.exists(p, p.type == 'grid') || "
-        "(has(self.sampler) && self.sampler.type == 'grid')",
-        _MSG_GRID_SAMPLER,
-    ),
-    _cel(
-        "!has(self.sampler) || self.sampler.type != 'grid' || "
-        "self.searchSpace.all(p, p.type in ['grid', 'categorical'])",
-        _MSG_GRID_ONLY,
-    ),
-    _cel("self.searchSpace.all(p, self.searchSpace.exists_one(q, q.name == p.name))", _MSG_UNIQUE),
-]
-
-
 class TorchTuneSpec(_Model):
-    model_config = ConfigDict(json_schema_extra={CEL: _STUDY_RULES})
+    model_config = ConfigDict(json_schema_extra={CEL: tune_cel("TorchTuneSpec")})
 
     search_space: list[Parameter] = Field(max_length=64, description="The hyperparameters.")
     objective: Objective
@@ -247,17 +191,7 @@ class TorchTuneSpec(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> TorchTuneSpec:
-        names = [p.name for p in self.search_space]
-        if not names:
-            raise ValueError(_MSG_EMPTY)
-        if len(set(names)) != len(names):
-            raise ValueError(_MSG_UNIQUE)
-        kinds = {p.type for p in self.search_space}
-        grid = self.sampler.type is SamplerType.GRID
-        if ParameterType.GRID in kinds and not grid:
-            raise ValueError(_MSG_GRID_SAMPLER)
-        if grid and not kinds <= {ParameterType.GRID, ParameterType.CATEGORICAL}:
-            raise ValueError(_MSG_GRID_ONLY)
+        enforce_tune("TorchTuneSpec", self)
         d = self.active_deadline_seconds
         if d is not None and d > MAX_DEADLINE_SECONDS:
             raise ValueError("spec.activeDeadlineSeconds must fit in int64 (at most 2^63-1)")

@@ -12,7 +12,9 @@ The package, by concern:
   the CRD's ``x-kubernetes-validations``, its message, its Python check), so
   ``torchjob run -f job.yaml`` rejects what the cluster would, with the same words;
 * ``pod_types``: what the CRD adds to Kubernetes' pod template types (bounds and their rules);
-* ``template``, ``spec``, ``status``, ``job``: the models.
+* ``transition``: the immutability rules, which compare a field's effective value (its
+  default where it is left out, from ``choices``) in the old and the new object;
+* ``template``, ``choices``, ``policies``, ``spec``, ``status``, ``job``: the models.
 
 Import the names from here (``from torchjob.api.models import TorchJobSpec``).
 """
@@ -21,6 +23,7 @@ from torchjob.api.models.base import CEL
 from torchjob.api.models.base import _cel as _cel
 from torchjob.api.models.base import _Model as _Model
 from torchjob.api.models.base import _Passthrough as _Passthrough
+from torchjob.api.models.choices import Backend, MembershipPolicy
 from torchjob.api.models.history import CAUSES, HISTORY_LIMIT, GenerationRecord
 from torchjob.api.models.initializers import (
     INITIALIZER_KINDS,
@@ -61,22 +64,22 @@ from torchjob.api.models.limits import (
 )
 from torchjob.api.models.placement import PLACEMENT_RULES, Placement
 from torchjob.api.models.pod_types import TEMPLATE_RULES
-from torchjob.api.models.rule import Rule
-from torchjob.api.models.rules import RULES
-from torchjob.api.models.runtime_ref import RuntimeKind, RuntimeRef
-from torchjob.api.models.spec import (
-    Backend,
+from torchjob.api.models.policies import (
     Backoff,
-    CheckpointSpec,
     CleanPodPolicy,
     ElasticPolicy,
     ExitCode,
     FailurePolicy,
+    RunPolicy,
+)
+from torchjob.api.models.rule import Rule
+from torchjob.api.models.rules import RULES
+from torchjob.api.models.runtime_ref import RuntimeKind, RuntimeRef
+from torchjob.api.models.spec import (
+    CheckpointSpec,
     GangScheduler,
     GangSpec,
-    MembershipPolicy,
     PvcSource,
-    RunPolicy,
     SchedulingSpec,
     TorchJobSpec,
 )

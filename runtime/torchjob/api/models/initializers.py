@@ -6,7 +6,8 @@ does not create one, since the storage class and the access mode are the platfor
 (``ReadWriteMany``, or ``ReadWriteOnce`` with the initialiser and every worker on one node).
 An ``emptyDir`` would not do: it is not shared between pods.
 
-The checks here are pydantic's (the CRD carries the same ``pattern``); an error names the
+The names and URIs are checked by a ``pattern`` the CRD carries too, the mount path by a rule
+of the rule table (``rules``: CEL in the CRD and the same check here); an error names the
 field (``spec.initializers.dataset.uri: ...``).
 """
 
@@ -17,8 +18,9 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from torchjob.api.models.base import _Model
+from torchjob.api.models.base import CEL, _Model
 from torchjob.api.models.limits import DNS_SUBDOMAIN, MAX_PATH
+from torchjob.api.models.rules import cel_of, enforce
 
 INITIALIZER_KINDS = ("dataset", "model")
 """The initialisers a job may have, in the order they are created and reported."""
@@ -101,6 +103,7 @@ class InitializerVolume(_Model):
         max_length=MAX_PATH,
         description="Where it is mounted; the dataset goes to <mountPath>/dataset, the model to "
         "<mountPath>/model.",
+        json_schema_extra={CEL: cel_of("InitializerVolume", "mountPath")},
     )
 
     @field_validator("claim_name")
@@ -108,12 +111,10 @@ class InitializerVolume(_Model):
     def _claim(cls, name: str) -> str:
         return str(_dns_name(name, "a PersistentVolumeClaim name"))
 
-    @field_validator("mount_path")
-    @classmethod
-    def _absolute(cls, path: str) -> str:
-        if not path.startswith("/") or path.rstrip("/") in ("", "/dev/shm"):
-            raise ValueError(f"{path!r} must be an absolute path other than / and /dev/shm")
-        return path
+    @model_validator(mode="after")
+    def _rules(self) -> InitializerVolume:
+        enforce("InitializerVolume", self)
+        return self
 
 
 class InitializersSpec(_Model):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchjob import contract
+from torchjob.api.models.limits import JOB_NAME
 
 # --- why a rule has no Python check ------------------------------------------------------
 
@@ -13,6 +14,13 @@ TRANSITION = "a transition rule: it compares with the stored object (oldSelf)"
 NAME = "metadata.name: it names the job's Service and pod hostnames, which only a cluster has"
 
 # --- CEL building blocks -------------------------------------------------------------
+
+NAME_IS_LABEL = f"self.metadata.name.matches(r'{JOB_NAME}')"
+"""The name of a TorchJob or a TorchTune: a DNS label (it begins its pods' hostnames)."""
+NAME_MUST = (
+    "metadata.name must be a DNS label: lowercase letters, digits and '-', starting and ending "
+    "with a letter or digit"
+)
 
 WORKERS = "(has(self.spec.elastic) ? self.spec.elastic.maxReplicas : self.spec.replicas)"
 SUFFIX_LEN = f"({len(contract.WORKER_SUFFIX)} + size(string({WORKERS} - 1)))"

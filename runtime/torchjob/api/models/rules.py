@@ -13,9 +13,9 @@ import re
 from typing import Any
 
 from torchjob import contract
+from torchjob.api.models import choices
 from torchjob.api.models.limits import (
     DNS_SUBDOMAIN,
-    JOB_NAME,
     LABEL_VALUE,
     MAX_NPROC_PER_NODE,
     RESERVED_LABELS,
@@ -25,14 +25,14 @@ from torchjob.api.models.pod_types import POD_TYPE_RULES
 from torchjob.api.models.rule import Rule, cel_on, enforce_rules
 from torchjob.api.models.rule_parts import (
     IMAGE_OK,
-    IMMUTABLE,
     MOUNTS_KNOWN,
     NAME,
+    NAME_IS_LABEL,
+    NAME_MUST,
     NO_TEMPLATE,
     REF,
     SUFFIX_LEN,
     TEMPLATE_LABELS,
-    TRANSITION,
     agrees,
     both,
     extra,
@@ -41,17 +41,34 @@ from torchjob.api.models.rule_parts import (
     mount_clash,
     mounts_known,
 )
+from torchjob.api.models.runtime_ref import RuntimeRef
+from torchjob.api.models.transition import OPTIONAL, REQUIRED, Shape, immutable, literal
+
+UNMOUNTABLE = ("", "/dev/shm")
+"""Paths (without trailing slashes) no volume may be mounted at: / and the pods' shared memory."""
+
+IMMUTABLE_FIELDS: dict[str, Shape] = {
+    "nprocPerNode": choices.NPROC_PER_NODE,
+    "backend": choices.BACKEND,
+    "membershipPolicy": choices.MEMBERSHIP_POLICY,
+    "checkpoint": {
+        "path": OPTIONAL,
+        "pvc": {"claimName": REQUIRED, "mountPath": choices.CHECKPOINT_MOUNT_PATH},
+    },
+    "runtimeRef": {"name": REQUIRED, "kind": RuntimeRef.model_fields["kind"].default},
+}
+"""The spec's immutable fields and what "unchanged" means for each (``transition``): the
+effective values are compared, a default standing in where a field is left out."""
 
 RULES: tuple[Rule, ...] = (
     # --- the whole object ---
     Rule(
         "job-name",
         on="TorchJob",
-        cel=f"self.metadata.name.matches(r'{JOB_NAME}')",
+        cel=NAME_IS_LABEL,
         message=(
-            "metadata.name must be a DNS label: lowercase letters, digits and '-', starting and "
-            "ending with a letter or digit (it names the job's Service and is part of every "
-            "pod's hostname); e.g. resnet-v2 instead of resnet.v2"
+            f"{NAME_MUST} (it names the job's Service and is part of every pod's hostname); "
+            "e.g. resnet-v2 instead of resnet.v2"
         ),
         unchecked=NAME,
     ),
@@ -120,12 +137,25 @@ RULES: tuple[Rule, ...] = (
         "pvc-mount-path",
         on="PvcSource",
         field="mountPath",
-        cel="self.startsWith('/') && self != '/dev/shm' && self != '/dev/shm/'",
+        cel="self.startsWith('/') && !self.matches('^/dev/shm/*$')",
         message=(
             "spec.checkpoint.pvc.mountPath must be an absolute path other than /dev/shm (the "
             "operator mounts shared memory there)"
         ),
         check=lambda p: p.mount_path.startswith("/") and p.mount_path.rstrip("/") != "/dev/shm",
+    ),
+    Rule(
+        "initializer-mount-path",
+        on="InitializerVolume",
+        field="mountPath",
+        cel="self.startsWith('/') && !self.matches('^(/dev/shm)?/*$')",
+        message=(
+            "spec.initializers.volume.mountPath must be an absolute path other than / and "
+            "/dev/shm (the operator mounts shared memory there)"
+        ),
+        check=lambda v: (
+            v.mount_path.startswith("/") and v.mount_path.rstrip("/") not in UNMOUNTABLE
+        ),
     ),
     Rule(
         "checkpoint-storage",
@@ -179,29 +209,8 @@ RULES: tuple[Rule, ...] = (
         unchecked="the field's type is the Python check (an int in bounds, 'gpu' or 'auto')",
     ),
     *(
-        Rule(
-            f"{field}-immutable",
-            on="TorchJobSpec",
-            field=field,
-            cel="self == oldSelf",
-            message=f"spec.{field} {IMMUTABLE}",
-            unchecked=TRANSITION,
-        )
-        for field in ("nprocPerNode", "backend", "membershipPolicy", "checkpoint")
-    ),
-    *(
-        # The CRD sets no defaults (a blueprint may fill the field), so adding or removing
-        # one of these fields would change it too.
-        Rule(
-            f"{field}-presence-immutable",
-            on="TorchJobSpec",
-            cel=f"has(self.{field}) == has(oldSelf.{field})",
-            message=(
-                f"spec.{field} {IMMUTABLE} (it cannot be added to or removed from an existing job)"
-            ),
-            unchecked=TRANSITION,
-        )
-        for field in ("nprocPerNode", "backend", "membershipPolicy")
+        immutable(field, shape, from_blueprint=field != "runtimeRef")
+        for field, shape in IMMUTABLE_FIELDS.items()
     ),
     # --- across the spec ---
     Rule(
@@ -228,23 +237,6 @@ RULES: tuple[Rule, ...] = (
         ),
         message="container image is required (e.g. image: ghcr.io/org/train:1.0)",
         check=lambda s: s.runtime_ref is not None or images(s),
-    ),
-    Rule(
-        "runtimeRef-immutable",
-        on="TorchJobSpec",
-        field="runtimeRef",
-        cel="self == oldSelf",
-        message=f"spec.runtimeRef {IMMUTABLE}",
-        unchecked=TRANSITION,
-    ),
-    Rule(
-        "runtimeRef-presence-immutable",
-        on="TorchJobSpec",
-        cel="has(self.runtimeRef) == has(oldSelf.runtimeRef)",
-        message=(
-            f"spec.runtimeRef {IMMUTABLE} (it cannot be added to or removed from an existing job)"
-        ),
-        unchecked=TRANSITION,
     ),
     Rule(
         "replicas-in-bounds",
@@ -277,15 +269,6 @@ RULES: tuple[Rule, ...] = (
             or not s.elastic.standby_replicas
             or s.membership_policy == contract.KEEP_SURVIVORS
         ),
-    ),
-    Rule(
-        "checkpoint-presence-immutable",
-        on="TorchJobSpec",
-        cel="has(self.checkpoint) == has(oldSelf.checkpoint)",
-        message=(
-            f"spec.checkpoint {IMMUTABLE} (it cannot be added to or removed from an existing job)"
-        ),
-        unchecked=TRANSITION,
     ),
     Rule(
         "scheduler-name-agrees",
@@ -369,7 +352,7 @@ RULES: tuple[Rule, ...] = (
             f"{NO_TEMPLATE}!has(self.checkpoint) || !has(self.checkpoint.pvc) || "
             "self.template.spec.containers.all(c, !has(c.volumeMounts) || "
             "c.volumeMounts.all(m, m.mountPath != (has(self.checkpoint.pvc.mountPath) ? "
-            "self.checkpoint.pvc.mountPath : '/checkpoints')))"
+            f"self.checkpoint.pvc.mountPath : {literal(choices.CHECKPOINT_MOUNT_PATH)})))"
         ),
         message=(
             "spec.checkpoint.pvc.mountPath is already a mountPath in the template; pick another "
