@@ -149,3 +149,16 @@ def test_a_silent_peers_loss_is_dated_from_when_it_went_silent() -> None:
     assert (record["generation"], record["cause"]) == (1, "SilentPeer"), record
     assert record["left"] == ["tj-worker-2@node-a"]
     assert record["lossTime"] == "2026-01-01T00:00:24.000Z", "30 s, less the 6 s of silence"
+
+
+def test_recreate_group_records_every_pod_as_replaced() -> None:
+    """RecreateGroup deletes the healthy pods too: the record says all left and all joined,
+    the one whose collective had not broken yet included."""
+    _, view, pods = step(job().replicas(2).max_restarts(3).build(), [], 0)
+    up = [on_node(p, f"node-{p.index}") for p in pods]
+    _, view, pods = step(view, up, 5)
+    decided, _, _ = step(view, [up[0], replace(failed(up[1], 1, at_s=20), node="node-1")], 21)
+    record = decided.status["history"][-1]
+    assert (record["generation"], record["cause"]) == (1, "Failure"), record
+    assert record["left"] == ["tj-worker-0@node-0", "tj-worker-1@node-1"], record
+    assert record["joined"] == ["tj-worker-0", "tj-worker-1"], record

@@ -64,3 +64,48 @@ def test_a_generations_first_report_goes_at_once_with_its_facts() -> None:
     reporter.close(timeout_s=10)
     fresh, _ = GenerationFacts(0).add({"step": 1}, reports=1, restored=None)
     assert (fresh["restoredFrom"], fresh["restoredStep"]) == ("start", 0)
+
+
+class Flaky(Recorder):
+    """An API server that fails the first ``failures`` writes, in the ways a busy or
+    restarting one does (some of them are not OSErrors)."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+        self.tried = 0
+
+    def call(self, method: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        import http.client
+        import urllib.error
+
+        self.tried += 1
+        if self.tried <= self.failures:
+            raise (
+                http.client.IncompleteRead(b"")
+                if self.tried % 2
+                else urllib.error.URLError("connection refused")
+            )
+        return super().call(method, body)
+
+
+def test_a_failed_write_is_tried_again_and_never_ends_the_reporter() -> None:
+    from tests.kube import wait_for
+
+    sink = Flaky(failures=3)
+    reporter = JobStatusReporter(sink, min_interval_s=0.1)  # type: ignore[arg-type]
+    reporter.report({"step": 1})
+    wait_for(lambda: sink.bodies == [{"step": 1}], 30, "the report, after 3 failed writes")
+    assert reporter.failures == 3 and reporter.sent == 1
+    reporter.report({"step": 2})  # the thread is alive: a later report goes too
+    reporter.close(timeout_s=10)
+    assert sink.bodies == [{"step": 1}, {"step": 2}]
+
+
+def test_close_keeps_trying_the_last_report_until_its_deadline() -> None:
+    sink = Flaky(failures=4)
+    reporter = JobStatusReporter(sink, min_interval_s=600.0)  # type: ignore[arg-type]
+    reporter.report({"step": 9, "lastCheckpoint": "/r/checkpoint_000009"})
+    reporter.close(timeout_s=30)
+    assert [b["step"] for b in sink.bodies] == [9], "the last report landed after the failures"
+    assert sink.tried == 5

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 
 from torchjob import contract
-from torchjob.api.models import HISTORY_LIMIT, GenerationRecord, Progress
+from torchjob.api.models import HISTORY_LIMIT, GenerationRecord, MembershipPolicy, Progress
 from torchjob.rules.loss import Disruption
 from torchjob_operator.common.clock import parse_time_or_none
 from torchjob_operator.common.events import Event
@@ -101,14 +101,18 @@ def started(d: Decision, pods: Sequence[PodView]) -> GenerationRecord | None:
     new = _members(d.replicas, d.members)
     nodes = {p.name: p.node for p in pods if p.generation < d.generation}
     # A member lost and replaced under the same name (KeepSurvivors at full size): its old
-    # pod left and a new one joins.
-    replaced = {
-        p.index
-        for p in pods
-        if p.generation < d.generation
-        and p.index in new
-        and (p.phase == PodPhase.FAILED or p.deleting or p.killed)
-    }
+    # pod left and a new one joins. RecreateGroup replaces every pod at a new generation,
+    # the healthy ones too (one that has not failed yet included).
+    if d.job.spec.membership_policy != MembershipPolicy.KEEP_SURVIVORS:
+        replaced = set(old) & set(new)
+    else:
+        replaced = {
+            p.index
+            for p in pods
+            if p.generation < d.generation
+            and p.index in new
+            and (p.phase == PodPhase.FAILED or p.deleting or p.killed)
+        }
     job = d.job.name
     if first:
         cause, detail = "Start", "the job's first generation"

@@ -8,12 +8,14 @@ the latest metrics and checkpoint, with no extra service to run.
 
 Writes happen on a background thread, at most once every ``min_interval_s``
 (the last report is always flushed), so a fast training loop never waits on the
-API server. Failures are logged once and never interrupt training. Only the
+API server. A failed write is tried again (a newer report replaces it) and logged;
+it never interrupts training. Only the
 standard library is used: the training image needs no Kubernetes client.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -33,6 +35,11 @@ from torchjob.contract import SERVICEACCOUNT_DIR, PodEnv
 from torchjob.launch.protocol import RestoredFromMemory, RestoredFromMirror
 
 log = logging.getLogger(__name__)
+
+RETRY_FIRST_S = 0.5
+"""The wait before a failed write is tried again; it doubles up to the reporter's interval."""
+WARN_EVERY = 20
+"""After the first, one failure in this many is logged (an API server down for minutes)."""
 
 DEFAULT_SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
@@ -203,9 +210,10 @@ class JobStatusReporter:
         self._wake = threading.Event()
         self._closing = False
         self._closed = threading.Event()
-        self._warned = False
         self._urgent = False
+        self._deadline = float("inf")
         self.sent = 0
+        self.failures = 0
         self._thread = threading.Thread(target=self._run, name="torchjob-status", daemon=True)
         self._thread.start()
 
@@ -241,7 +249,8 @@ class JobStatusReporter:
     def close(self, timeout_s: float = 30.0) -> None:
         """Flush the last report and stop. It carries the run's last checkpoint, which a
         study's best trial points at: the pod waits up to ``timeout_s`` for a slow API server
-        (5 s lost it under CI load)."""
+        (5 s lost it under CI load), retrying a failed write until then."""
+        self._deadline = time.monotonic() + timeout_s
         self._closing = True
         self._closed.set()  # a pause between reports ends now: the last one goes at once
         self._wake.set()
@@ -249,6 +258,7 @@ class JobStatusReporter:
 
     def _run(self) -> None:
         last_sent = 0.0
+        retry = RETRY_FIRST_S
         while True:
             self._wake.wait()
             self._wake.clear()
@@ -261,21 +271,44 @@ class JobStatusReporter:
             with self._lock:
                 body, self._latest = self._latest, None
             if body is not None:
-                self._send(body)
-                last_sent = time.monotonic()
-            if self._closing:
+                if self._send(body):
+                    last_sent, retry = time.monotonic(), RETRY_FIRST_S
+                else:
+                    self._again(body)
+                    if not self._closing:
+                        # The API server is busy or restarting: the body waits its turn again
+                        # (a newer report replaces it), never dropped.
+                        self._closed.wait(retry)
+                        retry = min(retry * 2, max(self.min_interval_s, RETRY_FIRST_S))
+                    elif time.monotonic() < self._deadline:
+                        time.sleep(RETRY_FIRST_S)  # close() waits: keep trying until it stops
+                        continue
+            if self._closing and (self._latest is None or time.monotonic() >= self._deadline):
                 return
 
-    def _send(self, progress: dict[str, Any]) -> None:
+    def _again(self, body: dict[str, Any]) -> None:
+        """``body`` failed to land: queue it again unless a newer report came meanwhile."""
+        with self._lock:
+            if self._latest is None:
+                self._latest = body
+        self._wake.set()
+
+    def _send(self, progress: dict[str, Any]) -> bool:
+        """One write; False when it failed (logged: the first failure, then one every
+        :data:`WARN_EVERY` failures, each with the API server's answer)."""
         try:
             self.endpoint.call("PATCH", {"status": {"progress": progress}})
-            self.sent += 1
-        except (OSError, ValueError) as exc:
-            if not self._warned:
-                self._warned = True
-                detail = (
-                    exc.read().decode(errors="replace")[:300]
-                    if isinstance(exc, urllib.error.HTTPError)
-                    else ""
-                )
-                log.warning("torchjob: cannot report progress to %s: %s %s", self.url, exc, detail)
+        except Exception as exc:  # the writer thread must outlive any failure
+            self.failures += 1
+            if self.failures == 1 or self.failures % WARN_EVERY == 0:
+                detail = ""
+                if isinstance(exc, urllib.error.HTTPError):
+                    with contextlib.suppress(Exception):
+                        detail = exc.read().decode(errors="replace")[:300]
+                log.warning(
+                    "torchjob: cannot report progress to %s (failure %d, retried): %s: %s %s",
+                    self.url, self.failures, type(exc).__name__, exc, detail,
+                )  # fmt: skip
+            return False
+        self.sent += 1
+        return True
