@@ -56,11 +56,3 @@ async def torchtune_event(
     event: kopf.RawEvent, name: str, namespace: str | None, memo: kopf.Memo, **_: Any
 ) -> None:
     _operator(memo).torchtune_event(event, namespace or "", name)
-
-
-@kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads")
-async def workload_event(
-    event: kopf.RawEvent, namespace: str | None, memo: kopf.Memo, **_: Any
-) -> None:
-    """kopf watches Workloads only where Kueue's CRDs exist."""
-    _operator(memo).workload_event(event, namespace or "")

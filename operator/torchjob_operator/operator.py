@@ -31,7 +31,7 @@ from torchjob_operator.engine.client import KubeClient
 from torchjob_operator.engine.kube import Kube
 from torchjob_operator.engine.leader import LeaderElector
 from torchjob_operator.engine.memory import TrimLater
-from torchjob_operator.engine.podwatch import PodWatch
+from torchjob_operator.engine.podwatch import PodWatch, WorkloadWatch
 from torchjob_operator.engine.pool import WritePool
 from torchjob_operator.engine.queue import Key, Result, WorkQueue
 from torchjob_operator.engine.settings import ElectionConfig, OperatorSettings
@@ -127,6 +127,7 @@ class Operator:
             StudyController(self.kube, settings), resync_s=settings.resync_period_s, leading=leading
         )
         self.pod_watch: PodWatch | None = None
+        self.workload_watch: WorkloadWatch | None = None
         self.elector: LeaderElector | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # The operator's own bookkeeping, on /metrics: it must drain when the jobs do.
@@ -170,6 +171,16 @@ class Operator:
             client_timeout_s=self.settings.watch_client_timeout_s,
         )
         self.pod_watch.start()
+        # Kueue's Workloads, where Kueue is installed (or once it is): its own reflector, as
+        # kopf's watch of a resource whose CRD goes away ends the whole operator.
+        self.workload_watch = WorkloadWatch(
+            client.ApiClient(),
+            on_job,
+            namespaces=self.settings.namespaces,
+            server_timeout_s=int(self.settings.watch_server_timeout_s),
+            client_timeout_s=self.settings.watch_client_timeout_s,
+        )
+        self.workload_watch.start()
         self._keep(loop.create_task(self._sweep_forever(), name="torchjob-sweep"))
 
     def _keep(self, task: asyncio.Task[None]) -> None:
@@ -206,8 +217,9 @@ class Operator:
             self.jobs.stop_leading()
             self.studies.stop_leading()
             await asyncio.get_running_loop().run_in_executor(None, self.elector.release)
-        if self.pod_watch is not None:
-            await asyncio.to_thread(self.pod_watch.stop)
+        for watch in (self.pod_watch, self.workload_watch):
+            if watch is not None:
+                await asyncio.to_thread(watch.stop)
         await asyncio.to_thread(self.pool.release)
         for task in list(self._tasks):
             task.cancel()
@@ -276,13 +288,6 @@ class Operator:
             self.studies.forget(key)  # its trial TorchJobs go with it (ownerReferences)
             return
         self.studies.poke(key)
-
-    def workload_event(self, event: Mapping[str, Any], namespace: str) -> None:
-        """A TorchJob's Workload changed (admitted, evicted, ...): its job plans again."""
-        body: Any = event.get("object") or {}
-        for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
-            if ref.get("controller") and ref.get("kind") == "TorchJob":
-                self.jobs.poke((namespace, str(ref.get("name"))))
 
 
 def status_only(event: Mapping[str, Any]) -> bool:

@@ -217,3 +217,20 @@ def test_a_higher_priority_job_preempts_one_that_resumes_later_without_a_charged
             except client.ApiException as e:
                 if e.status != 404:
                     raise
+
+
+def test_the_operator_outlives_kueue_being_uninstalled(kueue: KueueProcess, jobs: Jobs) -> None:
+    """Last in the module: Kueue's CRDs go while the operator watches its Workloads. The
+    operator goes on, saying it looks for them again (kopf's watch of a removed CRD ended
+    the whole operator with the 404), and still runs jobs."""
+    op = jobs.operator
+    kueue.stop()
+
+    def said() -> bool:
+        assert op.proc is not None and op.proc.poll() is None, f"the operator ended:\n{op.logs()}"
+        return "Kueue Workloads are not served" in op.log_path.read_text(errors="replace")
+
+    k.wait_for(said, 120, lambda: f"the operator's word on Kueue's absence\n{op.logs()}")
+    jobs.apply(torchjob("after-kueue", replicas=1))
+    jobs.wait_running_pods("after-kueue", 1, generation=0)
+    assert op.proc is not None and op.proc.poll() is None, op.logs()

@@ -4,6 +4,7 @@ bench/operator_vs_kubeflow.py, never asserted here)."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from tests import kube as k
@@ -35,10 +36,7 @@ def _what_is_left(jobs: Jobs) -> str:
     pods = jobs.core.list_pod_for_all_namespaces(label_selector=contract.LABEL_JOB_NAME).items
     return (
         f"{_bookkeeping(jobs)}; TorchJobs: "
-        + (
-            ", ".join(f"{j['metadata']['namespace']}/{j['metadata']['name']}" for j in left[:20])
-            or "none"
-        )
+        + (", ".join(_job_line(jobs, j) for j in left[:20]) or "none")
         + "; pods: "
         + (
             ", ".join(
@@ -48,6 +46,20 @@ def _what_is_left(jobs: Jobs) -> str:
             )
             or "none"
         )
+    )
+
+
+def _job_line(jobs: Jobs, job: dict[str, Any]) -> str:
+    """Enough to tell a job left behind from one made again: its uid, when it was made,
+    whether its deletion (or its namespace's) began, and its generation and phase."""
+    meta, status = job["metadata"], job.get("status") or {}
+    ns = jobs.core.read_namespace(meta["namespace"])
+    return (
+        f"{meta['namespace']}/{meta['name']} (uid {meta['uid'][:8]}, created "
+        f"{meta['creationTimestamp']}, deleting: {bool(meta.get('deletionTimestamp'))}, "
+        f"finalizers {meta.get('finalizers')}, generation {status.get('currentGeneration')}, "
+        f"{status.get('phase')}; namespace {ns.status.phase}, deletion "
+        f"{ns.metadata.deletion_timestamp})"
     )
 
 

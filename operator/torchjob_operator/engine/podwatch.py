@@ -8,36 +8,28 @@ each event as raw JSON (orjson, no model objects: five times faster than ``json`
 a pod event, and every pod brings several), keeps the pod in the operator's
 ``cache.Store`` and reports the job it belongs to.
 
-One thread per watched namespace (one for the whole cluster by default) runs
-client-go's reflector loop: LIST (which replaces the cache's pods of that scope),
-then WATCH from the list's resourceVersion (bookmarks keep it fresh), LIST again on
-410 Gone, back off on errors. Every pod event calls ``on_job(namespace, job)``; the
-reconciler coalesces them.
+The loop is ``engine.reflector``'s (one thread per watched namespace, LIST then WATCH,
+LIST again on 410 Gone); a LIST replaces the cache's pods of that scope. Every pod event
+calls ``on_job(namespace, job)``; the reconciler coalesces them. ``WorkloadWatch`` does the
+same for Kueue's Workloads, which may not be installed at all.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import orjson
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from torchjob import contract
 from torchjob_operator.engine import metrics
 from torchjob_operator.engine.cache import ALL_NAMESPACES, Store
 from torchjob_operator.engine.objects import trim_pod
-
-log = logging.getLogger("torchjob_operator.engine.podwatch")
+from torchjob_operator.engine.reflector import Reflector
 
 OnJob = Callable[[str, str], None]
 
-LIST_PAGE = 500
-"""Pods per page of the LIST that (re)fills the cache."""
+KUEUE_WORKLOADS = ("kueue.x-k8s.io", "v1beta2", "workloads")
 
 
 def job_of(event: dict[str, Any]) -> tuple[str, str] | None:
@@ -49,152 +41,79 @@ def job_of(event: dict[str, Any]) -> tuple[str, str] | None:
     return str(meta.get("namespace") or ""), str(job)
 
 
-def _lines(response: Any) -> Iterator[bytes]:
-    buf = b""
-    for chunk in response.stream(65536, decode_content=True):
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        yield from lines
-    if buf:
-        yield buf
+def owner_job(obj: dict[str, Any]) -> tuple[str, str] | None:
+    """(namespace, TorchJob) that controls ``obj`` (a Workload), if one does."""
+    meta = obj.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or ():
+        if ref.get("controller") and ref.get("kind") == "TorchJob":
+            return str(meta.get("namespace") or ""), str(ref.get("name"))
+    return None
 
 
-class PodWatch:
+class PodWatch(Reflector):
     """Watches the operator's pods in ``namespaces`` (empty: cluster-wide) on threads."""
 
-    def __init__(
-        self,
-        api: client.ApiClient,
-        on_job: OnJob,
-        store: Store,
-        *,
-        namespaces: tuple[str, ...] = (),
-        server_timeout_s: int = 300,
-        client_timeout_s: float = 330.0,
-    ) -> None:
+    what = "pods"
+
+    def __init__(self, api: client.ApiClient, on_job: OnJob, store: Store, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.core = client.CoreV1Api(api)
         self.on_job = on_job
         self.store = store
-        self.namespaces = namespaces
-        self.server_timeout_s = server_timeout_s
-        self.client_timeout_s = client_timeout_s
-        self._stop = threading.Event()
-        self._responses: dict[str | None, Any] = {}
-        self._threads: list[threading.Thread] = []
 
-    def start(self) -> None:
-        for ns in self.namespaces or (None,):
-            t = threading.Thread(
-                target=self._run, args=(ns,), name=f"podwatch:{ns or '*'}", daemon=True
-            )
-            t.start()
-            self._threads.append(t)
-
-    def stop(self) -> None:
-        self._stop.set()
-        for response in list(self._responses.values()):
-            with contextlib.suppress(Exception):  # a dead socket may raise anything
-                # shutdown() unblocks the thread reading an idle watch; close() would wait
-                # for the lock that thread holds (shutdown took the 5 s join timeout).
-                response.shutdown()
-        for t in self._threads:
-            t.join(5)
-
-    def _open(self, namespace: str | None, resource_version: str | None) -> Any:
-        kwargs: dict[str, Any] = {
-            "label_selector": contract.LABEL_JOB_NAME,
-            "watch": True,
-            "allow_watch_bookmarks": True,
-            "timeout_seconds": self.server_timeout_s,
-            "_preload_content": False,
-            "_request_timeout": (30, self.client_timeout_s),
-        }
-        if resource_version:
-            kwargs["resource_version"] = resource_version
-        return self._list_call(namespace, **kwargs)
-
-    def _list_call(self, namespace: str | None, **kwargs: Any) -> Any:
+    def list_call(self, namespace: str | None, **kwargs: Any) -> Any:
+        kwargs["label_selector"] = contract.LABEL_JOB_NAME
         if namespace is None:
             return self.core.list_pod_for_all_namespaces(**kwargs)
         return self.core.list_namespaced_pod(namespace, **kwargs)
 
-    def _list(self, namespace: str | None) -> str:
-        """LIST the scope's pods into the cache, poke every job they (or the cache) had;
-        returns the resourceVersion to watch from. Pages of ``LIST_PAGE`` pods, each trimmed
-        as it comes: thousands of whole pods parsed at once would grow the heap for good."""
-        pods: list[dict[str, Any]] = []
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"_continue": token} if token else {}
-            response = self._list_call(
-                namespace,
-                label_selector=contract.LABEL_JOB_NAME,
-                limit=LIST_PAGE,
-                _preload_content=False,
-                _request_timeout=(30, self.client_timeout_s),
-                **kwargs,
-            )
-            page = orjson.loads(response.data)
-            pods.extend(trim_pod(p) for p in page.get("items") or ())
-            meta = page.get("metadata") or {}
-            token = meta.get("continue")
-            if not token:
-                break
-        changed = self.store.replace_pods(ALL_NAMESPACES if namespace is None else namespace, pods)
-        for key in changed:
+    def trim(self, obj: dict[str, Any]) -> dict[str, Any]:
+        # Each page trimmed as it comes: thousands of whole pods parsed at once would grow
+        # the heap for good.
+        return trim_pod(obj)
+
+    def listed(self, namespace: str | None, items: list[dict[str, Any]]) -> None:
+        """The cache's pods of the scope replaced; every job they (or the cache) had poked."""
+        scope = ALL_NAMESPACES if namespace is None else namespace
+        for key in self.store.replace_pods(scope, items):
             self.on_job(*key)
-        return str(meta.get("resourceVersion") or "")
 
-    def _run(self, namespace: str | None) -> None:
-        resource_version: str | None = None
-        backoff = 0.5
-        while not self._stop.is_set():
-            try:
-                if not resource_version:
-                    resource_version = self._list(namespace)
-                resource_version = self._follow(namespace, resource_version)
-                backoff = 0.5
-                continue
-            except ApiException as e:
-                if e.status == 410:
-                    resource_version = None
-                    continue
-                log.warning("pod watch (%s) failed: %s %s", namespace or "*", e.status, e.reason)
-            except Exception as e:  # the watch must outlive any error
-                if self._stop.is_set():
-                    return
-                log.warning("pod watch (%s) broke: %s", namespace or "*", e)
-            self._stop.wait(backoff)
-            backoff = min(backoff * 2, 30.0)
+    def changed(self, kind: str, obj: dict[str, Any]) -> None:
+        key = job_of({"type": kind, "object": obj})
+        if key is None:
+            return
+        metrics.POD_EVENTS.inc()
+        if kind == "DELETED":
+            self.store.drop_pod(obj)
+        else:
+            self.store.put_pod(obj)
+        self.on_job(*key)
 
-    def _follow(self, namespace: str | None, resource_version: str | None) -> str | None:
-        """One watch request until the server ends it; returns where to resume."""
-        response = self._open(namespace, resource_version)
-        self._responses[namespace] = response
-        try:
-            for line in _lines(response):
-                if self._stop.is_set():
-                    break
-                if not line.strip():
-                    continue
-                event = orjson.loads(line)
-                obj = event.get("object") or {}
-                if event.get("type") == "ERROR":
-                    if obj.get("code") == 410:
-                        return None  # too old: LIST again (which pokes every job)
-                    raise RuntimeError(f"watch error: {obj.get('message') or obj}")
-                resource_version = (obj.get("metadata") or {}).get(
-                    "resourceVersion", resource_version
-                )
-                key = job_of(event)
-                if key is not None:
-                    metrics.POD_EVENTS.inc()
-                    if event.get("type") == "DELETED":
-                        self.store.drop_pod(obj)
-                    else:
-                        self.store.put_pod(obj)
-                    self.on_job(*key)
-        finally:
-            self._responses.pop(namespace, None)
-            response.release_conn()
-        return resource_version
+
+class WorkloadWatch(Reflector):
+    """Kueue's Workloads: a change of one a TorchJob owns (admitted, evicted, its topology
+    assigned) makes that job plan again. Kueue may be absent, installed later or removed
+    while the operator runs (the reflector looks for it again)."""
+
+    what = "Kueue Workloads"
+
+    def __init__(self, api: client.ApiClient, on_job: OnJob, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.custom = client.CustomObjectsApi(api)
+        self.on_job = on_job
+
+    def list_call(self, namespace: str | None, **kwargs: Any) -> Any:
+        if namespace is None:
+            return self.custom.list_cluster_custom_object(*KUEUE_WORKLOADS, **kwargs)
+        return self.custom.list_namespaced_custom_object(
+            KUEUE_WORKLOADS[0], KUEUE_WORKLOADS[1], namespace, KUEUE_WORKLOADS[2], **kwargs
+        )
+
+    def listed(self, namespace: str | None, items: list[dict[str, Any]]) -> None:
+        for key in {k for k in map(owner_job, items) if k is not None}:
+            self.on_job(*key)
+
+    def changed(self, kind: str, obj: dict[str, Any]) -> None:
+        key = owner_job(obj)
+        if key is not None:
+            self.on_job(*key)
