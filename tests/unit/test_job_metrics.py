@@ -9,7 +9,7 @@ from typing import Any
 from torchjob import contract
 from torchjob_operator.engine import metrics
 from torchjob_operator.engine.cache import ALL_NAMESPACES, Store
-from torchjob_operator.engine.job_metrics import JobMetrics
+from torchjob_operator.engine.job_metrics import RECOVERIES, JobMetrics
 
 NOW = datetime(2026, 1, 1, 0, 10, tzinfo=timezone.utc).timestamp()
 
@@ -112,10 +112,35 @@ def test_a_completed_recovery_is_observed_once() -> None:
     record = {"generation": 3, "began": "x", "cause": "SilentPeer", "worldSize": 2}
     old = {"history": [record]}
     new = {"history": [{**record, "recoverySeconds": 4.5, "stepsLost": 2}]}
-    before = metrics.RECOVERY_SECONDS.labels(namespace="m", torchjob="j")._sum.get()
+    metrics.forget_job("m", "j")
     metrics.observe_history("m", "j", old, new)
     metrics.observe_history("m", "j", new, new)  # already seen: not again
-    assert metrics.RECOVERY_SECONDS.labels(namespace="m", torchjob="j")._sum.get() == before + 4.5
-    assert metrics.STEPS_LOST.labels(namespace="m", torchjob="j")._value.get() == 2
+    assert RECOVERIES.of(("m", "j")) == (1, 4.5, 2)
     metrics.forget_job("m", "j")
-    assert ("m", "j") not in metrics.STEPS_LOST._metrics
+    assert RECOVERIES.of(("m", "j")) is None
+
+
+def test_a_jobs_recoveries_are_a_histogram_in_its_block_until_it_goes() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    store = Store()
+    store.put_job({"metadata": {"name": "tj", "namespace": "ns"}, "spec": {"replicas": 2}})
+    block = JobMetrics(store)
+    assert b"torchjob_job_recovery_seconds_bucket{" not in block.render()
+    for seconds, lost in ((2.5, 1), (40.0, 3)):
+        RECOVERIES.observe(("ns", "tj"), seconds, lost)
+    families = {f.name: f for f in text_string_to_metric_families(block.render().decode())}
+    buckets = {
+        s.labels["le"]: s.value
+        for s in families["torchjob_job_recovery_seconds"].samples
+        if s.name.endswith("_bucket")
+    }
+    assert (buckets["2.0"], buckets["3.0"], buckets["30.0"], buckets["60.0"]) == (0, 1, 1, 2)
+    assert buckets["+Inf"] == 2
+    samples = {s.name: s.value for s in families["torchjob_job_recovery_seconds"].samples}
+    assert samples["torchjob_job_recovery_seconds_sum"] == 42.5
+    assert samples["torchjob_job_recovery_seconds_count"] == 2
+    (lost,) = families["torchjob_job_steps_lost"].samples  # the parser drops _total
+    assert lost.labels == {"namespace": "ns", "torchjob": "tj"} and lost.value == 4
+    RECOVERIES.forget(("ns", "tj"))
+    assert b"torchjob_job_recovery_seconds_bucket{" not in block.render()

@@ -12,10 +12,16 @@ once; the values are formatted by prometheus_client's own ``floatToGoString``.""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    GC_COLLECTOR,
+    REGISTRY,
+    disable_created_metrics,
+)
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _go_float
 
@@ -97,12 +103,25 @@ def text(registry: Collector = REGISTRY) -> bytes:
     return "".join(out).encode()
 
 
+def lean_registry() -> None:
+    """What a scrape of the operator does not carry: prometheus_client's ``*_created``
+    series (OpenMetrics' creation times, a gauge each beside every counter and histogram,
+    which the text format's readers do not use) and the interpreter's garbage-collector
+    series. Together 24 of the operator's ~55 samples, about a third of a scrape's cost
+    (bench/metrics_scrape.py). The process series (CPU, memory, file descriptors) stay."""
+    disable_created_metrics()  # type: ignore[no-untyped-call]
+    with contextlib.suppress(KeyError):  # already gone: a second operator in one process
+        REGISTRY.unregister(GC_COLLECTOR)
+
+
 def serve(port: int, host: str = "0.0.0.0") -> Any:
     """``/metrics`` on ``port``: the operator's own series (prometheus_client's registry)
     and the per-job block (``engine.job_metrics``, rendered from the cache). Returns the
     started server (``server_port``, ``shutdown()``)."""
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    lean_registry()
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from torchjob.api.models import TorchJobStatus
+from torchjob_operator.engine.recoveries import RECOVERIES
 
 RECONCILES = Counter("torchjob_reconciles_total", "Reconciles of TorchJobs")
 PODS_CREATED = Counter("torchjob_pods_created_total", "Worker pods created")
@@ -56,18 +56,6 @@ API_ERRORS = Counter(
     "Requests of the operator the API server answered with an error",
     ["verb", "code"],
 )
-RECOVERY_SECONDS = Histogram(
-    "torchjob_job_recovery_seconds",
-    "From a loss (or a resize) to the first completed step of the next generation "
-    "(status.history's recoverySeconds)",
-    ["namespace", "torchjob"],
-    buckets=(1.0, 2.0, 3.0, 5.0, 8.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0),
-)
-STEPS_LOST = Counter(
-    "torchjob_job_steps_lost_total",
-    "Steps done before a loss and done again after it (status.history's stepsLost)",
-    ["namespace", "torchjob"],
-)
 
 
 def observe_history(
@@ -84,12 +72,9 @@ def observe_history(
             continue
         if r.cause == "Start":
             continue
-        RECOVERY_SECONDS.labels(namespace=namespace, torchjob=job).observe(r.recovery_seconds)
-        STEPS_LOST.labels(namespace=namespace, torchjob=job).inc(r.steps_lost or 0)
+        RECOVERIES.observe((namespace, job), r.recovery_seconds, r.steps_lost or 0)
 
 
 def forget_job(namespace: str, job: str) -> None:
     """A deleted job's series go with it."""
-    for metric in (RECOVERY_SECONDS, STEPS_LOST):
-        with contextlib.suppress(KeyError):
-            metric.remove(namespace, job)
+    RECOVERIES.forget((namespace, job))
