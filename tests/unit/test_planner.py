@@ -103,6 +103,17 @@ def test_failure_restarts_whole_group_after_backoff() -> None:
     # Before the backoff expires nothing is created...
     early = plan(view, pods, at(10))
     assert early.create is None
+    # ...and the Restarting condition counts down, pass after pass, while Ready's message
+    # (which the next pass starts from) never carries the countdown.
+
+    def said(decision: Plan, type_: str) -> str:
+        return str(next(c["message"] for c in decision.status["conditions"] if c["type"] == type_))
+
+    first = said(early, "Restarting")
+    assert first.endswith("; restarting in 5s"), first
+    again = plan(with_state(view, early.status), pods, at(12))
+    assert said(again, "Restarting") == first.replace("in 5s", "in 3s")
+    assert "restarting in" not in said(again, "Ready"), said(again, "Ready")
     # ...after it, the new generation appears.
     late, view, pods = step(view, pods, 16)
     assert late.create is not None and late.create.generation == 1

@@ -123,6 +123,9 @@ class Decision:
     keep_probes: bool = False
     reason: str = ""
     message: str = ""
+    waiting: str = ""
+    """What this pass waits out (the backoff's countdown): said in the Restarting condition
+    after the message, never carried into the next pass (which reads the Ready condition)."""
     events: tuple[Event, ...] = ()
     delete: tuple[str, ...] = ()
     create: CreatePods | None = None

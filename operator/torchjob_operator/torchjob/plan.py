@@ -240,9 +240,7 @@ def _carry_on(d: Decision, pods: Sequence[PodView]) -> Plan:
     if d.restart_after is not None and now < d.restart_after:
         seconds = (d.restart_after - now).total_seconds()
         backoff = cond.message("BackoffWaiting", seconds=int(seconds + 0.999))
-        d = d.also(requeue=[seconds]).but(
-            message=f"{d.message.split('; restarting in')[0]}; {backoff}"
-        )
+        d = d.also(requeue=[seconds]).but(waiting=backoff)
     elif job.foreign_pods and d.created_generation != d.generation:
         # An earlier TorchJob of this name still has pods (terminating, or not yet collected
         # by the garbage collector): ours would share their names. Wait, counting nothing;

@@ -48,6 +48,8 @@ def render_status(
             reason, msg = cond.say("WorkerPodsCreated", generation=d.created_generation)
         elif value or type_ == cond.READY:
             reason, msg = d.reason, d.message
+            if type_ == cond.RESTARTING and d.waiting:
+                msg = f"{msg}; {d.waiting}"
         else:
             reason, msg = d.reason, cond.message("PhaseIs", phase=d.phase.value)
         conditions, _ = cond.set_condition(
