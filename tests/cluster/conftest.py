@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +171,20 @@ def crd(cluster: helpers.Cluster) -> None:
 # Operators started by the ``operator`` fixture: the Helm-installed operator of the real-node
 # tests stops them while it runs (two operators would reconcile the same jobs).
 PROCESS_OPERATORS: list[OperatorProcess] = []
+
+
+@pytest.fixture(scope="session")
+def stop_process_operators() -> Callable[[], None]:
+    """Stops the operators the ``operator`` fixture started (the ``jobs`` fixture starts one
+    again for a later test). A fixture, not the list itself: a test module importing this
+    file (``from tests.cluster import conftest``) gets a second copy of it, whose list is
+    empty."""
+
+    def stop() -> None:
+        for proc in PROCESS_OPERATORS:
+            proc.stop()
+
+    return stop
 
 
 @pytest.fixture(scope="session")

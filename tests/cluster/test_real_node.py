@@ -14,7 +14,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,6 @@ import pytest
 import yaml
 from kubernetes import client
 from tests import kube as k
-from tests.cluster import conftest
 from tests.cluster.operator_harness import Jobs, shrinking_pair, torchjob
 from tests.cluster.pod_procs import drop_packets, freeze_pod, thaw, trainer_pid
 from tests.cluster.realnode import (
@@ -48,11 +47,14 @@ OPERATOR_NS = "torchjob-system"
 
 @pytest.fixture(scope="module")
 def helm_operator(
-    cluster: k.Cluster, core_v1: Any, real_node: RealNode, tmp_path_factory: pytest.TempPathFactory
+    cluster: k.Cluster,
+    core_v1: Any,
+    real_node: RealNode,
+    tmp_path_factory: pytest.TempPathFactory,
+    stop_process_operators: Callable[[], None],
 ) -> Iterator[HelmOperator]:
     # One operator at a time: the process operator of other tests stops (``jobs`` restarts it).
-    for proc in conftest.PROCESS_OPERATORS:
-        proc.stop()
+    stop_process_operators()
     op = HelmOperator(cluster, core_v1, OPERATOR_NS, "torchjob")
     op.helm("uninstall", "torchjob", "--namespace", OPERATOR_NS, "--wait", check=False)
     op.install(tmp_path_factory.mktemp("helm") / "values.yaml", "--create-namespace")

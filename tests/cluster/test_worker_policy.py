@@ -16,7 +16,7 @@ import json
 import ssl
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,6 @@ import pytest
 import yaml
 from kubernetes import client
 from tests import kube as k
-from tests.cluster import conftest
 
 from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION, TorchJobStatus
@@ -43,15 +42,16 @@ POLICY = f"ValidatingAdmissionPolicy '{POLICY_NAME}'"
 
 
 @pytest.fixture(scope="module")
-def worker_policy(cluster: k.Cluster, crd: None) -> Iterator[None]:
+def worker_policy(
+    cluster: k.Cluster, crd: None, stop_process_operators: Callable[[], None]
+) -> Iterator[None]:
     """The policy and its binding, as the chart installs them; removed after the module.
 
     No operator runs meanwhile: these jobs stand for one the operator reconciles, with the
     status and the worker RBAC it would write, written here (an operator left running by an
     earlier test would create the same account first and overwrite the status under test).
     The ``jobs`` fixture starts it again for a later test."""
-    for proc in conftest.PROCESS_OPERATORS:
-        proc.stop()
+    stop_process_operators()
     api = client.AdmissionregistrationV1Api(cluster.api_client())
     # apply, not create: an interrupted run may have left an older version
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(worker_policy_manifests()))
