@@ -261,3 +261,16 @@ def test_a_finished_trial_still_takes_a_checkpoint_reported_after_its_job_ended(
     landed = plan_study(tt, {"study-t0": job("Succeeded", 3, loss=0.5)}, NOW).status
     assert landed["bestTrial"]["checkpoint"] == "/ck/3"
     assert landed["trials"][0]["checkpoint"] == "/ck/3"
+
+
+def test_a_trial_lists_its_own_losses_by_cause() -> None:
+    from torchjob.api.torchtune import TrialRecord, TrialState
+    from torchjob_operator.torchtune.trials import observe_trial
+
+    record = TrialRecord(number=0, name="study-0", params={"x": 1.0})
+    trained = job("Running", 3, loss=0.5)
+    trained["status"]["losses"] = {"Killed": 2, "SilentPeer": 1}
+    seen = observe_trial(record, trained, "loss", "now")
+    assert seen.state is TrialState.RUNNING and seen.losses == {"Killed": 2, "SilentPeer": 1}
+    assert seen.to_wire()["losses"] == {"Killed": 2, "SilentPeer": 1}
+    assert observe_trial(record, job("Running", 3, loss=0.5), "loss", "now").losses is None

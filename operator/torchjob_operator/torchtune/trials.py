@@ -132,6 +132,8 @@ def observe_trial(
     if r.state is TrialState.PENDING:
         r.state = TrialState.RUNNING
     status = TorchJobStatus.parse(job.get("status"))
+    if status.losses:
+        r.losses = dict(status.losses)
     progress = status.progress
     if progress is not None and progress.step is not None and progress.step > (r.step or 0):
         metrics = dict(progress.metrics or {})

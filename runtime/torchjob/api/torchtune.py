@@ -228,6 +228,13 @@ class TrialRecord(_Model):
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     checkpoint: str | None = None
+    losses: dict[str, int] | None = Field(
+        default=None,
+        description=(
+            "Generations the trial's TorchJob began for a loss, by cause (its status.losses;"
+            " its status.history tells each one)."
+        ),
+    )
     message: str | None = None
     start_time: str | None = None
     completion_time: str | None = None
