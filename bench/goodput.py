@@ -74,13 +74,13 @@ from tests.cluster.realnode import HelmOperator, RealNode
 from bench import goodput_accounting as acc
 from bench.goodput_jobs import KUBEFLOW, POLICIES, STRATEGIES
 from bench.goodput_report import report, write_timelines
-from bench.goodput_rows import log, run_row
+from bench.goodput_rows import Row, log, run_row
 from bench.harness import REPO, cluster_down
 
 OPERATOR_NS = "torchjob-system"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--mtbf", type=float, default=60.0, help="seconds between preemptions")
     p.add_argument("--grace", type=int, default=30, help="terminationGracePeriodSeconds")
@@ -139,6 +139,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--start-timeout", type=float, default=300.0)
     p.add_argument("--keep-cluster", action="store_true", help="leave the cluster and node up")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = _parser()
     args = p.parse_args(argv)
     args.run_id = time.strftime("%H%M%S")
     args.min_replicas = args.min_replicas or max(1, args.replicas - 1)
@@ -166,6 +171,66 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _run_rows(
+    args: argparse.Namespace, cluster: k.Cluster, core: Any, custom: Any
+) -> tuple[list[Row], list[Row]]:
+    """Every row, ``--repeats`` times: each system's baseline, then each mode, workload and
+    policy under its storm; (baselines, rows). Interrupted, it returns the rows that
+    finished."""
+    duration = args.baseline_seconds or args.mtbf * (args.evictions + 1)
+    policies = args.policies.split(",")
+    # Each system's own baseline: torchjob's (RecreateGroup without evictions) and, when
+    # it runs, Kubeflow's; every row is divided by its own system's rate.
+    # Each workload (--strategies) is a system of its own with its own baseline too.
+    strategies = args.strategies.split(",")
+    systems = [("RecreateGroup", s) for s in strategies]
+    if KUBEFLOW in policies:
+        systems.append((KUBEFLOW, "ddp"))
+    systems = [(p, s) for p, s in systems if acc.system_of(p, s) not in args.ideal]
+    baselines: list[Row] = []
+    rows: list[Row] = []
+    index = 0
+    try:
+        for rep in range(args.repeats):
+            for system, strategy in systems:
+                log(
+                    f"repeat {rep + 1}: baseline of {system}/{strategy}, "
+                    f"{duration:.0f}s without evictions"
+                )
+                baselines.append(
+                    run_row(
+                        args, cluster, core, custom, system, "none", 0, duration, index, strategy
+                    )
+                )
+                index += 1
+            for mode in args.modes.split(","):
+                for strategy in strategies:
+                    for policy in policies:
+                        if policy == KUBEFLOW and strategy != "ddp":
+                            continue
+                        row = run_row(
+                            args,
+                            cluster,
+                            core,
+                            custom,
+                            policy,
+                            mode,
+                            args.evictions,
+                            0,
+                            index,
+                            strategy,
+                        )
+                        rows.append(row)
+                        index += 1
+    except KeyboardInterrupt:
+        # A stopped run keeps what it measured: the rows that finished are reported.
+        log(f"interrupted: the table of the {len(baselines) + len(rows)} rows that finished")
+        for ns in core.list_namespace().items:  # the row that was running
+            if ns.metadata.name.startswith(f"goodput-{args.run_id}-"):
+                core.delete_namespace(ns.metadata.name)
+    return baselines, rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,66 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             binary, crd = kf.build_kubeflow()
             kubeflow = kf.start_kubeflow(binary, crd, kubeconfig, core, workdir)
             log(f"Kubeflow training-operator {kf.KF_VERSION} runs (log {kubeflow.log_path})")
-        duration = args.baseline_seconds or args.mtbf * (args.evictions + 1)
-        policies = args.policies.split(",")
-        # Each system's own baseline: torchjob's (RecreateGroup without evictions) and, when
-        # it runs, Kubeflow's; every row is divided by its own system's rate.
-        # Each workload (--strategies) is a system of its own with its own baseline too.
-        strategies = args.strategies.split(",")
-        systems = [("RecreateGroup", s) for s in strategies]
-        if KUBEFLOW in policies:
-            systems.append((KUBEFLOW, "ddp"))
-        systems = [(p, s) for p, s in systems if acc.system_of(p, s) not in args.ideal]
-        baselines, rows = [], []
-        index = 0
-        try:
-            for rep in range(args.repeats):
-                for system, strategy in systems:
-                    log(
-                        f"repeat {rep + 1}: baseline of {system}/{strategy}, "
-                        f"{duration:.0f}s without evictions"
-                    )
-                    baselines.append(
-                        run_row(
-                            args,
-                            cluster,
-                            core,
-                            custom,
-                            system,
-                            "none",
-                            0,
-                            duration,
-                            index,
-                            strategy,
-                        )
-                    )
-                    index += 1
-                for mode in args.modes.split(","):
-                    for strategy in strategies:
-                        for policy in policies:
-                            if policy == KUBEFLOW and strategy != "ddp":
-                                continue
-                            rows.append(
-                                run_row(
-                                    args,
-                                    cluster,
-                                    core,
-                                    custom,
-                                    policy,
-                                    mode,
-                                    args.evictions,
-                                    0,
-                                    index,
-                                    strategy,
-                                )
-                            )
-                            index += 1
-        except KeyboardInterrupt:
-            # A stopped run keeps what it measured: the rows that finished are reported.
-            log(f"interrupted: the table of the {len(baselines) + len(rows)} rows that finished")
-            for ns in core.list_namespace().items:  # the row that was running
-                if ns.metadata.name.startswith(f"goodput-{args.run_id}-"):
-                    core.delete_namespace(ns.metadata.name)
+        baselines, rows = _run_rows(args, cluster, core, custom)
         report(args, baselines, rows)
         for path in write_timelines(args.out, baselines + rows):
             print(f"timeline: {path}")

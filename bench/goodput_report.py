@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench import goodput_accounting as acc
 from bench.goodput_jobs import KUBEFLOW
-from bench.goodput_rows import PHASES, Row
+from bench.goodput_rows import PHASES, Recovery, Row
 from bench.harness import pct
 
 
@@ -36,6 +36,24 @@ def write_timelines(out: Path, rows: list[Row]) -> list[Path]:
 def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> None:
     """The table: one line per (policy, mode), the median [min-max] over the repeats."""
     ideal = {**args.ideal, **acc.ideal_rates(r.figures() for r in baselines)}
+    _print_setup(args, baselines, ideal)
+    head = (
+        f"{'policy':<14}{'mode':<10}{'strat':<6}{'pods':>5}{'goodput med [min-max]':>24}"
+        f"{'per pod paid':>24}{'per pod-s':>24}{'rec p50':>8}{'rec p95':>8}{'pause50':>8}{'lost':>6}"
+        f"{'restarts':>9}{'disr':>5}  " + "  ".join(f"{p:>10}" for p in PHASES)
+    )
+    print(head)
+    print("-" * len(head))
+    groups: dict[tuple[str, str, str], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.policy, r.mode, r.strategy), []).append(r)
+    for (policy, mode, strategy), reps in groups.items():
+        print(_line(policy, mode, strategy, reps, ideal))
+    _print_notes(args, rows)
+
+
+def _print_setup(args: argparse.Namespace, baselines: list[Row], ideal: dict[str, float]) -> None:
+    """What the run did, and each system's ideal rate and where it came from."""
     nominal = args.replicas * args.batch / args.step_seconds
     print()
     print(
@@ -61,57 +79,54 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
             f"ideal rate of {system} ({where}): {rate:.1f} samples/s "
             f"({rate / nominal:.2f} of the nominal {nominal:.0f}/s)"
         )
-    head = (
-        f"{'policy':<14}{'mode':<10}{'strat':<6}{'pods':>5}{'goodput med [min-max]':>24}"
-        f"{'per pod paid':>24}{'per pod-s':>24}{'rec p50':>8}{'rec p95':>8}{'pause50':>8}{'lost':>6}"
-        f"{'restarts':>9}{'disr':>5}  " + "  ".join(f"{p:>10}" for p in PHASES)
+
+
+def _phases(recs: list[Recovery]) -> list[str]:
+    """The median length of each recovery phase (``PHASES``), formatted for the table."""
+    phases = []
+    for i, name in enumerate(PHASES):
+        prev = "t_evict" if i == 0 else PHASES[i - 1]
+        d = [
+            x.boundaries[name] - (x.t_evict if prev == "t_evict" else x.boundaries[prev])
+            for x in recs
+            if x.boundaries
+        ]
+        phases.append(f"{statistics.median(d):>9.1f}s" if d else f"{'-':>10}")
+    return phases
+
+
+def _line(policy: str, mode: str, strategy: str, reps: list[Row], ideal: dict[str, float]) -> str:
+    """The table's line of one (policy, mode, strategy) over its repeats ``reps``."""
+    recs = [x for r in reps for x in r.recoveries]
+    secs = [x.seconds for x in recs if x.seconds is not None]
+    pauses = [x.pause for x in recs if x.pause is not None]
+    lost = sum(max(0, x.step_before - x.resumed_step) for x in recs if x.resumed_step is not None)
+    goods = [acc.goodput(r.figures(), ideal) for r in reps]
+    per_pod = [acc.per_pod_paid(g, r.workers, r.standbys) for g, r in zip(goods, reps, strict=True)]
+    per_pod_s = [
+        acc.per_pod_second(g, r.workers, r.wall, r.pod_seconds)
+        for g, r in zip(goods, reps, strict=True)
+    ]
+    failed = len(recs) - len(secs)
+    disr = (
+        "-"
+        if any(r.disruptions is None for r in reps)
+        else str(sum(r.disruptions or 0 for r in reps))
     )
-    print(head)
-    print("-" * len(head))
-    groups: dict[tuple[str, str, str], list[Row]] = {}
-    for r in rows:
-        groups.setdefault((r.policy, r.mode, r.strategy), []).append(r)
-    for (policy, mode, strategy), reps in groups.items():
-        recs = [x for r in reps for x in r.recoveries]
-        secs = [x.seconds for x in recs if x.seconds is not None]
-        pauses = [x.pause for x in recs if x.pause is not None]
-        lost = sum(
-            max(0, x.step_before - x.resumed_step) for x in recs if x.resumed_step is not None
-        )
-        phases = []
-        for i, name in enumerate(PHASES):
-            prev = "t_evict" if i == 0 else PHASES[i - 1]
-            d = [
-                x.boundaries[name] - (x.t_evict if prev == "t_evict" else x.boundaries[prev])
-                for x in recs
-                if x.boundaries
-            ]
-            phases.append(f"{statistics.median(d):>9.1f}s" if d else f"{'-':>10}")
-        goods = [acc.goodput(r.figures(), ideal) for r in reps]
-        per_pod = [
-            acc.per_pod_paid(g, r.workers, r.standbys) for g, r in zip(goods, reps, strict=True)
-        ]
-        per_pod_s = [
-            acc.per_pod_second(g, r.workers, r.wall, r.pod_seconds)
-            for g, r in zip(goods, reps, strict=True)
-        ]
-        failed = len(recs) - len(secs)
-        disr = (
-            "-"
-            if any(r.disruptions is None for r in reps)
-            else str(sum(r.disruptions or 0 for r in reps))
-        )
-        notes = sorted({r.note for r in reps if r.note})
-        print(
-            f"{policy:<14}{mode:<10}{strategy:<6}{reps[0].pods_label():>5}"
-            f"{acc.format_spread(goods):>24}{acc.format_spread(per_pod):>24}"
-            f"{acc.format_spread(per_pod_s):>24}"
-            f"{pct(secs, 0.5):>7.1f}s{pct(secs, 0.95):>7.1f}s{pct(pauses, 0.5):>7.1f}s"
-            f"{lost:>6}{sum(r.restarts for r in reps):>9}{disr:>5}  "
-            + "  ".join(phases)
-            + (f"   ({failed} not recovered)" if failed else "")
-            + (f"   {'; '.join(notes)}" if notes else "")
-        )
+    notes = sorted({r.note for r in reps if r.note})
+    return (
+        f"{policy:<14}{mode:<10}{strategy:<6}{reps[0].pods_label():>5}"
+        f"{acc.format_spread(goods):>24}{acc.format_spread(per_pod):>24}"
+        f"{acc.format_spread(per_pod_s):>24}"
+        f"{pct(secs, 0.5):>7.1f}s{pct(secs, 0.95):>7.1f}s{pct(pauses, 0.5):>7.1f}s"
+        f"{lost:>6}{sum(r.restarts for r in reps):>9}{disr:>5}  "
+        + "  ".join(_phases(recs))
+        + (f"   ({failed} not recovered)" if failed else "")
+        + (f"   {'; '.join(notes)}" if notes else "")
+    )
+
+
+def _print_notes(args: argparse.Namespace, rows: list[Row]) -> None:
     print("lost, restarts and disr are totals over the repeats; rec and phases over every recovery")
     print(
         "per pod-s = goodput x workers x wall / pod-seconds paid, measured from the trace: a "

@@ -113,6 +113,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _profile(pid: int, into: Path) -> subprocess.Popen[bytes]:
+    """py-spy recording the process ``pid`` (the torchjob-operator) into ``into``."""
+    return subprocess.Popen(
+        [shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"),
+         "record", "--pid", str(pid), "--nonblocking", "--gil", "--rate", "100",
+         "--format", "raw", "--output", str(into)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def _bursts(args: argparse.Namespace, bench: Bench) -> None:
+    """Every size's bursts, ``--repeats`` times; which operator goes first flips each repeat."""
+    for n in args.sizes:
+        for repeat in range(args.repeats):
+            order = (TJ, KF) if repeat % 2 == 0 else (KF, TJ)
+            for flavor in order:
+                bench.burst(
+                    flavor, n, repeat,
+                    react=n == args.react_size, idle=n == args.react_size and repeat == 0,
+                )  # fmt: skip
+
+
+def _scale_line(bench: Bench, n: int, idle_mib: float) -> str:
+    """The line of the ``--scale-jobs`` run (torchjob alone)."""
+    m = lambda key: median(bench.results.get((key, "tj"), []))  # noqa: E731
+    return (
+        f"\n{n} TorchJobs x 8 pods (torchjob alone): pods created {fmt(m(f'n{n}.created'), ' s')}, "
+        f"all Running {fmt(m(f'n{n}.running'), ' s')}, jobs Running {fmt(m(f'n{n}.jobs'), ' s')}, "
+        f"operator CPU {fmt(m(f'n{n}.cpu'), ' s')} ({fmt(m(f'n{n}.cpu_per_pod_ms'), ' ms')}/pod), "
+        f"RSS {fmt(m(f'n{n}.rss_loaded'), ' MiB', 0)} loaded, "
+        f"{fmt(bench.results[('rss_after_delete', 'tj')][-1], ' MiB', 0)} after deletion "
+        f"(idle {idle_mib:.0f} MiB)"
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # A TERM (or INT in the background) still stops both operators and deletes the cluster.
@@ -141,12 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         procs["kf"] = start_kubeflow(kf_binary, kf_crd, kubeconfig, core, workdir)
         procs["tj"], tj_metrics_port = start_torchjob_operator(kubeconfig, workdir)
         if args.profile:
-            profiler = subprocess.Popen(
-                [shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"),
-                 "record", "--pid", str(procs["tj"].popen.pid), "--nonblocking", "--gil", "--rate", "100",
-                 "--format", "raw", "--output", str(args.profile)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
+            profiler = _profile(procs["tj"].popen.pid, args.profile)
         time.sleep(args.settle)
         idle = {k: p.rss_mib() for k, p in procs.items()}
         cpu_start = {k: p.cpu_s() for k, p in procs.items()}
@@ -154,14 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             f"idle RSS: torchjob {idle['tj']:.0f} MiB, Kubeflow {idle['kf']:.0f} MiB; logs in {workdir}"
         )
         bench = Bench(args, kubeconfig, api, procs, tj_metrics_port)
-        for n in args.sizes:
-            for repeat in range(args.repeats):
-                order = (TJ, KF) if repeat % 2 == 0 else (KF, TJ)
-                for flavor in order:
-                    bench.burst(
-                        flavor, n, repeat,
-                        react=n == args.react_size, idle=n == args.react_size and repeat == 0,
-                    )  # fmt: skip
+        _bursts(args, bench)
         whole = {k: p.cpu_s() - cpu_start[k] for k, p in procs.items()}
         if args.scale_jobs:
             cpu0 = procs["tj"].cpu_s()
@@ -171,16 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         report(bench, args, whole, idle)
         if args.scale_jobs:
-            n = args.scale_jobs
-            m = lambda key: median(bench.results.get((key, "tj"), []))  # noqa: E731
-            print(
-                f"\n{n} TorchJobs x 8 pods (torchjob alone): pods created {fmt(m(f'n{n}.created'), ' s')}, "
-                f"all Running {fmt(m(f'n{n}.running'), ' s')}, jobs Running {fmt(m(f'n{n}.jobs'), ' s')}, "
-                f"operator CPU {fmt(m(f'n{n}.cpu'), ' s')} ({fmt(m(f'n{n}.cpu_per_pod_ms'), ' ms')}/pod), "
-                f"RSS {fmt(m(f'n{n}.rss_loaded'), ' MiB', 0)} loaded, "
-                f"{fmt(bench.results[('rss_after_delete', 'tj')][-1], ' MiB', 0)} after deletion "
-                f"(idle {idle['tj']:.0f} MiB)"
-            )  # fmt: skip
+            print(_scale_line(bench, args.scale_jobs, idle["tj"]))
         if args.json:
             args.json.write_text(
                 json.dumps({f"{k}|{f}": v for (k, f), v in bench.results.items()}, indent=1)

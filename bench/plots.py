@@ -39,26 +39,60 @@ def chart(
     dashed vertical line at each of ``vlines`` (in x units), a grey dashed horizontal line
     at ``hline`` (its value and label: a target). ``log_x`` draws x on a log scale (x > 0);
     ``x_ticks`` labels those x values (else the ends of the axis)."""
-    pad = 40
     xs = [p[0] for s in series for p in s.points] + list(vlines)
     ys = [p[1] for s in series for p in s.points] + ([hline[0]] if hline else [])
-    if log_x:
-        if any(x <= 0 for x in xs):
-            raise ValueError("log_x needs x > 0")
-        lo, hi = math.log(min(xs, default=1.0)), math.log(max(xs, default=10.0))
-        if hi <= lo:
-            hi = lo + 1.0
-    else:
-        lo, hi = 0.0, max([*xs, 1.0])
-    y_max = max([*ys, 1.0]) * 1.1
+    frame = _Frame.fit(xs, ys, log_x=log_x, width=width, height=height)
+    parts = [
+        *_axes(frame, title, x_ticks=x_ticks, x_unit=x_unit, y_unit=y_unit),
+        *_marks(frame, vlines, hline),
+        *_lines(frame, series),
+        "</svg>\n",
+    ]
+    return "".join(parts)
 
-    def x(v: float) -> float:
-        u = math.log(v) if log_x else v
-        return pad + (width - 2 * pad) * (u - lo) / (hi - lo)
 
-    def y(v: float) -> float:
-        return height - pad - (height - 2 * pad) * v / y_max
+@dataclass(frozen=True)
+class _Frame:
+    """A chart's size and scales: where an (x, y) value lands in the SVG."""
 
+    lo: float
+    """The x axis's ends (their logs when ``log_x``)."""
+    hi: float
+    y_max: float
+    log_x: bool
+    width: int
+    height: int
+    pad: int = 40
+
+    @classmethod
+    def fit(
+        cls, xs: Sequence[float], ys: Sequence[float], *, log_x: bool, width: int, height: int
+    ) -> _Frame:
+        """The frame that holds every x in ``xs`` and every y in ``ys`` (y from 0)."""
+        if log_x:
+            if any(x <= 0 for x in xs):
+                raise ValueError("log_x needs x > 0")
+            lo, hi = math.log(min(xs, default=1.0)), math.log(max(xs, default=10.0))
+            if hi <= lo:
+                hi = lo + 1.0
+        else:
+            lo, hi = 0.0, max([*xs, 1.0])
+        y_max = max([*ys, 1.0]) * 1.1
+        return cls(lo, hi, y_max, log_x, width, height)
+
+    def x(self, v: float) -> float:
+        u = math.log(v) if self.log_x else v
+        return self.pad + (self.width - 2 * self.pad) * (u - self.lo) / (self.hi - self.lo)
+
+    def y(self, v: float) -> float:
+        return self.height - self.pad - (self.height - 2 * self.pad) * v / self.y_max
+
+
+def _axes(
+    f: _Frame, title: str, *, x_ticks: Sequence[float] | None, x_unit: str, y_unit: str
+) -> list[str]:
+    """The SVG's start: background, title, both axes, the y maximum and the x labels."""
+    pad, width, height = f.pad, f.width, f.height
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">',
         f'<rect width="{width}" height="{height}" fill="white"/>',
@@ -66,47 +100,58 @@ def chart(
         f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" '
         'stroke="black"/>',
         f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="black"/>',
-        f'<text x="4" y="{pad}" font-size="11">{y_max:.1f}{escape(y_unit)}</text>',
+        f'<text x="4" y="{pad}" font-size="11">{f.y_max:.1f}{escape(y_unit)}</text>',
     ]
     if x_ticks is None:
-        ticks = [(pad, f"{math.exp(lo) if log_x else lo:g}", "start")]
-        ticks.append((width - pad, f"{math.exp(hi) if log_x else hi:.0f}", "end"))
+        ticks = [(float(pad), f"{math.exp(f.lo) if f.log_x else f.lo:g}", "start")]
+        ticks.append((float(width - pad), f"{math.exp(f.hi) if f.log_x else f.hi:.0f}", "end"))
     else:
-        ticks = [(x(t), f"{t:g}", "middle") for t in x_ticks]
+        ticks = [(f.x(t), f"{t:g}", "middle") for t in x_ticks]
     for tx, label, anchor in ticks:
         parts.append(
             f'<text x="{tx:.1f}" y="{height - 10}" font-size="11" text-anchor="{anchor}">'
             f"{escape(label + x_unit)}</text>"
         )
-    for v in vlines:
-        parts.append(
-            f'<line x1="{x(v):.1f}" y1="{pad}" x2="{x(v):.1f}" y2="{height - pad}" '
-            'stroke="red" stroke-dasharray="4 3"/>'
-        )
+    return parts
+
+
+def _marks(f: _Frame, vlines: Sequence[float], hline: tuple[float, str] | None) -> list[str]:
+    """The red dashed vertical lines and the grey dashed target line with its label."""
+    pad, width, height = f.pad, f.width, f.height
+    parts = [
+        f'<line x1="{f.x(v):.1f}" y1="{pad}" x2="{f.x(v):.1f}" y2="{height - pad}" '
+        'stroke="red" stroke-dasharray="4 3"/>'
+        for v in vlines
+    ]
     if hline is not None:
         value, label = hline
         parts.append(
-            f'<line x1="{pad}" y1="{y(value):.1f}" x2="{width - pad}" y2="{y(value):.1f}" '
+            f'<line x1="{pad}" y1="{f.y(value):.1f}" x2="{width - pad}" y2="{f.y(value):.1f}" '
             'stroke="grey" stroke-dasharray="6 4"/>'
-            f'<text x="{width - pad}" y="{y(value) - 4:.1f}" font-size="11" '
+            f'<text x="{width - pad}" y="{f.y(value) - 4:.1f}" font-size="11" '
             f'text-anchor="end" fill="grey">{escape(label)}</text>'
         )
+    return parts
+
+
+def _lines(f: _Frame, series: Sequence[Series]) -> list[str]:
+    """One polyline per series (with its markers), and a legend when there are several."""
+    parts = []
     for i, s in enumerate(series):
-        line = " ".join(f"{x(px):.1f},{y(py):.1f}" for px, py in s.points)
+        line = " ".join(f"{f.x(px):.1f},{f.y(py):.1f}" for px, py in s.points)
         dash = ' stroke-dasharray="5 3"' if s.dashed else ""
         parts.append(
             f'<polyline points="{line}" fill="none" stroke="{s.color}" stroke-width="1.5"{dash}/>'
         )
         if s.markers:
             parts.extend(
-                f'<circle cx="{x(px):.1f}" cy="{y(py):.1f}" r="3" fill="{s.color}"/>'
+                f'<circle cx="{f.x(px):.1f}" cy="{f.y(py):.1f}" r="3" fill="{s.color}"/>'
                 for px, py in s.points
             )
         if len(series) > 1:
-            ly = pad + 14 * i
+            ly = f.pad + 14 * i
             parts.append(
-                f'<text x="{pad + 8}" y="{ly + 4}" font-size="11" fill="{s.color}">'
+                f'<text x="{f.pad + 8}" y="{ly + 4}" font-size="11" fill="{s.color}">'
                 f"{escape(s.name)}</text>"
             )
-    parts.append("</svg>\n")
-    return "".join(parts)
+    return parts

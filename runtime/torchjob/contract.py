@@ -25,9 +25,19 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Final, Protocol
+from typing import Final
+
+# A pod's role in a published generation (member or standby) lives in torchjob.role;
+# pod_role and pod_as_of below apply it to a pod's env.
+from torchjob.role import Member as Member
+from torchjob.role import Published as Published
+from torchjob.role import Role as Role
+from torchjob.role import Standby as Standby
+from torchjob.role import rank_among as rank_among
+from torchjob.role import ranked as ranked
+from torchjob.role import role_in as role_in
 
 # The termination message (the runtime's failure summary, read by the operator), the stop exit
 # code (a worker that stopped as asked) and the OOM killer's evidence are part of the contract
@@ -289,67 +299,7 @@ def topology_of(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return domain
 
 
-def rank_among(ranked: Sequence[int], pod_index: int) -> int | None:
-    """Pod ``pod_index``'s rank among a generation's pods ``ranked`` (indices in rank order,
-    ``status.members``): its place there; None when it is not a member."""
-    return list(ranked).index(pod_index) if pod_index in ranked else None
-
-
-# --- a pod's role in a generation: member (with its rank) or standby ----------------------
-class Published(Protocol):
-    """A generation as the job's status publishes it (``currentGeneration``, ``replicas``,
-    ``members``); ``torchjob.train.membership.Membership`` is one."""
-
-    @property
-    def generation(self) -> int: ...
-
-    @property
-    def replicas(self) -> int: ...
-
-    @property
-    def members(self) -> tuple[int, ...] | None:
-        """Pod indices in rank order; None: pods ``0..replicas-1``, rank ``i`` on pod ``i``."""
-
-
-@dataclass(frozen=True)
-class Member:
-    """The generation names this pod: it forms the group with rank ``node_rank`` among the
-    generation's ``replicas`` pods (its processes' ranks start at ``node_rank x nproc``)."""
-
-    generation: int
-    node_rank: int
-    replicas: int
-
-
-@dataclass(frozen=True)
-class Standby:
-    """The generation does not name this pod: a warm standby (``elastic.standbyReplicas``),
-    a joiner created for a later generation, or a pod the job left out. It forms no group:
-    its processes may start unformed, and it waits for a generation that names it."""
-
-    generation: int
-
-
-Role = Member | Standby
-"""A pod's role in one generation, as data: match on it (``assert_never`` for the rest)."""
-
-
-def ranked(published: Published) -> tuple[int, ...]:
-    """The published generation's pod indices in rank order (``members``, else
-    ``0..replicas-1``)."""
-    return published.members if published.members is not None else tuple(range(published.replicas))
-
-
-def role_in(published: Published, pod_index: int) -> Role:
-    """Pod ``pod_index``'s role in a published generation: a member at its place in
-    :func:`ranked`, else a standby."""
-    order = ranked(published)
-    rank = rank_among(order, pod_index)
-    if rank is None:
-        return Standby(published.generation)
-    return Member(published.generation, rank, len(order))
-
-
+# --- a pod's role now: its env and the generation the job's status publishes -------------
 def _deciding(pod: PodEnv, published: Published | None) -> Published | None:
     """The published generation where it, not the pod's env, says the pod's place; None
     while the status publishes no generation yet, or publishes the one the env was written

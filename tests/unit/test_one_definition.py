@@ -56,7 +56,7 @@ OWNERS: dict[str, str] = {
     # the env contract and a pod's role
     "PodEnv": "torchjob.contract",
     "pod_role": "torchjob.contract",
-    "role_in": "torchjob.contract",
+    "role_in": "torchjob.role",
     # validation: one rule table
     "RULES": "torchjob.api.models.rules",
     "enforce": "torchjob.api.models.rules",

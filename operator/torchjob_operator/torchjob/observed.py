@@ -179,6 +179,58 @@ def ended_phase(pod: Mapping[str, Any], phase: PodPhase) -> PodPhase:
     return PodPhase.FAILED if failed else PodPhase.SUCCEEDED
 
 
+def _root_exit(status: Mapping[str, Any]) -> tuple[int | None, str, str, datetime | None]:
+    """The pod's exit: (exit code, reason, message, finished at) of the root-cause container
+    (the first non-zero exit, else the first code seen); the pod's own reason and message
+    where no container terminated."""
+    exit_code: int | None = None
+    reason = status.get("reason") or ""
+    message = status.get("message") or ""
+    finished_at: datetime | None = None
+    for cs in status.get("containerStatuses") or ():
+        terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
+            "terminated"
+        )
+        if terminated and terminated.get("exitCode") is not None:
+            code = int(terminated["exitCode"])
+            # The first non-zero exit is the root cause; otherwise keep the first code seen.
+            if exit_code is None or (exit_code == 0 and code != 0):
+                exit_code = code
+                reason = terminated.get("reason") or reason
+                message = terminated.get("message") or message
+                finished_at = parse_time(terminated.get("finishedAt"))
+    return exit_code, reason, message, finished_at
+
+
+def _waiting(status: Mapping[str, Any]) -> tuple[str, str]:
+    """(reason, message) of the first container that cannot start (an image it cannot pull,
+    a config error); ``("", "")`` when none."""
+    for cs in [
+        *(status.get("initContainerStatuses") or ()),
+        *(status.get("containerStatuses") or ()),
+    ]:
+        w = (cs.get("state") or {}).get("waiting") or {}
+        if w.get("reason") in IMAGE_PULL_REASONS | CANNOT_START_REASONS:
+            return w["reason"], w.get("message") or ""
+    return "", ""
+
+
+def _disruption(status: Mapping[str, Any]) -> str | None:
+    """Why the pod was taken away (``DisruptionTarget``, a lost node, Kueue's eviction), if it
+    was."""
+    disruption: str | None = None
+    target = _condition(status, "DisruptionTarget")
+    if target and target.get("status") == "True":
+        disruption = target.get("reason") or "DisruptionTarget"
+    elif target is None and (status.get("reason") or "") in NODE_LOSS_REASONS:
+        disruption = status["reason"]
+    # Kueue marks workloads it evicts with TerminationTarget.
+    kueue = _condition(status, "TerminationTarget")
+    if disruption is None and kueue and kueue.get("status") == "True":
+        disruption = kueue.get("reason") or "TerminationTarget"
+    return disruption
+
+
 def pod_view(pod: Mapping[str, Any]) -> PodView | None:
     """A worker pod dict -> PodView; ``None`` for pods that are not torchjob workers."""
     meta = pod.get("metadata") or {}
@@ -196,44 +248,11 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
     except ValueError:
         phase = PodPhase.UNKNOWN
 
-    exit_code: int | None = None
-    reason = status.get("reason") or ""
-    message = status.get("message") or ""
-    finished_at: datetime | None = None
-    for cs in status.get("containerStatuses") or ():
-        terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
-            "terminated"
-        )
-        if terminated and terminated.get("exitCode") is not None:
-            code = int(terminated["exitCode"])
-            # The first non-zero exit is the root cause; otherwise keep the first code seen.
-            if exit_code is None or (exit_code == 0 and code != 0):
-                exit_code = code
-                reason = terminated.get("reason") or reason
-                message = terminated.get("message") or message
-                finished_at = parse_time(terminated.get("finishedAt"))
-
+    exit_code, reason, message, finished_at = _root_exit(status)
     phase = ended_phase(pod, phase)
-    waiting, waiting_message = "", ""
-    for cs in [
-        *(status.get("initContainerStatuses") or ()),
-        *(status.get("containerStatuses") or ()),
-    ]:
-        w = (cs.get("state") or {}).get("waiting") or {}
-        if w.get("reason") in IMAGE_PULL_REASONS | CANNOT_START_REASONS:
-            waiting, waiting_message = w["reason"], w.get("message") or ""
-            break
+    waiting, waiting_message = _waiting(status)
     said = contract.parse_termination_message(message) if exit_code not in (None, 0) else None
-    disruption: str | None = None
-    target = _condition(status, "DisruptionTarget")
-    if target and target.get("status") == "True":
-        disruption = target.get("reason") or "DisruptionTarget"
-    elif target is None and (status.get("reason") or "") in NODE_LOSS_REASONS:
-        disruption = status["reason"]
-    # Kueue marks workloads it evicts with TerminationTarget.
-    kueue = _condition(status, "TerminationTarget")
-    if disruption is None and kueue and kueue.get("status") == "True":
-        disruption = kueue.get("reason") or "TerminationTarget"
+    disruption = _disruption(status)
 
     ready_cond = _condition(status, "Ready")
     scheduled_cond = _condition(status, "PodScheduled")

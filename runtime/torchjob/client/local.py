@@ -197,6 +197,125 @@ def _stop(procs: list[subprocess.Popen[bytes]], grace_period_s: float) -> None:
             p.wait()
 
 
+@dataclass
+class _Pods:
+    """One generation's local pods: their processes, the threads that print their output,
+    and their exits as ``(index, exit code)`` in the order they came."""
+
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    pumps: list[threading.Thread] = field(default_factory=list)
+    exits: queue.Queue[tuple[int, int]] = field(default_factory=queue.Queue)
+
+    def start(
+        self,
+        index: int,
+        argv: list[str],
+        env: dict[str, str],
+        *,
+        cwd: str | None,
+        printer: _Printer,
+    ) -> None:
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.procs.append(proc)
+        pump = threading.Thread(target=_pump, args=(proc, index, printer), daemon=True)
+        pump.start()
+        self.pumps.append(pump)
+        threading.Thread(target=_await_exit, args=(proc, index, self.exits), daemon=True).start()
+
+    def stop(self, grace_period_s: float, *, join_s: float) -> None:
+        """Stop every pod (``_stop``), then give their output ``join_s`` to drain."""
+        _stop(self.procs, grace_period_s)
+        for pump in self.pumps:
+            pump.join(timeout=join_s)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What stays the same across a local run's generations: the job, its rules, its
+    deadline, when it started, and where it says what happened."""
+
+    manifest: Manifest
+    rules: RestartRules
+    deadline_s: int | None
+    start_time: datetime
+    printer: _Printer
+
+    def watch(
+        self,
+        pods: _Pods,
+        counters: Counters,
+        *,
+        oom_before: int | None,
+        said: _TerminationLogs,
+    ) -> tuple[LocalDecision, dict[int, int]]:
+        """Follow the generation's pods until the rules decide something other than
+        ``continue`` (the deadline is one of the things they judge); returns the decision
+        and the exit codes seen by then."""
+        name = self.manifest.name
+        codes: dict[int, int] = {}
+        members = [process_member(name, i, None) for i in range(self.manifest.replicas)]
+        decision = LocalDecision("continue", counters)
+        while decision.action == "continue":
+            left = deadline_left(self.deadline_s, self.start_time, _now())
+            try:
+                idx, rc = pods.exits.get(
+                    timeout=None if left is None else min(max(left, 0.0), threading.TIMEOUT_MAX)
+                )
+            except queue.Empty:
+                pass
+            else:
+                codes[idx] = rc
+                oom = rc == -signal.SIGKILL and contract.oom_since(oom_before)
+                members[idx] = process_member(name, idx, rc, _now(), oom=oom, said=said.read(idx))
+            decision = decide(
+                self.rules,
+                self.deadline_s,
+                counters,
+                members,
+                start_time=self.start_time,
+                now=_now(),
+            )
+        return decision, codes
+
+    def say_culprit(self, decision: LocalDecision, codes: dict[int, int]) -> None:
+        """Name the pod whose end the decision is about, unless the job succeeded."""
+        if decision.culprit is None or decision.action == "succeed":
+            return
+        rc = codes.get(decision.culprit, 0)
+        # A pod taken away, or stopped as asked, did not fail (its loss is not charged).
+        how = "ended" if decision.reason == "WorkerDisrupted" else "failed"
+        self.printer.note(
+            f"pod {contract.worker_pod_name(self.manifest.name, decision.culprit)} {how}: "
+            f"exit code {rc}"
+        )
+
+    def result(
+        self, decision: LocalDecision, codes: dict[int, int], counters: Counters
+    ) -> LocalRunResult | None:
+        """The run's result when the decision ends it (succeed or fail); None when the group
+        restarts. ``counters`` are the generation's, before the decision."""
+        generations = counters.generation + 1
+        if decision.action == "succeed":
+            self.printer.note(f"job {self.manifest.name} succeeded")
+            return LocalRunResult(0, generations, None, codes)
+        if decision.action == "fail":
+            self.printer.note(
+                f"job {self.manifest.name} failed ({decision.reason}): {decision.detail} "
+                f"(restarts used {counters.restarts}/{self.rules.max_restarts})"
+            )
+            rc = codes.get(decision.culprit, 1) if decision.culprit is not None else 1
+            return LocalRunResult(rc if rc > 0 else 128 - rc, generations, decision.culprit, codes)
+        return None
+
+
 def run_local(
     manifest: Manifest,
     *,
@@ -222,12 +341,11 @@ def run_local(
     argv = local_argv(container.argv)
     nproc = resolve_nproc_per_node(manifest.nproc_per_node)
     spec = manifest.job.spec
-    deadline_s = spec.run_policy.active_deadline_seconds
     rules = RestartRules.of(spec.failure_policy)
     if max_restarts is not None:
         rules = replace(rules, max_restarts=max_restarts)
+    run = _Run(manifest, rules, spec.run_policy.active_deadline_seconds, _now(), printer)
     counters = Counters()
-    start_time = _now()
     said = _TerminationLogs()
     while True:
         generation = counters.generation
@@ -237,78 +355,24 @@ def run_local(
             f"job {manifest.name}: generation {generation}, {manifest.replicas} pod(s) x "
             f"{nproc} proc(s), rendezvous 127.0.0.1:{port}"
         )
-        procs: list[subprocess.Popen[bytes]] = []
-        pumps: list[threading.Thread] = []
-        exits: queue.Queue[tuple[int, int]] = queue.Queue()
+        pods = _Pods()
         for i in range(manifest.replicas):
             env = pod_env(manifest, index=i, port=port, generation=generation, nproc=nproc)
             env[contract.TERMINATION_LOG] = said.fresh(i)
-            proc = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=container.working_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            procs.append(proc)
-            pump = threading.Thread(target=_pump, args=(proc, i, printer), daemon=True)
-            pump.start()
-            pumps.append(pump)
-            threading.Thread(target=_await_exit, args=(proc, i, exits), daemon=True).start()
-        codes: dict[int, int] = {}
-        members = [process_member(manifest.name, i, None) for i in range(manifest.replicas)]
-        decision = LocalDecision("continue", counters)
+            pods.start(i, argv, env, cwd=container.working_dir, printer=printer)
         try:
-            while decision.action == "continue":
-                left = deadline_left(deadline_s, start_time, _now())
-                try:
-                    idx, rc = exits.get(
-                        timeout=None if left is None else min(max(left, 0.0), threading.TIMEOUT_MAX)
-                    )
-                except queue.Empty:
-                    pass
-                else:
-                    codes[idx] = rc
-                    oom = rc == -signal.SIGKILL and contract.oom_since(oom_before)
-                    members[idx] = process_member(
-                        manifest.name, idx, rc, _now(), oom=oom, said=said.read(idx)
-                    )
-                decision = decide(
-                    rules, deadline_s, counters, members, start_time=start_time, now=_now()
-                )
+            decision, codes = run.watch(pods, counters, oom_before=oom_before, said=said)
         except KeyboardInterrupt:
             printer.note("interrupted: stopping all pods")
-            _stop(procs, grace_period_s)
-            for pump in pumps:
-                pump.join(timeout=5)
+            pods.stop(grace_period_s, join_s=5)
             return LocalRunResult(
-                130, generation + 1, None, {i: p.returncode for i, p in enumerate(procs)}
+                130, generation + 1, None, {i: p.returncode for i, p in enumerate(pods.procs)}
             )
-        if decision.culprit is not None and decision.action != "succeed":
-            rc = codes.get(decision.culprit, 0)
-            # A pod taken away, or stopped as asked, did not fail (its loss is not charged).
-            how = "ended" if decision.reason == "WorkerDisrupted" else "failed"
-            printer.note(
-                f"pod {contract.worker_pod_name(manifest.name, decision.culprit)} {how}: "
-                f"exit code {rc}"
-            )
-        _stop(procs, grace_period_s)
-        for pump in pumps:
-            pump.join(timeout=30)
-        if decision.action == "succeed":
-            printer.note(f"job {manifest.name} succeeded")
-            return LocalRunResult(0, generation + 1, None, codes)
-        if decision.action == "fail":
-            printer.note(
-                f"job {manifest.name} failed ({decision.reason}): {decision.detail} "
-                f"(restarts used {counters.restarts}/{rules.max_restarts})"
-            )
-            rc = codes.get(decision.culprit, 1) if decision.culprit is not None else 1
-            return LocalRunResult(
-                rc if rc > 0 else 128 - rc, generation + 1, decision.culprit, codes
-            )
+        run.say_culprit(decision, codes)
+        pods.stop(grace_period_s, join_s=30)
+        ended = run.result(decision, codes, counters)
+        if ended is not None:
+            return ended
         counters = decision.counters
         wait = f" in {decision.backoff_s:g}s" if decision.backoff_s else ""
         printer.note(

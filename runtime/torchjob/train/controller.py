@@ -32,19 +32,14 @@ from typing import NoReturn, assert_never
 from torchjob import contract
 from torchjob.checkpoint import CheckpointStorage
 from torchjob.contract import Member, PodEnv, Role, Standby
-from torchjob.launch import LaunchError, WorkerGroup, WorkerGroupError
+from torchjob.launch import LaunchError
 from torchjob.launch.policy import RestartGroup, RunState, next_generation
-from torchjob.launch.protocol import CheckpointLanded, Dispatcher, Report, ignore
 from torchjob.launch.termination import with_oom_evidence
 from torchjob.train import _session, record, workers
 from torchjob.train._spec import WorkerSpec
 from torchjob.train._worker_loop import run_training
-from torchjob.train.job_status import (
-    GenerationFacts,
-    JobEndpoint,
-    JobStatusReporter,
-    progress_body,
-)
+from torchjob.train.generation import GenerationRun
+from torchjob.train.job_status import JobEndpoint, JobStatusReporter
 from torchjob.train.membership import GenerationTimeout, Membership
 from torchjob.train.modes import KeepSurvivorsMode, choose_mode
 from torchjob.train.notice import Notice
@@ -75,12 +70,6 @@ log = logging.getLogger(__name__)
 
 REFORM_WAIT_S = 1.0
 """KeepSurvivors: pause before forming the same generation again when a peer is not up yet."""
-STUCK_AFTER_SILENT_S = 5.0
-"""KeepSurvivors: how long this pod's workers may stay in their task after their watchdog
-found a rank of another pod silent (and broke their connections to the group) before the
-driver kills them (``RestorePoints.stuck_for``): a broken collective fails in milliseconds."""
-LOSS_GRACE_S = 30.0
-"""How long the survivors of a lost rank get to answer while they hold a restore point."""
 
 
 # --- the controller ------------------------------------------------------------------------
@@ -304,104 +293,30 @@ class Controller:
         if self._leads():
             self.tracking.start()  # experiment tracking: once, on the driver of rank 0
         placement, env = workers.placement(pod, state)
-        history = self.record.history
-        current = state
-        signalled = False
-        unstuck: WorkerGroupError | None = None
-        """Set when this pod's workers were killed for hanging past a silent peer."""
-        group: WorkerGroup | None = None
         oom_before = contract.oom_kills()  # the OOM killer's evidence, if a worker dies
-        reporter = silent_reporter(self._published(), self._silent)
-        points = RestorePoints(report_silent=reporter)
-        # The generation the operator published (a pod's), else this fit's own count.
-        facts = GenerationFacts(pod.generation if pod is not None else state.generation)
-
-        def checkpointed() -> None:
-            nonlocal current
-            current = replace(
-                current, checkpoints_in_generation=current.checkpoints_in_generation + 1
-            )
-
-        def landed(e: CheckpointLanded) -> None:  # a background commit finished
-            checkpointed()
-            if self.job_status is not None and (last := self.record.last_metrics) is not None:
-                body = progress_body(
-                    last, reports=len(history), checkpoint=e.path, generation=facts.generation
-                )
-                self.job_status.report(facts.add(body, reports=len(history), restored=None)[0])
-
-        def reported(e: Report) -> None:
-            self.record.report(e.metrics)
-            if e.checkpoint_index is not None:
-                checkpointed()
-            view.report(e.metrics, len(history))
-            if self.job_status is not None:
-                latest = None
-                if e.checkpoint_index is not None and self.storage is not None:
-                    committed = self.storage.latest_committed()
-                    latest = committed.path if committed else None
-                body = progress_body(
-                    e.metrics, reports=len(history), checkpoint=latest, generation=facts.generation
-                )
-                body, first = facts.add(body, reports=len(history), restored=points.restored)
-                self.job_status.report(body, urgent=first)
-
-        follow = Dispatcher[None]({CheckpointLanded: landed, Report: reported}, otherwise=ignore)
-
-        def on_event(_rank: int, event: object) -> None:
-            self.tracking.event(event)
-            if not points.on_event(event, group, view):
-                follow(event)
-
-        def on_tick() -> None:
-            nonlocal signalled, unstuck
-            view.tick()
-            told = self.notice.tell()
-            if told is not None:
-                view.message(f"[torchjob] {told}")
-            if group is not None and unstuck is None:
-                waited = points.stuck_for(time.monotonic(), STUCK_AFTER_SILENT_S)
-                if waited is not None:
-                    assert points.remote_silent is not None
-                    unstuck = WorkerGroupError(
-                        0,
-                        "StuckCollective",
-                        f"this pod's workers were still in a collective {waited:.0f}s after rank "
-                        f"{points.remote_silent[1]} of another pod was found silent; killed, so "
-                        "that this pod joins the next generation with new processes",
-                        peer_failure=True,
-                    )
-                    view.message(f"[torchjob] {unstuck.message}")
-                    group.signal(signal.SIGKILL)
-            if signalled or group is None:
-                return
-            if self.stop_requested.is_set():
-                reason: str | None = "SIGTERM: stopping all ranks at the next report"
-            else:
-                reason = self.mode.interrupt(self, current)
-            if reason is not None:
-                view.message(f"[torchjob] {reason}")
-                group.signal(signal.SIGTERM)
-                signalled = True
-
+        run = GenerationRun(
+            self,
+            state,
+            view,
+            points=RestorePoints(report_silent=silent_reporter(self._published(), self._silent)),
+            # The generation the operator published (a pod's), else this fit's own count.
+            generation=pod.generation if pod is not None else state.generation,
+        )
         try:
-            group = self.workers.take(placement, env, pod)
+            run.group = group = self.workers.take(placement, env, pod)
             with self.notice.training():
                 outcomes = group.submit(run_training, (self._spec(),)).wait(
-                    on_event=on_event,
-                    on_tick=on_tick,
-                    # Wait for the survivors only when they hold a restore point worth keeping.
-                    loss_grace_s=lambda: LOSS_GRACE_S if points.held else 3.0,
+                    on_event=run.on_event, on_tick=run.on_tick, loss_grace_s=run.loss_grace_s
                 )
         except LaunchError as caught:
             err = with_oom_evidence(caught, oom_before)
             kept = False
-            if group is not None:
+            if run.group is not None:
                 # Another pod's loss broke the group: under KeepSurvivors these processes stay;
                 # on a laptop the survivors of a lost rank stay and re-form in place.
-                kept = self.workers.settle(group, placement, keep=self._keeps(), timeout_s=0)
+                kept = self.workers.settle(run.group, placement, keep=self._keeps(), timeout_s=0)
             # Workers killed for hanging past a silent peer failed for that peer's loss.
-            return Crashed(unstuck or err, survivors_hold_state=kept and points.held)
+            return Crashed(run.unstuck or err, survivors_hold_state=kept and run.points.held)
         if any(o.stopped for o in outcomes):
             # Stopped for a membership change: the processes stay for the next generation.
             self.workers.settle(group, placement, keep=self._keeps(), timeout_s=10)
