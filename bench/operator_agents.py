@@ -33,7 +33,7 @@ class Agents:
     def start(self) -> None:
         from torchjob import contract
         from torchjob.train.job_status import JobEndpoint
-        from torchjob.train.membership import MembershipWatch
+        from torchjob.train.recovery.membership import MembershipWatch
 
         cfg = self.api.configuration
         sa_dir = Path(tempfile.mkdtemp(prefix="bench-agent-"))

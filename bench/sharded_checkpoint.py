@@ -16,7 +16,7 @@ Four local ``TorchTrainer`` runs, the real ``report()`` and ``get_checkpoint()``
    ``--repeats`` times (verification of the files against the manifest, each rank a share,
    then DCP's resharding load), the slowest rank's time.
 
-5. the shard mirror (``register_state(TrainState)``, ``torchjob.train.shard_mirror``):
+5. the shard mirror (``register_state(TrainState)``, ``torchjob.train.recovery.shard_mirror``):
    ``--repeats`` reports without a checkpoint, each timed (the copy of the rank's shard into
    its host buffer and the ring exchange), the bytes it holds per rank; then world rank 1 is
    SIGKILLed and the group (``num_workers=(W-1, W)``) shrinks in place: the time from the

@@ -20,7 +20,7 @@ def rank_among(ranked: Sequence[int], pod_index: int) -> int | None:
 
 class Published(Protocol):
     """A generation as the job's status publishes it (``currentGeneration``, ``replicas``,
-    ``members``); ``torchjob.train.membership.Membership`` is one."""
+    ``members``); ``torchjob.train.recovery.membership.Membership`` is one."""
 
     @property
     def generation(self) -> int: ...

@@ -18,7 +18,7 @@ from tests.cluster.operator_harness import torchjob
 from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION, Phase, TorchJobStatus
 from torchjob.train.job_status import JobEndpoint
-from torchjob.train.survivors import SilentReports
+from torchjob.train.recovery.survivors import SilentReports
 from torchjob_operator.engine.client import KubeClient
 from torchjob_operator.resources.rbac import worker_rbac
 from torchjob_operator.torchjob.silent import trusted_reports

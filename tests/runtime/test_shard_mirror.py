@@ -40,7 +40,7 @@ from torchjob.train import (
     ScalingConfig,
     TrainState,
 )
-from torchjob.train.shard_mirror import box
+from torchjob.train.recovery.shard_mirror import box
 from torchjob.train.torch import TorchTrainer, prepare_model
 
 STEPS = 10

@@ -1,5 +1,5 @@
 """Replace before leaving: a pod given notice trains on while its replacement starts
-(``torchjob.rules.drain``, ``torchjob_operator.torchjob.drain``, ``torchjob.train.notice``)."""
+(``torchjob.rules.drain``, ``torchjob_operator.torchjob.drain``, ``torchjob.train.recovery.notice``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from torchjob import contract
 from torchjob.api import TorchJobSpec
 from torchjob.api.models import Phase
 from torchjob.rules.drain import MARGIN_S, drain_left, drain_seconds
-from torchjob.train.notice import Notice
+from torchjob.train.recovery.notice import Notice
 from torchjob_operator.resources.pods import worker_pod
 from torchjob_operator.torchjob.observed import PodView, pod_view
 from torchjob_operator.torchjob.plan import JobView, plan

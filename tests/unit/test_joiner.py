@@ -12,9 +12,9 @@ import pytest
 from rich.console import Console
 from tests.unit.test_membership import OpenWatch, ScriptedEndpoint, event
 
-from torchjob.train.membership import GenerationTimeout, Membership, MembershipWatch
 from torchjob.train.modes import KeepSurvivorsMode
 from torchjob.train.progress import ProgressView
+from torchjob.train.recovery.membership import GenerationTimeout, Membership, MembershipWatch
 
 
 def joiner(ready: Path, *events: dict) -> tuple[KeepSurvivorsMode, SimpleNamespace, io.StringIO]:

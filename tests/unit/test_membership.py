@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from torchjob.train.membership import GenerationTimeout, Membership, MembershipWatch
+from torchjob.train.recovery.membership import GenerationTimeout, Membership, MembershipWatch
 
 
 def event(kind: str, rv: int, **status: Any) -> dict[str, Any]:

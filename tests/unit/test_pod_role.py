@@ -17,9 +17,9 @@ from torchjob.contract import Member, PodEnv, Standby, pod_as_of, pod_role, rank
 from torchjob.launch import Placement
 from torchjob.launch.policy import RunState
 from torchjob.train.controller import Controller
-from torchjob.train.membership import Membership
 from torchjob.train.modes import KeepSurvivorsMode
 from torchjob.train.progress import ProgressView
+from torchjob.train.recovery.membership import Membership
 
 KEEP = contract.KEEP_SURVIVORS
 

@@ -1,4 +1,4 @@
-"""The in-memory restore point's copy and load, in one process (``torchjob.train.restore_point``).
+"""The in-memory restore point's copy and load, in one process (``torchjob.train.recovery.restore_point``).
 
 The multi-process behaviour (a lost rank, the agreement, the broadcast) is
 tests/runtime/test_restore_point.py; here: a report's copy reuses the previous one's
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from torchjob.train import restore_point
+from torchjob.train.recovery import restore_point
 
 
 def _model_and_opt() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.distributed.tensor import Replicate, Shard
 
-from torchjob.train.shard_mirror import box
-from torchjob.train.shard_rebuild import Fallback, Plan, choose
+from torchjob.train.recovery.shard_mirror import box
+from torchjob.train.recovery.shard_rebuild import Fallback, Plan, choose
 
 
 class _Mesh:

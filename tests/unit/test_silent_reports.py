@@ -12,7 +12,7 @@ from typing import Any
 from tests.unit.builders import pod_env
 
 from torchjob.api.crd import build_crd
-from torchjob.train.survivors import SilentReports
+from torchjob.train.recovery.survivors import SilentReports
 
 
 class Applies:

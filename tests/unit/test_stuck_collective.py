@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torchjob.launch.protocol import SilentPeer
 from torchjob.train.progress import ProgressView
-from torchjob.train.survivors import RestorePoints
+from torchjob.train.recovery.survivors import RestorePoints
 
 
 def silent(rank: int) -> SilentPeer:

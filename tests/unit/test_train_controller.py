@@ -19,9 +19,9 @@ from torchjob.launch.policy import Resize, RunState
 from torchjob.train import FailureConfig, RunConfig, ScalingConfig
 from torchjob.train._spec import WorkerOutcome
 from torchjob.train.controller import Controller
-from torchjob.train.membership import GenerationTimeout, Membership
 from torchjob.train.modes import KeepSurvivorsMode, LocalMode, PodMode
 from torchjob.train.progress import ProgressView
+from torchjob.train.recovery.membership import GenerationTimeout, Membership
 from torchjob.train.steps import (
     Completed,
     Crashed,

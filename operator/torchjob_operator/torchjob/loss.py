@@ -40,7 +40,7 @@ def survives(p: PodView) -> bool:
 
 def survivors_hold_state(d: Decision, survivors: Sequence[PodView]) -> bool:
     """KeepSurvivors with survivors: they keep their processes and the last completed step in
-    memory (``torchjob.train.restore_point``)."""
+    memory (``torchjob.train.recovery.restore_point``)."""
     return bool(survivors) and d.job.spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS
 
 

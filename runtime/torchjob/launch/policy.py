@@ -103,7 +103,7 @@ class RunState:
     generation_started_s: float = 0.0
     survivors_hold_state: bool = False
     """After a failure: some workers outlive it, can re-form in place and hold the last
-    completed step's state in memory (``torchjob.train.restore_point``)."""
+    completed step's state in memory (``torchjob.train.recovery.restore_point``)."""
 
     @property
     def counters(self) -> Counters:

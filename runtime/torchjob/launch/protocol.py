@@ -15,7 +15,7 @@ Three conversations, each over a connection that pickles what it carries:
 A :class:`WorkerEvent` carries a payload sent with ``send_event`` (cloudpickled, so that a
 user's payload of any type travels too); torchjob's own payloads are the event classes
 below (:class:`SilentPeer`, :class:`Report`, :class:`CheckpointLanded`, the restore-point
-events...), which the driver's handlers (``train/controller.py``, ``train/survivors.py``,
+events...), which the driver's handlers (``train/controller.py``, ``train/recovery/survivors.py``,
 ``train/tracking.py``, ``tune/trainables.py``) dispatch by class too.
 
 The classes are plain frozen, slotted dataclasses of builtins: they pickle by reference to

@@ -12,7 +12,7 @@ the counters already moved (``torchjob.rules.generation``):
   is spent, and otherwise restarts the group after the backoff, one restart charged
   (``torchjob.rules.failure``);
 * where the survivors hold the last completed step's state in memory (``survivors_hold_state``:
-  their processes outlive the loss and re-form in place, ``torchjob.train.restore_point``),
+  their processes outlive the loss and re-form in place, ``torchjob.train.recovery.restore_point``),
   the next generation restores from that memory, not from storage (:class:`Recovery`). A
   worker killed with no grace (``Failure.hard``: the OOM killer) is still charged, but the
   group starts at once, with no backoff, and an elastic group goes on with its survivors: the

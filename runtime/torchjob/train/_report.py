@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 from torchjob.checkpoint import CheckpointStorage, CommittedCheckpoint, restore_rng
 from torchjob.launch import send_event, stop_requested
 from torchjob.launch.protocol import CheckpointLanded, Report, RestoredFromMirror
-from torchjob.train import _session, restore_point, shard_mirror
+from torchjob.train import _session
 from torchjob.train.checkpoint import Checkpoint
+from torchjob.train.recovery import restore_point, shard_mirror
 
 if TYPE_CHECKING:
     from torchjob.checkpoint.background import BackgroundCommitter
@@ -240,7 +241,7 @@ def register_state(state: MutableMapping[str, Any] | Any, *, mirror: bool | None
     optimizer exist and before the first step.
 
     Sharded state (FSDP2 ``DTensor``s) is held by the shard mirror
-    (``torchjob.train.shard_mirror``: each rank's shard in its own and in a ring neighbour's
+    (``torchjob.train.recovery.shard_mirror``: each rank's shard in its own and in a ring neighbour's
     host memory, two shards of RAM per rank): after a loss the survivors rebuild the state at
     the new world size from it, collectively, here. ``mirror=False`` (or
     ``TORCHJOB_SHARD_MIRROR=0``) holds nothing for sharded state: a loss resumes from storage."""
@@ -256,7 +257,7 @@ def register_state(state: MutableMapping[str, Any] | Any, *, mirror: bool | None
     s.registered = registered
     s.mirror_on = shard_mirror.enabled(mirror)
     if s.mirror_plan is not None:
-        from torchjob.train import shard_rebuild
+        from torchjob.train.recovery import shard_rebuild
 
         done = shard_rebuild.restore(
             registered, s.mirror_plan, s.run_path, s.world_rank, s.world_size, _mirror_group(s)

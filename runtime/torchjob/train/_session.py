@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from torchjob.checkpoint.background import BackgroundCommitter
     from torchjob.train._sharded import ShardedSaver
     from torchjob.train.checkpoint import Checkpoint
-    from torchjob.train.restore_point import Restored
-    from torchjob.train.shard_rebuild import Plan
+    from torchjob.train.recovery.restore_point import Restored
+    from torchjob.train.recovery.shard_rebuild import Plan
 
 
 class PositionedLoader(Protocol):

@@ -1,7 +1,7 @@
 """What every worker runs for one generation of ``TorchTrainer.fit``.
 
 Where the ranks hold an in-memory restore point (the survivors of a lost rank,
-``torchjob.train.restore_point``), a survivor broadcasts it and storage is not read.
+``torchjob.train.recovery.restore_point``), a survivor broadcasts it and storage is not read.
 Else rank 0 finds the latest committed checkpoint and reads it (verified); the other
 ranks receive its files by broadcast, so only rank 0 needs storage access. Then
 the user's ``train_func`` runs with a session that ``report`` and friends use.
@@ -21,9 +21,10 @@ from torchjob.checkpoint import CheckpointError, CheckpointStorage, DataPosition
 from torchjob.checkpoint.sharded import is_sharded
 from torchjob.launch import send_event, worker_info
 from torchjob.launch.protocol import MirrorFallback, RestoredFromMemory
-from torchjob.train import _session, _shared_result, restore_point, shard_rebuild
+from torchjob.train import _session, _shared_result
 from torchjob.train._spec import WorkerOutcome, WorkerSpec
 from torchjob.train.checkpoint import Checkpoint
+from torchjob.train.recovery import restore_point, shard_rebuild
 
 _Payload = tuple[str, Any, Any]
 

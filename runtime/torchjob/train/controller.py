@@ -16,7 +16,7 @@ Where the rest lives: the steps and shared protocols in ``torchjob.train.steps``
 modes (:class:`LocalMode`, :class:`PodMode`, :class:`KeepSurvivorsMode`, chosen once from
 where ``fit()`` runs) in ``torchjob.train.modes``; the worker processes in
 ``torchjob.train.workers``; the run's record and ending in ``torchjob.train.record``; the
-restore point and silent peers in ``torchjob.train.survivors``.
+restore point and silent peers in ``torchjob.train.recovery.survivors``.
 """
 
 from __future__ import annotations
@@ -40,11 +40,12 @@ from torchjob.train._spec import WorkerSpec
 from torchjob.train._worker_loop import run_training
 from torchjob.train.generation import GenerationRun
 from torchjob.train.job_status import JobEndpoint, JobStatusReporter
-from torchjob.train.membership import GenerationTimeout, Membership
 from torchjob.train.modes import KeepSurvivorsMode, choose_mode
-from torchjob.train.notice import Notice
 from torchjob.train.progress import ProgressView
 from torchjob.train.record import RunRecord, run_location, shares_result
+from torchjob.train.recovery.membership import GenerationTimeout, Membership
+from torchjob.train.recovery.notice import Notice
+from torchjob.train.recovery.survivors import RestorePoints, SilentReports, silent_reporter
 from torchjob.train.result import Result
 from torchjob.train.steps import (
     Completed,
@@ -62,7 +63,6 @@ from torchjob.train.steps import (
     Stopped,
     TrainerSettings,
 )
-from torchjob.train.survivors import RestorePoints, SilentReports, silent_reporter
 from torchjob.train.tracking import RunTracking
 from torchjob.train.workers import Workers
 

@@ -3,7 +3,7 @@
 
 The events: progress reports and checkpoints that landed (the run's record, the progress
 view, experiment tracking and the TorchJob's ``status.progress`` on rank 0's pod), and the
-restore points and silent peers that ``torchjob.train.survivors`` follows. The tick: tell
+restore points and silent peers that ``torchjob.train.recovery.survivors`` follows. The tick: tell
 the notice a pod was given, kill this pod's workers when they hang past another pod's
 silent rank, and stop every rank at its next report when a stop was requested or the mode
 asks for it (a membership change). The controller forms the group, waits on it with
@@ -23,11 +23,11 @@ from torchjob.launch.policy import RunState
 from torchjob.launch.protocol import CheckpointLanded, Dispatcher, Report, ignore
 from torchjob.train.job_status import GenerationFacts, JobStatusReporter, progress_body
 from torchjob.train.modes import FitMode
-from torchjob.train.notice import Notice
 from torchjob.train.progress import ProgressView
 from torchjob.train.record import RunRecord
+from torchjob.train.recovery.notice import Notice
+from torchjob.train.recovery.survivors import RestorePoints
 from torchjob.train.steps import FitContext
-from torchjob.train.survivors import RestorePoints
 from torchjob.train.tracking import RunTracking
 
 STUCK_AFTER_SILENT_S = 5.0

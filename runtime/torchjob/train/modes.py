@@ -33,8 +33,8 @@ from torchjob.launch.policy import (
 )
 from torchjob.rules import ElasticRules
 from torchjob.train.job_status import JobEndpoint
-from torchjob.train.membership import GenerationTimeout, Membership, MembershipWatch
 from torchjob.train.progress import ProgressView
+from torchjob.train.recovery.membership import GenerationTimeout, Membership, MembershipWatch
 from torchjob.train.steps import (
     Errored,
     FitContext,

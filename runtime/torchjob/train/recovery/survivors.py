@@ -1,7 +1,7 @@
 """What the controller follows of the in-memory restore point and of silent peers.
 
 The workers hold the last completed step's state in memory once the training function
-registered it (``torchjob.train.restore_point``): their report events say so, and the first
+registered it (``torchjob.train.recovery.restore_point``): their report events say so, and the first
 rank of a generation that started from memory says where from. A rank's watchdog reports a
 silent peer (``torchjob.launch.heartbeat``); a rank this host runs is then killed, so that
 its connections close and the survivors' collectives fail as for any death. A rank on

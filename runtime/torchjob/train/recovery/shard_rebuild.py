@@ -1,4 +1,4 @@
-"""Rebuild sharded state at a new world size from the shard mirror (``torchjob.train.shard_mirror``).
+"""Rebuild sharded state at a new world size from the shard mirror (``torchjob.train.recovery.shard_mirror``).
 
 At a generation's start, :func:`agree` (collective) finds the newest report whose every old
 rank's record a survivor holds (a lost rank's from its mirror), or a :class:`Fallback` naming
@@ -29,7 +29,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchjob.train.shard_mirror import Leaf, Record, box, fill, held, split
+from torchjob.train.recovery.shard_mirror import Leaf, Record, box, fill, held, split
 
 # --- a generation's start ---------------------------------------------------------------
 
@@ -220,12 +220,12 @@ def restore(
     registered: MutableMapping[str, Any], plan: Plan, run: str, rank: int, world: int, group: Any
 ) -> Rebuilt:
     """Collective: load the mirrored report ``plan.index`` into ``registered`` at this world
-    size (``torchjob.train.restore_point.load_into``, then this rank's RNG)."""
+    size (``torchjob.train.recovery.restore_point.load_into``, then this rank's RNG)."""
     import torch
     import torch.distributed as dist
 
     from torchjob.checkpoint.rng import restore_rng
-    from torchjob.train import restore_point
+    from torchjob.train.recovery import restore_point
 
     t0 = time.perf_counter()
     mine = _held_records(run, plan, rank)

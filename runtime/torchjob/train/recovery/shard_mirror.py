@@ -1,6 +1,6 @@
 """The shard mirror: the in-memory restore point of sharded (FSDP2) state.
 
-In data-parallel training every replica holds the whole state (``torchjob.train.restore_point``);
+In data-parallel training every replica holds the whole state (``torchjob.train.recovery.restore_point``);
 with FSDP2 each rank holds only its shard, so a lost rank's shard would be nowhere in the
 survivors' memory. The mirror keeps it there (Gemini's idea, SOSP 2023): at every ``report()``
 of a training function that registered its state, each rank
@@ -21,7 +21,7 @@ records each holds and pick the newest report whose every old rank's record is h
 survivor: a lost rank's shard comes from its mirror. Records are combined only within one
 report of one generation (a record carries both; the exchange refuses a peer at another
 report), so one report's shards are never paired with another's step or moments. ``register_state`` then rebuilds the
-state at the new world size (``torchjob.train.shard_rebuild``) and storage is not read. Two
+state at the new world size (``torchjob.train.recovery.shard_rebuild``) and storage is not read. Two
 adjacent ranks lost at once (a shard and its mirror) leave a hole: the generation resumes from
 the latest committed checkpoint, and the driver says so.
 

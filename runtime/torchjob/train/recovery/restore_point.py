@@ -15,7 +15,7 @@ or the survivors of a shrunk group that were one report behind), and nobody read
 Only when no rank holds one (every replica was lost, or the state was never registered)
 does the generation resume from the latest committed checkpoint.
 
-Sharded (FSDP2) state is held by the shard mirror instead (``torchjob.train.shard_mirror``):
+Sharded (FSDP2) state is held by the shard mirror instead (``torchjob.train.recovery.shard_mirror``):
 each rank holds its own shard and its ring neighbour's, and the re-formed group rebuilds the
 whole state at its new world size from them. :func:`take` holds nothing for a state with
 DTensors.
@@ -163,7 +163,7 @@ def take(
     """Copy the registered state into this process's memory as the restore point of report
     ``index`` (reusing the previous restore point's buffers); ``live`` is ``state_of(registered)``
     where the caller has it. None for sharded state (FSDP2 DTensors): a rank holds only its
-    shard, which the shard mirror holds instead (``torchjob.train.shard_mirror``)."""
+    shard, which the shard mirror holds instead (``torchjob.train.recovery.shard_mirror``)."""
     live = state_of(registered) if live is None else live
     if is_sharded(live):
         _HELD[0] = None
