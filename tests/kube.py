@@ -87,7 +87,7 @@ def helm_path() -> Path:
 
 
 def krew_dir() -> Path:
-    """The built krew: ``krew`` and ``kubectl-krew``, so that ``kubectl krew`` finds it on the PATH."""
+    """The built krew: ``krew``, and ``kubectl-krew`` for ``kubectl krew`` on the PATH."""
     return testbin_dir("krew")
 
 
