@@ -131,7 +131,7 @@ spec:
         os: linux
         arch: amd64
     uri: ${HOMEPAGE}/releases/download/v${VERSION}/${ARCHIVE_NAME}
-    sha256: ${sha}
+    sha256: "${sha}"
     bin: kubectl-torchjob
     files:
     - from: kubectl-torchjob
