@@ -108,7 +108,11 @@ def plugin(
     assert install.returncode == 0, f"kubectl krew install:\n{install.stderr}{install.stdout}"
     found = shutil.which("kubectl-torchjob", path=env["PATH"])
     assert found == str(krew_root / "bin" / "kubectl-torchjob"), found
-    yield Plugin(env=env, shiv_root=shiv_root, kubeconfig=cluster.kubeconfig)
+    try:
+        yield Plugin(env=env, shiv_root=shiv_root, kubeconfig=cluster.kubeconfig)
+    finally:  # the archive twice and up to four unpacked zipapps: 300 MB
+        for tmp in (dist, krew_root, shiv_root):
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _cpython(version: str) -> str | None:
