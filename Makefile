@@ -132,6 +132,10 @@ BENCH_ARGS ?= --sizes 20,100,500 --scale-jobs 1000
 bench-operator: venv testbin ## operator cost: torchjob vs Kubeflow training-operator v1.8.1 on a private kwok cluster, then 1000 TorchJobs (45 min or more; BENCH_ARGS to change)
 	$(PY) bench/operator_vs_kubeflow.py $(BENCH_ARGS)
 
+.PHONY: kubectl-plugin
+kubectl-plugin: venv ## the kubectl plugin for krew: dist/kubectl-torchjob_linux_amd64.tar.gz (CPython 3.10-3.13 zipapps) and its manifest dist/krew/torchjob.yaml
+	PY=$(PY) hack/kubectl-plugin.sh
+
 .PHONY: images
 images: ## build the operator and CPU runtime images with docker or podman (IMAGES="operator runtime" for the CUDA one)
 	hack/images.sh build $(IMAGES)

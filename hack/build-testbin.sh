@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build (or reuse) the pinned binaries of the local test control plane from the Go module proxy:
-# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, kwokctl, helm.
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, kwokctl, helm,
+# krew (as kubectl-krew too, so that `kubectl krew` finds it: the kubectl plugin test).
 #
 # Every component/version gets its own directory under $TORCHJOB_TESTBIN_ROOT, e.g.
 #   ~/.cache/torchjob/testbin/kubernetes-v1.37.2/kube-apiserver
@@ -16,7 +17,7 @@
 # checkpoint storage tests (tests/s3.py).
 #
 # Usage: hack/build-testbin.sh [--print-dir COMPONENT] [COMPONENT...]
-#   (COMPONENT: kubernetes|etcd|kwok|helm|kubelet|coredns|gitops|podgroup-crds|monitoring-crds|kueue|seaweedfs;
+#   (COMPONENT: kubernetes|etcd|kwok|helm|krew|kubelet|coredns|gitops|podgroup-crds|monitoring-crds|kueue|seaweedfs;
 #    default: all)
 set -euo pipefail
 
@@ -36,6 +37,7 @@ component_dir() {
     etcd) echo "${ROOT}/etcd-${ETCD_VERSION}" ;;
     kwok) echo "${ROOT}/kwok-${KWOK_VERSION}" ;;
     helm) echo "${ROOT}/helm-${HELM_VERSION}" ;;
+    krew) echo "${ROOT}/krew-${KREW_VERSION}" ;;
     kubelet) echo "${ROOT}/kubelet-${KUBE_VERSION}" ;;
     coredns) echo "${ROOT}/coredns-${COREDNS_VERSION}" ;;
     gitops) echo "${ROOT}/gitops-check-${GOPHER_LUA_VERSION}-${CLI_UTILS_VERSION}" ;;
@@ -258,6 +260,35 @@ build_helm() {
   publish "${tmp}" "${dir}" helm "${HELM_VERSION}"
 }
 
+# ---------------------------------------------------------------- krew (kubectl plugin manager)
+build_krew() {
+  local dir
+  dir="$(component_dir krew)"
+  # `krew version` would create its KREW_ROOT (~/.krew): read the module version from the
+  # binary's build information instead.
+  if fresh "${dir}" krew "${KREW_VERSION}" "'${GO}' version -m '${dir}/krew' | grep -E '^[[:space:]]+mod[[:space:]]'" \
+    && [[ -x "${dir}/kubectl-krew" ]]; then
+    log "krew ${KREW_VERSION}: up to date in ${dir}"
+    return
+  fi
+  log "krew ${KREW_VERSION}: building"
+  local tmp="${dir}.tmp.$$"
+  rm -rf "${tmp}"
+  mkdir -p "${tmp}"
+  GOBIN="${tmp}" "${GO}" install -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/krew/internal/version.gitTag=${KREW_VERSION}" \
+    "sigs.k8s.io/krew/cmd/krew@${KREW_VERSION}"
+  # kubectl runs `kubectl krew ...` as the executable kubectl-krew on the PATH (what krew's own
+  # installer names it).
+  ln -s krew "${tmp}/kubectl-krew"
+  local check
+  check="$(mktemp -d)"
+  KREW_ROOT="${check}" KREW_NO_UPGRADE_CHECK=1 "${tmp}/krew" version 2>/dev/null | grep -q "${KREW_VERSION}" \
+    || { rm -rf "${check}"; die "built krew does not report ${KREW_VERSION}"; }
+  rm -rf "${check}"
+  publish "${tmp}" "${dir}" krew "${KREW_VERSION}"
+}
+
 # ---------------------------------------------------------------- kubelet (real nodes, hack/node.sh)
 build_kubelet() {
   local dir
@@ -417,7 +448,7 @@ build_seaweedfs() {
 }
 
 components=("${@}")
-[[ ${#components[@]} -gt 0 ]] || components=(kwok etcd kubernetes helm kubelet coredns gitops podgroup-crds monitoring-crds kueue seaweedfs)
+[[ ${#components[@]} -gt 0 ]] || components=(kwok etcd kubernetes helm krew kubelet coredns gitops podgroup-crds monitoring-crds kueue seaweedfs)
 # SeaweedFS needs ~2 GB of modules: download them in the background while the other components
 # compile (CPU-bound), so a cold build pays the network and the compiler at the same time.
 prefetch_pid=""
@@ -434,8 +465,8 @@ for c in "${components[@]}"; do
       [[ -z "${prefetch_pid}" ]] || wait "${prefetch_pid}" || true
       timed "${c}" "build_${c}"
       ;;
-    kubernetes | etcd | kwok | helm | kubelet | coredns | gitops | podgroup-crds | monitoring-crds | kueue) timed "${c}" "build_${c}" ;;
-    *) die "unknown component '${c}' (kubernetes|etcd|kwok|helm|kubelet|coredns|gitops|podgroup-crds|kueue|seaweedfs)" ;;
+    kubernetes | etcd | kwok | helm | krew | kubelet | coredns | gitops | podgroup-crds | monitoring-crds | kueue) timed "${c}" "build_${c}" ;;
+    *) die "unknown component '${c}' (kubernetes|etcd|kwok|helm|krew|kubelet|coredns|gitops|podgroup-crds|monitoring-crds|kueue|seaweedfs)" ;;
   esac
 done
 log "total: $(($(date +%s) - total_start))s"

@@ -66,13 +66,14 @@ def testbin_root() -> Path:
 
 
 def testbin_dir(component: str) -> Path:
-    """Directory of one built component: kubernetes, etcd, kwok or helm."""
+    """Directory of one built component: kubernetes, etcd, kwok, helm or krew."""
     v = read_versions()
     version = {
         "kubernetes": v["KUBE_VERSION"],
         "etcd": v["ETCD_VERSION"],
         "kwok": v["KWOK_VERSION"],
         "helm": v["HELM_VERSION"],
+        "krew": v["KREW_VERSION"],
     }[component]
     return testbin_root() / f"{component}-{version}"
 
@@ -83,6 +84,11 @@ def kubectl_path() -> Path:
 
 def helm_path() -> Path:
     return testbin_dir("helm") / "helm"
+
+
+def krew_dir() -> Path:
+    """The built krew: ``krew``, and ``kubectl-krew`` for ``kubectl krew`` on the PATH."""
+    return testbin_dir("krew")
 
 
 CLUSTER_BINARIES = {

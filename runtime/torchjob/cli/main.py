@@ -350,9 +350,9 @@ def _add_initialize(sub: Subparsers) -> None:
 
 
 def kubectl_main() -> int:
-    """``kubectl torchjob ...``: kubectl finds ``kubectl-torchjob`` on the PATH (a krew-style
-    plugin, hack/krew/torchjob.yaml) and passes it the rest of the command line; the same
-    commands as ``torchjob``."""
+    """``kubectl torchjob ...``: kubectl finds ``kubectl-torchjob`` on the PATH (this console
+    script, or the krew plugin that hack/kubectl-plugin.sh builds around it) and passes it the
+    rest of the command line; the same commands as ``torchjob``."""
     return main(None, prog="kubectl torchjob")
 
 
