@@ -260,9 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     op.helm("uninstall", "torchjob", "--namespace", OPERATOR_NS, "--wait", check=False)
     with tempfile.TemporaryDirectory() as d:
         op.install(Path(d) / "values.yaml", "--create-namespace")
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/torchjobs.torchjob.io", "--timeout=60s"
-    )
+    cluster.wait_established("torchjobs.torchjob.io")
     kubeflow = None
     workdir = Path(tempfile.mkdtemp(prefix="tj-goodput-"))
     try:

@@ -18,6 +18,11 @@ say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 say "installing the TorchJob CRD (generated from torchjob.api)"
 k apply --server-side --force-conflicts -f "${REPO}/crds/torchjob.io_torchjobs.yaml"
 k apply --server-side --force-conflicts -f "${REPO}/crds/torchjob.io_torchtunes.yaml"
+# Not `kubectl wait` alone: it fails at once while the new CRD has no status yet.
+for _ in $(seq 120); do
+  [[ "$(k get crd/torchjobs.torchjob.io -o jsonpath='{.status.conditions[?(@.type=="Established")].status}' 2>/dev/null)" == True ]] && break
+  sleep 0.5
+done
 k wait --for=condition=Established crd/torchjobs.torchjob.io --timeout=60s
 
 say "starting the operator (log: ${STATE}/operator.log)"

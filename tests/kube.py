@@ -546,6 +546,22 @@ class Cluster:
     ) -> subprocess.CompletedProcess[str]:
         return kubectl(*args, input=input, check=check, kubeconfig=self.kubeconfig, timeout=timeout)
 
+    def wait_established(self, *crds: str, timeout: float = 60.0) -> None:
+        """Until each CRD (``name.group``) is Established. Not ``kubectl wait``: it fails at
+        once while a new CRD has no ``status.conditions`` yet (its schema and CEL rules take
+        a moment to compile on a busy machine)."""
+        for crd in crds:
+
+            def established(name: str = crd) -> bool:
+                out = self.kubectl(
+                    "get", f"crd/{name}", "-o",
+                    "jsonpath={.status.conditions[?(@.type=='Established')].status}",
+                    check=False,
+                )  # fmt: skip
+                return out.stdout.strip() == "True"
+
+            wait_for(established, timeout, f"CRD {crd} Established", interval=0.5)
+
     def api_client(self) -> Any:
         """A fresh kubernetes.client.ApiClient for this cluster."""
         from kubernetes import config

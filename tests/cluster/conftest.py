@@ -145,27 +145,12 @@ def crd(cluster: helpers.Cluster) -> None:
     for path in (CRD_FILE, TUNE_CRD_FILE, *RUNTIME_CRD_FILES):
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
 
-    def established(crd_name: str) -> bool:
-        # Not `kubectl wait`: it fails at once while the new CRD has no status.conditions yet
-        # (the pod template schema and its CEL rules take a moment to compile on a busy machine).
-        out = cluster.kubectl(
-            "get",
-            f"crd/{crd_name}",
-            "-o",
-            "jsonpath={.status.conditions[?(@.type=='Established')].status}",
-            check=False,
-        )
-        return out.stdout.strip() == "True"
-
-    for crd_name in (
+    cluster.wait_established(
         "torchjobs.torchjob.io",
         "torchtunes.torchjob.io",
         "torchruntimes.torchjob.io",
         "clustertorchruntimes.torchjob.io",
-    ):
-        helpers.wait_for(
-            lambda n=crd_name: established(n), 60, f"CRD {crd_name} Established", interval=0.5
-        )
+    )
 
 
 # Operators started by the ``operator`` fixture: the Helm-installed operator of the real-node

@@ -146,12 +146,9 @@ class KueueProcess:
             "apply", "--server-side", "--force-conflicts", "-f", "-",
             input=yaml.safe_dump_all(docs),
         )  # fmt: skip
-        for crd in docs:
-            if crd["kind"] == "CustomResourceDefinition":
-                self.cluster.kubectl(
-                    "wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}",
-                    "--timeout=60s",
-                )  # fmt: skip
+        self.cluster.wait_established(
+            *(d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition")
+        )
 
     def _config(self) -> Path:
         config = {

@@ -31,9 +31,7 @@ def coscheduling_crd(cluster: k.Cluster) -> None:
             pytest.fail(f"CI=true and {msg}", pytrace=False)
         pytest.skip(msg)
     cluster.kubectl("apply", "--server-side", "-f", str(crd))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/podgroups.scheduling.x-k8s.io", "--timeout=30s"
-    )
+    cluster.wait_established("podgroups.scheduling.x-k8s.io")
 
 
 def test_gang_job_keeps_a_coscheduling_pod_group_in_step_with_its_size(

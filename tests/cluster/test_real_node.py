@@ -58,8 +58,7 @@ def helm_operator(
     op = HelmOperator(cluster, core_v1, OPERATOR_NS, "torchjob")
     op.helm("uninstall", "torchjob", "--namespace", OPERATOR_NS, "--wait", check=False)
     op.install(tmp_path_factory.mktemp("helm") / "values.yaml", "--create-namespace")
-    for crd in ("crd/torchjobs.torchjob.io", "crd/torchtunes.torchjob.io"):
-        cluster.kubectl("wait", "--for=condition=Established", crd, "--timeout=60s")
+    cluster.wait_established("torchjobs.torchjob.io", "torchtunes.torchjob.io")
     yield op
     op.helm("uninstall", "torchjob", "--namespace", OPERATOR_NS, "--wait", check=False)
 
@@ -826,13 +825,9 @@ def test_helm_upgrade_rolls_the_operator_and_uninstall_keeps_the_crd(
     crds = k.testbin_root() / f"monitoring-crds-{k.read_versions()['PROMETHEUS_OPERATOR_VERSION']}"
     assert crds.is_dir(), f"{crds} missing: run `make testbin`"
     cluster.kubectl("apply", "--server-side", "-f", str(crds))
-    for crd in ("servicemonitors", "prometheusrules"):
-        cluster.kubectl(
-            "wait",
-            "--for=condition=Established",
-            f"crd/{crd}.monitoring.coreos.com",
-            "--timeout=60s",
-        )
+    cluster.wait_established(
+        "servicemonitors.monitoring.coreos.com", "prometheusrules.monitoring.coreos.com"
+    )
     switches = [
         "dashboard.enabled=true",
         "metrics.serviceMonitor.enabled=true",
