@@ -35,6 +35,7 @@ from torchjob_operator.torchjob.observed import (
     IMAGE_PULL_REASONS,
     NODE_LOSS_REASONS,
     PodPhase,
+    phase_of,
 )
 
 
@@ -72,10 +73,7 @@ def init_pod_view(pod: Mapping[str, Any]) -> InitPod | None:
     if labels.get(contract.LABEL_ROLE) != contract.ROLE_INITIALIZER:
         return None
     status = pod.get("status") or {}
-    try:
-        phase = PodPhase(status.get("phase") or "Pending")
-    except ValueError:
-        phase = PodPhase.UNKNOWN
+    phase = phase_of(status)
     exit_code, line, finished, waiting, waiting_message = None, "", None, "", ""
     for cs in status.get("containerStatuses") or ():
         state = cs.get("state") or {}

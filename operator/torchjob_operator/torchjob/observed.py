@@ -44,6 +44,16 @@ NODE_LOSS_REASONS = frozenset({"NodeLost", "Evicted", "Shutdown", "NodeShutdown"
 
 
 PodPhase = MemberPhase
+
+
+def phase_of(status: Mapping[str, Any]) -> PodPhase:
+    """A pod's ``status.phase`` (Pending when absent; Unknown when not one Kubernetes has)."""
+    try:
+        return PodPhase(status.get("phase") or "Pending")
+    except ValueError:
+        return PodPhase.UNKNOWN
+
+
 """Pod phases are the members' phases (``torchjob.rules.member``)."""
 
 
@@ -243,11 +253,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
     except (KeyError, ValueError):
         return None
     status = pod.get("status") or {}
-    try:
-        phase = PodPhase(status.get("phase") or "Pending")
-    except ValueError:
-        phase = PodPhase.UNKNOWN
-
+    phase = phase_of(status)
     exit_code, reason, message, finished_at = _root_exit(status)
     phase = ended_phase(pod, phase)
     waiting, waiting_message = _waiting(status)
