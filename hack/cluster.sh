@@ -181,7 +181,7 @@ ensure_nodes() {
 
 # The cluster's config (stages, flags) is fixed at creation: remember what it was made from.
 # Bump CLUSTER_CONFIG_REVISION when the kwokctl flags or node shapes below change.
-CLUSTER_CONFIG_REVISION=3
+CLUSTER_CONFIG_REVISION=4
 config_digest() {
   { cat "${HACK_DIR}/kwok/stages.yaml" "${HACK_DIR}/kwok/logs.yaml"; echo "rev=${CLUSTER_CONFIG_REVISION} gpu=${GPU_NODES}x${GPUS_PER_NODE} cpu=${CPU_NODES}"; } |
     sha256sum | cut -d' ' -f1
@@ -259,6 +259,10 @@ cmd_up() {
   echo "${KUBECONFIG_PATH}"
 }
 
+# One kube-controller-manager and one kube-scheduler: no leader election. With it, a busy
+# machine that delays a lease renewal past its deadline makes either exit ("leaderelection
+# lost"), and nothing restarts it: every later test then waits on a namespace's default
+# ServiceAccount, a garbage collection or a binding that never comes (seen under load).
 create_cluster() {
   mkdir -p "${KWOK_WORKDIR}"
   log "creating cluster '${NAME}' (Kubernetes ${KUBE_VERSION}, etcd ${ETCD_VERSION}, kwok ${KWOK_VERSION})"
@@ -276,6 +280,8 @@ create_cluster() {
     --disable-qps-limits \
     --heartbeat-factor 1 \
     --extra-args kwok-controller=manage-all-nodes=false \
+    --extra-args kube-controller-manager=leader-elect=false \
+    --extra-args kube-scheduler=leader-elect=false \
     --extra-args kube-apiserver=kubelet-preferred-address-types=InternalIP,Hostname \
     --extra-args "kwok-controller=manage-nodes-with-annotation-selector=${KWOK_NODE_ANNOTATION}" \
     --config "${HACK_DIR}/kwok/stages.yaml" \
