@@ -207,6 +207,12 @@ class KueueProcess:
         """Uninstall Kueue from the cluster and end the process: its CRDs go while it still
         runs (it removes its own finalizers), so the tests after this module (and a session
         that reuses the cluster) see a cluster without Kueue, where a queue label is inert."""
+        try:
+            self._uninstall()
+        finally:  # never leave a Kueue process behind, even when its uninstall timed out
+            self.end()
+
+    def _uninstall(self) -> None:
         crds = [
             f"crd/{yaml.safe_load(path.read_text())['metadata']['name']}"
             for path in sorted((kueue_dir() / "crds").glob("*.yaml"))
@@ -227,7 +233,6 @@ class KueueProcess:
                 "-p", '{"spec":{"conversion":{"strategy":"None","webhook":null}}}',
                 check=False,
             )  # fmt: skip
-        self.end()
 
     def end(self) -> None:
         """End the process only (a cluster about to be deleted needs no uninstall)."""

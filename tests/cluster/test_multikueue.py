@@ -290,18 +290,20 @@ def test_multikueue_runs_a_torchjob_on_the_worker_and_its_status_shows_on_the_ma
         # The operator on the manager wrote no status: every Event of its own is the Workload's.
         assert set(jobs.event_reasons("far")) <= {"CreatedWorkload"}, jobs.describe("far")
     finally:
-        remove_queue(
-            custom,
-            ns,
-            f"{ns}-cq",
-            f"{ns}-flavor",
-            more=[
-                ("admissionchecks", check),
-                ("multikueueconfigs", check),
-                ("multikueueclusters", check),
-            ],
-        )
-        core.delete_namespaced_secret(check, "kueue-system")
+        try:
+            remove_queue(
+                custom,
+                ns,
+                f"{ns}-cq",
+                f"{ns}-flavor",
+                more=[
+                    ("admissionchecks", check),
+                    ("multikueueconfigs", check),
+                    ("multikueueclusters", check),
+                ],
+            )
+        finally:
+            core.delete_namespaced_secret(check, "kueue-system")
 
 
 def test_a_job_another_controller_manages_is_left_alone(jobs: Jobs) -> None:
