@@ -6,7 +6,8 @@ reaches its webhooks on 127.0.0.1 (docs/development.md):
 * one self-signed serving certificate for 127.0.0.1 (openssl), in the certDir of Kueue's
   config; Kueue's internal cert manager is off (it writes a Secret for an in-cluster Service);
 * Kueue's CRDs, taken from the release (config/components/crd/bases), with the conversion
-  webhook that its kustomization adds (workloads, clusterqueues, localqueues, cohorts), pointed
+  webhook that its kustomization adds (workloads, clusterqueues, localqueues, cohorts,
+  multikueueclusters), pointed
   at ``https://127.0.0.1:<port>/convert``;
 * its admission webhooks for its own API (config/components/webhook/manifests.yaml, those
   whose path names kueue-x-k8s-io), each with ``url: https://127.0.0.1:<port><path>``: the
@@ -23,7 +24,7 @@ import contextlib
 import os
 import subprocess
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from tests.cluster.operator_harness import free_port
 
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 METRICS_CERTS = Path("/etc/kueue/metrics/certs")
-CONVERTED = ("workloads", "clusterqueues", "localqueues", "cohorts")
+CONVERTED = ("workloads", "clusterqueues", "localqueues", "cohorts", "multikueueclusters")
 MUTATING = "torchjob-test-kueue-mutating"
 VALIDATING = "torchjob-test-kueue-validating"
 
@@ -52,9 +53,14 @@ def missing() -> str | None:
 
 
 class KueueProcess:
-    def __init__(self, cluster: k.Cluster, work: Path) -> None:
+    def __init__(
+        self, cluster: k.Cluster, work: Path, config: Mapping[str, Any] | None = None
+    ) -> None:
         self.cluster = cluster
         self.work = work
+        self.extra_config = dict(config or {})
+        """Top-level fields of Kueue's Configuration added to (or replacing) the ones below
+        (e.g. ``multiKueue`` on a manager cluster)."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = free_port()
         self.health_port = free_port()
@@ -167,6 +173,7 @@ class KueueProcess:
             "leaderElection": {"leaderElect": False},
             "integrations": {"frameworks": ["batch/job"]},
             "featureGates": {"VisibilityOnDemand": False},
+            **self.extra_config,
         }
         path = self.work / "kueue-config.yaml"
         path.write_text(yaml.safe_dump(config))
@@ -200,6 +207,12 @@ class KueueProcess:
         """Uninstall Kueue from the cluster and end the process: its CRDs go while it still
         runs (it removes its own finalizers), so the tests after this module (and a session
         that reuses the cluster) see a cluster without Kueue, where a queue label is inert."""
+        try:
+            self._uninstall()
+        finally:  # never leave a Kueue process behind, even when its uninstall timed out
+            self.end()
+
+    def _uninstall(self) -> None:
         crds = [
             f"crd/{yaml.safe_load(path.read_text())['metadata']['name']}"
             for path in sorted((kueue_dir() / "crds").glob("*.yaml"))
@@ -220,6 +233,9 @@ class KueueProcess:
                 "-p", '{"spec":{"conversion":{"strategy":"None","webhook":null}}}',
                 check=False,
             )  # fmt: skip
+
+    def end(self) -> None:
+        """End the process only (a cluster about to be deleted needs no uninstall)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -230,13 +246,15 @@ class KueueProcess:
 
 
 @contextlib.contextmanager
-def running_kueue(cluster: k.Cluster, work: Path) -> Iterator[KueueProcess]:
+def running_kueue(
+    cluster: k.Cluster, work: Path, config: Mapping[str, Any] | None = None
+) -> Iterator[KueueProcess]:
     """Kueue for one test module, uninstalled after it. Never skipped: if Kueue is not built
-    or cannot start, the test fails saying why."""
+    or cannot start, the test fails saying why. ``config``: ``KueueProcess``'s."""
     problem = missing()
     if problem:
         pytest.fail(f"Kueue cannot run: {problem}", pytrace=False)
-    proc = KueueProcess(cluster, work)
+    proc = KueueProcess(cluster, work, config)
     try:
         proc.start()
     except Exception as e:

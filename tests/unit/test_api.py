@@ -91,7 +91,16 @@ def test_crd_has_scale_status_and_printer_columns() -> None:
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
     assert "status" in version["subresources"]
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names == ["Phase", "Ready", "Gen", "Restarts", "Disruptions", "Epoch", "Age"]
+    assert names == [
+        "Phase",
+        "Ready",
+        "Gen",
+        "Restarts",
+        "Disruptions",
+        "Epoch",
+        "Managed-By",
+        "Age",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -104,6 +113,8 @@ def test_crd_has_scale_status_and_printer_columns() -> None:
         ),
         pytest.param({"nprocPerNode": "many"}, "nprocPerNode", id="bad-nproc"),
         pytest.param({"backend": "mpi"}, "backend", id="bad-backend"),
+        pytest.param({"managedBy": "multikueue"}, "managedBy", id="managed-by-no-domain"),
+        pytest.param({"managedBy": "a.io/" + "x" * 60}, "managedBy", id="managed-by-too-long"),
         pytest.param({"replicas": 0}, "replicas", id="zero"),
         pytest.param({"failurePolicy": {"maxRestart": 3}}, "maxRestart", id="typo-is-an-error"),
         pytest.param({"checkpoint": {}}, "spec.checkpoint needs a path", id="empty-checkpoint"),

@@ -54,6 +54,15 @@ class WorkloadSeen:
     """A read failed: nothing after it was read."""
     topology: Assignment | None = None
     """The admission's topology assignment with every level filled in (``observe``)."""
+    prebuilt: bool = False
+    """MultiKueue made the Workload (``managed.PREBUILT_LABEL``, on a worker cluster): it is
+    used as found, never made, replaced or deleted by the operator."""
+
+
+def owns(existing: Mapping[str, Any], uid: str, prebuilt: bool) -> bool:
+    """The Workload is the job's: owned by it, or a prebuilt one that no one owns."""
+    refs = (existing.get("metadata") or {}).get("ownerReferences")
+    return kueue.owned_by(existing, uid) or (prebuilt and not refs)
 
 
 def desired(
@@ -93,10 +102,8 @@ def desired(
 
 def wants_flavors(seen: WorkloadSeen) -> bool:
     """Whether the gate will be read off the Workload (so its flavors are needed)."""
-    return (
-        seen.existing is not None
-        and seen.desired is not None
-        and kueue.matches(seen.existing, seen.desired)
+    return seen.existing is not None and (
+        seen.prebuilt or (seen.desired is not None and kueue.matches(seen.existing, seen.desired))
     )
 
 
@@ -131,6 +138,8 @@ def sync(seen: WorkloadSeen, phase: Phase | None) -> WorkloadStep:
         return WorkloadStep(waiting)
     if seen.missing_priority_class:
         return failed(seen, Failure(_missing_class(seen)), phase)
+    if seen.existing is None and seen.prebuilt:
+        return WorkloadStep(waiting)  # MultiKueue makes it before the job; it may be gone
     if seen.existing is None:
         assert seen.desired is not None
         made = Event.of("CreatedWorkload", name=seen.name, queue=seen.queue, count=seen.count)

@@ -30,7 +30,7 @@ from torchjob_operator.common.clock import Clock, utcnow
 from torchjob_operator.engine import metrics
 from torchjob_operator.engine.kube import Kube
 from torchjob_operator.engine.settings import OperatorSettings
-from torchjob_operator.torchjob import act, admission
+from torchjob_operator.torchjob import act, admission, managed
 from torchjob_operator.torchjob.amend import amend
 from torchjob_operator.torchjob.observe import Observed, observe
 from torchjob_operator.torchjob.status import invalid_status, status_changed
@@ -62,6 +62,9 @@ def reconcile_once(
     seen = observe(kube, namespace, name)
     if seen is None:
         return ReconcileResult(None, gone=True)
+    role = managed.role_of(seen.job, seen.workload is not None)
+    if role is not managed.Role.RUN:
+        return _managed_elsewhere(kube, seen, role, settings, log)
     now = clock()
     metrics.RECONCILES.inc()
     if seen.spec is None:
@@ -135,6 +138,18 @@ def _sync_workload(kube: Kube, seen: Observed, log: act.Log) -> admission.Worklo
     if step.warning is not None:
         log.warning("%s", step.warning)
     return step
+
+
+def _managed_elsewhere(
+    kube: Kube, seen: Observed, role: managed.Role, settings: OperatorSettings, log: act.Log
+) -> ReconcileResult:
+    """A job another controller runs (``spec.managedBy``): MultiKueue's gets its Workload, as
+    Kueue's jobframework makes a batch Job's; no pod, no status, no Workload status patch."""
+    if role is managed.Role.QUEUE and seen.spec is not None:
+        step = _sync_workload(kube, seen, log)
+        if step is not None and step.events:
+            act.post(kube, seen.job, step.events, settings.component)
+    return ReconcileResult(None)
 
 
 def _invalid(

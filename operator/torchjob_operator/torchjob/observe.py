@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from torchjob.api.models import TorchJobSpec
 from torchjob_operator.engine.kube import Kube, KubeError
-from torchjob_operator.torchjob import admission, blueprint, initializers, kueue, topology
+from torchjob_operator.torchjob import admission, blueprint, initializers, kueue, managed, topology
 from torchjob_operator.torchjob.decision import JobView
 from torchjob_operator.torchjob.observed import (
     JobState,
@@ -73,6 +73,8 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
     job = kube.get_job(namespace, name)
     if job is None or (job.get("metadata") or {}).get("deletionTimestamp"):
         return None
+    if managed.managed_by(job) not in (managed.OURS, managed.MULTIKUEUE):
+        return Observed(job, None)  # another controller's: nothing else is read
     try:
         ref = blueprint.ref_of(job.get("spec") or {})
         spec = TorchJobSpec.model_validate(job.get("spec") or {}) if ref is None else None
@@ -149,15 +151,19 @@ def _workload(
     )
     if queue is None:
         return None
+    prebuilt = managed.prebuilt_workload(job)
     seen = admission.WorkloadSeen(
-        job=f"{namespace}/{name}", queue=queue, name=kueue.workload_name(name)
+        job=f"{namespace}/{name}",
+        queue=queue,
+        name=prebuilt or kueue.workload_name(name),
+        prebuilt=prebuilt is not None,
     )
     try:
         existing = kube.get_workload(namespace, seen.name)
         seen = replace(seen, existing=existing)
         if state.phase is not None and state.phase.is_terminal:
             return replace(seen, terminal=True)
-        if existing is not None and not kueue.owned_by(existing, uid):
+        if existing is not None and not admission.owns(existing, uid, seen.prebuilt):
             return replace(seen, owned=False)
         priority_class = labels.get(kueue.PRIORITY_LABEL)
         priority = None

@@ -122,6 +122,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     },
     {"name": "Disruptions", "type": "integer", "jsonPath": ".status.disruptions", "priority": 1},
     {"name": "Epoch", "type": "integer", "jsonPath": ".status.progress.epoch", "priority": 1},
+    {
+        "name": "Managed-By",
+        "type": "string",
+        "jsonPath": ".spec.managedBy",
+        "description": "the controller that runs the job, when not the torchjob operator",
+        "priority": 1,
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -32,5 +32,11 @@ BACKEND: Final = Backend.AUTO
 """``spec.backend`` left out."""
 MEMBERSHIP_POLICY: Final = MembershipPolicy.RECREATE_GROUP
 """``spec.membershipPolicy`` left out."""
+MANAGED_BY: Final = "torchjob.io/operator"
+"""``spec.managedBy`` left out: the torchjob operator runs the job."""
+MANAGED_BY_PATTERN: Final = (
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9][-A-Za-z0-9_./]*$"
+)
+"""``spec.managedBy``: a domain-prefixed path, as batch/v1 Job's (``kueue.x-k8s.io/multikueue``)."""
 CHECKPOINT_MOUNT_PATH: Final = "/checkpoints"
 """``spec.checkpoint.pvc.mountPath`` left out."""

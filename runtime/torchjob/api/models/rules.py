@@ -56,9 +56,13 @@ IMMUTABLE_FIELDS: dict[str, Shape] = {
         "pvc": {"claimName": REQUIRED, "mountPath": choices.CHECKPOINT_MOUNT_PATH},
     },
     "runtimeRef": {"name": REQUIRED, "kind": RuntimeRef.model_fields["kind"].default},
+    "managedBy": choices.MANAGED_BY,
 }
 """The spec's immutable fields and what "unchanged" means for each (``transition``): the
 effective values are compared, a default standing in where a field is left out."""
+
+JOB_ONLY = ("runtimeRef", "managedBy")
+"""Immutable fields a runtime blueprint cannot set."""
 
 RULES: tuple[Rule, ...] = (
     # --- the whole object ---
@@ -209,7 +213,7 @@ RULES: tuple[Rule, ...] = (
         unchecked="the field's type is the Python check (an int in bounds, 'gpu' or 'auto')",
     ),
     *(
-        immutable(field, shape, from_blueprint=field != "runtimeRef")
+        immutable(field, shape, from_blueprint=field not in JOB_ONLY)
         for field, shape in IMMUTABLE_FIELDS.items()
     ),
     # --- across the spec ---

@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from torchjob.api.models import choices
 from torchjob.api.models.base import CEL, _Model
-from torchjob.api.models.choices import Backend, MembershipPolicy
+from torchjob.api.models.choices import MANAGED_BY_PATTERN, Backend, MembershipPolicy
 from torchjob.api.models.initializers import InitializersSpec
 from torchjob.api.models.limits import (
     GPU_RESOURCE,
@@ -181,6 +181,18 @@ class TorchJobSpec(_Model):
             "A runtime blueprint (TorchRuntime or ClusterTorchRuntime) this spec overrides: "
             "what the job leaves out comes from it (docs/platform.md, Runtime blueprints). "
             "Resolved once, when the job starts; status.runtime records which and its version."
+        ),
+    )
+    managed_by: str = Field(
+        default=choices.MANAGED_BY,
+        max_length=63,
+        pattern=MANAGED_BY_PATTERN,
+        description=(
+            "The controller that runs this job, as batch/v1 Job's managedBy: left out (or "
+            f"{choices.MANAGED_BY}), the torchjob operator; any other value (e.g. "
+            "kueue.x-k8s.io/multikueue, which mirrors the job to a worker cluster and copies "
+            "its status back), another controller, and the operator creates no pod and writes "
+            "no status for it. Immutable."
         ),
     )
     initializers: InitializersSpec | None = Field(
