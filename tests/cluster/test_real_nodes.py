@@ -60,8 +60,15 @@ def ask(name):
             time.sleep(0.5)
 
 out = {{name: ask(name) for name in sys.argv[1:]}}
-infos = socket.getaddrinfo("{SERVICE}", {PORT}, proto=socket.IPPROTO_TCP)
-out["{SERVICE}"] = sorted({{info[4][0] for info in infos}})
+# The headless Service lists a pod once its EndpointSlice says Ready, and CoreDNS caches an
+# answer up to 30 s: ask until all three are there (or a minute passed).
+deadline = time.monotonic() + 60
+while True:
+    infos = socket.getaddrinfo("{SERVICE}", {PORT}, proto=socket.IPPROTO_TCP)
+    out["{SERVICE}"] = sorted({{info[4][0] for info in infos}})
+    if len(out["{SERVICE}"]) >= 3 or time.monotonic() > deadline:
+        break
+    time.sleep(0.5)
 print(json.dumps(out))
 """
 
