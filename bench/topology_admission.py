@@ -167,6 +167,15 @@ class Fabric:
                 return any(c["type"] == "Admitted" and c["status"] == "True" for c in conditions)
         return False
 
+    def held_domains(self, job: str) -> int | None:
+        """How many domains the job's ``status.placement`` lists (None: no status.placement,
+        i.e. the admission carried no topologyAssignment)."""
+        obj = self.custom.get_namespaced_custom_object(
+            "torchjob.io", "v1alpha1", NS, "torchjobs", job
+        )
+        held = (obj.get("status") or {}).get("placement")
+        return None if held is None else len(held.get("domains") or [])
+
     def delete(self, job: str) -> None:
         self.custom.delete_namespaced_custom_object("torchjob.io", "v1alpha1", NS, "torchjobs", job)
 
@@ -200,9 +209,14 @@ def admit_once(
             raise TimeoutError(f"{name}: {len(bound)}/{replicas} pods bound after 600 s")
         time.sleep(interval)
     racks = sorted({fab.rack_of.get(p.spec.node_name, "?") for p in bound})
+    held = fab.held_domains(name)
     row = {"job": name, "placement": placement, "pods": replicas, "admitted_s": admitted_s,
-           "bound_s": bound_s, "racks": racks}  # fmt: skip
-    log(f"{name}: admitted {admitted_s:.2f} s, all {replicas} bound {bound_s:.2f} s, racks {racks}")
+           "bound_s": bound_s, "racks": racks, "hosts": len({p.spec.node_name for p in bound}),
+           "status_domains": held}  # fmt: skip
+    log(
+        f"{name}: admitted {admitted_s:.2f} s, all {replicas} bound {bound_s:.2f} s, racks "
+        f"{racks}, {row['hosts']} hosts, status.placement domains {held}"
+    )
     fab.delete(name)
     return row
 
@@ -321,11 +335,11 @@ def report(rows: list[dict[str, Any]], losses: list[dict[str, Any]]) -> None:
     req = [r for r in rows if r["placement"]]
     free = [r for r in rows if not r["placement"]]
     print(f"\nAdmission of a 64-worker job (1 GPU each) on 512 nodes, {len(req)} repeats, ABAB")
-    print(f"{'':34} {'admitted (s)':>22} {'all pods bound (s)':>22}  racks")
+    print(f"{'':34} {'admitted (s)':>22} {'all pods bound (s)':>22}  racks:hosts")
     for label, rs in ((f"required: {RACK}", req), ("no spec.placement", free)):
         adm = spread([r["admitted_s"] or float("nan") for r in rs])
         bnd = spread([r["bound_s"] for r in rs])
-        racks = "/".join(str(len(r["racks"])) for r in rs)
+        racks = "/".join(f"{len(r['racks'])}:{r['hosts']}" for r in rs)
         print(f"{label:34} {adm:>22} {bnd:>22}  {racks}")
     ratio = median(r["bound_s"] for r in req) / median(r["bound_s"] for r in free)
     print(f"ratio request / no request (median, all bound): {ratio:.2f}")
