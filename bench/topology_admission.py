@@ -10,13 +10,14 @@ a LocalQueue ``lq``. The torchjob operator runs from this checkout as a local pr
 1. **Admission**: ``--repeats`` times, in ABAB order, a 64-worker TorchJob (one GPU per worker)
    with ``spec.placement.required: example.com/rack`` (all 64 in one rack: the rack is then
    full) and the same job with no ``spec.placement``, both through the same queue. For each:
-   the time from the apply to the Workload admitted, and to every worker pod bound
-   (``spec.nodeName`` set), polled every ``--interval`` s; the racks the workers landed in.
-   Each job is deleted and its pods and Workload gone before the next.
+   the time from the apply to the Workload admitted and to every pod bound (``nodeName`` set),
+   polled every ``--interval`` s; its racks and hosts. Deleted, pods and Workload gone, before
+   the next.
 2. **Regrowth**: a 4-worker job (8 GPUs each: a whole node) with ``required: example.com/rack``;
    ``--losses`` times, a random worker's node is cordoned and its pod deleted (as
    tests/cluster/test_topology.py simulates a lost node), the job regrows (a new generation),
-   and every worker of it is checked to be bound in the job's rack; the node is then uncordoned.
+   every worker of it is checked to be bound in the job's rack (regrow: the deletion to all
+   bound), the node is uncordoned, and the next loss waits for the job to be Running again.
    The rack has room throughout (4 of its 8 hosts free, one cordoned at a time).
 
 Prints both tables, writes the raw figures to ``--out`` (JSON). Asserts nothing.
@@ -167,13 +168,15 @@ class Fabric:
                 return any(c["type"] == "Admitted" and c["status"] == "True" for c in conditions)
         return False
 
-    def held_domains(self, job: str) -> int | None:
-        """How many domains the job's ``status.placement`` lists (None: no status.placement,
-        i.e. the admission carried no topologyAssignment)."""
+    def status(self, job: str) -> dict[str, Any]:
         obj = self.custom.get_namespaced_custom_object(
             "torchjob.io", "v1alpha1", NS, "torchjobs", job
         )
-        held = (obj.get("status") or {}).get("placement")
+        return obj.get("status") or {}  # type: ignore[no-any-return]
+
+    def held_domains(self, job: str) -> int | None:
+        """Domains in ``status.placement`` (None: the admission had no topologyAssignment)."""
+        held = self.status(job).get("placement")
         return None if held is None else len(held.get("domains") or [])
 
     def delete(self, job: str) -> None:
@@ -288,7 +291,8 @@ def regrowth(fab: Fabric, losses: int, seed: int) -> list[dict[str, Any]]:
     for i in range(losses):
         row = one_loss(fab, job, pods, i + 1, rng)
         pods = row.pop("pods")
-        rows.append(row)
+        rows.append(row)  # the next loss strikes a Running job, as a real one would
+        wait_for("regrow Running", lambda: fab.status(job).get("phase") == "Running", 120, 0.2)
         log(
             f"loss {i + 1}: worker {row['lost_index']} on {row['lost_node']} -> "
             f"{row['replacement_node']} ({row['replacement_rack']}; job's rack {row['rack']}, "
@@ -299,13 +303,12 @@ def regrowth(fab: Fabric, losses: int, seed: int) -> list[dict[str, Any]]:
 
 
 def setup(kubeconfig: Path, work: Path) -> Any:
-    """The nodes Ready, Kueue started with its objects, the CRDs; the Kueue process."""
+    """The nodes Ready, Kueue started with its objects, the CRDs; Kueue's Popen."""
     from tests import kube as k
     from tests.cluster.kueue_harness import KueueProcess, create_kueue_object
 
     fab_nodes = fabric_nodes()
-    for i in range(0, len(fab_nodes), 128):
-        apply(kubeconfig, *fab_nodes[i : i + 128])
+    _ = [apply(kubeconfig, *fab_nodes[i : i + 128]) for i in range(0, len(fab_nodes), 128)]
     kubectl(kubeconfig, "apply", "--server-side", "-f", str(REPO / "crds"))
     wait_established(kubeconfig, "crd/torchjobs.torchjob.io")
 
@@ -325,10 +328,9 @@ def setup(kubeconfig: Path, work: Path) -> Any:
         for plural, body in kueue_objects():
             create_kueue_object(custom, plural, body, NS if plural == "localqueues" else None)
     except Exception:
-        assert proc.proc is not None
-        proc.proc.terminate()
+        proc.proc.terminate()  # type: ignore[union-attr]
         raise
-    return proc
+    return proc.proc  # the process: the cluster goes with everything Kueue installed
 
 
 def report(rows: list[dict[str, Any]], losses: list[dict[str, Any]]) -> None:
@@ -378,9 +380,8 @@ def main(argv: list[str] | None = None) -> int:
             losses = regrowth(fab, args.losses, args.seed)
         finally:
             proc.stop()
-            if kueue.proc is not None:  # the cluster goes with everything Kueue installed
-                kueue.proc.terminate()
-                kueue.proc.wait(15)
+            kueue.terminate()
+            kueue.wait(15)
     finally:
         cluster_down(args.cluster_name)
     report(rows, losses)
