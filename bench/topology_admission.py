@@ -288,11 +288,11 @@ def regrowth(fab: Fabric, losses: int, seed: int) -> list[dict[str, Any]]:
     pods = wait_for("the regrow job bound", generation_bound(fab, job, replicas, 1), 300, 0.2)
     rng = random.Random(seed)
     rows = []
-    for i in range(losses):
+    for i in range(losses):  # each loss strikes a Running job, as a real one would
+        wait_for("regrow Running", lambda: fab.status(job).get("phase") == "Running", 120, 0.2)
         row = one_loss(fab, job, pods, i + 1, rng)
         pods = row.pop("pods")
-        rows.append(row)  # the next loss strikes a Running job, as a real one would
-        wait_for("regrow Running", lambda: fab.status(job).get("phase") == "Running", 120, 0.2)
+        rows.append(row)
         log(
             f"loss {i + 1}: worker {row['lost_index']} on {row['lost_node']} -> "
             f"{row['replacement_node']} ({row['replacement_rack']}; job's rack {row['rack']}, "
