@@ -287,6 +287,25 @@ def test_a_created_pod_is_not_mistaken_for_the_same_named_pod_of_the_last_genera
     assert created.met(ours)
 
 
+def test_a_created_pod_deleted_before_the_next_plan_meets_its_expectation() -> None:
+    """A worker created and deleted at once (a loss of a job still Pending): the watch
+    brings its DELETED, and the job plans at once instead of waiting out the cache deadline
+    (about 10 s late in bench/topology_admission.py)."""
+    gen = contract.LABEL_GENERATION
+    store = Store(deadline_s=60.0)
+    store.replace_pods("ns", [])
+    store.expect_pods(KEY, [PodExpectation("a", "created", {gen: "1"})])
+    assert store.catching_up(KEY) is not None, "nothing of it seen yet"
+    earlier = _pod("a")
+    earlier["metadata"]["labels"][gen] = "0"
+    store.drop_pod(earlier)  # the last generation's pod of that name: not ours
+    assert store.catching_up(KEY) is not None
+    ours = _pod("a")
+    ours["metadata"]["labels"][gen] = "1"
+    store.drop_pod(ours)
+    assert store.catching_up(KEY) is None
+
+
 def test_a_deleted_job_leaves_nothing_behind() -> None:
     _, store, cached, _, _ = _setup()
     _reconcile(cached, Clock())

@@ -193,6 +193,15 @@ class Store:
                     pods.pop(name, None)
                     if not pods:
                         del self._pods[key]
+                # Our created pod came and went (deleted, evicted, preempted before it ran):
+                # the watch has shown it, so a plan need not wait out the deadline for it.
+                pending = self._pending.get(key)
+                if pending is not None:
+                    pending.pods = [
+                        e
+                        for e in pending.pods
+                        if not (e.kind == "created" and e.name == name and e.met(pod))
+                    ]
                 self._moved(key)
         return key
 
