@@ -18,7 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,8 +154,11 @@ def _write_status(kube: Any, namespace: str, name: str) -> None:
 
 
 def test_krew_installed_plugin_gets_describes_and_tells_the_history(
-    plugin: Plugin, kube: Any, namespace: str
+    plugin: Plugin, kube: Any, namespace: str, stop_process_operators: Callable[[], None]
 ) -> None:
+    # The status below is written here: an operator left running by an earlier test would
+    # reconcile the job and write its own (the ``jobs`` fixture starts one again later).
+    stop_process_operators()
     client.CustomObjectsApi(kube).create_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, torchjob("krewed", replicas=2)
     )
