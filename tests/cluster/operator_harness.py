@@ -205,12 +205,16 @@ class Jobs:
         self.operator = operator
 
     def kubectl(
-        self, *args: str, input: str | None = None, check: bool = True
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60.0
     ) -> subprocess.CompletedProcess[str]:
-        return self.cluster.kubectl("-n", self.ns, *args, input=input, check=check)
+        return self.cluster.kubectl("-n", self.ns, *args, input=input, check=check, timeout=timeout)
 
     def apply(self, manifest: dict[str, Any]) -> None:
-        self.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(manifest))
+        # A hang guard, not a measure: an apply took over 60 s on a machine at load 23
+        # (kubectl's discovery and the admission of a large pod template). It is idempotent.
+        self.kubectl(
+            "apply", "--server-side", "-f", "-", input=yaml.safe_dump(manifest), timeout=180.0
+        )
 
     def get(self, name: str) -> dict[str, Any] | None:
         try:
