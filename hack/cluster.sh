@@ -14,6 +14,7 @@
 #   TORCHJOB_CLUSTER_NAME   cluster name (default torchjob)
 #   TORCHJOB_GPU_NODES / TORCHJOB_CPU_NODES   node counts (default 4 / 2)
 #   TORCHJOB_GPUS_PER_NODE  nvidia.com/gpu per GPU node (default 8)
+#   TORCHJOB_CLUSTER_WAIT_S how long each step of `up` may take (default 180)
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -91,17 +92,31 @@ component_logs() {
   done
 }
 
-# wait_until <seconds> <description> <command...>
+# How long each step of `up` may take. A component that starts in seconds on an idle machine
+# took over 60 s on a CI machine running the five test sessions at once (three clusters start
+# beside multi-process torch tests on 2 cores), so the default is generous; a healthy cluster
+# never waits it out.
+WAIT_S="${TORCHJOB_CLUSTER_WAIT_S:-180}"
+
+# try_until <seconds> <command...>: 0 once the command succeeds, 1 when the time is up.
+try_until() {
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || return 1
+    sleep 0.2
+  done
+}
+
+# wait_until <seconds> <description> <command...>: fails `up`, with the components' last log
+# lines (a crashed kube-controller-manager says why there), when the time is up.
 wait_until() {
   local timeout="$1" what="$2"
   shift 2
-  local deadline=$((SECONDS + timeout))
-  until "$@" >/dev/null 2>&1; do
-    if ((SECONDS >= deadline)); then
-      die "timed out after ${timeout}s waiting for ${what}; logs: ${CLUSTER_DIR}/logs"
-    fi
-    sleep 0.2
-  done
+  if ! try_until "${timeout}" "$@"; then
+    component_logs
+    die "timed out after ${timeout}s waiting for ${what}; logs: ${CLUSTER_DIR}/logs"
+  fi
 }
 
 nodes_manifest() {
@@ -176,7 +191,7 @@ default_sa_exists() { kc -n default get serviceaccount default; }
 
 ensure_nodes() {
   nodes_manifest | kc apply -f - >/dev/null
-  wait_until 60 "nodes to become Ready" all_nodes_ready
+  wait_until "${WAIT_S}" "nodes to become Ready" all_nodes_ready
 }
 
 # The cluster's config (stages, flags) is fixed at creation: remember what it was made from.
@@ -229,11 +244,13 @@ cmd_up() {
   else
     # A restart binds the ports chosen at creation, so it is serialized with creations too.
     create_lock
+    # A cluster whose processes are gone (a reboot, a killed session) is started again; one
+    # that does not come back in time is made anew rather than failing the run.
     if [[ -f "${CLUSTER_DIR}/kwok.yaml" ]] && kwokctl start cluster >/dev/null 2>&1 &&
-      wait_until 60 "the restarted kube-apiserver" healthy; then
+      try_until "${WAIT_S}" healthy; then
       log "cluster '${NAME}' restarted"
     else
-      [[ -d "${CLUSTER_DIR}" ]] && { log "removing a broken cluster '${NAME}'"; cmd_down; }
+      [[ -d "${CLUSTER_DIR}" ]] && { log "removing a broken cluster '${NAME}'"; component_logs; cmd_down; }
       if ! create_cluster; then
         # One more try from nothing: a port that something else took between kwokctl's check
         # and its component's bind is the likely cause, and the next try picks other ports.
@@ -249,12 +266,12 @@ cmd_up() {
         fi
       fi
       config_digest >"${DIGEST_FILE}"
-      wait_until 60 "kube-apiserver" healthy
+      wait_until "${WAIT_S}" "kube-apiserver" healthy
     fi
     create_unlock
   fi
   ensure_nodes
-  wait_until 60 "the default ServiceAccount (kube-controller-manager)" default_sa_exists
+  wait_until "${WAIT_S}" "the default ServiceAccount (kube-controller-manager)" default_sa_exists
   log "ready in $((($(now_ms) - start)))ms; export KUBECONFIG=${KUBECONFIG_PATH}"
   echo "${KUBECONFIG_PATH}"
 }

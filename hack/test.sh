@@ -39,11 +39,13 @@ BASE="${TMPDIR:-/tmp}/torchjob-tests"
 mkdir -p "${BASE}"
 
 run() {
-  local name="$1"
+  local name="$1" t0=${SECONDS} rc
   shift
   "${PY}" -m pytest --basetemp="${BASE}/${name}" -o cache_dir=".pytest_cache/${name}" "$@" 2>&1 \
     | tee "${BASE}/${name}.out" | sed -u "s/^/[${name}] /"
-  return "${PIPESTATUS[0]}"
+  rc="${PIPESTATUS[0]}"
+  echo "$((SECONDS - t0))" >"${BASE}/${name}.time"
+  return "${rc}"
 }
 
 E2E=(tests/cluster/test_real_node.py tests/cluster/test_real_nodes.py)
@@ -78,6 +80,11 @@ wait "${runtime_pid}" || runtime_rc=$?
 # name every failed or erroring test again, last.
 for name in rest runtime cluster e2e pods; do
   grep -E "^(FAILED|ERROR) " "${BASE}/${name}.out" 2>/dev/null | sed "s/^/[${name}] /"
+done
+took() { echo "$(cat "${BASE}/$1.time" 2>/dev/null || echo '?')s"; }
+# Each session's last line (pytest's count of passed, failed, skipped) and its time.
+for name in rest runtime cluster e2e pods; do
+  echo "[${name}] $(tail -n 1 "${BASE}/${name}.out" 2>/dev/null) ($(took "${name}"))"
 done
 echo "make test: rest (unit, gpu, runtime a-r) exit ${rest_rc}; runtime (s-z) exit ${runtime_rc};" \
   "cluster exit ${cluster_rc}; e2e exit ${e2e_rc}; pods exit ${pods_rc}; $(($(date +%s) - start))s"

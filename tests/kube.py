@@ -596,8 +596,12 @@ def cluster_is_healthy(kubeconfig: Path) -> bool:
     return proc.returncode == 0
 
 
-def cluster_up(timeout: float = 300.0) -> Path:
-    """hack/cluster.sh up; returns the kubeconfig path."""
+def cluster_up(timeout: float = 900.0) -> Path:
+    """hack/cluster.sh up; returns the kubeconfig path.
+
+    The timeout covers the script's own waits (each step up to TORCHJOB_CLUSTER_WAIT_S, and
+    the lock that makes clusters one at a time), so the script, not this call, says what hung.
+    """
     proc = subprocess.run(
         ["bash", str(CLUSTER_SH), "up"], capture_output=True, text=True, timeout=timeout
     )

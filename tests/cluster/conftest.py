@@ -60,6 +60,24 @@ def _unavailable(reason: str) -> None:
     pytest.skip(msg)
 
 
+def _cluster_up_twice() -> Path:
+    """hack/cluster.sh up, and once more from nothing if that fails.
+
+    Every test of a session needs the cluster, so one failed start (a component slow to come
+    up on a loaded machine, a cluster left broken by an earlier, killed run) would fail all of
+    them; the second try deletes whatever is there first. Both failures are reported.
+    """
+    try:
+        return helpers.cluster_up()
+    except Exception as first:
+        print(f"hack/cluster.sh up failed; deleting the cluster and trying once more: {first}")
+        helpers.cluster_down()
+        try:
+            return helpers.cluster_up()
+        except Exception as second:
+            raise RuntimeError(f"{second}\n(the first try: {first})") from second
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[helpers.Cluster]:
     kind = os.environ.get("TORCHJOB_E2E_KIND_KUBECONFIG")
@@ -81,7 +99,7 @@ def cluster() -> Iterator[helpers.Cluster]:
     try:
         started_here = not helpers.cluster_is_healthy(kubeconfig)
         try:
-            kubeconfig = helpers.cluster_up()
+            kubeconfig = _cluster_up_twice()
         except Exception as exc:
             if _in_ci():
                 pytest.fail(f"CI=true and the local cluster failed to start: {exc}", pytrace=False)
