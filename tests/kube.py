@@ -512,6 +512,32 @@ def wait_for_pod_phase(
     )
 
 
+HOLD = "torchjob.io/test-hold"
+"""A finalizer that keeps a deleted pod present (terminating) until the test removes it:
+as a pod that trains on, or checkpoints, in its grace period would, and so that its name
+stays taken (a replacement then gets a new index) whatever the machine's speed."""
+
+
+def evict_held(core: Any, namespace: str, pod: str) -> None:
+    """The Eviction API takes ``pod``; :data:`HOLD` keeps it until :func:`release_held`."""
+    from kubernetes import client
+
+    core.patch_namespaced_pod(pod, namespace, {"metadata": {"finalizers": [HOLD]}})
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=namespace))
+    core.create_namespaced_pod_eviction(pod, namespace, eviction)
+
+
+def release_held(core: Any, namespace: str, pod: str) -> None:
+    """Remove :data:`HOLD` (the pod may then go); a pod already gone is fine."""
+    from kubernetes import client
+
+    try:
+        core.patch_namespaced_pod(pod, namespace, {"metadata": {"finalizers": None}})
+    except client.exceptions.ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
 def wait_for_pod_gone(core: Any, namespace: str, name: str, timeout: float = 30.0) -> bool:
     from kubernetes.client.exceptions import ApiException
 

@@ -9,6 +9,7 @@ import os
 import socket
 import sys
 
+from torchjob_operator.common.nodes import parse_notice_taints
 from torchjob_operator.engine import settings as settings_mod
 
 
@@ -58,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="seconds between LISTs of the TorchJobs that drop from the cache any job deleted "
         "without a watch event",
     )
+    _node_args(p)
     p.add_argument(
         "--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)"
     )
@@ -80,6 +82,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--retry-period", type=float, default=2.0, help="seconds (client-go's)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
+
+
+def _node_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--notice-taints",
+        default="default",
+        help="the Node taints that announce a node's end, as key[=value]:seconds (the notice's"
+        " window), comma-separated; 'default' stands for AWS Node Termination Handler's,"
+        " Karpenter's and GKE's (torchjob_operator.torchjob.nodes), '' for none",
+    )
+    p.add_argument(
+        "--no-node-watch",
+        action="store_true",
+        help="do not watch Nodes (no RBAC for them): no termination notices, and a node that"
+        " stops reporting is seen only once its pods are evicted",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"torchjob-operator: {e}", file=sys.stderr)
             return 2
+    try:
+        notices = parse_notice_taints(args.notice_taints)
+    except ValueError as e:
+        print(f"torchjob-operator: --notice-taints: {e}", file=sys.stderr)
+        return 2
     settings = settings_mod.OperatorSettings(
         namespaces=tuple(args.namespace),
         resync_period_s=args.resync_period,
@@ -115,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         job_sweep_s=args.job_sweep,
         max_concurrent_reconciles=args.max_concurrent_reconciles,
         leader_election=election,
+        notice_taints=notices,
+        watch_nodes=not args.no_node_watch,
     )
     from torchjob_operator.engine import memory
 

@@ -31,6 +31,7 @@ from torchjob_operator.engine.client import KubeClient
 from torchjob_operator.engine.kube import Kube
 from torchjob_operator.engine.leader import LeaderElector
 from torchjob_operator.engine.memory import TrimLater
+from torchjob_operator.engine.nodewatch import NodeBook, NodeWatch
 from torchjob_operator.engine.podwatch import PodWatch, WorkloadWatch
 from torchjob_operator.engine.pool import WritePool
 from torchjob_operator.engine.queue import Key, Result, WorkQueue
@@ -65,10 +66,17 @@ class TorchJobs:
 
     kind = "torchjob"
 
-    def __init__(self, kube: CachedKube, settings: OperatorSettings, pool: WritePool) -> None:
+    def __init__(
+        self,
+        kube: CachedKube,
+        settings: OperatorSettings,
+        pool: WritePool,
+        nodes: NodeBook | None = None,
+    ) -> None:
         self.kube = kube
         self.settings = settings
         self.pool = pool
+        self.nodes = nodes
         self._deferred_since: dict[Key, float] = {}
         """When a worker-count-only status write of the job was first held back (monotonic)."""
 
@@ -90,6 +98,7 @@ class TorchJobs:
                 settings=self.settings,
                 defer_progress=since is None or started - since < self.settings.progress_batch_s,
                 pool=self.pool.executor(),
+                nodes=None if self.nodes is None else self.nodes.snapshot(),
             )
         if not outcome.deferred or outcome.gone:
             self._deferred_since.pop(key, None)
@@ -113,7 +122,8 @@ class Operator:
         self.kube = CachedKube(live if live is not None else KubeClient(), self.store)
         self.pool = WritePool(2 * settings.create_concurrency)
         leading = settings.leader_election is None
-        self.torchjobs = TorchJobs(self.kube, settings, self.pool)
+        self.node_book = NodeBook() if settings.watch_nodes else None
+        self.torchjobs = TorchJobs(self.kube, settings, self.pool, self.node_book)
         self.trim = TrimLater(
             TRIM_DELAY_S, idle=lambda: not self.jobs.loops, release_idle=self._idle
         )
@@ -128,6 +138,7 @@ class Operator:
         )
         self.pod_watch: PodWatch | None = None
         self.workload_watch: WorkloadWatch | None = None
+        self.node_watch: NodeWatch | None = None
         self.elector: LeaderElector | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # The operator's own bookkeeping, on /metrics: it must drain when the jobs do.
@@ -181,6 +192,18 @@ class Operator:
             client_timeout_s=self.settings.watch_client_timeout_s,
         )
         self.workload_watch.start()
+        if self.node_book is not None:
+            # Termination notices and nodes that stop reporting (``engine.nodewatch``).
+            self.node_watch = NodeWatch(
+                client.ApiClient(),
+                on_job,
+                self.store,
+                self.node_book,
+                self.settings.notice_taints,
+                server_timeout_s=int(self.settings.watch_server_timeout_s),
+                client_timeout_s=self.settings.watch_client_timeout_s,
+            )
+            self.node_watch.start()
         self._keep(loop.create_task(self._sweep_forever(), name="torchjob-sweep"))
 
     def _keep(self, task: asyncio.Task[None]) -> None:
@@ -217,7 +240,7 @@ class Operator:
             self.jobs.stop_leading()
             self.studies.stop_leading()
             await asyncio.get_running_loop().run_in_executor(None, self.elector.release)
-        for watch in (self.pod_watch, self.workload_watch):
+        for watch in (self.pod_watch, self.workload_watch, self.node_watch):
             if watch is not None:
                 await asyncio.to_thread(watch.stop)
         await asyncio.to_thread(self.pool.release)

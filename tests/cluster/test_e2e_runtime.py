@@ -90,9 +90,13 @@ def _draining_job(name: str, epochs: int, storage: Path, **template: int) -> dic
     )
 
 
-def _evict_after_epoch_3(jobs: Jobs, name: str, pod: str) -> None:
-    """Once rank 0 reported epoch 3 (a checkpoint exists), the Eviction API takes ``pod``."""
+def _evict_after_epoch_3(jobs: Jobs, name: str, pod: str, *, hold: bool = False) -> None:
+    """Once rank 0 reported epoch 3 (a checkpoint exists), the Eviction API takes ``pod``;
+    ``hold``: a finalizer keeps its name taken until ``k.release_held``."""
     _wait_epoch_3(jobs, name)
+    if hold:
+        k.evict_held(jobs.core, jobs.ns, pod)
+        return
     eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod))
     jobs.core.create_namespaced_pod_eviction(pod, jobs.ns, eviction)
 
@@ -351,9 +355,14 @@ def test_losing_pod_0_the_survivor_goes_on_as_rank_0_in_its_own_process(
     jobs.apply(manifest)
     pods = jobs.wait_running_pods("lead", 2, generation=0, timeout=300)
     survivor = next(p for p in pods if p.metadata.name == "lead-worker-1")
-    _evict_after_epoch_3(jobs, "lead", "lead-worker-0")
-
-    status = _wait_finished(jobs, kubelet, "lead")
+    # Held: pod 0 keeps its name while it terminates, so the replacement is pod 2 whether
+    # or not the evicted pod's processes end before the next pass (they did on a busy
+    # machine, and the replacement took index 0).
+    _evict_after_epoch_3(jobs, "lead", "lead-worker-0", hold=True)
+    try:
+        status = _wait_finished(jobs, kubelet, "lead")
+    finally:
+        k.release_held(jobs.core, jobs.ns, "lead-worker-0")
     logs = {i: kubelet.log_of(f"lead-worker-{i}") for i in (0, 1, 2)}
     assert status["phase"] == "Succeeded", f"{jobs.describe('lead')}\n{logs}"
     assert (status["restarts"], status["disruptions"], status["currentGeneration"]) == (0, 1, 2)

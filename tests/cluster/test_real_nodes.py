@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiException
 from tests import kube as k
 from tests.cluster.pod_procs import pod_processes
 from tests.cluster.realnode import INDEX_LABEL, NOTICE_TAINTS, TOLERATION, RealNode, image
@@ -30,7 +29,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.realnode]
 
 PORT = 7000
 SERVICE = "peers"
-HOLD = "torchjob.io/test-hold"  # a finalizer that keeps an evicted pod readable
+HOLD = k.HOLD  # a finalizer that keeps an evicted pod readable
 
 SERVER = f"""
 import os, signal, socket
@@ -130,11 +129,7 @@ def is_ready(pod: Any) -> bool:
 
 def release(core: Any, ns: str, pod: str) -> None:
     """Remove the test's finalizer (the pod may then go)."""
-    try:
-        core.patch_namespaced_pod(pod, ns, {"metadata": {"finalizers": None}})
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
+    k.release_held(core, ns, pod)
 
 
 @pytest.fixture(scope="module")

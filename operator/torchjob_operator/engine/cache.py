@@ -261,6 +261,14 @@ class Store:
         with self._lock:
             return self._pod_jobs.get((namespace, name))
 
+    def jobs_on_node(self, node: str) -> set[JobKey]:
+        """The jobs with a cached pod bound to ``node`` (a node's notice or loss pokes them).
+        Rare (a node's state changed), so the pods are searched as they are kept, compact
+        JSON, without decoding one."""
+        needle = b'"nodeName":' + orjson.dumps(node)
+        with self._lock:
+            return {k for k, pods in self._pods.items() if any(needle in b for b in pods.values())}
+
     def pods_of(self, key: JobKey) -> list[Pod] | None:
         """The job's pods in a LIST's order (by name), or None while no pod watch covering
         its namespace has synced. The order matters: plans and their messages are

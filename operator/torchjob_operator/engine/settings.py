@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torchjob_operator.common.nodes import DEFAULT_NOTICE_TAINTS, NoticeTaint
+
 
 @dataclass(frozen=True)
 class ElectionConfig:
@@ -55,6 +57,10 @@ class OperatorSettings:
     """Seconds between LISTs of the TorchJobs that drop from the cache any job deleted
     without a watch event: after a watch's 410 Gone kopf lists again and reports no deletion
     that happened in between (client-go's informers synthesise those deletions)."""
+    watch_nodes: bool = True
+    """Watch Nodes (read-only): termination notices, cordons, nodes that stop reporting."""
+    notice_taints: tuple[NoticeTaint, ...] = DEFAULT_NOTICE_TAINTS
+    """The Node taints that announce a node's end (``torchjob/nodes.py``)."""
     component: str = "torchjob-operator"
     """Name in the ``source`` of the Events the operator posts."""
     leader_election: ElectionConfig | None = None

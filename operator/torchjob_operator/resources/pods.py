@@ -173,6 +173,28 @@ def _pod_settings(pod_spec: dict[str, Any], pod_name: str, name: str, spec: Torc
         pod_spec["topologySpreadConstraints"] = [spread_across_nodes(name)]
 
 
+def avoid_nodes(pod: dict[str, Any], nodes: Sequence[str]) -> None:
+    """Keep a new pod off ``nodes`` (noticed or not reporting: ``common.nodes.avoided``), in
+    place: ``metadata.name NotIn nodes`` added to every term of its required node affinity
+    (terms are ORed, so each needs it), or one term of its own. A termination handler's
+    taint is NoSchedule, but a pod that tolerates every taint (``operator: Exists``) would
+    still go there, and the node controller's not-ready taint comes only after the Node
+    says so."""
+    if not nodes:
+        return
+    away = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
+    affinity = pod["spec"].setdefault("affinity", {})
+    node = affinity.setdefault("nodeAffinity", {})
+    required = node.setdefault(
+        "requiredDuringSchedulingIgnoredDuringExecution", {"nodeSelectorTerms": []}
+    )
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:
+        term.setdefault("matchFields", []).append(dict(away))
+
+
 def spread_across_nodes(name: str) -> dict[str, Any]:
     """The default spread of a job's workers: as evenly over nodes as the scheduler can
     (``ScheduleAnyway``: never a reason to stay Pending), so that a lost node takes a known

@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import Any
 
 from torchjob_operator.common.clock import Clock, utcnow
+from torchjob_operator.common.nodes import NodeView
 from torchjob_operator.engine import metrics
 from torchjob_operator.engine.kube import Kube
 from torchjob_operator.engine.settings import OperatorSettings
@@ -56,16 +57,18 @@ def reconcile_once(
     clock: Clock = utcnow,
     defer_progress: bool = False,
     pool: Executor | None = None,
+    nodes: Mapping[str, NodeView] | None = None,
 ) -> ReconcileResult:
-    """One pass over one job (see the module docstring)."""
+    """One pass over one job (see the module docstring). ``nodes``: what the Node watch knows
+    (``engine.nodewatch``); None: nothing (a pod's node is then never taken into account)."""
     log = act.job_logger(namespace, name)
-    seen = observe(kube, namespace, name)
+    now = clock()
+    seen = observe(kube, namespace, name, nodes=nodes, now=now)
     if seen is None:
         return ReconcileResult(None, gone=True)
     role = managed.role_of(seen.job, seen.workload is not None)
     if role is not managed.Role.RUN:
         return _managed_elsewhere(kube, seen, role, settings, log)
-    now = clock()
     metrics.RECONCILES.inc()
     if seen.spec is None:
         return _invalid(kube, seen, seen.invalid or "", now, settings, log)

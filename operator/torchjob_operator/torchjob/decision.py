@@ -56,6 +56,8 @@ class JobView:
     """The job's Kueue Workload (torchjob/kueue.py); None: Kueue does not manage the job."""
     initializers: initializers.InitGate | None = None
     """``spec.initializers`` decided (torchjob/initializers.py); None: the job has none."""
+    avoid_nodes: tuple[str, ...] = ()
+    """Nodes no new pod goes to: noticed or not reporting (``common.nodes.avoided``)."""
 
 
 @dataclass(frozen=True)

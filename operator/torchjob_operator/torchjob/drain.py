@@ -1,8 +1,8 @@
 """Replace before leaving (``torchjob.rules.drain``), in Kubernetes terms. Pure.
 
-A member pod given notice (``deletionTimestamp`` set by a graceful delete, or the
-``DisruptionTarget`` condition the Eviction API writes just before it) whose container still
-runs is a *leaver*: while its deadline is more than ``MARGIN_S`` away and no ready joiner can
+A member pod given notice (``deletionTimestamp`` set by a graceful delete, the
+``DisruptionTarget`` condition the Eviction API writes just before it, or a termination
+notice on its node, ``torchjob/nodes.py``) whose container still runs is a *leaver*: while its deadline is more than ``MARGIN_S`` away and no ready joiner can
 take its place, the generation is judged as if it were not leaving (it still trains), and
 ``elastic.grow_with_joiners`` creates its replacement at once under a free pod index. Once a
 joiner is Ready the leaver is judged disrupted, and ``elastic.replace_with_standbys`` puts the
@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import datetime
 
 from torchjob.api.models import MembershipPolicy
 from torchjob.rules.drain import MARGIN_S, drain_left
 from torchjob_operator.torchjob.decision import Decision
 from torchjob_operator.torchjob.elastic import replace_with_standbys
 from torchjob_operator.torchjob.loss import survives
+from torchjob_operator.torchjob.nodes import NODE_LOST, NODE_NOTICE
 from torchjob_operator.torchjob.observed import PodPhase, PodView
 
 NOTICE_RECHECK_S = 1.0
@@ -39,8 +41,18 @@ def drains(d: Decision) -> bool:
     )
 
 
+def _deadline(p: PodView) -> datetime | None:
+    """When a pod given notice must have stopped: its deletion's, else its node's notice's."""
+    return p.deletion_at if p.deleting else p.notice_until
+
+
+def _given_notice(p: PodView) -> bool:
+    return p.deleting or p.disruption is not None or p.notice_until is not None
+
+
 def leavers(d: Decision, current: Sequence[PodView]) -> tuple[PodView, ...]:
-    """Members given notice that still train and may go on doing so."""
+    """Members given notice (a deletion, a DisruptionTarget, a noticed node: never a lost
+    node) that still train and may go on doing so."""
     if not drains(d):
         return ()
     return tuple(
@@ -48,9 +60,29 @@ def leavers(d: Decision, current: Sequence[PodView]) -> tuple[PodView, ...]:
         for p in current
         if p.phase == PodPhase.RUNNING
         and p.scheduled
-        and (p.deleting or p.disruption is not None)
-        and (not p.deleting or drain_left(p.deletion_at, d.now) > 0)
+        and p.disruption != NODE_LOST
+        and _given_notice(p)
+        and (_open_ended(p) or drain_left(_deadline(p), d.now) > 0)
     )
+
+
+def _open_ended(p: PodView) -> bool:
+    """Marked for disruption (DisruptionTarget) but neither deleted nor noticed: the Eviction
+    API deletes it right after, so it is looked at again soon (``NOTICE_RECHECK_S``)."""
+    return not p.deleting and p.notice_until is None
+
+
+def _taken(p: PodView) -> PodView:
+    """A pod on a noticed node judged as taken (its node's notice is its disruption)."""
+    if p.notice_until is None or p.disruption is not None:
+        return p
+    return replace(p, disruption=NODE_NOTICE)
+
+
+def taken(current: Sequence[PodView]) -> list[PodView]:
+    """The members with each on a noticed node marked taken: after a loss none of them is
+    kept into the next generation (its node is going), as no evicted pod is."""
+    return [_taken(p) for p in current]
 
 
 def draining(
@@ -59,19 +91,25 @@ def draining(
     """(the decision, the members to judge): leavers that no ready joiner can replace yet are
     judged as members that still train, and ``d.leaving`` names them; the decision asks to be
     called again when the first one's time is up. With enough ready joiners, or no leaver,
-    ``current`` is judged as it is."""
+    the members are judged as they are, a pod on a noticed node as taken: a job that does not
+    drain stops it (at a checkpoint: its deletion is a SIGTERM) while its node is still there,
+    and starts its successor elsewhere."""
     leaving = leavers(d, current)
+    marked = taken(current)
     if not leaving:
-        return d, list(current)
-    survivors = [p for p in current if survives(p)]  # a leaver is deleting or disrupted
+        return d, marked
+    survivors = [p for p in marked if survives(p)]  # a leaver is deleting or disrupted
     if replace_with_standbys(d, survivors, pods) is not None:
-        return d, list(current)  # judged disrupted: a ready joiner takes each leaver's place
-    waits = [drain_left(p.deletion_at, d.now) if p.deleting else NOTICE_RECHECK_S for p in leaving]
+        return d, marked  # judged disrupted: a ready joiner takes each leaver's place
+    waits = [
+        NOTICE_RECHECK_S if _open_ended(p) else drain_left(_deadline(p), d.now) for p in leaving
+    ]
     d = d.but(leaving=tuple(p.index for p in leaving)).also(requeue=[min(waits)])
     held = {p.name for p in leaving}
     return d, [
-        replace(p, deleting=False, disruption=None) if p.name in held else p for p in current
+        replace(p, deleting=False, disruption=None, notice_until=None) if p.name in held else p
+        for p in marked
     ]
 
 
-__all__ = ["MARGIN_S", "draining", "drains", "leavers"]
+__all__ = ["MARGIN_S", "draining", "drains", "leavers", "taken"]

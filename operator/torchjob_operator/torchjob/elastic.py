@@ -84,7 +84,11 @@ def joiner_room(d: Decision, pods: Sequence[PodView]) -> int:
     """How many joiners the job keeps: the places of members that are gone or going (below the
     target size, or given notice), plus ``standbyReplicas``."""
     ranked = set(d.ranked)
-    staying = sum(1 for p in pods if p.index in ranked and p.active and p.disruption is None)
+    staying = sum(
+        1
+        for p in pods
+        if p.index in ranked and p.active and p.disruption is None and p.notice_until is None
+    )
     return max(target_replicas(d) - staying, 0) + d.job.spec.standby_replicas
 
 

@@ -5,16 +5,19 @@ reads, as does a Workload that is not this job's)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import ValidationError
 
 from torchjob.api.models import TorchJobSpec
+from torchjob_operator.common.nodes import NodeView, avoided
 from torchjob_operator.engine.kube import Kube, KubeError
 from torchjob_operator.torchjob import admission, blueprint, initializers, kueue, managed, topology
 from torchjob_operator.torchjob.decision import JobView
+from torchjob_operator.torchjob.nodes import with_nodes
 from torchjob_operator.torchjob.observed import (
     JobState,
     PodView,
@@ -50,6 +53,8 @@ class Observed:
     retry_after_s: float | None = None
     """When an invalid job looks again by itself (a missing blueprint); None: on a change."""
     initializer_pods: tuple[initializers.InitPod, ...] = ()
+    avoid_nodes: tuple[str, ...] = ()
+    """Nodes no new pod of the job goes to (noticed or not reporting)."""
 
     def view(self, spec: TorchJobSpec, gate: kueue.Gate | None) -> JobView:
         """What the planner is given: the job, with its Workload's ``gate``."""
@@ -65,11 +70,20 @@ class Observed:
             initializers=initializers.decide_initializers(
                 spec, self.job.get("status"), self.initializer_pods
             ),
+            avoid_nodes=self.avoid_nodes,
         )
 
 
-def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
-    """Everything one pass needs; None when the job is gone or being deleted."""
+def observe(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    *,
+    nodes: Mapping[str, NodeView] | None = None,
+    now: datetime | None = None,
+) -> Observed | None:
+    """Everything one pass needs; None when the job is gone or being deleted. ``nodes``: what
+    the Node watch knows; a pod on a noticed or silent node says so (``nodes.with_nodes``)."""
     job = kube.get_job(namespace, name)
     if job is None or (job.get("metadata") or {}).get("deletionTimestamp"):
         return None
@@ -102,7 +116,9 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
         spec,
         state=state,
         raw_pods=tuple(raw_pods),
-        pods=tuple(v for v in (pod_view(p) for p in raw_pods) if v is not None),
+        pods=_on_nodes(
+            (v for v in (pod_view(p) for p in raw_pods) if v is not None), nodes, now, state
+        ),
         probes=tuple(v for v in (probe_view(p) for p in raw_pods) if v is not None),
         foreign=tuple(foreign),
         initializer_pods=tuple(
@@ -110,7 +126,19 @@ def observe(kube: Kube, namespace: str, name: str) -> Observed | None:
         ),
         workload=_workload(kube, job, spec, state),
         pin=pin,
+        avoid_nodes=avoided(nodes or {}),
     )
+
+
+def _on_nodes(
+    pods: Iterable[PodView],
+    nodes: Mapping[str, NodeView] | None,
+    now: datetime | None,
+    state: JobState,
+) -> tuple[PodView, ...]:
+    if not nodes:
+        return tuple(pods)
+    return with_nodes(pods, nodes, now or datetime.now(timezone.utc), state.leaving)
 
 
 def _topology(

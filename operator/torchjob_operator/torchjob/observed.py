@@ -99,6 +99,10 @@ class PodView:
     period), for a pod being deleted."""
     node: str = ""
     """The node it was bound to (``spec.nodeName``; empty until scheduled)."""
+    notice: str | None = None
+    """The termination notice its node carries (a taint key, ``torchjob/nodes.py``)."""
+    notice_until: datetime | None = None
+    """When its noticed node goes (the notice's deadline)."""
 
     @property
     def active(self) -> bool:
@@ -330,6 +334,9 @@ class JobState:
     """Rank 0's last report (``status.progress``)."""
     losses: Mapping[str, int] = field(default_factory=dict)
     """Generations begun for a loss, by cause (``status.losses``)."""
+    leaving: Mapping[str, datetime] = field(default_factory=dict)
+    """The deadlines of the pods given notice, by pod (``status.leavingWorkers``): a notice
+    whose taint has no time keeps the deadline its first pass gave it."""
 
     @classmethod
     def from_status(cls, status: Mapping[str, Any] | None) -> JobState:
@@ -354,4 +361,9 @@ class JobState:
             history=tuple(s.history or ()),
             progress=s.progress,
             losses=dict(s.losses or {}),
+            leaving={
+                w.pod: at
+                for w in s.leaving_workers or ()
+                if (at := parse_time_or_none(w.deadline)) is not None
+            },
         )

@@ -9,7 +9,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from torchjob import contract
-from torchjob.api.models import Condition, GenerationRecord, Phase, TorchJobStatus
+from torchjob.api.models import (
+    Condition,
+    GenerationRecord,
+    LeavingWorker,
+    Phase,
+    TorchJobStatus,
+)
 from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.clock import format_time
 from torchjob_operator.torchjob.decision import Decision
@@ -73,6 +79,7 @@ def render_status(
         created_generation=d.created_generation,
         members=list(d.members) if d.members is not None else None,
         replaced_workers=list(d.replaced) or None,
+        leaving_workers=_leaving(d, current) or None,
         standby_workers=d.standby_ready,
         spec_replicas=d.spec_replicas,
         last_rescale_time=format_time(d.last_rescale) if d.last_rescale else None,
@@ -90,6 +97,24 @@ def render_status(
         history=list(history) or None,
         losses=dict(losses) if losses else None,
     ).to_patch()
+
+
+def _leaving(d: Decision, current: Sequence[PodView]) -> list[LeavingWorker]:
+    """``status.leavingWorkers``: the members given notice that train on (``d.leaving``)."""
+    out = []
+    for p in current:
+        if p.index not in d.leaving:
+            continue
+        deadline = p.deletion_at if p.deleting else p.notice_until
+        out.append(
+            LeavingWorker(
+                pod=p.name,
+                reason=p.notice or p.disruption or "Deleted",
+                node=p.node or None,
+                deadline=format_time(deadline) if deadline else None,
+            )
+        )
+    return out
 
 
 def is_ready(phase: Phase) -> bool:

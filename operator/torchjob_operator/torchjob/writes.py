@@ -13,7 +13,13 @@ from torchjob import contract
 from torchjob.api.models import TorchJobSpec
 from torchjob_operator.common.events import Event
 from torchjob_operator.resources.initializers import initializer_pod
-from torchjob_operator.resources.pods import headless_service, pod_group, probe_pod, worker_pod
+from torchjob_operator.resources.pods import (
+    avoid_nodes,
+    headless_service,
+    pod_group,
+    probe_pod,
+    worker_pod,
+)
 from torchjob_operator.resources.rbac import worker_rbac
 from torchjob_operator.torchjob import initializers, kueue, topology
 from torchjob_operator.torchjob.decision import JobView, Plan
@@ -51,6 +57,8 @@ def decide(
         for body in workers:
             kueue.apply_admission(body, view.kueue.assignment)
     decided = _place(view, pods, workers, decided)
+    for body in workers:
+        avoid_nodes(body, view.avoid_nodes)
     probe_bodies = tuple(
         probe_pod(name=name, namespace=namespace, uid=uid, spec=spec, index=index)
         for index in decided.create_probes

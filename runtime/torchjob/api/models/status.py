@@ -127,6 +127,24 @@ class SilentWorker(_Model):
     seconds: float = Field(default=0.0, description="How long it had been silent.")
 
 
+class LeavingWorker(_Model):
+    """A member pod given notice: it trains on until its replacement takes its place, or
+    until shortly before ``deadline``."""
+
+    pod: str
+    reason: str = Field(
+        description=(
+            "Why it leaves: the termination notice's taint key on its node, or the pod's own"
+            " disruption (EvictionByEvictionAPI, a deletion)."
+        )
+    )
+    node: str | None = Field(default=None, description="The node it runs on.")
+    deadline: str | None = Field(
+        default=None,
+        description="When it goes (RFC 3339): its deletion's grace period, or its node's notice.",
+    )
+
+
 class TorchJobStatus(_Model):
     model_config = ConfigDict(extra="allow")
 
@@ -185,6 +203,15 @@ class TorchJobStatus(_Model):
             "KeepSurvivors: pods of an earlier generation, still present, that are not members"
             " of the current one (a new pod may take their name): their runtime stops instead"
             " of joining the current generation's group."
+        ),
+    )
+    leaving_workers: list[LeavingWorker] | None = Field(
+        default=None,
+        description=(
+            "KeepSurvivors with replaceBeforeLeaving: member pods given notice (an eviction,"
+            " a termination notice on their node) that train on while their replacements"
+            " start; each pod's runtime tells its training function"
+            " (torchjob.train.get_preemption_info)."
         ),
     )
     silent_workers: list[SilentWorker] | None = Field(

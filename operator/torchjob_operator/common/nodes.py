@@ -1,0 +1,143 @@
+"""A Node as the operator reads it: a termination notice, a cordon, a node gone silent. Pure.
+
+A spot or preemptible VM is taken back after a notice (AWS gives two minutes, GCP and Azure
+about 30 s). Kubernetes learns of it from the cloud's termination handler, which taints the
+Node and later drains it: AWS Node Termination Handler (``aws-node-termination-handler/*``),
+Karpenter (``karpenter.sh/disrupted``; before v1 ``karpenter.sh/disruption=disrupting``),
+GKE (``cloud.google.com/impending-node-termination``). Which taints count, and how long each
+gives, is the operator's setting (``--notice-taints``); ``torchjob_operator.torchjob.nodes``
+says what the pods on such nodes become.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from torchjob_operator.common.clock import parse_time_or_none
+
+
+@dataclass(frozen=True)
+class NoticeTaint:
+    """A taint key that announces the node's end, and how long after it the node goes."""
+
+    key: str
+    window_s: float
+    value: str | None = None
+    """Only this value counts (Karpenter before v1 uses ``disruption=disrupting``); None: any."""
+
+    def matches(self, taint: Mapping[str, Any]) -> bool:
+        return taint.get("key") == self.key and (
+            self.value is None or taint.get("value") == self.value
+        )
+
+
+DEFAULT_NOTICE_TAINTS: tuple[NoticeTaint, ...] = (
+    # AWS Node Termination Handler: a spot interruption is two minutes' notice; the others
+    # (scheduled maintenance, an ASG scale-in) come with at least as much.
+    NoticeTaint("aws-node-termination-handler/spot-itn", 120.0),
+    NoticeTaint("aws-node-termination-handler/scheduled-maintenance", 120.0),
+    NoticeTaint("aws-node-termination-handler/asg-lifecycle-termination", 120.0),
+    # Karpenter taints a node it is about to disrupt (consolidation, drift, an interruption
+    # it received) before it drains it; an AWS spot interruption is again two minutes.
+    NoticeTaint("karpenter.sh/disrupted", 120.0),
+    NoticeTaint("karpenter.sh/disruption", 120.0, value="disrupting"),
+    # GKE: a preemptible or spot VM's graceful shutdown, about 30 s.
+    NoticeTaint("cloud.google.com/impending-node-termination", 30.0),
+)
+"""The notices recognised unless the operator is told otherwise (``--notice-taints``)."""
+
+
+def parse_notice_taints(text: str) -> tuple[NoticeTaint, ...]:
+    """``key[=value]:seconds`` entries, comma-separated (``--notice-taints``); ``default``
+    stands for :data:`DEFAULT_NOTICE_TAINTS`, an empty string for none. Raises ValueError
+    naming the entry that is wrong."""
+    out: list[NoticeTaint] = []
+    for raw in (e.strip() for e in text.split(",")):
+        if not raw:
+            continue
+        if raw == "default":
+            out.extend(DEFAULT_NOTICE_TAINTS)
+            continue
+        spec, sep, seconds = raw.rpartition(":")
+        try:
+            window = float(seconds)
+        except ValueError:
+            window = -1.0
+        if not sep or not spec or window <= 0:
+            raise ValueError(
+                f"notice taint {raw!r}: expected key[=value]:seconds (seconds > 0),"
+                " for example aws-node-termination-handler/spot-itn:120"
+            )
+        key, eq, value = spec.partition("=")
+        out.append(NoticeTaint(key, window, value if eq else None))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    ready: bool = True
+    """Its ``Ready`` condition is ``True`` (a node with no conditions yet counts as ready)."""
+    unschedulable: bool = False
+    """Cordoned (``spec.unschedulable``)."""
+    notice: str | None = None
+    """The key of the notice taint it carries, if any."""
+    noticed_at: datetime | None = None
+    """The taint's ``timeAdded`` (the API server sets it only for NoExecute taints)."""
+    window_s: float = 0.0
+    """The notice's window (``NoticeTaint.window_s``)."""
+
+    @property
+    def doomed(self) -> bool:
+        """No new pod of a job belongs here: noticed, cordoned or not reporting."""
+        return self.notice is not None or self.unschedulable or not self.ready
+
+
+def node_view(node: Mapping[str, Any], notices: Sequence[NoticeTaint]) -> NodeView:
+    meta, spec = node.get("metadata") or {}, node.get("spec") or {}
+    conditions = (node.get("status") or {}).get("conditions") or ()
+    ready = next((c.get("status") for c in conditions if c.get("type") == "Ready"), "True")
+    view = NodeView(
+        name=str(meta.get("name") or ""),
+        ready=ready == "True",
+        unschedulable=bool(spec.get("unschedulable")),
+    )
+    for taint in spec.get("taints") or ():
+        for notice in notices:
+            if notice.matches(taint):
+                return replace(
+                    view,
+                    notice=notice.key,
+                    noticed_at=parse_time_or_none(taint.get("timeAdded")),
+                    window_s=notice.window_s,
+                )
+    return view
+
+
+def notice_deadline(node: NodeView, first_seen: datetime) -> datetime | None:
+    """When the noticed ``node`` goes: its taint's time (or ``first_seen``, when the operator
+    first saw the notice) plus the notice's window; None for a node with no notice."""
+    if node.notice is None:
+        return None
+    start = node.noticed_at or first_seen
+    return start + timedelta(seconds=node.window_s)
+
+
+def avoided(nodes: Mapping[str, NodeView]) -> tuple[str, ...]:
+    """The nodes a new pod is kept off, sorted: noticed or not reporting. (A cordoned node
+    needs nothing: the scheduler never places a pod there; and there may be many.)"""
+    return tuple(sorted(n.name for n in nodes.values() if n.notice is not None or not n.ready))
+
+
+__all__ = [
+    "DEFAULT_NOTICE_TAINTS",
+    "NodeView",
+    "NoticeTaint",
+    "avoided",
+    "node_view",
+    "notice_deadline",
+    "parse_notice_taints",
+]

@@ -1,0 +1,106 @@
+"""The operator's Node watch (read-only): which nodes are noticed, cordoned or gone silent.
+
+Every Node is read into a small ``torchjob.nodes.NodeView`` (its name, ``Ready``, cordon and
+termination notice: nothing else is kept) in a :class:`NodeBook` that the reconciles read.
+Only a change of a view matters; a Node's status moves every few seconds (its heartbeat),
+which changes nothing here. When one changes, every job with a pod bound to that node plans
+again (``Store.jobs_on_node``): a notice starts its pods' replacements at once, a node that
+stopped reporting loses its pods without waiting for the node controller's evictions.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from kubernetes import client
+
+from torchjob_operator.common.nodes import NodeView, NoticeTaint, node_view
+from torchjob_operator.engine.cache import Store
+from torchjob_operator.engine.reflector import Reflector
+
+OnJob = Callable[[str, str], None]
+
+
+class NodeBook:
+    """The nodes' views by name: written by the watch thread, read by the reconciles."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._views: Mapping[str, NodeView] = MappingProxyType({})
+
+    def snapshot(self) -> Mapping[str, NodeView]:
+        """Every known node's view (an immutable mapping a reader may keep)."""
+        with self._lock:
+            return self._views
+
+    def replace(self, views: Mapping[str, NodeView]) -> set[str]:
+        """A LIST's views replace the book; returns the nodes whose view changed."""
+        with self._lock:
+            old = self._views
+            self._views = MappingProxyType(dict(views))
+        return {n for n in set(old) | set(views) if old.get(n) != views.get(n)}
+
+    def put(self, view: NodeView) -> bool:
+        """One node's view; True when it changed."""
+        with self._lock:
+            if self._views.get(view.name) == view:
+                return False
+            self._views = MappingProxyType({**self._views, view.name: view})
+        return True
+
+    def drop(self, name: str) -> bool:
+        with self._lock:
+            if name not in self._views:
+                return False
+            self._views = MappingProxyType({k: v for k, v in self._views.items() if k != name})
+        return True
+
+
+class NodeWatch(Reflector):
+    """Watches Nodes into ``book``; a node whose view changes pokes the jobs on it."""
+
+    what = "nodes"
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        on_job: OnJob,
+        store: Store,
+        book: NodeBook,
+        notices: Sequence[NoticeTaint],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(namespaces=(), **kwargs)  # Nodes are cluster-scoped
+        self.core = client.CoreV1Api(api)
+        self.on_job = on_job
+        self.store = store
+        self.book = book
+        self.notices = tuple(notices)
+
+    def list_call(self, namespace: str | None, **kwargs: Any) -> Any:
+        return self.core.list_node(**kwargs)
+
+    def trim(self, obj: dict[str, Any]) -> dict[str, Any]:
+        # The view is all that is kept: images, addresses and capacity are never held.
+        return {"view": node_view(obj, self.notices)}
+
+    def listed(self, namespace: str | None, items: list[dict[str, Any]]) -> None:
+        views = {v.name: v for v in (i["view"] for i in items)}
+        self._poke(self.book.replace(views))
+
+    def changed(self, kind: str, obj: dict[str, Any]) -> None:
+        view = node_view(obj, self.notices)
+        moved = self.book.drop(view.name) if kind == "DELETED" else self.book.put(view)
+        if moved:
+            self._poke({view.name})
+
+    def _poke(self, nodes: set[str]) -> None:
+        for node in nodes:
+            for key in self.store.jobs_on_node(node):
+                self.on_job(*key)
+
+
+__all__ = ["NodeBook", "NodeWatch"]

@@ -1,0 +1,66 @@
+"""What a pod's node says of it: given notice, or lost. Pure.
+
+A spot or preemptible VM is taken back after a notice (AWS gives two minutes, GCP and Azure
+about 30 s). Kubernetes learns of it from the cloud's termination handler, which taints the
+Node and later drains it: AWS Node Termination Handler (``aws-node-termination-handler/*``),
+Karpenter (``karpenter.sh/disrupted``; before v1 ``karpenter.sh/disruption=disrupting``),
+GKE (``cloud.google.com/impending-node-termination``). A node that dies with no notice stops
+renewing its lease, and the node controller sets its ``Ready`` condition ``Unknown`` about
+40 s later, while its pods still show Running for minutes more (until their
+``tolerationSeconds``, then Terminating until someone force-deletes them).
+
+The operator watches Nodes (read-only) and reads each into a ``common.nodes.NodeView``;
+:func:`with_nodes` then gives the pods on them what the planner needs:
+
+* a pod on a noticed node is a member *given notice* (``PodView.notice_until``: the taint's
+  time, else when the operator first saw it, plus the key's window): a ``KeepSurvivors`` job
+  with ``replaceBeforeLeaving`` creates its replacement at once, on another node, and lets
+  it train on until the replacement is Ready (``torchjob/drain.py``); any other job treats
+  it as taken, as it would its eviction, while there is time to stop at a checkpoint;
+* a pod on a node whose ``Ready`` is not ``True`` is lost (``disruption="NodeLost"``): the
+  job goes on without it at once, without waiting for the node controller's evictions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from datetime import datetime
+
+from torchjob_operator.common.nodes import NodeView, notice_deadline
+from torchjob_operator.torchjob.observed import PodView
+
+NODE_LOST = "NodeLost"
+"""``PodView.disruption`` of a pod whose node stopped reporting (``Ready`` not ``True``)."""
+NODE_NOTICE = "NodeTerminationNotice"
+"""``PodView.disruption`` of a pod on a noticed node, once it is judged taken."""
+
+
+def with_nodes(
+    pods: Iterable[PodView],
+    nodes: Mapping[str, NodeView],
+    now: datetime,
+    seen: Mapping[str, datetime] | None = None,
+) -> tuple[PodView, ...]:
+    """``pods`` with what their nodes say: given notice (``notice_until``), or lost
+    (``disruption=NODE_LOST``). ``seen`` maps a pod's name to the deadline an earlier pass
+    gave it (``status.leavingWorkers``), so a notice without a taint time keeps its deadline
+    across passes and operator restarts. A pod already being deleted or taken keeps what
+    its own status says; a pod on a node the operator does not know is left as it is."""
+    seen = seen or {}
+    out = []
+    for p in pods:
+        node = nodes.get(p.node) if p.node else None
+        if node is None or p.disruption is not None or not p.active:
+            out.append(p)
+        elif not node.ready:
+            out.append(replace(p, disruption=NODE_LOST))
+        elif node.notice is not None:
+            until = seen.get(p.name) or notice_deadline(node, now)
+            out.append(replace(p, notice_until=until, notice=node.notice))
+        else:
+            out.append(p)
+    return tuple(out)
+
+
+__all__ = ["NODE_LOST", "NODE_NOTICE", "with_nodes"]

@@ -1,0 +1,144 @@
+"""Nodes that announce their end, and nodes that stop reporting, against the real control
+plane (kwok nodes): the operator's Node watch (``engine/nodewatch.py``) and what the planner
+does with their pods (``torchjob/nodes.py``, ``torchjob/drain.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from tests import kube as k
+from tests.cluster.operator_harness import Jobs, torchjob
+
+pytestmark = pytest.mark.cluster
+
+SPOT_ITN = "aws-node-termination-handler/spot-itn"
+
+
+@contextlib.contextmanager
+def noticed(core: Any, node: str, key: str = SPOT_ITN) -> Iterator[None]:
+    """What AWS Node Termination Handler does on a spot interruption notice: a NoSchedule
+    taint on the node (no drain here: the test checks what happens before one). Removed
+    after."""
+    taints = list(core.read_node(node).spec.taints or [])
+    mine = client.V1Taint(key=key, value="spot-itn-test", effect="NoSchedule")
+    core.patch_node(node, {"spec": {"taints": [_wire(t) for t in [*taints, mine]]}})
+    try:
+        yield
+    finally:
+        now = [t for t in core.read_node(node).spec.taints or [] if t.key != key]
+        core.patch_node(node, {"spec": {"taints": [_wire(t) for t in now] or None}})
+
+
+def _wire(t: Any) -> dict[str, Any]:
+    out = {"key": t.key, "effect": t.effect}
+    if t.value:
+        out["value"] = t.value
+    return out
+
+
+def elastic(name: str, **extra: Any) -> dict[str, Any]:
+    return torchjob(
+        name,
+        replicas=2,
+        membershipPolicy="KeepSurvivors",
+        elastic={"minReplicas": 1, "maxReplicas": 2, "shrinkOnDisruption": True},
+        failurePolicy={"maxRestarts": 0},
+        **extra,
+    )
+
+
+def test_a_notice_replaces_the_pod_on_another_node_before_the_node_goes(jobs: Jobs) -> None:
+    """A spot interruption notice (AWS NTH's taint) on the node of worker 1, with no drain
+    yet: the operator creates the replacement at once, on another node, while worker 1 still
+    runs; once it is Ready it takes worker 1's place in one generation (no shrink), counted
+    as a disruption, never a failure; worker 1 is then deleted, before its node goes."""
+    jobs.apply(elastic("notice"))
+    pods = {p.metadata.name: p for p in jobs.wait_running_pods("notice", 2, generation=0)}
+    jobs.wait_phase("notice", "Running")
+    node = pods["notice-worker-1"].spec.node_name
+    with noticed(jobs.core, node):
+        status = jobs.wait(
+            "notice",
+            lambda s: s if s.get("currentGeneration") == 1 else None,
+            "the replacement in the noticed pod's place",
+        )
+        assert status["members"] == [0, 2] and status["replicas"] == 2
+        assert (status["disruptions"], status["restarts"]) == (1, 0)
+        replacement = jobs.core.read_namespaced_pod("notice-worker-2", jobs.ns)
+        assert replacement.spec.node_name != node, "never on the noticed node"
+        reasons = jobs.wait_events(
+            "notice", "CreatedJoiner", "ReplacingBeforeLeaving", "ReplacedBeforeLeaving"
+        )
+        assert "ShrunkAfterDisruption" not in {e.reason for e in reasons}
+        leaving = next(e for e in reasons if e.reason == "ReplacingBeforeLeaving")
+        assert "notice-worker-1" in leaving.message
+        # No longer a member: it goes now, not when its node does.
+        assert k.wait_for_pod_gone(jobs.core, jobs.ns, "notice-worker-1", timeout=60)
+        after = jobs.wait_running_pods("notice", 2, generation=1)
+        assert {p.metadata.name for p in after} == {"notice-worker-0", "notice-worker-2"}
+        assert pods["notice-worker-0"].metadata.uid in {p.metadata.uid for p in after}
+
+
+def test_a_job_that_does_not_replace_before_leaving_moves_off_a_noticed_node(
+    jobs: Jobs,
+) -> None:
+    """A RecreateGroup job cannot train on through a notice: it restarts at once, while the
+    node is still there (its pods' deletion is their SIGTERM: they stop at a checkpoint),
+    and the new generation starts on other nodes. A disruption, not a failure."""
+    jobs.apply(torchjob("recreate", replicas=2, failurePolicy={"maxRestarts": 0}))
+    pods = jobs.wait_running_pods("recreate", 2, generation=0)
+    jobs.wait_phase("recreate", "Running")
+    node = pods[1].spec.node_name
+    with noticed(jobs.core, node):
+        status = jobs.wait(
+            "recreate",
+            lambda s: s if s.get("currentGeneration", 0) >= 1 else None,
+            "a new generation after the notice",
+        )
+        assert (status["disruptions"], status["restarts"]) == (1, 0)
+        again = jobs.wait_running_pods("recreate", 2, generation=status["currentGeneration"])
+        assert node not in {p.spec.node_name for p in again}, "off the noticed node"
+
+
+def test_a_node_that_stops_reporting_loses_its_pod_at_once(jobs: Jobs) -> None:
+    """The node of worker 1 reports NotReady: the pods' default tolerations would keep them
+    Running for 300 s, but the operator's Node watch sees the node and the job goes on with
+    the survivor at once (a disruption), then grows back with a replacement elsewhere."""
+    jobs.apply(elastic("silent-node"))
+    pods = {p.metadata.name: p for p in jobs.wait_running_pods("silent-node", 2, generation=0)}
+    jobs.wait_phase("silent-node", "Running")
+    node = pods["silent-node-worker-1"].spec.node_name
+    k.make_node_not_ready(jobs.core, node)
+    try:
+        status = jobs.wait(
+            "silent-node",
+            lambda s: s if s.get("disruptions", 0) >= 1 else None,
+            "the lost pod's disruption",
+            timeout=60,
+        )
+        assert status["restarts"] == 0
+        # Smaller at once (members absent: pods 0..replicas-1), unless already grown back.
+        assert status["replicas"] == 1 or status["currentGeneration"] >= 2, status
+        grown = jobs.wait(
+            "silent-node",
+            lambda s: s if s.get("replicas") == 2 and s.get("currentGeneration", 0) >= 2 else None,
+            "grown back to 2 with the replacement",
+        )
+        ranked = grown.get("members") or [0, 1]
+        assert ranked[0] == 0, "the survivor kept rank 0"
+        fresh = jobs.wait_running_pods("silent-node", 2, generation=grown["currentGeneration"])
+        by_name = {p.metadata.name: p for p in fresh}
+        assert by_name["silent-node-worker-0"].metadata.uid == (
+            pods["silent-node-worker-0"].metadata.uid
+        ), "the survivor was never restarted"
+        new = [p for n, p in by_name.items() if n != "silent-node-worker-0"]
+        assert new[0].spec.node_name != node, "the replacement avoids the silent node"
+        disrupted = jobs.wait_events("silent-node", "ShrunkAfterDisruption")
+        said = next(e for e in disrupted if e.reason == "ShrunkAfterDisruption")
+        assert "NodeLost" in said.message, said.message
+    finally:
+        k.restore_node_ready(jobs.core, node, untaint=True)

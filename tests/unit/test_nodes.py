@@ -1,0 +1,289 @@
+"""Nodes that announce their end or stop reporting (``torchjob_operator.torchjob.nodes``), what
+the planner does with their pods, and the watch's bookkeeping (``engine.nodewatch``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from tests.unit.builders import at, job, pod, running
+from tests.unit.test_planner import step
+
+from torchjob.api.models import Phase
+from torchjob_operator.common.nodes import (
+    DEFAULT_NOTICE_TAINTS,
+    NodeView,
+    NoticeTaint,
+    avoided,
+    node_view,
+    parse_notice_taints,
+)
+from torchjob_operator.engine.cache import Store
+from torchjob_operator.engine.nodewatch import NodeBook
+from torchjob_operator.resources.pods import avoid_nodes
+from torchjob_operator.torchjob.nodes import NODE_LOST, with_nodes
+from torchjob_operator.torchjob.observed import PodView
+from torchjob_operator.torchjob.plan import JobView, plan
+
+
+def node(
+    name: str = "n1",
+    *,
+    taints: list[dict[str, Any]] | None = None,
+    ready: str = "True",
+    cordoned: bool = False,
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {"taints": taints or [], "unschedulable": cordoned},
+        "status": {"conditions": [{"type": "Ready", "status": ready}]},
+    }
+
+
+AWS = {"key": "aws-node-termination-handler/spot-itn", "value": "x", "effect": "NoSchedule"}
+
+
+# --- reading a Node ----------------------------------------------------------------------
+
+
+def test_the_default_notices_are_aws_karpenter_and_gke() -> None:
+    keys = {t.key for t in parse_notice_taints("default")}
+    assert "aws-node-termination-handler/spot-itn" in keys
+    assert {"karpenter.sh/disrupted", "karpenter.sh/disruption"} <= keys
+    assert "cloud.google.com/impending-node-termination" in keys
+    assert parse_notice_taints("") == ()
+
+
+def test_notice_taints_are_read_with_their_window_and_value() -> None:
+    got = parse_notice_taints("example.com/going=soon:45, default")
+    assert got[0] == NoticeTaint("example.com/going", 45.0, value="soon")
+    assert got[1:] == DEFAULT_NOTICE_TAINTS
+
+
+@pytest.mark.parametrize("bad", ["no-window", "example.com/x:0", "example.com/x:soon", ":30"])
+def test_a_wrong_notice_taint_is_named(bad: str) -> None:
+    with pytest.raises(ValueError, match=repr(bad).replace("/", ".")):
+        parse_notice_taints(f"default,{bad}")
+
+
+def test_a_node_with_a_notice_taint_is_noticed_with_the_keys_window() -> None:
+    v = node_view(node(taints=[AWS]), DEFAULT_NOTICE_TAINTS)
+    assert (v.notice, v.window_s, v.noticed_at) == (AWS["key"], 120.0, None)
+    assert v.doomed and v.ready
+    gke = {"key": "cloud.google.com/impending-node-termination", "effect": "NoSchedule"}
+    assert node_view(node(taints=[gke]), DEFAULT_NOTICE_TAINTS).window_s == 30.0
+
+
+def test_a_notice_taint_with_a_time_counts_from_it() -> None:
+    timed = {**AWS, "effect": "NoExecute", "timeAdded": "2026-01-01T00:00:05Z"}
+    v = node_view(node(taints=[timed]), DEFAULT_NOTICE_TAINTS)
+    assert v.noticed_at == at(5)
+
+
+def test_karpenter_before_v1_counts_only_with_its_value() -> None:
+    disrupting = {"key": "karpenter.sh/disruption", "value": "disrupting", "effect": "NoSchedule"}
+    other = {**disrupting, "value": "candidate"}
+    assert node_view(node(taints=[disrupting]), DEFAULT_NOTICE_TAINTS).notice is not None
+    assert node_view(node(taints=[other]), DEFAULT_NOTICE_TAINTS).notice is None
+
+
+def test_other_taints_a_cordon_and_a_silent_node() -> None:
+    spot = {"key": "kubernetes.azure.com/scalesetpriority", "value": "spot"}
+    plain = node_view(node(taints=[spot]), DEFAULT_NOTICE_TAINTS)
+    assert plain.notice is None and not plain.doomed, "a spot pool's taint is no notice"
+    assert node_view(node(cordoned=True), DEFAULT_NOTICE_TAINTS).doomed
+    silent = node_view(node(ready="Unknown"), DEFAULT_NOTICE_TAINTS)
+    assert not silent.ready and silent.doomed
+    nodes = {
+        "a": NodeView("a"),
+        "b": NodeView("b", ready=False),
+        "c": NodeView("c", unschedulable=True),
+    }
+    nodes["d"] = replace(NodeView("d"), notice=AWS["key"], window_s=120.0)
+    assert avoided(nodes) == ("b", "d"), "the scheduler keeps pods off a cordoned node"
+
+
+# --- what the pods on them become -----------------------------------------------------------
+
+
+def on(p: PodView, name: str) -> PodView:
+    return replace(running(p), node=name, scheduled=True)
+
+
+def test_a_pod_on_a_noticed_node_is_given_its_notice_and_keeps_its_deadline() -> None:
+    nodes = {"n1": node_view(node("n1", taints=[AWS]), DEFAULT_NOTICE_TAINTS), "n2": NodeView("n2")}
+    pods = [on(pod(0), "n1"), on(pod(1), "n2")]
+    first = with_nodes(pods, nodes, at(10))
+    assert first[0].notice_until == at(130) and first[0].notice == AWS["key"]
+    assert first[1] == pods[1]
+    # A later pass (another operator, after a restart) keeps the deadline the first gave.
+    later = with_nodes(pods, nodes, at(50), {"tj-worker-0": at(130)})
+    assert later[0].notice_until == at(130)
+
+
+def test_a_pod_on_a_silent_node_is_lost_and_a_pod_with_its_own_disruption_keeps_it() -> None:
+    nodes = {"n1": NodeView("n1", ready=False)}
+    evicted = replace(on(pod(1), "n1"), disruption="EvictionByEvictionAPI")
+    got = with_nodes([on(pod(0), "n1"), evicted, pod(2)], nodes, at(0))
+    assert got[0].disruption == NODE_LOST
+    assert got[1].disruption == "EvictionByEvictionAPI"
+    assert got[2] == pod(2), "not scheduled: no node to ask"
+
+
+# --- the planner ----------------------------------------------------------------------------
+
+
+def elastic(replicas: int = 4, *, drain: bool = True) -> JobView:
+    builder = job().replicas(replicas).elastic(1, replicas).keep_survivors()
+    builder.spec["elastic"]["shrinkOnDisruption"] = True
+    builder.spec["elastic"]["replaceBeforeLeaving"] = drain
+    return builder.build()
+
+
+def started(view: JobView) -> tuple[JobView, list[PodView]]:
+    _, view, pods = step(view, [], 0)
+    up = [on(p, f"n{p.index % 2}") for p in pods]
+    _, view, _ = step(view, up, 1)
+    return view, up
+
+
+def noticed(p: PodView, at_s: float, window_s: float = 120.0) -> PodView:
+    return replace(p, notice=AWS["key"], notice_until=at(at_s + window_s))
+
+
+def reasons(p: Any) -> set[str]:
+    return {e.reason for e in p.events}
+
+
+def test_a_notice_starts_the_replacement_at_once_and_it_takes_the_place_when_ready() -> None:
+    view, up = started(elastic())
+    pods = [up[0], noticed(up[1], 10), up[2], up[3]]
+    first, view, pods = step(view, pods, 10)
+    # The doomed pod trains on; its replacement is created now, under a free index.
+    assert first.status["currentGeneration"] == 0 and first.phase == Phase.RUNNING
+    assert first.create is not None and first.create.joiners
+    assert first.create.indices == (4,)
+    assert first.status["leavingWorkers"] == [
+        {
+            "pod": "tj-worker-1",
+            "reason": AWS["key"],
+            "node": "n1",
+            "deadline": "2026-01-01T00:02:10Z",
+        }
+    ]
+    assert first.requeue_after_s == pytest.approx(120 - 10)
+    assert first.delete == ()
+    joiner = on(pods[-1], "n2")
+    swapped, view, pods = step(view, [*pods[:-1], joiner], 20)
+    assert swapped.status["currentGeneration"] == 1 and swapped.status["members"] == [0, 2, 3, 4]
+    assert (swapped.status["disruptions"], swapped.status["restarts"]) == (1, 0)
+    assert swapped.status["replacedWorkers"] == ["tj-worker-1"]
+    assert swapped.status["leavingWorkers"] is None
+    # The doomed pod is no member any more: it goes now (a SIGTERM: it stops at its next
+    # report, excluded by the generation), not when its node does.
+    assert swapped.delete == ("tj-worker-1",)
+    settled = plan(view, pods, at(21))
+    assert settled.create is None and settled.delete == ()
+
+
+def test_a_notice_that_runs_out_before_the_replacement_is_ready_shrinks_the_job() -> None:
+    view, up = started(elastic())
+    pods = [up[0], noticed(up[1], 10, window_s=30), up[2], up[3]]
+    _, view, pods = step(view, pods, 10)
+    slow = [*pods[:-1], replace(running(pods[-1]), ready=False)]
+    assert plan(view, slow, at(29)).status["currentGeneration"] == 0
+    shrunk = plan(view, slow, at(31))  # within the margin of the notice's end
+    assert shrunk.status["currentGeneration"] == 1 and shrunk.status["replicas"] == 3
+    assert shrunk.status["disruptions"] == 1 and shrunk.status["restarts"] == 0
+
+
+def test_a_job_that_does_not_drain_leaves_a_noticed_node_at_once_charging_no_failure() -> None:
+    view, up = started(elastic(drain=False))
+    shrunk = plan(view, [up[0], noticed(up[1], 10), up[2], up[3]], at(10))
+    assert shrunk.status["currentGeneration"] == 1 and shrunk.status["replicas"] == 3
+    assert (shrunk.status["disruptions"], shrunk.status["restarts"]) == (1, 0)
+    # A RecreateGroup job restarts elsewhere, as after an eviction: a disruption too.
+    view = job().replicas(2).build()
+    _, view, pods = step(view, [], 0)
+    up = [on(p, f"n{p.index}") for p in pods]
+    _, view, _ = step(view, up, 1)
+    restarted = plan(view, [noticed(up[0], 5), up[1]], at(5))
+    assert restarted.status["currentGeneration"] == 1
+    assert (restarted.status["disruptions"], restarted.status["restarts"]) == (1, 0)
+
+
+def test_a_silent_node_loses_its_pods_at_once() -> None:
+    view, up = started(elastic())
+    lost = [replace(p, disruption=NODE_LOST) if p.node == "n1" else p for p in up]
+    shrunk = plan(view, lost, at(10))
+    assert shrunk.status["currentGeneration"] == 1 and shrunk.status["replicas"] == 2
+    assert shrunk.status["members"] == [0, 2]
+    assert shrunk.status["leavingWorkers"] is None, "a lost pod trains on nowhere"
+    assert (shrunk.status["disruptions"], shrunk.status["restarts"]) == (1, 0)
+
+
+# --- the watch's bookkeeping -----------------------------------------------------------------
+
+
+def test_the_book_says_which_nodes_changed() -> None:
+    book = NodeBook()
+    assert book.replace({"a": NodeView("a"), "b": NodeView("b")}) == {"a", "b"}
+    assert not book.put(NodeView("a")), "a heartbeat changes nothing"
+    assert book.put(NodeView("a", unschedulable=True))
+    assert book.replace({"a": NodeView("a", unschedulable=True)}) == {"b"}
+    assert book.drop("a") and not book.drop("a")
+    assert dict(book.snapshot()) == {}
+
+
+def test_the_store_finds_the_jobs_with_a_pod_on_a_node() -> None:
+    store = Store()
+
+    def pod_on(ns: str, job_name: str, name: str, node_name: str) -> dict[str, Any]:
+        return {
+            "metadata": {
+                "namespace": ns,
+                "name": name,
+                "labels": {"torchjob.io/job-name": job_name},
+            },
+            "spec": {"nodeName": node_name, "restartPolicy": "Never"},
+            "status": {"phase": "Running"},
+        }
+
+    store.put_pod(pod_on("a", "j1", "j1-worker-0", "n1"))
+    store.put_pod(pod_on("a", "j2", "j2-worker-0", "n10"))
+    store.put_pod(pod_on("b", "j3", "j3-worker-0", "n1"))
+    assert store.jobs_on_node("n1") == {("a", "j1"), ("b", "j3")}
+    assert store.jobs_on_node("n10") == {("a", "j2")}
+    assert store.jobs_on_node("n2") == set()
+
+
+def test_a_new_pod_is_kept_off_the_avoided_nodes_in_every_affinity_term() -> None:
+    bare: dict[str, Any] = {"spec": {}}
+    avoid_nodes(bare, ["n2", "n1"])
+    terms = bare["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    away = {"key": "metadata.name", "operator": "NotIn", "values": ["n1", "n2"]}
+    assert terms == [{"matchFields": [away]}]
+    gpu = {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["a100"]}]}
+    zone = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]}
+    user: dict[str, Any] = {
+        "spec": {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [dict(gpu), dict(zone)]
+                    }
+                }
+            }
+        }
+    }
+    avoid_nodes(user, ["n1", "n2"])
+    got = user["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert got == [{**gpu, "matchFields": [away]}, {**zone, "matchFields": [away]}]
+    untouched: dict[str, Any] = {"spec": {}}
+    avoid_nodes(untouched, [])
+    assert untouched == {"spec": {}}
