@@ -29,7 +29,15 @@ import torch
 
 from torchjob import contract
 from torchjob.checkpoint import CheckpointStorage
-from torchjob.train import Checkpoint, RunConfig, ScalingConfig, get_checkpoint, get_context, report
+from torchjob.train import (
+    Checkpoint,
+    RunConfig,
+    ScalingConfig,
+    get_checkpoint,
+    get_context,
+    get_preemption_info,
+    report,
+)
 from torchjob.train.torch import TorchTrainer, prepare_model
 
 TORN_INDEX = 900
@@ -77,6 +85,7 @@ def train_func(config: dict) -> None:
             flush=True,
         )
     hold = int(os.environ.get("TORCHJOB_E2E_HOLD_UNTIL_GENERATION", "-1"))
+    told: tuple[str, ...] | None = None
     for epoch in range(start, config["epochs"]):
         while epoch == config["epochs"] - 1 and int(os.environ["TORCHJOB_GENERATION"]) < hold:
             # Reports let a membership change stop this generation; the next one resumes
@@ -104,6 +113,16 @@ def train_func(config: dict) -> None:
             print(
                 f"generation {os.environ['TORCHJOB_GENERATION']} rank {ctx.get_world_rank()}"
                 f" pid {os.getpid()} params {[round(v, 6) for v in params.tolist()]}",
+                flush=True,
+            )
+        # What the operator says is coming (every rank asks: it is a collective), told once.
+        # Asked every epoch of every e2e job: through re-formations, joins and shrinks.
+        notice = get_preemption_info()
+        if notice is not None and notice.pods != told:
+            told = notice.pods
+            print(
+                f"preemption notice: ranks {list(notice.ranks)} of pods {list(notice.pods)}"
+                f" ({', '.join(notice.reasons)}) within {notice.seconds_left:.0f}s",
                 flush=True,
             )
         metrics = {"epoch": epoch, "loss": loss.item()}

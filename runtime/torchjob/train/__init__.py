@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from torchjob.train._prepare import get_device, prepare_data_loader, prepare_model
     from torchjob.train._report import get_checkpoint, register_state, report, should_stop
     from torchjob.train.data_parallel_trainer import DataParallelTrainer
+    from torchjob.train.recovery.preemption import PreemptionInfo, get_preemption_info
     from torchjob.train.state import StateCheckpoint, TrainState
     from torchjob.train.trainer import TorchTrainer
 
@@ -44,6 +45,8 @@ _LAZY = {
     "prepare_data_loader": "torchjob.train._prepare",
     "get_device": "torchjob.train._prepare",
     "register_state": "torchjob.train._report",
+    "get_preemption_info": "torchjob.train.recovery.preemption",
+    "PreemptionInfo": "torchjob.train.recovery.preemption",
     "TorchTrainer": "torchjob.train.trainer",
     "DataParallelTrainer": "torchjob.train.data_parallel_trainer",
     "TrainState": "torchjob.train.state",
@@ -64,6 +67,7 @@ __all__ = [
     "CheckpointConfig",
     "DataParallelTrainer",
     "FailureConfig",
+    "PreemptionInfo",
     "Result",
     "RunConfig",
     "ScalingConfig",
@@ -77,6 +81,7 @@ __all__ = [
     "get_checkpoint",
     "get_context",
     "get_device",
+    "get_preemption_info",
     "is_primary",
     "prepare_data_loader",
     "prepare_model",

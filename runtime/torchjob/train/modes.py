@@ -35,6 +35,7 @@ from torchjob.rules import ElasticRules
 from torchjob.train.job_status import JobEndpoint
 from torchjob.train.progress import ProgressView
 from torchjob.train.recovery.membership import GenerationTimeout, Membership, MembershipWatch
+from torchjob.train.recovery.preemption import NoticeWriter, notice_path
 from torchjob.train.steps import (
     Errored,
     FitContext,
@@ -338,8 +339,12 @@ def choose_mode(
         )
     if pod.keeps_survivors:
         if endpoint is not None:
+            watch = MembershipWatch(endpoint)
+            # What the operator says is coming, for the workers' get_preemption_info().
+            notice = NoticeWriter(notice_path(pod), pod.job_name, pod.nproc_per_node)
+            watch.on_change(lambda m: notice(m.leaving, m.ranked))
             return KeepSurvivorsMode(
-                MembershipWatch(endpoint),
+                watch,
                 Membership(pod.generation, pod.replicas),
                 pod_name=worker_pod_name(pod.job_name, pod.pod_index),
                 pod_index=pod.pod_index,

@@ -272,6 +272,12 @@ class TorchJobStatus(_Model):
             mode="json",
             exclude={"progress", "runtime", "tracking", "silent_workers", "history", "losses"},
         )
+        # List items without their unset fields: the API server drops a null it stores, and
+        # the operator's cache compares what it wrote with what the watch shows.
+        patch["leavingWorkers"] = [
+            w.model_dump(by_alias=True, mode="json", exclude_none=True)
+            for w in self.leaving_workers or ()
+        ] or None
         if self.history:
             patch["history"] = [r.to_wire() for r in self.history]
         if self.losses:

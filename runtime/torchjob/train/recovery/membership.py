@@ -27,6 +27,7 @@ from typing import Any
 from torchjob import contract
 from torchjob.api.models import TERMINAL_PHASES, TorchJobStatus
 from torchjob.train.job_status import JobEndpoint
+from torchjob.train.recovery.preemption import Leaving
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ class Membership:
     """Pods of earlier generations that are not members of this one (``replacedWorkers``)."""
     members: tuple[int, ...] | None = None
     """Pod indices in rank order (``status.members``); None: ``0..replicas-1``."""
+    leaving: tuple[Leaving, ...] = ()
+    """Members given notice, with their deadlines (``status.leavingWorkers``)."""
 
     @property
     def ranked(self) -> tuple[int, ...]:
@@ -72,6 +75,9 @@ class Membership:
             restart_after=after,
             replaced=tuple(s.replaced_workers or ()),
             members=s.rank_order(),
+            leaving=tuple(
+                Leaving(w.pod, w.reason, _time(w.deadline)) for w in s.leaving_workers or ()
+            ),
         )
 
     def excludes(self, pod_name: str, created_in: int) -> bool:
@@ -86,6 +92,20 @@ class Membership:
             return 0.0
         now = now or datetime.now(timezone.utc)
         return max(0.0, (self.restart_after - now).total_seconds())
+
+
+def _time(text: str | None) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+    except ValueError:
+        return None
+
+
+def _tell(callback: Callable[[Membership], None], m: Membership) -> None:
+    try:
+        callback(m)
+    except Exception as exc:  # advice to the workers: never the watch's end
+        log.warning("torchjob: membership callback failed: %s", exc)
 
 
 class GenerationTimeout(RuntimeError):
@@ -122,6 +142,7 @@ class MembershipWatch:
         self.polling = False
         """True once the watch was refused (403) and the thread polls instead."""
         self._on_deleting: list[Callable[[], None]] = []
+        self._on_change: list[Callable[[Membership], None]] = []
         self._deletion_seen = False
         """The TorchJob is being deleted (its ``deletionTimestamp`` is set, or it is gone):
         no generation, and no replacement for a pod given notice, will come."""
@@ -181,6 +202,16 @@ class MembershipWatch:
         if now:
             callback()
 
+    def on_change(self, callback: Callable[[Membership], None]) -> None:
+        """Call ``callback`` with every membership the status publishes (from the watch's
+        thread; at once with the latest one, if any): ``preemption.NoticeWriter``. An
+        exception in it is logged, not raised."""
+        with self._cond:
+            self._on_change.append(callback)
+            latest = self._latest
+        if latest is not None:
+            _tell(callback, latest)
+
     def close(self) -> None:
         self._closed.set()
         response = self._response
@@ -198,6 +229,9 @@ class MembershipWatch:
             if m is not None:
                 self._latest = m
             self._cond.notify_all()
+            callbacks = list(self._on_change) if m is not None else []
+        for callback in callbacks:
+            _tell(callback, m)  # type: ignore[arg-type]
 
     def _deleted(self) -> None:
         with self._cond:
