@@ -345,10 +345,11 @@ def restore_node_ready(core: Any, node: str, untaint: bool = False) -> None:
         n = core.read_node(node)
         taints = [t for t in (n.spec.taints or []) if t.key != NOT_READY_TAINT]
         if len(taints) != len(n.spec.taints or []):
-            core.patch_node(node, {"spec": {"taints": [_taint_dict(t) for t in taints] or None}})
+            core.patch_node(node, {"spec": {"taints": [taint_dict(t) for t in taints] or None}})
 
 
-def _taint_dict(t: Any) -> dict[str, Any]:
+def taint_dict(t: Any) -> dict[str, Any]:
+    """A V1Taint as a patch writes it (key, effect, value if any)."""
     d = {"key": t.key, "effect": t.effect}
     if t.value:
         d["value"] = t.value

@@ -25,19 +25,12 @@ def noticed(core: Any, node: str, key: str = SPOT_ITN) -> Iterator[None]:
     after."""
     taints = list(core.read_node(node).spec.taints or [])
     mine = client.V1Taint(key=key, value="spot-itn-test", effect="NoSchedule")
-    core.patch_node(node, {"spec": {"taints": [_wire(t) for t in [*taints, mine]]}})
+    core.patch_node(node, {"spec": {"taints": [k.taint_dict(t) for t in [*taints, mine]]}})
     try:
         yield
     finally:
         now = [t for t in core.read_node(node).spec.taints or [] if t.key != key]
-        core.patch_node(node, {"spec": {"taints": [_wire(t) for t in now] or None}})
-
-
-def _wire(t: Any) -> dict[str, Any]:
-    out = {"key": t.key, "effect": t.effect}
-    if t.value:
-        out["value"] = t.value
-    return out
+        core.patch_node(node, {"spec": {"taints": [k.taint_dict(t) for t in now] or None}})
 
 
 def elastic(name: str, **extra: Any) -> dict[str, Any]:
@@ -75,7 +68,7 @@ def test_a_notice_replaces_the_pod_on_another_node_before_the_node_goes(jobs: Jo
         )
         assert "ShrunkAfterDisruption" not in {e.reason for e in reasons}
         leaving = next(e for e in reasons if e.reason == "ReplacingBeforeLeaving")
-        assert "notice-worker-1" in leaving.message
+        assert f"notice-worker-1 (node {node}: {SPOT_ITN}" in leaving.message, leaving.message
         # No longer a member: it goes now, not when its node does.
         assert k.wait_for_pod_gone(jobs.core, jobs.ns, "notice-worker-1", timeout=60)
         after = jobs.wait_running_pods("notice", 2, generation=1)

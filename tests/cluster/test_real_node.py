@@ -425,6 +425,60 @@ def test_a_sigkilled_trainer_costs_a_step_the_survivor_goes_on_from_memory_at_on
     assert_resumed_from_memory(read_events(events), lost_gen=0)
 
 
+def test_a_node_notice_swaps_in_a_replacement_on_another_node_and_loses_no_step(
+    real_jobs: Jobs, storage: Path, real_nodes: RealNode
+) -> None:
+    """Issue 39: AWS's spot interruption notice (Node Termination Handler's taint) on the
+    node of pod 1, its drain due 100 s later. The operator's Node watch sees it: the
+    replacement starts at once on another real node while pod 1 trains on; once Ready it
+    takes pod 1's place in one generation at full size. The world size never drops, no step
+    is lost or redone, nothing is charged, and pod 1 is gone before any drain."""
+    events = storage / "events.jsonl"
+    real_jobs.apply(hard_loss_job("spot", storage, events, steps=120, hold=1))
+    pods = real_jobs.wait_running_pods("spot", 2, generation=0, timeout=240)
+    node = next(p for p in pods if p.metadata.name == "spot-worker-1").spec.node_name
+    k.wait_for(
+        lambda: any(e["ev"] == "step" and e["step"] >= 10 for e in read_events(events)),
+        240,
+        lambda: f"10 steps\n{pod_logs(real_jobs, 'spot')}",
+        interval=0.5,
+    )
+    notice = real_nodes.notice(node, provider="aws", drain_after=100, vanish_after=110)
+    try:
+        swapped = real_jobs.wait(
+            "spot",
+            lambda s: s if s.get("currentGeneration") == 1 else None,
+            "the replacement in pod 1's place",
+            timeout=180,
+        )
+        assert swapped["members"] == [0, 2] and swapped["replicas"] == 2, swapped
+        assert notice.poll() is None, "swapped before the drain"
+        replacement = real_jobs.core.read_namespaced_pod("spot-worker-2", real_jobs.ns)
+        assert replacement.spec.node_name not in (None, node), "never on the noticed node"
+        assert k.wait_for_pod_gone(real_jobs.core, real_jobs.ns, "spot-worker-1", timeout=90)
+    finally:
+        if notice.poll() is None:
+            notice.kill()
+        real_nodes.return_node(node)
+    status = wait_finished(real_jobs, "spot")
+    assert status["phase"] == "Succeeded", pod_logs(real_jobs, "spot")
+    assert (status["restarts"], status["disruptions"]) == (0, 1), status
+    assert status.get("lastFailure") is None
+    told = [e for e in real_jobs.events("spot") if e.reason == "ReplacingBeforeLeaving"]
+    assert told and f"spot-worker-1 (node {node}: aws-node-termination-handler/spot-itn" in (
+        told[0].message
+    ), [e.message for e in told]
+    evs = read_events(events)
+    steps = [e for e in evs if e["ev"] == "step"]
+    assert {e["world"] for e in steps} == {2}, "the world size never dropped"
+    # Every step once per rank: none lost, none redone across the swap.
+    for rank in (0, 1):
+        mine = [e["step"] for e in steps if e["rank"] == rank]
+        assert mine == list(range(1, len(mine) + 1)), f"rank {rank}: {mine}"
+    later = [e for e in evs if e["ev"] == "restored" and e["gen"] == 1]
+    assert later and all(e["source"] == "memory" for e in later), later
+
+
 def test_a_pod_whose_packets_are_dropped_is_found_silent_and_the_survivor_goes_on(
     real_jobs: Jobs, storage: Path
 ) -> None:

@@ -173,6 +173,10 @@ def test_a_notice_starts_the_replacement_at_once_and_it_takes_the_place_when_rea
         }
     ]
     assert first.requeue_after_s == pytest.approx(120 - 10)
+    told = next(e for e in first.events if e.reason == "ReplacingBeforeLeaving")
+    assert "tj-worker-1 (node n1: aws-node-termination-handler/spot-itn, 120 s left)" in (
+        told.message
+    )
     assert first.delete == ()
     joiner = on(pods[-1], "n2")
     swapped, view, pods = step(view, [*pods[:-1], joiner], 20)

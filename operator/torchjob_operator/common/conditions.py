@@ -97,8 +97,8 @@ REASONS: Final[Mapping[str, str]] = {
     "CreatedProbe": "probing capacity with pod {name}",
     "CreatedJoiner": "replacement {pods} starting for generation {generation}; it joins at a "
     "step boundary once it runs",
-    "ReplacingBeforeLeaving": "{leaving} was given notice: it trains on through its grace "
-    "period while its replacement {pods} starts",
+    "ReplacingBeforeLeaving": "{leaving} was given notice: it trains on while its "
+    "replacement {pods} starts, which then takes its place",
     "DeletedPod": "deleted {pods}",
     "CreatedWorkload": "created Workload {name} in LocalQueue {queue} ({count} pods)",
     "DeletedWorkload": "deleted Workload {name}: the job's pod set changed; a new one queues",

@@ -4,8 +4,9 @@ whole scope to :meth:`Reflector.listed`), then WATCH from the list's resourceVer
 :meth:`Reflector.changed`. Events are read as raw JSON (orjson, no model objects).
 
 A resource the API server does not serve (404: a CRD not installed, or uninstalled while
-the operator runs, such as Kueue's Workloads) is looked for again every
-:data:`ABSENT_WAIT_S` seconds, said once in the log: the operator goes on without it.
+the operator runs, such as Kueue's Workloads), or one the operator's account may not read
+(403: a chart older than the operator, without the Node watch's RBAC), is looked for again
+every :data:`ABSENT_WAIT_S` seconds, said once in the log: the operator goes on without it.
 (kopf's own watch of such a resource ends the operator with the 404.)
 """
 
@@ -136,12 +137,17 @@ class Reflector:
                 if e.status == 410:
                     resource_version = None
                     continue
-                if e.status == 404:
+                if e.status in (403, 404):
                     if not absent:
+                        why = (
+                            "not served by the API server (CRD not installed?)"
+                            if e.status == 404
+                            else "not readable by the operator's account (RBAC: list, watch)"
+                        )
                         log.info(
-                            "%s are not served by the API server (CRD not installed?): "
-                            "looking again every %.0f s",
+                            "%s are %s: looking again every %.0f s",
                             self.what,
+                            why,
                             ABSENT_WAIT_S,
                         )
                     absent, resource_version = True, None

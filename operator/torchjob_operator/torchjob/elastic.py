@@ -162,6 +162,25 @@ def _grows(d: Decision, *, proven: bool, since: datetime | None = None) -> bool:
     return isinstance(decided, Resize)
 
 
+def _leaving(d: Decision, pods: Sequence[PodView]) -> str:
+    """The members given notice, each with why: ``w-1 (node n3: <taint key>, 112 s left)``
+    for a node's termination notice, ``w-1 (evicted, 50 s left)`` for its own eviction."""
+    by_index = {p.index: p for p in pods if p.index in d.leaving}
+    out = []
+    for i in d.leaving:
+        name = contract.worker_pod_name(d.job.name, i)
+        p = by_index.get(i)
+        until = None if p is None else (p.deletion_at if p.deleting else p.notice_until)
+        left = "" if until is None else f", {max((until - d.now).total_seconds(), 0):.0f} s left"
+        if p is not None and p.notice is not None:
+            out.append(f"{name} (node {p.node}: {p.notice}{left})")
+        elif p is not None and p.deleting:
+            out.append(f"{name} ({p.disruption or 'deleted'}{left})")
+        else:
+            out.append(name)
+    return ", ".join(out)
+
+
 def grow_with_joiners(d: Decision, current: Sequence[PodView], pods: Sequence[PodView]) -> Decision:
     """KeepSurvivors: keep ``joiner_room`` joiners (``target - replicas``, the places of
     members given notice, and ``standbyReplicas`` standbys), created at once under free pod
@@ -220,8 +239,7 @@ def grow_with_joiners(d: Decision, current: Sequence[PodView], pods: Sequence[Po
     names = ", ".join(contract.worker_pod_name(d.job.name, i) for i in free)
     joined = [Event.of("CreatedJoiner", pods=names, generation=d.generation + 1)]
     if d.leaving:
-        leaving = ", ".join(contract.worker_pod_name(d.job.name, i) for i in d.leaving)
-        joined.append(Event.of("ReplacingBeforeLeaving", leaving=leaving, pods=names))
+        joined.append(Event.of("ReplacingBeforeLeaving", leaving=_leaving(d, pods), pods=names))
     return d.but(create=create).also(events=joined)
 
 
