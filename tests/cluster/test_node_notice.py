@@ -135,3 +135,33 @@ def test_a_node_that_stops_reporting_loses_its_pod_at_once(jobs: Jobs) -> None:
         assert "NodeLost" in said.message, said.message
     finally:
         k.restore_node_ready(jobs.core, node, untaint=True)
+
+
+def test_a_pod_stuck_terminating_on_a_lost_node_does_not_hold_the_restart(jobs: Jobs) -> None:
+    """A RecreateGroup job loses the node of worker 1; the pod, deleted, stays Terminating
+    (a finalizer stands for the dead kubelet that never confirms it). The job restarts
+    without waiting for it: its second place is created as worker 2 on another node."""
+    jobs.apply(torchjob("stuck", replicas=2, failurePolicy={"maxRestarts": 0}))
+    pods = {p.metadata.name: p for p in jobs.wait_running_pods("stuck", 2, generation=0)}
+    jobs.wait_phase("stuck", "Running")
+    node = pods["stuck-worker-1"].spec.node_name
+    jobs.core.patch_namespaced_pod(
+        "stuck-worker-1", jobs.ns, {"metadata": {"finalizers": [k.HOLD]}}
+    )
+    k.make_node_not_ready(jobs.core, node)
+    try:
+        status = jobs.wait(
+            "stuck",
+            lambda s: s if s.get("members") == [0, 2] and s.get("phase") == "Running" else None,
+            "generation 1 running as pods 0 and 2",
+            timeout=90,
+        )
+        assert (status["disruptions"], status["restarts"]) == (1, 0)
+        held = jobs.core.read_namespaced_pod("stuck-worker-1", jobs.ns)
+        assert held.metadata.deletion_timestamp is not None, "still terminating meanwhile"
+        fresh = jobs.core.read_namespaced_pod("stuck-worker-2", jobs.ns)
+        assert fresh.spec.node_name != node
+        assert status["activeWorkers"] == 2, "the stuck pod is not counted"
+    finally:
+        k.release_held(jobs.core, jobs.ns, "stuck-worker-1")
+        k.restore_node_ready(jobs.core, node, untaint=True)

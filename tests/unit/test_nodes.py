@@ -291,3 +291,27 @@ def test_a_new_pod_is_kept_off_the_avoided_nodes_in_every_affinity_term() -> Non
     untouched: dict[str, Any] = {"spec": {}}
     avoid_nodes(untouched, [])
     assert untouched == {"spec": {}}
+
+
+def test_a_pod_stuck_terminating_on_a_lost_node_holds_its_name_and_nothing_else() -> None:
+    """A RecreateGroup job loses the node of pod 1: it restarts at once (a disruption), and
+    pod 1, deleted, stays Terminating on the node that cannot confirm it. The new generation
+    is not held up: its second place is created as pod 2, and the rank order says so."""
+    view = job().replicas(2).build()
+    _, view, pods = step(view, [], 0)
+    up = [on(p, f"n{p.index}") for p in pods]
+    _, view, _ = step(view, up, 1)
+    nodes = {"n0": NodeView("n0"), "n1": NodeView("n1", ready=False)}
+    restarted, view, _ = step(view, list(with_nodes(up, nodes, at(5))), 5)
+    assert restarted.status["currentGeneration"] == 1
+    assert (restarted.status["disruptions"], restarted.status["restarts"]) == (1, 0)
+    assert set(restarted.delete) == {"tj-worker-0", "tj-worker-1"}
+    assert restarted.create is None, "the old pods go first"
+    stuck = replace(up[1], deleting=True)
+    again = plan(view, list(with_nodes([stuck], nodes, at(6))), at(6))
+    assert again.create is not None and again.create.indices == (0, 2)
+    assert again.create.members == (0, 2) and again.status["members"] == [0, 2]
+    assert again.delete == (), "it was deleted already; it only cannot go"
+    # A stale pod that is merely terminating (its node reports) is waited for, as before.
+    waiting = plan(view, [stuck], at(6))
+    assert waiting.create is None

@@ -18,7 +18,10 @@ The operator watches Nodes (read-only) and reads each into a ``common.nodes.Node
   it train on until the replacement is Ready (``torchjob/drain.py``); any other job treats
   it as taken, as it would its eviction, while there is time to stop at a checkpoint;
 * a pod on a node whose ``Ready`` is not ``True`` is lost (``disruption="NodeLost"``): the
-  job goes on without it at once, without waiting for the node controller's evictions.
+  job goes on without it at once, without waiting for the node controller's evictions; once
+  deleted it stays Terminating there (``PodView.stuck``) until the node returns or its Node
+  is removed, and holds its name only: the next generation takes another index instead of
+  waiting for it (``plan._create``).
 """
 
 from __future__ import annotations
@@ -51,10 +54,11 @@ def with_nodes(
     out = []
     for p in pods:
         node = nodes.get(p.node) if p.node else None
-        if node is None or p.disruption is not None or not p.active:
+        if node is not None and not node.ready:
+            lost = p.active and p.disruption is None
+            out.append(replace(p, node_lost=True, disruption=NODE_LOST if lost else p.disruption))
+        elif node is None or p.disruption is not None or not p.active:
             out.append(p)
-        elif not node.ready:
-            out.append(replace(p, disruption=NODE_LOST))
         elif node.notice is not None:
             until = seen.get(p.name) or notice_deadline(node, now)
             out.append(replace(p, notice_until=until, notice=node.notice))

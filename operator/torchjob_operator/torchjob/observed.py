@@ -103,6 +103,14 @@ class PodView:
     """The termination notice its node carries (a taint key, ``torchjob/nodes.py``)."""
     notice_until: datetime | None = None
     """When its noticed node goes (the notice's deadline)."""
+    node_lost: bool = False
+    """Its node stopped reporting (``Ready`` not ``True``): a pod being deleted there stays
+    Terminating until the node returns or is removed (``torchjob/nodes.py``)."""
+
+    @property
+    def stuck(self) -> bool:
+        """Being deleted on a node that cannot confirm it: it holds its name, and nothing else."""
+        return self.deleting and self.node_lost
 
     @property
     def active(self) -> bool:

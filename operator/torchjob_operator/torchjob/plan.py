@@ -49,7 +49,7 @@ Semantics (docs/api.md explains them for users):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -246,8 +246,9 @@ def _carry_on(d: Decision, pods: Sequence[PodView]) -> Plan:
         # by the garbage collector): ours would share their names. Wait, counting nothing;
         # their deletion pokes this job's loop (same name label), the requeue is a safety net.
         d = d.also(requeue=[FOREIGN_RECHECK_S])
-    elif not stale:
-        d = _create(d, current)
+    elif not [p for p in stale if not p.stuck]:
+        # A pod stuck Terminating on a lost node blocks nothing: only its index is taken.
+        d = _create(d, current, {p.index for p in stale if p.stuck}, {p.index for p in pods})
 
     if job.foreign_pods and d.create is None and d.created_generation != d.generation:
         if d.phase != Phase.RESTARTING:
@@ -261,13 +262,25 @@ def _carry_on(d: Decision, pods: Sequence[PodView]) -> Plan:
     return _plan(d, pods, current)
 
 
-def _create(d: Decision, current: Sequence[PodView]) -> Decision:
-    """The current generation's missing pods, once nothing stale is left; or, when every pod
-    exists already (an earlier operator created them and died before writing the status),
-    their adoption."""
+def _create(
+    d: Decision,
+    current: Sequence[PodView],
+    stuck: Collection[int] = frozenset(),
+    occupied: Collection[int] = frozenset(),
+) -> Decision:
+    """The current generation's missing pods, once nothing stale is left but pods stuck on a
+    lost node; or, when every pod exists already (an earlier operator created them and died
+    before writing the status), their adoption. A missing place whose index a ``stuck`` pod
+    still holds is created under the lowest index no pod holds (``occupied``) instead, and
+    the generation's rank order (``members``) says so."""
     if d.created_generation == d.generation:
         return d
     have = {p.index for p in current}
+    held = (set(stuck) - have) & set(d.ranked)
+    if held:
+        busy = set(occupied) | set(d.ranked)
+        free = iter(i for i in range(len(busy) + d.replicas + 1) if i not in busy)
+        d = d.resize(d.replicas, tuple(next(free) if i in held else i for i in d.ranked))
     todo = tuple(i for i in d.ranked if i not in have)
     d = d.but(
         created_generation=d.generation,
