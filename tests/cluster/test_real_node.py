@@ -487,6 +487,74 @@ def test_a_node_notice_swaps_in_a_replacement_on_another_node_and_loses_no_step(
         assert after == list(range(at + 1, at + 1 + len(after))), f"rank {rank}: {after}"
 
 
+def _infra_nodes(jobs: Jobs) -> set[str]:
+    """The nodes that run the operator or the cluster's DNS: a test that makes a node vanish
+    leaves them alone."""
+    out = set()
+    for ns in (OPERATOR_NS, "kube-system"):
+        for p in jobs.core.list_namespaced_pod(ns).items:
+            if p.spec.node_name:
+                out.add(p.spec.node_name)
+    return out
+
+
+def test_a_vanished_node_loses_its_pod_at_once_and_the_stale_pod_never_rejoins(
+    real_jobs: Jobs, storage: Path, real_nodes: RealNode
+) -> None:
+    """Issue 39: a worker's node vanishes (every process of it frozen, its link cut: no FIN,
+    no RST; the API server still shows it Ready for a while). The survivor finds its peer
+    silent and goes on alone from memory; the replacement starts on another node (the
+    silent pod's node is avoided) and the job grows back; the node returns and its stale pod
+    is deleted, never rejoining a generation. Nothing is charged."""
+    events = storage / "events.jsonl"
+    real_jobs.apply(hard_loss_job("gone", storage, events, steps=150, hold=2))
+    pods = real_jobs.wait_running_pods("gone", 2, generation=0, timeout=240)
+    assert len({p.spec.node_name for p in pods}) == 2, "the default spread puts them apart"
+    infra = _infra_nodes(real_jobs)
+    victim = next((p for p in pods if p.spec.node_name not in infra), pods[-1])
+    node, name = victim.spec.node_name, victim.metadata.name
+    (other,) = (p.metadata.name for p in pods if p is not victim)
+    k.wait_for(
+        lambda: any(e["ev"] == "step" and e["step"] >= 10 for e in read_events(events)),
+        240,
+        lambda: f"10 steps\n{pod_logs(real_jobs, 'gone')}",
+        interval=0.5,
+    )
+    vanished = time.time()
+    real_nodes.vanish(node)
+    try:
+        alone = k.wait_for(
+            lambda: next(
+                (e for e in read_events(events) if e["ev"] == "step" and e["gen"] >= 1), None
+            ),
+            120,
+            lambda: f"a step without {name}\n{pod_logs(real_jobs, 'gone')}",
+            interval=0.2,
+        )
+        print(f"vanish -> the survivor's next step: {alone['t'] - vanished:.1f}s")
+        assert (alone["pod"], alone["world"]) == (other, 1), alone
+        grown = real_jobs.wait(
+            "gone",
+            lambda s: s if s.get("replicas") == 2 and s.get("currentGeneration", 0) >= 2 else None,
+            "grown back to 2 with a replacement",
+            timeout=240,
+        )
+        print(f"vanish -> grown back: {time.time() - vanished:.1f}s")
+        (new,) = (i for i in grown.get("members") or [0, 1] if f"gone-worker-{i}" != other)
+        fresh = real_jobs.core.read_namespaced_pod(f"gone-worker-{new}", real_jobs.ns)
+        assert fresh.spec.node_name != node, "the replacement avoids the vanished node"
+    finally:
+        real_nodes.return_node(node)
+    assert k.wait_for_pod_gone(real_jobs.core, real_jobs.ns, name, timeout=180)
+    status = wait_finished(real_jobs, "gone")
+    assert status["phase"] == "Succeeded", pod_logs(real_jobs, "gone")
+    assert status["restarts"] == 0 and status.get("lastFailure") is None, status
+    evs = read_events(events)
+    assert not [e for e in evs if e["pod"] == name and e["gen"] >= 1], "the stale pod rejoined"
+    final = [e for e in evs if e["ev"] == "final" and e["gen"] == max(e["gen"] for e in evs)]
+    assert len(final) == 2 and final[0]["params"] == final[1]["params"], final
+
+
 def test_a_pod_whose_packets_are_dropped_is_found_silent_and_the_survivor_goes_on(
     real_jobs: Jobs, storage: Path
 ) -> None:

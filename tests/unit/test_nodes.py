@@ -24,7 +24,8 @@ from torchjob_operator.engine.nodewatch import NodeBook
 from torchjob_operator.resources.pods import avoid_nodes
 from torchjob_operator.torchjob.nodes import NODE_LOST, with_nodes
 from torchjob_operator.torchjob.observed import PodView
-from torchjob_operator.torchjob.plan import JobView, plan
+from torchjob_operator.torchjob.plan import JobView, plan, with_state
+from torchjob_operator.torchjob.writes import decide
 
 
 def node(
@@ -315,3 +316,28 @@ def test_a_pod_stuck_terminating_on_a_lost_node_holds_its_name_and_nothing_else(
     # A stale pod that is merely terminating (its node reports) is waited for, as before.
     waiting = plan(view, [stuck], at(6))
     assert waiting.create is None
+
+
+def test_a_replacement_would_rather_not_go_to_the_node_of_a_silent_pod() -> None:
+    """Its peers reported pod 1 silent: its node may have vanished while the API server still
+    shows it Ready, so the replacement prefers the other nodes (a preference only: a hung
+    process on the only node with room must not strand the job)."""
+    view, up = started(elastic(2))
+    report = {"pod": "tj-worker-1", "generation": 0, "by": "tj-worker-0", "seconds": 10.0}
+    view = with_state(view, {**plan(view, up, at(2)).status, "silentWorkers": [report]})
+    shrunk, view, _ = step(view, up, 12)
+    assert shrunk.status["replicas"] == 1
+    stuck = replace(up[1], deleting=True)  # deleted, on a node that does not answer
+    view = with_state(view, {**shrunk.status, "silentWorkers": [report]})
+    made = decide(view, "uid", [replace(up[0], generation=1), stuck], (), at(13))
+    assert made.plan.create is not None and len(made.workers) == 1
+    affinity = made.workers[0]["spec"]["affinity"]["nodeAffinity"]
+    assert affinity["preferredDuringSchedulingIgnoredDuringExecution"] == [
+        {
+            "weight": 100,
+            "preference": {
+                "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n1"]}]
+            },
+        }
+    ]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity

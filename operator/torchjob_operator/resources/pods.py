@@ -195,6 +195,20 @@ def avoid_nodes(pod: dict[str, Any], nodes: Sequence[str]) -> None:
         term.setdefault("matchFields", []).append(dict(away))
 
 
+def prefer_other_nodes(pod: dict[str, Any], nodes: Sequence[str]) -> None:
+    """Rather not on ``nodes`` (in place): a preference (weight 100) against the nodes of
+    pods their peers reported silent. Such a node may have vanished while the API server
+    still shows it Ready (for about 40 s), and a replacement placed there would never
+    start; but a silent pod may also be a hung process on a healthy node, the only one with
+    room, so it is no more than a preference."""
+    if not nodes:
+        return
+    away = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
+    node = pod["spec"].setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    preferred = node.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
+    preferred.append({"weight": 100, "preference": {"matchFields": [away]}})
+
+
 def spread_across_nodes(name: str) -> dict[str, Any]:
     """The default spread of a job's workers: as evenly over nodes as the scheduler can
     (``ScheduleAnyway``: never a reason to stay Pending), so that a lost node takes a known

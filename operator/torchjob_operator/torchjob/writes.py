@@ -17,6 +17,7 @@ from torchjob_operator.resources.pods import (
     avoid_nodes,
     headless_service,
     pod_group,
+    prefer_other_nodes,
     probe_pod,
     worker_pod,
 )
@@ -57,8 +58,11 @@ def decide(
         for body in workers:
             kueue.apply_admission(body, view.kueue.assignment)
     decided = _place(view, pods, workers, decided)
+    silent = {w.pod for w in view.state.silent}
+    suspect = sorted({p.node for p in pods if p.name in silent and p.node} - set(view.avoid_nodes))
     for body in workers:
         avoid_nodes(body, view.avoid_nodes)
+        prefer_other_nodes(body, suspect)
     probe_bodies = tuple(
         probe_pod(name=name, namespace=namespace, uid=uid, spec=spec, index=index)
         for index in decided.create_probes
