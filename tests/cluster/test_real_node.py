@@ -507,9 +507,19 @@ def test_a_vanished_node_loses_its_pod_at_once_and_the_stale_pod_never_rejoins(
     silent pod's node is avoided) and the job grows back; the node returns and its stale pod
     is deleted, never rejoining a generation. Nothing is charged."""
     events = storage / "events.jsonl"
-    real_jobs.apply(hard_loss_job("gone", storage, events, steps=150, hold=2))
+    manifest = hard_loss_job("gone", storage, events, steps=150, hold=2)
+    # One worker per node for sure (the default spread is only ScheduleAnyway).
+    manifest["spec"]["template"]["spec"]["topologySpreadConstraints"] = [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {contract.LABEL_JOB_NAME: "gone"}},
+        }
+    ]
+    real_jobs.apply(manifest)
     pods = real_jobs.wait_running_pods("gone", 2, generation=0, timeout=240)
-    assert len({p.spec.node_name for p in pods}) == 2, "the default spread puts them apart"
+    assert len({p.spec.node_name for p in pods}) == 2, [p.spec.node_name for p in pods]
     infra = _infra_nodes(real_jobs)
     victim = next((p for p in pods if p.spec.node_name not in infra), pods[-1])
     node, name = victim.spec.node_name, victim.metadata.name
