@@ -144,7 +144,8 @@ def test_operator_runs_in_its_pod_under_the_charts_security_context(
     helm_operator: HelmOperator, real_node: RealNode, kube: Any
 ) -> None:
     pod = helm_operator.wait_ready()
-    assert pod.spec.node_name == real_node.name
+    # On a real node (real containers); which of them is the scheduler's choice.
+    assert pod.spec.node_name in real_node.names, (pod.spec.node_name, real_node.names)
     assert pod.spec.service_account_name == "torchjob-operator"
     sc = pod.spec.containers[0].security_context
     assert sc.read_only_root_filesystem and not sc.allow_privilege_escalation
