@@ -61,6 +61,7 @@ def test_a_notice_replaces_the_pod_on_another_node_before_the_node_goes(jobs: Jo
         )
         assert status["members"] == [0, 2] and status["replicas"] == 2
         assert (status["disruptions"], status["restarts"]) == (1, 0)
+        assert (status["history"][-1]["cause"], status["losses"]) == ("Notice", {"Notice": 1})
         replacement = jobs.core.read_namespaced_pod("notice-worker-2", jobs.ns)
         assert replacement.spec.node_name != node, "never on the noticed node"
         reasons = jobs.wait_events(
@@ -114,6 +115,7 @@ def test_a_node_that_stops_reporting_loses_its_pod_at_once(jobs: Jobs) -> None:
             timeout=60,
         )
         assert status["restarts"] == 0
+        assert status["losses"] == {"NodeLost": 1}, status.get("history")
         # Smaller at once (members absent: pods 0..replicas-1), unless already grown back.
         assert status["replicas"] == 1 or status["currentGeneration"] >= 2, status
         grown = jobs.wait(

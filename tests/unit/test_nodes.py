@@ -185,6 +185,8 @@ def test_a_notice_starts_the_replacement_at_once_and_it_takes_the_place_when_rea
     assert (swapped.status["disruptions"], swapped.status["restarts"]) == (1, 0)
     assert swapped.status["replacedWorkers"] == ["tj-worker-1"]
     assert swapped.status["leavingWorkers"] is None
+    record = swapped.status["history"][-1]
+    assert (record["cause"], swapped.status["losses"]) == ("Notice", {"Notice": 1}), record
     # The doomed pod is no member any more: it goes now (a SIGTERM: it stops at its next
     # report, excluded by the generation), not when its node does.
     assert swapped.delete == ("tj-worker-1",)
@@ -220,8 +222,10 @@ def test_a_job_that_does_not_drain_leaves_a_noticed_node_at_once_charging_no_fai
 
 def test_a_silent_node_loses_its_pods_at_once() -> None:
     view, up = started(elastic())
-    lost = [replace(p, disruption=NODE_LOST) if p.node == "n1" else p for p in up]
+    lost = list(with_nodes(up, {"n0": NodeView("n0"), "n1": NodeView("n1", ready=False)}, at(10)))
     shrunk = plan(view, lost, at(10))
+    assert shrunk.status["history"][-1]["cause"] == "NodeLost"
+    assert shrunk.status["losses"] == {"NodeLost": 1}
     assert shrunk.status["currentGeneration"] == 1 and shrunk.status["replicas"] == 2
     assert shrunk.status["members"] == [0, 2]
     assert shrunk.status["leavingWorkers"] is None, "a lost pod trains on nowhere"

@@ -129,6 +129,10 @@ def started(d: Decision, pods: Sequence[PodView]) -> GenerationRecord | None:
             isinstance(p.loss, Disruption) and p.loss.reason.startswith("killed") for p in ended
         ):
             cause = "Killed"
+        elif any(p.node_lost for p in ended):
+            cause = "NodeLost"  # its node stopped reporting (torchjob/nodes.py)
+        elif any(p.notice is not None for p in ended):
+            cause = "Notice"  # its node's termination notice
     loss_time = _loss_time(d, cause, gone, ended)
     progress = before.progress
     return GenerationRecord(
