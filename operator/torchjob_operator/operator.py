@@ -99,6 +99,7 @@ class TorchJobs:
                 defer_progress=since is None or started - since < self.settings.progress_batch_s,
                 pool=self.pool.executor(),
                 nodes=None if self.nodes is None else self.nodes.snapshot(),
+                avoid=() if self.nodes is None else self.nodes.avoid(),
             )
         if not outcome.deferred or outcome.gone:
             self._deferred_since.pop(key, None)

@@ -241,7 +241,10 @@ def test_the_book_says_which_nodes_changed() -> None:
     assert not book.put(NodeView("a")), "a heartbeat changes nothing"
     assert book.put(NodeView("a", unschedulable=True))
     assert book.replace({"a": NodeView("a", unschedulable=True)}) == {"b"}
+    assert book.avoid() == ()
+    assert book.put(NodeView("b", ready=False)) and book.avoid() == ("b",)
     assert book.drop("a") and not book.drop("a")
+    assert book.drop("b") and book.avoid() == ()
     assert dict(book.snapshot()) == {}
 
 
@@ -265,6 +268,8 @@ def test_the_store_finds_the_jobs_with_a_pod_on_a_node() -> None:
     assert store.jobs_on_node("n1") == {("a", "j1"), ("b", "j3")}
     assert store.jobs_on_node("n10") == {("a", "j2")}
     assert store.jobs_on_node("n2") == set()
+    assert store.jobs_on_nodes({"n10", "n2"}) == {("a", "j2")}
+    assert store.jobs_on_nodes(set()) == set()
 
 
 def test_a_new_pod_is_kept_off_the_avoided_nodes_in_every_affinity_term() -> None:

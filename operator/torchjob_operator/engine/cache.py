@@ -24,9 +24,10 @@ judges, kept as compact JSON bytes, so 8000 pods take about 4 MiB.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
@@ -83,6 +84,10 @@ class _Pending:
     since: float
     pods: list[PodExpectation] = field(default_factory=list)
     status: list[Mapping[str, Any]] = field(default_factory=list)
+
+
+_NODE_NAME = re.compile(rb'"nodeName":"([^"]*)"')
+"""A compact pod's ``spec.nodeName`` (node names are DNS names: no quote, no escape)."""
 
 
 def _compact(pod: Pod) -> bytes:
@@ -262,12 +267,22 @@ class Store:
             return self._pod_jobs.get((namespace, name))
 
     def jobs_on_node(self, node: str) -> set[JobKey]:
-        """The jobs with a cached pod bound to ``node`` (a node's notice or loss pokes them).
-        Rare (a node's state changed), so the pods are searched as they are kept, compact
-        JSON, without decoding one."""
-        needle = b'"nodeName":' + orjson.dumps(node)
+        """The jobs with a cached pod bound to ``node``."""
+        return self.jobs_on_nodes({node})
+
+    def jobs_on_nodes(self, nodes: Collection[str]) -> set[JobKey]:
+        """The jobs with a cached pod bound to any of ``nodes`` (a node's notice or loss pokes
+        them). One pass over the pods as they are kept, compact JSON, reading only each one's
+        ``nodeName``: a LIST of thousands of nodes costs one pass, not one per node."""
+        if not nodes:
+            return set()
+        wanted = {n.encode() for n in nodes}
         with self._lock:
-            return {k for k, pods in self._pods.items() if any(needle in b for b in pods.values())}
+            return {
+                k
+                for k, pods in self._pods.items()
+                if any((m := _NODE_NAME.search(b)) and m.group(1) in wanted for b in pods.values())
+            }
 
     def pods_of(self, key: JobKey) -> list[Pod] | None:
         """The job's pods in a LIST's order (by name), or None while no pod watch covering

@@ -4,7 +4,7 @@ Every Node is read into a small ``torchjob.nodes.NodeView`` (its name, ``Ready``
 termination notice: nothing else is kept) in a :class:`NodeBook` that the reconciles read.
 Only a change of a view matters; a Node's status moves every few seconds (its heartbeat),
 which changes nothing here. When one changes, every job with a pod bound to that node plans
-again (``Store.jobs_on_node``): a notice starts its pods' replacements at once, a node that
+again (``Store.jobs_on_nodes``): a notice starts its pods' replacements at once, a node that
 stopped reporting loses its pods without waiting for the node controller's evictions.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from kubernetes import client
 
-from torchjob_operator.common.nodes import NodeView, NoticeTaint, node_view
+from torchjob_operator.common.nodes import NodeView, NoticeTaint, avoided, node_view
 from torchjob_operator.engine.cache import Store
 from torchjob_operator.engine.reflector import Reflector
 
@@ -30,17 +30,28 @@ class NodeBook:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._views: Mapping[str, NodeView] = MappingProxyType({})
+        self._avoid: tuple[str, ...] = ()
 
     def snapshot(self) -> Mapping[str, NodeView]:
         """Every known node's view (an immutable mapping a reader may keep)."""
         with self._lock:
             return self._views
 
+    def avoid(self) -> tuple[str, ...]:
+        """``common.nodes.avoided`` of the book, computed when a view changes, not by every
+        reconcile (a cluster may have thousands of nodes)."""
+        with self._lock:
+            return self._avoid
+
+    def _set(self, views: dict[str, NodeView]) -> None:
+        self._views = MappingProxyType(views)
+        self._avoid = avoided(views)
+
     def replace(self, views: Mapping[str, NodeView]) -> set[str]:
         """A LIST's views replace the book; returns the nodes whose view changed."""
         with self._lock:
             old = self._views
-            self._views = MappingProxyType(dict(views))
+            self._set(dict(views))
         return {n for n in set(old) | set(views) if old.get(n) != views.get(n)}
 
     def put(self, view: NodeView) -> bool:
@@ -48,14 +59,14 @@ class NodeBook:
         with self._lock:
             if self._views.get(view.name) == view:
                 return False
-            self._views = MappingProxyType({**self._views, view.name: view})
+            self._set({**self._views, view.name: view})
         return True
 
     def drop(self, name: str) -> bool:
         with self._lock:
             if name not in self._views:
                 return False
-            self._views = MappingProxyType({k: v for k, v in self._views.items() if k != name})
+            self._set({k: v for k, v in self._views.items() if k != name})
         return True
 
 
@@ -98,9 +109,8 @@ class NodeWatch(Reflector):
             self._poke({view.name})
 
     def _poke(self, nodes: set[str]) -> None:
-        for node in nodes:
-            for key in self.store.jobs_on_node(node):
-                self.on_job(*key)
+        for key in self.store.jobs_on_nodes(nodes):
+            self.on_job(*key)
 
 
 __all__ = ["NodeBook", "NodeWatch"]

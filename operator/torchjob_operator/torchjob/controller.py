@@ -58,12 +58,12 @@ def reconcile_once(
     defer_progress: bool = False,
     pool: Executor | None = None,
     nodes: Mapping[str, NodeView] | None = None,
+    avoid: tuple[str, ...] = (),
 ) -> ReconcileResult:
-    """One pass over one job (see the module docstring). ``nodes``: what the Node watch knows
-    (``engine.nodewatch``); None: nothing (a pod's node is then never taken into account)."""
+    """One pass over one job (see the module docstring); ``nodes``, ``avoid``: NodeBook's."""
     log = act.job_logger(namespace, name)
     now = clock()
-    seen = observe(kube, namespace, name, nodes=nodes, now=now)
+    seen = observe(kube, namespace, name, nodes=nodes, avoid=avoid, now=now)
     if seen is None:
         return ReconcileResult(None, gone=True)
     role = managed.role_of(seen.job, seen.workload is not None)

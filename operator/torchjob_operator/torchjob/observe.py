@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from torchjob.api.models import TorchJobSpec
-from torchjob_operator.common.nodes import NodeView, avoided
+from torchjob_operator.common.nodes import NodeView
 from torchjob_operator.engine.kube import Kube, KubeError
 from torchjob_operator.torchjob import admission, blueprint, initializers, kueue, managed, topology
 from torchjob_operator.torchjob.decision import JobView
@@ -80,10 +80,12 @@ def observe(
     name: str,
     *,
     nodes: Mapping[str, NodeView] | None = None,
+    avoid: tuple[str, ...] = (),
     now: datetime | None = None,
 ) -> Observed | None:
     """Everything one pass needs; None when the job is gone or being deleted. ``nodes``: what
-    the Node watch knows; a pod on a noticed or silent node says so (``nodes.with_nodes``)."""
+    the Node watch knows; a pod on a noticed or silent node says so (``nodes.with_nodes``).
+    ``avoid``: the nodes new pods are kept off (``NodeBook.avoid``)."""
     job = kube.get_job(namespace, name)
     if job is None or (job.get("metadata") or {}).get("deletionTimestamp"):
         return None
@@ -126,7 +128,7 @@ def observe(
         ),
         workload=_workload(kube, job, spec, state),
         pin=pin,
-        avoid_nodes=avoided(nodes or {}),
+        avoid_nodes=avoid,
     )
 
 
