@@ -7,6 +7,7 @@
 #   hack/cluster.sh down        delete the cluster and its workdir
 #   hack/cluster.sh kubeconfig  print the kubeconfig path
 #   hack/cluster.sh status      exit 0 when the cluster answers, print its nodes
+#   hack/cluster.sh revive      start again any control-plane component that exited
 #
 # Never touches ~/.kube: use `export KUBECONFIG=$(hack/cluster.sh kubeconfig)`.
 # Environment:
@@ -189,6 +190,38 @@ all_nodes_ready() {
 
 default_sa_exists() { kc -n default get serviceaccount default; }
 
+# kwokctl's binary runtime starts the components and never restarts them, where a real control
+# plane's kubelet or systemd would. A kube-controller-manager gives the API server about 10 s to
+# report healthy and exits when it is not (its RBAC bootstrap took longer on a loaded machine):
+# a cluster without it creates no ServiceAccount, ReplicaSet or garbage collection, and every
+# later test waits on what never comes. `kwokctl start cluster` starts only the stopped ones.
+dead_components() {
+  local pidfile pid
+  for pidfile in "${CLUSTER_DIR}"/pids/*.pid; do
+    [[ -f "${pidfile}" ]] || continue
+    pid="$(<"${pidfile}")"
+    kill -0 "${pid}" 2>/dev/null || basename "${pidfile}" .pid
+  done
+}
+
+revive_components() {
+  local dead name
+  dead="$(dead_components)"
+  [[ -n "${dead}" ]] || return 0
+  for name in ${dead}; do
+    log "${name} of cluster '${NAME}' exited; starting it again. Its last log lines:"
+    tail -n 3 "${CLUSTER_DIR}/logs/${name}.log" >&2 2>/dev/null || true
+  done
+  kwokctl start cluster >/dev/null 2>&1 || log "kwokctl start cluster failed"
+}
+
+# The wait for the default ServiceAccount, reviving a component that exited meanwhile.
+default_sa_or_revive() {
+  default_sa_exists && return 0
+  revive_components
+  return 1
+}
+
 ensure_nodes() {
   nodes_manifest | kc apply -f - >/dev/null
   wait_until "${WAIT_S}" "nodes to become Ready" all_nodes_ready
@@ -196,7 +229,7 @@ ensure_nodes() {
 
 # The cluster's config (stages, flags) is fixed at creation: remember what it was made from.
 # Bump CLUSTER_CONFIG_REVISION when the kwokctl flags or node shapes below change.
-CLUSTER_CONFIG_REVISION=4
+CLUSTER_CONFIG_REVISION=5
 config_digest() {
   { cat "${HACK_DIR}/kwok/stages.yaml" "${HACK_DIR}/kwok/logs.yaml"; echo "rev=${CLUSTER_CONFIG_REVISION} gpu=${GPU_NODES}x${GPUS_PER_NODE} cpu=${CPU_NODES}"; } |
     sha256sum | cut -d' ' -f1
@@ -271,11 +304,15 @@ cmd_up() {
     create_unlock
   fi
   ensure_nodes
-  wait_until "${WAIT_S}" "the default ServiceAccount (kube-controller-manager)" default_sa_exists
+  revive_components
+  wait_until "${WAIT_S}" "the default ServiceAccount (kube-controller-manager)" default_sa_or_revive
   log "ready in $((($(now_ms) - start)))ms; export KUBECONFIG=${KUBECONFIG_PATH}"
   echo "${KUBECONFIG_PATH}"
 }
 
+# etcd runs with --unsafe-no-fsync: a test cluster's data need not survive a power cut, and on
+# a machine whose disk is busy (containerd unpacking images for three real nodes, checkpoint
+# tests) an fsync that takes seconds made the API server answer 504 after its 60 s timeout.
 # One kube-controller-manager and one kube-scheduler: no leader election. With it, a busy
 # machine that delays a lease renewal past its deadline makes either exit ("leaderelection
 # lost"), and nothing restarts it: every later test then waits on a namespace's default
@@ -299,6 +336,7 @@ create_cluster() {
     --extra-args kwok-controller=manage-all-nodes=false \
     --extra-args kube-controller-manager=leader-elect=false \
     --extra-args kube-scheduler=leader-elect=false \
+    --extra-args etcd=unsafe-no-fsync=true \
     --extra-args kube-apiserver=kubelet-preferred-address-types=InternalIP,Hostname \
     --extra-args "kwok-controller=manage-nodes-with-annotation-selector=${KWOK_NODE_ANNOTATION}" \
     --config "${HACK_DIR}/kwok/stages.yaml" \
@@ -357,8 +395,9 @@ case "${1:-}" in
   down) lock && cmd_down ;;
   kubeconfig) echo "${KUBECONFIG_PATH}" ;;
   status) cmd_status ;;
+  revive) revive_components ;;
   *)
-    echo "usage: $0 up|down|kubeconfig|status" >&2
+    echo "usage: $0 up|down|kubeconfig|status|revive" >&2
     exit 2
     ;;
 esac

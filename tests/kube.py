@@ -40,6 +40,18 @@ EXIT_MESSAGE_ANNOTATION = "kwok.torchjob.io/exit-message"
 WAITING_REASON_ANNOTATION = "kwok.torchjob.io/waiting-reason"
 NOT_READY_LABEL = "kwok.torchjob.io/not-ready"
 
+# A slow machine (a CI runner whose host is busy, or all five sessions of `make test` on 2
+# cores) makes everything take longer: TORCHJOB_TEST_TIME_SCALE (default 1; .ci/run sets 3)
+# multiplies the limit of every wait and kubectl call here. A limit only bounds how long a
+# failure takes to be reported: a passing wait returns as soon as its condition holds.
+TIME_SCALE = max(1.0, float(os.environ.get("TORCHJOB_TEST_TIME_SCALE") or 1))
+
+
+def scaled(seconds: float) -> float:
+    """``seconds`` times TORCHJOB_TEST_TIME_SCALE: the limit of a wait on this machine."""
+    return seconds * TIME_SCALE
+
+
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_NODE_LABEL = "nvidia.com/gpu.present"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
@@ -156,7 +168,7 @@ def kubectl(
         str(config.parent / "kubectl-cache"),
         *args,
     ]
-    proc = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=scaled(timeout))
     if check and proc.returncode != 0:
         raise AssertionError(
             f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}{proc.stdout}"
@@ -188,6 +200,7 @@ def wait_for(
     (phase, node, conditions, container states) and recent events. Exceptions in ``ignore``
     count as "not yet" (the last one is reported); any other exception propagates.
     """
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     last_exc: BaseException | None = None
     last_value: Any = None
@@ -590,10 +603,8 @@ class Cluster:
             wait_for(established, timeout, f"CRD {crd} Established", interval=0.5)
 
     def api_client(self) -> Any:
-        """A fresh kubernetes.client.ApiClient for this cluster."""
-        from kubernetes import config
-
-        return config.new_client_from_config(config_file=str(self.kubeconfig))
+        """A fresh kubernetes.client.ApiClient for this cluster (see :func:`api_client`)."""
+        return api_client(self.kubeconfig)
 
     def env(self) -> dict[str, str]:
         """os.environ plus KUBECONFIG, for subprocesses (an operator under test, kopf...)."""
@@ -606,6 +617,74 @@ class Cluster:
     def cpu_nodes(self, core: Any) -> list[str]:
         nodes = core.list_node(label_selector=f"!{GPU_NODE_LABEL}").items
         return sorted(n.metadata.name for n in nodes)
+
+
+def api_client(kubeconfig: Path | str) -> Any:
+    """A kubernetes.client.ApiClient for ``kubeconfig`` that retries what a busy API server
+    may answer with 502-504 (a 504 is its own 60 s timeout, not a verdict on the request).
+
+    Only requests that may be repeated are retried (urllib3's default methods: GET, HEAD, PUT,
+    DELETE, OPTIONS, TRACE); a POST or PATCH that timed out may have been carried out.
+    """
+    from kubernetes import client, config
+    from urllib3.util.retry import Retry
+
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    configuration.retries = Retry(
+        total=4,
+        connect=4,
+        read=0,
+        status_forcelist=(502, 503, 504),
+        backoff_factor=1.0,
+        raise_on_status=False,
+    )
+    return client.ApiClient(configuration)
+
+
+class ComponentWatchdog:
+    """Starts again a control-plane component of the test cluster that exited.
+
+    kwokctl's binary runtime never restarts a component, where a real control plane's kubelet
+    or systemd does; a kube-controller-manager that exits (it gives the API server about 10 s
+    to report healthy, and a loaded machine takes longer) would leave every later test waiting
+    on a ServiceAccount or ReplicaSet that never comes. Every ``period`` seconds a daemon
+    thread looks at the processes kwokctl recorded (``pids/`` beside the kubeconfig) and, when
+    one is gone, runs ``hack/cluster.sh revive``, which says which one and why on stderr.
+    """
+
+    def __init__(self, kubeconfig: Path, period: float = 5.0) -> None:
+        import threading
+
+        self._pids = Path(kubeconfig).parent / "pids"
+        self._period = period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="component-watchdog", daemon=True)
+        self.revived: list[str] = []
+
+    def dead(self) -> list[str]:
+        gone = []
+        for pidfile in sorted(self._pids.glob("*.pid")):
+            try:
+                os.kill(int(pidfile.read_text().strip()), 0)
+            except (OSError, ValueError):
+                gone.append(pidfile.stem)
+        return gone
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._period):
+            gone = self.dead()
+            if gone:
+                self.revived.extend(gone)
+                subprocess.run(["bash", str(CLUSTER_SH), "revive"], timeout=120, check=False)
+
+    def __enter__(self) -> ComponentWatchdog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
 
 
 def cluster_is_healthy(kubeconfig: Path) -> bool:

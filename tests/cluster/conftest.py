@@ -104,7 +104,8 @@ def cluster() -> Iterator[helpers.Cluster]:
             if _in_ci():
                 pytest.fail(f"CI=true and the local cluster failed to start: {exc}", pytrace=False)
             raise
-        yield helpers.Cluster(kubeconfig=kubeconfig, started_here=started_here)
+        with helpers.ComponentWatchdog(kubeconfig):
+            yield helpers.Cluster(kubeconfig=kubeconfig, started_here=started_here)
     finally:
         sessions.unregister()
         keep = os.environ.get("TORCHJOB_KEEP_CLUSTER", "") in ("1", "true")

@@ -218,7 +218,7 @@ class KueueProcess:
             for path in sorted((kueue_dir() / "crds").glob("*.yaml"))
         ]
         self.cluster.kubectl(
-            "delete", "--ignore-not-found", "--wait=true", "--timeout=60s", *crds,
+            "delete", "--ignore-not-found", "--wait=true", f"--timeout={k.scaled(60):.0f}s", *crds,
             check=False, timeout=90,
         )  # fmt: skip
         self.cluster.kubectl(

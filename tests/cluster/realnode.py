@@ -83,7 +83,7 @@ def _node_sh(*args: str, timeout: float, count: int | None = None) -> str:
         ["bash", str(HACK / "node.sh"), *args],
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=k.scaled(timeout),
         env=env,
     )
     if proc.returncode != 0:
@@ -300,7 +300,7 @@ class HelmOperator:
             "--values",
             str(values_file),
             "--wait",
-            "--timeout=4m",
+            f"--timeout={k.scaled(240):.0f}s",
             *extra,
         )
         self.wait_ready()

@@ -17,7 +17,9 @@ CHART = REPO / "charts" / "torchjob-operator"
 
 
 def helm(*args: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([str(k.helm_path()), *args], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [str(k.helm_path()), *args], capture_output=True, text=True, timeout=k.scaled(120)
+    )
     assert proc.returncode == 0, f"helm {' '.join(args)}:\n{proc.stderr}{proc.stdout}"
     return proc
 

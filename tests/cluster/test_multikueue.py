@@ -93,7 +93,7 @@ def worker(cluster: k.Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
         for path in (CRD_FILE, TUNE_CRD_FILE, *RUNTIME_CRD_FILES):
             wc.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
         wc.kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s",
+            "wait", "--for=condition=Established", f"--timeout={k.scaled(60):.0f}s",
             "crd/torchjobs.torchjob.io", "crd/torchtunes.torchjob.io",
         )  # fmt: skip
         kueue.start()

@@ -40,7 +40,12 @@ def test_apply_example_creates_workers_service_and_reports_running(jobs: Jobs) -
     jobs.apply(manifest)
     pods = jobs.wait_running_pods("cpu-smoke", 2, generation=0)
     jobs.cluster.kubectl(
-        "-n", jobs.ns, "wait", "--for=condition=Running", "tj/cpu-smoke", "--timeout=60s"
+        "-n",
+        jobs.ns,
+        "wait",
+        "--for=condition=Running",
+        "tj/cpu-smoke",
+        f"--timeout={k.scaled(60):.0f}s",
     )
 
     job = jobs.get("cpu-smoke")
@@ -118,7 +123,12 @@ def test_all_workers_exit_zero_succeeds(jobs: Jobs) -> None:
     for p in pods:
         jobs.exit_pod(p.metadata.name, 0)
     jobs.cluster.kubectl(
-        "-n", jobs.ns, "wait", "--for=condition=Succeeded", "tj/ok", "--timeout=60s"
+        "-n",
+        jobs.ns,
+        "wait",
+        "--for=condition=Succeeded",
+        "tj/ok",
+        f"--timeout={k.scaled(60):.0f}s",
     )
     status = jobs.status("ok")
     assert status["phase"] == "Succeeded" and status["completionTime"]
@@ -221,7 +231,12 @@ def test_permanent_exit_code_fails_at_once(jobs: Jobs) -> None:
     assert failed["reason"] == "PermanentFailure"
     assert "exited with code 3" in failed["message"]
     jobs.cluster.kubectl(
-        "-n", jobs.ns, "wait", "--for=condition=Stalled", "tj/bad-config", "--timeout=30s"
+        "-n",
+        jobs.ns,
+        "wait",
+        "--for=condition=Stalled",
+        "tj/bad-config",
+        f"--timeout={k.scaled(30):.0f}s",
     )
     # cleanPodPolicy Running: the surviving worker is deleted, the failed one kept for its logs
     k.wait_for(
