@@ -288,3 +288,67 @@ def test_a_malformed_topology_env_names_the_variable() -> None:
     assert contract.topology_of({}) == {}
     with pytest.raises(ValueError, match=contract.TOPOLOGY):
         contract.topology_of({contract.TOPOLOGY: "[1]"})
+
+
+def _elastic(placement: dict[str, Any], **view: Any) -> JobView:
+    b = job().replicas(4).elastic(2, 4)
+    b.spec["elastic"].update(scaleDownAfterSeconds=30, scaleUpCooldownSeconds=60)
+    base = b.build()
+    spec = TorchJobSpec.model_validate({**base.spec.to_wire(), "placement": placement})
+    return replace(base, spec=spec, **view)
+
+
+def _shrunk_out_of_the_last_two(view: JobView) -> tuple[JobView, list[Any]]:
+    """Workers 2 and 3 cannot be scheduled: the job shrinks to 2 and runs there (t=32)."""
+    from tests.unit.test_planner import apply, unschedulable
+
+    def step(view: JobView, pods: list[Any], now: float) -> tuple[JobView, list[Any]]:
+        decided = decide(view, "uid", pods, [], at(now))
+        domains = {
+            int(w["metadata"]["labels"][contract.LABEL_POD_INDEX]): w["metadata"]["labels"].get(
+                topology.DOMAIN_LABEL, ""
+            )
+            for w in decided.workers
+        }
+        made = [
+            replace(p, domain=domains[p.index]) if p.index in domains else p
+            for p in apply(decided.plan, pods)
+        ]
+        return with_state(view, decided.plan.status), made
+
+    view, pods = step(view, [], 0)
+    observed = [running(pods[0]), running(pods[1])] + [unschedulable(p, 0) for p in pods[2:]]
+    view, pods = step(view, observed, 31)
+    view, pods = step(view, pods, 32)
+    return view, [running(p) for p in pods]
+
+
+def test_a_grow_backs_capacity_probes_are_placed_in_the_jobs_free_domains() -> None:
+    """An elastic job shrunk out of rack2 probes for its grow-back in rack2 (the free slots of
+    its admission), not anywhere in the cluster: a probe that fits proves room where the pods
+    will go."""
+    ta = _assignment({"rack1": 2, "rack2": 2})
+    view, pods = _shrunk_out_of_the_last_two(gated(_elastic({"required": RACK}), _gate(ta)))
+    assert view.kueue is not None and view.kueue.topology is not None
+    rack1 = {topology.domain_key(d.values) for d in view.kueue.topology.domains[:2]}
+    assert len(pods) == 2 and {p.domain for p in pods} == rack1, "the shrunk job kept rack1"
+    probing = decide(view, "uid", pods, [], at(100))
+    assert len(probing.probes) == 2
+    for probe in probing.probes:
+        assert probe["metadata"]["labels"][contract.LABEL_ROLE] == contract.ROLE_PROBE
+        assert probe["spec"]["nodeSelector"][RACK] == "rack2", probe["spec"]
+        assert probe["spec"]["nodeSelector"][BLOCK] == "b1"
+
+
+def test_without_kueue_a_probe_asks_for_the_jobs_domain_and_avoids_doomed_nodes() -> None:
+    view, pods = _shrunk_out_of_the_last_two(_elastic({"required": RACK}, avoid_nodes=("n9",)))
+    probing = decide(view, "uid", pods, [], at(100))
+    assert probing.probes
+    for probe in probing.probes:
+        affinity = probe["spec"]["affinity"]
+        term = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+        assert term["topologyKey"] == RACK
+        assert term["labelSelector"]["matchLabels"][contract.LABEL_ROLE] == contract.ROLE_WORKER
+        node_terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        fields = [f for t in node_terms["nodeSelectorTerms"] for f in t["matchFields"]]
+        assert {"key": "metadata.name", "operator": "NotIn", "values": ["n9"]} in fields

@@ -67,6 +67,7 @@ def decide(
         probe_pod(name=name, namespace=namespace, uid=uid, spec=spec, index=index)
         for index in decided.create_probes
     )
+    _place_probes(view, pods, probe_bodies, decided)
     init = view.initializers
     inits: tuple[dict[str, Any], ...] = ()
     init_events: tuple[Event, ...] = ()
@@ -105,6 +106,37 @@ def _place(
             index_label = w["metadata"]["labels"][contract.LABEL_POD_INDEX]
             topology.co_locate(w, view.name, placement, int(index_label))
     return decided
+
+
+def _place_probes(
+    view: JobView, pods: Sequence[PodView], probes: Sequence[dict[str, Any]], decided: Plan
+) -> None:
+    """Each capacity probe where the worker it stands for would go, so that a probe that fits
+    proves room where the grow-back will be placed: in the job's domains of the admission (the
+    free slots first, as ``topology.place`` gives the grow-back's pods), or, without Kueue,
+    with the job's pod affinity; with the admission's node selector and tolerations; never
+    on a node new pods avoid. In place on ``probes``."""
+    placement = view.spec.placement
+    assigned = view.kueue.topology if view.kueue is not None else None
+    doomed = set(decided.delete)
+    live = [p for p in pods if p.active and p.name not in doomed]
+    # The flavor's node selector and tolerations (not Kueue's labels: a probe is no member).
+    flavor = None if view.kueue is None else replace(view.kueue.assignment, labels={})
+    for k, probe in enumerate(probes):
+        avoid_nodes(probe, view.avoid_nodes)
+        if flavor is not None:
+            kueue.apply_admission(probe, replace(flavor, annotations={}))
+        if placement is not None and assigned is None and view.kueue is None:
+            topology.co_locate(probe, view.name, placement, len(live) + k)
+    if assigned is None or not probes:
+        return
+    taken = [p.domain for p in live if p.domain]
+    strict = placement is None or placement.required is not None
+    indices = [len(live) + k for k in range(len(probes))]
+    for probe, (_, values) in zip(
+        probes, sorted(topology.place(assigned, indices, taken).items()), strict=True
+    ):
+        topology.pin(probe, assigned.levels, values, strict=strict)
 
 
 def worker_bodies(
