@@ -237,5 +237,45 @@ def test_a_lost_worker_regrows_in_the_same_rack_when_its_node_is_gone(
     assert jobs.status("rack").get("restarts", 0) == 0
 
 
+def test_a_preferred_request_spills_over_when_its_rack_is_full_and_the_condition_says_so(
+    jobs: Jobs, queue: str
+) -> None:
+    jobs.apply(gpu_job("spill", 2, {"preferred": RACK}))
+    pods = jobs.wait_running_pods("spill", 2, generation=1, timeout=120)
+    placed = jobs.wait(
+        "spill",
+        lambda s: _condition(s, "Placed").get("status") == "True" and s,
+        "Placed=True (every worker in the job's rack)",
+        timeout=60,
+    )
+    assert _condition(placed, "Placed")["reason"] == "InDomains"
+    rack = _node_labels(jobs, pods)[0][RACK]
+    full = [n.metadata.name for n in jobs.core.list_node(label_selector=f"{RACK}={rack}").items]
+    try:
+        # The rack has no room any more (every node cordoned); a worker is lost.
+        for node in full:
+            jobs.core.patch_node(node, {"spec": {"unschedulable": True}})
+        lost = next(p for p in pods if p.metadata.labels[contract.LABEL_POD_INDEX] == "1")
+        jobs.core.delete_namespaced_pod(lost.metadata.name, jobs.ns, grace_period_seconds=0)
+        again = jobs.wait_running_pods("spill", 2, generation=2, timeout=120)
+        assert all(p.spec.node_name not in full for p in again)
+        spilled = jobs.wait(
+            "spill",
+            lambda s: _condition(s, "Placed").get("reason") == "SpilledOver" and s,
+            "Placed=False SpilledOver",
+            timeout=60,
+        )
+        message = _condition(spilled, "Placed")["message"]
+        assert _condition(spilled, "Placed")["status"] == "False"
+        assert RACK in message and "spill-worker-" in message, message
+    finally:
+        for node in full:
+            jobs.core.patch_node(node, {"spec": {"unschedulable": False}})
+
+
+def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or () if c["type"] == type_), {})
+
+
 def _ready(status: dict[str, Any]) -> dict[str, Any]:
     return next((c for c in status.get("conditions") or () if c["type"] == "Ready"), {})

@@ -352,3 +352,49 @@ def test_without_kueue_a_probe_asks_for_the_jobs_domain_and_avoids_doomed_nodes(
         node_terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         fields = [f for t in node_terms["nodeSelectorTerms"] for f in t["matchFields"]]
         assert {"key": "metadata.name", "operator": "NotIn", "values": ["n9"]} in fields
+
+
+def _node(name: str, rack: str, block: str = "b1") -> Any:
+    from torchjob_operator.common.nodes import NodeView
+
+    return NodeView(name, labels=((BLOCK, block), (RACK, rack), (HOST, name)))
+
+
+def test_a_worker_outside_the_jobs_domains_is_found_at_the_requested_level() -> None:
+    ta = topology.assignment_of(_assignment({"rack1": 2}))
+    assert ta is not None
+    nodes = {n.name: n for n in (_node("a", "rack1"), _node("b", "rack3"), _node("c", "rack1"))}
+    nodes["bare"] = replace(nodes["a"], name="bare", labels=())
+    pods = [replace(pod(i), node=n) for i, n in enumerate(["a", "b", "c", "bare", "unknown"])]
+    spills, judged = topology.spilled(ta, RACK, pods, nodes)
+    assert judged == 3, "a node without the labels, or unknown to the watch, is not judged"
+    assert spills == (topology.Spill("tj-worker-1", "b", "rack3"),)
+    # Another host of the job's rack is inside a rack-level request, outside a host-level one.
+    assert topology.spilled(ta, RACK, [replace(pod(0), node="c")], nodes) == ((), 1)
+    other_host = topology.spilled(ta, HOST, [replace(pod(0), node="c")], nodes)[0]
+    assert [s.value for s in other_host] == ["c"]
+    # The same rack name in another block is another domain.
+    far = {"d": _node("d", "rack1", block="b2")}
+    assert len(topology.spilled(ta, RACK, [replace(pod(0), node="d")], far)[0]) == 1
+
+
+def test_the_placed_condition_says_which_worker_spilled_over_and_clears_when_back() -> None:
+    gate = _gate(_assignment({"rack1": 2}))
+    nodes = {n.name: n for n in (_node("a", "rack1"), _node("b", "rack3"), _node("c", "rack1"))}
+    view = replace(gated(_placed({"preferred": RACK}, replicas=2), gate), nodes=nodes)
+    first = decide(view, "uid", [], [], at(0))
+    view = with_state(view, first.plan.status)
+    spilled = [running(replace(pod(0), node="a")), running(replace(pod(1), node="b"))]
+    status = decide(view, "uid", spilled, [], at(1)).plan.status
+    placed = next(c for c in status["conditions"] if c["type"] == "Placed")
+    assert (placed["status"], placed["reason"]) == ("False", "SpilledOver")
+    assert "tj-worker-1 on node b (rack3)" in placed["message"] and RACK in placed["message"]
+    view = with_state(view, status)
+    back = [running(replace(pod(0), node="a")), running(replace(pod(1), node="c"))]
+    status = decide(view, "uid", back, [], at(2)).plan.status
+    placed = next(c for c in status["conditions"] if c["type"] == "Placed")
+    assert (placed["status"], placed["reason"]) == ("True", "InDomains")
+    # Without the Node watch's views nothing is judged, and no condition is written.
+    bare = replace(gated(_placed({"preferred": RACK}, replicas=2), gate), nodes={})
+    quiet = decide(with_state(bare, first.plan.status), "uid", spilled, [], at(1)).plan.status
+    assert "Placed" not in {c["type"] for c in quiet["conditions"]}

@@ -24,8 +24,11 @@ READY: Final = "Ready"
 STALLED: Final = "Stalled"
 COMPLETE: Final = "Complete"
 """A TorchTune's: its study ended with every trial it wanted."""
+PLACED: Final = "Placed"
+"""A TorchJob with ``spec.placement`` and a Kueue topology: every scheduled worker runs in the
+job's domains (False: some spilled over, which only a preferred request allows)."""
 CONDITION_TYPES: Final = frozenset(
-    {CREATED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED, READY, STALLED, COMPLETE}
+    {CREATED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED, READY, STALLED, COMPLETE, PLACED}
 )
 """Every condition type either controller writes."""
 
@@ -57,6 +60,9 @@ REASONS: Final[Mapping[str, str]] = {
     "trained on through its grace period, took its place at once (generation {generation}, "
     "{replicas} workers)",
     "Rescaled": "replicas changed from {old} to {replicas}; starting generation {generation}",
+    "InDomains": "all {count} scheduled workers run in the job's domains at {level}",
+    "SpilledOver": "{pods} outside the job's domains at {level}: the request is preferred, so "
+    "the scheduler put them where there was room",
     "BackoffWaiting": "restarting in {seconds}s",
     "Suspended": "the job is suspended; its pods were deleted",
     "WaitingForAdmission": "waiting for Kueue to admit Workload {workload} (LocalQueue {queue}); "

@@ -89,6 +89,11 @@ class NodeView:
     """The taint's ``timeAdded`` (the API server sets it only for NoExecute taints)."""
     window_s: float = 0.0
     """The notice's window (``NoticeTaint.window_s``)."""
+    labels: tuple[tuple[str, str], ...] = ()
+    """Its labels, sorted (the topology levels a job's placement compares: ``label``)."""
+
+    def label(self, key: str) -> str | None:
+        return next((v for k, v in self.labels if k == key), None)
 
     @property
     def doomed(self) -> bool:
@@ -104,6 +109,7 @@ def node_view(node: Mapping[str, Any], notices: Sequence[NoticeTaint]) -> NodeVi
         name=str(meta.get("name") or ""),
         ready=ready == "True",
         unschedulable=bool(spec.get("unschedulable")),
+        labels=tuple(sorted((str(k), str(v)) for k, v in (meta.get("labels") or {}).items())),
     )
     for taint in spec.get("taints") or ():
         for notice in notices:

@@ -27,7 +27,7 @@ fields                                      set by
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -36,6 +36,7 @@ from torchjob.api.models import FailureRecord, Phase, TorchJobSpec
 from torchjob.rules import Counters
 from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.events import Event
+from torchjob_operator.common.nodes import NodeView
 from torchjob_operator.torchjob import initializers
 from torchjob_operator.torchjob.kueue import Gate
 from torchjob_operator.torchjob.observed import JobState, ProbeView
@@ -58,6 +59,9 @@ class JobView:
     """``spec.initializers`` decided (torchjob/initializers.py); None: the job has none."""
     avoid_nodes: tuple[str, ...] = ()
     """Nodes no new pod goes to: noticed or not reporting (``common.nodes.avoided``)."""
+    nodes: Mapping[str, NodeView] = field(default_factory=dict)
+    """What the Node watch knows of the nodes (empty without it): a pod's node's topology
+    labels, to tell a worker that spilled out of the job's domains (``topology.spilled``)."""
 
 
 @dataclass(frozen=True)

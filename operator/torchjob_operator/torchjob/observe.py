@@ -55,6 +55,8 @@ class Observed:
     initializer_pods: tuple[initializers.InitPod, ...] = ()
     avoid_nodes: tuple[str, ...] = ()
     """Nodes no new pod of the job goes to (noticed or not reporting)."""
+    nodes: Mapping[str, NodeView] = field(default_factory=dict)
+    """The Node watch's views (``JobView.nodes``)."""
 
     def view(self, spec: TorchJobSpec, gate: kueue.Gate | None) -> JobView:
         """What the planner is given: the job, with its Workload's ``gate``."""
@@ -71,6 +73,7 @@ class Observed:
                 spec, self.job.get("status"), self.initializer_pods
             ),
             avoid_nodes=self.avoid_nodes,
+            nodes=self.nodes,
         )
 
 
@@ -129,6 +132,7 @@ def observe(
         workload=_workload(kube, job, spec, state),
         pin=pin,
         avoid_nodes=avoid,
+        nodes=nodes or {},
     )
 
 

@@ -18,6 +18,7 @@ from torchjob.api.models import (
 )
 from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.clock import format_time
+from torchjob_operator.torchjob import topology
 from torchjob_operator.torchjob.decision import Decision
 from torchjob_operator.torchjob.observed import JobState, PodPhase, PodView
 
@@ -67,6 +68,11 @@ def render_status(
             now=now,
             observed_generation=obs,
         )
+    placed = _placed(d, current)
+    if placed is not None:
+        conditions, _ = cond.set_condition(
+            conditions, type_=cond.PLACED, now=now, observed_generation=obs, **placed
+        )
     ready = sum(1 for p in current if p.phase == PodPhase.RUNNING and p.ready and not p.deleting)
     return TorchJobStatus(
         phase=d.phase,
@@ -97,6 +103,27 @@ def render_status(
         history=list(history) or None,
         losses=dict(losses) if losses else None,
     ).to_patch()
+
+
+def _placed(d: Decision, current: Sequence[PodView]) -> dict[str, Any] | None:
+    """The ``Placed`` condition of a job with ``spec.placement`` and a Kueue topology, once
+    the Node watch knows the node of one of its workers: whether each runs in the job's
+    domains at the requested level (``topology.spilled``); None: nothing to say."""
+    placement, gate = d.job.spec.placement, d.job.kueue
+    assigned = gate.topology if gate is not None else None
+    if placement is None or assigned is None or not d.job.nodes:
+        return None
+    workers = [p for p in current if p.active and p.node and not p.deleting]
+    spills, judged = topology.spilled(assigned, placement.level, workers, d.job.nodes)
+    if not judged:
+        return None
+    if not spills:
+        reason, msg = cond.say("InDomains", count=judged, level=placement.level)
+        return {"status": True, "reason": reason, "message": msg}
+    where = ", ".join(f"{s.pod} on node {s.node} ({s.value})" for s in spills[:8])
+    more = f" and {len(spills) - 8} more" if len(spills) > 8 else ""
+    reason, msg = cond.say("SpilledOver", pods=where + more, level=placement.level)
+    return {"status": False, "reason": reason, "message": msg}
 
 
 def _leaving(d: Decision, current: Sequence[PodView]) -> list[LeavingWorker]:

@@ -262,6 +262,41 @@ def co_locate(pod: dict[str, Any], job: str, placement: Placement, index: int) -
     return pod
 
 
+@dataclass(frozen=True)
+class Spill:
+    """A worker running outside the job's domains at the requested level."""
+
+    pod: str
+    node: str
+    value: str
+    """Its node's value at the requested level."""
+
+
+def spilled(
+    assignment: Assignment, level: str, pods: Iterable[Any], nodes: Mapping[str, Any]
+) -> tuple[tuple[Spill, ...], int]:
+    """The workers whose node is in none of the job's domains at ``level`` (its values at
+    ``level`` and every level above it match no domain of the assignment), and how many
+    workers were judged. ``pods``: PodViews (``name``, ``node``); ``nodes``: the Node watch's
+    NodeViews (``label``). A pod on a node the watch does not know, or without one of those
+    labels, is not judged."""
+    if level not in assignment.levels:
+        return (), 0
+    keys = assignment.levels[: assignment.levels.index(level) + 1]
+    held = {d.values[: len(keys)] for d in assignment.domains}
+    out: list[Spill] = []
+    judged = 0
+    for p in pods:
+        view = nodes.get(p.node) if p.node else None
+        values = tuple(view.label(k) for k in keys) if view is not None else (None,)
+        if any(v is None for v in values):
+            continue
+        judged += 1
+        if values not in held:
+            out.append(Spill(p.name, p.node, str(values[-1])))
+    return tuple(out), judged
+
+
 def held(assignment: Assignment) -> dict[str, Any]:
     """``status.placement``: the levels and the domains the job holds (the admission's), with
     the workers each one holds."""
@@ -280,6 +315,7 @@ __all__ = [
     "SLICE_LABEL",
     "Assignment",
     "Domain",
+    "Spill",
     "assignment_of",
     "co_locate",
     "complete",
@@ -290,6 +326,7 @@ __all__ = [
     "host_selector",
     "pin",
     "place",
+    "spilled",
     "topology_of",
     "topology_request",
 ]
