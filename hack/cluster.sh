@@ -97,7 +97,8 @@ component_logs() {
 # took over 60 s on a CI machine running the five test sessions at once (three clusters start
 # beside multi-process torch tests on 2 cores), so the default is generous; a healthy cluster
 # never waits it out.
-WAIT_S="${TORCHJOB_CLUSTER_WAIT_S:-180}"
+# CI's TORCHJOB_TEST_TIME_SCALE (3) stretches it as it stretches the tests' waits.
+WAIT_S="${TORCHJOB_CLUSTER_WAIT_S:-$(awk -v s="${TORCHJOB_TEST_TIME_SCALE:-1}" 'BEGIN { printf "%d", 180 * (s < 1 ? 1 : s) }')}"
 
 # try_until <seconds> <command...>: 0 once the command succeeds, 1 when the time is up.
 try_until() {
@@ -105,7 +106,10 @@ try_until() {
   shift
   until "$@" >/dev/null 2>&1; do
     ((SECONDS < deadline)) || return 1
-    sleep 0.2
+    # A component that exited meanwhile (kwok-controller and kube-controller-manager give up
+    # on a slow API server after seconds) is started again: see revive_components.
+    [[ -d "${CLUSTER_DIR}/pids" ]] && revive_components
+    sleep 0.5
   done
 }
 
@@ -267,7 +271,9 @@ cmd_up() {
     cmd_down
   fi
   if [[ -f "${KUBECONFIG_PATH}" ]] && all_nodes_ready 2>/dev/null; then
-    # The fast path: one API call shows a running cluster with all its nodes Ready.
+    # The fast path: one API call shows a running cluster with all its nodes Ready (and
+    # whatever component exited since is started again).
+    revive_components
     log "cluster '${NAME}' is already running (ready in $((($(now_ms) - start)))ms)"
     echo "${KUBECONFIG_PATH}"
     return

@@ -85,6 +85,16 @@ MAX_NODES=4 # four /26 pod ranges in the cluster's 10.214.IDX.0/24
 log() { printf '[node] %s\n' "$*" >&2; }
 die() { printf '[node] error: %s\n' "$*" >&2; exit 1; }
 kc() { "${KUBECTL}" --kubeconfig "${KUBECONFIG_PATH}" "$@"; }
+# kc, tried up to 5 times 3 s apart: on a loaded machine the API server may miss kubectl's
+# 10 s TLS handshake (seen: "net/http: TLS handshake timeout" failed every real node's start).
+kc_retry() {
+  local try
+  for try in 1 2 3 4; do
+    kc "$@" && return 0
+    sleep 3
+  done
+  kc "$@"
+}
 now_ms() { date +%s%3N; }
 
 COUNT="${TORCHJOB_REAL_NODES:-1}"
@@ -481,7 +491,7 @@ start_node() {
   write_inside
   setup_cgroups
   local svc_ip kv sysctls=() j peers=""
-  svc_ip="$(kc get service kubernetes -n default -o jsonpath='{.spec.clusterIP}')"
+  svc_ip="$(kc_retry get service kubernetes -n default -o jsonpath='{.spec.clusterIP}')"
   for kv in "${SYSCTLS[@]}"; do sysctls+=("${kv}"); done
   for ((j = 0; j < MAX_NODES; j++)); do
     [[ "${j}" == "${K}" ]] || peers+="$(node_ip "${j}"),$(node_mac "${j}"),$(pod_cidr "${j}") "
@@ -508,7 +518,7 @@ cmd_up() {
   start=$(now_ms)
   missing="$(missing_prereqs)"
   [[ -z "${missing}" ]] || die "missing prerequisites: $(tr '\n' ' ' <<<"${missing}")(Debian: apt-get install containerd runc containernetworking-plugins iptables iproute2; then make testbin)"
-  kc get --raw /readyz >/dev/null 2>&1 || die "cluster '${NAME}' is not running (hack/cluster.sh up)"
+  kc_retry get --raw /readyz >/dev/null 2>&1 || die "cluster '${NAME}' is not running (hack/cluster.sh up)"
   if [[ -f "${STATE_ROOT}/node.pid" ]] || ! fabric_pid >/dev/null || ! ip link show "${HOST_IF}" >/dev/null 2>&1; then
     cmd_down quiet # a node of an older hack/node.sh, or a broken network: from nothing
   fi
