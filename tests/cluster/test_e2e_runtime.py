@@ -395,14 +395,16 @@ def test_an_evicted_pod_trains_on_until_its_replacement_takes_its_place(
     pods = jobs.wait_running_pods("drain", 2, generation=0, timeout=300)
     survivor = next(p for p in pods if p.metadata.name == "drain-worker-0")
     _evict_after_epoch_3(jobs, "drain", "drain-worker-1")
+    # Read while generation 1 runs: once the job finished, its pods may already be gone.
+    jobs.wait("drain", lambda s: s.get("currentGeneration") == 1, "generation 1", timeout=300)
+    pod0 = jobs.core.read_namespaced_pod("drain-worker-0", jobs.ns)
+    assert pod0.metadata.uid == survivor.metadata.uid, "the survivor kept its pod"
 
     status = _wait_finished(jobs, kubelet, "drain")
     logs = {i: kubelet.log_of(f"drain-worker-{i}") for i in (0, 1, 2)}
     assert status["phase"] == "Succeeded", f"{jobs.describe('drain')}\n{logs}"
     assert (status["restarts"], status["disruptions"], status["currentGeneration"]) == (0, 1, 1)
     assert status["members"] == [0, 2], status
-    pod0 = jobs.core.read_namespaced_pod("drain-worker-0", jobs.ns)
-    assert pod0.metadata.uid == survivor.metadata.uid, "the survivor kept its pod"
     reasons = [e.reason for e in jobs.core.list_namespaced_event(jobs.ns).items]
     assert {"ReplacingBeforeLeaving", "ReplacedBeforeLeaving"} <= set(reasons), reasons
     assert "ShrunkAfterDisruption" not in reasons, reasons
