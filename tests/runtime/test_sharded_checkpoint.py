@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint.state_dict  # imported once here: the forked workers
 import torch.distributed.fsdp  # inherit these instead of importing them each
-from tests.kube import wait_for
+from tests.kube import scaled, wait_for
 
 from torchjob.checkpoint import CheckpointError, CheckpointStorage
 from torchjob.train import CheckpointConfig, RunConfig, ScalingConfig
@@ -212,7 +212,7 @@ def test_sigkill_during_an_async_save_keeps_the_previous_checkpoint(tmp_path: Pa
         )
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # every process of the run: a vanished node
-        proc.wait(timeout=60)
+        proc.wait(timeout=scaled(60))
     storage = CheckpointStorage(str(runs / "kill"))
     assert [c.metrics["step"] for c in storage.list_committed()] == [1]
     partial = [n for n in os.listdir(runs / "kill") if n.startswith(".tmp-checkpoint_")]
@@ -223,7 +223,7 @@ def test_sigkill_during_an_async_save_keeps_the_previous_checkpoint(tmp_path: Pa
         [sys.executable, "-c", _KILLED, str(runs), str(signals), "3"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[:2] == ["start", "1"]
