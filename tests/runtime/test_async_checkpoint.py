@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from tests.kube import scaled
 
 from torchjob.checkpoint import CheckpointStorage
 from torchjob.train import Checkpoint, CheckpointConfig, RunConfig, ScalingConfig
@@ -121,7 +122,7 @@ def test_a_worker_sigkilled_during_background_commits_leaves_only_complete_check
     _, again, new_pid = line.split()
     assert int(new_pid) != int(pid)
     proc.terminate()  # the run stops on request (SIGTERM), charged nothing
-    proc.wait(timeout=120)
+    proc.wait(timeout=scaled(120))
     committed = storage.list_committed()
     assert committed, "report() waits for the previous commit: the first one landed"
     steps = {c.metrics["step"] for c in committed}

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.kube import wait_for
+from tests.kube import scaled, wait_for
 
 from torchjob.launch import (
     CollectiveTimeoutError,
@@ -313,7 +313,7 @@ def test_workers_come_from_a_zygote_that_never_touched_cuda_unless_told_not_to(s
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
         check=False,
     )
     assert done.returncode == 0, done.stderr

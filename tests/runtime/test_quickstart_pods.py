@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.kube import scaled
 from tests.runtime.test_cli_run import REPO, torchjob_cli
 
 pytestmark = pytest.mark.runtime
@@ -27,7 +28,7 @@ def test_quickstart_runs_unchanged_on_two_pods(tmp_path: Path) -> None:
         [*torchjob_cli(), "run", "-f", str(manifest)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
         check=False,
     )
     out = proc.stdout + proc.stderr

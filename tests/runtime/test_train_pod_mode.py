@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests.kube import scaled
+
 from torchjob.contract import PodEnv
 from torchjob.launch import free_port
 
@@ -57,7 +59,7 @@ def test_two_pods_share_one_group_and_return_the_same_result(tmp_path: Path) -> 
                 [sys.executable, "-c", _POD_SCRIPT], env=env, stdout=subprocess.PIPE, text=True
             )
         )
-    outputs = [p.communicate(timeout=180)[0] for p in procs]
+    outputs = [p.communicate(timeout=scaled(180))[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
     pod0 = json.loads(outputs[0].strip().splitlines()[-1])
     pod1 = json.loads(outputs[1].strip().splitlines()[-1])

@@ -13,6 +13,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from tests.kube import scaled
+
 _KILLS = textwrap.dedent(
     """
     import json, os, signal, time
@@ -70,7 +72,7 @@ def _run(
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
         check=False,
     )
     assert done.returncode == 0, done.stderr
