@@ -219,13 +219,6 @@ revive_components() {
   kwokctl start cluster >/dev/null 2>&1 || log "kwokctl start cluster failed"
 }
 
-# The wait for the default ServiceAccount, reviving a component that exited meanwhile.
-default_sa_or_revive() {
-  default_sa_exists && return 0
-  revive_components
-  return 1
-}
-
 ensure_nodes() {
   nodes_manifest | kc apply -f - >/dev/null
   wait_until "${WAIT_S}" "nodes to become Ready" all_nodes_ready
@@ -310,8 +303,7 @@ cmd_up() {
     create_unlock
   fi
   ensure_nodes
-  revive_components
-  wait_until "${WAIT_S}" "the default ServiceAccount (kube-controller-manager)" default_sa_or_revive
+  wait_until "${WAIT_S}" "the default ServiceAccount (kube-controller-manager)" default_sa_exists
   log "ready in $((($(now_ms) - start)))ms; export KUBECONFIG=${KUBECONFIG_PATH}"
   echo "${KUBECONFIG_PATH}"
 }

@@ -33,7 +33,8 @@ from typing import Any, Final
 
 from torchjob import contract
 from torchjob.api.models import Placement
-from torchjob_operator.torchjob.observed import DOMAIN_LABEL
+from torchjob_operator.common.nodes import NodeView
+from torchjob_operator.torchjob.observed import DOMAIN_LABEL, PodView
 
 HOSTNAME: Final = "kubernetes.io/hostname"
 SLICE_LABEL: Final = f"{contract.GROUP}/topology-slice"
@@ -273,12 +274,11 @@ class Spill:
 
 
 def spilled(
-    assignment: Assignment, level: str, pods: Iterable[Any], nodes: Mapping[str, Any]
+    assignment: Assignment, level: str, pods: Iterable[PodView], nodes: Mapping[str, NodeView]
 ) -> tuple[tuple[Spill, ...], int]:
     """The workers whose node is in none of the job's domains at ``level`` (its values at
     ``level`` and every level above it match no domain of the assignment), and how many
-    workers were judged. ``pods``: PodViews (``name``, ``node``); ``nodes``: the Node watch's
-    NodeViews (``label``). A pod on a node the watch does not know, or without one of those
+    workers were judged. ``nodes``: the Node watch's views. A pod on a node the watch does not know, or without one of those
     labels, is not judged."""
     if level not in assignment.levels:
         return (), 0

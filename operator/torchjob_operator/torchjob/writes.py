@@ -121,11 +121,13 @@ def _place_probes(
     doomed = set(decided.delete)
     live = [p for p in pods if p.active and p.name not in doomed]
     # The flavor's node selector and tolerations (not Kueue's labels: a probe is no member).
-    flavor = None if view.kueue is None else replace(view.kueue.assignment, labels={})
+    flavor = None
+    if view.kueue is not None:
+        flavor = replace(view.kueue.assignment, labels={}, annotations={})
     for k, probe in enumerate(probes):
         avoid_nodes(probe, view.avoid_nodes)
         if flavor is not None:
-            kueue.apply_admission(probe, replace(flavor, annotations={}))
+            kueue.apply_admission(probe, flavor)
         if placement is not None and assigned is None and view.kueue is None:
             topology.co_locate(probe, view.name, placement, len(live) + k)
     if assigned is None or not probes:
