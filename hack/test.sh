@@ -69,6 +69,20 @@ PODS=(tests/cluster/test_e2e_runtime.py)
 ignore_e2e=()
 for f in "${E2E[@]}" "${PODS[@]}"; do ignore_e2e+=("--ignore=${f}"); done
 
+# What the machine went through, for whoever reads a failed run afterwards: CPU (us, sy, id,
+# wa, st) every 30 s, and the busiest processes with their niceness every 2 minutes; the test
+# clusters' component logs are kept at teardown (hack/cluster.sh down).
+export TORCHJOB_KEEP_LOGS_DIR="${BASE}/cluster-logs"
+rm -rf "${TORCHJOB_KEEP_LOGS_DIR}"
+vmstat -t 30 >"${BASE}/vmstat.log" 2>&1 &
+vmstat_pid=$!
+( while sleep 120; do
+    date -u +%T
+    ps -eo pid,ni,pcpu,rss,etimes,args --sort=-pcpu | head -n 16 | cut -c1-160
+  done ) >"${BASE}/top.log" 2>&1 &
+top_pid=$!
+trap 'kill "${vmstat_pid}" "${top_pid}" 2>/dev/null' EXIT
+
 start=$(date +%s)
 run cluster tests/cluster "${ignore_e2e[@]}" "$@" &
 cluster_pid=$!

@@ -146,16 +146,72 @@ def default_kubeconfig() -> Path:
     return Path(out.stdout.strip())
 
 
+# What kubectl prints when the API server did not answer in time (a loaded machine: a TLS
+# handshake past client-go's 10 s, a 504 from the server's own 60 s limit, a server that closed
+# the connection), as opposed to an answer (a rejection, a NotFound) that a test may expect.
+_TRANSIENT = (
+    "TLS handshake timeout",
+    "Client.Timeout exceeded",
+    "connection refused",
+    "connection reset by peer",
+    "unexpected EOF",
+    "http2: client connection lost",
+    "i/o timeout",
+    "context deadline exceeded",
+    "the server is currently unable to handle the request",
+    "the server was unable to return a response in the time allotted",
+    "Timeout: request did not complete within",
+    "Gateway Timeout",
+    "etcdserver: request timed out",
+    "etcdserver: leader changed",
+)
+# Verbs whose repeat leaves the cluster as one call would have (a create that timed out may
+# have been carried out; a delete that did would answer NotFound the second time).
+_REPEATABLE = frozenset(
+    {
+        "apply",
+        "get",
+        "describe",
+        "wait",
+        "logs",
+        "patch",
+        "label",
+        "annotate",
+        "scale",
+        "explain",
+        "api-resources",
+        "api-versions",
+        "top",
+        "cordon",
+        "uncordon",
+        "version",
+    }
+)
+
+
+def _repeatable(args: Sequence[str]) -> bool:
+    if any(a.startswith("--dry-run") and a != "--dry-run=none" for a in args):
+        return True
+    verb = next((a for a in args if not a.startswith("-")), "")
+    if verb == "delete":
+        return "--ignore-not-found" in args or "--ignore-not-found=true" in args
+    return verb in _REPEATABLE
+
+
 def kubectl(
     *args: str,
     input: str | None = None,
     check: bool = True,
     kubeconfig: Path | str | None = None,
     timeout: float = 60.0,
+    attempts: int = 4,
 ) -> subprocess.CompletedProcess[str]:
     """Run the built kubectl against the test cluster; stdout/stderr captured as text.
 
-    With ``check`` a non-zero exit raises AssertionError carrying kubectl's stderr.
+    With ``check`` a non-zero exit raises AssertionError carrying kubectl's stderr. A
+    repeatable call (get, apply, patch, a dry run, ...) that failed because the API server did
+    not answer in time (see ``_TRANSIENT``) is made again, up to ``attempts`` times in all: a
+    busy CI machine makes the server slow, which is not what a test asserts on.
     """
     config = Path(kubeconfig or default_kubeconfig())
     cmd = [
@@ -168,7 +224,20 @@ def kubectl(
         str(config.parent / "kubectl-cache"),
         *args,
     ]
-    proc = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=scaled(timeout))
+    tries = max(1, attempts) if _repeatable(args) else 1
+    for attempt in range(1, tries + 1):
+        last = attempt == tries
+        try:
+            proc = subprocess.run(
+                cmd, input=input, capture_output=True, text=True, timeout=scaled(timeout)
+            )
+        except subprocess.TimeoutExpired:
+            if last:
+                raise
+            continue
+        if proc.returncode == 0 or last or not any(t in proc.stderr for t in _TRANSIENT):
+            break
+        time.sleep(2.0**attempt)  # back off while the server catches up
     if check and proc.returncode != 0:
         raise AssertionError(
             f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}{proc.stdout}"
@@ -634,7 +703,9 @@ def api_client(kubeconfig: Path | str) -> Any:
     configuration.retries = Retry(
         total=4,
         connect=4,
-        read=0,
+        # A server that closed the connection without an answer (seen at load 16 on 2
+        # cores): the request is repeated, which only the repeatable methods above are.
+        read=2,
         status_forcelist=(502, 503, 504),
         backoff_factor=1.0,
         raise_on_status=False,

@@ -104,7 +104,7 @@ class OperatorProcess:
 
         try:
             k.wait_for(
-                healthy, 60, lambda: f"operator liveness endpoint\n{self.logs()}", interval=0.2
+                healthy, 120, lambda: f"operator liveness endpoint\n{self.logs()}", interval=0.2
             )
         except BaseException:
             self.kill()  # never leave an operator running that no fixture will stop

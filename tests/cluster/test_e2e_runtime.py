@@ -29,6 +29,7 @@ from tests.e2e.kubelet import NODE_LABEL, TAINT, ProcessKubelet
 
 from torchjob import contract
 from torchjob.checkpoint import CheckpointStorage
+from torchjob.rules.drain import drain_seconds
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -80,12 +81,19 @@ def _wait_epoch_3(jobs: Jobs, name: str) -> None:
     )
 
 
+# The grace period of a draining job's pods: 30 s (a pod given notice trains on for 20 s) times
+# CI's time scale, so that on a loaded machine the replacement can start and import torch
+# within the drain, which is the path under test.
+DRAIN_GRACE = int(k.scaled(30))
+
+
 def _draining_job(name: str, epochs: int, storage: Path, **template: int) -> dict:
-    """Two KeepSurvivors pods that may shrink to one, grace 30 s: a pod given notice trains
-    on for 20 s (``replaceBeforeLeaving``, the default); no restart allowed."""
+    """Two KeepSurvivors pods that may shrink to one, grace ``DRAIN_GRACE`` (30 s at time
+    scale 1): a pod given notice trains on for ``drain_seconds(DRAIN_GRACE)`` (20 s)
+    (``replaceBeforeLeaving``, the default); no restart allowed."""
     return shrinking_pair(
         name,
-        template=_e2e_template(str(epochs), "-1", "0.2", grace=30, **template),
+        template=_e2e_template(str(epochs), "-1", "0.2", grace=DRAIN_GRACE, **template),
         checkpoint={"path": str(storage)},
     )
 
@@ -408,7 +416,8 @@ def test_an_evicted_pod_trains_on_until_its_replacement_takes_its_place(
     reasons = [e.reason for e in jobs.core.list_namespaced_event(jobs.ns).items]
     assert {"ReplacingBeforeLeaving", "ReplacedBeforeLeaving"} <= set(reasons), reasons
     assert "ShrunkAfterDisruption" not in reasons, reasons
-    assert "given notice; its workers train on for up to 20s" in logs[1], logs[1]
+    drain = drain_seconds(DRAIN_GRACE)
+    assert f"given notice; its workers train on for up to {drain}s" in logs[1], logs[1]
     assert "replaces this pod (drain-worker-1)" in logs[1], logs[1]
     firsts = _first_steps(logs[0], logs[2])
     assert firsts[(0, 0)][0] == firsts[(1, 0)][0], f"pod 0 kept its process\n{logs[0]}"
@@ -420,7 +429,7 @@ def test_an_evicted_pod_trains_on_until_its_replacement_takes_its_place(
 def test_deleting_the_job_stops_its_pods_at_the_next_report_without_the_drain(
     jobs: Jobs, kubelet: ProcessKubelet, tmp_path: Path
 ) -> None:
-    """A KeepSurvivors job whose pods would drain 20 s after SIGTERM (grace 30 s) is deleted:
+    """A KeepSurvivors job whose pods would drain 20 s after SIGTERM (``DRAIN_GRACE``) is deleted:
     no replacement will come, so each pod's runtime, following the job's watch, stops at its
     next report with a final checkpoint instead of training on."""
     jobs.apply(_draining_job("gone", 400, tmp_path / "checkpoints"))

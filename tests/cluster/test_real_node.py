@@ -297,7 +297,9 @@ def test_the_fsdp_finetune_example_shrinks_and_grows_back_and_resumes_its_shards
     job grows back to 2 ranks, resharding again, and finishes at the last step."""
     job = yaml.safe_load((REPO / "examples" / "finetune_fsdp" / "job.yaml").read_text())
     spec = job["spec"]
-    steps = 450  # 0.2 s each: 80 s at 1 rank leaves a loaded CI time for the replacement to join
+    # 0.2 s each: 90 s at 1 rank, times CI's time scale (at load 16 the replacement took
+    # longer than 90 s to start and join, and the job finished at 1 rank).
+    steps = int(k.scaled(450))
     spec["nprocPerNode"] = 1
     spec["elastic"]["replaceBeforeLeaving"] = False  # the test is of resharding: 2 -> 1 -> 2
     spec["checkpoint"] = {"path": str(storage)}
@@ -321,7 +323,7 @@ def test_the_fsdp_finetune_example_shrinks_and_grows_back_and_resumes_its_shards
     )
     eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="ft-worker-1"))
     real_jobs.core.create_namespaced_pod_eviction("ft-worker-1", real_jobs.ns, eviction)
-    status = wait_finished(real_jobs, "ft", timeout=480)
+    status = wait_finished(real_jobs, "ft", timeout=480 + steps * 0.2)
     out = logs(real_jobs, "ft-worker-0")
     assert status["phase"] == "Succeeded", f"{real_jobs.describe('ft')}\n{out}"
     assert (status["restarts"], status["disruptions"]) == (0, 1), status

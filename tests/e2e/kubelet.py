@@ -28,11 +28,15 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from torchjob import contract
 
 NODE_LABEL = "torchjob.io/process-node"
 TAINT = {"key": NODE_LABEL, "value": "true", "effect": "NoSchedule"}
+# What an API server that did not answer raises: an error status, or no answer at all (urllib3,
+# after the client's retries; a socket error).
+_UNANSWERED = (ApiException, HTTPError, OSError)
 
 
 def _now() -> str:
@@ -166,10 +170,14 @@ class ProcessKubelet:
             self.core.delete_node(self.node)
 
     def _heartbeat(self) -> None:
+        # A real kubelet never stops posting its status: an API server that answered an error,
+        # closed the connection or timed out (a loaded machine) is asked again 5 s later. A
+        # loop that died here let the node's lease expire and the controller-manager evict
+        # every pod on it (a NodeLost the test never made).
         while not self._stop.wait(5):
             try:
                 self._report_node()
-            except ApiException:
+            except _UNANSWERED:
                 continue
 
     def _sync(self) -> None:
@@ -178,12 +186,12 @@ class ProcessKubelet:
                 pods = self.core.list_pod_for_all_namespaces(
                     field_selector=f"spec.nodeName={self.node}"
                 ).items
-            except ApiException:
+            except _UNANSWERED:
                 continue
             for pod in pods:
                 try:
                     self._sync_pod(pod)
-                except ApiException:
+                except _UNANSWERED:
                     continue
 
     # --- pods -----------------------------------------------------------------------

@@ -24,7 +24,7 @@ def test_allreduce_example_forms_a_process_group_from_the_env_contract() -> None
         [*torchjob_cli(), "run", "-f", str(REPO / "examples" / "local" / "allreduce.yaml")],
         capture_output=True,
         text=True,
-        timeout=scaled(300),
+        timeout=scaled(500),
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -100,7 +100,7 @@ def test_a_pod_stopped_on_request_exits_with_the_stop_code_and_is_never_charged(
         [*torchjob_cli(), "run", "-f", str(path)],
         capture_output=True,
         text=True,
-        timeout=scaled(300),
+        timeout=scaled(500),
         check=False,
     )
     out = proc.stdout + proc.stderr

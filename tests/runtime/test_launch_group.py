@@ -313,7 +313,7 @@ def test_workers_come_from_a_zygote_that_never_touched_cuda_unless_told_not_to(s
         env=env,
         capture_output=True,
         text=True,
-        timeout=scaled(300),
+        timeout=scaled(500),
         check=False,
     )
     assert done.returncode == 0, done.stderr

@@ -28,7 +28,7 @@ def test_quickstart_runs_unchanged_on_two_pods(tmp_path: Path) -> None:
         [*torchjob_cli(), "run", "-f", str(manifest)],
         capture_output=True,
         text=True,
-        timeout=scaled(300),
+        timeout=scaled(500),
         check=False,
     )
     out = proc.stdout + proc.stderr

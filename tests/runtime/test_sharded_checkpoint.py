@@ -223,7 +223,7 @@ def test_sigkill_during_an_async_save_keeps_the_previous_checkpoint(tmp_path: Pa
         [sys.executable, "-c", _KILLED, str(runs), str(signals), "3"],
         capture_output=True,
         text=True,
-        timeout=scaled(300),
+        timeout=scaled(500),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[:2] == ["start", "1"]

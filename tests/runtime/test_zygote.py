@@ -72,7 +72,7 @@ def _run(
         env=env,
         capture_output=True,
         text=True,
-        timeout=scaled(300),
+        timeout=scaled(500),
         check=False,
     )
     assert done.returncode == 0, done.stderr
