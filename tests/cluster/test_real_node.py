@@ -297,9 +297,9 @@ def test_the_fsdp_finetune_example_shrinks_and_grows_back_and_resumes_its_shards
     job grows back to 2 ranks, resharding again, and finishes at the last step."""
     job = yaml.safe_load((REPO / "examples" / "finetune_fsdp" / "job.yaml").read_text())
     spec = job["spec"]
-    # 0.2 s each: 90 s at 1 rank, times CI's time scale (at load 16 the replacement took
-    # longer than 90 s to start and join, and the job finished at 1 rank).
-    steps = int(k.scaled(450))
+    # 0.2 s each: 90 s at 1 rank, twice that under CI's time scale (at load 16 the replacement
+    # took longer than 90 s to start and join, and the job finished at 1 rank).
+    steps = 450 * min(2, int(k.TIME_SCALE))
     spec["nprocPerNode"] = 1
     spec["elastic"]["replaceBeforeLeaving"] = False  # the test is of resharding: 2 -> 1 -> 2
     spec["checkpoint"] = {"path": str(storage)}

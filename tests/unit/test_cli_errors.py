@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,20 @@ def test_no_kubeconfig_is_a_clear_error(
     assert main(["get"]) == EXIT_API_ERROR
     err = capsys.readouterr().err
     assert "no Kubernetes credentials found" in err and "KUBECONFIG" in err
+
+
+def test_without_the_kubernetes_package_the_cli_names_the_extra_to_install(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pip install torchjob` alone brings no kubernetes client: the cluster commands say
+    what to install instead of a ModuleNotFoundError traceback."""
+    for name in [m for m in sys.modules if m == "kubernetes" or m.startswith("kubernetes.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # import kubernetes -> ImportError
+    assert main(["get"]) == EXIT_API_ERROR
+    err = capsys.readouterr().err
+    assert "kubernetes package" in err and "pip install 'torchjob[client]'" in err, err
+    assert "Traceback" not in err
 
 
 def test_explicit_kubeconfig_that_does_not_exist(

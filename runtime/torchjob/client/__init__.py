@@ -9,6 +9,7 @@ imports ``kubernetes`` when constructed).
 from torchjob.client.client import TorchJobClient
 from torchjob.client.errors import (
     KubeconfigError,
+    MissingClientDependency,
     TorchJobAlreadyExists,
     TorchJobClientError,
     TorchJobInvalid,
@@ -33,6 +34,7 @@ __all__ = [
     "LogLine",
     "Manifest",
     "ManifestError",
+    "MissingClientDependency",
     "TorchJobAlreadyExists",
     "TorchJobClient",
     "TorchJobClientError",

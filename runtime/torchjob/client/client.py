@@ -31,7 +31,13 @@ from torchjob.api.models import (
     RuntimeRef,
 )
 from torchjob.api.runtimes import PLURALS as RUNTIME_PLURALS
-from torchjob.client.errors import KubeconfigError, TorchJobClientError, WaitTimeout, api_error
+from torchjob.client.errors import (
+    KubeconfigError,
+    MissingClientDependency,
+    TorchJobClientError,
+    WaitTimeout,
+    api_error,
+)
 from torchjob.client.logs import LogLine, PodStream, finish_follow, has_started, pod_index, snapshot
 from torchjob.client.manifest import Manifest, check_manifest
 from torchjob.client.manifest import job_dict as _job_dict
@@ -59,7 +65,13 @@ class TorchJobClient:
         context: str | None = None,
         namespace: str | None = None,
     ) -> None:
-        from kubernetes import client as k8s
+        try:
+            from kubernetes import client as k8s
+        except ModuleNotFoundError as err:
+            raise MissingClientDependency(
+                "the torchjob client talks to the cluster through the kubernetes package, "
+                "which is not installed here: pip install 'torchjob[client]'"
+            ) from err
 
         configuration = k8s.Configuration()
         ctx_namespace = self._load_config(configuration, kubeconfig, context)

@@ -14,6 +14,11 @@ class KubeconfigError(TorchJobClientError):
     """No usable cluster credentials (no kubeconfig, unknown context, not in a pod)."""
 
 
+class MissingClientDependency(TorchJobClientError):
+    """The ``kubernetes`` package, which the SDK talks to the cluster through, is not
+    installed (``pip install 'torchjob[client]'``)."""
+
+
 class TorchJobNotFound(TorchJobClientError):
     """The TorchJob (or its CRD) does not exist."""
 
