@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from tests.unit.test_reconcile import Clock, FakeKube, _settle
 
 from torchjob_operator.engine.settings import OperatorSettings
@@ -107,3 +108,26 @@ def test_an_invalid_merge_is_stalled_with_the_field_and_the_side() -> None:
     assert "(from ClusterTorchRuntime cpu)" in ready["message"]
     assert _condition(kube, "Stalled")["status"] == "True"
     assert "runtime" not in kube.job["status"]
+
+
+def test_no_write_comes_before_the_plan_a_job_that_cannot_be_built_pins_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pin is a write the plan orders first (``writes.First``), not a write before the
+    plan: a job whose pods cannot be built is reported as such, and its status never says it
+    keeps a blueprint that no pod was built from."""
+    from torchjob_operator.torchjob import writes
+
+    def broken(**_: Any) -> dict[str, Any]:
+        raise OverflowError("something no rule foresaw")
+
+    monkeypatch.setattr(writes, "worker_pod", broken)
+    kube, clock = _job(), Clock()
+    kube.runtimes[(KIND, "cpu")] = _blueprint()
+    reconcile_once(kube, "ns", "tj", settings=OperatorSettings(), clock=clock)
+    assert "runtime" not in kube.job["status"]
+    assert [r for r, _ in kube.events] == ["InvalidSpec"]
+    assert [c for c in kube.calls if not c.startswith("get_")] == [
+        "patch_job_status",
+        "event:InvalidSpec",
+    ]

@@ -1,9 +1,11 @@
 """Carry one pass out, in the documented order (JobSet's, so that a crash at any point
 replays the same decision):
 
-0. ``pin_runtime``: the runtime blueprint the job keeps (``status.runtime``), the first time
-   it is resolved; then the Kueue Workload's create or delete (``write_workload``), before
-   anything is planned: the job's gate depends on it.
+0. ``first``: the writes the plan puts before any pod (``writes.First``): the runtime
+   blueprint the job keeps (``status.runtime``), the first time it is resolved; then the Kueue
+   Workload's create or delete. The plan was made with the gate of a Workload being made
+   (closed); ``first`` returns the write's outcome: its Events, for ``amend``, and the gate,
+   which only a 404 (Kueue not installed) opens, and then the controller plans again.
 1. ``create``: the Service and the worker account (concurrently), the gang's PodGroup,
    the pods (concurrently), the capacity probes. A crash after them and before the status is
    harmless: the next pass finds the pods of a generation the status has not marked created
@@ -33,10 +35,11 @@ from torchjob import contract
 from torchjob_operator.common.events import Event
 from torchjob_operator.engine import metrics
 from torchjob_operator.engine.kube import EarlierOwnerError, Kube, KubeError
+from torchjob_operator.torchjob import admission
 from torchjob_operator.torchjob.admission import Failure, WorkloadStep
 from torchjob_operator.torchjob.amend import Created, WriteFailure, pods_text
 from torchjob_operator.torchjob.decision import Plan
-from torchjob_operator.torchjob.writes import Around, Decided
+from torchjob_operator.torchjob.writes import Around, Decided, First
 
 T = TypeVar("T")
 Log: TypeAlias = "logging.LoggerAdapter[logging.Logger]"
@@ -64,6 +67,22 @@ class Inline(Executor):
         except BaseException as exc:  # as a pool's future would hold it
             done.set_exception(exc)
         return done
+
+
+def first(
+    kube: Kube, job: Mapping[str, Any], writes: First, component: str, log: Log
+) -> WorkloadStep | None:
+    """Step 0: the pin, then the Workload's write. Its outcome (``admission.write_outcome``:
+    the write's Events, for ``amend``, and the gate after it), None without a Workload write."""
+    if writes.pin is not None:
+        pin_runtime(kube, job, writes.pin, component, log)
+    step, seen = writes.workload, writes.seen
+    if step is None or seen is None or not writes.writes_workload:
+        return None
+    done = admission.write_outcome(step, seen, write_workload(kube, step), writes.phase)
+    if done.warning is not None:
+        log.warning("%s", done.warning)
+    return done
 
 
 def write_workload(kube: Kube, step: WorkloadStep) -> bool | Failure:

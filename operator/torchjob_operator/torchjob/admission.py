@@ -195,6 +195,17 @@ def after_write(
     return step
 
 
+def write_outcome(
+    step: WorkloadStep, seen: WorkloadSeen, written: bool | Failure, phase: Phase | None
+) -> WorkloadStep:
+    """The Workload's create or delete (planned by ``sync``, made after the plan) once it
+    answered: ``events`` holds only what the write adds (its Event if it happened, or the
+    failure's). A failed write keeps the gate closed (the job is re-examined 5 s later:
+    ``amend.requeue_after``), except a 404: Kueue is not installed, the gate is None, and the
+    caller plans the pass again without it."""
+    return after_write(replace(step, events=()), seen, written, phase)
+
+
 def settle(
     workload: Mapping[str, Any], phase: Phase, pods_left: bool, now: datetime
 ) -> tuple[Mapping[str, Any], Event] | None:

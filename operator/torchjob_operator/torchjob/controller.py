@@ -15,7 +15,8 @@ Entry point::
 * ``pool``: the ``concurrent.futures.Executor`` of the concurrent pod writes (the operator's
   one long-lived pool); None runs them one after another in the caller's thread.
 
-Runs in a worker thread; the caller decides *when*. The order of the writes: ``act``.
+Runs in a worker thread; the caller decides *when*. Every write comes after the plan, in the
+order ``act`` documents (the runtime pin and the Workload first, as the plan's ``First``).
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from torchjob_operator.engine.kube import Kube
 from torchjob_operator.engine.settings import OperatorSettings
 from torchjob_operator.torchjob import act, admission, managed
 from torchjob_operator.torchjob.amend import amend
+from torchjob_operator.torchjob.decision import JobView
 from torchjob_operator.torchjob.observe import Observed, observe
 from torchjob_operator.torchjob.status import invalid_status, status_changed
-from torchjob_operator.torchjob.writes import around, decide
+from torchjob_operator.torchjob.writes import Decided, First, around, decide
 
 
 @dataclass(frozen=True)
@@ -74,20 +76,22 @@ def reconcile_once(
         return _invalid(kube, seen, seen.invalid or "", now, settings, log)
     pool = act.Inline() if pool is None else pool
     job, spec, meta = seen.job, seen.spec, seen.job["metadata"]
-    if seen.pin is not None:  # the blueprint this job keeps, recorded before any pod exists
-        act.pin_runtime(kube, job, seen.pin, settings.component, log)
-    step = _sync_workload(kube, seen, log)
+    # The Workload as the spec wants it: planned here, written first by act (its gate is
+    # closed while it is being made, whatever the write answers but a 404).
+    step = None if seen.workload is None else admission.sync(seen.workload, seen.state.phase)
     view = seen.view(spec, None if step is None else step.gate)
-    try:  # judging and building are pure: an error here is the spec's, and retrying cannot help
-        decided = decide(
-            view, meta["uid"], seen.pods, seen.probes, now, step.events if step else ()
-        )
-    except Exception as err:
-        metrics.RECONCILE_ERRORS.inc()
-        detail = (
-            f"TorchJob {namespace}/{name} cannot be run as specified: {type(err).__name__}: {err}"
-        )
-        return _invalid(kube, seen, detail, now, settings, log)
+    first = First(seen.pin, step, seen.workload, seen.state.phase)
+    decided = _decide(kube, seen, view, now, settings, log, first)
+    if isinstance(decided, ReconcileResult):
+        return decided
+    done = act.first(kube, job, decided.first, settings.component, log)
+    written = () if done is None else done.events
+    if done is not None and step is not None and done.gate != step.gate:
+        # Kueue is not installed (404): the queue label is inert; plan again without it.
+        view = seen.view(spec, done.gate)
+        decided = _decide(kube, seen, view, now, settings, log, First())
+        if isinstance(decided, ReconcileResult):
+            return decided
     plan = decided.plan
     created = act.create(
         kube, pool, namespace, decided, around(name, namespace, meta["uid"], spec, plan), log
@@ -97,7 +101,7 @@ def reconcile_once(
     amended = amend(
         view,
         plan,
-        decided.events,
+        (*written, *decided.events),
         created,
         old_status=old_status,
         now=now,
@@ -130,17 +134,27 @@ def reconcile_once(
     return ReconcileResult(amended.requeue_after_s, deferred=amended.deferred)
 
 
-def _sync_workload(kube: Kube, seen: Observed, log: act.Log) -> admission.WorkloadStep | None:
-    """The Kueue Workload first (decide, write, amend): the job's gate depends on it."""
-    if seen.workload is None:
-        return None
-    phase = seen.state.phase
-    step = admission.sync(seen.workload, phase)
-    if step.create is not None or step.delete is not None:
-        step = admission.after_write(step, seen.workload, act.write_workload(kube, step), phase)
-    if step.warning is not None:
-        log.warning("%s", step.warning)
-    return step
+def _decide(
+    kube: Kube,
+    seen: Observed,
+    view: JobView,
+    now: datetime,
+    settings: OperatorSettings,
+    log: act.Log,
+    first: First,
+) -> Decided | ReconcileResult:
+    """The plan and what it builds; judging and building are pure, so an error here is the
+    spec's, and retrying cannot help: the job says so (``_invalid``)."""
+    try:
+        return decide(view, seen.job["metadata"]["uid"], seen.pods, seen.probes, now, first)
+    except Exception as err:
+        metrics.RECONCILE_ERRORS.inc()
+        meta = seen.job["metadata"]
+        detail = (
+            f"TorchJob {meta['namespace']}/{meta['name']} cannot be run as specified: "
+            f"{type(err).__name__}: {err}"
+        )
+        return _invalid(kube, seen, detail, now, settings, log)
 
 
 def _managed_elsewhere(
@@ -148,10 +162,15 @@ def _managed_elsewhere(
 ) -> ReconcileResult:
     """A job another controller runs (``spec.managedBy``): MultiKueue's gets its Workload, as
     Kueue's jobframework makes a batch Job's; no pod, no status, no Workload status patch."""
-    if role is managed.Role.QUEUE and seen.spec is not None:
-        step = _sync_workload(kube, seen, log)
-        if step is not None and step.events:
-            act.post(kube, seen.job, step.events, settings.component)
+    if role is managed.Role.QUEUE and seen.spec is not None and seen.workload is not None:
+        step = admission.sync(seen.workload, seen.state.phase)
+        first = First(workload=step, seen=seen.workload, phase=seen.state.phase)
+        done = act.first(kube, seen.job, first, settings.component, log)
+        events = (*step.events, *(() if done is None else done.events))
+        if step.warning is not None:
+            log.warning("%s", step.warning)
+        if events:
+            act.post(kube, seen.job, events, settings.component)
     return ReconcileResult(None)
 
 

@@ -1,16 +1,17 @@
-"""The writes of one pass as data: the plan and the manifests that carry it out (worker
-pods with their Kueue admission, capacity probes, the Service, the worker account, the
-PodGroup). Pure; ``act`` sends them."""
+"""The writes of one pass as data: the plan, the writes before any pod (the runtime pin, the
+Kueue Workload) and the manifests that carry the plan out (worker pods with their Kueue
+admission, capacity probes, the Service, the worker account, the PodGroup). Pure; ``act``
+sends them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from torchjob import contract
-from torchjob.api.models import TorchJobSpec
+from torchjob.api.models import Phase, TorchJobSpec
 from torchjob_operator.common.events import Event
 from torchjob_operator.resources.initializers import initializer_pod
 from torchjob_operator.resources.pods import (
@@ -23,23 +24,43 @@ from torchjob_operator.resources.pods import (
 )
 from torchjob_operator.resources.rbac import worker_rbac
 from torchjob_operator.torchjob import initializers, kueue, topology
+from torchjob_operator.torchjob.admission import WorkloadSeen, WorkloadStep
 from torchjob_operator.torchjob.decision import JobView, Plan
 from torchjob_operator.torchjob.observed import PodView, ProbeView
 from torchjob_operator.torchjob.plan import plan
 
 
 @dataclass(frozen=True)
+class First:
+    """Step 0 of ``act``, made before any pod, in this order: the runtime blueprint the job
+    keeps (``pin``: ``status.runtime``, recorded before a pod is built from it, so that a
+    crash never rebuilds the job from a newer version), then the Kueue Workload's create or
+    delete (``workload``, with what ``observe`` read of it, to judge the answer)."""
+
+    pin: Mapping[str, Any] | None = None
+    workload: WorkloadStep | None = None
+    seen: WorkloadSeen | None = None
+    phase: Phase | None = None
+
+    @property
+    def writes_workload(self) -> bool:
+        w = self.workload
+        return w is not None and (w.create is not None or w.delete is not None)
+
+
+@dataclass(frozen=True)
 class Decided:
-    """The plan of one pass and the pods it creates (built together: an error building a
-    pod is the spec's, as an error planning is)."""
+    """The plan of one pass, the pods it creates (built together: an error building a pod is
+    the spec's, as an error planning is) and the writes that come before them."""
 
     plan: Plan
     workers: tuple[dict[str, Any], ...]
     probes: tuple[dict[str, Any], ...]
     events: tuple[Event, ...]
-    """The Workload's Events, then the plan's."""
+    """The Workload's Events (as read), then the plan's."""
     initializers: tuple[dict[str, Any], ...] = ()
     """The initialiser pods the plan creates (``spec.initializers``)."""
+    first: First = First()
 
 
 def decide(
@@ -48,9 +69,11 @@ def decide(
     pods: Sequence[PodView],
     probes: Sequence[ProbeView],
     now: datetime,
-    before: Sequence[Event] = (),
+    first: First = First(),
 ) -> Decided:
-    """Plan the job and build the pods the plan creates (``before``: the Workload's Events)."""
+    """Plan the job and build the pods the plan creates. ``first``: the writes before them
+    (the view's gate is the Workload step's: closed while the Workload is being made)."""
+    before = first.workload.events if first.workload is not None else ()
     decided = plan(view, pods, now, probes)
     name, namespace, spec = view.name, view.namespace, view.spec
     workers = worker_bodies(name, namespace, uid, spec, decided)
@@ -82,7 +105,7 @@ def decide(
             *initializers.created_events(name, spec, decided.initialize),
         )
     events = (*before, *init_events, *decided.events)
-    return Decided(decided, workers, probe_bodies, events, inits)
+    return Decided(decided, workers, probe_bodies, events, inits, first)
 
 
 def _place(
