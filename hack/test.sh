@@ -74,7 +74,7 @@ for f in "${E2E[@]}" "${PODS[@]}"; do ignore_e2e+=("--ignore=${f}"); done
 # clusters' component logs are kept at teardown (hack/cluster.sh down).
 export TORCHJOB_KEEP_LOGS_DIR="${BASE}/cluster-logs"
 rm -rf "${TORCHJOB_KEEP_LOGS_DIR}"
-vmstat -t 30 >"${BASE}/vmstat.log" 2>&1 &
+stdbuf -oL vmstat -t 30 >"${BASE}/vmstat.log" 2>&1 &
 vmstat_pid=$!
 ( while sleep 120; do
     date -u +%T

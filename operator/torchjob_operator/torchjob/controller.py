@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from torchjob_operator.common.clock import Clock, utcnow
+from torchjob_operator.common.events import Event
 from torchjob_operator.common.nodes import NodeView
 from torchjob_operator.engine import metrics
 from torchjob_operator.engine.kube import Kube
@@ -79,19 +80,10 @@ def reconcile_once(
     # The Workload as the spec wants it: planned here, written first by act (its gate is
     # closed while it is being made, whatever the write answers but a 404).
     step = None if seen.workload is None else admission.sync(seen.workload, seen.state.phase)
-    view = seen.view(spec, None if step is None else step.gate)
-    first = First(seen.pin, step, seen.workload, seen.state.phase)
-    decided = _decide(kube, seen, view, now, settings, log, first)
-    if isinstance(decided, ReconcileResult):
-        return decided
-    done = act.first(kube, job, decided.first, settings.component, log)
-    written = () if done is None else done.events
-    if done is not None and step is not None and done.gate != step.gate:
-        # Kueue is not installed (404): the queue label is inert; plan again without it.
-        view = seen.view(spec, done.gate)
-        decided = _decide(kube, seen, view, now, settings, log, First())
-        if isinstance(decided, ReconcileResult):
-            return decided
+    first = _first(kube, seen, step, now, settings, log)
+    if isinstance(first, ReconcileResult):
+        return first
+    view, decided, written = first
     plan = decided.plan
     created = act.create(
         kube, pool, namespace, decided, around(name, namespace, meta["uid"], spec, plan), log
@@ -132,6 +124,31 @@ def reconcile_once(
         kube.delete_job(namespace, name)
         return ReconcileResult(None, gone=True)
     return ReconcileResult(amended.requeue_after_s, deferred=amended.deferred)
+
+
+def _first(
+    kube: Kube,
+    seen: Observed,
+    step: admission.WorkloadStep | None,
+    now: datetime,
+    settings: OperatorSettings,
+    log: act.Log,
+) -> tuple[JobView, Decided, tuple[Event, ...]] | ReconcileResult:
+    """The plan, then its first writes (the pin, the Workload): the view planned, the
+    decision, and the Events of the Workload's write."""
+    assert seen.spec is not None
+    view = seen.view(seen.spec, None if step is None else step.gate)
+    first = First(seen.pin, step, seen.workload, seen.state.phase)
+    decided = _decide(kube, seen, view, now, settings, log, first)
+    if isinstance(decided, ReconcileResult):
+        return decided
+    done = act.first(kube, seen.job, decided.first, settings.component, log)
+    if done is None or step is None or done.gate == step.gate:
+        return view, decided, () if done is None else done.events
+    # Kueue is not installed (404): the queue label is inert; plan again without it.
+    view = seen.view(seen.spec, done.gate)
+    again = _decide(kube, seen, view, now, settings, log, First())
+    return again if isinstance(again, ReconcileResult) else (view, again, done.events)
 
 
 def _decide(
