@@ -769,6 +769,7 @@ def cluster_is_healthy(kubeconfig: Path) -> bool:
         check=False,
         kubeconfig=kubeconfig,
         timeout=10,
+        attempts=1,  # a question, not a request to ride out: no cluster answers at once
     )
     return proc.returncode == 0
 
