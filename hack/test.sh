@@ -43,6 +43,10 @@ mkdir -p "${BASE}"
 # only decides how long a failure takes to be reported.
 SCALE="${TORCHJOB_TEST_TIME_SCALE:-1}"
 PER_TEST_TIMEOUT="$(awk -v s="${SCALE}" 'BEGIN { t = 600 * (s < 1 ? 1 : s); printf "%d", t }')"
+# The local worker groups' start limit (120 s by default: a worker that must import torch at a
+# few per cent of a CPU, as the niced sessions get on a loaded CI machine, takes longer).
+TORCHJOB_WORKER_START_TIMEOUT_S="${TORCHJOB_WORKER_START_TIMEOUT_S:-$(awk -v s="${SCALE}" 'BEGIN { t = 120 * (s < 1 ? 1 : s); printf "%d", t }')}"
+export TORCHJOB_WORKER_START_TIMEOUT_S
 
 # NICE=<n> run ...: the session's processes run at that niceness. The sessions that train with
 # torch on the CPU (rest, runtime) keep both cores busy for minutes; niced, they yield to what

@@ -18,6 +18,7 @@ def test_defaults_when_nothing_is_set() -> None:
     assert RuntimeSettings.from_env({}) == RuntimeSettings(
         silent_peer_s=5.0,
         worker_start="auto",
+        start_timeout_s=120.0,
         nccl_reform=False,
         shard_mirror=True,
         use_libuv=True,
@@ -33,6 +34,9 @@ def test_defaults_when_nothing_is_set() -> None:
         pytest.param({"TORCHJOB_SILENT_PEER_S": ""}, "silent_peer_s", 5.0, id="silent-empty"),
         pytest.param({"TORCHJOB_WORKER_START": "spawn"}, "worker_start", "spawn", id="spawn"),
         pytest.param({"TORCHJOB_WORKER_START": ""}, "worker_start", "auto", id="start-empty"),
+        pytest.param(
+            {"TORCHJOB_WORKER_START_TIMEOUT_S": "600"}, "start_timeout_s", 600.0, id="start-in"
+        ),
         pytest.param({"TORCHJOB_NCCL_REFORM": "1"}, "nccl_reform", True, id="nccl-reform"),
         pytest.param({"TORCHJOB_NCCL_REFORM": "yes"}, "nccl_reform", False, id="nccl-only-1"),
         pytest.param({"TORCHJOB_SHARD_MIRROR": " Off "}, "shard_mirror", False, id="mirror-off"),
@@ -63,6 +67,11 @@ def test_each_setting_is_parsed(env: dict[str, str], field: str, value: object) 
             {"TORCHJOB_SILENT_PEER_S": "-1"},
             "TORCHJOB_SILENT_PEER_S='-1' must be a number of seconds >= 0",
             id="silent-negative",
+        ),
+        pytest.param(
+            {"TORCHJOB_WORKER_START_TIMEOUT_S": "0"},
+            "TORCHJOB_WORKER_START_TIMEOUT_S='0' must be a number of seconds > 0",
+            id="start-timeout-zero",
         ),
         pytest.param(
             {"TORCHJOB_WORKER_START": "forkserver"},

@@ -63,7 +63,7 @@ class WorkerGroup(Survivors):
         placement: Placement | None = None,
         env: dict[str, str] | None = None,
         init_hook: Callable[[], None] | None = None,
-        start_timeout_s: float = 120.0,
+        start_timeout_s: float | None = None,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -87,7 +87,10 @@ class WorkerGroup(Survivors):
         )
         """The local group's rendezvous store, served by this process (:meth:`_with_store`)."""
         self._init_hook = init_hook
-        self._start_timeout_s = start_timeout_s
+        self._start_timeout_s = (
+            self.settings.start_timeout_s if start_timeout_s is None else start_timeout_s
+        )
+        """How long the workers may take to connect (``TORCHJOB_WORKER_START_TIMEOUT_S``)."""
         self._workers: list[WorkerHandle] = []
         self._server: socket.socket | None = None
         self._next_task = 0

@@ -29,6 +29,7 @@ WORKER_STARTS: Final = ("auto", "zygote", "fork", "spawn")
 
 ENV_SILENT_PEER_S: Final = "TORCHJOB_SILENT_PEER_S"
 ENV_WORKER_START: Final = "TORCHJOB_WORKER_START"
+ENV_START_TIMEOUT_S: Final = "TORCHJOB_WORKER_START_TIMEOUT_S"
 ENV_NCCL_REFORM: Final = "TORCHJOB_NCCL_REFORM"
 ENV_SHARD_MIRROR: Final = "TORCHJOB_SHARD_MIRROR"
 ENV_USE_LIBUV: Final = "USE_LIBUV"
@@ -53,6 +54,13 @@ def _seconds(raw: str) -> float:
         raise ValueError("is not a number of seconds") from None
     if value < 0 or value != value:
         raise ValueError("must be a number of seconds >= 0")
+    return value
+
+
+def _positive_seconds(raw: str) -> float:
+    value = _seconds(raw)
+    if value == 0:
+        raise ValueError("must be a number of seconds > 0")
     return value
 
 
@@ -152,6 +160,15 @@ class RuntimeSettings:
         "`fork` from the driver where that is safe, `spawn` as fresh interpreters.",
         _start,
         shown="`auto`",
+    )
+    start_timeout_s: float = setting(
+        ENV_START_TIMEOUT_S,
+        120.0,
+        "Seconds a group's worker processes may take to start and connect to their driver "
+        "before the start fails (a hung import or fork; a worker that exits is seen at "
+        "once). Raise it on a machine so loaded that importing torch takes minutes.",
+        _positive_seconds,
+        shown="`120`",
     )
     nccl_reform: bool = setting(
         ENV_NCCL_REFORM,
