@@ -79,7 +79,7 @@ def reconcile_once(
     job, spec, meta = seen.job, seen.spec, seen.job["metadata"]
     # The Workload as the spec wants it: planned here, written first by act (its gate is
     # closed while it is being made, whatever the write answers but a 404).
-    step = None if seen.workload is None else admission.sync(seen.workload, seen.state.phase)
+    step = _workload_step(seen, log)
     first = _first(kube, seen, step, now, settings, log)
     if isinstance(first, ReconcileResult):
         return first
@@ -124,6 +124,16 @@ def reconcile_once(
         kube.delete_job(namespace, name)
         return ReconcileResult(None, gone=True)
     return ReconcileResult(amended.requeue_after_s, deferred=amended.deferred)
+
+
+def _workload_step(seen: Observed, log: act.Log) -> admission.WorkloadStep | None:
+    """The Workload as the spec wants it (``admission.sync``, pure); a failed read is logged."""
+    if seen.workload is None:
+        return None
+    step = admission.sync(seen.workload, seen.state.phase)
+    if step.warning is not None:
+        log.warning("%s", step.warning)
+    return step
 
 
 def _first(
@@ -180,12 +190,11 @@ def _managed_elsewhere(
     """A job another controller runs (``spec.managedBy``): MultiKueue's gets its Workload, as
     Kueue's jobframework makes a batch Job's; no pod, no status, no Workload status patch."""
     if role is managed.Role.QUEUE and seen.spec is not None and seen.workload is not None:
-        step = admission.sync(seen.workload, seen.state.phase)
+        step = _workload_step(seen, log)
+        assert step is not None
         first = First(workload=step, seen=seen.workload, phase=seen.state.phase)
         done = act.first(kube, seen.job, first, settings.component, log)
         events = (*step.events, *(() if done is None else done.events))
-        if step.warning is not None:
-            log.warning("%s", step.warning)
         if events:
             act.post(kube, seen.job, events, settings.component)
     return ReconcileResult(None)
