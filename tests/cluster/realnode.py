@@ -272,7 +272,9 @@ class HelmOperator:
             [str(k.helm_path()), "--kubeconfig", str(self.cluster.kubeconfig), *args],
             capture_output=True,
             text=True,
-            timeout=300,
+            # Past helm's own --timeout (240 s times CI's scale), so that helm says what it
+            # waited on; a fixed 300 s cut an upgrade short at 1 CPU.
+            timeout=k.scaled(300) + 60,
         )
         if check and proc.returncode != 0:
             raise AssertionError(

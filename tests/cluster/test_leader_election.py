@@ -18,7 +18,9 @@ from tests.cluster.operator_harness import Jobs, OperatorProcess, torchjob
 
 pytestmark = pytest.mark.cluster
 
-LEASE_S, RENEW_S, RETRY_S = 4, 3, 0.5
+# Short, for a quick takeover; times CI's scale, so that a leader starved of CPU for a few
+# seconds does not lose its lease (it did at 1 CPU: "leader election lost", not released).
+LEASE_S, RENEW_S, RETRY_S = k.scaled(4), k.scaled(3), 0.5
 
 
 def _holder(coord: Any, ns: str, lease: str) -> str | None:

@@ -72,6 +72,7 @@ class ProcessKubelet:
     _containers: dict[str, _Container] = field(default_factory=dict)
     _threads: list[threading.Thread] = field(default_factory=list)
     _ports: dict[tuple[str, str], str] = field(default_factory=dict)
+    _held: set[str] = field(default_factory=set)
 
     @property
     def core(self) -> client.CoreV1Api:
@@ -204,6 +205,8 @@ class ProcessKubelet:
         if c is None:
             if pod.status.phase in ("Succeeded", "Failed") or self._stop.is_set():
                 return
+            if any(pod.metadata.name.startswith(p) for p in self._held):
+                return  # held: Pending, as behind a slow image pull, until released
             c = self._run(pod)
             self._containers[uid] = c
             self._patch_status(c, running=True)
@@ -396,6 +399,14 @@ class ProcessKubelet:
             if e.status not in (404, 409):
                 raise
         self._containers.pop(pod.metadata.uid, None)
+
+    def hold_starts(self, pod_prefix: str) -> None:
+        """Start no new container of a pod named ``pod_prefix``...: its pods stay Pending (a
+        node pulling a large image) until :meth:`release_starts`. Running ones go on."""
+        self._held.add(pod_prefix)
+
+    def release_starts(self, pod_prefix: str) -> None:
+        self._held.discard(pod_prefix)
 
     def termination_messages(self, pod_prefix: str) -> list[str]:
         """Termination messages of containers whose pod name starts with ``pod_prefix``,

@@ -694,6 +694,19 @@ def test_losing_pod_0_goes_on_with_a_survivor_as_rank_0_and_the_replacement_join
     assert again.status["replicas"] == 1 and again.status["replacedWorkers"] == ["tj-worker-1"]
 
 
+def test_a_member_that_finished_training_is_not_replaced_while_rank_0_finishes() -> None:
+    """The last step done, rank 1 exits 0 a moment before rank 0: its place is not free for
+    a joiner (an e2e run created one, which the job's success then deleted unstarted)."""
+    _, view, pods = step(elastic_keep(), [], 0)
+    up = [running(p) for p in pods]
+    ending = plan(view, [up[0], succeeded(up[1])], at(30))
+    assert ending.create is None, ending.create
+    assert "CreatedJoiner" not in {e.reason for e in ending.events}
+    assert ending.status["currentGeneration"] == 0
+    done = plan(view, [succeeded(up[0]), succeeded(up[1])], at(31))
+    assert done.phase == Phase.SUCCEEDED
+
+
 def test_keep_survivors_replaces_pod_0_at_full_size_behind_the_survivors() -> None:
     _, view, pods = step(job().replicas(3).keep_survivors().build(), [], 0)
     up = [running(p) for p in pods]

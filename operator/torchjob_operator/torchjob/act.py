@@ -124,6 +124,8 @@ def create(
     failures: list[KubeError] = [group_failure] if group_failure is not None else []
     if group_failure is None and decided.plan.create is not None:
         pods, failures = _create_pods(kube, pool, decided.workers)
+        if pods:
+            log.info("created pods %s", ", ".join(pods))
     dying = next((f for f in failures if f.namespace_terminating), None)
     if dying is not None:
         raise dying  # the namespace takes the job with it: no FailedCreatePod, no Stalled
@@ -183,6 +185,16 @@ def write_status(
             status.get("disruptions"),
         )
         metrics.TRANSITIONS.labels(phase=status["phase"]).inc()
+    moved = old.get("currentGeneration") != status.get("currentGeneration")
+    if moved or old.get("members") != status.get("members"):
+        # What a post-mortem of an elastic job needs first: when each generation was
+        # published and who was in it (the Events say why; they expire, this log does not).
+        log.info(
+            "generation %s: members %s (phase %s)",
+            status.get("currentGeneration"),
+            status.get("members"),
+            status.get("phase"),
+        )
 
 
 def remove(

@@ -16,7 +16,7 @@ needed there: a joiner that cannot be placed just stays Pending, as a probe woul
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from torchjob import contract
@@ -27,6 +27,7 @@ from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.events import Event
 from torchjob_operator.torchjob.decision import CreatePods, Decision
 from torchjob_operator.torchjob.observed import PodPhase, PodView
+from torchjob_operator.torchjob.topology import domain_key, in_topology_order, place
 
 
 def target_replicas(d: Decision) -> int:
@@ -67,27 +68,55 @@ def elastic_rules(d: Decision) -> ElasticRules | None:
     )
 
 
+def along_topology(
+    d: Decision,
+    members: tuple[int, ...],
+    pods: Sequence[PodView],
+    planned: Mapping[int, str] | None = None,
+) -> tuple[int, ...]:
+    """``members`` (lead first) in the rank order of the admission's topology
+    (``topology.in_topology_order``); unchanged without one. ``planned``: the domain of each
+    pod created in this pass (``topology.place``, as the pod's body will get it)."""
+    assigned = d.job.kueue.topology if d.job.kueue is not None else None
+    if assigned is None:
+        return members
+    domain_of = {p.index: p.domain for p in pods if p.domain} | dict(planned or {})
+    return in_topology_order(assigned, members, domain_of)
+
+
 def survivors_first(
     d: Decision, survivors: Sequence[PodView], replicas: int
 ) -> tuple[int, ...] | None:
-    """KeepSurvivors, replaced at full size: the survivors in their rank order, then the new
-    pods (so rank 0 and the rendezvous stay on a pod that runs, whose DNS name resolves, and
-    the newcomers join it). ``None`` (pods ``0..replicas-1``) for ``RecreateGroup``."""
+    """KeepSurvivors, replaced at full size: the first survivor leads (so rank 0 and the
+    rendezvous stay on a pod that runs, whose DNS name resolves, and the newcomers join it),
+    the others and the new pods follow the topology (:func:`along_topology`: each new pod
+    where ``topology.place`` will put it). ``None`` (pods ``0..replicas-1``) for
+    ``RecreateGroup``."""
     if d.job.spec.membership_policy != MembershipPolicy.KEEP_SURVIVORS:
         return None
     kept = in_rank_order(d, survivors)[:replicas]
-    fill = tuple(i for i in range(replicas + len(kept)) if i not in kept)
-    return kept + fill[: replicas - len(kept)]
+    fill = tuple(i for i in range(replicas + len(kept)) if i not in kept)[: replicas - len(kept)]
+    planned: dict[int, str] = {}
+    assigned = d.job.kueue.topology if d.job.kueue is not None else None
+    if assigned is not None and fill:
+        taken = [p.domain for p in survivors if p.domain]
+        planned = {i: domain_key(v) for i, v in place(assigned, fill, taken).items()}
+    return along_topology(d, kept + fill, survivors, planned)
 
 
 def joiner_room(d: Decision, pods: Sequence[PodView]) -> int:
     """How many joiners the job keeps: the places of members that are gone or going (below the
-    target size, or given notice), plus ``standbyReplicas``."""
+    target size, or given notice), plus ``standbyReplicas``. A member that finished training
+    (exit 0) keeps its place: the others finish a moment later, nobody takes it over."""
     ranked = set(d.ranked)
     staying = sum(
         1
         for p in pods
-        if p.index in ranked and p.active and p.disruption is None and p.notice_until is None
+        if p.index in ranked
+        and (
+            p.phase == PodPhase.SUCCEEDED
+            or (p.active and p.disruption is None and p.notice_until is None)
+        )
     )
     return max(target_replicas(d) - staying, 0) + d.job.spec.standby_replicas
 
@@ -140,7 +169,7 @@ def replace_with_standbys(
     ready = [p.index for p in ready_joiners(d, pods) if p.index not in kept]
     if need <= 0 or len(ready) < need:
         return None
-    return kept + tuple(ready[:need])
+    return along_topology(d, kept + tuple(ready[:need]), pods)
 
 
 def _grows(d: Decision, *, proven: bool, since: datetime | None = None) -> bool:
@@ -214,7 +243,8 @@ def grow_with_joiners(d: Decision, current: Sequence[PodView], pods: Sequence[Po
     ready = ready_joiners(d, pods)
     if want > 0 and running and _grows(d, proven=len(ready) >= want):
         old = d.replicas
-        d = d.next_generation(top, d.ranked + tuple(p.index for p in ready[:want]))
+        grown = d.ranked + tuple(p.index for p in ready[:want])
+        d = d.next_generation(top, along_topology(d, grown, pods))
         # Every pod of the new generation exists: nothing to create.
         return d.but(created_generation=d.generation).transition(
             Phase.RESTARTING, *cond.say("ScaledUp", want=want, old=old, replicas=top)

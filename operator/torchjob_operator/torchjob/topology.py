@@ -194,6 +194,31 @@ def place(
     return out
 
 
+def in_topology_order(
+    assignment: Assignment, members: Sequence[int], domain_of: Mapping[int, str]
+) -> tuple[int, ...]:
+    """A re-formed generation's rank order along the topology. ``members``: its pod indices
+    as the planner chose them (the survivors in their rank order, then the newcomers);
+    ``domain_of``: each pod's ``DOMAIN_LABEL``. The first member keeps rank 0 (the pod that
+    leads: it runs and its name resolves, the newcomers join its rendezvous); the others
+    follow in the assignment's domain order, starting at the lead's domain and wrapping
+    around (a ring's order is cyclic), so that the pods of one domain are contiguous in rank
+    whichever pod was lost. Pods of the same domain keep their order in ``members``; a pod of
+    no known domain (it spilled out) goes last."""
+    if len(members) < 2:
+        return tuple(members)
+    position = {domain_key(d.values): k for k, d in enumerate(assignment.domains)}
+    n = len(position) + 1
+    lead = members[0]
+    start = position.get(domain_of.get(lead, ""), 0)
+
+    def key(i: int) -> tuple[int, int, int]:
+        at = position.get(domain_of.get(i, ""))
+        return (n if at is None else (at - start) % n, i != lead, members.index(i))
+
+    return tuple(sorted(members, key=key))
+
+
 def pin(
     pod: dict[str, Any], levels: Sequence[str], values: Sequence[str], *, strict: bool = True
 ) -> dict[str, Any]:

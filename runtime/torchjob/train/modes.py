@@ -264,11 +264,9 @@ class KeepSurvivorsMode:
 
     def follow(self, c: FitContext, why: str, view: ProgressView) -> None:
         """Wait for the next generation (raises :class:`GenerationTimeout`), then its backoff."""
-        view.message(
-            f"[torchjob] {why}; this pod stays and waits for generation "
-            f"{self.membership.generation + 1}"
-        )
         m = self.next
+        nxt = m.generation if m is not None else self.membership.generation + 1
+        view.message(f"[torchjob] {why}; this pod stays and waits for generation {nxt}")
         if m is None or m.generation <= self.membership.generation:
             m = self.watch.wait_beyond(
                 self.membership.generation, timeout_s=FOLLOW_TIMEOUT_S, stop=c.stop_requested
