@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from itertools import groupby
+from itertools import groupby, pairwise
 from typing import Any
 
 import pytest
@@ -235,6 +235,46 @@ def test_a_lost_worker_regrows_in_the_same_rack_when_its_node_is_gone(
     moved = next(p for p in again if p.metadata.labels[contract.LABEL_POD_INDEX] == "1")
     assert moved.spec.node_name != node
     assert jobs.status("rack").get("restarts", 0) == 0
+
+
+def test_after_a_keep_survivors_loss_the_regrown_generation_ranks_each_rack_together(
+    jobs: Jobs, queue: str
+) -> None:
+    """24 workers in one block (three racks of 8), KeepSurvivors, shrink on disruption: worker
+    11 (the middle rack) is deleted; the job goes on with 23, its replacement joins in the
+    middle rack, and walking the grown generation's ranks (``status.members``, or the pod
+    indices) each rack is still one run: the ring crosses between racks three times, not four
+    (the replacement ranked last, after the third rack, as before issue 42's fix)."""
+    body = gpu_job("ring", 24, {"required": BLOCK})
+    body["spec"]["membershipPolicy"] = "KeepSurvivors"
+    body["spec"]["elastic"] = {"minReplicas": 8, "maxReplicas": 24, "shrinkOnDisruption": True}
+    jobs.apply(body)
+    pods = jobs.wait_running_pods("ring", 24, generation=1, timeout=240)
+    first = jobs.status("ring")["currentGeneration"]
+    on = _node_labels(jobs, pods)
+    runs = [len(list(group)) for _, group in groupby(on[i][RACK] for i in sorted(on))]
+    assert runs == [8, 8, 8], on
+    lost = next(p for p in pods if p.metadata.labels[contract.LABEL_POD_INDEX] == "11")
+    jobs.core.delete_namespaced_pod(lost.metadata.name, jobs.ns, grace_period_seconds=0)
+    grown = jobs.wait(
+        "ring",
+        lambda s: (
+            s
+            if s.get("currentGeneration", 0) >= first + 2
+            and s.get("replicas") == 24
+            and s.get("phase") == "Running"
+            else None
+        ),
+        "the job to shrink to 23 and grow back to 24",
+        timeout=180,
+    )
+    ranks = grown.get("members") or list(range(24))
+    now = _node_labels(
+        jobs, jobs.wait_running_pods("ring", 24, generation=grown["currentGeneration"])
+    )
+    racks = [now[i][RACK] for i in ranks]
+    assert sum(a != b for a, b in pairwise([*racks, racks[0]])) == 3, (ranks, racks)
+    assert jobs.status("ring").get("restarts", 0) == 0
 
 
 def test_a_preferred_request_spills_over_when_its_rack_is_full_and_the_condition_says_so(

@@ -93,19 +93,30 @@ def reference() -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    ("sig", "silent_s"),
+    ("sig", "silent_s", "every", "resumes_at"),
     [
-        pytest.param(signal.SIGKILL, None, id="sigkill"),
-        pytest.param(signal.SIGSTOP, "3", id="silent-peer"),
+        pytest.param(signal.SIGKILL, None, None, LOSE_AT + 1, id="sigkill"),
+        pytest.param(signal.SIGSTOP, "3", None, LOSE_AT + 1, id="silent-peer"),
+        # A restore point every 3 reports (TORCHJOB_RESTORE_POINT_EVERY, as the cadence
+        # chooses for a large state): reports 1, 4, 7, ...; lost after report 5, the group
+        # goes back to report 4's state and redoes step 5, with the same result.
+        pytest.param(signal.SIGKILL, None, "3", LOSE_AT, id="sigkill-every-3"),
     ],
 )
 def test_a_lost_rank_resumes_from_the_survivors_memory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: int, silent_s: str | None
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    sig: int,
+    silent_s: str | None,
+    every: str | None,
+    resumes_at: int,
 ) -> None:
     if silent_s is not None:
         # The watchdog's threshold; the collective timeout (60 s) would be the only way out
         # without it.
         monkeypatch.setenv("TORCHJOB_SILENT_PEER_S", silent_s)
+    if every is not None:
+        monkeypatch.setenv("TORCHJOB_RESTORE_POINT_EVERY", every)
     trainer = TorchTrainer(
         loop,
         train_loop_config={"dir": str(tmp_path), "signal": int(sig)},
@@ -123,9 +134,10 @@ def test_a_lost_rank_resumes_from_the_survivors_memory(
     assert steps[-1] == STEPS
     after = [json.loads((tmp_path / f"gen1-rank{r}.json").read_text()) for r in range(WORLD)]
     # Every rank of the re-formed group, the replacement included, restored from memory
-    # and went on from the step after the last report: at most the unfinished step is lost.
+    # and went on from the step after the last restore point (the last report, unless a
+    # cadence was set): at most the unfinished step is lost.
     assert all(a["restored"] for a in after)
-    assert {a["first_step"] for a in after} == {LOSE_AT + 1}
+    assert {a["first_step"] for a in after} == {resumes_at}
     finals = [torch.load(tmp_path / f"final-rank{r}.pt") for r in range(WORLD)]
     for f in finals[1:]:
         assert torch.equal(f, finals[0])

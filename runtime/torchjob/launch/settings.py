@@ -32,6 +32,8 @@ ENV_WORKER_START: Final = "TORCHJOB_WORKER_START"
 ENV_START_TIMEOUT_S: Final = "TORCHJOB_WORKER_START_TIMEOUT_S"
 ENV_NCCL_REFORM: Final = "TORCHJOB_NCCL_REFORM"
 ENV_SHARD_MIRROR: Final = "TORCHJOB_SHARD_MIRROR"
+ENV_RESTORE_POINT_BUDGET: Final = "TORCHJOB_RESTORE_POINT_BUDGET"
+ENV_RESTORE_POINT_EVERY: Final = "TORCHJOB_RESTORE_POINT_EVERY"
 ENV_USE_LIBUV: Final = "USE_LIBUV"
 ENV_NCCL_ASYNC_ERROR_HANDLING: Final = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 ENV_DRIVER_ADDR: Final = "TORCHJOB_LAUNCH_DRIVER"
@@ -95,6 +97,28 @@ def _int(raw: str) -> int:
         return int(raw)
     except ValueError:
         raise ValueError("is not an integer") from None
+
+
+def _share(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("is not a share of the training time (e.g. 0.02)") from None
+    if not 0 < value <= 1:
+        raise ValueError("must be a share of the training time, > 0 and <= 1 (e.g. 0.02)")
+    return value
+
+
+def _every(raw: str) -> int | None:
+    if raw.strip().lower() == "auto":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError("must be `auto` or a number of reports >= 1") from None
+    if value < 1:
+        raise ValueError("must be `auto` or a number of reports >= 1")
+    return value
 
 
 def _port(raw: str) -> int:
@@ -185,6 +209,23 @@ class RuntimeSettings:
         _on_unless_off,
         empty_is_default=False,
         shown="on",
+    )
+    restore_point_budget: float = setting(
+        ENV_RESTORE_POINT_BUDGET,
+        0.02,
+        "The share of training time the in-memory restore point's copies may take: "
+        "`report()` takes one every k reports, k = copy time / (share x time between "
+        "reports), and a loss costs up to k - 1 reports of steps (`register_state`).",
+        _share,
+        shown="`0.02`",
+    )
+    restore_point_every: int | None = setting(
+        ENV_RESTORE_POINT_EVERY,
+        None,
+        "`auto`: as the budget above allows; `N`: a restore point every N reports whatever "
+        "it costs (`1`: at every report).",
+        _every,
+        shown="`auto`",
     )
     use_libuv: bool = setting(
         ENV_USE_LIBUV,

@@ -16,15 +16,19 @@ group leaves, and so does the end of the generation.
 from __future__ import annotations
 
 import dataclasses
+import sys
+import time
 from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from torchjob.checkpoint import CheckpointStorage, CommittedCheckpoint, restore_rng
 from torchjob.launch import send_event, stop_requested
 from torchjob.launch.protocol import CheckpointLanded, Report, RestoredFromMirror
+from torchjob.launch.settings import RuntimeSettings
 from torchjob.train import _session
 from torchjob.train.checkpoint import Checkpoint
 from torchjob.train.recovery import restore_point, shard_mirror
+from torchjob.train.recovery.cadence import Cadence
 
 if TYPE_CHECKING:
     from torchjob.checkpoint.background import BackgroundCommitter
@@ -121,14 +125,7 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
     s.reports += 1
     s.last_metrics = dict(metrics)
     s.history.append(dict(metrics))
-    snapshot = live = None
-    if s.registered is not None:
-        # The restore point: this report's state in host memory, before the collective
-        # below (a peer lost in it leaves every survivor holding this report).
-        live = restore_point.state_of(s.registered)
-        snapshot = restore_point.take(
-            s.run_path, s.report_base + s.reports, s.registered, s.data_positions(), live
-        )
+    snapshot, live, sharded = _restore_point(s)
     committed = None
     if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
         from torchjob.train.state import StateCheckpoint
@@ -146,7 +143,7 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
         if saving:
             assert checkpoint is not None
             committed = _commit(s, checkpoint, metrics)
-    mirror = shard_mirror.held(s.run_path) if live is not None and snapshot is None else None
+    mirror = shard_mirror.held(s.run_path) if sharded else None
     if s.world_rank == 0:
         send_event(
             Report(
@@ -167,7 +164,7 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
     agreed = _agree_to_stop(stop_requested())
     stop = agreed if s.stop_polled is None else s.stop_polled
     s.stop_polled = None
-    if live is not None and snapshot is None and s.mirror_on:
+    if sharded and live is not None and s.mirror_on:
         # Sharded state: the shard mirror, after the all-reduce above (a rank lost before it
         # leaves every survivor with the previous report's records, consistently).
         shard_mirror.take(
@@ -187,6 +184,33 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
         _agree_to_stop(True)
         s.stopped_at_report = s.reports
         raise _session.StopTraining()
+
+
+def _restore_point(
+    s: _session.Session,
+) -> tuple[restore_point.Snapshot | None, dict[str, Any] | None, bool]:
+    """The restore point of this report: (the snapshot held after it, the live state, whether
+    it is sharded). Whole state: copied into host memory before the collective in ``report``
+    (a peer lost in it leaves every survivor holding this report), at the session's cadence
+    (``recovery.cadence``: between two copies the previous one stays held). Sharded state:
+    the shard mirror's, after that collective."""
+    if s.registered is None:
+        return None, None, False
+    live = restore_point.state_of(s.registered)
+    if restore_point.is_sharded(live):
+        restore_point.drop()
+        return None, live, True
+    if not s.cadence.due(time.monotonic()):
+        return restore_point.held(), live, False
+    t0 = time.monotonic()
+    snapshot = restore_point.take(
+        s.run_path, s.report_base + s.reports, s.registered, s.data_positions(), live
+    )
+    s.cadence.took(time.monotonic() - t0)
+    news = s.cadence.news(snapshot.nbytes if snapshot else 0)
+    if news is not None and s.world_rank == 0:
+        print(f"[torchjob] {news}", file=sys.stderr, flush=True)
+    return snapshot, live, False
 
 
 def _nbytes(mirror: shard_mirror.Holding | None) -> int:
@@ -256,6 +280,8 @@ def register_state(state: MutableMapping[str, Any] | Any, *, mirror: bool | None
         )
     s.registered = registered
     s.mirror_on = shard_mirror.enabled(mirror)
+    settings = RuntimeSettings.from_env()
+    s.cadence = Cadence(settings.restore_point_budget, settings.restore_point_every)
     if s.mirror_plan is not None:
         from torchjob.train.recovery import shard_rebuild
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from torchjob.checkpoint import DataPosition
+from torchjob.train.recovery.cadence import Cadence
 
 if TYPE_CHECKING:
     from collections.abc import MutableMapping
@@ -65,6 +66,8 @@ class Session:
     """Rank 0 with ``async_commit``: the background commits of this generation's reports."""
     registered: MutableMapping[str, Any] | None = None
     """The state ``register_state`` handed over: copied into host memory at every report."""
+    cadence: Cadence = field(default_factory=Cadence)
+    """How often ``report()`` copies the registered state (``recovery.cadence``)."""
     restored: Restored | None = None
     """The in-memory restore point this generation started from (None: storage or fresh)."""
     report_base: int = 0

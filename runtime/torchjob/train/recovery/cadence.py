@@ -1,0 +1,101 @@
+"""How often ``report()`` takes the in-memory restore point (issue 39 item 4).
+
+A restore point is one copy of the registered state into host memory. For a small model it
+is free and every report takes one (a loss then costs at most the step in flight). For a
+real one it is not: docs/runtime.md measures about 112 ms per 128 MiB, so a 512 MiB state
+reported every 0.5 s would spend most of the training time copying. ``Cadence`` keeps the
+copies within a stated share of the training time (``TORCHJOB_RESTORE_POINT_BUDGET``,
+default 2 %) by taking one every ``k`` reports:
+
+    k = ceil(copy time / (budget x time between reports))
+
+(a copy under a millisecond, :data:`FREE_COPY_S`, is always taken), and a loss then
+costs up to ``k - 1`` reports of steps (redone from the last restore
+point), which :attr:`Cadence.every` says and ``report()`` passes on. ``TORCHJOB_RESTORE_POINT_EVERY``
+fixes ``k`` instead (``1``: every report, whatever it costs).
+
+The estimate must not move on one slow copy: a process starved of CPU for a moment would
+otherwise skip hundreds of restore points. So the copy time is the *fastest* of the last
+few copies (a copy is never faster than it costs; a stall only makes one slower) and the
+interval is the *median* of the last few (a stall lengthens it, which only lowers ``k``).
+Pure: the caller passes the clock readings.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+WINDOW = 8
+"""Copies and intervals remembered."""
+FREE_COPY_S = 0.001
+"""A copy this fast is taken at every report whatever the budget says: it costs about what
+the report's own all-reduce does (a small model's steps can be shorter than a millisecond,
+and skipping its copies would buy nothing)."""
+
+
+@dataclass
+class Cadence:
+    """One training function's restore-point cadence (``budget``: the share of training time
+    the copies may take; ``fixed``: every ``fixed`` reports instead, when set)."""
+
+    budget: float = 0.02
+    fixed: int | None = None
+    copies: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    intervals: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    since: int = 0
+    """Reports since the last restore point."""
+    last_report_s: float | None = None
+    last_copy_s: float = 0.0
+    said: int = 1
+    """The ``every`` last announced (:meth:`news`)."""
+
+    @property
+    def every(self) -> int:
+        """Take a restore point every this many reports (1 until both times are known)."""
+        if self.fixed is not None:
+            return self.fixed
+        if not self.copies or not self.intervals or min(self.copies) <= FREE_COPY_S:
+            return 1
+        interval = statistics.median(self.intervals)
+        if interval <= 0:
+            return 1
+        return max(1, math.ceil(min(self.copies) / (self.budget * interval)))
+
+    def due(self, now_s: float) -> bool:
+        """At a report (``now_s``: a monotonic clock): whether it takes the restore point.
+        The first report always does (it measures the copy)."""
+        if self.last_report_s is not None:
+            # The training time between two reports, without the copy made at the first.
+            self.intervals.append(max(now_s - self.last_report_s - self.last_copy_s, 0.0))
+        self.last_report_s = now_s
+        self.last_copy_s = 0.0
+        self.since += 1
+        first = not self.copies
+        return first or self.since >= self.every
+
+    def took(self, seconds: float) -> None:
+        """The restore point of this report was taken, in ``seconds``."""
+        self.copies.append(seconds)
+        self.last_copy_s = seconds
+        self.since = 0
+
+    def news(self, nbytes: int) -> str | None:
+        """A line for the log when ``every`` changed since it was last said (None if not):
+        what a restore point costs, and what a loss now costs."""
+        k = self.every
+        if k == self.said:
+            return None
+        self.said = k
+        if self.fixed is not None:
+            why = "TORCHJOB_RESTORE_POINT_EVERY"
+        else:
+            interval = statistics.median(self.intervals) if self.intervals else 0.0
+            why = (
+                f"a copy of {nbytes / 2**20:.0f} MiB takes {min(self.copies) * 1000:.0f} ms, "
+                f"{interval * 1000:.0f} ms of training between reports, "
+                f"budget {self.budget:.0%}"
+            )
+        return f"restore point every {k} report(s) ({why}): a loss costs up to {k - 1} step(s)"

@@ -1,0 +1,100 @@
+"""How often report() takes the in-memory restore point (torchjob.train.recovery.cadence)."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchjob.launch.settings import RuntimeSettings, SettingError
+from torchjob.train.recovery.cadence import Cadence
+
+
+def _reports(c: Cadence, n: int, *, step_s: float, copy_s: float, t0: float = 0.0) -> list[bool]:
+    """``n`` reports ``step_s`` of training apart; each due one costs ``copy_s``."""
+    now, taken = t0, []
+    for _ in range(n):
+        due = c.due(now)
+        taken.append(due)
+        if due:
+            c.took(copy_s)
+            now += copy_s
+        now += step_s
+    return taken
+
+
+def test_a_copy_cheaper_than_a_millisecond_is_taken_at_every_report() -> None:
+    """A small model: its steps may be shorter than the copy, the copy is still nothing."""
+    c = Cadence(budget=0.02)
+    assert _reports(c, 20, step_s=0.0002, copy_s=0.0001) == [True] * 20
+    assert c.every == 1
+
+
+def test_a_large_state_is_copied_within_the_budget() -> None:
+    """512 MiB copied in 0.45 s, a report every 0.5 s of training, 2 % budget: one copy every
+    45 reports, which costs 0.45 s per 22.5 s of training, 2 %."""
+    c = Cadence(budget=0.02)
+    taken = _reports(c, 90, step_s=0.5, copy_s=0.45)
+    assert c.every == 45
+    assert taken[0], "the first report measures the copy"
+    at = [i for i, t in enumerate(taken) if t]
+    assert at == [0, 45]
+    copies, training = 0.45 * len(at), 0.5 * 90
+    assert copies / training <= 0.02 + 1e-9
+    said = c.news(512 * 2**20)
+    assert said is not None and "every 45 report(s)" in said and "up to 44 step(s)" in said
+    assert "512 MiB takes 450 ms" in said, said
+    assert c.news(512 * 2**20) is None, "said once"
+
+
+def test_one_stalled_copy_does_not_stop_the_restore_points() -> None:
+    """A process starved for 2 s in one copy: the estimate takes the fastest copy, so the
+    cadence does not jump to hundreds of reports (a stall only makes a copy slower)."""
+    c = Cadence(budget=0.02)
+    _reports(c, 30, step_s=0.5, copy_s=0.05)
+    before = c.every
+    c.due(1000.0)
+    c.took(2.0)
+    assert c.every == before == 5
+
+
+def test_the_interval_leaves_the_copy_out_and_a_long_pause_lowers_k() -> None:
+    c = Cadence(budget=0.1)
+    assert c.due(0.0)
+    c.took(0.2)
+    c.due(1.2)  # 1.0 s of training after a 0.2 s copy
+    assert list(c.intervals) == [pytest.approx(1.0)]
+    assert c.every == 2  # 0.2 / (0.1 * 1.0)
+    for t in (100.0, 200.0, 300.0, 400.0):  # a loop that waits on data between reports
+        c.due(t)
+    assert c.every == 1
+
+
+def test_a_fixed_cadence_wins_over_the_budget() -> None:
+    c = Cadence(budget=0.02, fixed=3)
+    assert _reports(c, 7, step_s=0.0002, copy_s=0.0001) == [
+        True,
+        False,
+        False,
+        True,
+        False,
+        False,
+        True,
+    ]
+
+
+def test_the_settings_name_the_variable_of_a_bad_value() -> None:
+    s = RuntimeSettings.from_env(
+        {"TORCHJOB_RESTORE_POINT_BUDGET": "0.05", "TORCHJOB_RESTORE_POINT_EVERY": "4"}
+    )
+    assert (s.restore_point_budget, s.restore_point_every) == (0.05, 4)
+    assert (
+        RuntimeSettings.from_env({"TORCHJOB_RESTORE_POINT_EVERY": "auto"}).restore_point_every
+        is None
+    )
+    for env, raw in (
+        ("TORCHJOB_RESTORE_POINT_BUDGET", "2"),
+        ("TORCHJOB_RESTORE_POINT_BUDGET", "x"),
+        ("TORCHJOB_RESTORE_POINT_EVERY", "0"),
+        ("TORCHJOB_RESTORE_POINT_EVERY", "often"),
+    ):
+        with pytest.raises(SettingError, match=env):
+            RuntimeSettings.from_env({env: raw})
