@@ -87,7 +87,7 @@ def cli(
         cli_argv(jobs, command, *args),
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=k.scaled(timeout),
         env=cli_env(),
         cwd=REPO,
     )
@@ -148,7 +148,7 @@ def test_cli_submit_get_scale_delete(jobs: Jobs, client: TorchJobClient, tmp_pat
             created["metadata"]["uid"],
         )
 
-    job = client.wait_for_phase("life", "Running", timeout_s=60)
+    job = client.wait_for_phase("life", "Running", timeout_s=k.scaled(60))
     assert job["status"]["phase"] == "Running"
     wait_status(jobs, "life", workers="2/2", currentGeneration=0)
 
@@ -210,16 +210,16 @@ def test_sdk_create_wait_succeeded(jobs: Jobs, client: TorchJobClient) -> None:
     with pytest.raises(TorchJobAlreadyExists, match=f"TorchJob {jobs.ns}/done"):
         client.create(torchjob("done", replicas=2))
     pods = jobs.wait_running_pods("done", 2, generation=0)
-    client.wait_for_phase("done", "Running", timeout_s=60)
+    client.wait_for_phase("done", "Running", timeout_s=k.scaled(60))
     with pytest.raises(WaitTimeout, match="phase='Running'"):
         client.wait_for_phase("done", "Succeeded", timeout_s=1)
 
     for p in pods:
         k.make_pod_exit(jobs.core, jobs.ns, p.metadata.name, 0)
-    job = client.wait_for_phase("done", ["Succeeded", "Failed"], timeout_s=60)
+    job = client.wait_for_phase("done", ["Succeeded", "Failed"], timeout_s=k.scaled(60))
     assert job["status"]["phase"] == "Succeeded" and job["status"]["completionTime"]
     with pytest.raises(TorchJobClientError, match="reached phase Succeeded"):
-        client.wait_for_phase("done", "Running", timeout_s=60)
+        client.wait_for_phase("done", "Running", timeout_s=k.scaled(60))
     assert [p.metadata.name for p in client.pods("done")] == ["done-worker-0", "done-worker-1"]
     assert [j["metadata"]["name"] for j in client.list()] == ["done"]
 
