@@ -198,7 +198,9 @@ def test_python_submits_a_study_and_a_new_process_attaches_to_its_results(
         lambda: f"the study to finish; {player.tune().get('status')}",
         interval=0.3,
     )
-    grid = tune.attach("py-tune", namespace=jobs.ns, kubeconfig=kubeconfig).wait(timeout_s=k.scaled(30))
+    grid = tune.attach("py-tune", namespace=jobs.ns, kubeconfig=kubeconfig).wait(
+        timeout_s=k.scaled(30)
+    )
     assert submitted.status["phase"] == "Succeeded"
     assert [r.status for r in grid] == ["TERMINATED", "TERMINATED", "PRUNED", "PRUNED"]
     best = grid.get_best_result()

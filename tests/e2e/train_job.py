@@ -10,7 +10,8 @@ resumes from the latest checkpoint rank 0 committed.
 CRASH_AT -1 never crashes; EPOCH_SECONDS slows each epoch down (a test can then
 preempt a pod mid-run). With TORCHJOB_E2E_CRASH=raise, rank 1 raises instead of exiting.
 With TORCHJOB_E2E_HOLD_UNTIL_GENERATION=N the last epoch waits (reporting) until the job
-runs generation N, so a test's membership changes happen before training ends.
+runs generation N, so a test's membership changes happen before training ends;
+TORCHJOB_E2E_HOLD_AT=E:G holds epoch E the same way until generation G.
 With TORCHJOB_E2E_TORN_AT=K, rank 0 of generation 0, after epoch K's report (its checkpoint
 commits in the background), starts saving checkpoint TORN_INDEX itself (a state that says
 epoch TORN_EPOCH) and stops after the files and the manifest, before the commit marker: it
@@ -84,10 +85,16 @@ def train_func(config: dict) -> None:
             f"resumed from epoch {state['epoch']} at generation {os.environ['TORCHJOB_GENERATION']}",
             flush=True,
         )
-    hold = int(os.environ.get("TORCHJOB_E2E_HOLD_UNTIL_GENERATION", "-1"))
+    # Epoch -> the generation it waits for: the last epoch's (TORCHJOB_E2E_HOLD_UNTIL_GENERATION),
+    # and TORCHJOB_E2E_HOLD_AT="E:G", epoch E waits until generation G (a test that must act
+    # while generation 0 trains, however fast this machine is).
+    holds = {config["epochs"] - 1: int(os.environ.get("TORCHJOB_E2E_HOLD_UNTIL_GENERATION", "-1"))}
+    if os.environ.get("TORCHJOB_E2E_HOLD_AT"):
+        at, _, until = os.environ["TORCHJOB_E2E_HOLD_AT"].partition(":")
+        holds[int(at)] = int(until)
     told: tuple[str, ...] | None = None
     for epoch in range(start, config["epochs"]):
-        while epoch == config["epochs"] - 1 and int(os.environ["TORCHJOB_GENERATION"]) < hold:
+        while int(os.environ["TORCHJOB_GENERATION"]) < holds.get(epoch, -1):
             # Reports let a membership change stop this generation; the next one resumes
             # from the previous epoch's checkpoint and trains the last epoch.
             time.sleep(config["epoch_seconds"] or 0.1)
