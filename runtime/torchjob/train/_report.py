@@ -206,8 +206,8 @@ def _restore_point(
     snapshot = restore_point.take(
         s.run_path, s.report_base + s.reports, s.registered, s.data_positions(), live
     )
-    s.cadence.took(time.monotonic() - t0)
-    news = s.cadence.news(snapshot.nbytes if snapshot else 0)
+    s.cadence.took(time.monotonic() - t0, snapshot.nbytes if snapshot else 0)
+    news = s.cadence.news()
     if news is not None and s.world_rank == 0:
         print(f"[torchjob] {news}", file=sys.stderr, flush=True)
     return snapshot, live, False

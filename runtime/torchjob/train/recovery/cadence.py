@@ -9,7 +9,7 @@ default 2 %) by taking one every ``k`` reports:
 
     k = ceil(copy time / (budget x time between reports))
 
-(a copy under a millisecond, :data:`FREE_COPY_S`, is always taken), and a loss then
+(a state under 8 MiB, :data:`FREE_BYTES`, is copied at every report), and a loss then
 costs up to ``k - 1`` reports of steps (redone from the last restore
 point), which :attr:`Cadence.every` says and ``report()`` passes on. ``TORCHJOB_RESTORE_POINT_EVERY``
 fixes ``k`` instead (``1``: every report, whatever it costs).
@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 
 WINDOW = 8
 """Copies and intervals remembered."""
-FREE_COPY_S = 0.001
-"""A copy this fast is taken at every report whatever the budget says: it costs about what
-the report's own all-reduce does (a small model's steps can be shorter than a millisecond,
-and skipping its copies would buy nothing)."""
+FREE_BYTES = 8 * 2**20
+"""A state this small is copied at every report whatever the budget says (under 8 ms at the
+~0.9 ms per MiB measured here; a small model's steps can be shorter than its copy, and
+skipping them would buy nothing). Decided by size, not by time, so that a starved machine,
+where every copy is slow, never changes what a small job's loss costs."""
 
 
 @dataclass
@@ -50,6 +51,8 @@ class Cadence:
     last_report_s: float | None = None
     last_copy_s: float = 0.0
     said: int = 1
+    nbytes: int = 0
+    """The size of the last copy."""
     """The ``every`` last announced (:meth:`news`)."""
 
     @property
@@ -57,7 +60,7 @@ class Cadence:
         """Take a restore point every this many reports (1 until both times are known)."""
         if self.fixed is not None:
             return self.fixed
-        if not self.copies or not self.intervals or min(self.copies) <= FREE_COPY_S:
+        if not self.copies or not self.intervals or self.nbytes <= FREE_BYTES:
             return 1
         interval = statistics.median(self.intervals)
         if interval <= 0:
@@ -76,13 +79,14 @@ class Cadence:
         first = not self.copies
         return first or self.since >= self.every
 
-    def took(self, seconds: float) -> None:
-        """The restore point of this report was taken, in ``seconds``."""
+    def took(self, seconds: float, nbytes: int) -> None:
+        """The restore point of this report was taken: ``nbytes`` in ``seconds``."""
         self.copies.append(seconds)
+        self.nbytes = nbytes
         self.last_copy_s = seconds
         self.since = 0
 
-    def news(self, nbytes: int) -> str | None:
+    def news(self) -> str | None:
         """A line for the log when ``every`` changed since it was last said (None if not):
         what a restore point costs, and what a loss now costs."""
         k = self.every
@@ -94,7 +98,7 @@ class Cadence:
         else:
             interval = statistics.median(self.intervals) if self.intervals else 0.0
             why = (
-                f"a copy of {nbytes / 2**20:.0f} MiB takes {min(self.copies) * 1000:.0f} ms, "
+                f"a copy of {self.nbytes / 2**20:.0f} MiB takes {min(self.copies) * 1000:.0f} ms, "
                 f"{interval * 1000:.0f} ms of training between reports, "
                 f"budget {self.budget:.0%}"
             )
