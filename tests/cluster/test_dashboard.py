@@ -52,6 +52,10 @@ def chromium() -> Iterator[Any]:
         options.add_argument(flag)
     options.add_argument("--window-size=1400,1000")
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    # WebDriver's limits (30 s for a script, 300 s for a page) times CI's time scale: a
+    # starved CI machine timed a script out on the 100-jobs page.
+    driver.set_script_timeout(k.scaled(30))
+    driver.set_page_load_timeout(k.scaled(300))
     try:
         yield driver
     finally:
