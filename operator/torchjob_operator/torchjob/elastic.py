@@ -27,7 +27,12 @@ from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.events import Event
 from torchjob_operator.torchjob.decision import CreatePods, Decision
 from torchjob_operator.torchjob.observed import PodPhase, PodView
-from torchjob_operator.torchjob.topology import domain_key, in_topology_order, place
+from torchjob_operator.torchjob.topology import (
+    Assignment,
+    domain_key,
+    in_topology_order,
+    place,
+)
 
 
 def target_replicas(d: Decision) -> int:
@@ -68,6 +73,11 @@ def elastic_rules(d: Decision) -> ElasticRules | None:
     )
 
 
+def _assignment(d: Decision) -> Assignment | None:
+    """The admission's topology assignment (Kueue TAS), if the job has one."""
+    return d.job.kueue.topology if d.job.kueue is not None else None
+
+
 def along_topology(
     d: Decision,
     members: tuple[int, ...],
@@ -77,7 +87,7 @@ def along_topology(
     """``members`` (lead first) in the rank order of the admission's topology
     (``topology.in_topology_order``); unchanged without one. ``planned``: the domain of each
     pod created in this pass (``topology.place``, as the pod's body will get it)."""
-    assigned = d.job.kueue.topology if d.job.kueue is not None else None
+    assigned = _assignment(d)
     if assigned is None:
         return members
     domain_of = {p.index: p.domain for p in pods if p.domain} | dict(planned or {})
@@ -97,7 +107,7 @@ def survivors_first(
     kept = in_rank_order(d, survivors)[:replicas]
     fill = tuple(i for i in range(replicas + len(kept)) if i not in kept)[: replicas - len(kept)]
     planned: dict[int, str] = {}
-    assigned = d.job.kueue.topology if d.job.kueue is not None else None
+    assigned = _assignment(d)
     if assigned is not None and fill:
         taken = [p.domain for p in survivors if p.domain]
         planned = {i: domain_key(v) for i, v in place(assigned, fill, taken).items()}

@@ -211,10 +211,11 @@ def in_topology_order(
     n = len(position) + 1
     lead = members[0]
     start = position.get(domain_of.get(lead, ""), 0)
+    chosen = {i: k for k, i in enumerate(members)}
 
     def key(i: int) -> tuple[int, int, int]:
         at = position.get(domain_of.get(i, ""))
-        return (n if at is None else (at - start) % n, i != lead, members.index(i))
+        return (n if at is None else (at - start) % n, i != lead, chosen[i])
 
     return tuple(sorted(members, key=key))
 
