@@ -119,3 +119,63 @@ def test_a_served_store_is_counted_as_a_thread_until_it_stops(
     finally:
         store_clients.stop_serving(store)
     assert store_clients.serving() == before
+
+
+EXITING_WHILE_CONNECTING = """
+import os, socket, sys, threading, time, types
+from datetime import timedelta
+from torchjob.launch import store_clients
+import torch.distributed
+
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+started = threading.Event()
+
+def beat():  # a daemon thread (the driver's beat) reconnecting to rank 0's gone store
+    started.set()
+    try:
+        store_clients.client(
+            "driver-beat", "127.0.0.1", port,
+            connect=timedelta(seconds=1), timeout=timedelta(seconds=1),
+        )
+    except Exception as e:
+        os.write(2, f"the beat's connection failed: {type(e).__name__}\\n".encode())
+
+threading.Thread(target=beat, daemon=True).start()
+started.wait()
+
+class SlowTeardown:  # the interpreter's finalization outlasts the constructor's retries
+    def __del__(self):
+        time.sleep(3)
+        os.write(2, b"finalized\\n")
+
+m = types.ModuleType("slow_teardown"); sys.modules[m.__name__] = m; m.keep = SlowTeardown()
+"""
+
+
+def test_a_process_that_exits_while_a_thread_connects_exits_with_its_own_status(
+    tmp_path: Any,
+) -> None:
+    """The CI failure "ddp-worker-1 exited with code 139, terminate called without an active
+    exception" after its training had finished: a daemon thread came back from a TCPStore
+    constructor (its server gone) while the interpreter was finalizing. Before the fix this
+    script aborts (134); the request is now waited for before the finalization."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exiting.py"
+    script.write_text(EXITING_WHILE_CONNECTING)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert "terminate called" not in done.stderr
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "finalized" in done.stderr
+
+
+def test_an_exiting_process_starts_no_store_request() -> None:
+    store_clients._closing.set()
+    try:
+        with pytest.raises(TimeoutError, match="exiting"):
+            store_clients.within(5, lambda: 1)
+    finally:
+        store_clients._closing.clear()

@@ -24,9 +24,11 @@ destroying one would close a socket the parent still uses).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -45,6 +47,16 @@ _lock = threading.Lock()
 _clients: dict[tuple[str, str, int], Any] = {}
 _inherited: list[Any] = []
 """A forked child's copies of its parent's clients: never used, never destroyed."""
+_pending: dict[threading.Thread, float] = {}
+"""The request threads of :func:`within` still running, each with the moment by which its
+request should have ended one way or the other (see :func:`settle`)."""
+_closing = threading.Event()
+"""Set once the interpreter exits: :func:`within` then starts no request."""
+
+SETTLE_FACTOR = 3.0
+"""A request given ``seconds`` by its caller is expected to end within this many times that:
+a ``TCPStore`` constructor whose ``connect`` timeout runs out retries once after about as
+long again (measured: 2 s of connect, 4.1 s in all); beyond it, blocked for ever."""
 
 
 def _forget_after_fork() -> None:
@@ -54,6 +66,7 @@ def _forget_after_fork() -> None:
     _inherited.extend(_served.values())  # their threads are not in the child
     _clients.clear()
     _served.clear()
+    _pending.clear()  # their threads are not in the child
 
 
 if hasattr(os, "register_at_fork"):
@@ -68,7 +81,10 @@ def within(seconds: float, request: Callable[[], T]) -> T:
     logs its timeout, then blocks for ever in the cancellation that follows. A frozen node or
     dropped packets look the same. So a request whose answer decides something runs on a
     daemon thread of its own, which stays blocked if the server never answers (the connection
-    is then discarded, never used again)."""
+    is then discarded, never used again). Once the interpreter exits, it starts none
+    (:func:`settle`)."""
+    if _closing.is_set():
+        raise TimeoutError("the process is exiting: no store request is started")
     out: list[tuple[bool, Any]] = []
     done = threading.Event()
 
@@ -79,14 +95,38 @@ def within(seconds: float, request: Callable[[], T]) -> T:
             out.append((False, e))
         finally:
             done.set()
+            with _lock:
+                _pending.pop(threading.current_thread(), None)
 
-    threading.Thread(target=run, name="torchjob-store-request", daemon=True).start()
+    thread = threading.Thread(target=run, name="torchjob-store-request", daemon=True)
+    with _lock:
+        _pending[thread] = time.monotonic() + SETTLE_FACTOR * seconds
+    thread.start()
     if not done.wait(seconds):
         raise TimeoutError(f"the store did not answer within {seconds:g}s")
     ok, value = out[0]
     if not ok:
         raise value
     return value  # type: ignore[no-any-return]
+
+
+@atexit.register
+def settle() -> None:
+    """At the interpreter's exit, wait for the :func:`within` requests still running, each up
+    to the moment by which it should end (:data:`SETTLE_FACTOR`), and start no new one.
+
+    A daemon thread that comes back from torch's C++ code (a ``TCPStore`` constructor whose
+    server is gone fails after its retries) once the interpreter is finalizing is ended by
+    CPython with a forced unwind, which torch's code turns into ``std::terminate``: a worker
+    whose training had finished then died "terminate called without an active exception"
+    (exit 134 or 139) and failed its job. Waiting here, before the finalization, lets the
+    request come back while Python still runs; one blocked on a frozen server never comes
+    back, and costs nothing past its moment."""
+    _closing.set()
+    with _lock:
+        pending = dict(_pending)
+    for thread, until in pending.items():
+        thread.join(timeout=max(0.0, until - time.monotonic()))
 
 
 def _answers(store: Any, timeout: timedelta) -> bool:
