@@ -3,7 +3,7 @@ its own and the process series."""
 
 from __future__ import annotations
 
-from torchjob_operator.engine import exposition, metrics
+from torchjob_operator.engine import exposition, job_metrics, metrics
 
 
 def test_a_scrape_carries_no_created_or_gc_series_but_the_operators_and_the_process() -> None:
@@ -54,3 +54,54 @@ def test_the_endpoint_answers_a_scrape_and_refuses_what_is_not_one() -> None:
             assert r.status == 200
     finally:
         listener.close()
+
+
+def test_the_own_text_writer_writes_what_prometheus_client_writes_byte_for_byte() -> None:
+    """exposition.text against prometheus_client's generate_latest over every kind of
+    family it writes, label values that need escaping, and values where Go's number format
+    differs from Python's (a million and more, the infinities, NaN, negatives, integers)."""
+    import math
+
+    from prometheus_client import (
+        CollectorRegistry,
+        Counter,
+        Gauge,
+        Histogram,
+        Info,
+        Summary,
+        generate_latest,
+    )
+
+    reg = CollectorRegistry()
+    c = Counter("tj_things", "Things\nwith a \\ in the help", ["verb", "code"], registry=reg)
+    c.labels(verb="patch", code="500").inc(3)
+    c.labels(verb='we"ird\\', code="a\nb").inc(1e6)
+    g = Gauge("tj_level", "A level", ["job"], registry=reg)
+    for i, v in enumerate((0.0, -2.5, 1234567.0, 1e21, math.inf, -math.inf, math.nan, 7, -1e7)):
+        g.labels(job=f"j{i}").set(v)
+    h = Histogram("tj_seconds", "Durations", buckets=(0.005, 0.5, 10.0), registry=reg)
+    for v in (0.001, 0.3, 42.0):
+        h.observe(v)
+    s = Summary("tj_sizes", "Sizes", registry=reg)
+    s.observe(3.25)
+    Gauge("tj_empty", "No samples yet", ["x"], registry=reg)
+    assert exposition.text(reg.collect()) == generate_latest(reg)
+    Info("tj_build", "Build", registry=reg).info({"version": "1"})
+    assert exposition.text(reg.collect()) is None  # a kind it leaves to generate_latest
+
+
+def test_the_page_is_the_registrys_text_then_the_job_block() -> None:
+    from prometheus_client import REGISTRY, generate_latest
+
+    exposition.lean_registry()
+    metrics.RECONCILE_SECONDS.observe(0.02)
+    own = exposition.text(REGISTRY.collect())
+    assert own is not None
+
+    def steady(page: bytes) -> list[bytes]:  # the process series move between two calls
+        return [line for line in page.splitlines() if b"process_" not in line]
+
+    assert steady(own) == steady(generate_latest(REGISTRY))
+    assert b"torchjob_reconcile_duration_seconds_count" in own
+    page = exposition.body()
+    assert page.startswith(own.split(b"\n", 1)[0]) and page.endswith(job_metrics.render())

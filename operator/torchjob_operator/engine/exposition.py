@@ -10,8 +10,11 @@ answers every request with no more HTTP than a scrape needs (:func:`serve`)."""
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
+import struct
 import threading
+from collections.abc import Iterable
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -20,6 +23,8 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
+from prometheus_client.utils import floatToGoString
 
 from torchjob_operator.engine import job_metrics
 
@@ -35,9 +40,54 @@ def lean_registry() -> None:
         REGISTRY.unregister(GC_COLLECTOR)
 
 
+_TEXT_TYPES = {"counter", "gauge", "histogram", "summary"}
+"""The families :func:`text` writes itself; any other makes it hand the page to
+prometheus_client's ``generate_latest``."""
+
+
+def _value(v: float) -> str:
+    # Go's formatting (prometheus_client's floatToGoString) differs from repr only from a
+    # million up, and for the infinities and NaN.
+    v = float(v)
+    return repr(v) if -math.inf < v < 1e6 else str(floatToGoString(v))  # type: ignore[no-untyped-call]
+
+
+def _escape_label(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def text(metrics: Iterable[Metric]) -> bytes | None:
+    """The text format of ``metrics`` (a registry's ``collect()``), byte for byte what
+    ``generate_latest`` writes for them, at about half its CPU (tests/unit/test_exposition.py);
+    None when a family is of a kind it does not write (info, stateset, gauge histogram,
+    unknown) or a sample carries a timestamp.
+
+    Why: at 100 running jobs the idle operator spends about 2.7 ms of CPU a second, so a
+    scrape every 15 s must stay under ~0.4 ms to cost under 1 % of it; prometheus_client's
+    generic writer spent 0.21 of a scrape's 0.50 ms on the operator's ~80 lines, most of it
+    re-validating and escaping names that are fixed and legal (bench/metrics_scrape.py)."""
+    out: list[str] = []
+    for m in metrics:
+        if m.type not in _TEXT_TYPES:
+            return None
+        name = m.name + "_total" if m.type == "counter" else m.name
+        doc = m.documentation.replace("\\", "\\\\").replace("\n", "\\n")
+        out.append(f"# HELP {name} {doc}\n# TYPE {name} {m.type}\n")
+        for s in m.samples:
+            if s.timestamp is not None:
+                return None
+            if s.labels:
+                labels = ",".join(f'{k}="{_escape_label(v)}"' for k, v in sorted(s.labels.items()))
+                out.append(f"{s.name}{{{labels}}} {_value(s.value)}\n")
+            else:
+                out.append(f"{s.name} {_value(s.value)}\n")
+    return "".join(out).encode()
+
+
 def body() -> bytes:
     """One scrape: the operator's own series, then the per-job block."""
-    return generate_latest(REGISTRY) + job_metrics.render()
+    own = text(REGISTRY.collect())
+    return (generate_latest(REGISTRY) if own is None else own) + job_metrics.render()
 
 
 _OK_HEAD = (
@@ -69,7 +119,10 @@ def answer(request: bytes) -> bytes:
 
 
 def _serve_one(conn: socket.socket) -> None:
-    conn.settimeout(10)
+    # The kernel's timeouts, not Python's (which polls before every recv and send).
+    limit = struct.pack("ll", 10, 0)
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
     request = b""
     while b"\r\n\r\n" not in request:
         chunk = conn.recv(4096)
