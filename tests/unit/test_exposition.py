@@ -69,9 +69,12 @@ def test_the_own_text_writer_writes_what_prometheus_client_writes_byte_for_byte(
         Histogram,
         Info,
         Summary,
+        disable_created_metrics,
+        enable_created_metrics,
         generate_latest,
     )
 
+    exposition.lean_registry()  # the operator's: no *_created series
     reg = CollectorRegistry()
     c = Counter("tj_things", "Things\nwith a \\ in the help", ["verb", "code"], registry=reg)
     c.labels(verb="patch", code="500").inc(3)
@@ -85,6 +88,14 @@ def test_the_own_text_writer_writes_what_prometheus_client_writes_byte_for_byte(
     s = Summary("tj_sizes", "Sizes", registry=reg)
     s.observe(3.25)
     Gauge("tj_empty", "No samples yet", ["x"], registry=reg)
+    assert exposition.text(reg.collect()) == generate_latest(reg)
+    enable_created_metrics()  # type: ignore[no-untyped-call]
+    try:
+        Counter("tj_more", "With its creation time", registry=reg).inc()
+        assert exposition.text(reg.collect()) is None  # left to generate_latest
+    finally:
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+    reg.unregister(reg._names_to_collectors["tj_more_total"])
     assert exposition.text(reg.collect()) == generate_latest(reg)
     Info("tj_build", "Build", registry=reg).info({"version": "1"})
     assert exposition.text(reg.collect()) is None  # a kind it leaves to generate_latest

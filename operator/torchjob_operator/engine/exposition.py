@@ -60,7 +60,8 @@ def text(metrics: Iterable[Metric]) -> bytes | None:
     """The text format of ``metrics`` (a registry's ``collect()``), byte for byte what
     ``generate_latest`` writes for them, at about half its CPU (tests/unit/test_exposition.py);
     None when a family is of a kind it does not write (info, stateset, gauge histogram,
-    unknown) or a sample carries a timestamp.
+    unknown), a sample carries a timestamp, or ``*_created`` series are on (the operator
+    turns them off: :func:`lean_registry`).
 
     Why: at 100 running jobs the idle operator spends about 2.7 ms of CPU a second, so a
     scrape every 15 s must stay under ~0.4 ms to cost under 1 % of it; prometheus_client's
@@ -74,8 +75,8 @@ def text(metrics: Iterable[Metric]) -> bytes | None:
         doc = m.documentation.replace("\\", "\\\\").replace("\n", "\\n")
         out.append(f"# HELP {name} {doc}\n# TYPE {name} {m.type}\n")
         for s in m.samples:
-            if s.timestamp is not None:
-                return None
+            if s.timestamp is not None or s.name in (f"{m.name}_created", f"{m.name}_gsum"):
+                return None  # a timestamp; OpenMetrics' series, which it writes apart
             if s.labels:
                 labels = ",".join(f'{k}="{_escape_label(v)}"' for k, v in sorted(s.labels.items()))
                 out.append(f"{s.name}{{{labels}}} {_value(s.value)}\n")
