@@ -10,7 +10,7 @@ import pytest
 from tests.unit.builders import at, job, pod, running
 from tests.unit.test_planner import step
 
-from torchjob.api.models import Phase
+from torchjob.api.models import Phase, TorchJobSpec
 from torchjob_operator.common.nodes import (
     DEFAULT_NOTICE_TAINTS,
     NodeView,
@@ -22,7 +22,7 @@ from torchjob_operator.common.nodes import (
 from torchjob_operator.engine.cache import Store
 from torchjob_operator.engine.nodewatch import NodeBook
 from torchjob_operator.resources.pods import avoid_nodes
-from torchjob_operator.torchjob.nodes import NODE_LOST, with_nodes
+from torchjob_operator.torchjob.nodes import NODE_LOST, suspect_nodes, with_nodes
 from torchjob_operator.torchjob.observed import PodView
 from torchjob_operator.torchjob.plan import JobView, plan, with_state
 from torchjob_operator.torchjob.writes import decide
@@ -350,3 +350,35 @@ def test_a_replacement_would_rather_not_go_to_the_node_of_a_silent_pod() -> None
         }
     ]
     assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity
+
+
+def test_once_the_silent_pod_is_gone_its_replacement_still_keeps_off_its_node() -> None:
+    """A partition: the silent pod's node stays Ready and, once the pod is deleted, holds none
+    of the job's pods, so the default spread (ScheduleAnyway) would score it best and put the
+    replacement back where it cannot reach its peers (seen on three real nodes). The node is
+    remembered from the generation's history (left: pod@node) and the default spread gives
+    way to the preference; a spread of the job's own stays."""
+    view, up = started(elastic(2))
+    report = {"pod": "tj-worker-1", "generation": 0, "by": "tj-worker-0", "seconds": 10.0}
+    view = with_state(view, {**plan(view, up, at(2)).status, "silentWorkers": [report]})
+    shrunk, view, _ = step(view, up, 12)
+    (latest,) = [r for r in shrunk.status["history"] if r["generation"] == 1]
+    assert latest["cause"] == "SilentPeer" and latest["left"] == ["tj-worker-1@n1"], latest
+    view = with_state(view, {**shrunk.status, "silentWorkers": []})
+    alone = [replace(up[0], generation=1)]  # the silent pod is gone
+    made = decide(view, "uid", alone, (), at(13))
+    assert made.plan.create is not None and len(made.workers) == 1
+    spec = made.workers[0]["spec"]
+    away = spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert away[0]["preference"]["matchFields"][0]["values"] == ["n1"]
+    assert "topologySpreadConstraints" not in spec
+    own = [{"maxSkew": 2, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}]
+    wire = view.spec.model_dump(by_alias=True, exclude_none=True)
+    wire["template"]["spec"]["topologySpreadConstraints"] = own
+    spread_view = replace(view, spec=TorchJobSpec.model_validate(wire))
+    kept = decide(spread_view, "uid", alone, (), at(13))
+    assert kept.workers[0]["spec"]["topologySpreadConstraints"] == own
+    # Past the generation that lost it, the node is no longer remembered.
+    later = with_state(view, {**shrunk.status, "silentWorkers": [], "currentGeneration": 2})
+    assert suspect_nodes(later.state, alone, ()) == []
+    assert suspect_nodes(view.state, alone, ("n1",)) == [], "an avoided node is left out"

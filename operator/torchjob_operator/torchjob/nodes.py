@@ -26,12 +26,12 @@ The operator watches Nodes (read-only) and reads each into a ``common.nodes.Node
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 
 from torchjob_operator.common.nodes import NodeView, notice_deadline
-from torchjob_operator.torchjob.observed import PodView
+from torchjob_operator.torchjob.observed import JobState, PodView
 
 NODE_LOST = "NodeLost"
 """``PodView.disruption`` of a pod whose node stopped reporting (``Ready`` not ``True``)."""
@@ -67,4 +67,25 @@ def with_nodes(
     return tuple(out)
 
 
-__all__ = ["NODE_LOST", "NODE_NOTICE", "with_nodes"]
+SILENT_PEER = "SilentPeer"
+"""``status.history``'s cause of a generation that began without pods reported silent."""
+
+
+def suspect_nodes(state: JobState, pods: Iterable[PodView], avoid: Sequence[str]) -> list[str]:
+    """The nodes a new pod of the job had rather not go to (``resources.pods.
+    prefer_other_nodes``): those of its pods that their peers reported silent, while the pods
+    are there, and, once they are gone, those the current generation lost them on
+    (``status.history``'s ``left``, ``pod@node``, of a generation begun for a silent peer).
+    A node cut off from the job's other nodes (a partition) stays Ready and schedulable: once
+    its silent pod is deleted it holds none of the job's pods, so the job's even spread would
+    put the replacement right back where it cannot reach its peers. Nodes in ``avoid`` (kept
+    off anyway) are left out."""
+    silent = {w.pod for w in state.silent}
+    found = {p.node for p in pods if p.name in silent and p.node}
+    latest = state.history[-1] if state.history else None
+    if latest is not None and latest.cause == SILENT_PEER and latest.generation == state.generation:
+        found |= {x.partition("@")[2] for x in latest.left or () if "@" in x}
+    return sorted(found - set(avoid) - {""})
+
+
+__all__ = ["NODE_LOST", "NODE_NOTICE", "SILENT_PEER", "suspect_nodes", "with_nodes"]

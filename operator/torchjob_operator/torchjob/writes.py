@@ -20,12 +20,14 @@ from torchjob_operator.resources.pods import (
     pod_group,
     prefer_other_nodes,
     probe_pod,
+    spread_across_nodes,
     worker_pod,
 )
 from torchjob_operator.resources.rbac import worker_rbac
 from torchjob_operator.torchjob import initializers, kueue, topology
 from torchjob_operator.torchjob.admission import WorkloadSeen, WorkloadStep
 from torchjob_operator.torchjob.decision import JobView, Plan
+from torchjob_operator.torchjob.nodes import suspect_nodes
 from torchjob_operator.torchjob.observed import PodView, ProbeView
 from torchjob_operator.torchjob.plan import plan
 
@@ -81,11 +83,15 @@ def decide(
         for body in workers:
             kueue.apply_admission(body, view.kueue.assignment)
     decided = _place(view, pods, workers, decided)
-    silent = {w.pod for w in view.state.silent}
-    suspect = sorted({p.node for p in pods if p.name in silent and p.node} - set(view.avoid_nodes))
+    suspect = suspect_nodes(view.state, pods, view.avoid_nodes)
     for body in workers:
         avoid_nodes(body, view.avoid_nodes)
         prefer_other_nodes(body, suspect)
+        if suspect and body["spec"].get("topologySpreadConstraints") == [spread_across_nodes(name)]:
+            # The default spread (ScheduleAnyway) scores the suspect node best, since it now
+            # holds none of the job's pods, as much as the preference scores it worst: the
+            # replacement goes by the preference. A spread of the job's own stays.
+            del body["spec"]["topologySpreadConstraints"]
     probe_bodies = tuple(
         probe_pod(name=name, namespace=namespace, uid=uid, spec=spec, index=index)
         for index in decided.create_probes
