@@ -102,8 +102,21 @@ def reporter(kubeconfig: Path, jobs: int, every: float, stop: threading.Event) -
 
 
 def scrape(port: int) -> int:
+    return len(page(port))
+
+
+def page(port: int) -> bytes:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
-        return len(r.read())
+        return bytes(r.read())
+
+
+def own_count(port: int) -> float:
+    """The operator's own ``torchjob_scrape_cpu_seconds_total`` (every request answered before
+    this one, this one not yet)."""
+    for line in page(port).decode().splitlines():
+        if line.startswith("torchjob_scrape_cpu_seconds_total "):
+            return float(line.split()[1])
+    raise RuntimeError("the operator's page has no torchjob_scrape_cpu_seconds_total")
 
 
 def window(proc: Any, seconds: float, port: int | None, interval: float) -> tuple[float, int]:
@@ -198,13 +211,20 @@ def _measure(args: argparse.Namespace, proc: Any, port: int) -> int:
         f"{args.jobs} jobs x {args.pods} pods Running; /metrics is {size / 1024:.0f} KiB; settling 30 s"
     )
     time.sleep(30)
-    off, on, scrapes = [], [], 0
+    off: list[float] = []
+    on: list[float] = []
+    counted: list[float] = []
+    """Per scraped window: the scrapes' CPU by the operator's own counter."""
+    scrapes = 0
     for pair in range(args.pairs):
         order = (None, port) if pair % 2 == 0 else (port, None)
         for which in order + order[::-1]:
+            c0 = own_count(port)  # outside the window; counted in the next reading
             cpu, n = window(proc, args.window, which, args.interval)
             (on if which else off).append(cpu)
             scrapes += n
+            if which:  # the reading before the window is one request more than the window's
+                counted.append((own_count(port) - c0) * n / (n + 1))
             log(f"pair {pair}: {'scraped' if which else 'not scraped'}: {cpu:.2f} s CPU")
     bursts = []
     for _ in range(args.bursts):  # the CPU counter ticks every 10 ms: long bursts, repeated
@@ -233,6 +253,12 @@ def _measure(args: argparse.Namespace, proc: Any, port: int) -> int:
     print(
         f"  one scrape per {args.interval:.0f} s over the operator's own CPU: {100 * share:.2f} %"
     )
+    own = [c / w for c, w in zip(counted, on, strict=True)]
+    print(
+        "  the scrapes' CPU by the operator's own counter, share of each scraped window: "
+        f"{spread([100 * x for x in own], '{:.2f}')} % "
+        f"({1000 * sum(counted) / max(1, scrapes):.2f} ms a scrape)"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
@@ -243,6 +269,7 @@ def _measure(args: argparse.Namespace, proc: Any, port: int) -> int:
                 "per_scrape_s": per_scrape,
                 "share": share,
                 "report_every_s": args.report_every,
+                "own_counter_s": counted,
             }
         )
     )

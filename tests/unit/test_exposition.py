@@ -3,6 +3,8 @@ its own and the process series."""
 
 from __future__ import annotations
 
+from tests import kube as k
+
 from torchjob_operator.engine import exposition, job_metrics, metrics
 
 
@@ -21,6 +23,13 @@ def test_the_endpoint_answers_a_scrape_and_refuses_what_is_not_one() -> None:
     import urllib.error
     import urllib.request
 
+    from prometheus_client import REGISTRY
+
+    def scrapes() -> tuple[float, float]:
+        count = REGISTRY.get_sample_value("torchjob_scrapes_total") or 0.0
+        return count, REGISTRY.get_sample_value("torchjob_scrape_cpu_seconds_total") or 0.0
+
+    before = scrapes()
     listener = exposition.serve(0, "127.0.0.1")
     port = listener.getsockname()[1]
     try:
@@ -52,6 +61,11 @@ def test_the_endpoint_answers_a_scrape_and_refuses_what_is_not_one() -> None:
             raw.sendall(b"GET /metr")
         with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
             assert r.status == 200
+            last = r.read().decode()
+        # Every request is counted with its thread's CPU, the last one once it is answered.
+        counted = k.wait_for(lambda: scrapes()[0] - before[0] >= 7 and scrapes(), 10, "7 counted")
+        assert counted[0] - before[0] == 7 and counted[1] > before[1], (before, counted)
+        assert f"torchjob_scrapes_total {before[0] + 6:.1f}" in last
     finally:
         listener.close()
 

@@ -14,6 +14,7 @@ import math
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterable
 
 from prometheus_client import (
@@ -26,7 +27,7 @@ from prometheus_client import (
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
-from torchjob_operator.engine import job_metrics
+from torchjob_operator.engine import job_metrics, metrics
 
 
 def lean_registry() -> None:
@@ -153,11 +154,12 @@ def serve(port: int, host: str = "0.0.0.0") -> socket.socket:
                 conn, _ = listener.accept()
             except OSError:
                 return  # the socket was closed
-            with conn:
-                try:
-                    _serve_one(conn)
-                except OSError:
-                    continue  # the scraper went away or timed out: the next one
+            began = time.thread_time()
+            # A scraper that went away or timed out (OSError): on to the next one.
+            with conn, contextlib.suppress(OSError):
+                _serve_one(conn)
+            metrics.SCRAPES.inc()
+            metrics.SCRAPE_CPU.inc(time.thread_time() - began)
 
     threading.Thread(target=loop, name="torchjob-metrics", daemon=True).start()
     return listener

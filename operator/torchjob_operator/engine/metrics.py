@@ -56,6 +56,11 @@ API_ERRORS = Counter(
     "Requests of the operator the API server answered with an error",
     ["verb", "code"],
 )
+SCRAPES = Counter("torchjob_scrapes", "Requests the /metrics endpoint answered")
+SCRAPE_CPU = Counter(
+    "torchjob_scrape_cpu_seconds",
+    "CPU seconds the /metrics thread spent answering them (what being scraped costs the operator)",
+)
 
 
 def observe_history(
