@@ -22,6 +22,10 @@
 #                             after node-monitor-grace-period (40 s here)
 #   hack/node.sh return NODE  thaw it and restore its link; undo what `notice` set (taint,
 #                             condition, cordon); wait until it is Ready again
+#   hack/node.sh partition A B  cut the link between nodes A and B only (every packet between
+#                             them, and between their pods, dropped silently in A's namespace);
+#                             each still reaches the API server, the host and the other nodes
+#   hack/node.sh heal A B     restore the link that `partition A B` cut
 #   hack/node.sh notice NODE [--provider aws|karpenter|karpenter-v0|gke] [--drain-after S]
 #                            [--vanish-after T] [--condition TYPE]
 #                             what a termination handler does: at once the provider's taint
@@ -712,6 +716,40 @@ cmd_return() {
   fi
 }
 
+# partition_rules PID -I|-D IP CIDR: in the namespace of node PID, drop (or stop dropping)
+# every packet to and from node IP and the pods of CIDR: what crosses between two nodes'
+# pods is forwarded by each node's namespace, so one side's rules cut both directions.
+partition_rules() {
+  local pid="$1" act="$2" ip="$3" cidr="$4" spec
+  for spec in "FORWARD -s ${cidr}" "FORWARD -d ${cidr}" "INPUT -s ${ip}" "OUTPUT -d ${ip}"; do
+    # shellcheck disable=SC2086 # the rule's words
+    nsenter --target "${pid}" --net iptables -w ${act} ${spec} -j DROP || return 1
+  done
+}
+
+cmd_partition() { # cmd_partition -I|-D A B
+  local act="$1" a b pid b_ip b_cidr b_name
+  a="$(node_index "${2:-}")" && b="$(node_index "${3:-}")" || exit 1
+  [[ "${a}" != "${b}" ]] || die "partition: two different nodes (got ${2} twice)"
+  select_node "${b}"
+  b_ip="${NODE_IP}" b_cidr="${POD_CIDR}" b_name="${NODE}"
+  pid_of >/dev/null || die "node ${NODE} is not running"
+  select_node "${a}"
+  pid="$(pid_of)" || die "node ${NODE} is not running"
+  if [[ "${act}" == -I ]]; then
+    grep -qx "${b}" "${STATE}/partitioned" 2>/dev/null && die "${NODE} and ${b_name} are already partitioned"
+    partition_rules "${pid}" -I "${b_ip}" "${b_cidr}" || die "could not cut ${NODE} from ${b_name} (iptables in ${NODE}'s namespace)"
+    echo "${b}" >>"${STATE}/partitioned"
+    log "partition: ${NODE} and ${b_name} no longer reach each other (nor their pods)"
+  else
+    grep -qx "${b}" "${STATE}/partitioned" 2>/dev/null || die "${NODE} and ${b_name} are not partitioned (hack/node.sh partition ${a} ${b})"
+    partition_rules "${pid}" -D "${b_ip}" "${b_cidr}" || die "could not heal ${NODE} and ${b_name}"
+    grep -vx "${b}" "${STATE}/partitioned" >"${STATE}/partitioned.new" || true
+    mv "${STATE}/partitioned.new" "${STATE}/partitioned"
+    log "healed: ${NODE} and ${b_name} reach each other again"
+  fi
+}
+
 notice_taint() { # the taint a termination handler puts on a node it was told will go
   case "$1" in
     aws) echo "aws-node-termination-handler/spot-itn=spot-itn-$(date +%s):NoSchedule" ;;
@@ -784,6 +822,8 @@ case "${1:-}" in
   host-ip) echo "${HOST_IP}" ;;
   vanish) node_index "${2:-}" >/dev/null && lock && cmd_vanish "${2:-}" ;;
   return) node_index "${2:-}" >/dev/null && lock && cmd_return "${2:-}" "${3:-}" ;;
+  partition) lock && cmd_partition -I "${2:-}" "${3:-}" ;;
+  heal) lock && cmd_partition -D "${2:-}" "${3:-}" ;;
   notice)
     shift
     cmd_notice "$@"
@@ -793,7 +833,7 @@ case "${1:-}" in
     [[ -z "${m}" ]] || { printf 'missing: %s\n' "$(tr '\n' ' ' <<<"${m}")" >&2; exit 1; }
     ;;
   *)
-    echo "usage: $0 up|down|import TAR...|status|name|names|host-ip|vanish NODE|return NODE|notice NODE [...]|prereqs|cert-sans" >&2
+    echo "usage: $0 up|down|import TAR...|status|name|names|host-ip|vanish NODE|return NODE|partition A B|heal A B|notice NODE [...]|prereqs|cert-sans" >&2
     exit 2
     ;;
 esac

@@ -173,6 +173,15 @@ class RealNode:
         with ``wait``, until the Node is Ready again."""
         _node_sh("return", node, *([] if wait else ["--no-wait"]), timeout=300)
 
+    def partition(self, a: str, b: str) -> None:
+        """Cut the link between nodes ``a`` and ``b`` (and their pods) only: each still reaches
+        the API server, the host and the other nodes."""
+        _node_sh("partition", a, b, timeout=60)
+
+    def heal(self, a: str, b: str) -> None:
+        """Restore the link that :meth:`partition` cut."""
+        _node_sh("heal", a, b, timeout=60)
+
     def notice(
         self,
         node: str,

@@ -167,3 +167,25 @@ def test_a_pod_stuck_terminating_on_a_lost_node_does_not_hold_the_restart(jobs: 
     finally:
         k.release_held(jobs.core, jobs.ns, "stuck-worker-1")
         k.restore_node_ready(jobs.core, node, untaint=True)
+
+
+def test_the_api_server_takes_a_pod_kept_off_several_nodes(jobs: Jobs) -> None:
+    """Two nodes noticed and two suspected at once: the pod the operator builds must be one the
+    API server accepts (a metadata.name field requirement takes a single value; a list of two
+    made every create of the job's pods fail with 422)."""
+    from torchjob_operator.resources.pods import avoid_nodes, prefer_other_nodes
+
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "kept-off"},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
+    avoid_nodes(body, ["n-1", "n-2"])
+    prefer_other_nodes(body, ["n-3", "n-4"])
+    made = jobs.core.create_namespaced_pod(jobs.ns, body, dry_run="All")
+    affinity = made.spec.affinity.node_affinity
+    (term,) = affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
+    assert sorted(f.values[0] for f in term.match_fields) == ["n-1", "n-2"]
+    (preferred,) = affinity.preferred_during_scheduling_ignored_during_execution
+    assert sorted(f.values[0] for f in preferred.preference.match_fields) == ["n-3", "n-4"]

@@ -572,6 +572,101 @@ def test_a_vanished_node_loses_its_pod_at_once_and_the_stale_pod_never_rejoins(
     assert len(final) == 2 and final[0]["params"] == final[1]["params"], final
 
 
+def test_a_partition_between_two_nodes_leaves_the_job_to_the_side_of_rank_0s_store(
+    real_jobs: Jobs, storage: Path, real_nodes: RealNode
+) -> None:
+    """Issue 39: the node of rank 0 (which serves the generation's store) and another node
+    stop reaching each other; both still reach the API server and the third node, and both
+    stay Ready. Rank 0 finds the other side's pods silent, and they find rank 0 silent, but a
+    report from a pod that is itself reported does not count: the job goes on with rank 0's
+    side (rank 0 the same pod, from memory), the other side's pods are replaced (not on
+    their node) and never rejoin, and nothing is charged."""
+    events = storage / "events.jsonl"
+    body = shrinking_pair(
+        "split",
+        template=real_template(
+            storage,
+            str(events),
+            "80",
+            "0.1",
+            "1000",
+            script="hard_loss_job.py",
+            env={"HARD_LOSS_HOLD_UNTIL_GENERATION": "2"},
+        ),
+        checkpoint={"path": str(storage)},
+        elastic={"minReplicas": 1, "maxReplicas": 3, "shrinkOnDisruption": True},
+        failurePolicy={"maxRestarts": 3, "backoff": {"initialSeconds": 30}},
+    )
+    body["spec"]["replicas"] = 3
+    real_jobs.apply(body)
+    pods = real_jobs.wait_running_pods("split", 3, generation=0, timeout=300)
+    node_of = {p.metadata.name: p.spec.node_name for p in pods}
+    uid_of = {p.metadata.name: p.metadata.uid for p in pods}
+    a = node_of["split-worker-0"]
+    # The default spread puts the three on three nodes (ScheduleAnyway): any other node with
+    # a pod of the job will do as the other side.
+    b = next((n for n in sorted(set(node_of.values())) if n != a), None)
+    assert b is not None, f"every pod on one node, no other side to cut: {node_of}"
+    cut = sorted(p for p, n in node_of.items() if n == b)
+    k.wait_for(
+        lambda: any(e["ev"] == "step" and e["step"] >= 10 for e in read_events(events)),
+        240,
+        lambda: f"10 steps\n{pod_logs(real_jobs, 'split')}",
+        interval=0.5,
+    )
+    parted = time.time()
+    real_nodes.partition(a, b)
+    try:
+        resumed = k.wait_for(
+            lambda: next(
+                (e for e in read_events(events) if e["ev"] == "step" and e["gen"] >= 1), None
+            ),
+            120,
+            lambda: f"a step of generation 1\n{pod_logs(real_jobs, 'split')}",
+            interval=0.2,
+        )
+        print(f"partition {a} | {b} -> the next step: {resumed['t'] - parted:.1f}s")
+        assert resumed["world"] == 3 - len(cut), resumed
+        lead = next(
+            e
+            for e in read_events(events)
+            if e["ev"] == "restored" and e["gen"] == resumed["gen"] and e["rank"] == 0
+        )
+        assert lead["pod"] == "split-worker-0", f"rank 0 moved: {lead}"
+        grown = real_jobs.wait(
+            "split",
+            lambda s: s if s.get("replicas") == 3 and s.get("currentGeneration", 0) >= 2 else None,
+            "grown back to 3 with replacements",
+            timeout=240,
+        )
+        print(f"partition -> grown back: {time.time() - parted:.1f}s")
+        # The cut side's pods are gone (a replacement may reuse a name: not the pod) and the
+        # replacements run elsewhere.
+        for name in (f"split-worker-{i}" for i in grown.get("members") or ()):
+            pod = real_jobs.core.read_namespaced_pod(name, real_jobs.ns)
+            if pod.metadata.uid != uid_of.get(name):
+                assert name not in cut or pod.spec.node_name != b, f"{name} placed on {b}"
+            else:
+                assert name not in cut, f"{name} of the cut side is still a member"
+        status = wait_finished(real_jobs, "split")
+    finally:
+        real_nodes.heal(a, b)
+    assert status["phase"] == "Succeeded", pod_logs(real_jobs, "split")
+    assert status.get("lastFailure") is None and status["restarts"] == 0, status
+    lost = next(r for r in status["history"] if r["generation"] == 1)
+    assert lost["cause"] == "SilentPeer", lost
+    assert sorted(x.split("@")[0] for x in lost["left"]) == cut, lost
+    evs = read_events(events)
+    first = min((e for e in evs if e["ev"] == "restored" and e["gen"] >= 1), key=lambda e: e["gen"])
+    assert first["source"] == "memory" and first["world"] == 3 - len(cut), first
+    # Generation 1 ran without the cut side's pods (a reused name joins from generation 2).
+    assert not [e for e in evs if e["pod"] in cut and e["gen"] == 1], "the cut side stayed in"
+    final = [e for e in evs if e["ev"] == "final"]
+    last = [e for e in final if e["gen"] == max(e["gen"] for e in final)]
+    assert sorted(e["rank"] for e in last) == [0, 1, 2], last
+    assert all(e["params"] == last[0]["params"] for e in last), "parameters equal across ranks"
+
+
 def test_a_pod_whose_packets_are_dropped_is_found_silent_and_the_survivor_goes_on(
     real_jobs: Jobs, storage: Path
 ) -> None:

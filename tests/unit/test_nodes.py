@@ -278,8 +278,9 @@ def test_a_new_pod_is_kept_off_the_avoided_nodes_in_every_affinity_term() -> Non
     terms = bare["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
-    away = {"key": "metadata.name", "operator": "NotIn", "values": ["n1", "n2"]}
-    assert terms == [{"matchFields": [away]}]
+    # One requirement a node: the API server takes one value for a metadata.name requirement.
+    away = [{"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in ("n1", "n2")]
+    assert terms == [{"matchFields": away}]
     gpu = {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["a100"]}]}
     zone = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]}
     user: dict[str, Any] = {
@@ -297,7 +298,7 @@ def test_a_new_pod_is_kept_off_the_avoided_nodes_in_every_affinity_term() -> Non
     got = user["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
-    assert got == [{**gpu, "matchFields": [away]}, {**zone, "matchFields": [away]}]
+    assert got == [{**gpu, "matchFields": away}, {**zone, "matchFields": away}]
     untouched: dict[str, Any] = {"spec": {}}
     avoid_nodes(untouched, [])
     assert untouched == {"spec": {}}
@@ -359,12 +360,17 @@ def test_once_the_silent_pod_is_gone_its_replacement_still_keeps_off_its_node() 
     remembered from the generation's history (left: pod@node) and the default spread gives
     way to the preference; a spread of the job's own stays."""
     view, up = started(elastic(2))
-    report = {"pod": "tj-worker-1", "generation": 0, "by": "tj-worker-0", "seconds": 10.0}
-    view = with_state(view, {**plan(view, up, at(2)).status, "silentWorkers": [report]})
+    # A partition: each side reports the other; rank 0's report is the one trusted.
+    reports = [
+        {"pod": "tj-worker-1", "generation": 0, "by": "tj-worker-0", "seconds": 10.0},
+        {"pod": "tj-worker-0", "generation": 0, "by": "tj-worker-1", "seconds": 10.0},
+    ]
+    view = with_state(view, {**plan(view, up, at(2)).status, "silentWorkers": reports})
+    assert suspect_nodes(view.state, up, (), "tj") == ["n1"], "rank 0's node is not suspect"
     shrunk, view, _ = step(view, up, 12)
     (latest,) = [r for r in shrunk.status["history"] if r["generation"] == 1]
     assert latest["cause"] == "SilentPeer" and latest["left"] == ["tj-worker-1@n1"], latest
-    view = with_state(view, {**shrunk.status, "silentWorkers": []})
+    view = with_state(view, {**shrunk.status, "silentWorkers": reports})
     alone = [replace(up[0], generation=1)]  # the silent pod is gone
     made = decide(view, "uid", alone, (), at(13))
     assert made.plan.create is not None and len(made.workers) == 1
@@ -379,6 +385,6 @@ def test_once_the_silent_pod_is_gone_its_replacement_still_keeps_off_its_node() 
     kept = decide(spread_view, "uid", alone, (), at(13))
     assert kept.workers[0]["spec"]["topologySpreadConstraints"] == own
     # Past the generation that lost it, the node is no longer remembered.
-    later = with_state(view, {**shrunk.status, "silentWorkers": [], "currentGeneration": 2})
-    assert suspect_nodes(later.state, alone, ()) == []
-    assert suspect_nodes(view.state, alone, ("n1",)) == [], "an avoided node is left out"
+    later = with_state(view, {**shrunk.status, "silentWorkers": reports, "currentGeneration": 2})
+    assert suspect_nodes(later.state, alone, (), "tj") == []
+    assert suspect_nodes(view.state, alone, ("n1",), "tj") == [], "an avoided node is left out"

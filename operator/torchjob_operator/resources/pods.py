@@ -182,7 +182,6 @@ def avoid_nodes(pod: dict[str, Any], nodes: Sequence[str]) -> None:
     says so."""
     if not nodes:
         return
-    away = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
     affinity = pod["spec"].setdefault("affinity", {})
     node = affinity.setdefault("nodeAffinity", {})
     required = node.setdefault(
@@ -192,7 +191,7 @@ def avoid_nodes(pod: dict[str, Any], nodes: Sequence[str]) -> None:
     if not terms:
         terms.append({})
     for term in terms:
-        term.setdefault("matchFields", []).append(dict(away))
+        term.setdefault("matchFields", []).extend(not_on(nodes))
 
 
 def prefer_other_nodes(pod: dict[str, Any], nodes: Sequence[str]) -> None:
@@ -203,10 +202,14 @@ def prefer_other_nodes(pod: dict[str, Any], nodes: Sequence[str]) -> None:
     room, so it is no more than a preference."""
     if not nodes:
         return
-    away = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
     node = pod["spec"].setdefault("affinity", {}).setdefault("nodeAffinity", {})
     preferred = node.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
-    preferred.append({"weight": 100, "preference": {"matchFields": [away]}})
+    preferred.append({"weight": 100, "preference": {"matchFields": not_on(nodes)}})
+
+
+def not_on(nodes: Sequence[str]) -> list[dict[str, Any]]:
+    """Requirements (ANDed) keeping a pod off ``nodes``: one each (the API server's rule)."""
+    return [{"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in sorted(nodes)]
 
 
 def spread_across_nodes(name: str) -> dict[str, Any]:

@@ -30,8 +30,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 
+from torchjob import contract
 from torchjob_operator.common.nodes import NodeView, notice_deadline
 from torchjob_operator.torchjob.observed import JobState, PodView
+from torchjob_operator.torchjob.silent import trusted_reports
 
 NODE_LOST = "NodeLost"
 """``PodView.disruption`` of a pod whose node stopped reporting (``Ready`` not ``True``)."""
@@ -71,21 +73,27 @@ SILENT_PEER = "SilentPeer"
 """``status.history``'s cause of a generation that began without pods reported silent."""
 
 
-def suspect_nodes(state: JobState, pods: Iterable[PodView], avoid: Sequence[str]) -> list[str]:
-    """The nodes a new pod of the job had rather not go to (``resources.pods.
-    prefer_other_nodes``): those of its pods that their peers reported silent, while the pods
-    are there, and, once they are gone, those the current generation lost them on
-    (``status.history``'s ``left``, ``pod@node``, of a generation begun for a silent peer).
-    A node cut off from the job's other nodes (a partition) stays Ready and schedulable: once
-    its silent pod is deleted it holds none of the job's pods, so the job's even spread would
-    put the replacement right back where it cannot reach its peers. Nodes in ``avoid`` (kept
-    off anyway) are left out."""
-    silent = {w.pod for w in state.silent}
+def suspect_nodes(
+    state: JobState, pods: Iterable[PodView], avoid: Sequence[str], job: str
+) -> list[str]:
+    """The nodes a new pod of ``job`` had rather not go to (``resources.pods.
+    prefer_other_nodes``): those of its members that their peers reported silent, in
+    reports the planner trusts (``silent.trusted_reports``: a pod that is itself reported,
+    as each side of a partition is, does not count), while the pods are there; and, once they
+    are gone, the nodes the current generation lost them on (``status.history``'s ``left``,
+    ``pod@node``, of a generation begun for a silent peer). A node cut off from the job's
+    other nodes (a partition) stays Ready and schedulable: once its silent pod is deleted it
+    holds none of the job's pods, so the job's even spread would put the replacement right
+    back where it cannot reach its peers. Nodes in ``avoid`` (kept off anyway) are left out."""
+    members = [contract.worker_pod_name(job, i) for i in state.members or range(state.replicas)]
+    silent = trusted_reports(state.silent, state.generation, members)
     found = {p.node for p in pods if p.name in silent and p.node}
     latest = state.history[-1] if state.history else None
     if latest is not None and latest.cause == SILENT_PEER and latest.generation == state.generation:
-        found |= {x.partition("@")[2] for x in latest.left or () if "@" in x}
-    return sorted(found - set(avoid) - {""})
+        left = {pod: node for pod, _, node in (x.partition("@") for x in latest.left or ()) if node}
+        before = trusted_reports(state.silent, latest.generation - 1, [*members, *sorted(left)])
+        found |= {node for pod, node in left.items() if pod in before}
+    return sorted(found - set(avoid))
 
 
 __all__ = ["NODE_LOST", "NODE_NOTICE", "SILENT_PEER", "suspect_nodes", "with_nodes"]

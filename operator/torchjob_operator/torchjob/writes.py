@@ -83,7 +83,7 @@ def decide(
         for body in workers:
             kueue.apply_admission(body, view.kueue.assignment)
     decided = _place(view, pods, workers, decided)
-    suspect = suspect_nodes(view.state, pods, view.avoid_nodes)
+    suspect = suspect_nodes(view.state, pods, view.avoid_nodes, name)
     for body in workers:
         avoid_nodes(body, view.avoid_nodes)
         prefer_other_nodes(body, suspect)
