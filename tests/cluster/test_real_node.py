@@ -377,6 +377,50 @@ def hard_loss_job(name: str, storage: Path, events: Path, steps: int, hold: int)
     )
 
 
+def ten_steps(jobs: Jobs, name: str, events: Path) -> None:
+    """Wait until the job has trained 10 steps (before a fault is injected)."""
+    k.wait_for(
+        lambda: any(e["ev"] == "step" and e["step"] >= 10 for e in read_events(events)),
+        240,
+        lambda: f"10 steps\n{pod_logs(jobs, name)}",
+        interval=0.5,
+    )
+
+
+def grown_back(jobs: Jobs, name: str, replicas: int) -> dict[str, Any]:
+    """The status once the job is back at ``replicas`` in generation 2 or later."""
+    return jobs.wait(
+        name,
+        lambda s: (
+            s if s.get("replicas") == replicas and s.get("currentGeneration", 0) >= 2 else None
+        ),
+        f"grown back to {replicas} with replacements",
+        timeout=240,
+    )
+
+
+def first_step_of(jobs: Jobs, name: str, events: Path, generation: int) -> dict[str, Any]:
+    """The first step event of ``generation`` or later (a generous bound: no timing)."""
+    return k.wait_for(
+        lambda: next(
+            (e for e in read_events(events) if e["ev"] == "step" and e["gen"] >= generation),
+            None,
+        ),
+        120,
+        lambda: f"a step of generation {generation}\n{pod_logs(jobs, name)}",
+        interval=0.2,
+    )
+
+
+def shrinking_three(name: str, storage: Path, events: Path, steps: int) -> dict[str, Any]:
+    """``hard_loss_job`` with 3 pods (elastic 1..3), holding until generation 2 runs, so the
+    job has grown back to 3 before it ends."""
+    body = hard_loss_job(name, storage, events, steps=steps, hold=2)
+    body["spec"]["elastic"] = {"minReplicas": 1, "maxReplicas": 3, "shrinkOnDisruption": True}
+    body["spec"]["replicas"] = 3
+    return body
+
+
 def assert_resumed_from_memory(evs: list[dict[str, Any]], lost_gen: int) -> None:
     """Generation ``lost_gen + 1`` started from the survivors' memory at most one step
     before the last step any rank completed in ``lost_gen``; every later generation from
@@ -409,12 +453,7 @@ def test_a_sigkilled_trainer_costs_a_step_the_survivor_goes_on_from_memory_at_on
     real_jobs.apply(hard_loss_job("hard", storage, events, steps=60, hold=2))
     pods = real_jobs.wait_running_pods("hard", 2, generation=0, timeout=240)
     victim = next(p for p in pods if p.metadata.name == "hard-worker-1")
-    k.wait_for(
-        lambda: any(e["ev"] == "step" and e["step"] >= 10 for e in read_events(events)),
-        240,
-        lambda: f"10 steps\n{pod_logs(real_jobs, 'hard')}",
-        interval=0.5,
-    )
+    ten_steps(real_jobs, "hard", events)
     pid = k.wait_for(lambda: trainer_pid(victim.metadata.uid), 30, "pod 1's trainer process")
     os.kill(pid, signal.SIGKILL)
     status = wait_finished(real_jobs, "hard")
@@ -440,12 +479,7 @@ def test_a_node_notice_swaps_in_a_replacement_on_another_node_and_loses_no_step(
     real_jobs.apply(hard_loss_job("spot", storage, events, steps=120, hold=1))
     pods = real_jobs.wait_running_pods("spot", 2, generation=0, timeout=240)
     node = next(p for p in pods if p.metadata.name == "spot-worker-1").spec.node_name
-    k.wait_for(
-        lambda: any(e["ev"] == "step" and e["step"] >= 10 for e in read_events(events)),
-        240,
-        lambda: f"10 steps\n{pod_logs(real_jobs, 'spot')}",
-        interval=0.5,
-    )
+    ten_steps(real_jobs, "spot", events)
     noticed = time.time()
     # The drain 100 s after the notice, times CI's scale: on a starved CI machine the
     # replacement was not running within 100 s, the drain came first and the test's premise
@@ -531,31 +565,14 @@ def test_a_vanished_node_loses_its_pod_at_once_and_the_stale_pod_never_rejoins(
     victim = next((p for p in pods if p.spec.node_name not in infra), pods[-1])
     node, name = victim.spec.node_name, victim.metadata.name
     (other,) = (p.metadata.name for p in pods if p is not victim)
-    k.wait_for(
-        lambda: any(e["ev"] == "step" and e["step"] >= 10 for e in read_events(events)),
-        240,
-        lambda: f"10 steps\n{pod_logs(real_jobs, 'gone')}",
-        interval=0.5,
-    )
+    ten_steps(real_jobs, "gone", events)
     vanished = time.time()
     real_nodes.vanish(node)
     try:
-        alone = k.wait_for(
-            lambda: next(
-                (e for e in read_events(events) if e["ev"] == "step" and e["gen"] >= 1), None
-            ),
-            120,
-            lambda: f"a step without {name}\n{pod_logs(real_jobs, 'gone')}",
-            interval=0.2,
-        )
+        alone = first_step_of(real_jobs, "gone", events, generation=1)
         print(f"vanish -> the survivor's next step: {alone['t'] - vanished:.1f}s")
         assert (alone["pod"], alone["world"]) == (other, 1), alone
-        grown = real_jobs.wait(
-            "gone",
-            lambda s: s if s.get("replicas") == 2 and s.get("currentGeneration", 0) >= 2 else None,
-            "grown back to 2 with a replacement",
-            timeout=240,
-        )
+        grown = grown_back(real_jobs, "gone", 2)
         print(f"vanish -> grown back: {time.time() - vanished:.1f}s")
         (new,) = (i for i in grown.get("members") or [0, 1] if f"gone-worker-{i}" != other)
         fresh = real_jobs.core.read_namespaced_pod(f"gone-worker-{new}", real_jobs.ns)
@@ -582,23 +599,7 @@ def test_a_partition_between_two_nodes_leaves_the_job_to_the_side_of_rank_0s_sto
     side (rank 0 the same pod, from memory), the other side's pods are replaced (not on
     their node) and never rejoin, and nothing is charged."""
     events = storage / "events.jsonl"
-    body = shrinking_pair(
-        "split",
-        template=real_template(
-            storage,
-            str(events),
-            "80",
-            "0.1",
-            "1000",
-            script="hard_loss_job.py",
-            env={"HARD_LOSS_HOLD_UNTIL_GENERATION": "2"},
-        ),
-        checkpoint={"path": str(storage)},
-        elastic={"minReplicas": 1, "maxReplicas": 3, "shrinkOnDisruption": True},
-        failurePolicy={"maxRestarts": 3, "backoff": {"initialSeconds": 30}},
-    )
-    body["spec"]["replicas"] = 3
-    real_jobs.apply(body)
+    real_jobs.apply(shrinking_three("split", storage, events, steps=80))
     pods = real_jobs.wait_running_pods("split", 3, generation=0, timeout=300)
     node_of = {p.metadata.name: p.spec.node_name for p in pods}
     uid_of = {p.metadata.name: p.metadata.uid for p in pods}
@@ -608,23 +609,11 @@ def test_a_partition_between_two_nodes_leaves_the_job_to_the_side_of_rank_0s_sto
     b = next((n for n in sorted(set(node_of.values())) if n != a), None)
     assert b is not None, f"every pod on one node, no other side to cut: {node_of}"
     cut = sorted(p for p, n in node_of.items() if n == b)
-    k.wait_for(
-        lambda: any(e["ev"] == "step" and e["step"] >= 10 for e in read_events(events)),
-        240,
-        lambda: f"10 steps\n{pod_logs(real_jobs, 'split')}",
-        interval=0.5,
-    )
+    ten_steps(real_jobs, "split", events)
     parted = time.time()
     real_nodes.partition(a, b)
     try:
-        resumed = k.wait_for(
-            lambda: next(
-                (e for e in read_events(events) if e["ev"] == "step" and e["gen"] >= 1), None
-            ),
-            120,
-            lambda: f"a step of generation 1\n{pod_logs(real_jobs, 'split')}",
-            interval=0.2,
-        )
+        resumed = first_step_of(real_jobs, "split", events, generation=1)
         print(f"partition {a} | {b} -> the next step: {resumed['t'] - parted:.1f}s")
         assert resumed["world"] == 3 - len(cut), resumed
         lead = next(
@@ -633,12 +622,7 @@ def test_a_partition_between_two_nodes_leaves_the_job_to_the_side_of_rank_0s_sto
             if e["ev"] == "restored" and e["gen"] == resumed["gen"] and e["rank"] == 0
         )
         assert lead["pod"] == "split-worker-0", f"rank 0 moved: {lead}"
-        grown = real_jobs.wait(
-            "split",
-            lambda s: s if s.get("replicas") == 3 and s.get("currentGeneration", 0) >= 2 else None,
-            "grown back to 3 with replacements",
-            timeout=240,
-        )
+        grown = grown_back(real_jobs, "split", 3)
         print(f"partition -> grown back: {time.time() - parted:.1f}s")
         # The cut side's pods are gone (a replacement may reuse a name: not the pod) and the
         # replacements run elsewhere.
@@ -679,12 +663,7 @@ def test_a_pod_whose_packets_are_dropped_is_found_silent_and_the_survivor_goes_o
     real_jobs.apply(hard_loss_job("quiet", storage, events, steps=60, hold=2))
     pods = real_jobs.wait_running_pods("quiet", 2, generation=0, timeout=240)
     victim = next(p for p in pods if p.metadata.name == "quiet-worker-1")
-    k.wait_for(
-        lambda: any(e["ev"] == "step" and e["step"] >= 10 for e in read_events(events)),
-        240,
-        lambda: f"10 steps\n{pod_logs(real_jobs, 'quiet')}",
-        interval=0.5,
-    )
+    ten_steps(real_jobs, "quiet", events)
     pid = k.wait_for(lambda: trainer_pid(victim.metadata.uid), 30, "pod 1's trainer process")
     dropped = time.time()
     drop_packets(pid)
@@ -715,42 +694,14 @@ def test_a_silent_rank_0_is_found_without_its_store_and_the_survivors_go_on(
     from the store's silence, report it, and re-form without it with a new rank 0 and a new
     store (world 2), from their memory; the silent pod is replaced, never kept."""
     events = storage / "events.jsonl"
-    body = shrinking_pair(
-        "mute",
-        template=real_template(
-            storage,
-            str(events),
-            "60",
-            "0.1",
-            "1000",
-            script="hard_loss_job.py",
-            env={"HARD_LOSS_HOLD_UNTIL_GENERATION": "2"},
-        ),
-        checkpoint={"path": str(storage)},
-        elastic={"minReplicas": 1, "maxReplicas": 3, "shrinkOnDisruption": True},
-        failurePolicy={"maxRestarts": 3, "backoff": {"initialSeconds": 30}},
-    )
-    body["spec"]["replicas"] = 3
-    real_jobs.apply(body)
+    real_jobs.apply(shrinking_three("mute", storage, events, steps=60))
     pods = real_jobs.wait_running_pods("mute", 3, generation=0, timeout=300)
     victim = next(p for p in pods if p.metadata.name == "mute-worker-0")
-    k.wait_for(
-        lambda: any(e["ev"] == "step" and e["step"] >= 10 for e in read_events(events)),
-        240,
-        lambda: f"10 steps\n{pod_logs(real_jobs, 'mute')}",
-        interval=0.5,
-    )
+    ten_steps(real_jobs, "mute", events)
     frozen_at = time.time()
     stopped = freeze_pod(victim.metadata.uid)
     try:
-        resumed = k.wait_for(
-            lambda: next(
-                (e for e in read_events(events) if e["ev"] == "step" and e["gen"] >= 1), None
-            ),
-            120,
-            lambda: f"a step of generation 1\n{pod_logs(real_jobs, 'mute')}",
-            interval=0.2,
-        )
+        resumed = first_step_of(real_jobs, "mute", events, generation=1)
         print(f"rank 0 frozen -> the survivors' next step: {resumed['t'] - frozen_at:.1f}s")
         assert resumed["world"] == 2 and resumed["pod"] != "mute-worker-0", resumed
         status = wait_finished(real_jobs, "mute")
