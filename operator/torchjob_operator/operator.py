@@ -145,7 +145,7 @@ class Operator:
         # The operator's own bookkeeping, on /metrics: it must drain when the jobs do.
         metrics.JOB_LOOPS.set_function(lambda: len(self.jobs.loops))
         metrics.QUEUE_DEPTH.set_function(self.jobs.depth)
-        job_metrics.register(self.store)
+        job_metrics.register(self.store, self.node_book)
         for i, kind in enumerate(("jobs", "pods", "awaiting")):
             metrics.CACHE_OBJECTS.labels(kind=kind).set_function(
                 lambda i=i: self.store.sizes()[i]  # type: ignore[misc]

@@ -144,3 +144,29 @@ def test_a_jobs_recoveries_are_a_histogram_in_its_block_until_it_goes() -> None:
     assert lost.labels == {"namespace": "ns", "torchjob": "tj"} and lost.value == 4
     RECOVERIES.forget(("ns", "tj"))
     assert b"torchjob_job_recovery_seconds_bucket{" not in block.render()
+
+
+def test_a_pod_stuck_terminating_on_a_lost_node_is_not_paid_beside_its_replacement() -> None:
+    """Issue 39: a pod deleted on a node that stopped reporting stays Terminating there while
+    its replacement runs on another node; the job pays for one place, not two. Once the node
+    reports again the pod counts until it is gone; a pod being deleted on a healthy node
+    (its grace period) counts too."""
+    from torchjob_operator.common.nodes import NodeView
+    from torchjob_operator.engine.nodewatch import NodeBook
+
+    store = Store()
+    store.put_job({"metadata": {"name": "tj", "namespace": "ns"}, "spec": {"replicas": 2}})
+    stuck = worker(1, "gone", "Running")
+    stuck["metadata"]["deletionTimestamp"] = "2026-01-01T00:05:00Z"
+    store.replace_pods(
+        ALL_NAMESPACES, [worker(0, "a", "Running"), stuck, worker(2, "b", "Running")]
+    )
+    book = NodeBook()
+    book.replace({n: NodeView(n) for n in ("a", "b", "gone")})
+    metrics = JobMetrics(store, book)
+    paid = b'torchjob_job_pods_paid{namespace="ns",torchjob="tj"} '
+    assert paid + b"3.0" in metrics.render(), "the node reports: its grace period is paid"
+    book.put(NodeView("gone", ready=False))
+    assert paid + b"2.0" in metrics.render()
+    book.put(NodeView("gone"))
+    assert paid + b"3.0" in metrics.render()

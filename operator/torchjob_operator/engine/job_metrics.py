@@ -26,13 +26,18 @@ from datetime import datetime
 from typing import Any
 
 from torchjob_operator.engine.cache import Store
+from torchjob_operator.engine.nodewatch import NodeBook
 from torchjob_operator.engine.recoveries import RECOVERIES, Recoveries, escape, labels_of
 
 FAMILIES: tuple[tuple[str, str, str], ...] = (
     ("torchjob_job_world_size", "gauge", "Worker processes of the current generation"),
     ("torchjob_job_desired_pods", "gauge", "spec.replicas: the workers the job asks for"),
     ("torchjob_job_generation_pods", "gauge", "Pods of the current generation"),
-    ("torchjob_job_pods_paid", "gauge", "Pods of the job bound to a node and not finished"),
+    (
+        "torchjob_job_pods_paid",
+        "gauge",
+        "Pods of the job bound to a node and not finished (not those stuck on a lost node)",
+    ),
     ("torchjob_job_step", "gauge", "The last step (report) rank 0 reported"),
     ("torchjob_job_progress_timestamp_seconds", "gauge", "When rank 0 last reported"),
     (
@@ -74,13 +79,17 @@ def _timestamp(stamp: Any) -> float | None:
         return None
 
 
-def _paid(pods: list[dict[str, Any]]) -> int:
-    """Pods bound to a node and not finished: what the job pays for."""
+def _paid(pods: list[dict[str, Any]], lost: frozenset[str] = frozenset()) -> int:
+    """Pods bound to a node and not finished: what the job pays for. A pod being deleted on a
+    node that stopped reporting (``lost``: Ready not True) is not: it stays Terminating there
+    until the node returns or is removed while its replacement runs elsewhere, and counting
+    both would bill the place twice."""
     return sum(
         1
         for p in pods
-        if (p.get("spec") or {}).get("nodeName")
+        if (node := (p.get("spec") or {}).get("nodeName"))
         and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and not (node in lost and (p.get("metadata") or {}).get("deletionTimestamp"))
     )
 
 
@@ -126,30 +135,38 @@ def job_samples(job: Mapping[str, Any], paid: int) -> dict[str, list[str]]:
 class JobMetrics:
     """The per-job block of ``/metrics``, each job's lines kept until it or its pods change."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, nodes: NodeBook | None = None) -> None:
         self.store = store
+        self.nodes = nodes
         self._lock = threading.Lock()
-        self._cache: dict[tuple[str, str], tuple[int, int, dict[str, list[str]]]] = {}
-        self._page: tuple[tuple[int, int], bytes] | None = None
+        self._cache: dict[
+            tuple[str, str], tuple[tuple[int, frozenset[str]], int, dict[str, list[str]]]
+        ] = {}
+        self._page: tuple[tuple[int, int, frozenset[str]], bytes] | None = None
         """The whole block and the store's revision it was rendered at."""
 
-    def _of(self, job: Mapping[str, Any]) -> dict[str, list[str]]:
+    def lost(self) -> frozenset[str]:
+        """The nodes that stopped reporting, as the Node watch sees them."""
+        views = self.nodes.snapshot() if self.nodes is not None else {}
+        return frozenset(n for n, v in views.items() if not v.ready)
+
+    def _of(self, job: Mapping[str, Any], lost: frozenset[str]) -> dict[str, list[str]]:
         meta = job.get("metadata") or {}
         key = (str(meta.get("namespace") or ""), str(meta.get("name")))
         rev = self.store.pods_revision(key)
         hit = self._cache.get(key)
-        if hit is not None and hit[0] == id(job) and hit[1] == rev:
+        if hit is not None and hit[0] == (id(job), lost) and hit[1] == rev:
             samples = hit[2]
         else:
-            samples = job_samples(job, _paid(self.store.pods_of(key) or []))
-            self._cache[key] = (id(job), rev, samples)
+            samples = job_samples(job, _paid(self.store.pods_of(key) or [], lost))
+            self._cache[key] = ((id(job), lost), rev, samples)
         recovered = RECOVERIES.samples(key)
         return {**samples, **recovered} if recovered else samples
 
-    def lines(self) -> Iterator[str]:
+    def lines(self, lost: frozenset[str] = frozenset()) -> Iterator[str]:
         jobs = self.store.jobs()
         with self._lock:
-            per_job = [self._of(job) for job in jobs]
+            per_job = [self._of(job, lost) for job in jobs]
             live = {
                 (
                     str((j.get("metadata") or {}).get("namespace") or ""),
@@ -168,11 +185,12 @@ class JobMetrics:
 
     def render(self) -> bytes:
         """The block; the last one again while nothing in the cache changed."""
-        revision = (self.store.revision(), RECOVERIES.version)
+        lost = self.lost()
+        revision = (self.store.revision(), RECOVERIES.version, lost)
         page = self._page
         if page is not None and page[0] == revision:
             return page[1]
-        body = ("\n".join(self.lines()) + "\n").encode()
+        body = ("\n".join(self.lines(lost)) + "\n").encode()
         self._page = (revision, body)
         return body
 
@@ -180,10 +198,10 @@ class JobMetrics:
 _current: list[JobMetrics] = []
 
 
-def register(store: Store) -> JobMetrics:
+def register(store: Store, nodes: NodeBook | None = None) -> JobMetrics:
     """The per-job block that ``/metrics`` appends (a second ``Operator``, as tests build,
     takes the first one's place)."""
-    _current[:] = [JobMetrics(store)]
+    _current[:] = [JobMetrics(store, nodes)]
     return _current[0]
 
 
