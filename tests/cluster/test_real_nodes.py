@@ -253,6 +253,33 @@ def test_vanish_freezes_every_process_of_the_node_and_cuts_its_link_and_return_r
     assert after.status.container_statuses[0].restart_count == 0
 
 
+# Before the notice test, which drains peer-1 for good (the pods are the module's).
+def test_partition_cuts_two_nodes_from_each_other_only_and_heal_restores_them(
+    real_nodes: RealNode, peers: Peers, cluster: k.Cluster, core_v1: Any
+) -> None:
+    a, b = real_nodes.names[0], real_nodes.names[1]
+    ips = [peers.pod(core_v1, i).status.pod_ip for i in range(3)]
+
+    def connect(src: int, dst: int) -> str:
+        return exec_python(cluster, peers.ns, peers.pods[src], CONNECT, ips[dst], "3")
+
+    real_nodes.partition(a, b)
+    try:
+        # Silent both ways between A and B (no reset, no ICMP: a timeout)...
+        assert connect(0, 1) == "timeout"
+        assert connect(1, 0) == "timeout"
+        # ...while each still reaches C, and C both of them.
+        assert connect(0, 2) == f"answered: peer-2 saw {ips[0]}"
+        assert connect(1, 2) == f"answered: peer-2 saw {ips[1]}"
+        assert connect(2, 0) == f"answered: peer-0 saw {ips[2]}"
+        # The nodes still report to the API server: both stay Ready.
+        assert ready(core_v1, a).status == ready(core_v1, b).status == "True"
+    finally:
+        real_nodes.heal(a, b)
+    assert connect(0, 1) == f"answered: peer-1 saw {ips[0]}"
+    assert connect(1, 0) == f"answered: peer-0 saw {ips[1]}"
+
+
 def test_notice_taints_then_drains_through_the_eviction_api_then_the_node_vanishes(
     real_nodes: RealNode, peers: Peers, cluster: k.Cluster, core_v1: Any
 ) -> None:
@@ -300,29 +327,3 @@ def test_notice_taints_then_drains_through_the_eviction_api_then_the_node_vanish
     after = core_v1.read_node(node)
     assert not after.spec.unschedulable
     assert not [t for t in after.spec.taints or [] if t.key in NOTICE_TAINTS.values()]
-
-
-def test_partition_cuts_two_nodes_from_each_other_only_and_heal_restores_them(
-    real_nodes: RealNode, peers: Peers, cluster: k.Cluster, core_v1: Any
-) -> None:
-    a, b = real_nodes.names[0], real_nodes.names[1]
-    ips = [peers.pod(core_v1, i).status.pod_ip for i in range(3)]
-
-    def connect(src: int, dst: int) -> str:
-        return exec_python(cluster, peers.ns, peers.pods[src], CONNECT, ips[dst], "3")
-
-    real_nodes.partition(a, b)
-    try:
-        # Silent both ways between A and B (no reset, no ICMP: a timeout)...
-        assert connect(0, 1) == "timeout"
-        assert connect(1, 0) == "timeout"
-        # ...while each still reaches C, and C both of them.
-        assert connect(0, 2) == f"answered: peer-2 saw {ips[0]}"
-        assert connect(1, 2) == f"answered: peer-2 saw {ips[1]}"
-        assert connect(2, 0) == f"answered: peer-0 saw {ips[2]}"
-        # The nodes still report to the API server: both stay Ready.
-        assert ready(core_v1, a).status == ready(core_v1, b).status == "True"
-    finally:
-        real_nodes.heal(a, b)
-    assert connect(0, 1) == f"answered: peer-1 saw {ips[0]}"
-    assert connect(1, 0) == f"answered: peer-0 saw {ips[1]}"
