@@ -197,9 +197,8 @@ def avoid_nodes(pod: dict[str, Any], nodes: Sequence[str]) -> None:
 def prefer_other_nodes(pod: dict[str, Any], nodes: Sequence[str]) -> None:
     """Rather not on ``nodes`` (in place): a preference (weight 100) against the nodes of
     pods their peers reported silent. Such a node may have vanished while the API server
-    still shows it Ready (for about 40 s), and a replacement placed there would never
-    start; but a silent pod may also be a hung process on a healthy node, the only one with
-    room, so it is no more than a preference."""
+    still shows it Ready (for about 40 s), or be cut off from the job; but a silent pod may
+    also be a hung process on the only node with room, so it is only a preference."""
     if not nodes:
         return
     node = pod["spec"].setdefault("affinity", {}).setdefault("nodeAffinity", {})
