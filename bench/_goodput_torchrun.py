@@ -5,7 +5,7 @@ all-reduced every step, so rank 0 saves even when another pod is the one evicted
 signalled processes leave and the others carry on until torchrun re-forms the group.
 
     python3 bench/_goodput_torchrun.py --torchrun bench/_goodput_torchrun.py \
-        EVENTS STEP_SECONDS CKPT_EVERY MAX_STEPS BATCH      # torchrun's arguments from PET_*
+        EVENTS STEP_SECONDS CKPT_EVERY MAX_STEPS BATCH [--state-mib N]  # torchrun's from PET_*
 
 It emits the same events as bench/_goodput_worker.py. Kubeflow has no generation number: the
 group's rank 0 counts the groups it formed in ``generation`` beside the checkpoint (a shared
@@ -33,7 +33,7 @@ def _without_libuv() -> None:
     # The module, not the function torch.distributed.rendezvous that shadows its name.
     rendezvous = importlib.import_module("torch.distributed.rendezvous")
 
-    class _Store(dist.TCPStore):  # type: ignore[misc]
+    class _Store(dist.TCPStore):  # type: ignore[misc,name-defined]
         def __init__(self, *args: object, **kwargs: object) -> None:
             kwargs.setdefault("use_libuv", False)
             super().__init__(*args, **kwargs)
@@ -75,6 +75,8 @@ emit("start", t_start=T0)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+import _goodput_state  # noqa: E402  (imports torch; --state-mib)
+
 _without_libuv()
 emit("imported")
 
@@ -102,9 +104,11 @@ def main() -> None:
     events.gen = int(gen[0])
     emit("group", rank=rank, world=world)
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 1))
+    mib = _goodput_state.state_mib()
+    module, x = _goodput_state.build(mib, batch)
+    model = torch.nn.parallel.DistributedDataParallel(module)
     emit("model", rank=rank, world=world)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = _goodput_state.optimizer(mib, model.parameters())
     step, samples = 0, 0
     path = STORE / "state.pt"
     if path.exists():
@@ -113,7 +117,6 @@ def main() -> None:
         opt.load_state_dict(state["opt"])
         step, samples = state["step"], state["samples"]
     emit("restored", rank=rank, world=world, step=step, samples=samples)
-    x = torch.randn(batch, 16)
     while step < max_steps:
         time.sleep(step_seconds)  # the fixed cost of a step
         loss = model(x).pow(2).mean()

@@ -2,6 +2,10 @@
 users to write a training loop (checkpoint every N steps and on ``should_stop()``).
 
     python bench/_goodput_worker.py EVENTS STEP_SECONDS CKPT_EVERY MAX_STEPS BATCH [--restore-point]
+                                    [--state-mib N]
+
+``--state-mib N``: N MiB of model and Adam state (bench/_goodput_state.py) instead of the tiny
+``Linear(16, 1)``; every step touches all of it.
 
 ``--restore-point``: the loop docs/runtime.md gives for a hard loss: the state is handed to
 the runtime with ``register_state`` and every step reports, so the survivors of a SIGKILLed
@@ -34,6 +38,7 @@ emit("start", t_start=T0)
 
 import torch  # noqa: E402
 
+import _goodput_state  # noqa: E402  (imports torch)
 from torchjob.train import (  # noqa: E402
     Checkpoint,
     RunConfig,
@@ -54,9 +59,11 @@ def train_func(config: dict[str, float]) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     emit("group", rank=rank, world=world)
     torch.manual_seed(0)
-    model = prepare_model(torch.nn.Linear(16, 1))
+    mib = int(config["state_mib"])
+    module, x = _goodput_state.build(mib, int(config["batch"]))
+    model = prepare_model(module)
     emit("model", rank=rank, world=world)  # DDP built (its constructor imports torch._dynamo)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = _goodput_state.optimizer(mib, model.parameters())
     state: dict[str, object] = {"model": model, "opt": opt, "step": 0, "samples": 0}
     in_memory = bool(config["restore_point"])
     source = "start"
@@ -72,7 +79,6 @@ def train_func(config: dict[str, float]) -> None:
     step, samples = int(state["step"]), int(state["samples"])  # type: ignore[call-overload]
     emit("restored", rank=rank, world=world, step=step, samples=samples, source=source)
     batch = int(config["batch"])
-    x = torch.randn(batch, 16)
     while step < config["max_steps"]:
         time.sleep(config["step_seconds"])  # the fixed cost of a step
         loss = model(x).pow(2).mean()
@@ -116,6 +122,7 @@ if __name__ == "__main__":
             "max_steps": max_steps,
             "batch": batch,
             "restore_point": restore_point,
+            "state_mib": _goodput_state.state_mib(),
         },
         scaling_config=ScalingConfig(num_workers=1),
         run_config=RunConfig(name="goodput"),

@@ -1,18 +1,43 @@
-"""Goodput under preemption: what a preemption costs a TorchJob, on the project's real node.
+"""Goodput under a fleet's losses: what a lost pod or node costs a TorchJob, on real nodes.
 
-The real node (kubelet + containerd, hack/node.sh), the operator installed by the Helm chart
-(tests/cluster/realnode.py), and one TorchJob per row running bench/_goodput_worker.py:
-fixed-cost steps written the way docs/runtime.md tells users to write a loop (a checkpoint
-every ``--ckpt-every`` steps and on ``should_stop()``). A preemption storm hits a random
-running worker pod every ``--mtbf`` seconds (+-20 % jitter, seeded), ``--evictions`` times:
+The real nodes (kubelet + containerd, hack/node.sh; ``TORCHJOB_REAL_NODES``, 3 for the node
+modes), the operator installed by the Helm chart (tests/cluster/realnode.py), and one TorchJob
+per row running bench/_goodput_worker.py: fixed-cost steps written the way docs/runtime.md
+tells users to write a loop (a checkpoint every ``--ckpt-every`` steps and on
+``should_stop()``), over ``--state-mib`` MiB of model + Adam state per worker
+(bench/_goodput_state.py; 0, the default: ``Linear(16, 1)``). Each row takes ``--evictions``
+losses (bench/goodput_losses.py), on a schedule (bench/goodput_schedule.py):
 
-- ``graceful``: the Eviction API, the pod's own ``terminationGracePeriodSeconds`` (``--grace``);
-- ``hard``: every process of the container killed with SIGKILL on the node (a node that
-  vanishes: no SIGTERM, nothing saved), found through the pod UID in their cgroup.
+- ``--schedule poisson`` (default): the row's loss times are drawn before it starts from its
+  seeded random source, cumulative exponential gaps of mean ``--mtbf``, and each loss is
+  taken at its time whatever the job is doing (during the previous recovery too); the row
+  ends ``--mtbf`` after the last loss's node is gone. The table lists each row's realised
+  rate (losses / window seconds) beside the stated one;
+- ``--schedule after-recovery``: each loss ``--mtbf`` (+-20 %) after the previous recovery
+  (the bench before issue 39: never overlapping, and kinder than a fleet).
+
+Modes (``--modes``; a node loss is a node loss for Kubeflow's rows too):
+
+- ``graceful``: a random running pod, the Eviction API, its ``terminationGracePeriodSeconds``;
+- ``hard``: a random running pod's processes SIGKILLed on the host (no SIGTERM, nothing saved);
+- ``vanish``: a random real node that runs a running pod of the job and not the operator (nor
+  a kube-system pod) vanishes (its link cut, every process frozen: hack/node.sh vanish),
+  taking every pod on it; it returns ``--node-return`` seconds later (a new VM: the frozen
+  processes of the job's pods on it are SIGKILLed first, unless ``--thaw``), in the background;
+- ``notice30`` / ``notice120``: such a node gets the AWS termination handler's notice (taint
+  now, a drain through the Eviction API 10 s before it goes, gone after 30 / 120 s), and
+  returns ``--node-return`` seconds after it went. Its recovery is timed from the notice.
+
+Each loss's recovery is resolved from the workers' events after the row: the first completed
+rank-0 step of a generation above the one stepping at the loss (overlapping losses each get
+theirs); a loss without one within ``--start-timeout`` (or before the row's end) is listed as
+not recovered, never dropped. ``--restore-point`` also runs the torchjob baseline without
+``register_state`` (unless ``--no-restore-point-baseline``): the restore point's overhead,
+1 - rate(with) / rate(without), is printed beside the usual baseline.
 
 Per policy (``RecreateGroup``, ``KeepSurvivors``, ``Elastic`` = KeepSurvivors with
 ``elastic.minReplicas = replicas - 1``, ``Standby`` = that with ``elastic.standbyReplicas``
-(``--standby``, default 1) and ``shrinkOnDisruption``) and per mode it prints (the storm hits
+(``--standby``, default 1) and ``shrinkOnDisruption``) and per mode it prints (the losses hit
 every running pod of the job, standbys included, each at the same rate):
 
 - goodput: the samples trained in the row's window / (ideal rate x the same wall time), the
@@ -32,7 +57,7 @@ every running pod of the job, standbys included, each at the same rate):
   having it until it is gone or terminated, so an evicted pod's grace period and a
   replacement created ahead of its predecessor's end are both charged);
 - a timeline per row (``--out``, SVG): rank 0's steps/s over time, each eviction marked;
-- recovery p50/p95: eviction -> the first step of the new membership (rank 0's step event);
+- recovery p50/p95: the loss -> the first completed step of a later generation (rank 0's);
 - lost steps: steps done before an eviction that the next membership did not resume from;
 - restarts charged (``status.restarts``) and disruptions (``status.disruptions``);
 - the median time in each phase of a recovery: operator reaction (eviction -> the first new pod
@@ -44,8 +69,10 @@ every running pod of the job, standbys included, each at the same rate):
 
     python bench/goodput.py [--mtbf 60] [--grace 30] [--evictions 10] [--replicas 2]
                             [--policies RecreateGroup,KeepSurvivors,Elastic,Standby,Kubeflow]
-                            [--modes graceful,hard] [--seed 0] [--keep-cluster]
-    make bench-goodput            # the defaults: well over an hour for all eight rows
+                            [--modes graceful,hard,vanish,notice30,notice120] [--seed 0]
+                            [--schedule poisson] [--node-return 60] [--state-mib 0]
+                            [--restore-point] [--keep-cluster]
+    make bench-goodput            # 3 nodes, 8 pods, hard/vanish/notice30/notice120: hours
 
 ``Kubeflow`` is what a user would pick instead: Kubeflow's PyTorchJob v1.8.1 with
 ``elasticPolicy`` under torchrun (``kubeflow_manifest``), the training-operator built and run
@@ -69,12 +96,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests import kube as k
-from tests.cluster.realnode import HelmOperator, RealNode
+from tests.cluster.realnode import HelmOperator, RealNode, real_node_count
 
 from bench import goodput_accounting as acc
+from bench import goodput_schedule as sch
 from bench.goodput_jobs import KUBEFLOW, POLICIES, STRATEGIES
+from bench.goodput_records import Row
 from bench.goodput_report import report, write_timelines
-from bench.goodput_rows import Row, log, run_row
+from bench.goodput_rows import log, run_row
 from bench.harness import REPO, cluster_down
 
 OPERATOR_NS = "torchjob-system"
@@ -112,7 +141,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--cpu-request", default="100m", help="each worker pod's CPU request")
     p.add_argument("--memory-request", default="256Mi", help="each worker pod's memory request")
-    p.add_argument("--modes", default="graceful,hard")
+    p.add_argument(
+        "--modes",
+        default="graceful,hard",
+        help="losses: graceful, hard (a pod), vanish, notice30, notice120 (a node and every "
+        "pod on it; needs TORCHJOB_REAL_NODES >= 2)",
+    )
     p.add_argument("--baseline-seconds", type=float, default=0.0,
                    help="length of the row without evictions (default: mtbf x (evictions+1))")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
@@ -139,7 +173,45 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--start-timeout", type=float, default=300.0)
     p.add_argument("--keep-cluster", action="store_true", help="leave the cluster and node up")
+    _fleet_args(p)
     return p
+
+
+def _fleet_args(p: argparse.ArgumentParser) -> None:
+    """Issue 39's options: the loss schedule, the node's return, the state's size, the
+    baseline without restore points."""
+    p.add_argument(
+        "--schedule",
+        choices=sch.SCHEDULES,
+        default="poisson",
+        help="poisson: the row's loss times drawn before it starts (exponential gaps of mean "
+        "--mtbf), each taken whatever the job is doing; after-recovery: each loss --mtbf "
+        "(+-20%%) after the previous recovery (the schedule before issue 39)",
+    )
+    p.add_argument(
+        "--node-return",
+        type=float,
+        default=60.0,
+        help="seconds after a node is gone (vanish, noticeN) until it comes back (a new VM)",
+    )
+    p.add_argument(
+        "--thaw",
+        action="store_true",
+        help="a node comes back with its frozen pods' processes, which resume (the same VM); "
+        "by default they are SIGKILLed before the return (a new VM)",
+    )
+    p.add_argument(
+        "--state-mib",
+        type=int,
+        default=0,
+        help="MiB of model + Adam state per worker (bench/_goodput_state.py); 0: Linear(16, 1)",
+    )
+    p.add_argument(
+        "--no-restore-point-baseline",
+        action="store_true",
+        help="with --restore-point, skip the extra baseline without restore points (the "
+        "restore point's overhead)",
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -164,8 +236,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if strategy not in STRATEGIES:
             p.error(f"--strategies: unknown strategy {strategy!r} ({', '.join(STRATEGIES)})")
     for mode in args.modes.split(","):
-        if mode not in ("graceful", "hard"):
-            p.error(f"--modes: unknown mode {mode!r} (graceful, hard)")
+        if mode not in sch.MODES:
+            p.error(f"--modes: unknown mode {mode!r} ({', '.join(sch.MODES)})")
+    if args.mtbf <= 0 or args.state_mib < 0:
+        p.error("--mtbf must be positive and --state-mib not negative")
     return args
 
 
@@ -204,6 +278,16 @@ def _run_rows(
                         args, cluster, core, custom, system, "none", 0, duration, index, strategy
                     )
                 )
+                index += 1
+            if args.restore_point and not args.no_restore_point_baseline:
+                # The same job without register_state: the restore point's overhead.
+                log(f"repeat {rep + 1}: baseline without restore points, {duration:.0f}s")
+                rows.append(
+                    run_row(
+                        args, cluster, core, custom, "RecreateGroup", "none", 0, duration,
+                        index, restore_point=False,
+                    )
+                )  # fmt: skip
                 index += 1
             for mode in args.modes.split(","):
                 for strategy in strategies:
@@ -247,13 +331,19 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"the real node cannot run here: {problem}", file=sys.stderr)
         return 2
+    node_modes = set(args.modes.split(",")) & set(sch.NODE_MODES)
+    if node_modes and real_node_count() < 2:
+        print(f"--modes {','.join(sorted(node_modes))}: needs TORCHJOB_REAL_NODES >= 2 (one "
+              "runs the operator)", file=sys.stderr)  # fmt: skip
+        return 2
     started = time.monotonic()
     log("cluster up")
     kubeconfig = k.cluster_up()
     cluster = k.Cluster(kubeconfig=kubeconfig)
     log("images and the real node")
     node = RealNode.start()
-    log(f"real node {node.name}: " + ", ".join(f"{n} {s:.0f}s" for n, s in node.timings.items()))
+    log(f"real nodes {', '.join(node.names)}: " + ", ".join(f"{n} {s:.0f}s" for n, s in node.timings.items()))  # fmt: skip
+    args.nodes = node  # what the node modes take and bring back (bench/goodput_losses.py)
     api = cluster.api_client()
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     op = HelmOperator(cluster, core, OPERATOR_NS, "torchjob")

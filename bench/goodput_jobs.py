@@ -24,8 +24,15 @@ JOB = "gp"
 
 
 def manifest(
-    args: argparse.Namespace, policy: str, storage: Path, events: Path, strategy: str = "ddp"
+    args: argparse.Namespace,
+    policy: str,
+    storage: Path,
+    events: Path,
+    strategy: str = "ddp",
+    restore_point: bool | None = None,
 ) -> dict[str, Any]:
+    """A row's TorchJob; ``restore_point`` overrides ``--restore-point``."""
+    rp = args.restore_point if restore_point is None else restore_point
     spec: dict[str, Any] = {
         "replicas": args.replicas,
         "backend": "gloo",
@@ -50,7 +57,8 @@ def manifest(
                             str(args.ckpt_every),
                             str(10**9),
                             str(args.batch),
-                            *(["--restore-point"] if args.restore_point else []),
+                            *(["--restore-point"] if rp else []),
+                            *state_args(args),
                         ],
                         "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
                         "resources": {
@@ -95,6 +103,12 @@ def manifest(
         "metadata": {"name": JOB},
         "spec": spec,
     }
+
+
+def state_args(args: argparse.Namespace) -> list[str]:
+    """The worker's ``--state-mib N`` (``--state-mib``; none for the tiny default model)."""
+    mib = getattr(args, "state_mib", 0)
+    return ["--state-mib", str(mib)] if mib else []
 
 
 KF_RDZV_PORT = 23456

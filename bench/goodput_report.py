@@ -7,8 +7,9 @@ import statistics
 from pathlib import Path
 
 from bench import goodput_accounting as acc
+from bench import goodput_schedule as sch
 from bench.goodput_jobs import KUBEFLOW
-from bench.goodput_rows import PHASES, Recovery, Row
+from bench.goodput_records import PHASES, Recovery, Row
 from bench.harness import pct
 
 
@@ -27,7 +28,7 @@ def write_timelines(out: Path, rows: list[Row]) -> list[Path]:
             f"{r.policy}/{r.mode}/{r.strategy}, {r.pods_label()} pods: "
             "samples/s (rank 0's steps x world x batch), evictions in red"
         )
-        path = out / f"{i:02d}-{r.policy}-{r.mode}-{r.strategy}-{r.pods_label()}pods.svg"
+        path = out / f"{i:02d}-{r.policy}-{r.mode}-{r.strategy}{r.suffix}-{r.pods_label()}pods.svg"
         path.write_text(acc.timeline_svg(title, points, marks, unit=" samples/s"))
         paths.append(path)
     return paths
@@ -36,7 +37,10 @@ def write_timelines(out: Path, rows: list[Row]) -> list[Path]:
 def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> None:
     """The table: one line per (policy, mode), the median [min-max] over the repeats."""
     ideal = {**args.ideal, **acc.ideal_rates(r.figures() for r in baselines)}
+    plain = [r for r in rows if r.mode == acc.BASELINE_MODE]  # baselines without restore points
+    rows = [r for r in rows if r.mode != acc.BASELINE_MODE]
     _print_setup(args, baselines, ideal)
+    _print_overhead(baselines, plain)
     head = (
         f"{'policy':<14}{'mode':<10}{'strat':<6}{'pods':>5}{'goodput med [min-max]':>24}"
         f"{'per pod paid':>24}{'per pod-s':>24}{'rec p50':>8}{'rec p95':>8}{'pause50':>8}{'lost':>6}"
@@ -50,6 +54,7 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
     for (policy, mode, strategy), reps in groups.items():
         print(_line(policy, mode, strategy, reps, ideal))
     _print_notes(args, rows)
+    _print_losses(args, rows)
 
 
 def _print_setup(args: argparse.Namespace, baselines: list[Row], ideal: dict[str, float]) -> None:
@@ -60,14 +65,21 @@ def _print_setup(args: argparse.Namespace, baselines: list[Row], ideal: dict[str
         f"goodput under preemption: {args.replicas} worker pods x 1 gloo worker, "
         f"{args.step_seconds}s steps, checkpoint every {args.ckpt_every} steps and on "
         f"should_stop(), grace {args.grace}s, elastic min {args.min_replicas} (Elastic, Standby, "
-        f"Kubeflow), a random running pod of the job (standbys "
-        f"included) every {args.mtbf}s (+-20%), {args.evictions} per row, {args.repeats} repeat(s)"
+        f"Kubeflow), {args.evictions} losses per row ({args.modes}: a random running pod of the "
+        f"job, standbys included, or a random node that runs one and not the operator), "
+        f"{args.repeats} repeat(s)"
     )
     if args.restore_point:
         print(
             "torchjob rows: register_state and a report every step (a hard loss resumes from "
             "the survivors' memory; storage checkpoints are the fallback)"
         )
+    state = f"{args.state_mib} MiB of model + Adam state" if args.state_mib else "Linear(16, 1)"
+    print(
+        f"each worker: {state}; losses: {args.schedule} schedule, mean interval {args.mtbf}s"
+        f"{' (exponential gaps)' if args.schedule == 'poisson' else ' (+-20%) after each recovery'}; "
+        f"a node taken comes back {args.node_return:.0f}s after it is gone"
+    )
     for system, rate in sorted(ideal.items()):
         walls = [b.wall for b in baselines if b.figures().system == system]
         where = (
@@ -95,6 +107,11 @@ def _phases(recs: list[Recovery]) -> list[str]:
     return phases
 
 
+def _secs(values: list[float], q: float) -> str:
+    """A percentile in seconds for the table (``-`` when nothing recovered)."""
+    return f"{pct(values, q):>7.1f}s" if values else f"{'-':>8}"
+
+
 def _line(policy: str, mode: str, strategy: str, reps: list[Row], ideal: dict[str, float]) -> str:
     """The table's line of one (policy, mode, strategy) over its repeats ``reps``."""
     recs = [x for r in reps for x in r.recoveries]
@@ -118,7 +135,7 @@ def _line(policy: str, mode: str, strategy: str, reps: list[Row], ideal: dict[st
         f"{policy:<14}{mode:<10}{strategy:<6}{reps[0].pods_label():>5}"
         f"{acc.format_spread(goods):>24}{acc.format_spread(per_pod):>24}"
         f"{acc.format_spread(per_pod_s):>24}"
-        f"{pct(secs, 0.5):>7.1f}s{pct(secs, 0.95):>7.1f}s{pct(pauses, 0.5):>7.1f}s"
+        f"{_secs(secs, 0.5)}{_secs(secs, 0.95)}{_secs(pauses, 0.5)}"
         f"{lost:>6}{sum(r.restarts for r in reps):>9}{disr:>5}  "
         + "  ".join(_phases(recs))
         + (f"   ({failed} not recovered)" if failed else "")
@@ -128,6 +145,11 @@ def _line(policy: str, mode: str, strategy: str, reps: list[Row], ideal: dict[st
 
 def _print_notes(args: argparse.Namespace, rows: list[Row]) -> None:
     print("lost, restarts and disr are totals over the repeats; rec and phases over every recovery")
+    print(
+        "rec = from the loss (a noticeN row: the notice) to the first completed step of a "
+        "generation above the one stepping at the loss (resolved after the row, so overlapping "
+        "losses each get theirs); a loss without one is listed below, not dropped"
+    )
     print(
         "per pod-s = goodput x workers x wall / pod-seconds paid, measured from the trace: a "
         "pod is paid from the kubelet having it until it is gone or terminated (an evicted "
@@ -141,4 +163,48 @@ def _print_notes(args: argparse.Namespace, rows: list[Row]) -> None:
         )
 
 
-# ------------------------------------------------------------------------------ main
+def _print_overhead(baselines: list[Row], plain: list[Row]) -> None:
+    """The restore point's overhead: 1 - rate(with) / rate(without), from the torchjob
+    baseline (with restore points) and the same job without them, medians over the repeats."""
+    if not plain:
+        return
+    with_rp = [acc.rate(r.samples, r.wall) for r in baselines if r.restore_point and r.wall]
+    without = [acc.rate(r.samples, r.wall) for r in plain if r.wall]
+    if not with_rp or not without:
+        print("restore point's overhead: not measured (a baseline made no step)")
+        return
+    a, b = statistics.median(with_rp), statistics.median(without)
+    print(
+        f"restore point's overhead: 1 - {a:.1f} / {b:.1f} samples/s = {1 - a / b:+.3f} (the "
+        "torchjob baseline with register_state and a report every step, against the same "
+        f"job without, {len(without)} row(s) each)"
+    )
+
+
+def _print_losses(args: argparse.Namespace, rows: list[Row]) -> None:
+    """Per row: the losses taken against the stated mean, how many pods each took, and every
+    loss that did not recover (a failed re-formation: listed, never dropped)."""
+    print(f"losses per row (stated mean interval {args.mtbf:.0f}s = {1 / args.mtbf:.4f}/s):")
+    for r in rows:
+        if not r.wall:
+            print(f"  {r.index:02d} {r.policy}/{r.mode}: no window ({r.note})")
+            continue
+        n = len(r.recoveries)
+        realised = sch.realised_rate(n, r.wall)
+        mean = f"1 per {r.wall / n:.0f}s" if n else "none"
+        pods = ",".join(str(len(x.pods)) for x in r.recoveries) or "-"
+        print(
+            f"  {r.index:02d} {r.policy}/{r.mode}/{r.strategy}: {n} losses in {r.wall:.0f}s = "
+            f"{realised:.4f}/s ({mean}); pods per loss: {pods}"
+        )
+        for x in r.recoveries:
+            if x.first_step is None:
+                left = r.t_first + r.wall - x.t_evict
+                why = (
+                    f"within {args.start_timeout:.0f}s"
+                    if left >= args.start_timeout
+                    else f"in the {left:.0f}s left of the row"
+                )
+                print(f"     NOT RECOVERED {why}: {x.describe(r.t_first)}")
+        for skipped in r.skipped:
+            print(f"     skipped (nothing to take): {skipped}")

@@ -1,6 +1,8 @@
-"""One row of the goodput benchmark: a job started, a storm of preemptions (graceful evictions
-or SIGKILLs on the node), each recovery timed from the workers' events, and what the row
-trained in its window (bench/goodput_accounting.py counts it)."""
+"""One row of the goodput benchmark: a job started, its losses taken (bench/goodput_losses.py:
+pods evicted or SIGKILLed, nodes vanished or given notice) on a schedule drawn before the row
+(``--schedule poisson``, bench/goodput_schedule.py) or each one after the previous recovery
+(``after-recovery``), each recovery resolved from the workers' events after the row, and what
+the row trained in its window (bench/goodput_accounting.py counts it)."""
 
 from __future__ import annotations
 
@@ -9,101 +11,31 @@ import json
 import random
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tests import kube as k
 
 from bench import goodput_accounting as acc
+from bench import goodput_schedule as sch
 from bench.goodput_jobs import JOB, KUBEFLOW, kubeflow_manifest, manifest
-from bench.goodput_pods import hard_kill, running_pods, save_logs
+from bench.goodput_losses import Losses
+from bench.goodput_pods import save_logs
+from bench.goodput_records import (
+    EVENT_ORDER,
+    PHASES,
+    Recovery,
+    Row,
+    read_events,
+    storage_metrics,
+)
 from bench.goodput_watch import PodWatch
-from bench.harness import copy_compressed, has_default_sa, logger, read_jsonl
+from bench.harness import copy_compressed, has_default_sa, logger
 from torchjob.api.models import GROUP, PLURAL, VERSION
 
 log = logger("goodput")
-PHASES = ("reaction", "pod start", "imports", "group", "DDP", "restore", "first step")
-EVENT_ORDER = ("start", "imported", "group", "model", "restored")
-
-
-def read_events(path: Path) -> list[dict[str, Any]]:
-    """The workers' events so far (a line being written is skipped)."""
-    return read_jsonl(path, partial=True)
-
-
-@dataclass
-class Recovery:
-    t_evict: float
-    pod: str
-    gen_before: int
-    step_before: int = 0
-    boundaries: dict[str, float] = field(default_factory=dict)
-    first_step: float | None = None
-    resumed_step: int | None = None
-    pause: float | None = None
-    """The longest stretch without a step from the preemption to ``first_step``
-    (``acc.longest_pause``)."""
-
-    @property
-    def seconds(self) -> float | None:
-        return None if self.first_step is None else self.first_step - self.t_evict
-
-
-@dataclass
-class Row:
-    policy: str
-    mode: str
-    strategy: str = "ddp"
-    wall: float = 0.0
-    samples: int = 0
-    """What the row trained in its window (``acc.window_samples``): goodput's numerator."""
-    committed: int = 0
-    """What storage held after the row (``acc.committed_samples``): a check, not goodput."""
-    recoveries: list[Recovery] = field(default_factory=list)
-    restarts: int = 0
-    """TorchJob: ``status.restarts``; Kubeflow: container restarts of the pods left at the end."""
-    disruptions: int | None = 0
-    note: str = ""
-    workers: int = 0
-    standbys: int = 0
-    step_times: list[float] = field(default_factory=list)
-    """Wall-clock times of rank 0's steps (the timeline)."""
-    step_samples: list[float] = field(default_factory=list)
-    """The samples of each of those steps (world size x batch)."""
-    t_first: float = 0.0
-    pod_seconds: float = 0.0
-    """Pod-seconds paid over [t_first, t_first + wall], from the trace (``acc.pod_seconds``)."""
-
-    def pods_label(self) -> str:
-        return str(self.workers + self.standbys)
-
-    def figures(self) -> acc.RowFigures:
-        return acc.RowFigures(
-            self.policy,
-            self.mode,
-            self.samples,
-            self.wall,
-            self.workers,
-            self.standbys,
-            self.strategy,
-        )
-
-
-def storage_metrics(storage: Path) -> list[dict[str, Any]]:
-    """The metrics of every committed checkpoint under ``storage`` (the checkpoint path or a
-    run directory below it): the final checkpoint counts even when its ``commit`` event was
-    never written (a stopped job's last ``report()`` raises after committing)."""
-    from torchjob.checkpoint import CheckpointStorage
-
-    found: list[dict[str, Any]] = []
-    candidates = [storage, *(d for d in storage.rglob("*") if d.is_dir() and d.name[0] != ".")]
-    for d in candidates:
-        try:
-            found.extend(dict(c.metrics) for c in CheckpointStorage(str(d)).list_committed())
-        except Exception:  # not a checkpoint directory
-            continue
-    return found
+__all__ = ["Recovery", "Row", "log", "read_events", "run_row", "storage_metrics", "wait_step_after"]
 
 
 def wait_step_after(events: Path, t: float, gen_above: int, timeout: float) -> dict[str, Any]:
@@ -122,6 +54,10 @@ def wait_step_after(events: Path, t: float, gen_above: int, timeout: float) -> d
     )
 
 
+def _sleep_until(t: float) -> None:
+    time.sleep(max(0.0, t - time.time()))
+
+
 def run_row(
     args: argparse.Namespace,
     cluster: k.Cluster,
@@ -133,18 +69,29 @@ def run_row(
     duration: float,
     index: int,
     strategy: str = "ddp",
+    restore_point: bool | None = None,
 ) -> Row:
-    run = _RowRun.start(args, cluster, core, custom, policy, mode, index, strategy)
+    """One row: ``evictions`` losses of ``mode`` (none for a baseline, which runs
+    ``duration`` seconds from its first step); ``restore_point`` overrides
+    ``--restore-point`` (the baseline without restore points)."""
+    rp = args.restore_point if restore_point is None else restore_point
+    run = _RowRun.start(args, cluster, core, custom, policy, mode, index, strategy, rp)
     t_first = run.first_step()
     if t_first is None:
         return run.row
-    for i in range(evictions):
-        if not run.preempt(i, evictions):
-            break
-    if duration > 0:
-        time.sleep(max(0.0, t_first + duration - time.time()))
-    else:
-        time.sleep(args.mtbf)  # the last recovery's next interval counts too
+    try:
+        if duration > 0 or evictions == 0:
+            _sleep_until(t_first + (duration or args.mtbf))
+        elif args.schedule == "poisson":
+            run.poisson(t_first, evictions)
+        else:
+            for i in range(evictions):
+                if not run.preempt(t_first, i, evictions):
+                    break
+            time.sleep(args.mtbf)  # the last recovery's next interval counts too
+    except KeyboardInterrupt:
+        run.losses.return_all()
+        raise
     run.finish(t_first, time.time())
     return run.row
 
@@ -152,7 +99,7 @@ def run_row(
 @dataclass
 class _RowRun:
     """One row while it runs: its job in its own namespace, the workers' events file, the
-    checkpoint storage, the pod watch, and the random source of its preemptions."""
+    checkpoint storage, the pod watch, the random source of its losses and what takes them."""
 
     args: argparse.Namespace
     cluster: k.Cluster
@@ -165,6 +112,7 @@ class _RowRun:
     watch: PodWatch
     rng: random.Random
     row: Row
+    losses: Losses
 
     @classmethod
     def start(
@@ -177,6 +125,7 @@ class _RowRun:
         mode: str,
         index: int,
         strategy: str,
+        restore_point: bool = False,
     ) -> _RowRun:
         """Create the row's namespace, storage and events file, and apply its job."""
         ns = f"goodput-{args.run_id}-{index}"
@@ -186,6 +135,9 @@ class _RowRun:
             strategy,
             workers=args.replicas,
             standbys=args.standby if policy == "Standby" else 0,
+            restore_point=restore_point and policy != KUBEFLOW,
+            index=index,
+            suffix="-norp" if restore_point != args.restore_point else "",
         )
         core.create_namespace({"metadata": {"name": ns}})
         k.wait_for(lambda: has_default_sa(core, ns), 60, f"the default ServiceAccount in {ns}")
@@ -202,14 +154,17 @@ class _RowRun:
         body = (
             kubeflow_manifest(args, storage, events)
             if policy == KUBEFLOW
-            else manifest(args, policy, storage, events, strategy)
+            else manifest(args, policy, storage, events, strategy, restore_point=restore_point)
         )
         cluster.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(body))
-        return cls(args, cluster, core, custom, index, ns, storage, events, watch, rng, row)
+        nodes = getattr(args, "nodes", None)
+        losses = Losses(core, ns, mode, rng, nodes, args.node_return, watch, args.thaw)
+        return cls(args, cluster, core, custom, index, ns, storage, events, watch, rng, row, losses)
 
     @property
     def label(self) -> str:
-        return f"{self.row.policy}/{self.row.mode}/{self.row.strategy}"
+        rp = " (no restore point)" if self.row.suffix else ""
+        return f"{self.row.policy}/{self.row.mode}/{self.row.strategy}{rp}"
 
     @property
     def kubeflow(self) -> bool:
@@ -240,78 +195,81 @@ class _RowRun:
         log(f"{self.label}: first step {t_first - added:.1f}s after the first pod")
         return t_first
 
-    def _victim(self) -> Any:
-        """A running pod, drawn at random after the mean time between failures."""
-        args, core, ns = self.args, self.core, self.ns
-        trains = self.custom if not self.kubeflow else None
-        time.sleep(max(0.0, args.mtbf * self.rng.uniform(0.8, 1.2)))
-        pods = running_pods(core, ns, trains)
-        if not pods:
-            log("no running pod to preempt; waiting for one")
-            k.wait_for(
-                lambda: running_pods(core, ns, trains) or None, args.start_timeout, "a running pod"
-            )
-            pods = running_pods(core, ns, trains)
-        return acc.pick_victim(pods, self.rng, name=lambda p: p.metadata.name)
-
-    def _take(self, victim: Any) -> None:
-        """Evict the victim (graceful) or SIGKILL its processes (hard)."""
-        name = victim.metadata.name
-        self.watch.note("kill" if self.row.mode == "hard" else "evict", pod=name)
-        if self.row.mode == "graceful":
-            from kubernetes import client
-
-            self.core.create_namespaced_pod_eviction(
-                name, self.ns, client.V1Eviction(metadata=client.V1ObjectMeta(name=name))
-            )
-        elif hard_kill(victim) == 0:
-            self.row.note = "hard: no process found on this host; force-deleted instead"
-            self.core.delete_namespaced_pod(name, self.ns, grace_period_seconds=0)
-
-    def preempt(self, i: int, evictions: int) -> bool:
-        """Preemption ``i``, timed until the first step after it; False when the job did not
-        recover in ``--start-timeout`` (the row ends its preemptions there)."""
-        victim = self._victim()
-        steps = [e for e in read_events(self.events) if e["ev"] == "step"]
-        gen = max(e["gen"] for e in steps)
-        rec = Recovery(time.time(), victim.metadata.name, gen, steps[-1]["step"])
-        self._take(victim)
-        known = set(self.watch.added)
-        try:
-            step = wait_step_after(self.events, rec.t_evict, gen, self.args.start_timeout)
-        except k.WaitTimeout:
-            log(f"{self.label}: eviction {i + 1} did not recover in {self.args.start_timeout}s")
-            self.row.recoveries.append(rec)
-            return False
-        self._time(rec, step, known)
+    def _loss(self, t_first: float, i: int, n: int) -> Recovery | None:
+        """Take loss ``i`` of ``n`` now, whatever the job is doing; None (and the draw listed
+        as skipped) when there was nothing to take."""
+        steps = sch.rank0_steps(read_events(self.events))
+        gen = int(steps[-1]["gen"]) if steps else -1
+        step = int(steps[-1]["step"]) if steps else 0
+        rec = self.losses.take(gen, step)
+        if rec is None:
+            what = "no running pod" if self.row.mode in sch.POD_MODES else "no node to take"
+            skipped = f"loss {i + 1} at +{time.time() - t_first:.1f}s: {what}"
+            self.row.skipped.append(skipped)
+            log(f"{self.label}: {skipped}")
+            return None
         self.row.recoveries.append(rec)
-        log(
-            f"{self.label}: preemption {i + 1}/{evictions} of {rec.pod}: "
-            f"first step of generation {step['gen']} after {rec.seconds:.1f}s"
-        )
+        log(f"{self.label}: loss {i + 1}/{n}: {rec.describe(t_first)}")
+        return rec
+
+    def poisson(self, t_first: float, evictions: int) -> None:
+        """The Poisson schedule: every loss time drawn before the first is taken, each loss
+        taken at its time, and the row ends ``--mtbf`` after the last node is gone."""
+        offsets = sch.poisson_times(self.rng, self.args.mtbf, evictions)
+        self.watch.note("schedule", t0=t_first, offsets=offsets)
+        log(f"{self.label}: losses at +" + ", +".join(f"{o:.0f}" for o in offsets) + " s")
+        for i, offset in enumerate(offsets):
+            _sleep_until(t_first + offset)
+            self._loss(t_first, i, evictions)
+        notice = sch.notice_seconds(self.row.mode)
+        _sleep_until(sch.end_of_row(t_first, offsets, self.args.mtbf, notice))
+
+    def preempt(self, t_first: float, i: int, evictions: int) -> bool:
+        """``--schedule after-recovery``: loss ``i`` ``--mtbf`` (+-20 %) after the previous
+        recovery, then wait for its recovery; False when the job did not recover in
+        ``--start-timeout`` (the row ends its losses there)."""
+        time.sleep(max(0.0, self.args.mtbf * self.rng.uniform(0.8, 1.2)))
+        rec = self._loss(t_first, i, evictions)
+        if rec is None:
+            return True
+        try:
+            wait_step_after(self.events, rec.t_evict, rec.gen_before, self.args.start_timeout)
+        except k.WaitTimeout:
+            log(f"{self.label}: loss {i + 1} did not recover in {self.args.start_timeout}s")
+            return False
         return True
 
-    def _time(self, rec: Recovery, step: dict[str, Any], known: set[str]) -> None:
+    def _resolve(self, events: list[dict[str, Any]]) -> None:
+        """Each loss's recovery from the events, after the row (overlapping losses too:
+        ``sch.attribute``), and the phases of each recovered one."""
+        recs = self.row.recoveries
+        found = sch.attribute([r.t_evict for r in recs], events, self.args.start_timeout)
+        for rec, a in zip(recs, found, strict=True):
+            rec.gen_before = a.gen_before
+            if a.step is None:
+                log(f"{self.label}: not recovered: {rec.describe(self.row.t_first)}")
+                continue
+            self._time(rec, a.step, events)
+
+    def _time(self, rec: Recovery, step: Any, events: list[dict[str, Any]]) -> None:
         """Fill in ``rec`` from the events: its first step, pause, resumed step and the
         boundaries of its phases (``PHASES``)."""
-        rec.first_step = step["t"]
-        rank0_steps = [e["t"] for e in read_events(self.events) if e["ev"] == "step"]
+        rec.first_step = float(step["t"])
+        rank0_steps = [e["t"] for e in events if e["ev"] == "step"]
         rec.pause = acc.longest_pause(rank0_steps, rec.t_evict, rec.first_step)
-        new_gen = step["gen"]
-        evs = [e for e in read_events(self.events) if e["gen"] == new_gen]
+        new_gen = rec.new_gen = int(step["gen"])
+        evs = [e for e in events if e["gen"] == new_gen]
         restored = [e for e in evs if e["ev"] == "restored"]
         rec.resumed_step = min((e["step"] for e in restored), default=None)
         last_before = [
-            e["step"] for e in read_events(self.events) if e["ev"] == "step" and e["gen"] < new_gen
+            e["step"]
+            for e in events
+            if e["ev"] == "step" and e["gen"] < new_gen and e["t"] <= rec.first_step
         ]
         rec.step_before = max(last_before, default=rec.step_before)
-        # Pods created for this recovery: after the eviction and before its first step (an
+        # Pods created for this recovery: after the loss and before its first step (an
         # elastic job's replacement joins later, at a grow: it is not on this recovery's path).
-        new_pods = [
-            t
-            for uid, t in self.watch.added.items()
-            if (uid not in known or t > rec.t_evict) and t <= rec.first_step
-        ]
+        new_pods = [t for t in self.watch.added.values() if rec.t_evict < t <= rec.first_step]
         b = {"reaction": min(new_pods, default=rec.t_evict)}
         prev = b["reaction"]
         for name, ev in zip(PHASES[1:6], EVENT_ORDER, strict=True):
@@ -338,21 +296,31 @@ class _RowRun:
             row.restarts, row.disruptions = status.get("restarts", 0), status.get("disruptions", 0)
 
     def finish(self, t_first: float, t_end: float) -> None:
-        """End the row's window at ``t_end``: count its restarts, keep its logs, delete its
-        job, account what it trained, and keep its raw events and trace beside the table."""
+        """End the row's window at ``t_end``: bring its lost nodes back, count its restarts,
+        keep its logs, delete its job, account what it trained, resolve each loss's recovery,
+        and keep its raw events and trace beside the table."""
         args, row, watch, ns = self.args, self.row, self.watch, self.ns
-        stem = f"{self.index:02d}-{row.policy}-{row.mode}-{row.strategy}"
+        stem = f"{self.index:02d}-{row.policy}-{row.mode}-{row.strategy}{row.suffix}"
         watch.note("window", t0=t_first, t1=t_end)  # the row's measured window, for the trace
+        still_gone = self.losses.join(args.node_return + 300)  # kubectl logs needs the nodes
+        if still_gone:
+            log(f"{self.label}: nodes still gone at the row's end: {', '.join(still_gone)}")
         self._count_restarts()
         save_logs(
             self.cluster, self.core, ns, args.out / f"{stem}-logs", ended=dict(watch.ended_logs)
         )
         kind = "pytorchjob" if self.kubeflow else "torchjobs"
         self.cluster.kubectl("-n", ns, "delete", kind, JOB, "--wait=false")
-        k.wait_for(
-            lambda: not self.core.list_namespaced_pod(ns).items, args.grace + 120, "pods gone"
-        )
+        try:
+            k.wait_for(
+                lambda: not self.core.list_namespaced_pod(ns).items, args.grace + 120, "pods gone"
+            )
+        except k.WaitTimeout:
+            log(f"{self.label}: pods left {args.grace + 120}s after the job's deletion; forced")
+            for p in self.core.list_namespaced_pod(ns).items:
+                self.core.delete_namespaced_pod(p.metadata.name, ns, grace_period_seconds=0)
         self._account(t_first, t_end)
+        self._resolve(read_events(self.events))
         watch.stop()
         row.pod_seconds = acc.pod_seconds(watch.lines(), t_first, t_end)
         # The row's raw material, kept beside its table: the workers' events and the trace.

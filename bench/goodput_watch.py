@@ -66,10 +66,10 @@ class PodWatch:
         # between two streams still has its DELETED event (a fresh list would not say so).
         rv: str | None = None
         while not self._stop.is_set():
-            w = watch.Watch()
+            w = watch.Watch()  # type: ignore[no-untyped-call]
             try:
                 since = {"resource_version": rv} if rv else {}
-                for ev in w.stream(
+                for ev in w.stream(  # type: ignore[no-untyped-call]
                     self.core.list_namespaced_pod, self.ns, timeout_seconds=30, **since
                 ):
                     pod = ev["object"]
@@ -113,9 +113,9 @@ class PodWatch:
 
         seen: tuple[Any, ...] | None = None
         while not self._stop.is_set():
-            w = watch.Watch()
+            w = watch.Watch()  # type: ignore[no-untyped-call]
             try:
-                for ev in w.stream(
+                for ev in w.stream(  # type: ignore[no-untyped-call]
                     self.custom.list_namespaced_custom_object,
                     GROUP,
                     VERSION,

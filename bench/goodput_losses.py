@@ -1,0 +1,194 @@
+"""How a goodput row takes a loss (bench/goodput_rows.py; issue 39), by ``--modes``:
+
+- ``graceful``: a random running pod of the job evicted through the Eviction API;
+- ``hard``: every process of a random running pod's container SIGKILLed on the host;
+- ``vanish``: a random real node that runs at least one of the job's running pods and neither
+  the operator nor a kube-system pod vanishes (hack/node.sh vanish: its link cut, every process
+  frozen); it comes back ``--node-return`` seconds later (the fleet's new VM), in the
+  background, so the capacity returns;
+- ``notice30`` / ``notice120``: such a node gets a termination handler's notice (the AWS
+  taint now, a drain through the Eviction API 10 s before it goes, gone after 30 or 120 s),
+  and comes back ``--node-return`` seconds after it went.
+
+A loss never waits for the job: it is taken when the schedule says (``goodput_schedule``), and
+a draw that finds nothing to take (no running pod; every eligible node already gone) is
+recorded as skipped. A node loss records every pod of the job that was on the node.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench import goodput_accounting as acc
+from bench import goodput_schedule as sch
+from bench.goodput_pods import hard_kill, running_pods
+from bench.goodput_records import Recovery
+from bench.harness import logger
+
+log = logger("goodput")
+OPERATOR_NS = "torchjob-system"
+INFRA_NAMESPACES = (OPERATOR_NS, "kube-system")
+NOTICE_DRAIN_BEFORE = 10
+"""A notice's drain comes this many seconds before its node goes."""
+
+
+def infra_nodes(core: Any) -> set[str]:
+    """The nodes that run the operator or a kube-system pod: a node loss leaves them alone."""
+    return {
+        p.spec.node_name
+        for ns in INFRA_NAMESPACES
+        for p in core.list_namespaced_pod(ns).items
+        if p.spec.node_name
+    }
+
+
+def job_pods_on(core: Any, ns: str, node: str) -> list[Any]:
+    """The job's pods on ``node`` that are not being deleted (what the node takes with it)."""
+    return sorted(
+        (
+            p
+            for p in core.list_namespaced_pod(ns).items
+            if p.spec.node_name == node
+            and p.metadata.deletion_timestamp is None
+            and p.status.phase in ("Pending", "Running")
+        ),
+        key=lambda p: p.metadata.name,
+    )
+
+
+def _said(node: str, output: str | None) -> None:
+    """What hack/node.sh notice said it did (read to its end: its pipe never fills)."""
+    lines = (output or "").strip().splitlines()
+    log(f"notice of {node}: " + (" | ".join(lines[-3:]) or "(no output)"))
+
+
+@dataclass
+class Losses:
+    """The losses of one row: takes them, and brings lost nodes back in the background."""
+
+    core: Any
+    ns: str
+    mode: str
+    rng: random.Random
+    nodes: Any = None
+    """The ``RealNode`` of the run (node modes)."""
+    node_return: float = 60.0
+    watch: Any = None
+    thaw: bool = False
+    """A node returns with its frozen processes (the same VM) instead of a new VM's none."""
+    gone: set[str] = field(default_factory=set)
+    """Nodes taken and not yet back."""
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self, gen_before: int, step_before: int) -> Recovery | None:
+        """Take one loss now; the loss (its recovery not yet known), or None when there was
+        nothing to take."""
+        if self.mode in sch.NODE_MODES:
+            return self._take_node(gen_before, step_before)
+        pods = running_pods(self.core, self.ns)
+        if not pods:
+            return None
+        victim = acc.pick_victim(pods, self.rng, name=lambda p: p.metadata.name)
+        name = victim.metadata.name
+        self._note("kill" if self.mode == "hard" else "evict", pod=name)
+        rec = Recovery(time.time(), name, gen_before, step_before, pods=[name])
+        if self.mode == "graceful":
+            from kubernetes import client
+
+            self.core.create_namespaced_pod_eviction(
+                name, self.ns, client.V1Eviction(metadata=client.V1ObjectMeta(name=name))
+            )
+        elif hard_kill(victim) == 0:
+            log(f"hard: no process of {name} found on this host; force-deleting it")
+            self.core.delete_namespaced_pod(name, self.ns, grace_period_seconds=0)
+        return rec
+
+    def _eligible(self) -> list[str]:
+        with self._lock:
+            gone = set(self.gone)
+        infra = infra_nodes(self.core)
+        names = {p.spec.node_name for p in running_pods(self.core, self.ns) if p.spec.node_name}
+        return sorted(names - infra - gone)
+
+    def _take_node(self, gen_before: int, step_before: int) -> Recovery | None:
+        """A node loss: vanish now, or a notice whose node goes ``noticeN`` seconds later."""
+        if self.nodes is None:
+            raise RuntimeError(f"--modes {self.mode}: a node loss needs the real nodes")
+        candidates = self._eligible()
+        if not candidates:
+            return None
+        node = self.rng.choice(candidates)
+        lost = job_pods_on(self.core, self.ns, node)
+        pods = [p.metadata.name for p in lost]
+        with self._lock:
+            self.gone.add(node)
+        notice = sch.notice_seconds(self.mode)
+        self._note(self.mode, node=node, pods=pods)
+        rec = Recovery(time.time(), node, gen_before, step_before, node=node, pods=pods)
+        if notice:
+            proc = self.nodes.notice(
+                node,
+                provider="aws",
+                drain_after=max(0, notice - NOTICE_DRAIN_BEFORE),
+                vanish_after=notice,
+            )
+            self._background(node, lambda: _said(node, proc.communicate()[0]), lost)
+        else:
+            try:
+                self.nodes.vanish(node)
+            except Exception as e:  # the row goes on: this draw took nothing
+                log(f"vanish {node} failed: {e}")
+                with self._lock:
+                    self.gone.discard(node)
+                return None
+            self._background(node, lambda: None, lost)
+        return rec
+
+    def _background(self, node: str, until_gone: Any, lost: list[Any]) -> None:
+        """Bring ``node`` back ``node_return`` seconds after ``until_gone()`` returns: a new
+        VM, so the processes of the job's pods it held are SIGKILLed first (frozen, they
+        would otherwise resume where they stopped); ``thaw`` keeps them (the same VM)."""
+
+        def back() -> None:
+            until_gone()
+            self._note("gone", node=node)
+            time.sleep(self.node_return)
+            killed = 0 if self.thaw else sum(hard_kill(p) for p in lost)
+            try:
+                self.nodes.return_node(node, wait=False)
+                self._note("returned", node=node, killed=killed)
+            except Exception as e:  # the row goes on; the next one finds the node missing
+                log(f"node {node} did not return: {e}")
+            with self._lock:
+                self.gone.discard(node)
+
+        thread = threading.Thread(target=back, name=f"return-{node}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def join(self, timeout: float = 600.0) -> list[str]:
+        """Wait until every node taken is back; the nodes still gone after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            return sorted(self.gone)
+
+    def return_all(self) -> None:
+        """An interrupted row: every node taken comes back now."""
+        with self._lock:
+            gone = sorted(self.gone)
+        for node in gone:
+            try:
+                self.nodes.return_node(node, wait=False)
+            except Exception as e:
+                log(f"node {node} did not return: {e}")
+
+    def _note(self, what: str, **fields: Any) -> None:
+        if self.watch is not None:
+            self.watch.note(what, **fields)

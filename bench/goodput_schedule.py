@@ -1,0 +1,105 @@
+"""When a goodput row's losses come, and which recovery each one had, as pure functions
+(unit-tested in tests/unit/test_goodput_schedule.py; issue 39).
+
+- ``poisson_times``: a fleet's losses are a Poisson process: the row draws them all before it
+  starts, from its seeded random source (cumulative exponential gaps of mean ``mtbf``), and
+  takes each one at its time whatever the job is doing, a recovery in progress included.
+- ``gen_at``: the generation rank 0 was stepping in at an instant.
+- ``attribute``: after the row, each loss's recovery from the workers' events: the first
+  rank-0 step of a generation above the one running at the loss (overlapping losses: a loss
+  during the previous one's recovery resolves to the first generation that formed after the
+  step it interrupted, which may be the same step as the previous loss's).
+- ``realised_rate``: losses per second of the row's window, beside the stated 1/mtbf.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+SCHEDULES = ("poisson", "after-recovery")
+POD_MODES = ("graceful", "hard")
+NODE_MODES = ("vanish", "notice30", "notice120")
+MODES = POD_MODES + NODE_MODES
+
+
+def poisson_times(rng: random.Random, mtbf: float, n: int) -> list[float]:
+    """``n`` loss times (seconds after the row's first step) of a Poisson process of mean
+    interval ``mtbf``: the cumulative sums of ``n`` exponential gaps, strictly increasing."""
+    if mtbf <= 0:
+        raise ValueError(f"mtbf must be positive, got {mtbf}")
+    times: list[float] = []
+    t = 0.0
+    for _ in range(n):
+        gap = 0.0
+        while gap <= 0.0:  # expovariate can return 0.0 (once in 2**53): keep times increasing
+            gap = rng.expovariate(1.0 / mtbf)
+        t += gap
+        times.append(t)
+    return times
+
+
+def notice_seconds(mode: str) -> int:
+    """The notice a ``noticeN`` mode gives before its node vanishes (0 for the others)."""
+    return int(mode[len("notice") :]) if mode.startswith("notice") else 0
+
+
+def rank0_steps(events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Rank 0's step events in time order."""
+    return sorted((e for e in events if e.get("ev") == "step"), key=lambda e: float(e["t"]))
+
+
+def gen_at(steps: Sequence[Mapping[str, Any]], t: float) -> int:
+    """The generation rank 0 was stepping in at ``t``: its last step at or before ``t``
+    (-1 before any step)."""
+    before = [int(e["gen"]) for e in steps if float(e["t"]) <= t]
+    return before[-1] if before else -1
+
+
+@dataclass(frozen=True)
+class Attributed:
+    """A loss's recovery: the first step of a later generation (None: none in the timeout)."""
+
+    t_loss: float
+    gen_before: int
+    step: Mapping[str, Any] | None
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.step is None else float(self.step["t"]) - self.t_loss
+
+
+def attribute(
+    loss_times: Sequence[float],
+    events: Iterable[Mapping[str, Any]],
+    timeout: float = float("inf"),
+) -> list[Attributed]:
+    """Each loss's recovery, resolved after the row: the first rank-0 step after the loss of a
+    generation above the one running at the loss (``gen_at``); None when there is none within
+    ``timeout`` seconds of the loss (a failed re-formation: listed, never dropped). The
+    recovery is measured from the loss to that step's completion: no step is subtracted."""
+    steps = rank0_steps(events)
+    out = []
+    for t in loss_times:
+        gen = gen_at(steps, t)
+        step = next(
+            (e for e in steps if float(e["t"]) > t and int(e["gen"]) > gen),
+            None,
+        )
+        if step is not None and float(step["t"]) - t > timeout:
+            step = None
+        out.append(Attributed(t, gen, step))
+    return out
+
+
+def realised_rate(losses: int, window: float) -> float:
+    """Losses per second of a row's window (0 for an empty window)."""
+    return losses / window if window > 0 else 0.0
+
+
+def end_of_row(t_first: float, offsets: Sequence[float], mtbf: float, notice: int = 0) -> float:
+    """When a Poisson row ends: ``mtbf`` after its last loss's node is gone (a notice's node
+    goes ``notice`` seconds after the notice); ``t_first`` + ``mtbf`` without losses."""
+    return t_first + (offsets[-1] + notice if offsets else 0.0) + mtbf

@@ -1,0 +1,131 @@
+"""bench/goodput_losses.py and bench/_goodput_state.py: which node a node loss takes, what it
+records, and the workers' state size (issue 39)."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from bench import _goodput_state as state
+from bench import goodput_losses as gl
+
+
+def _pod(name: str, node: str, phase: str = "Running", deleting: bool = False) -> Any:
+    return SimpleNamespace(
+        metadata=SimpleNamespace(
+            name=name,
+            uid=f"00000000-0000-4000-8000-{abs(hash(name)) % 10**12:012d}",  # no process's
+            deletion_timestamp="now" if deleting else None,
+        ),
+        spec=SimpleNamespace(node_name=node),
+        status=SimpleNamespace(phase=phase),
+    )
+
+
+class _Core:
+    def __init__(self, pods: dict[str, list[Any]]) -> None:
+        self.pods = pods
+
+    def list_namespaced_pod(self, ns: str) -> Any:
+        return SimpleNamespace(items=self.pods.get(ns, []))
+
+
+class _Nodes:
+    """RealNode's node faults, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def vanish(self, node: str) -> None:
+        self.calls.append(("vanish", node))
+
+    def return_node(self, node: str, wait: bool = True) -> None:
+        self.calls.append(("return", node, str(wait)))
+
+
+def _cluster() -> _Core:
+    job = [
+        _pod("w0", "real-0"),  # beside the operator
+        _pod("w1", "real-1"),
+        _pod("w2", "real-1"),
+        _pod("w3", "real-1", phase="Pending"),  # on the node, not yet running: lost too
+        _pod("w4", "real-1", deleting=True),  # already going
+        _pod("w5", "real-2", phase="Pending"),  # no running pod of the job: not eligible
+    ]
+    return _Core({"job": job, gl.OPERATOR_NS: [_pod("operator", "real-0")], "kube-system": []})
+
+
+class _Watch:
+    def __init__(self) -> None:
+        self.notes: list[tuple[str, dict[str, Any]]] = []
+
+    def note(self, what: str, **fields: Any) -> None:
+        self.notes.append((what, fields))
+
+
+def test_a_vanish_takes_a_node_with_a_running_pod_away_from_the_operator() -> None:
+    core, nodes, watch = _cluster(), _Nodes(), _Watch()
+    losses = gl.Losses(core, "job", "vanish", random.Random(0), nodes, 0.0, watch)
+    assert gl.infra_nodes(core) == {"real-0"}
+    rec = losses.take(gen_before=3, step_before=120)
+    assert rec is not None
+    assert (rec.node, rec.pods, rec.gen_before, rec.step_before) == (
+        "real-1",
+        ["w1", "w2", "w3"],
+        3,
+        120,
+    )
+    assert losses.join(timeout=10.0) == []  # node_return 0: back at once, in the background
+    assert nodes.calls == [("vanish", "real-1"), ("return", "real-1", "False")]
+    # A new VM: the lost pods' processes are killed before the return (none on this host here).
+    assert [w for w, _ in watch.notes] == ["vanish", "gone", "returned"]
+    assert watch.notes[0][1] == {"node": "real-1", "pods": ["w1", "w2", "w3"]}
+    assert watch.notes[2][1] == {"node": "real-1", "killed": 0}
+
+
+def test_a_node_already_gone_is_not_taken_again_and_nothing_left_is_a_skip() -> None:
+    core, nodes = _cluster(), _Nodes()
+    losses = gl.Losses(core, "job", "vanish", random.Random(0), nodes, node_return=0.0)
+    losses.gone.add("real-1")  # still away from an earlier loss
+    assert losses.take(0, 0) is None
+    assert nodes.calls == []
+
+
+def test_pod_modes_skip_when_no_pod_runs() -> None:
+    losses = gl.Losses(_Core({"job": [_pod("w0", "real-1", phase="Pending")]}), "job", "hard",
+                       random.Random(0))  # fmt: skip
+    assert losses.take(0, 0) is None
+
+
+def test_a_node_loss_needs_the_real_nodes() -> None:
+    losses = gl.Losses(_cluster(), "job", "notice30", random.Random(0))
+    with pytest.raises(RuntimeError, match="needs the real nodes"):
+        losses.take(0, 0)
+
+
+def test_state_is_sized_to_the_stated_mib() -> None:
+    for mib in (64, 256, 1024):
+        layers = state.layers_for(mib)
+        # parameters + Adam's two moments, float32
+        assert 3 * layers * state.LAYER_MIB == pytest.approx(mib, rel=0.1)
+    assert state.layers_for(1) == 1
+    assert state.state_mib(["w.py", "ev", "--state-mib", "64"]) == 64
+    assert state.state_mib(["w.py", "ev", "--restore-point"]) == 0
+
+
+def test_the_default_state_is_the_tiny_model_and_a_sized_one_is_touched_whole() -> None:
+    import torch
+
+    model, x = state.build(0, 32)
+    assert isinstance(model, torch.nn.Linear) and tuple(x.shape) == (32, 16)
+    assert isinstance(state.optimizer(0, model.parameters()), torch.optim.SGD)
+    model, x = state.build(12, 32)  # 1 layer
+    opt = state.optimizer(12, model.parameters())
+    assert isinstance(opt, torch.optim.Adam)
+    model(x).pow(2).mean().backward()
+    opt.step()
+    params = list(model.parameters())
+    assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in params)
+    assert sum(len(opt.state[p]) for p in params) == 3 * len(params)  # step, exp_avg, exp_avg_sq
