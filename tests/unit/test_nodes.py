@@ -388,3 +388,30 @@ def test_once_the_silent_pod_is_gone_its_replacement_still_keeps_off_its_node() 
     later = with_state(view, {**shrunk.status, "silentWorkers": reports, "currentGeneration": 2})
     assert suspect_nodes(later.state, alone, (), "tj") == []
     assert suspect_nodes(view.state, alone, ("n1",), "tj") == [], "an avoided node is left out"
+
+
+def test_a_silent_pods_place_is_created_anew_while_it_is_still_being_deleted() -> None:
+    """Issue 39, seen in the fleet benchmark: a node vanishes; its pod's peers report it
+    silent, the next generation is published and the pod deleted, but its node, frozen, never
+    confirms the deletion, and the API server shows it Ready for ~40 s. The place was created
+    only once the pod was gone (the node back, or marked ~48 s later). It is created at once
+    under another index, as for a pod stuck on a node known lost."""
+    view = job().replicas(2).keep_survivors().max_restarts(3).build()
+    _, view, pods = step(view, [], 0)
+    up = [on(p, f"n{p.index}") for p in pods]
+    _, view, _ = step(view, up, 1)
+    report = {"pod": "tj-worker-1", "generation": 0, "by": "tj-worker-0", "seconds": 10.0}
+    view = with_state(view, {**plan(view, up, at(2)).status, "silentWorkers": [report]})
+    lost, view, _ = step(view, up, 12)
+    assert lost.status["currentGeneration"] == 1 and "tj-worker-1" in lost.delete
+    assert lost.status["history"][-1]["cause"] == "SilentPeer"
+    view = with_state(view, {**lost.status, "silentWorkers": [report]})
+    frozen = replace(up[1], deleting=True)  # Ready as far as the API server knows
+    assert not frozen.stuck
+    again = plan(view, [replace(up[0], generation=1), frozen], at(13))
+    assert again.create is not None and again.create.indices == (2,), again.create
+    assert again.status["members"] == [0, 2]
+    assert again.delete == (), "it was deleted already; it only cannot go"
+    # A pod merely being deleted for another reason is still waited for.
+    plain = with_state(view, {**lost.status, "silentWorkers": [], "history": []})
+    assert plan(plain, [replace(up[0], generation=1), frozen], at(13)).create is None

@@ -85,15 +85,46 @@ def suspect_nodes(
     other nodes (a partition) stays Ready and schedulable: once its silent pod is deleted it
     holds none of the job's pods, so the job's even spread would put the replacement right
     back where it cannot reach its peers. Nodes in ``avoid`` (kept off anyway) are left out."""
-    members = [contract.worker_pod_name(job, i) for i in state.members or range(state.replicas)]
-    silent = trusted_reports(state.silent, state.generation, members)
+    silent = trusted_reports(state.silent, state.generation, _members(state, job))
     found = {p.node for p in pods if p.name in silent and p.node}
+    found |= set(lost_silent(state, job).values())
+    return sorted(found - set(avoid) - {""})
+
+
+def _members(state: JobState, job: str) -> list[str]:
+    """The current generation's pod names in rank order."""
+    return [contract.worker_pod_name(job, i) for i in state.members or range(state.replicas)]
+
+
+def lost_silent(state: JobState, job: str) -> dict[str, str]:
+    """The pods of ``job`` the current generation left behind because their peers found them
+    silent (trusted reports: a partition's tie goes to rank 0's view, and rank 0 stays rank 0),
+    by name, with their nodes: ``status.history``'s ``left`` (pod@node) of a generation begun
+    for a silent peer."""
     latest = state.history[-1] if state.history else None
-    if latest is not None and latest.cause == SILENT_PEER and latest.generation == state.generation:
-        left = {pod: node for pod, _, node in (x.partition("@") for x in latest.left or ()) if node}
-        before = trusted_reports(state.silent, latest.generation - 1, [*members, *sorted(left)])
-        found |= {node for pod, node in left.items() if pod in before}
-    return sorted(found - set(avoid))
+    if latest is None or latest.cause != SILENT_PEER or latest.generation != state.generation:
+        return {}
+    left = {pod: node for pod, _, node in (x.partition("@") for x in latest.left or ())}
+    before = trusted_reports(
+        state.silent, latest.generation - 1, [*_members(state, job), *sorted(left)]
+    )
+    return {pod: node for pod, node in left.items() if pod in before}
 
 
-__all__ = ["NODE_LOST", "NODE_NOTICE", "SILENT_PEER", "suspect_nodes", "with_nodes"]
+def held_only(p: PodView, silent: Mapping[str, str]) -> bool:
+    """``p`` holds its name and nothing else: stuck Terminating on a lost node, or being
+    deleted after its peers found it silent (``lost_silent``: its node may have vanished while
+    the API server still shows it Ready, for ~40 s, and it would not go before). The next
+    generation creates its place under another index instead of waiting for it."""
+    return p.stuck or (p.deleting and p.name in silent)
+
+
+__all__ = [
+    "NODE_LOST",
+    "NODE_NOTICE",
+    "SILENT_PEER",
+    "held_only",
+    "lost_silent",
+    "suspect_nodes",
+    "with_nodes",
+]
