@@ -25,6 +25,7 @@ import torch.distributed as dist
 from tests.kube import wait_for
 
 from torchjob.launch import heartbeat, store_clients
+from torchjob.launch.driver_beat import process_runs
 from torchjob.launch.layout import StoreLayout
 
 SILENT_S = 2.0
@@ -37,6 +38,19 @@ print(s.port, flush=True)
 while True:
     time.sleep(1)
 """
+
+
+def freeze(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until the kernel shows it stopped: ``kill`` returns before
+    every thread has stopped, and on a loaded machine a request sent at once was answered
+    (a CI run: "DID NOT RAISE TimeoutError")."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def stopped() -> bool:  # every thread: the store's server is a thread of its own
+        tasks = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        return not any(process_runs(t) for t in tasks)
+
+    wait_for(stopped, 30, f"every thread of process {pid} stopped", interval=0.01)
 
 
 @pytest.fixture
@@ -108,7 +122,7 @@ def test_a_frozen_store_is_rank_0_gone_silent_and_only_the_groups_connections_br
         wait_for(lambda: dog._last_value.get(0) is not None, 30, "rank 0's beat seen by rank 1")
         assert not declared
         stop_beating.set()
-        os.kill(proc.pid, signal.SIGSTOP)
+        freeze(proc.pid)
         wait_for(lambda: declared, 60, "rank 0 declared silent (its store frozen)")
         assert [r for r, _ in declared] == [0]
         assert declared[0][1] > SILENT_S
@@ -129,7 +143,7 @@ def test_a_kept_connection_to_a_frozen_store_is_replaced_not_waited_on(
     timeout = timedelta(seconds=SILENT_S)
     kept = store_clients.client("probe-test", "127.0.0.1", port, connect=timeout, timeout=timeout)
     try:
-        os.kill(proc.pid, signal.SIGSTOP)
+        freeze(proc.pid)
         with pytest.raises(TimeoutError):
             store_clients.within(1.0, lambda: kept.check(["some-key"]))
         # The probe of the kept connection must not block: it gives up and connects anew,
