@@ -187,24 +187,29 @@ class Watchdog:
                 # Every other rank's beat goes through the store too: only rank 0, which
                 # serves it, can be judged while it does not answer.
                 if self.rank != 0:
-                    self._declare(0, store_silent)
+                    self._declare({0: store_silent})
                 continue
-            for r, silent_s in peers_silent.items():
-                if silent_s > self.silent_after:
-                    self._declare(r, silent_s)
+            self._declare({r: s for r, s in peers_silent.items() if s > self.silent_after})
 
-    def _declare(self, rank: int, silent_s: float) -> None:
-        if rank in self._declared or self._stop.is_set():
+    def _declare(self, silent: dict[int, float]) -> None:
+        """Report every rank of ``silent`` (rank: seconds) not reported yet, then break the
+        group once. All of them first: a node that vanishes silences several ranks at once,
+        and breaking the group ends this watchdog's generation, so a rank judged after the
+        break was never reported (seen: one of a vanished node's 4 pods reported, the other 3
+        kept as members of the next generation until the node came back)."""
+        new = {r: s for r, s in silent.items() if r not in self._declared}
+        if not new or self._stop.is_set():
             return
-        self._declared.add(rank)
-        if rank == 0:
+        self._declared.update(new)
+        if 0 in new:
             from torchjob.launch import store_clients
 
             # Nobody may reuse a connection to a store that went silent.
             store_clients.discard("heartbeat", *_store_address())
-        with contextlib.suppress(Exception):
-            self.on_silent(rank, silent_s)
-        if rank not in self.local_ranks:
+        for rank, silent_s in sorted(new.items()):
+            with contextlib.suppress(Exception):
+                self.on_silent(rank, silent_s)
+        if set(new) - set(self.local_ranks):
             # The driver cannot kill a rank on another host: fail this rank's collective.
             with contextlib.suppress(Exception):
                 self.break_group()
