@@ -3,6 +3,7 @@ out: the judge loop alone, over beats set by hand."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 from tests.kube import wait_for
@@ -63,3 +64,44 @@ def test_a_silent_rank_of_this_host_is_reported_without_breaking_the_group() -> 
     finally:
         dog.stop()
     assert reported == [1] and breaks == []
+
+
+def test_ranks_about_to_be_silent_go_with_the_first_one_and_live_ranks_stay() -> None:
+    """The ranks of a vanished node cross the threshold up to a beat apart: the first one's
+    declaration ends the generation, so those quiet for more than half the threshold go with
+    it (seen: 1 of a node's 4 pods in one generation, the other 3 in the next, 24 s later).
+    A rank that beats stays."""
+    reported: list[int] = []
+    breaks: list[int] = []
+    dog: Watchdog
+
+    def break_group() -> None:
+        breaks.append(len(reported))
+        dog.stop()
+
+    dog = Watchdog(
+        rank=0,
+        world_size=5,
+        local_ranks=range(0, 1),
+        on_silent=lambda rank, _s: reported.append(rank),
+        silent_after=6.0,
+        break_group=break_group,
+        layout=StoreLayout(addr="127.0.0.1", port=1, generation=0),
+    )
+    now = time.monotonic()
+    dog._store_ok = now + 1000
+    dog._last_seen = {1: now, 2: now - 10, 3: now - 4.5, 4: now}
+    live = threading.Event()
+
+    def beat() -> None:  # ranks 1 and 4 beat, as live ranks do
+        while not live.wait(0.2):
+            with dog._lock:
+                dog._last_seen[1] = dog._last_seen[4] = time.monotonic()
+
+    threading.Thread(target=beat, daemon=True).start()
+    dog._threads[1].start()
+    try:
+        wait_for(lambda: breaks, 20, "the group broken")
+    finally:
+        live.set()
+    assert sorted(reported) == [2, 3] and breaks == [2], (reported, breaks)

@@ -189,7 +189,14 @@ class Watchdog:
                 if self.rank != 0:
                     self._declare({0: store_silent})
                 continue
-            self._declare({r: s for r, s in peers_silent.items() if s > self.silent_after})
+            if any(s > self.silent_after for s in peers_silent.values()):
+                # A node that vanishes silences its ranks within a beat of each other, and
+                # the first declaration ends this generation: those quiet for more than half
+                # the threshold (two beats at least; a live rank's beat is one old at most)
+                # go with it, or they would be members of the next generation, found again
+                # a threshold (and a re-formation) later.
+                near = max(2 * self.interval_s, self.silent_after / 2)
+                self._declare({r: s for r, s in peers_silent.items() if s > near})
 
     def _declare(self, silent: dict[int, float]) -> None:
         """Report every rank of ``silent`` (rank: seconds) not reported yet, then break the
