@@ -33,7 +33,7 @@ from datetime import datetime
 from torchjob import contract
 from torchjob_operator.common.nodes import NodeView, notice_deadline
 from torchjob_operator.torchjob.observed import JobState, PodView
-from torchjob_operator.torchjob.silent import trusted_reports
+from torchjob_operator.torchjob.silent import SILENT_REASON, trusted_reports
 
 NODE_LOST = "NodeLost"
 """``PodView.disruption`` of a pod whose node stopped reporting (``Ready`` not ``True``)."""
@@ -69,10 +69,6 @@ def with_nodes(
     return tuple(out)
 
 
-SILENT_PEER = "SilentPeer"
-"""``status.history``'s cause of a generation that began without pods reported silent."""
-
-
 def suspect_nodes(
     state: JobState, pods: Iterable[PodView], avoid: Sequence[str], job: str
 ) -> list[str]:
@@ -102,7 +98,7 @@ def lost_silent(state: JobState, job: str) -> dict[str, str]:
     by name, with their nodes: ``status.history``'s ``left`` (pod@node) of a generation begun
     for a silent peer."""
     latest = state.history[-1] if state.history else None
-    if latest is None or latest.cause != SILENT_PEER or latest.generation != state.generation:
+    if latest is None or latest.cause != SILENT_REASON or latest.generation != state.generation:
         return {}
     left = {pod: node for pod, _, node in (x.partition("@") for x in latest.left or ())}
     before = trusted_reports(
@@ -122,7 +118,6 @@ def held_only(p: PodView, silent: Mapping[str, str]) -> bool:
 __all__ = [
     "NODE_LOST",
     "NODE_NOTICE",
-    "SILENT_PEER",
     "held_only",
     "lost_silent",
     "suspect_nodes",
