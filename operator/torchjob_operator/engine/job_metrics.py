@@ -147,8 +147,7 @@ class JobMetrics:
 
     def lost(self) -> frozenset[str]:
         """The nodes that stopped reporting, as the Node watch sees them."""
-        views = self.nodes.snapshot() if self.nodes is not None else {}
-        return frozenset(n for n, v in views.items() if not v.ready)
+        return self.nodes.lost() if self.nodes is not None else frozenset()
 
     def _of(self, job: Mapping[str, Any], lost: frozenset[str]) -> dict[str, list[str]]:
         meta = job.get("metadata") or {}

@@ -31,6 +31,7 @@ class NodeBook:
         self._lock = threading.Lock()
         self._views: Mapping[str, NodeView] = MappingProxyType({})
         self._avoid: tuple[str, ...] = ()
+        self._lost: frozenset[str] = frozenset()
 
     def snapshot(self) -> Mapping[str, NodeView]:
         """Every known node's view (an immutable mapping a reader may keep)."""
@@ -43,9 +44,16 @@ class NodeBook:
         with self._lock:
             return self._avoid
 
+    def lost(self) -> frozenset[str]:
+        """The nodes that stopped reporting (``Ready`` not ``True``), computed when a view
+        changes: a scrape reads it (``engine.job_metrics``)."""
+        with self._lock:
+            return self._lost
+
     def _set(self, views: dict[str, NodeView]) -> None:
         self._views = MappingProxyType(views)
         self._avoid = avoided(views)
+        self._lost = frozenset(n for n, v in views.items() if not v.ready)
 
     def replace(self, views: Mapping[str, NodeView]) -> set[str]:
         """A LIST's views replace the book; returns the nodes whose view changed."""
