@@ -13,13 +13,18 @@ pod does) and resume from their memory:
   the restore point by broadcast;
 * ``shrink``: ``num_workers=(W - losses, W)``: the survivors go on without the lost rank.
 
-Recovery: the kill to the end of the first step of the next generation, less one median step.
+Each victim is SIGKILLed at a random moment of a step (a timer armed at the step's start,
+at a seeded fraction of its median step: in the compute, DDP's all-reduce or the report's
+collective). Recovery: the kill to the end of the first step of the next generation, no step
+subtracted (issue 39). A loss whose recovery needed a second re-formation, resumed from
+storage instead of the survivors' memory, or never came, is a failed re-formation: counted
+in the table's ``n/failed`` and said on the row's ``each:`` line, never dropped.
 Its phases, from the driver's and rank 0's clocks (one machine): ``detect`` (the kill -> the
 driver's wait raised), ``replace`` (``heal``: the dead reaped, a new process started and
 connected; reaping only when shrinking), ``reform`` (every rank leaves the old group and joins
 the new one: rendezvous and gloo's connections), ``restore`` (-> ``register_state`` returned:
 the function sent, the ranks agree on the restore point, it is broadcast and loaded), ``DDP``
-(-> ``prepare_model`` returned), ``first step`` (the first step beyond a median one) and
+(-> ``prepare_model`` returned), ``first step`` (-> its end) and
 ``other`` (the rest: the controller's decisions between them).
 
 Prints a table (world size, p50, p95, lost steps, the median of each phase) and writes the
@@ -40,6 +45,7 @@ import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -106,6 +112,7 @@ def _train(config: dict[str, Any]) -> None:
         _log(out, {"ev": "model", "gen": gen, "t": time.time()})
     x = torch.randn(16, h)
     kills: list[int] = config["kills"]
+    took: list[float] = []
     while state["step"] < config["steps"]:
         t0 = time.time()
         opt.zero_grad()
@@ -114,18 +121,38 @@ def _train(config: dict[str, Any]) -> None:
         state["step"] += 1
         step = state["step"]
         torchjob.train.report({"step": step})
+        took.append(time.time() - t0)
         if rank == 0:
             _log(out, {"ev": "step", "gen": gen, "step": step, "t0": t0, "t1": time.time()})
         if step in kills:
             i = kills.index(step)
             if rank == victim(i, ws, config["who"], config["seed"]):
-                try:  # once: a step redone after a restore does not kill again
-                    fd = os.open(out / f"kill-{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-                except FileExistsError:
-                    continue
-                os.write(fd, json.dumps({"t": time.time(), "gen": gen, "ws": ws}).encode())
-                os.close(fd)
-                os.kill(os.getpid(), signal.SIGKILL)
+                _arm(out, i, gen, ws, statistics.median(took), config["seed"])
+
+
+def _arm(out: Path, i: int, gen: int, ws: int, step_s: float, seed: int) -> None:
+    """The victim of loss ``i``: SIGKILL this process at a random moment of its next step
+    (``moment`` x its median step after now: in the compute, the gradients' all-reduce or the
+    report's collective), once (a step redone after the restore does not kill again)."""
+    marker = out / f"kill-{i}"
+    if marker.exists():
+        return
+    moment = random.Random(f"{seed}-{i}-moment").random()
+
+    def fire() -> None:
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.write(
+            fd, json.dumps({"t": time.time(), "gen": gen, "ws": ws, "moment": moment}).encode()
+        )
+        os.close(fd)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    timer = threading.Timer(moment * step_s, fire)
+    timer.daemon = True
+    timer.start()
 
 
 # ------------------------------------------------------------------------------ the driver
@@ -182,43 +209,45 @@ class Probe:
 
 def analyse(out: Path, probe: Probe, n_kills: int) -> tuple[list[Loss], float]:
     """The losses of one run (its rank 0 log, its kill files, the driver's marks) and its
-    median step."""
+    median step. A kill that no later generation stepped after is listed, not dropped."""
     rows = [json.loads(line) for line in (out / "rank0.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["ev"] == "step"]
     firsts = {min(r["step"] for r in steps if r["gen"] == g) for g in {r["gen"] for r in steps}}
-    step_s = statistics.median(
-        r["t1"] - r["t0"] for r in steps if r["step"] not in firsts and r["step"] > 2
-    )
+    normal = [r["t1"] - r["t0"] for r in steps if r["step"] not in firsts and r["step"] > 2]
+    step_s = statistics.median(normal) if normal else float("nan")
     losses = []
     for i in range(n_kills):
         path = out / f"kill-{i}"
         if not path.exists():
-            continue
+            continue  # the run ended (or failed) before this kill was armed
         kill = json.loads(path.read_text())
         tk, gen = kill["t"], kill["gen"]
-        after = [r for r in steps if r["gen"] > gen]
+        after = [r for r in steps if r["gen"] > gen and r["t1"] > tk]
+        before = [r for r in steps if r["gen"] == gen]
         if not after:
+            losses.append(Loss(kill["ws"], None, 0, {}))
             continue
-        g = after[0]["gen"]
-        ev = {r["ev"]: r["t"] for r in rows if r["gen"] == g and r["ev"] != "step"}
         first = after[0]
-        recovery = first["t1"] - tk - step_s
-        detected = probe.after("detected", tk, ev["enter"]) or tk
-        heal0 = probe.after("heal0", detected, ev["enter"])
-        heal1 = probe.after("heal1", detected, ev["enter"])
-        reform0 = probe.after("reform0", detected, ev["enter"]) or detected
-        reform1 = probe.after("reform1", detected, ev["enter"]) or reform0
+        g = first["gen"]
+        ev = {r["ev"]: r for r in rows if r["gen"] == g and r["ev"] != "step"}
+        recovery = first["t1"] - tk
+        detected = probe.after("detected", tk, ev["enter"]["t"]) or tk
+        heal0 = probe.after("heal0", detected, ev["enter"]["t"])
+        heal1 = probe.after("heal1", detected, ev["enter"]["t"])
+        reform0 = probe.after("reform0", detected, ev["enter"]["t"]) or detected
+        reform1 = probe.after("reform1", detected, ev["enter"]["t"]) or reform0
         phases = {
             "detect": detected - tk,
             "replace": (heal1 - heal0) if heal0 and heal1 else 0.0,
             "reform": reform1 - reform0,
-            "restore": ev["restored"] - reform1,
-            "DDP": ev["model"] - ev["restored"],
-            "first step": first["t1"] - ev["model"] - step_s,
+            "restore": ev["restored"]["t"] - reform1,
+            "DDP": ev["model"]["t"] - ev["restored"]["t"],
+            "first step": first["t1"] - ev["model"]["t"],
         }
         phases["other"] = recovery - sum(phases.values())
-        lost = max(0, [r for r in steps if r["gen"] == gen][-1]["step"] - (first["step"] - 1))
-        losses.append(Loss(kill["ws"], recovery, lost, phases))
+        lost = max(0, before[-1]["step"] - (first["step"] - 1)) if before else 0
+        from_memory = bool(ev["restored"].get("memory"))
+        losses.append(Loss(kill["ws"], recovery, lost, phases, g - gen, from_memory))
     return losses, step_s
 
 
@@ -253,7 +282,10 @@ def run(
     )
     probe = Probe()
     with probe.installed():
-        trainer.fit()
+        try:
+            trainer.fit()
+        except Exception as e:  # a failed run: its losses are listed, not recovered
+            print(f"run {out.name} failed: {type(e).__name__}: {e}", flush=True)
     losses, step_s = analyse(out, probe, n)
     args.start_methods |= probe.start_methods
     return losses, step_s
@@ -272,7 +304,8 @@ def measure(args: argparse.Namespace, size: int, how: str, who: str) -> tuple[li
         if not got:
             break
         losses += got
-        steps.append(step_s)
+        if step_s == step_s:
+            steps.append(step_s)
     return losses, statistics.median(steps) if steps else float("nan")
 
 
@@ -318,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     head = (
-        f"{'ranks':>5} {'how':<8} {'victim':<7}{'n':>3}{'p50':>8}{'p95':>8}{'lost':>5}{'step':>8}"
+        f"{'ranks':>5} {'how':<8} {'victim':<7}{'n/fail':>6}{'p50':>8}{'p95':>8}{'lost':>5}{'step':>8}"
         + "".join(f"{p:>12}" for p in PHASES)
     )
     print(head + "\n" + "-" * len(head), flush=True)
@@ -331,12 +364,17 @@ def main(argv: list[str] | None = None) -> int:
         for how in args.modes:
             for who in args.victims:
                 losses, step_s = measure(args, size, how, who)
-                curve.setdefault((how, size), []).extend(x.recovery for x in losses)
+                curve.setdefault((how, size), []).extend(
+                    x.recovery for x in losses if x.recovery is not None
+                )
                 print(row_line(size, how, who, losses, step_s), flush=True)
                 print(each_line(losses), flush=True)
     print(
-        "recovery: the kill to the end of the next generation's first step, less one median "
-        "step; phases: medians (see the module docstring); lost: steps redone, in total; "
+        "recovery: the kill (at a random moment of the victim's step) to the end of the next "
+        "generation's first step, no step subtracted; n/failed: losses / failed "
+        "re-formations (not recovered, a second re-formation, or resumed from storage), the "
+        "percentiles over the recovered; phases: medians of the recovered (see the module "
+        "docstring); lost: steps redone, in total; "
         f"workers started by {'/'.join(sorted(args.start_methods)) or 'fork'}"
     )
     if curve:
