@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.cluster.realnode import NODE_LABEL
+
 from bench import goodput_accounting as acc
 from bench import goodput_schedule as sch
 from bench.goodput_pods import hard_kill, running_pods
@@ -58,6 +60,22 @@ def job_pods_on(core: Any, ns: str, node: str) -> list[Any]:
         ),
         key=lambda p: p.metadata.name,
     )
+
+
+def fleet_whole(core: Any, names: list[str]) -> bool:
+    """Every real node Ready, schedulable and untainted (but for the real nodes' own taint):
+    a row starts on the whole fleet (a
+    node a previous row lost returns without waiting, and a job placed while it is still
+    NotReady would start with every pod on the others, so a node loss would take them all)."""
+    for name in names:
+        node = core.read_node(name)
+        ready = any(
+            c.type == "Ready" and c.status == "True" for c in (node.status.conditions or [])
+        )
+        taints = [t for t in node.spec.taints or () if t.key != NODE_LABEL]
+        if not ready or node.spec.unschedulable or taints:
+            return False
+    return True
 
 
 def _said(node: str, output: str | None) -> None:

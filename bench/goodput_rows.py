@@ -20,7 +20,7 @@ from tests import kube as k
 from bench import goodput_accounting as acc
 from bench import goodput_schedule as sch
 from bench.goodput_jobs import JOB, KUBEFLOW, kubeflow_manifest, manifest
-from bench.goodput_losses import Losses
+from bench.goodput_losses import Losses, fleet_whole
 from bench.goodput_pods import save_logs
 from bench.goodput_records import (
     EVENT_ORDER,
@@ -156,8 +156,10 @@ class _RowRun:
             if policy == KUBEFLOW
             else manifest(args, policy, storage, events, strategy, restore_point=restore_point)
         )
-        cluster.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(body))
         nodes = getattr(args, "nodes", None)
+        if nodes is not None:
+            k.wait_for(lambda: fleet_whole(core, nodes.names), 600, "every real node back, Ready")
+        cluster.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(body))
         losses = Losses(core, ns, mode, rng, nodes, args.node_return, watch, args.thaw)
         return cls(args, cluster, core, custom, index, ns, storage, events, watch, rng, row, losses)
 
