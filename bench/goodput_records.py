@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import goodput_accounting as acc
+from bench.goodput_rates import GenRate
 from bench.harness import read_jsonl
 
 PHASES = ("reaction", "pod start", "imports", "group", "DDP", "restore", "first step")
@@ -72,6 +73,8 @@ class Row:
     """Wall-clock times of rank 0's steps (the timeline)."""
     step_samples: list[float] = field(default_factory=list)
     """The samples of each of those steps (world size x batch)."""
+    gen_rates: list[GenRate] = field(default_factory=list)
+    """Rank 0's step rate in each full-size generation (``goodput_rates``)."""
     t_first: float = 0.0
     pod_seconds: float = 0.0
     """Pod-seconds paid over [t_first, t_first + wall], from the trace (``acc.pod_seconds``)."""

@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 
 from bench import goodput_accounting as acc
+from bench import goodput_rates as rates
 from bench import goodput_schedule as sch
 from bench.goodput_jobs import KUBEFLOW
 from bench.goodput_records import PHASES, Recovery, Row
@@ -182,8 +183,9 @@ def _print_overhead(baselines: list[Row], plain: list[Row]) -> None:
 
 
 def _print_losses(args: argparse.Namespace, rows: list[Row]) -> None:
-    """Per row: the losses taken against the stated mean, how many pods each took, and every
-    loss that did not recover (a failed re-formation: listed, never dropped)."""
+    """Per row: the losses taken against the stated mean, how many pods each took, every
+    loss that did not recover (a failed re-formation: listed, never dropped), and rank 0's
+    step rate in each full-size generation (slower after a loss?)."""
     print(f"losses per row (stated mean interval {args.mtbf:.0f}s = {1 / args.mtbf:.4f}/s):")
     for r in rows:
         if not r.wall:
@@ -208,3 +210,4 @@ def _print_losses(args: argparse.Namespace, rows: list[Row]) -> None:
                 print(f"     NOT RECOVERED {why}: {x.describe(r.t_first)}")
         for skipped in r.skipped:
             print(f"     skipped (nothing to take): {skipped}")
+        print(f"     full-size rate by generation: {rates.describe(r.gen_rates)}")

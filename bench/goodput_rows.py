@@ -22,6 +22,7 @@ from bench import goodput_schedule as sch
 from bench.goodput_jobs import JOB, KUBEFLOW, kubeflow_manifest, manifest
 from bench.goodput_losses import Losses, fleet_whole
 from bench.goodput_pods import save_logs
+from bench.goodput_rates import full_size_rates
 from bench.goodput_records import (
     EVENT_ORDER,
     PHASES,
@@ -353,3 +354,4 @@ class _RowRun:
         row.step_samples = [
             float(e.get("world", self.args.replicas) * self.args.batch) for e in steps
         ]
+        row.gen_rates = full_size_rates(steps, self.args.replicas)
