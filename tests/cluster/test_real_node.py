@@ -528,6 +528,26 @@ def test_a_node_notice_swaps_in_a_replacement_on_another_node_and_loses_no_step(
         assert after == list(range(at + 1, at + 1 + len(after))), f"rank {rank}: {after}"
 
 
+OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown",
+                  "effect": "NoExecute"}  # fmt: skip
+"""The taint an admin puts on a node known to be shut down (Kubernetes' non-graceful node
+shutdown): the pod GC force-deletes the pods left Terminating on it."""
+
+
+def _node_ready(jobs: Jobs, node: str) -> bool:
+    conditions = jobs.core.read_node(node).status.conditions or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def _taint(jobs: Jobs, node: str, taint: dict[str, str], remove: bool = False) -> None:
+    """Add (or remove) ``taint`` on ``node``, keeping its other taints."""
+    taints = [
+        t.to_dict() for t in jobs.core.read_node(node).spec.taints or () if t.key != taint["key"]
+    ]
+    taints = [{k: v for k, v in t.items() if v is not None} for t in taints]
+    jobs.core.patch_node(node, {"spec": {"taints": taints if remove else [*taints, taint]}})
+
+
 def _infra_nodes(jobs: Jobs) -> set[str]:
     """The nodes that run the operator or the cluster's DNS: a test that makes a node vanish
     leaves them alone."""
@@ -545,8 +565,10 @@ def test_a_vanished_node_loses_its_pod_at_once_and_the_stale_pod_never_rejoins(
     """Issue 39: a worker's node vanishes (every process of it frozen, its link cut: no FIN,
     no RST; the API server still shows it Ready for a while). The survivor finds its peer
     silent and goes on alone from memory; the replacement starts on another node (the
-    silent pod's node is avoided) and the job grows back; the node returns and its stale pod
-    is deleted, never rejoining a generation. Nothing is charged."""
+    silent pod's node is avoided) and the job grows back. The stale pod, stuck Terminating,
+    is force-deleted once the node is marked out of service, and the job finishes while the
+    node is still gone; the node returns and the stale pod's processes never rejoin a
+    generation. Nothing is charged."""
     events = storage / "events.jsonl"
     manifest = hard_loss_job("gone", storage, events, steps=150, hold=2)
     # One worker per node for sure (the default spread is only ScheduleAnyway).
@@ -577,10 +599,21 @@ def test_a_vanished_node_loses_its_pod_at_once_and_the_stale_pod_never_rejoins(
         (new,) = (i for i in grown.get("members") or [0, 1] if f"gone-worker-{i}" != other)
         fresh = real_jobs.core.read_namespaced_pod(f"gone-worker-{new}", real_jobs.ns)
         assert fresh.spec.node_name != node, "the replacement avoids the vanished node"
+        # The stale pod is stuck Terminating on the dead node (its kubelet cannot confirm the
+        # deletion). An admin who knows the node is gone marks it out of service (non-graceful
+        # node shutdown): the controller-manager's pod GC then force-deletes it, the node
+        # still gone, and nothing of the job stands in the way.
+        stale = real_jobs.core.read_namespaced_pod(name, real_jobs.ns)
+        assert stale.metadata.deletion_timestamp is not None, "the silent pod was deleted"
+        k.wait_for(lambda: not _node_ready(real_jobs, node), 120, f"{node} not Ready")
+        _taint(real_jobs, node, OUT_OF_SERVICE)
+        marked = time.time()
+        assert k.wait_for_pod_gone(real_jobs.core, real_jobs.ns, name, timeout=120)
+        print(f"out-of-service -> the stale pod gone: {time.time() - marked:.1f}s")
+        status = wait_finished(real_jobs, "gone")  # the node still gone: it blocked nothing
     finally:
+        _taint(real_jobs, node, OUT_OF_SERVICE, remove=True)
         real_nodes.return_node(node)
-    assert k.wait_for_pod_gone(real_jobs.core, real_jobs.ns, name, timeout=180)
-    status = wait_finished(real_jobs, "gone")
     assert status["phase"] == "Succeeded", pod_logs(real_jobs, "gone")
     assert status["restarts"] == 0 and status.get("lastFailure") is None, status
     evs = read_events(events)
