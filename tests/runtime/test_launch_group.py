@@ -139,6 +139,36 @@ def test_a_rank_elsewhere_that_never_comes_is_waiting_for_peers_not_a_local_faul
     assert not own.value.waiting_for_peers
 
 
+def test_a_formation_waiting_for_a_store_that_never_answers_is_given_up_when_superseded() -> None:
+    """Issue 39: rank 0's pod vanished with its node while the next generation formed; the
+    pod of rank 1 would wait for rank 0's store up to the collective timeout (300 s here).
+    Once ``abandon`` says the generation was superseded, the formation is given up at once:
+    waiting for peers (a peer's loss, not this pod's fault), and its process is gone."""
+    placement = _pod(1, 2, free_port(), generation=3)  # nothing serves rank 0's store
+    group = WorkerGroup(1, timeout_s=300, placement=placement, start_timeout_s=60)
+    seen: list[int] = []
+
+    def abandon() -> str | None:
+        seen.extend(p for p in group.pids if p not in seen)
+        return "generation 4 was published" if seen else None  # once the worker runs
+
+    group.abandon = abandon
+    with pytest.raises(WorkerGroupStartError, match="generation 4 was published") as info:
+        group.start()
+    assert info.value.waiting_for_peers, str(info.value)
+    assert "did not join" not in str(info.value)  # given up, not timed out
+    assert seen, "the worker process ran"
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_for(lambda: all(gone(p) for p in seen), scaled(30), "the worker process gone")
+
+
 def _pod(index: int, world: int, port: int, generation: int) -> Placement:
     """Pod ``index`` of a ``world``-pod job, one rank per pod, rendezvous on this host."""
     return Placement(

@@ -165,6 +165,25 @@ def test_keep_survivors_reforms_while_a_peer_is_not_up(tmp_path: Path) -> None:
     assert isinstance(survivor(tmp_path, done)._next(STATE, Crashed(late)), Errored)
 
 
+def test_a_formation_is_superseded_once_a_later_generation_is_published(
+    tmp_path: Path,
+) -> None:
+    """Issue 39: a generation's member vanished while the group formed (its node gone): the
+    others would wait for it up to the collective timeout. Once the operator publishes the
+    next generation the formation is given up, and the pod follows the new generation."""
+    assert survivor(tmp_path, Membership(0, 2)).mode.superseded() is None
+    c = survivor(tmp_path, Membership(1, 2))
+    why = c.mode.superseded()
+    assert why == "generation 1 was published"
+    given_up = WorkerGroupStartError(
+        f"rank(s) [1] were still joining when {why}", waiting_for_peers=True
+    )
+    assert isinstance(c._next(STATE, Crashed(given_up)), Following)
+    # A laptop's and a plain pod's formations are never superseded.
+    assert Controller(trainer(tmp_path), None).mode.superseded() is None
+    assert Controller(trainer(tmp_path), pod()).mode.superseded() is None
+
+
 def replaced(tmp_path: Path, published: Membership | None, name: str) -> Controller:
     c = Controller(trainer(tmp_path), pod(membership=KEEP_SURVIVORS))
     c.mode = KeepSurvivorsMode(Watch(published), Membership(0, 2), pod_name=name)  # type: ignore[arg-type]

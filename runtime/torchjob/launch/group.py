@@ -36,6 +36,7 @@ from torchjob.launch.placement import Placement
 from torchjob.launch.protocol import Exit, Init, Reform, Run
 from torchjob.launch.settings import ENV_STORE_SERVED, RuntimeSettings
 from torchjob.launch.startup import (
+    Abandon,
     accept_workers,
     await_ready,
     check_gpu_count,
@@ -103,6 +104,9 @@ class WorkerGroup(Survivors):
         interpreter (``torchjob.launch._start``)."""
         self.start_why = ""
         """How the last worker started, in words (``forked from the copy zygote (pid N)``)."""
+        self.abandon: Abandon | None = None
+        """Asked while the workers form a group (:meth:`start`, :meth:`reform`): a reason to
+        give up on that formation now (``torchjob.launch.startup.await_ready``)."""
 
     # --- properties -----------------------------------------------------------------
     @property
@@ -262,7 +266,9 @@ class WorkerGroup(Survivors):
         return WorkerHandle(local_rank=local_rank, rank=rank, proc=proc)
 
     def _await_ready(self) -> None:
-        await_ready(self._workers, timeout_s=self._start_timeout_s + self._timeout_s)
+        await_ready(
+            self._workers, timeout_s=self._start_timeout_s + self._timeout_s, abandon=self.abandon
+        )
 
     def mark_broken(self, *, peer_loss_only: bool, survivors: bool = False) -> None:
         """After a failed execution (:class:`Execution`): peers may be stuck in a collective.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
@@ -154,8 +154,21 @@ def accept_workers(
         joined += 1
 
 
-def await_ready(workers: Sequence[WorkerHandle], *, timeout_s: float) -> None:
-    """Wait until every worker joined the process group (or reported why it could not)."""
+Abandon = Callable[[], "str | None"]
+"""Asked while a group forms: a reason to give up on it now (the generation it was forming
+was superseded), or None to go on waiting."""
+
+
+def await_ready(
+    workers: Sequence[WorkerHandle], *, timeout_s: float, abandon: Abandon | None = None
+) -> None:
+    """Wait until every worker joined the process group (or reported why it could not).
+
+    ``abandon`` is asked every half second: a worker waits for its peers (rank 0's store, the
+    group's connections) up to the collective timeout, minutes, and a peer whose node
+    vanished never comes. When the generation being formed is superseded (the operator
+    published the next one without that peer), waiting is pointless: this raises at once,
+    ``waiting_for_peers``, and the caller shuts the workers down."""
     deadline = time.monotonic() + timeout_s
     pending = {w.conn: w for w in workers if w.conn is not None}
     while pending:
@@ -163,6 +176,12 @@ def await_ready(workers: Sequence[WorkerHandle], *, timeout_s: float) -> None:
             ranks = sorted(w.rank for w in pending.values())
             raise WorkerGroupStartError(
                 f"rank(s) {ranks} did not join the process group", waiting_for_peers=True
+            )
+        if abandon is not None and (why := abandon()) is not None:
+            ranks = sorted(w.rank for w in pending.values())
+            raise WorkerGroupStartError(
+                f"rank(s) {ranks} were still joining the process group when {why}",
+                waiting_for_peers=True,
             )
         for conn in wait(list(pending), timeout=0.5):
             assert isinstance(conn, Connection)

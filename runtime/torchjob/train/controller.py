@@ -303,7 +303,7 @@ class Controller:
             generation=pod.generation if pod is not None else state.generation,
         )
         try:
-            run.group = group = self.workers.take(placement, env, pod)
+            run.group = group = self.workers.take(placement, env, pod, abandon=self.mode.superseded)
             with self.notice.training():
                 outcomes = group.submit(run_training, (self._spec(),)).wait(
                     on_event=run.on_event, on_tick=run.on_tick, loss_grace_s=run.loss_grace_s

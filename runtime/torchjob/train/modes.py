@@ -66,6 +66,10 @@ class FitMode(Protocol):
     def interrupt(self, c: FitContext, state: RunState) -> str | None:
         """Polled while a generation runs: a reason to stop every rank at its next report."""
 
+    def superseded(self) -> str | None:
+        """Polled while a generation's group forms: a reason to give up on forming it (a
+        later generation was published), else None."""
+
     def after_interrupt(self, c: FitContext, state: RunState, at_report: int | None) -> Step:
         """Every rank stopped at a report, and not because this process got SIGTERM."""
 
@@ -99,6 +103,9 @@ class LocalMode:
             return decision.reason
         return None
 
+    def superseded(self) -> str | None:
+        return None  # a local group forms in moments; a resize waits for it
+
     def after_interrupt(self, c: FitContext, state: RunState, at_report: int | None) -> Step:
         resize, self.pending = self.pending, None
         if resize is None:
@@ -120,6 +127,9 @@ class PodMode:
     name = "pod"
 
     def interrupt(self, c: FitContext, state: RunState) -> str | None:
+        return None
+
+    def superseded(self) -> str | None:
         return None
 
     def after_interrupt(self, c: FitContext, state: RunState, at_report: int | None) -> Step:
@@ -236,6 +246,16 @@ class KeepSurvivorsMode:
             f"generation {moved.generation} published: stopping all ranks at the next report "
             "to re-form the group"
         )
+
+    def superseded(self) -> str | None:
+        """The operator published a generation after the one this pod's group is forming (a
+        member of it was lost: its node vanished, or it was deleted): the peers this
+        formation waits for may never come, so this pod follows the new one instead of
+        waiting for the collective timeout."""
+        moved = self.watch.changed(self.membership.generation)
+        if moved is None:
+            return None
+        return f"generation {moved.generation} was published"
 
     def after_interrupt(self, c: FitContext, state: RunState, at_report: int | None) -> Step:
         if self.leaving or self._excluded(self.watch.read()):

@@ -17,6 +17,7 @@ from torchjob import contract
 from torchjob.contract import PodEnv
 from torchjob.launch import LaunchError, Placement, WorkerGroup
 from torchjob.launch.policy import RunState
+from torchjob.launch.startup import Abandon
 from torchjob.train._spec import WorkerSpec
 from torchjob.train.progress import ProgressView
 from torchjob.train.steps import TrainerSettings
@@ -127,14 +128,23 @@ class Workers:
         )
         self._kept = group
 
-    def take(self, placement: Placement, env: dict[str, str], pod: PodEnv | None) -> WorkerGroup:
+    def take(
+        self,
+        placement: Placement,
+        env: dict[str, str],
+        pod: PodEnv | None,
+        abandon: Abandon | None = None,
+    ) -> WorkerGroup:
         """The workers for this generation: the kept processes, re-formed in place when they
-        fit ``placement``, else a new group (both ready to run)."""
+        fit ``placement``, else a new group (both ready to run). ``abandon``: asked while they
+        form (``torchjob.launch.startup.await_ready``); a formation given up on raises
+        ``WorkerGroupStartError`` and its processes are shut down."""
         kept, self._kept = self._kept, None
         n = placement.local_world_size
         if kept is not None and (
             kept.can_reform(placement) or (self._heals(kept) and kept.heals_to(n))
         ):
+            kept.abandon = abandon
             try:
                 if not kept.can_reform(placement):
                     kept.heal(n)
@@ -146,6 +156,7 @@ class Workers:
         if kept is not None:
             kept.shutdown(timeout_s=0)
         group = self._new_group(placement, env, pod)
+        group.abandon = abandon
         try:
             group.start()
         except LaunchError:
