@@ -19,7 +19,7 @@ from torchjob.launch.policy import Resize, RunState
 from torchjob.train import FailureConfig, RunConfig, ScalingConfig
 from torchjob.train._spec import WorkerOutcome
 from torchjob.train.controller import Controller
-from torchjob.train.modes import KeepSurvivorsMode, LocalMode, PodMode
+from torchjob.train.modes import SUPERSEDED_AFTER_S, KeepSurvivorsMode, LocalMode, PodMode
 from torchjob.train.progress import ProgressView
 from torchjob.train.recovery.membership import GenerationTimeout, Membership
 from torchjob.train.steps import (
@@ -170,18 +170,21 @@ def test_a_formation_is_superseded_once_a_later_generation_is_published(
 ) -> None:
     """Issue 39: a generation's member vanished while the group formed (its node gone): the
     others would wait for it up to the collective timeout. Once the operator publishes the
-    next generation the formation is given up, and the pod follows the new generation."""
-    assert survivor(tmp_path, Membership(0, 2)).mode.superseded() is None
+    next generation the formation is given up (once it has waited long enough that it is not
+    merely forming), and the pod follows the new generation."""
+    assert survivor(tmp_path, Membership(0, 2)).mode.superseded(60.0) is None
     c = survivor(tmp_path, Membership(1, 2))
-    why = c.mode.superseded()
-    assert why == "generation 1 was published"
+    # A formation that may still complete (then stop at its first report, memory kept) goes on.
+    assert c.mode.superseded(SUPERSEDED_AFTER_S - 1) is None
+    why = c.mode.superseded(SUPERSEDED_AFTER_S)
+    assert why == f"generation 1 was published {SUPERSEDED_AFTER_S:.0f}s into the formation"
     given_up = WorkerGroupStartError(
         f"rank(s) [1] were still joining when {why}", waiting_for_peers=True
     )
     assert isinstance(c._next(STATE, Crashed(given_up)), Following)
     # A laptop's and a plain pod's formations are never superseded.
-    assert Controller(trainer(tmp_path), None).mode.superseded() is None
-    assert Controller(trainer(tmp_path), pod()).mode.superseded() is None
+    assert Controller(trainer(tmp_path), None).mode.superseded(60.0) is None
+    assert Controller(trainer(tmp_path), pod()).mode.superseded(60.0) is None
 
 
 def replaced(tmp_path: Path, published: Membership | None, name: str) -> Controller:

@@ -55,6 +55,13 @@ FOLLOW_TIMEOUT_S = 900.0
 (restart backoff plus scheduling of the replacement pods)."""
 
 
+SUPERSEDED_AFTER_S = 10.0
+"""A formation that a later generation superseded is given up only once it has waited this
+long: a sound one forms within seconds, then stops at its first report for the next
+generation with its processes, and their restore point, kept; a formation given up loses
+them. Only one still waiting for a peer that will never come is worth giving up."""
+
+
 # --- modes ---------------------------------------------------------------------------------
 
 
@@ -66,9 +73,9 @@ class FitMode(Protocol):
     def interrupt(self, c: FitContext, state: RunState) -> str | None:
         """Polled while a generation runs: a reason to stop every rank at its next report."""
 
-    def superseded(self) -> str | None:
-        """Polled while a generation's group forms: a reason to give up on forming it (a
-        later generation was published), else None."""
+    def superseded(self, forming_s: float) -> str | None:
+        """Polled while a generation's group forms (for ``forming_s`` seconds so far): a
+        reason to give up on forming it (a later generation was published), else None."""
 
     def after_interrupt(self, c: FitContext, state: RunState, at_report: int | None) -> Step:
         """Every rank stopped at a report, and not because this process got SIGTERM."""
@@ -103,7 +110,7 @@ class LocalMode:
             return decision.reason
         return None
 
-    def superseded(self) -> str | None:
+    def superseded(self, forming_s: float) -> str | None:
         return None  # a local group forms in moments; a resize waits for it
 
     def after_interrupt(self, c: FitContext, state: RunState, at_report: int | None) -> Step:
@@ -129,7 +136,7 @@ class PodMode:
     def interrupt(self, c: FitContext, state: RunState) -> str | None:
         return None
 
-    def superseded(self) -> str | None:
+    def superseded(self, forming_s: float) -> str | None:
         return None
 
     def after_interrupt(self, c: FitContext, state: RunState, at_report: int | None) -> Step:
@@ -247,15 +254,17 @@ class KeepSurvivorsMode:
             "to re-form the group"
         )
 
-    def superseded(self) -> str | None:
-        """The operator published a generation after the one this pod's group is forming (a
-        member of it was lost: its node vanished, or it was deleted): the peers this
-        formation waits for may never come, so this pod follows the new one instead of
-        waiting for the collective timeout."""
+    def superseded(self, forming_s: float) -> str | None:
+        """The operator published a generation after the one this pod's group has been
+        forming for :data:`SUPERSEDED_AFTER_S` or more (a member of it was lost: its node
+        vanished, or it was deleted): the peers this formation waits for may never come, so
+        this pod follows the new one instead of waiting for the collective timeout."""
+        if forming_s < SUPERSEDED_AFTER_S:
+            return None
         moved = self.watch.changed(self.membership.generation)
         if moved is None:
             return None
-        return f"generation {moved.generation} was published"
+        return f"generation {moved.generation} was published {forming_s:.0f}s into the formation"
 
     def after_interrupt(self, c: FitContext, state: RunState, at_report: int | None) -> Step:
         if self.leaving or self._excluded(self.watch.read()):
