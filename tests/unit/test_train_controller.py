@@ -187,6 +187,29 @@ def test_a_formation_is_superseded_once_a_later_generation_is_published(
     assert Controller(trainer(tmp_path), pod()).mode.superseded(60.0) is None
 
 
+def test_a_generation_asks_its_mode_while_its_group_forms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller hands the workers' formation a question without arguments (what
+    ``await_ready`` asks every half second), wired to the mode and the formation's age."""
+    from torchjob.train import modes
+
+    c = survivor(tmp_path, Membership(1, 2))
+    asked: list[str | None] = []
+
+    def take(placement: Any, env: Any, pod: Any, abandon: Any = None) -> Any:
+        asked.append(abandon())
+        raise WorkerGroupStartError(f"given up: {asked[-1]}", waiting_for_peers=True)
+
+    monkeypatch.setattr(c.workers, "take", take)
+    with ProgressView(enabled=False, total_epochs=None) as view:
+        assert isinstance(c._run_generation(STATE, view), Crashed)
+        monkeypatch.setattr(modes, "SUPERSEDED_AFTER_S", 0.0)
+        assert isinstance(c._run_generation(STATE, view), Crashed)
+    assert asked[0] is None  # a formation in its first seconds is not given up
+    assert asked[1] == "generation 1 was published 0s into the formation"
+
+
 def replaced(tmp_path: Path, published: Membership | None, name: str) -> Controller:
     c = Controller(trainer(tmp_path), pod(membership=KEEP_SURVIVORS))
     c.mode = KeepSurvivorsMode(Watch(published), Membership(0, 2), pod_name=name)  # type: ignore[arg-type]

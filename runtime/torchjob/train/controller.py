@@ -303,7 +303,13 @@ class Controller:
             generation=pod.generation if pod is not None else state.generation,
         )
         try:
-            run.group = group = self.workers.take(placement, env, pod, abandon=self.mode.superseded)
+            forming = time.monotonic()
+            run.group = group = self.workers.take(
+                placement,
+                env,
+                pod,
+                abandon=lambda: self.mode.superseded(time.monotonic() - forming),
+            )
             with self.notice.training():
                 outcomes = group.submit(run_training, (self._spec(),)).wait(
                     on_event=run.on_event, on_tick=run.on_tick, loss_grace_s=run.loss_grace_s
