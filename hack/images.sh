@@ -212,7 +212,8 @@ save() {
   mkdir -p "${CACHE}"
   tar="${CACHE}/$1-${id:0:16}.tar"
   if [[ ! -s "${tar}" ]]; then
-    rm -f "${CACHE}/$1-"*.tar
+    # A save interrupted before its rename leaves a .tmp that podman refuses to write over.
+    rm -f "${CACHE}/$1-"*.tar "${tar}.tmp"
     "${ENGINE}" save -o "${tar}.tmp" "${tag}" >/dev/null
     mv "${tar}.tmp" "${tar}"
   fi
