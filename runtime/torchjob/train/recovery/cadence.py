@@ -14,7 +14,8 @@ costs up to ``k - 1`` reports of steps (redone from the last restore
 point), which :attr:`Cadence.every` says and ``report()`` passes on. ``TORCHJOB_RESTORE_POINT_EVERY``
 fixes ``k`` instead (``1``: every report, whatever it costs).
 
-The estimate must not move on one slow copy: a process starved of CPU for a moment would
+A process's first copy allocates the buffers the later ones reuse: it is not counted (the
+next report copies again, into them). The estimate must not move on one slow copy: a process starved of CPU for a moment would
 otherwise skip hundreds of restore points. So the copy time is the *fastest* of the last
 few copies (a copy is never faster than it costs; a stall only makes one slower) and the
 interval is the *median* of the last few (a stall lengthens it, which only lowers ``k``).
@@ -69,7 +70,8 @@ class Cadence:
 
     def due(self, now_s: float) -> bool:
         """At a report (``now_s``: a monotonic clock): whether it takes the restore point.
-        The first report always does (it measures the copy)."""
+        Every report does until one copy into buffers already there was measured (the
+        first copy allocates them: see :meth:`took`)."""
         if self.last_report_s is not None:
             # The training time between two reports, without the copy made at the first.
             self.intervals.append(max(now_s - self.last_report_s - self.last_copy_s, 0.0))
@@ -79,12 +81,19 @@ class Cadence:
         first = not self.copies
         return first or self.since >= self.every
 
-    def took(self, seconds: float, nbytes: int) -> None:
-        """The restore point of this report was taken: ``nbytes`` in ``seconds``."""
-        self.copies.append(seconds)
-        self.nbytes = nbytes
+    def took(self, seconds: float, nbytes: int, allocated: bool = False) -> None:
+        """The restore point of this report was taken: ``nbytes`` in ``seconds``.
+        ``allocated``: it allocated its buffers (a process's first restore point, or a state
+        that changed shape). Such a copy is no sample of what a copy costs: it pays for
+        fresh pages as well (on the 2-core machine, busy, a first copy of 252 MiB took
+        seconds where the next took 0.08 s, so k came out in the dozens and a loss lost 17
+        steps where it should have lost one); the next report then copies again."""
         self.last_copy_s = seconds
         self.since = 0
+        self.nbytes = nbytes
+        if allocated:
+            return
+        self.copies.append(seconds)
 
     def news(self) -> str | None:
         """A line for the log when ``every`` changed since it was last said (None if not):
