@@ -173,11 +173,16 @@ def test_a_formation_is_superseded_once_a_later_generation_is_published(
     next generation the formation is given up (once it has waited long enough that it is not
     merely forming), and the pod follows the new generation."""
     assert survivor(tmp_path, Membership(0, 2)).mode.superseded(60.0) is None
-    c = survivor(tmp_path, Membership(1, 2))
+    # A grow keeps every pod the formation waits for: it can complete, memory kept.
+    assert survivor(tmp_path, Membership(1, 3)).mode.superseded(60.0) is None
+    c = survivor(tmp_path, Membership(1, 2, members=(0, 2)))  # pod 1 lost, pod 2 in its place
     # A formation that may still complete (then stop at its first report, memory kept) goes on.
     assert c.mode.superseded(SUPERSEDED_AFTER_S - 1) is None
     why = c.mode.superseded(SUPERSEDED_AFTER_S)
-    assert why == f"generation 1 was published {SUPERSEDED_AFTER_S:.0f}s into the formation"
+    assert why == (
+        f"generation 1 was published without pod(s) [1], {SUPERSEDED_AFTER_S:.0f}s into the "
+        "formation"
+    )
     given_up = WorkerGroupStartError(
         f"rank(s) [1] were still joining when {why}", waiting_for_peers=True
     )
@@ -194,7 +199,7 @@ def test_a_generation_asks_its_mode_while_its_group_forms(
     ``await_ready`` asks every half second), wired to the mode and the formation's age."""
     from torchjob.train import modes
 
-    c = survivor(tmp_path, Membership(1, 2))
+    c = survivor(tmp_path, Membership(1, 2, members=(0, 2)))
     asked: list[str | None] = []
 
     def take(placement: Any, env: Any, pod: Any, abandon: Any = None) -> Any:
@@ -207,7 +212,7 @@ def test_a_generation_asks_its_mode_while_its_group_forms(
         monkeypatch.setattr(modes, "SUPERSEDED_AFTER_S", 0.0)
         assert isinstance(c._run_generation(STATE, view), Crashed)
     assert asked[0] is None  # a formation in its first seconds is not given up
-    assert asked[1] == "generation 1 was published 0s into the formation"
+    assert asked[1] == "generation 1 was published without pod(s) [1], 0s into the formation"
 
 
 def replaced(tmp_path: Path, published: Membership | None, name: str) -> Controller:

@@ -256,15 +256,24 @@ class KeepSurvivorsMode:
 
     def superseded(self, forming_s: float) -> str | None:
         """The operator published a generation after the one this pod's group has been
-        forming for :data:`SUPERSEDED_AFTER_S` or more (a member of it was lost: its node
-        vanished, or it was deleted): the peers this formation waits for may never come, so
-        this pod follows the new one instead of waiting for the collective timeout."""
+        forming for :data:`SUPERSEDED_AFTER_S` or more, and it leaves out a pod this
+        formation waits for (its node vanished, or it was deleted): that peer may never
+        come, so this pod follows the new generation instead of waiting for the collective
+        timeout. A later generation that keeps every member (a grow) supersedes nothing."""
         if forming_s < SUPERSEDED_AFTER_S:
             return None
         moved = self.watch.changed(self.membership.generation)
         if moved is None:
             return None
-        return f"generation {moved.generation} was published {forming_s:.0f}s into the formation"
+        gone = sorted(set(self.membership.ranked) - set(moved.ranked))
+        if not gone:
+            # A grow: every pod this formation waits for is still a member, so it can
+            # complete (then stop at its first report for the next one, memory kept).
+            return None
+        return (
+            f"generation {moved.generation} was published without pod(s) {gone}, "
+            f"{forming_s:.0f}s into the formation"
+        )
 
     def after_interrupt(self, c: FitContext, state: RunState, at_report: int | None) -> Step:
         if self.leaving or self._excluded(self.watch.read()):
