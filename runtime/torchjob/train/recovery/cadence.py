@@ -54,6 +54,8 @@ class Cadence:
     said: int = 1
     nbytes: int = 0
     """The size of the last copy."""
+    taken: bool = False
+    """A restore point was taken (the first report takes one whatever the cadence)."""
     """The ``every`` last announced (:meth:`news`)."""
 
     @property
@@ -78,8 +80,10 @@ class Cadence:
         self.last_report_s = now_s
         self.last_copy_s = 0.0
         self.since += 1
-        first = not self.copies
-        return first or self.since >= self.every
+        # The first report copies; under the budget, so does each until a copy into buffers
+        # already there was measured. A fixed k is the user's: counted from the first copy.
+        measuring = self.fixed is None and not self.copies
+        return not self.taken or measuring or self.since >= self.every
 
     def took(self, seconds: float, nbytes: int, allocated: bool = False) -> None:
         """The restore point of this report was taken: ``nbytes`` in ``seconds``.
@@ -91,6 +95,7 @@ class Cadence:
         self.last_copy_s = seconds
         self.since = 0
         self.nbytes = nbytes
+        self.taken = True
         if allocated:
             return
         self.copies.append(seconds)
