@@ -15,8 +15,8 @@ point), which :attr:`Cadence.every` says and ``report()`` passes on. ``TORCHJOB_
 fixes ``k`` instead (``1``: every report, whatever it costs).
 
 A process's first copy allocates the buffers the later ones reuse: it is not counted (the
-next report copies again, into them). The estimate must not move on one slow copy: a process starved of CPU for a moment would
-otherwise skip hundreds of restore points. So the copy time is the *fastest* of the last
+next report copies again, into them). The estimate must not move on one slow copy either: a
+process starved of CPU for a moment would otherwise skip hundreds of restore points. So the copy time is the *fastest* of the last
 few copies (a copy is never faster than it costs; a stall only makes one slower) and the
 interval is the *median* of the last few (a stall lengthens it, which only lowers ``k``).
 Pure: the caller passes the clock readings.
@@ -52,11 +52,11 @@ class Cadence:
     last_report_s: float | None = None
     last_copy_s: float = 0.0
     said: int = 1
+    """The ``every`` last announced (:meth:`news`)."""
     nbytes: int = 0
     """The size of the last copy."""
     taken: bool = False
     """A restore point was taken (the first report takes one whatever the cadence)."""
-    """The ``every`` last announced (:meth:`news`)."""
 
     @property
     def every(self) -> int:
