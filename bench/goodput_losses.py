@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests import kube as k
 from tests.cluster.realnode import NODE_LABEL
 
 from bench import goodput_accounting as acc
@@ -69,11 +70,8 @@ def fleet_whole(core: Any, names: list[str]) -> bool:
     NotReady would start with every pod on the others, so a node loss would take them all)."""
     for name in names:
         node = core.read_node(name)
-        ready = any(
-            c.type == "Ready" and c.status == "True" for c in (node.status.conditions or [])
-        )
         taints = [t for t in node.spec.taints or () if t.key != NODE_LABEL]
-        if not ready or node.spec.unschedulable or taints:
+        if k.node_ready_status(core, name) != "True" or node.spec.unschedulable or taints:
             return False
     return True
 

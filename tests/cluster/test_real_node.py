@@ -534,11 +534,6 @@ OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshut
 shutdown): the pod GC force-deletes the pods left Terminating on it."""
 
 
-def _node_ready(jobs: Jobs, node: str) -> bool:
-    conditions = jobs.core.read_node(node).status.conditions or []
-    return any(c.type == "Ready" and c.status == "True" for c in conditions)
-
-
 def _taint(jobs: Jobs, node: str, taint: dict[str, str], remove: bool = False) -> None:
     """Add (or remove) ``taint`` on ``node``, keeping its other taints."""
     taints = [
@@ -605,7 +600,9 @@ def test_a_vanished_node_loses_its_pod_at_once_and_the_stale_pod_never_rejoins(
         # still gone, and nothing of the job stands in the way.
         stale = real_jobs.core.read_namespaced_pod(name, real_jobs.ns)
         assert stale.metadata.deletion_timestamp is not None, "the silent pod was deleted"
-        k.wait_for(lambda: not _node_ready(real_jobs, node), 120, f"{node} not Ready")
+        k.wait_for(
+            lambda: k.node_ready_status(real_jobs.core, node) != "True", 120, f"{node} not Ready"
+        )
         _taint(real_jobs, node, OUT_OF_SERVICE)
         marked = time.time()
         assert k.wait_for_pod_gone(real_jobs.core, real_jobs.ns, name, timeout=120)
