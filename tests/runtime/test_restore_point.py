@@ -4,7 +4,9 @@ Real gloo workers on this machine. The training function registers its state
 (``torchjob.train.register_state``) and reports every step without any storage
 checkpoint: a rank SIGKILLed mid-run (or SIGSTOPped: a silent peer, found by the
 heartbeat watchdog) is replaced in place and the group resumes from the survivors'
-memory. The parameters afterwards are equal on every rank and equal, within 1e-5, to a
+memory. When every worker process is lost at once and the driver lives (on a laptop; in a
+pod, a formation the driver gives up), the new processes find the restore point their
+predecessors left in shared memory (``torchjob.train.recovery.shm_keep``). The parameters afterwards are equal on every rank and equal, within 1e-5, to a
 single-process run over the same batches (DDP averages the ranks' gradients; only the
 order of the float sums differs, so the tolerance is a few float32 ulps over the steps).
 """
@@ -48,7 +50,8 @@ def loop(config: dict[str, Any]) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     state: dict[str, Any] = {"model": model, "optimizer": opt, "step": 0}
     from_memory = torchjob.train.register_state(state)
-    assert from_memory == (ctx.get_generation() > 0), "only the re-formed group restores"
+    memory = ctx.get_generation() > 0 and config["memory"]
+    assert from_memory == memory, "only the re-formed group restores"
     assert torchjob.train.get_checkpoint() is None  # nothing committed, nothing read
     log = Path(config["dir"]) / f"gen{ctx.get_generation()}-rank{rank}.json"
     log.write_text(json.dumps({"first_step": state["step"] + 1, "restored": from_memory}))
@@ -60,7 +63,7 @@ def loop(config: dict[str, Any]) -> None:
         opt.step()
         state["step"] = step
         torchjob.train.report({"step": step})
-        if ctx.get_generation() == 0 and step == LOSE_AT and rank == 1:
+        if ctx.get_generation() == 0 and step == LOSE_AT and rank in config["victims"]:
             os.kill(os.getpid(), config["signal"])
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     (Path(config["dir"]) / f"final-rank{rank}.pt").write_bytes(_dump(params))
@@ -93,14 +96,18 @@ def reference() -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    ("sig", "silent_s", "every", "resumes_at"),
+    ("sig", "silent_s", "every", "victims", "resumes_at"),
     [
-        pytest.param(signal.SIGKILL, None, None, LOSE_AT + 1, id="sigkill"),
-        pytest.param(signal.SIGSTOP, "3", None, LOSE_AT + 1, id="silent-peer"),
+        pytest.param(signal.SIGKILL, None, None, [1], LOSE_AT + 1, id="sigkill"),
+        pytest.param(signal.SIGSTOP, "3", None, [1], LOSE_AT + 1, id="silent-peer"),
         # A restore point every 3 reports (TORCHJOB_RESTORE_POINT_EVERY, as the cadence
         # chooses for a large state): reports 1, 4, 7, ...; lost after report 5, the group
         # goes back to report 4's state and redoes step 5, with the same result.
-        pytest.param(signal.SIGKILL, None, "3", LOSE_AT, id="sigkill-every-3"),
+        pytest.param(signal.SIGKILL, None, "3", [1], LOSE_AT, id="sigkill-every-3"),
+        # No survivor: the restore point is what the lost processes left in /dev/shm.
+        pytest.param(signal.SIGKILL, None, None, [0, 1, 2], LOSE_AT + 1, id="every-rank"),
+        # ... and without it (TORCHJOB_RESTORE_POINT_SHM=0) nothing holds one: from the start.
+        pytest.param(signal.SIGKILL, None, None, [0, 1, 2], 1, id="every-rank-no-shm"),
     ],
 )
 def test_a_lost_rank_resumes_from_the_survivors_memory(
@@ -109,6 +116,7 @@ def test_a_lost_rank_resumes_from_the_survivors_memory(
     sig: int,
     silent_s: str | None,
     every: str | None,
+    victims: list[int],
     resumes_at: int,
 ) -> None:
     if silent_s is not None:
@@ -117,9 +125,17 @@ def test_a_lost_rank_resumes_from_the_survivors_memory(
         monkeypatch.setenv("TORCHJOB_SILENT_PEER_S", silent_s)
     if every is not None:
         monkeypatch.setenv("TORCHJOB_RESTORE_POINT_EVERY", every)
+    memory = resumes_at > 1
+    if not memory:
+        monkeypatch.setenv("TORCHJOB_RESTORE_POINT_SHM", "0")
     trainer = TorchTrainer(
         loop,
-        train_loop_config={"dir": str(tmp_path), "signal": int(sig)},
+        train_loop_config={
+            "dir": str(tmp_path),
+            "signal": int(sig),
+            "victims": victims,
+            "memory": memory,
+        },
         scaling_config=ScalingConfig(num_workers=WORLD),
         run_config=RunConfig(
             name="mem",
@@ -136,7 +152,7 @@ def test_a_lost_rank_resumes_from_the_survivors_memory(
     # Every rank of the re-formed group, the replacement included, restored from memory
     # and went on from the step after the last restore point (the last report, unless a
     # cadence was set): at most the unfinished step is lost.
-    assert all(a["restored"] for a in after)
+    assert all(a["restored"] == memory for a in after)
     assert {a["first_step"] for a in after} == {resumes_at}
     finals = [torch.load(tmp_path / f"final-rank{r}.pt") for r in range(WORLD)]
     for f in finals[1:]:

@@ -93,3 +93,19 @@ def test_sharded_state_is_not_held() -> None:
     shard = torch.randn(2).as_subclass(_Shard)
     assert restore_point.take("run", 2, {"model": model, "shard": shard}, []) is None
     assert restore_point.held() is None
+
+
+def test_the_loaded_state_does_not_share_memory_with_the_restore_point() -> None:
+    # Optimizer.load_state_dict keeps the tensors it is given: without copies, the steps
+    # after a restore would move the held restore point's optimizer state with them.
+    restore_point.drop()
+    model, opt = _model_and_opt()
+    state: dict[str, Any] = {"model": model, "optimizer": opt, "extra": torch.zeros(2)}
+    snap = restore_point.take("run", 1, state, [])
+    assert snap is not None
+    held = snap.state["optimizer"]["state"][0]["momentum_buffer"].clone()
+    restore_point.load_into(state, snap.state)
+    _step(model, opt)
+    state["extra"].add_(1)
+    assert torch.equal(snap.state["optimizer"]["state"][0]["momentum_buffer"], held)
+    assert torch.equal(snap.state["extra"], torch.zeros(2))

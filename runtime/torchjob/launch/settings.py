@@ -34,6 +34,8 @@ ENV_NCCL_REFORM: Final = "TORCHJOB_NCCL_REFORM"
 ENV_SHARD_MIRROR: Final = "TORCHJOB_SHARD_MIRROR"
 ENV_RESTORE_POINT_BUDGET: Final = "TORCHJOB_RESTORE_POINT_BUDGET"
 ENV_RESTORE_POINT_EVERY: Final = "TORCHJOB_RESTORE_POINT_EVERY"
+ENV_RESTORE_POINT_SHM: Final = "TORCHJOB_RESTORE_POINT_SHM"
+ENV_RESTORE_POINT_DIR: Final = "TORCHJOB_LAUNCH_RESTORE_POINT_DIR"
 ENV_USE_LIBUV: Final = "USE_LIBUV"
 ENV_NCCL_ASYNC_ERROR_HANDLING: Final = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 ENV_DRIVER_ADDR: Final = "TORCHJOB_LAUNCH_DRIVER"
@@ -227,6 +229,16 @@ class RuntimeSettings:
         _every,
         shown="`auto`",
     )
+    restore_point_shm: bool = setting(
+        ENV_RESTORE_POINT_SHM,
+        True,
+        "The restore point's copies go to `/dev/shm`, where a worker process the driver "
+        "replaces finds its predecessor's (`0`, `false`, `off` or `no`: the process's own "
+        "memory only).",
+        _on_unless_off,
+        empty_is_default=False,
+        shown="on",
+    )
     use_libuv: bool = setting(
         ENV_USE_LIBUV,
         True,
@@ -278,6 +290,13 @@ class WorkerEnv:
     )
     driver_addr: str = setting(ENV_DRIVER_ADDR, "", "`host:port` of the driver's socket.", _text)
     token: str = setting(ENV_TOKEN, "", "The group's token, said in the worker's hello.", _text)
+    restore_point_dir: str = setting(
+        ENV_RESTORE_POINT_DIR,
+        "",
+        "The driver's directory in `/dev/shm` where the restore points outlive the worker "
+        "processes (empty: none).",
+        _text,
+    )
     driver_pid: int = setting(
         ENV_DRIVER_PID,
         0,

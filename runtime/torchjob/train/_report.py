@@ -202,15 +202,13 @@ def _restore_point(
         return None, live, True
     if not s.cadence.due(time.monotonic()):
         return restore_point.held(), live, False
-    before = restore_point.held()
     t0 = time.monotonic()
     snapshot = restore_point.take(
         s.run_path, s.report_base + s.reports, s.registered, s.data_positions(), live
     )
     took_s, nbytes = time.monotonic() - t0, snapshot.nbytes if snapshot else 0
-    # A first copy (or one whose state changed size) allocated its buffers: no sample.
-    allocated = before is None or before.run != s.run_path or before.nbytes != nbytes
-    s.cadence.took(took_s, nbytes, allocated)
+    # A first copy (or one whose state changed shapes) allocated its buffers: no sample.
+    s.cadence.took(took_s, nbytes, snapshot.allocated if snapshot else True)
     news = s.cadence.news()
     if news is not None and s.world_rank == 0:
         print(f"[torchjob] {news}", file=sys.stderr, flush=True)

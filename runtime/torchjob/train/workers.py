@@ -11,15 +11,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from torchjob import contract
 from torchjob.contract import PodEnv
 from torchjob.launch import LaunchError, Placement, WorkerGroup
 from torchjob.launch.policy import RunState
+from torchjob.launch.settings import ENV_RESTORE_POINT_DIR, RuntimeSettings
 from torchjob.launch.startup import Abandon
 from torchjob.train._spec import WorkerSpec
 from torchjob.train.progress import ProgressView
+from torchjob.train.recovery import shm_keep
 from torchjob.train.steps import TrainerSettings
 
 log = logging.getLogger(__name__)
@@ -95,18 +98,26 @@ class Workers:
         self._kept: WorkerGroup | None = None
         """KeepSurvivors: this pod's worker processes between generations (on a laptop: the
         survivors)."""
+        self.shm_dir: Path | None = None
+        """Where this fit's restore points outlive its worker processes (``shm_keep``),
+        made with its first group."""
+        self._shm_tried = False
 
     def _new_group(
         self, placement: Placement, env: dict[str, str], pod: PodEnv | None
     ) -> WorkerGroup:
         tc = self.t.torch_config
+        if not self._shm_tried:
+            self._shm_tried = True
+            if RuntimeSettings.from_env().restore_point_shm:
+                self.shm_dir = shm_keep.make_dir()
         return WorkerGroup(
             placement.local_world_size,
             backend=backend(tc.backend, pod),
             use_gpu=self.t.scaling_config.use_gpu,
             timeout_s=tc.timeout_s,
             placement=placement,
-            env=env,
+            env={**env, ENV_RESTORE_POINT_DIR: str(self.shm_dir)} if self.shm_dir else env,
         )
 
     def prestart(
@@ -183,3 +194,5 @@ class Workers:
         if self._kept is not None:
             self._kept.shutdown(timeout_s=10)
             self._kept = None
+        shm_keep.remove_dir(self.shm_dir)
+        self.shm_dir, self._shm_tried = None, False

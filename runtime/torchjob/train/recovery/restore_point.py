@@ -15,6 +15,10 @@ or the survivors of a shrunk group that were one report behind), and nobody read
 Only when no rank holds one (every replica was lost, or the state was never registered)
 does the generation resume from the latest committed checkpoint.
 
+The copies go into the pod's shared memory where the driver gave the worker a directory
+there (``torchjob.train.recovery.shm_keep``): a process the driver replaces in the same pod
+(a formation given up, a lost local worker) finds its predecessor's restore point there.
+
 Sharded (FSDP2) state is held by the shard mirror instead (``torchjob.train.recovery.shard_mirror``):
 each rank holds its own shard and its ring neighbour's, and the re-formed group rebuilds the
 whole state at its new world size from them. :func:`take` holds nothing for a state with
@@ -24,12 +28,16 @@ DTensors.
 from __future__ import annotations
 
 import io
+import os
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from torchjob.checkpoint.rng import capture_rng
+from torchjob.launch.settings import ENV_RESTORE_POINT_DIR
+from torchjob.train.recovery import shm_keep
 
 
 @dataclass
@@ -46,6 +54,11 @@ class Snapshot:
     positions: list[dict[str, Any]] = field(default_factory=list)
     """The prepared loaders' data positions (``DataPosition.to_dict``)."""
     nbytes: int = 0
+    arena: shm_keep.Arena | None = None
+    """Where the state's tensors are, when in the pod's shared memory (else private memory)."""
+    allocated: bool = False
+    """This copy allocated its buffers (a first copy, or the state changed its shapes): it
+    costs more than the copies that write over them (``recovery.cadence``)."""
 
 
 _HELD: list[Snapshot | None] = [None]
@@ -59,14 +72,54 @@ def held() -> Snapshot | None:
 
 def drop() -> None:
     _HELD[0] = None
+    slot = _SLOT[0]
+    if slot is not None:
+        slot.invalidate()
+
+
+_SLOT: list[shm_keep.Slot | None] = [None]
+
+
+def _slot(run: str) -> shm_keep.Slot | None:
+    """This process's slot in the driver's shared-memory directory, if it gave one: claimed
+    at the first use (a process that replaces a lost one takes over the slot it left)."""
+    where = os.environ.get(ENV_RESTORE_POINT_DIR, "")
+    held = _SLOT[0]
+    if held is not None and str(held.dir) == where:
+        return held
+    if not where or not Path(where).is_dir():
+        return None
+    _SLOT[0] = shm_keep.Slot.claim(Path(where), run)
+    return _SLOT[0]
+
+
+def _kept(run: str) -> Snapshot | None:
+    """The restore point of ``run`` this slot's previous process left in shared memory."""
+    slot = _slot(run)
+    found = slot.load(run) if slot is not None else None
+    if found is None:
+        return None
+    arena, m = found
+    return Snapshot(run, m["index"], m["state"], m["rng"], m["positions"], m["nbytes"], arena)
 
 
 # --- copying state ---------------------------------------------------------------------------
 
 
-def _copy(src: Any, old: Any) -> tuple[Any, int]:
+Alloc = Callable[[Any], Any]
+"""A new CPU tensor of the given tensor's shape and dtype, for a copy of it."""
+
+
+def _private(t: Any) -> Any:
+    import torch
+
+    return torch.empty(t.shape, dtype=t.dtype, device="cpu")
+
+
+def _copy(src: Any, old: Any, alloc: Alloc = _private) -> tuple[Any, int]:
     """A CPU copy of ``src`` (nested dicts, lists, tuples, tensors, plain values), written
-    into ``old``'s tensors where their shapes match; returns it and its tensor bytes."""
+    into ``old``'s tensors where their shapes match, else into tensors from ``alloc``;
+    returns it and its tensor bytes."""
     import torch
 
     if isinstance(src, torch.Tensor):
@@ -83,14 +136,15 @@ def _copy(src: Any, old: Any) -> tuple[Any, int]:
         ):
             old.copy_(src)
             return old, old.numel() * old.element_size()
-        t = src.to("cpu", copy=True)
+        t = alloc(src)
+        t.copy_(src)
         return t, t.numel() * t.element_size()
     if isinstance(src, Mapping):
         prev = old if isinstance(old, Mapping) else {}
         out: dict[Any, Any] = {}
         total = 0
         for k, v in src.items():
-            out[k], n = _copy(v, prev.get(k))
+            out[k], n = _copy(v, prev.get(k), alloc)
             total += n
         return out, total
     if isinstance(src, (list, tuple)):
@@ -98,7 +152,7 @@ def _copy(src: Any, old: Any) -> tuple[Any, int]:
         items = []
         total = 0
         for i, v in enumerate(src):
-            c, n = _copy(v, prev_seq[i] if prev_seq is not None else None)
+            c, n = _copy(v, prev_seq[i] if prev_seq is not None else None, alloc)
             items.append(c)
             total += n
         return (type(src)(items) if isinstance(src, tuple) else items), total
@@ -133,11 +187,17 @@ def load_into(registered: MutableMapping[str, Any], state: Mapping[str, Any]) ->
             f"the restore point has no entry {missing[0]!r}: register_state() was called "
             f"with other keys than in the generation that took it ({sorted(state)})"
         )
+    import torch
+
     for k, v in registered.items():
+        # A module copies into its parameters; an optimizer keeps the tensors it is given
+        # (``Optimizer.load_state_dict``), and so would a plain value: those get copies, or
+        # the next steps would move the restore point with them.
+        entry = state[k] if isinstance(_unwrapped(v), torch.nn.Module) else _copy(state[k], None)[0]
         if callable(getattr(v, "load_state_dict", None)):
-            _unwrapped(v).load_state_dict(state[k])
+            _unwrapped(v).load_state_dict(entry)
         else:
-            registered[k] = state[k]
+            registered[k] = entry
 
 
 def is_sharded(value: Any) -> bool:
@@ -160,18 +220,82 @@ def take(
     positions: list[dict[str, Any]],
     live: Mapping[str, Any] | None = None,
 ) -> Snapshot | None:
-    """Copy the registered state into this process's memory as the restore point of report
-    ``index`` (reusing the previous restore point's buffers); ``live`` is ``state_of(registered)``
+    """Copy the registered state into host memory as the restore point of report ``index``
+    (the pod's shared memory where the driver gave a directory, else this process's; reusing
+    the previous restore point's buffers, ``Snapshot.allocated`` says if not); ``live`` is ``state_of(registered)``
     where the caller has it. None for sharded state (FSDP2 DTensors): a rank holds only its
     shard, which the shard mirror holds instead (``torchjob.train.recovery.shard_mirror``)."""
     live = state_of(registered) if live is None else live
     if is_sharded(live):
-        _HELD[0] = None
+        drop()
         return None
+    slot = _slot(run)
+    meta: dict[str, Any] = {
+        "run": run,
+        "index": index,
+        "rng": capture_rng(),
+        "positions": list(positions),
+    }
+    if slot is not None and (snap := _into_shared(slot, run, live, meta)) is not None:
+        return snap
     prev = _HELD[0]
-    old_state = prev.state if prev is not None and prev.run == run else None
-    state, nbytes = _copy(live, old_state)
-    snap = Snapshot(run, index, state, capture_rng(), list(positions), nbytes)
+    if prev is not None and prev.run != run:
+        prev = None
+    allocs = [0]
+
+    def counted(t: Any) -> Any:
+        allocs[0] += 1
+        return _private(t)
+
+    state, nbytes = _copy(live, prev.state if prev is not None else None, counted)
+    snap = Snapshot(run, index, state, meta["rng"], meta["positions"], nbytes)
+    snap.allocated = allocs[0] > 0
+    _HELD[0] = snap
+    return snap
+
+
+class _Reshaped(Exception):
+    """A tensor of the state no longer has the shape of the one the arena holds."""
+
+
+def _reshaped(_t: Any) -> Any:
+    raise _Reshaped
+
+
+def _into_shared(slot: shm_keep.Slot, run: str, live: Any, meta: dict[str, Any]) -> Snapshot | None:
+    """The copy into shared memory: over the held restore point's arena when the state kept
+    its shapes, else into a new one; None where the shared memory has no room."""
+    need = shm_keep.arena_bytes(live)
+    prev = _HELD[0]
+    if prev is not None and prev.run == run and prev.arena is not None and prev.arena.used == need:
+        slot.invalidate()
+        try:
+            state, nbytes = _copy(live, prev.state, _reshaped)
+            return _committed(slot, prev.arena, state, nbytes, meta, allocated=False)
+        except _Reshaped:  # the same bytes in other shapes: a new arena
+            pass
+    if slot.no_room_for == need:
+        return None  # the copies stay in private memory (said once, at the failed allocation)
+    _HELD[0] = prev = None  # its pages go before the new arena's come
+    arena = slot.allocate(need)
+    if arena is None:
+        return None
+    state, nbytes = _copy(live, None, arena.alloc)
+    return _committed(slot, arena, state, nbytes, meta, allocated=True)
+
+
+def _committed(
+    slot: shm_keep.Slot,
+    arena: shm_keep.Arena,
+    state: dict[str, Any],
+    nbytes: int,
+    meta: dict[str, Any],
+    *,
+    allocated: bool,
+) -> Snapshot:
+    slot.commit(arena, {**meta, "nbytes": nbytes}, state)
+    snap = Snapshot(meta["run"], meta["index"], state, meta["rng"], meta["positions"], nbytes)
+    snap.arena, snap.allocated = arena, allocated
     _HELD[0] = snap
     return snap
 
@@ -221,6 +345,8 @@ def agree(run: str, rank: int, world_size: int) -> Restored | None:
     no rank holds one (then the generation resumes from storage)."""
     t0 = time.monotonic()
     mine = _HELD[0]
+    if mine is None or mine.run != run:
+        mine = _HELD[0] = _kept(run) or mine
     index = mine.index if mine is not None and mine.run == run else -1
     if world_size == 1:
         if index < 0:

@@ -1,0 +1,293 @@
+"""Where the in-memory restore point outlives its worker process: the pod's shared memory.
+
+A worker's restore point (``torchjob.train.recovery.restore_point``) is the state of its last
+completed report, held in host memory. Held in the worker process alone, it dies with the
+process, and the driver ends a worker process more often than a node does: a formation
+given up because a later generation left out the peer it waited for (a vanished node's
+store; ``torchjob.launch.startup.await_ready``) shuts its processes down, and when every pod
+of the generation was forming, nobody held the state any more and the next generation
+resumed from storage.
+
+So the copies are written into a file of ``/dev/shm`` (the pod's memory-backed ``emptyDir``;
+on a laptop, the host's tmpfs), mapped into the worker process: the copy costs what a copy
+into private memory costs, and the pages stay when the process goes. The driver owns one
+directory per ``fit`` (:func:`make_dir`, removed by :func:`remove_dir` when the fit ends),
+each local rank a slot in it: an *arena* file holding every tensor of the state at an
+aligned offset, and a *manifest* (the run, the report index, the state's structure with
+each tensor replaced by its place in the arena, the RNG states and data positions),
+written after the copy completes and removed before the next copy starts, so that a
+process killed in the middle of a copy leaves no restore point rather than a torn one. A
+new process in the slot (:func:`load`) maps the arena and holds the same restore point
+without copying it.
+
+Where there is no room (``posix_fallocate`` fails: a small ``/dev/shm``), or no directory
+(``TORCHJOB_RESTORE_POINT_SHM=0``, a host without ``/dev/shm``), the copies stay in the
+process's private memory as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SHM: Path = Path("/dev/shm")
+PREFIX = "torchjob-rp-"
+ALIGN = 64
+"""Each tensor's offset in the arena: a multiple of every dtype's size (and a cache line)."""
+
+
+# --- the driver's directory -------------------------------------------------------------------
+
+
+def make_dir(root: Path | None = None) -> Path | None:
+    """A new directory for one ``fit``'s restore points under ``root`` (``/dev/shm``), or
+    None where there is none to write to. Directories left by a driver that is gone (killed
+    before :func:`remove_dir`) are removed first: their pages would stay in memory."""
+    root = SHM if root is None else root
+    if not root.is_dir() or not os.access(root, os.W_OK):
+        return None
+    for old in root.glob(f"{PREFIX}*"):
+        pid = old.name[len(PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    try:
+        return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=root))
+    except OSError as err:
+        log.warning("torchjob: no restore point directory in %s (%s)", root, err)
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_dir(path: Path | None) -> None:
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# --- a worker's slot --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """A tensor of the state, as the manifest names it: its place in the arena."""
+
+    offset: int
+    shape: tuple[int, ...]
+    dtype: Any
+
+
+@dataclass
+class Arena:
+    """One file of the slot, mapped: every tensor of one restore point's state."""
+
+    path: Path
+    data: Any
+    """The whole file as a ``uint8`` tensor over the shared mapping."""
+    used: int = 0
+
+    def alloc(self, like: Any) -> Any:
+        """A tensor of ``like``'s shape and dtype in the arena, at the next aligned offset."""
+        n = like.numel() * like.element_size()
+        start = self.used
+        self.used = start + (n + ALIGN - 1) // ALIGN * ALIGN
+        if self.used > self.data.numel():
+            raise ValueError(f"the arena {self.path} holds {self.data.numel()} bytes, not more")
+        return self.data[start : start + n].view(like.dtype).view(like.shape)
+
+    def owns(self, t: Any) -> bool:
+        return bool(t.untyped_storage().data_ptr() == self.data.untyped_storage().data_ptr())
+
+
+def arena_bytes(state: Any) -> int:
+    """The arena ``state``'s tensors take, each at an aligned offset."""
+    import torch
+
+    if isinstance(state, torch.Tensor):
+        return (state.numel() * state.element_size() + ALIGN - 1) // ALIGN * ALIGN
+    if isinstance(state, Mapping):
+        return sum(arena_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(arena_bytes(v) for v in state)
+    return 0
+
+
+class Slot:
+    """One worker process's restore point files in the driver's directory.
+
+    A slot belongs to the process that holds its lock (``flock``, let go by the kernel when
+    the process dies), not to a local rank: a kept process may change its local rank from
+    one generation to the next, and two live processes must never map the same arena (the
+    optimizer's state, loaded from it, would be shared between ranks)."""
+
+    def __init__(self, directory: Path, name: str, lock_fd: int) -> None:
+        self.dir = directory
+        self.name = name
+        self.manifest = directory / f"{name}.manifest"
+        self._lock_fd = lock_fd
+        self.no_room_for: int | None = None
+        """The size of the last arena there was no room for: not asked again for that size."""
+
+    @classmethod
+    def claim(cls, directory: Path, run: str) -> Slot:
+        """This process's slot: the free one (its process gone) that holds the newest restore
+        point of ``run``, else a new one."""
+        free: list[tuple[int, Slot]] = []
+        for lock in sorted(directory.glob("slot-*.lock")):
+            fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+            if not _locked(fd):
+                os.close(fd)
+                continue
+            slot = cls(directory, lock.stem, fd)
+            free.append((_index(slot.manifest, run), slot))
+        free.sort(key=lambda f: f[0], reverse=True)
+        for _, other in free[1:]:
+            os.close(other._lock_fd)  # another new process may take it
+        if free:
+            return free[0][1]
+        name = f"slot-{os.getpid()}-{secrets.token_hex(4)}"
+        fd = os.open(directory / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        if not _locked(fd):  # a new name: nobody else has it
+            raise RuntimeError(f"could not lock the new restore point slot {name}")
+        return cls(directory, name, fd)
+
+    def invalidate(self) -> None:
+        """Before a copy writes over the arena: until the next :meth:`commit`, no restore point."""
+        with contextlib.suppress(FileNotFoundError):
+            self.manifest.unlink()
+
+    def allocate(self, nbytes: int) -> Arena | None:
+        """A new arena of ``nbytes`` (the slot's older ones removed), or None where the
+        shared memory has no room for it (the copy then stays in private memory)."""
+
+        self.invalidate()
+        for old in self.dir.glob(f"{self.name}-*.arena"):
+            old.unlink(
+                missing_ok=True
+            )  # a process that maps it keeps its pages until it drops them
+        path = self.dir / f"{self.name}-{secrets.token_hex(4)}.arena"
+        size = max(nbytes, ALIGN)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, size)  # ENOSPC here, not SIGBUS at the copy
+            finally:
+                os.close(fd)
+        except OSError as err:
+            path.unlink(missing_ok=True)
+            self.no_room_for = nbytes
+            log.warning(
+                "torchjob: no room for the restore point in %s (%d bytes: %s); it stays in "
+                "the worker process's memory",
+                self.dir,
+                size,
+                err,
+            )
+            return None
+        return Arena(path, _mapped(path, size))
+
+    def commit(self, arena: Arena, meta: dict[str, Any], state: Any) -> None:
+        """Name ``state`` (its tensors in ``arena``) and ``meta`` as the slot's restore point."""
+        import torch
+
+        tmp = self.manifest.with_suffix(".tmp")
+        torch.save({**meta, "arena": arena.path.name, "state": _skeleton(state, arena)}, tmp)
+        os.replace(tmp, self.manifest)
+
+    def load(self, run: str) -> tuple[Arena, dict[str, Any]] | None:
+        """The slot's restore point of ``run`` (its state mapped, not copied), if it holds one."""
+        import torch
+
+        try:
+            meta = torch.load(self.manifest, weights_only=False)
+        except FileNotFoundError:
+            return None
+        except Exception as err:  # a manifest that does not load is no restore point
+            log.warning("torchjob: ignoring the restore point %s: %s", self.manifest, err)
+            return None
+        if meta.get("run") != run:
+            return None
+        path = self.dir / meta["arena"]
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return None
+        arena = Arena(path, _mapped(path, size), used=size)
+        meta["state"] = _fill(meta["state"], arena)
+        return arena, meta
+
+
+def _locked(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _index(manifest: Path, run: str) -> int:
+    """The report index of ``manifest``'s restore point of ``run``; -1 if it holds none."""
+    import torch
+
+    try:
+        meta = torch.load(manifest, weights_only=False)
+    except Exception:  # absent, or torn: no restore point (load() says which)
+        return -1
+    return int(meta["index"]) if meta.get("run") == run else -1
+
+
+def _mapped(path: Path, size: int) -> Any:
+    """The file at ``path`` mapped shared, as one ``uint8`` tensor of ``size`` bytes."""
+    import torch
+
+    storage: Any = torch.UntypedStorage.from_file(str(path), shared=True, nbytes=size)
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+def _skeleton(state: Any, arena: Arena) -> Any:
+    import torch
+
+    if isinstance(state, torch.Tensor):
+        if not arena.owns(state):
+            raise ValueError("a tensor of the restore point is not in its arena")
+        offset = int(state.storage_offset()) * state.element_size()
+        return _Ref(offset, tuple(state.shape), state.dtype)
+    if isinstance(state, Mapping):
+        return {k: _skeleton(v, arena) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        items = [_skeleton(v, arena) for v in state]
+        return tuple(items) if isinstance(state, tuple) else items
+    return state
+
+
+def _fill(skeleton: Any, arena: Arena) -> Any:
+    import torch
+
+    if isinstance(skeleton, _Ref):
+        n = torch.Size(skeleton.shape).numel() * torch.empty(0, dtype=skeleton.dtype).element_size()
+        view = arena.data[skeleton.offset : skeleton.offset + n]
+        return view.view(skeleton.dtype).view(skeleton.shape)
+    if isinstance(skeleton, Mapping):
+        return {k: _fill(v, arena) for k, v in skeleton.items()}
+    if isinstance(skeleton, (list, tuple)):
+        items = [_fill(v, arena) for v in skeleton]
+        return tuple(items) if isinstance(skeleton, tuple) else items
+    return skeleton
