@@ -45,7 +45,12 @@ from torchjob.train.progress import ProgressView
 from torchjob.train.record import RunRecord, run_location, shares_result
 from torchjob.train.recovery.membership import GenerationTimeout, Membership
 from torchjob.train.recovery.notice import Notice
-from torchjob.train.recovery.survivors import RestorePoints, SilentReports, silent_reporter
+from torchjob.train.recovery.survivors import (
+    FormationWatch,
+    RestorePoints,
+    SilentReports,
+    silent_reporter,
+)
 from torchjob.train.result import Result
 from torchjob.train.steps import (
     Completed,
@@ -304,12 +309,16 @@ class Controller:
         )
         try:
             forming = time.monotonic()
-            run.group = group = self.workers.take(
-                placement,
-                env,
-                pod,
-                abandon=lambda: self.mode.superseded(time.monotonic() - forming),
-            )
+            # While the workers form, a silent store host is reported as rank 0 (the
+            # watchdog runs only once they have formed), and a later generation that
+            # leaves out a pod this formation waits for gives it up.
+            with FormationWatch(placement, run.points.report_silent) as watch:
+                run.group = group = self.workers.take(
+                    placement,
+                    env,
+                    pod,
+                    abandon=lambda: watch.check(self.mode.superseded(time.monotonic() - forming)),
+                )
             with self.notice.training():
                 outcomes = group.submit(run_training, (self._spec(),)).wait(
                     on_event=run.on_event, on_tick=run.on_tick, loss_grace_s=run.loss_grace_s

@@ -21,7 +21,7 @@ from typing import Any
 
 from torchjob import contract
 from torchjob.api.models import API_VERSION, KIND, SilentWorker
-from torchjob.launch import WorkerGroup
+from torchjob.launch import Placement, WorkerGroup
 from torchjob.launch.protocol import (
     Dispatcher,
     MirrorFallback,
@@ -30,6 +30,8 @@ from torchjob.launch.protocol import (
     RestoredFromMirror,
     SilentPeer,
 )
+from torchjob.launch.settings import RuntimeSettings
+from torchjob.launch.store_probe import Probing, StoreProbe
 from torchjob.train.progress import ProgressView
 
 
@@ -241,3 +243,48 @@ def silent_reporter(m: Any, reports: SilentReports | None) -> Callable[[int, flo
     if m is None or reports is None:
         return None
     return lambda rank, s: reports.report(m.ranked, m.generation, rank, s)
+
+
+class FormationWatch:
+    """While this pod's workers form a KeepSurvivors generation whose store another pod
+    serves: that store's host, probed from the driver (``torchjob.launch.store_probe``), is
+    reported silent as rank 0 (once) after ``silent_after_s`` of no answer. The operator then
+    publishes a generation without that pod, and the mode gives this formation up
+    (``KeepSurvivorsMode.superseded``). Elsewhere (a laptop, rank 0's own pod, the
+    watchdog off) it does nothing."""
+
+    def __init__(
+        self,
+        placement: Placement,
+        report_silent: Callable[[int, float], None] | None,
+        silent_after_s: float | None = None,
+        probe: Callable[[tuple[str, int]], Probing] | None = None,
+    ) -> None:
+        after = (
+            RuntimeSettings.from_env().silent_peer_s if silent_after_s is None else silent_after_s
+        )
+        self.silent_after_s = after
+        self.report_silent = report_silent
+        self.reported = False
+        self.probe: Probing | None = None
+        if report_silent is not None and after > 0 and placement.rank_offset > 0:
+            address = (placement.master_addr, placement.master_port)
+            self.probe = (probe or (lambda a: StoreProbe(a).start()))(address)
+
+    def check(self, superseded: str | None = None) -> str | None:
+        """Asked while the workers form: report rank 0 once its store's host is silent;
+        returns ``superseded`` (the mode's reason to give the formation up, if any)."""
+        if self.probe is None or self.reported or self.report_silent is None:
+            return superseded
+        silent = self.probe.silent_for()
+        if silent >= self.silent_after_s:
+            self.reported = True
+            self.report_silent(0, silent)
+        return superseded
+
+    def __enter__(self) -> FormationWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.probe is not None:
+            self.probe.stop()

@@ -1,0 +1,148 @@
+"""A forming group's store host, probed from the driver (``torchjob.launch.store_probe``), and
+the watch that reports it silent as rank 0 (``FormationWatch``).
+
+Real sockets on the loopback: a listener that accepts answers; a closed port answers with a
+reset (its host is there, the store is late); a listener whose accept queue is full drops
+the SYN (nothing answers: what a vanished node's address does) and the connect times out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from torchjob.launch import Placement
+from torchjob.launch.store_probe import StoreProbe, answered
+from torchjob.train.recovery.survivors import FormationWatch
+
+
+@pytest.fixture
+def silent_address() -> Iterator[tuple[str, int]]:
+    """A port whose SYNs are dropped: a listener that never accepts, its queue filled."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    address = srv.getsockname()
+    filling = []
+    for _ in range(4):
+        c = socket.socket()
+        c.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            c.connect(address)
+        filling.append(c)
+    yield address
+    for c in filling:
+        c.close()
+    srv.close()
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = int(s.getsockname()[1])
+    s.close()
+    return port
+
+
+def test_a_host_that_accepts_or_refuses_answers_and_a_dropped_syn_does_not(
+    silent_address: tuple[str, int],
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        assert answered(srv.getsockname(), 1.0) is True
+    assert answered(("127.0.0.1", _closed_port()), 1.0) is True, "a reset: there, but late"
+    assert answered(silent_address, 0.3) is False
+    assert answered(("no-such-host.invalid", 29500), 0.3) is None, "our network, not the peer"
+
+
+def test_the_silence_is_timed_from_the_first_of_an_unbroken_run_of_timeouts() -> None:
+    now = [100.0]
+    probe = StoreProbe(("h", 1), clock=lambda: now[0])
+    probe.observe(False, 100.0)
+    now[0] = 101.0
+    probe.observe(None, 101.0)  # could not ask: neither breaks nor starts the run
+    probe.observe(False, 101.0)
+    now[0] = 104.0
+    assert probe.silent_for() == 4.0
+    probe.observe(True, 104.0)
+    assert probe.silent_for() == 0.0
+    probe.observe(None, 104.5)
+    assert probe.silent_for() == 0.0
+
+
+def test_the_probe_thread_finds_a_silent_store(silent_address: tuple[str, int]) -> None:
+    probe = StoreProbe(silent_address, every_s=0.1, timeout_s=0.2).start()
+    try:
+        deadline = time.monotonic() + 30
+        while probe.silent_for() < 0.5:
+            assert time.monotonic() < deadline, "the probe never found the store silent"
+            time.sleep(0.05)
+    finally:
+        probe.stop()
+
+
+class _Probe:
+    def __init__(self) -> None:
+        self.silent = 0.0
+        self.stopped = False
+
+    def silent_for(self) -> float:
+        return self.silent
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def _placement(rank_offset: int) -> Placement:
+    return Placement(
+        world_size=4,
+        local_world_size=1,
+        rank_offset=rank_offset,
+        node_rank=rank_offset,
+        num_nodes=4,
+        master_addr="job-worker-0.job",
+        master_port=29500,
+    )
+
+
+def test_a_silent_store_host_is_reported_once_as_rank_0_and_the_reason_passed_through() -> None:
+    reports: list[tuple[int, float]] = []
+    probes: list[_Probe] = []
+
+    def make(address: tuple[str, int]) -> _Probe:
+        assert address == ("job-worker-0.job", 29500)
+        probes.append(_Probe())
+        return probes[-1]
+
+    with FormationWatch(
+        _placement(2),
+        lambda r, s: reports.append((r, s)),
+        5.0,
+        make,
+    ) as watch:
+        probes[0].silent = 4.9
+        assert watch.check(None) is None and reports == []
+        probes[0].silent = 6.0
+        assert watch.check("generation 3 was published") == "generation 3 was published"
+        probes[0].silent = 9.0
+        watch.check(None)
+    assert reports == [(0, 6.0)] and probes[0].stopped
+
+
+def test_nothing_is_probed_from_rank_0s_own_pod_or_without_a_reporter() -> None:
+    made: list[tuple[str, int]] = []
+
+    def make(address: tuple[str, int]) -> _Probe:
+        made.append(address)
+        return _Probe()
+
+    with FormationWatch(_placement(0), lambda r, s: None, 5.0, make) as watch:
+        assert watch.check("x") == "x"
+    with FormationWatch(_placement(1), None, 5.0, make):
+        pass
+    with FormationWatch(_placement(1), lambda r, s: None, 0.0, make):
+        pass  # the watchdog turned off (TORCHJOB_SILENT_PEER_S=0)
+    assert made == []
