@@ -77,14 +77,14 @@ def sweep_orphans(parent: str) -> list[str]:
         return removed
     for name in names:
         pid_text = name[len(host) :].split("_", 1)[0]
-        if not name.startswith(host) or not pid_text.isdigit() or _alive(int(pid_text)):
+        if not name.startswith(host) or not pid_text.isdigit() or pid_alive(int(pid_text)):
             continue
         shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
         removed.append(name)
     return removed
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

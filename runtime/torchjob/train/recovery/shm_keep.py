@@ -34,10 +34,11 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from torchjob.checkpoint.background import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -59,23 +60,13 @@ def make_dir(root: Path | None = None) -> Path | None:
         return None
     for old in root.glob(f"{PREFIX}*"):
         pid = old.name[len(PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
     try:
         return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=root))
     except OSError as err:
         log.warning("torchjob: no restore point directory in %s (%s)", root, err)
         return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_dir(path: Path | None) -> None:
@@ -120,14 +111,13 @@ class Arena:
 def arena_bytes(state: Any) -> int:
     """The arena ``state``'s tensors take, each at an aligned offset."""
     import torch
+    from torch.utils._pytree import tree_leaves
 
-    if isinstance(state, torch.Tensor):
-        return (state.numel() * state.element_size() + ALIGN - 1) // ALIGN * ALIGN
-    if isinstance(state, Mapping):
-        return sum(arena_bytes(v) for v in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(arena_bytes(v) for v in state)
-    return 0
+    return sum(
+        (t.numel() * t.element_size() + ALIGN - 1) // ALIGN * ALIGN
+        for t in tree_leaves(state)
+        if isinstance(t, torch.Tensor)
+    )
 
 
 class Slot:
@@ -263,31 +253,29 @@ def _mapped(path: Path, size: int) -> Any:
 
 
 def _skeleton(state: Any, arena: Arena) -> Any:
+    """``state`` with each tensor replaced by its place in ``arena``."""
     import torch
+    from torch.utils._pytree import tree_map
 
-    if isinstance(state, torch.Tensor):
-        if not arena.owns(state):
+    def ref(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        if not arena.owns(t):
             raise ValueError("a tensor of the restore point is not in its arena")
-        offset = int(state.storage_offset()) * state.element_size()
-        return _Ref(offset, tuple(state.shape), state.dtype)
-    if isinstance(state, Mapping):
-        return {k: _skeleton(v, arena) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        items = [_skeleton(v, arena) for v in state]
-        return tuple(items) if isinstance(state, tuple) else items
-    return state
+        return _Ref(int(t.storage_offset()) * t.element_size(), tuple(t.shape), t.dtype)
+
+    return tree_map(ref, state)
 
 
 def _fill(skeleton: Any, arena: Arena) -> Any:
+    """The state ``skeleton`` names, each tensor a view of ``arena``."""
     import torch
+    from torch.utils._pytree import tree_map
 
-    if isinstance(skeleton, _Ref):
-        n = torch.Size(skeleton.shape).numel() * torch.empty(0, dtype=skeleton.dtype).element_size()
-        view = arena.data[skeleton.offset : skeleton.offset + n]
-        return view.view(skeleton.dtype).view(skeleton.shape)
-    if isinstance(skeleton, Mapping):
-        return {k: _fill(v, arena) for k, v in skeleton.items()}
-    if isinstance(skeleton, (list, tuple)):
-        items = [_fill(v, arena) for v in skeleton]
-        return tuple(items) if isinstance(skeleton, tuple) else items
-    return skeleton
+    def view(r: Any) -> Any:
+        if not isinstance(r, _Ref):
+            return r
+        n = torch.Size(r.shape).numel() * torch.empty(0, dtype=r.dtype).element_size()
+        return arena.data[r.offset : r.offset + n].view(r.dtype).view(r.shape)
+
+    return tree_map(view, skeleton)
