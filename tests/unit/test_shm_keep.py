@@ -187,13 +187,19 @@ def test_a_dead_drivers_directory_is_removed_and_a_live_ones_kept(tmp_path: Path
         check=True,
     )
     dead = tmp_path / f"{shm_keep.PREFIX}{int(done.stdout)}-abc"
-    live = tmp_path / f"{shm_keep.PREFIX}{os.getpid()}-def"
-    for d in (dead, live):
+    live = tmp_path / f"{shm_keep.PREFIX}{os.getppid()}-def"
+    # This pid's, not made by this process: a restarted container's driver has its pid.
+    earlier = tmp_path / f"{shm_keep.PREFIX}{os.getpid()}-ghi"
+    mine = shm_keep.make_dir(tmp_path)
+    assert mine is not None
+    for d in (dead, live, earlier):
         d.mkdir()
         (d / "rank0-1-1.arena").write_bytes(b"x" * 64)
     made = shm_keep.make_dir(tmp_path)
     assert made is not None and made.name.startswith(f"{shm_keep.PREFIX}{os.getpid()}-")
-    assert not dead.exists() and live.exists()
+    assert not dead.exists() and not earlier.exists()
+    assert live.exists() and mine.exists(), "a live driver's, and this process's other fit's"
     shm_keep.remove_dir(made)
-    assert not made.exists()
+    shm_keep.remove_dir(mine)
+    assert not made.exists() and not mine.exists()
     assert shm_keep.make_dir(tmp_path / "absent") is None

@@ -60,18 +60,29 @@ def make_dir(root: Path | None = None) -> Path | None:
         return None
     for old in root.glob(f"{PREFIX}*"):
         pid = old.name[len(PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
+        if not pid.isdigit() or old in _MADE:
+            continue
+        # A dead driver's, or one of this pid's that this process did not make (a container
+        # restarted in the same pod: its driver has the same pid again).
+        if int(pid) == os.getpid() or not pid_alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
     try:
-        return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=root))
+        made = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=root))
     except OSError as err:
         log.warning("torchjob: no restore point directory in %s (%s)", root, err)
         return None
+    _MADE.add(made)
+    return made
+
+
+_MADE: set[Path] = set()
+"""The directories this process made (a process may run several fits at once)."""
 
 
 def remove_dir(path: Path | None) -> None:
     if path is not None:
         shutil.rmtree(path, ignore_errors=True)
+        _MADE.discard(path)
 
 
 # --- a worker's slot --------------------------------------------------------------------------
