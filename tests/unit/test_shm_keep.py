@@ -203,3 +203,24 @@ def test_a_dead_drivers_directory_is_removed_and_a_live_ones_kept(tmp_path: Path
     shm_keep.remove_dir(mine)
     assert not made.exists() and not mine.exists()
     assert shm_keep.make_dir(tmp_path / "absent") is None
+
+
+def test_what_a_broadcast_sends_rebuilds_the_state_and_can_be_sent_on(slot_dir: Path) -> None:
+    # torch.save refuses views of one storage as different dtypes (an arena), so the
+    # broadcast sends the layout and the arena's bytes; the receiver keeps them as they
+    # came, and sends them on unchanged when it is the source of a later broadcast.
+    live = _state(1)
+    held = restore_point.take("run", 3, live, [{"epoch": 1}])
+    assert held is not None and held.arena is not None
+    header, body = restore_point._encode(held)
+    assert body.untyped_storage().data_ptr() == held.arena.data.untyped_storage().data_ptr()
+    got = restore_point._decode(header, body.clone())
+    assert got.index == 3 and got.positions == [{"epoch": 1}] and got.nbytes == held.nbytes
+    assert _equal(got.state, restore_point.state_of(live))
+    header2, body2 = restore_point._encode(got)
+    again = restore_point._decode(header2, body2.clone())
+    assert _equal(again.state, restore_point.state_of(live))
+    _new_process()
+    private = restore_point.Snapshot("run", 4, restore_point.state_of(_state(2)))
+    header3, body3 = restore_point._encode(private)  # packed into a new block
+    assert _equal(restore_point._decode(header3, body3).state, private.state)

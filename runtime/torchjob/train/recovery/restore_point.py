@@ -250,6 +250,8 @@ def take(
     state, nbytes = _copy(live, prev.state if prev is not None else None, counted)
     snap = Snapshot(run, index, state, meta["rng"], meta["positions"], nbytes)
     snap.allocated = allocs[0] > 0
+    if prev is not None and prev.arena is not None and prev.arena.path is None:
+        snap.arena = prev.arena  # received by broadcast: copied over in place (see _encode)
     _HELD[0] = snap
     return snap
 
@@ -267,11 +269,12 @@ def _into_shared(slot: shm_keep.Slot, run: str, live: Any, meta: dict[str, Any])
     its shapes, else into a new one; None where the shared memory has no room."""
     need = shm_keep.arena_bytes(live)
     prev = _HELD[0]
-    if prev is not None and prev.run == run and prev.arena is not None and prev.arena.used == need:
+    shared = prev.arena if prev is not None and prev.run == run else None
+    if prev is not None and shared is not None and shared.path is not None and shared.used == need:
         slot.invalidate()
         try:
             state, nbytes = _copy(live, prev.state, _reshaped)
-            return _committed(slot, prev.arena, state, nbytes, meta, allocated=False)
+            return _committed(slot, shared, state, nbytes, meta, allocated=False)
         except _Reshaped:  # the same bytes in other shapes: a new arena
             pass
     if slot.no_room_for == need:
@@ -314,29 +317,32 @@ class Restored:
     seconds: float
 
 
-def _encode(snap: Snapshot) -> bytes:
+def _encode(snap: Snapshot) -> tuple[bytes, Any]:
+    """What a broadcast sends of ``snap``: a header (``torch.save`` of everything but the
+    tensors' bytes, their places in the arena among it) and the arena itself, a ``uint8``
+    tensor: the held one as it is (no copy), or the tensors packed into a new one."""
     import torch
 
+    arena = snap.arena
+    layout = shm_keep.skeleton(snap.state, arena) if arena is not None else None
+    if arena is None or layout is None:
+        arena = shm_keep.Arena.private(shm_keep.arena_bytes(snap.state))
+        layout = shm_keep.skeleton(_copy(snap.state, None, arena.alloc)[0], arena)
+    meta = {"run": snap.run, "index": snap.index, "rng": snap.rng}
     buf = io.BytesIO()
-    torch.save(
-        {
-            "run": snap.run,
-            "index": snap.index,
-            "state": snap.state,
-            "rng": snap.rng,
-            "positions": snap.positions,
-            "nbytes": snap.nbytes,
-        },
-        buf,
-    )
-    return buf.getvalue()
+    torch.save({**meta, "positions": snap.positions, "nbytes": snap.nbytes, "state": layout}, buf)
+    return buf.getvalue(), arena.data[: max(arena.used, 1)]
 
 
-def _decode(data: bytes) -> Snapshot:
+def _decode(header: bytes, body: Any) -> Snapshot:
+    """The snapshot :func:`_encode` sent: its tensors are views of ``body`` (kept as the
+    snapshot's private arena, so that this rank can send it on as it is)."""
     import torch
 
-    d = torch.load(io.BytesIO(data), weights_only=False)
-    return Snapshot(d["run"], d["index"], d["state"], d["rng"], d["positions"], d["nbytes"])
+    d = torch.load(io.BytesIO(header), weights_only=False)
+    arena = shm_keep.Arena(None, body, used=body.numel())
+    state = shm_keep.fill(d["state"], arena)
+    return Snapshot(d["run"], d["index"], state, d["rng"], d["positions"], d["nbytes"], arena)
 
 
 def agree(run: str, rank: int, world_size: int) -> Restored | None:
@@ -362,24 +368,27 @@ def agree(run: str, rank: int, world_size: int) -> Restored | None:
     if best < 0:
         return None
     source = min(r for r, i in enumerate(indices) if i == best)
-    # The bytes go as one uint8 tensor (its length first): no pickling of the tensors'
-    # storage on the receivers beyond torch.load's. NCCL moves only device tensors.
+    # The header and the arena go as two uint8 tensors (their lengths first): no pickling
+    # of the tensors' bytes. NCCL moves only device tensors.
     on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
     if rank == source:
         assert mine is not None
-        data = _encode(mine)
-        length = torch.tensor([len(data)], dtype=torch.int64, device=on)
+        header, body = _encode(mine)
+        sizes = torch.tensor([len(header), body.numel()], dtype=torch.int64, device=on)
     else:
-        length = torch.zeros(1, dtype=torch.int64, device=on)
-    dist.broadcast(length, src=source)
+        sizes = torch.zeros(2, dtype=torch.int64, device=on)
+    dist.broadcast(sizes, src=source)
     if rank == source:
-        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(on or "cpu")
+        head = torch.frombuffer(bytearray(header), dtype=torch.uint8).to(on or "cpu")
+        data = body.to(on) if on is not None else body
     else:
-        payload = torch.empty(int(length.item()), dtype=torch.uint8, device=on)
-    dist.broadcast(payload, src=source)
+        head = torch.empty(int(sizes[0].item()), dtype=torch.uint8, device=on)
+        data = torch.empty(int(sizes[1].item()), dtype=torch.uint8, device=on)
+    dist.broadcast(head, src=source)
+    dist.broadcast(data, src=source)
     if index == best:
         assert mine is not None
         return Restored(mine, source, False, time.monotonic() - t0)
-    snap = _decode(payload.cpu().numpy().tobytes())
+    snap = _decode(head.cpu().numpy().tobytes(), data.cpu())
     _HELD[0] = snap
     return Restored(snap, source, True, time.monotonic() - t0)

@@ -99,11 +99,13 @@ class _Ref:
 
 @dataclass
 class Arena:
-    """One file of the slot, mapped: every tensor of one restore point's state."""
+    """One block of memory holding every tensor of one restore point's state: a file of the
+    slot, mapped (``path``), or private memory (``path`` None: a restore point received by
+    broadcast, or packed to be sent)."""
 
-    path: Path
+    path: Path | None
     data: Any
-    """The whole file as a ``uint8`` tensor over the shared mapping."""
+    """The whole block as a ``uint8`` tensor."""
     used: int = 0
 
     def alloc(self, like: Any) -> Any:
@@ -117,6 +119,12 @@ class Arena:
 
     def owns(self, t: Any) -> bool:
         return bool(t.untyped_storage().data_ptr() == self.data.untyped_storage().data_ptr())
+
+    @classmethod
+    def private(cls, nbytes: int) -> Arena:
+        import torch
+
+        return cls(None, torch.empty(max(nbytes, ALIGN), dtype=torch.uint8))
 
 
 def arena_bytes(state: Any) -> int:
@@ -209,8 +217,12 @@ class Slot:
         """Name ``state`` (its tensors in ``arena``) and ``meta`` as the slot's restore point."""
         import torch
 
+        assert arena.path is not None, "a slot's restore point is in a file of the slot"
+        layout = skeleton(state, arena)
+        if layout is None:
+            raise ValueError("a tensor of the restore point is not in its arena")
         tmp = self.manifest.with_suffix(".tmp")
-        torch.save({**meta, "arena": arena.path.name, "state": _skeleton(state, arena)}, tmp)
+        torch.save({**meta, "arena": arena.path.name, "state": layout}, tmp)
         os.replace(tmp, self.manifest)
 
     def load(self, run: str) -> tuple[Arena, dict[str, Any]] | None:
@@ -232,7 +244,7 @@ class Slot:
         except FileNotFoundError:
             return None
         arena = Arena(path, _mapped(path, size), used=size)
-        meta["state"] = _fill(meta["state"], arena)
+        meta["state"] = fill(meta["state"], arena)
         return arena, meta
 
 
@@ -263,23 +275,26 @@ def _mapped(path: Path, size: int) -> Any:
     return torch.empty(0, dtype=torch.uint8).set_(storage)
 
 
-def _skeleton(state: Any, arena: Arena) -> Any:
-    """``state`` with each tensor replaced by its place in ``arena``."""
+def skeleton(state: Any, arena: Arena) -> Any | None:
+    """``state`` with each tensor replaced by its place in ``arena``; None when a tensor of
+    it is elsewhere."""
     import torch
-    from torch.utils._pytree import tree_map
+    from torch.utils._pytree import tree_leaves, tree_map
+
+    tensors = [t for t in tree_leaves(state) if isinstance(t, torch.Tensor)]
+    if not all(arena.owns(t) for t in tensors):
+        return None
 
     def ref(t: Any) -> Any:
         if not isinstance(t, torch.Tensor):
             return t
-        if not arena.owns(t):
-            raise ValueError("a tensor of the restore point is not in its arena")
         return _Ref(int(t.storage_offset()) * t.element_size(), tuple(t.shape), t.dtype)
 
     return tree_map(ref, state)
 
 
-def _fill(skeleton: Any, arena: Arena) -> Any:
-    """The state ``skeleton`` names, each tensor a view of ``arena``."""
+def fill(layout: Any, arena: Arena) -> Any:
+    """The state ``layout`` names (:func:`skeleton`), each tensor a view of ``arena``."""
     import torch
     from torch.utils._pytree import tree_map
 
@@ -289,4 +304,4 @@ def _fill(skeleton: Any, arena: Arena) -> Any:
         n = torch.Size(r.shape).numel() * torch.empty(0, dtype=r.dtype).element_size()
         return arena.data[r.offset : r.offset + n].view(r.dtype).view(r.shape)
 
-    return tree_map(view, skeleton)
+    return tree_map(view, layout)
