@@ -15,6 +15,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from torchjob.train.recovery import restore_point, shm_keep
 
 
 @pytest.fixture
-def slot_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def slot_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv(ENV_RESTORE_POINT_DIR, str(tmp_path))
     _new_process()
     yield tmp_path
