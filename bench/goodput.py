@@ -9,7 +9,8 @@ tells users to write a loop (a checkpoint every ``--ckpt-every`` steps and on
 losses (bench/goodput_losses.py), on a schedule (bench/goodput_schedule.py):
 
 - ``--schedule poisson`` (default): the row's loss times are drawn before it starts from its
-  seeded random source, cumulative exponential gaps of mean ``--mtbf``, and each loss is
+  seeded random source (the same draw for every system's row of a mode in a repeat, so that
+  torchjob and Kubeflow meet the same loss times), cumulative exponential gaps of mean ``--mtbf``, and each loss is
   taken at its time whatever the job is doing (during the previous recovery too); the row
   ends ``--mtbf`` after the last loss's node is gone. The table lists each row's realised
   rate (losses / window seconds) beside the stated one;
@@ -305,6 +306,7 @@ def _run_rows(
                             0,
                             index,
                             strategy,
+                            repeat=rep,
                         )
                         rows.append(row)
                         index += 1

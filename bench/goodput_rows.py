@@ -71,12 +71,14 @@ def run_row(
     index: int,
     strategy: str = "ddp",
     restore_point: bool | None = None,
+    repeat: int = 0,
 ) -> Row:
     """One row: ``evictions`` losses of ``mode`` (none for a baseline, which runs
     ``duration`` seconds from its first step); ``restore_point`` overrides
-    ``--restore-point`` (the baseline without restore points)."""
+    ``--restore-point`` (the baseline without restore points). Every system's row of one
+    mode in one repeat draws the same loss times (``--seed``, the repeat, the mode)."""
     rp = args.restore_point if restore_point is None else restore_point
-    run = _RowRun.start(args, cluster, core, custom, policy, mode, index, strategy, rp)
+    run = _RowRun.start(args, cluster, core, custom, policy, mode, index, strategy, rp, repeat)
     t_first = run.first_step()
     if t_first is None:
         return run.row
@@ -127,6 +129,7 @@ class _RowRun:
         index: int,
         strategy: str,
         restore_point: bool = False,
+        repeat: int = 0,
     ) -> _RowRun:
         """Create the row's namespace, storage and events file, and apply its job."""
         ns = f"goodput-{args.run_id}-{index}"
@@ -151,7 +154,8 @@ class _RowRun:
         events.touch()
         events.chmod(0o666)
         watch = PodWatch(core, ns, custom if policy != KUBEFLOW else None)
-        rng = random.Random(args.seed * 1000 + index)
+        # The loss times and picks of a mode's rows: the same draw for every system.
+        rng = random.Random(f"{args.seed}/{repeat}/{mode}")
         body = (
             kubeflow_manifest(args, storage, events)
             if policy == KUBEFLOW
