@@ -187,6 +187,17 @@ def test_a_formation_is_superseded_once_a_later_generation_is_published(
         f"rank(s) [1] were still joining when {why}", waiting_for_peers=True
     )
     assert isinstance(c._next(STATE, Crashed(given_up)), Following)
+    # The same pods by name: a pod's processes were killed and a new pod took its name;
+    # it joins the later generation, never this formation (bench/results/2026-11-29f: a
+    # formation waited 86 s for such a pod until another loss broke it).
+    same = survivor(tmp_path, Membership(1, 2)).mode.superseded(SUPERSEDED_AFTER_S)
+    assert same is not None and "same pods by name" in same
+    # A grow that also replaced a member under its name (still present): given up too.
+    c = survivor(tmp_path, Membership(1, 3, replaced=("job-worker-1",)))
+    assert isinstance(c.mode, KeepSurvivorsMode)
+    c.mode.pod_name = "job-worker-0"
+    renewed = c.mode.superseded(SUPERSEDED_AFTER_S)
+    assert renewed is not None and "replaced: [1]" in renewed
     # A laptop's and a plain pod's formations are never superseded.
     assert Controller(trainer(tmp_path), None).mode.superseded(60.0) is None
     assert Controller(trainer(tmp_path), pod()).mode.superseded(60.0) is None

@@ -265,14 +265,25 @@ class KeepSurvivorsMode:
         moved = self.watch.changed(self.membership.generation)
         if moved is None:
             return None
-        gone = sorted(set(self.membership.ranked) - set(moved.ranked))
-        if not gone:
+        forming, later = set(self.membership.ranked), set(moved.ranked)
+        gone = sorted(forming - later)
+        if gone:
+            return (
+                f"generation {moved.generation} was published without pod(s) {gone}, "
+                f"{forming_s:.0f}s into the formation"
+            )
+        job = self.pod_name.rpartition("-worker-")[0]
+        renewed = sorted(i for i in forming if worker_pod_name(job, i) in moved.replaced)
+        if later > forming and not renewed:
             # A grow: every pod this formation waits for is still a member, so it can
             # complete (then stop at its first report for the next one, memory kept).
             return None
+        # The same pods by name, or some replaced: a pod lost its processes (a hard kill)
+        # and a new pod under its name joins the later generation, not this formation.
         return (
-            f"generation {moved.generation} was published without pod(s) {gone}, "
-            f"{forming_s:.0f}s into the formation"
+            f"generation {moved.generation} was published with the same pods by name"
+            f"{f' (replaced: {renewed})' if renewed else ''}, {forming_s:.0f}s into the "
+            "formation: a pod under one of their names is a new one"
         )
 
     def after_interrupt(self, c: FitContext, state: RunState, at_report: int | None) -> Step:
