@@ -255,11 +255,10 @@ class KeepSurvivorsMode:
         )
 
     def superseded(self, forming_s: float) -> str | None:
-        """The operator published a generation after the one this pod's group has been
-        forming for :data:`SUPERSEDED_AFTER_S` or more, and it leaves out a pod this
-        formation waits for (its node vanished, or it was deleted): that peer may never
-        come, so this pod follows the new generation instead of waiting for the collective
-        timeout. A later generation that keeps every member (a grow) supersedes nothing."""
+        """A generation after the one this pod's group has formed for
+        :data:`SUPERSEDED_AFTER_S` or more left out a pod the formation waits for (or a
+        new pod took its name): that peer never comes, so follow the new generation. A
+        pure grow (every member kept, none replaced) supersedes nothing."""
         if forming_s < SUPERSEDED_AFTER_S:
             return None
         moved = self.watch.changed(self.membership.generation)
@@ -275,11 +274,9 @@ class KeepSurvivorsMode:
         job = self.pod_name.rpartition("-worker-")[0]
         renewed = sorted(i for i in forming if worker_pod_name(job, i) in moved.replaced)
         if later > forming and not renewed:
-            # A grow: every pod this formation waits for is still a member, so it can
-            # complete (then stop at its first report for the next one, memory kept).
-            return None
-        # The same pods by name, or some replaced: a pod lost its processes (a hard kill)
-        # and a new pod under its name joins the later generation, not this formation.
+            return None  # a grow: this formation can complete (then stop, memory kept)
+        # The same pods by name, or some replaced: a new pod under a lost one's name (a
+        # hard kill) joins the later generation, never this formation.
         return (
             f"generation {moved.generation} was published with the same pods by name"
             f"{f' (replaced: {renewed})' if renewed else ''}, {forming_s:.0f}s into the "

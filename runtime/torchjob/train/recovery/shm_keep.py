@@ -34,6 +34,7 @@ import os
 import secrets
 import shutil
 import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,14 +130,7 @@ class Arena:
 
 def arena_bytes(state: Any) -> int:
     """The arena ``state``'s tensors take, each at an aligned offset."""
-    import torch
-    from torch.utils._pytree import tree_leaves
-
-    return sum(
-        (t.numel() * t.element_size() + ALIGN - 1) // ALIGN * ALIGN
-        for t in tree_leaves(state)
-        if isinstance(t, torch.Tensor)
-    )
+    return sum((t.numel() * t.element_size() + ALIGN - 1) // ALIGN * ALIGN for t in _tensors(state))
 
 
 class Slot:
@@ -279,10 +273,8 @@ def skeleton(state: Any, arena: Arena) -> Any | None:
     """``state`` with each tensor replaced by its place in ``arena``; None when a tensor of
     it is elsewhere."""
     import torch
-    from torch.utils._pytree import tree_leaves, tree_map
 
-    tensors = [t for t in tree_leaves(state) if isinstance(t, torch.Tensor)]
-    if not all(arena.owns(t) for t in tensors):
+    if not all(arena.owns(t) for t in _tensors(state)):
         return None
 
     def ref(t: Any) -> Any:
@@ -290,13 +282,12 @@ def skeleton(state: Any, arena: Arena) -> Any | None:
             return t
         return _Ref(int(t.storage_offset()) * t.element_size(), tuple(t.shape), t.dtype)
 
-    return tree_map(ref, state)
+    return _tree_map(ref, state)
 
 
 def fill(layout: Any, arena: Arena) -> Any:
     """The state ``layout`` names (:func:`skeleton`), each tensor a view of ``arena``."""
     import torch
-    from torch.utils._pytree import tree_map
 
     def view(r: Any) -> Any:
         if not isinstance(r, _Ref):
@@ -304,4 +295,22 @@ def fill(layout: Any, arena: Arena) -> Any:
         n = torch.Size(r.shape).numel() * torch.empty(0, dtype=r.dtype).element_size()
         return arena.data[r.offset : r.offset + n].view(r.dtype).view(r.shape)
 
-    return tree_map(view, layout)
+    return _tree_map(view, layout)
+
+
+def _tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """``tree`` (nested mappings, lists and tuples) with ``fn`` applied to every leaf."""
+    if isinstance(tree, Mapping):
+        return {k: _tree_map(fn, v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        items = [_tree_map(fn, v) for v in tree]
+        return tuple(items) if isinstance(tree, tuple) else items
+    return fn(tree)
+
+
+def _tensors(tree: Any) -> list[Any]:
+    import torch
+
+    found: list[Any] = []
+    _tree_map(lambda x: found.append(x) if isinstance(x, torch.Tensor) else None, tree)
+    return found
