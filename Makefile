@@ -113,8 +113,8 @@ bench-sharded: venv ## sharded FSDP2 checkpoints: save stall sync vs async (2 Gi
 	$(PY) bench/sharded_checkpoint.py $(SHARDED_ARGS)
 
 .PHONY: bench-goodput
-bench-goodput: venv testbin ## goodput under a fleet's losses on 3 real nodes: torchjob's Elastic policy and Kubeflow's PyTorchJob, Poisson pod and node losses (eviction, SIGKILL, vanish, 30/120 s notice), 8 pods, 256 MiB of state, restore point (hours; BENCH_ARGS to change), then the recovery-vs-world-size curve (SCALE_ARGS)
-	TORCHJOB_REAL_NODES=3 $(PY) bench/goodput.py --replicas 8 --policies Elastic,Kubeflow --modes graceful,hard,vanish,notice30,notice120 --restore-point --state-mib 256 --step-seconds 0.5 $(BENCH_ARGS)
+bench-goodput: venv testbin ## goodput under a fleet's losses on 4 real nodes (one a system node for the operator, the job on 3): torchjob's Elastic policy and Kubeflow's PyTorchJob, Poisson pod and node losses (eviction, SIGKILL, vanish, 30/120 s notice), 8 pods, 256 MiB of state, restore point (hours; BENCH_ARGS to change), then the recovery-vs-world-size curve (SCALE_ARGS)
+	TORCHJOB_REAL_NODES=4 $(PY) bench/goodput.py --system-node --shrink-on-disruption --replicas 8 --policies Elastic,Kubeflow --modes graceful,hard,vanish,notice30,notice120 --restore-point --state-mib 256 --step-seconds 0.5 $(BENCH_ARGS)
 	$(PY) bench/recovery_scale.py $(SCALE_ARGS)
 
 .PHONY: bench-scale

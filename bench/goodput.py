@@ -102,6 +102,7 @@ from tests.cluster.realnode import HelmOperator, RealNode, real_node_count
 from bench import goodput_accounting as acc
 from bench import goodput_schedule as sch
 from bench.goodput_jobs import KUBEFLOW, POLICIES, STRATEGIES
+from bench.goodput_losses import release_system_node, reserve_system_node
 from bench.goodput_records import Row
 from bench.goodput_report import report, write_timelines
 from bench.goodput_rows import log, run_row
@@ -132,7 +133,8 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="elastic minimum of the Elastic and Standby rows and of Kubeflow's elasticPolicy "
-        "(default: replicas - 1)",
+        "(default: replicas - 1; with node modes, replicas less one node's share of an even "
+        "spread: the survivors of a node loss go on at once)",
     )
     p.add_argument(
         "--ideal",
@@ -208,6 +210,12 @@ def _fleet_args(p: argparse.ArgumentParser) -> None:
         help="MiB of model + Adam state per worker (bench/_goodput_state.py); 0: Linear(16, 1)",
     )
     p.add_argument(
+        "--system-node",
+        action="store_true",
+        help="keep the job's pods off the operator's node (a taint for the run): a cloud "
+        "cluster's system pool; the job spreads over the nodes a loss can take",
+    )
+    p.add_argument(
         "--no-restore-point-baseline",
         action="store_true",
         help="with --restore-point, skip the extra baseline without restore points (the "
@@ -219,7 +227,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = _parser()
     args = p.parse_args(argv)
     args.run_id = time.strftime("%H%M%S")
-    args.min_replicas = args.min_replicas or max(1, args.replicas - 1)
+    job_nodes = real_node_count() - (1 if args.system_node else 0)
+    args.min_replicas = args.min_replicas or sch.default_min_replicas(
+        args.replicas, args.modes.split(","), job_nodes
+    )
     ideal: dict[str, float] = {}
     for item in filter(None, args.ideal.split(",")):
         system, _, rate = item.partition("=")
@@ -353,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as d:
         op.install(Path(d) / "values.yaml", "--create-namespace")
     cluster.wait_established("torchjobs.torchjob.io")
+    system = reserve_system_node(core) if args.system_node else None
+    if system:
+        log(f"system node {system}: the job's pods run on the others")
     kubeflow = None
     workdir = Path(tempfile.mkdtemp(prefix="tj-goodput-"))
     try:
@@ -370,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         if kubeflow is not None:
             kubeflow.stop()
         op.helm("uninstall", "torchjob", "--namespace", OPERATOR_NS, "--wait", check=False)
+        if system:
+            release_system_node(core, system)
         if not args.keep_cluster:
             cluster_down()
     log(f"done in {time.monotonic() - started:.0f}s")

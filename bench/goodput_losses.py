@@ -37,6 +37,9 @@ OPERATOR_NS = "torchjob-system"
 INFRA_NAMESPACES = (OPERATOR_NS, "kube-system")
 NOTICE_DRAIN_BEFORE = 10
 """A notice's drain comes this many seconds before its node goes."""
+SYSTEM_TAINT = "bench.torchjob.io/system"
+"""``--system-node``: the taint (NoSchedule) that keeps the job's pods off the operator's
+node, as a cloud cluster's system node pool keeps them off its on-demand CPU nodes."""
 
 
 def infra_nodes(core: Any) -> set[str]:
@@ -47,6 +50,27 @@ def infra_nodes(core: Any) -> set[str]:
         for p in core.list_namespaced_pod(ns).items
         if p.spec.node_name
     }
+
+
+def reserve_system_node(core: Any) -> str:
+    """Taint the node running the operator (``SYSTEM_TAINT``, NoSchedule: the operator stays,
+    no new pod of a job goes there): the job's pods spread over the nodes a loss can take, as
+    on a cloud cluster whose operators run on a system pool and whose GPU pods run on spot
+    nodes. The node's name."""
+    infra = sorted(infra_nodes(core))
+    if len(infra) != 1:
+        raise RuntimeError(f"--system-node: the infrastructure runs on {infra or 'no node'}, "
+                           "not on one node")  # fmt: skip
+    taints = [t for t in core.read_node(infra[0]).spec.taints or () if t.key != SYSTEM_TAINT]
+    taints.append({"key": SYSTEM_TAINT, "value": "true", "effect": "NoSchedule"})
+    core.patch_node(infra[0], {"spec": {"taints": taints}})
+    return infra[0]
+
+
+def release_system_node(core: Any, name: str) -> None:
+    """Undo ``reserve_system_node`` (a kept cluster serves the tests afterwards)."""
+    taints = [t for t in core.read_node(name).spec.taints or () if t.key != SYSTEM_TAINT]
+    core.patch_node(name, {"spec": {"taints": taints}})
 
 
 def job_pods_on(core: Any, ns: str, node: str) -> list[Any]:
@@ -64,13 +88,14 @@ def job_pods_on(core: Any, ns: str, node: str) -> list[Any]:
 
 
 def fleet_whole(core: Any, names: list[str]) -> bool:
-    """Every real node Ready, schedulable and untainted (but for the real nodes' own taint):
+    """Every real node Ready, schedulable and untainted (but for the real nodes' own taint
+    and ``SYSTEM_TAINT``):
     a row starts on the whole fleet (a
     node a previous row lost returns without waiting, and a job placed while it is still
     NotReady would start with every pod on the others, so a node loss would take them all)."""
     for name in names:
         node = core.read_node(name)
-        taints = [t for t in node.spec.taints or () if t.key != NODE_LABEL]
+        taints = [t for t in node.spec.taints or () if t.key not in (NODE_LABEL, SYSTEM_TAINT)]
         if k.node_ready_status(core, name) != "True" or node.spec.unschedulable or taints:
             return False
     return True

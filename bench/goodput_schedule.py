@@ -41,6 +41,17 @@ def poisson_times(rng: random.Random, mtbf: float, n: int) -> list[float]:
     return times
 
 
+def default_min_replicas(replicas: int, modes: Iterable[str], job_nodes: int) -> int:
+    """The elastic minimum a user planning for ``modes`` sets: ``replicas - 1`` for pod
+    losses; with node losses over ``job_nodes`` nodes, ``replicas`` less one node's share of
+    an even spread (``ceil(replicas / job_nodes)``), so that the survivors of a node loss go on
+    at once instead of waiting below the minimum for replacements to start (issue 39)."""
+    lose = 1
+    if set(modes) & set(NODE_MODES) and job_nodes >= 1:
+        lose = -(-replicas // job_nodes)
+    return max(1, replicas - lose)
+
+
 def notice_seconds(mode: str) -> int:
     """The notice a ``noticeN`` mode gives before its node vanishes (0 for the others)."""
     return int(mode[len("notice") :]) if mode.startswith("notice") else 0

@@ -109,3 +109,19 @@ def test_realised_rate_and_the_end_of_a_row() -> None:
     assert sch.end_of_row(100.0, [10.0, 50.0], 40.0, notice=30) == pytest.approx(220.0)
     assert sch.end_of_row(100.0, [], 40.0) == pytest.approx(140.0)
     assert [sch.notice_seconds(m) for m in ("notice30", "notice120", "vanish")] == [30, 120, 0]
+
+
+@pytest.mark.parametrize(
+    ("replicas", "modes", "nodes", "expected"),
+    [
+        (8, ["graceful", "hard"], 3, 7),  # a pod loss: one below the size
+        (8, ["hard", "vanish"], 3, 5),  # a node of 3 holds at most 3 of 8 pods
+        (8, ["notice30"], 4, 6),
+        (8, ["vanish"], 1, 1),  # one node holds them all: never below 1
+        (2, ["vanish"], 3, 1),
+    ],
+)
+def test_default_min_replicas_survives_one_nodes_share(
+    replicas: int, modes: list[str], nodes: int, expected: int
+) -> None:
+    assert sch.default_min_replicas(replicas, modes, nodes) == expected

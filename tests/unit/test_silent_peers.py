@@ -14,9 +14,13 @@ from torchjob_operator.torchjob.plan import JobView, plan, with_state
 from torchjob_operator.torchjob.silent import trusted_reports
 
 
-def reported(view: JobView, status: dict, *reports: tuple[str, int, str]) -> JobView:
-    """``view`` once survivors patched ``status.silentWorkers`` with ``reports``."""
-    body = [{"pod": p, "generation": g, "by": by, "seconds": 10.5} for p, g, by in reports]
+def reported(
+    view: JobView, status: dict, *reports: tuple[str, int, str], how: str | None = None
+) -> JobView:
+    """``view`` once survivors patched ``status.silentWorkers`` with ``reports`` (``how``:
+    absent, as an older runtime writes them, or ``heartbeat`` / ``store``)."""
+    extra = {} if how is None else {"how": how}
+    body = [{"pod": p, "generation": g, "by": by, "seconds": 10.5, **extra} for p, g, by in reports]
     return with_state(view, {**status, "silentWorkers": body})
 
 
@@ -41,6 +45,21 @@ def test_a_pod_reported_silent_is_an_uncharged_loss_and_the_job_shrinks_at_once(
     assert joining.create is not None and joining.create.indices == (1,)
     grown = plan(after, [running(p) for p in pods], at(20))
     assert grown.status["currentGeneration"] == 2 and grown.status["replicas"] == 2
+
+
+def test_a_store_found_silent_while_forming_is_said_so() -> None:
+    """A forming pod's probe of rank 0's store (``how: store``): the events say what was
+    silent, not "no heartbeat" (there were no beats yet)."""
+    _, view, pods = step(elastic_keep(), [], 0)
+    up = [running(p) for p in pods]
+    settled, view, _ = step(view, up, 1)
+    view = reported(view, settled.status, ("tj-worker-0", 0, "tj-worker-1"), how="store")
+    decided = plan(view, up, at(12))
+    shrunk = next(e for e in decided.events if e.reason == "ShrunkAfterDisruption")
+    assert "tj-worker-0: silent for 10s (its store did not answer; seen by tj-worker-1)" in (
+        shrunk.message
+    )
+    assert decided.delete == ("tj-worker-0",) and decided.status["restarts"] == 0
 
 
 def test_reports_the_planner_does_not_act_on() -> None:

@@ -40,7 +40,7 @@ def test_an_apply_holds_every_report_of_the_generation_under_the_reporters_manag
     sink = Applies()
     reports = SilentReports(sink, pod_env(job_name="tj", pod_index=1, nproc_per_node=2))
     ranked = (1, 0, 2)  # pod 1 runs ranks 0-1, pod 0 ranks 2-3, pod 2 ranks 4-5
-    assert reports.record(ranked, 4, 2, 5.04) and reports.record(ranked, 4, 5, 6.0)
+    assert reports.record(ranked, 4, 2, 5.04) and reports.record(ranked, 4, 5, 6.0, "store")
     reports.write()
     manager, body = sink.sent[-1]
     assert manager == "torchjob-silent-tj-worker-1"
@@ -49,6 +49,7 @@ def test_an_apply_holds_every_report_of_the_generation_under_the_reporters_manag
     # Both: an apply that left the first out would remove it from the status.
     assert entries(body) == [("tj-worker-0", 4, "tj-worker-1"), ("tj-worker-2", 4, "tj-worker-1")]
     assert body["status"]["silentWorkers"][0]["seconds"] == 5.0
+    assert [e["how"] for e in body["status"]["silentWorkers"]] == ["heartbeat", "store"]
     assert not reports.record(ranked, 4, 6, 1.0), "rank 6 is of no pod"
     assert not reports.record(ranked, 3, 0, 1.0), "an older generation"
     assert reports.record((0, 1), 5, 0, 5.0)  # the next generation replaces the last one's
@@ -63,7 +64,7 @@ def test_reports_go_out_on_threads_one_at_a_time_and_the_last_write_holds_them_a
     sink = Applies(delay_s=0.05)
     reports = SilentReports(sink, pod_env(job_name="tj", pod_index=0, replicas=4))
     for rank in (1, 2, 3):
-        reports.report((0, 1, 2, 3), 0, rank, 5.0)
+        reports.report((0, 1, 2, 3), 0, rank, 5.0, "heartbeat")
     with sink.landed:
         assert sink.landed.wait_for(lambda: len(sink.sent) == 3, timeout=30), sink.sent
     assert entries(sink.sent[-1][1]) == [(f"tj-worker-{i}", 0, "tj-worker-0") for i in (1, 2, 3)]

@@ -109,7 +109,7 @@ def _placement(rank_offset: int) -> Placement:
 
 
 def test_a_silent_store_host_is_reported_once_as_rank_0_and_the_reason_passed_through() -> None:
-    reports: list[tuple[int, float]] = []
+    reports: list[tuple[int, float, str]] = []
     probes: list[_Probe] = []
 
     def make(address: tuple[str, int]) -> _Probe:
@@ -119,7 +119,7 @@ def test_a_silent_store_host_is_reported_once_as_rank_0_and_the_reason_passed_th
 
     with FormationWatch(
         _placement(2),
-        lambda r, s: reports.append((r, s)),
+        lambda r, s, how: reports.append((r, s, how)),
         5.0,
         make,
     ) as watch:
@@ -129,7 +129,7 @@ def test_a_silent_store_host_is_reported_once_as_rank_0_and_the_reason_passed_th
         assert watch.check("generation 3 was published") == "generation 3 was published"
         probes[0].silent = 9.0
         watch.check(None)
-    assert reports == [(0, 6.0)] and probes[0].stopped
+    assert reports == [(0, 6.0, "store")] and probes[0].stopped
 
 
 def test_nothing_is_probed_from_rank_0s_own_pod_or_without_a_reporter() -> None:

@@ -16,7 +16,7 @@ def silent(rank: int) -> SilentPeer:
 
 def test_workers_are_stuck_only_past_the_bound_after_a_remote_peer_went_silent() -> None:
     reported: list[int] = []
-    points = RestorePoints(report_silent=lambda rank, _s: reported.append(rank))
+    points = RestorePoints(report_silent=lambda rank, _s, _how: reported.append(rank))
     view = ProgressView(enabled=False, total_epochs=None)
     assert points.stuck_for(1e9, 5.0) is None, "no silent peer: never stuck"
     assert points.on_event(silent(3), None, view)

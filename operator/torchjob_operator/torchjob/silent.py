@@ -75,7 +75,7 @@ def silenced(
         if r is None or not p.active or p.generation > r.generation:
             out.append(p)
             continue
-        silent = Silent(r.seconds, r.by)
+        silent = Silent(r.seconds, r.by, r.how or "heartbeat")
         line = f"{p.name} {silent.why}"
         out.append(
             replace(

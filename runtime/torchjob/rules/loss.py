@@ -98,14 +98,18 @@ class Failure:
 
 @dataclass(frozen=True)
 class Silent:
-    """A peer found silent (no heartbeat for ``seconds``) by ``seen_by``: never charged."""
+    """A peer found silent for ``seconds`` by ``seen_by``: never charged. ``how``: its
+    heartbeat stopped (``heartbeat``), or the store it serves did not answer while the group
+    formed (``store``)."""
 
     seconds: float
     seen_by: str
+    how: str = "heartbeat"
 
     @property
     def why(self) -> str:
-        return f"silent for {self.seconds:.0f}s (no heartbeat; seen by {self.seen_by})"
+        what = "its store did not answer" if self.how == "store" else "no heartbeat"
+        return f"silent for {self.seconds:.0f}s ({what}; seen by {self.seen_by})"
 
 
 @dataclass(frozen=True)

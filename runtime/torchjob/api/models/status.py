@@ -125,6 +125,14 @@ class SilentWorker(_Model):
     generation: int = Field(description="The generation the pod was silent in.")
     by: str = Field(description="The pod whose runtime saw it.")
     seconds: float = Field(default=0.0, description="How long it had been silent.")
+    how: str | None = Field(
+        default=None,
+        description=(
+            "What went silent: heartbeat (its beats stopped while the group trained; the"
+            " default), or store (the rendezvous store it serves did not answer a connection"
+            " while the group formed)."
+        ),
+    )
 
 
 class LeavingWorker(_Model):

@@ -34,6 +34,11 @@ from torchjob.launch.settings import RuntimeSettings
 from torchjob.launch.store_probe import Probing, StoreProbe
 from torchjob.train.progress import ProgressView
 
+HEARTBEAT = "heartbeat"
+"""``SilentWorker.how``: its beats stopped while the group trained (the watchdog)."""
+STORE = "store"
+"""``SilentWorker.how``: the store it serves did not answer while the group formed."""
+
 
 @dataclass
 class RestorePoints:
@@ -46,7 +51,7 @@ class RestorePoints:
     """The restore event of this generation (where its state came from), if any."""
     silenced: set[int] = field(default_factory=set)
     """Ranks killed here because their peers found them silent."""
-    report_silent: Callable[[int, float], None] | None = None
+    report_silent: Callable[[int, float, str], None] | None = None
     """Tells the operator that a rank of another pod is silent (KeepSurvivors pods)."""
     remote_silent: tuple[float, int] | None = None
     """When (monotonic) a rank of another pod was first found silent here, and which: this
@@ -124,7 +129,7 @@ def _silent(
     if group is not None and group.kill_rank(e.rank):
         view.message(f"{said}seen by rank {e.by}): killed, the survivors re-form")
     elif points.report_silent is not None:
-        points.report_silent(e.rank, e.silent_s)
+        points.report_silent(e.rank, e.silent_s, HEARTBEAT)
         if points.remote_silent is None:
             points.remote_silent = (time.monotonic(), e.rank)
         view.message(f"{said}seen by rank {e.by}): its pod is reported lost")
@@ -187,17 +192,25 @@ class SilentReports:
         self._lock = threading.Lock()
         self._writing = threading.Lock()
         self._generation = -1
-        self._seconds: dict[str, float] = {}
+        self._seconds: dict[str, tuple[float, str]] = {}
 
     @classmethod
     def of(cls, pod: contract.PodEnv | None, endpoint: Any) -> SilentReports | None:
         """The reports of a pod that can reach its job's status; else None."""
         return None if pod is None or endpoint is None else cls(endpoint, pod)
 
-    def record(self, ranked: Sequence[int], generation: int, rank: int, silent_s: float) -> bool:
+    def record(
+        self,
+        ranked: Sequence[int],
+        generation: int,
+        rank: int,
+        silent_s: float,
+        how: str = HEARTBEAT,
+    ) -> bool:
         """Note the pod of global ``rank`` silent in ``generation`` (``ranked``: that
-        generation's pod indices in rank order); False when that names no pod, or an older
-        generation than one already reported."""
+        generation's pod indices in rank order), found by ``how`` (``HEARTBEAT``,
+        ``STORE``); False when that names no pod, or an older generation than one already
+        reported."""
         place = rank // self.nproc
         if place >= len(ranked):
             return False
@@ -207,14 +220,14 @@ class SilentReports:
             if generation > self._generation:
                 self._generation, self._seconds = generation, {}
             name = contract.worker_pod_name(self.job, ranked[place])
-            self._seconds.setdefault(name, round(silent_s, 1))
+            self._seconds.setdefault(name, (round(silent_s, 1), how))
         return True
 
     def reports(self) -> list[SilentWorker]:
         with self._lock:
             return [
-                SilentWorker(pod=p, generation=self._generation, by=self.by, seconds=s)
-                for p, s in self._seconds.items()
+                SilentWorker(pod=p, generation=self._generation, by=self.by, seconds=s, how=how)
+                for p, (s, how) in self._seconds.items()
             ]
 
     def write(self) -> None:
@@ -224,10 +237,12 @@ class SilentReports:
             body = silent_apply(self.job, self.reports())
             self.endpoint.apply(body, field_manager=silent_manager(self.by))
 
-    def report(self, ranked: Sequence[int], generation: int, rank: int, silent_s: float) -> None:
+    def report(
+        self, ranked: Sequence[int], generation: int, rank: int, silent_s: float, how: str
+    ) -> None:
         """:meth:`record` and :meth:`write` on a thread: never blocks the driver; best
         effort (a survivor that cannot reach the API server leaves it to the others)."""
-        if not self.record(ranked, generation, rank, silent_s):
+        if not self.record(ranked, generation, rank, silent_s, how):
             return
 
         def send() -> None:
@@ -237,12 +252,14 @@ class SilentReports:
         threading.Thread(target=send, name="torchjob-silent-report", daemon=True).start()
 
 
-def silent_reporter(m: Any, reports: SilentReports | None) -> Callable[[int, float], None] | None:
+def silent_reporter(
+    m: Any, reports: SilentReports | None
+) -> Callable[[int, float, str], None] | None:
     """KeepSurvivors (a published membership ``m``): report a silent rank of another pod to
     the job's status (:meth:`SilentReports.report`); elsewhere None."""
     if m is None or reports is None:
         return None
-    return lambda rank, s: reports.report(m.ranked, m.generation, rank, s)
+    return lambda rank, s, how: reports.report(m.ranked, m.generation, rank, s, how)
 
 
 class FormationWatch:
@@ -256,7 +273,7 @@ class FormationWatch:
     def __init__(
         self,
         placement: Placement,
-        report_silent: Callable[[int, float], None] | None,
+        report_silent: Callable[[int, float, str], None] | None,
         silent_after_s: float | None = None,
         probe: Callable[[tuple[str, int]], Probing] | None = None,
     ) -> None:
@@ -279,7 +296,7 @@ class FormationWatch:
         silent = self.probe.silent_for()
         if silent >= self.silent_after_s:
             self.reported = True
-            self.report_silent(0, silent)
+            self.report_silent(0, silent, STORE)
         return superseded
 
     def __enter__(self) -> FormationWatch:
