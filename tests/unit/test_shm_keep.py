@@ -135,6 +135,46 @@ def test_a_live_processs_slot_is_never_taken_and_the_newest_free_one_is(slot_dir
     assert restore_point._SLOT[0] is not None and restore_point._SLOT[0].name == live_slot.name
 
 
+def _slot_with(directory: Path, index: int) -> shm_keep.Slot:
+    """Another live process's slot holding report ``index`` of ``run``."""
+    slot = shm_keep.Slot.claim(directory, "run")
+    live = restore_point.state_of(_state(index))
+    arena = slot.allocate(shm_keep.arena_bytes(live))
+    assert arena is not None
+    state, _ = restore_point._copy(live, None, arena.alloc)
+    meta = {"run": "run", "index": index, "rng": {}, "positions": [], "nbytes": 0}
+    slot.commit(arena, meta, state)
+    return slot
+
+
+def _files(d: Path, slot: shm_keep.Slot) -> list[str]:
+    return sorted(p.name for p in d.glob(f"{slot.name}*"))
+
+
+def test_a_free_slot_no_rank_will_agree_on_is_removed_at_the_next_take(slot_dir: Path) -> None:
+    # A lost local worker that was never replaced (the job went on smaller): its pages
+    # would stay until the fit ends. A live process's slot, and a free slot holding a
+    # restore point as new as this one's, stay.
+    restore_point.take("run", 1, _state(1), [])  # this process's own slot
+    mine = restore_point._SLOT[0]
+    assert mine is not None
+    older, live, newer = (_slot_with(slot_dir, i) for i in (3, 2, 9))
+    assert len({older.name, live.name, newer.name}) == 3
+    assert len(_files(slot_dir, older)) == 3  # lock, manifest, arena
+    os.close(older._lock_fd)  # their processes are gone
+    os.close(newer._lock_fd)
+    restore_point.take("run", 5, _state(5), [])
+    assert _files(slot_dir, older) == [], "report 3 is older than the 5 this process holds"
+    assert len(_files(slot_dir, live)) == 3 and len(_files(slot_dir, newer)) == 3
+    assert restore_point._SLOT[0] is mine
+    # A process that had opened the removed lock file before it went never takes that slot.
+    os.close(live._lock_fd)
+    _new_process()
+    taken = shm_keep.Slot.claim(slot_dir, "run")
+    assert taken.name == newer.name, "the newest free restore point (9) is taken"
+    os.close(taken._lock_fd)
+
+
 def test_a_copy_cut_off_before_its_commit_leaves_no_restore_point(
     slot_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

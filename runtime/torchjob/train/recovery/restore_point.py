@@ -297,6 +297,7 @@ def _committed(
     allocated: bool,
 ) -> Snapshot:
     slot.commit(arena, {**meta, "nbytes": nbytes}, state)
+    slot.prune(meta["run"], meta["index"])
     snap = Snapshot(meta["run"], meta["index"], state, meta["rng"], meta["positions"], nbytes)
     snap.arena, snap.allocated = arena, allocated
     _HELD[0] = snap

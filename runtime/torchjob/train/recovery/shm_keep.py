@@ -155,9 +155,8 @@ class Slot:
         point of ``run``, else a new one."""
         free: list[tuple[int, Slot]] = []
         for lock in sorted(directory.glob("slot-*.lock")):
-            fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
-            if not _locked(fd):
-                os.close(fd)
+            fd = _lock_free(lock)
+            if fd is None:
                 continue
             slot = cls(directory, lock.stem, fd)
             free.append((_index(slot.manifest, run), slot))
@@ -171,6 +170,30 @@ class Slot:
         if not _locked(fd):  # a new name: nobody else has it
             raise RuntimeError(f"could not lock the new restore point slot {name}")
         return cls(directory, name, fd)
+
+    def prune(self, run: str, index: int) -> None:
+        """Remove the free slots (their processes gone, nobody in their place) whose restore
+        point of ``run`` is older than ``index``, or that hold none: no rank will agree on
+        it, and a lost local worker that is never replaced (a job gone on smaller) would keep
+        its pages until the fit ends. A slot is removed while locked, its lock file last, and
+        :meth:`claim` skips a lock file removed under it."""
+        for lock in self.dir.glob("slot-*.lock"):
+            if lock.stem == self.name:
+                continue
+            fd = _lock_free(lock)
+            if fd is None:
+                continue
+            try:
+                if _index(self.dir / f"{lock.stem}.manifest", run) < index:
+                    for f in [
+                        *self.dir.glob(f"{lock.stem}-*.arena"),
+                        *self.dir.glob(f"{lock.stem}.*"),
+                    ]:
+                        if f != lock:
+                            f.unlink(missing_ok=True)
+                    lock.unlink(missing_ok=True)
+            finally:
+                os.close(fd)
 
     def invalidate(self) -> None:
         """Before a copy writes over the arena: until the next :meth:`commit`, no restore point."""
@@ -240,6 +263,22 @@ class Slot:
         arena = Arena(path, _mapped(path, size), used=size)
         meta["state"] = fill(meta["state"], arena)
         return arena, meta
+
+
+def _lock_free(lock: Path) -> int | None:
+    """A descriptor holding the lock of ``lock``'s slot, when its process is gone and the
+    file is still the slot's (not removed by :meth:`Slot.prune` in between); else None."""
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        if _locked(fd) and os.fstat(fd).st_ino == lock.stat().st_ino:
+            return fd
+    except FileNotFoundError:
+        pass
+    os.close(fd)
+    return None
 
 
 def _locked(fd: int) -> bool:
