@@ -205,6 +205,35 @@ def test_a_notice_that_runs_out_before_the_replacement_is_ready_shrinks_the_job(
     assert shrunk.status["disruptions"] == 1 and shrunk.status["restarts"] == 0
 
 
+def test_a_notice_on_the_node_of_every_member_restarts_the_job_once() -> None:
+    """Every member on one noticed node (the others were lost: bench/results/2026-11-29g):
+    the notice runs out, nobody survives, and the job is replaced at full size under the
+    same indices. The doomed pods hold those indices but are never members of the new
+    generation: they go, and the generation stays (it published one per pass, counting a
+    disruption each, while they lived)."""
+    builder = job().replicas(8).elastic(5, 8).keep_survivors()
+    builder.spec["elastic"]["shrinkOnDisruption"] = True
+    view = builder.build()
+    _, view, pods = step(view, [], 0)
+    up = [on(p, "n1") for p in pods]
+    _, view, _ = step(view, up, 1)
+    doomed = [noticed(p, 10, window_s=30) for p in up]
+    first, view, _ = step(view, doomed, 10)
+    assert first.create is not None and first.create.joiners and len(first.create.indices) == 8
+    joiners = [pod(i, first.create.generation) for i in first.create.indices]  # Pending
+    pods = [*doomed, *[replace(j, joiner=True) for j in joiners]]
+    out = plan(view, pods, at(31))  # within the margin of the notice's end
+    assert out.status["currentGeneration"] == 1 and out.status["disruptions"] == 1
+    assert set(out.delete) == {p.name for p in doomed} and out.relabel == ()
+    view = with_state(view, out.status)
+    going = [replace(p, deleting=True, deletion_at=at(61)) for p in doomed]
+    for t in (32, 33, 40):
+        again = plan(view, [*going, *pods[8:]], at(t))
+        assert again.status["currentGeneration"] == 1, f"a generation per pass at +{t}s"
+        assert again.status["disruptions"] == 1 and again.relabel == ()
+        view = with_state(view, again.status)
+
+
 def test_a_job_that_does_not_drain_leaves_a_noticed_node_at_once_charging_no_failure() -> None:
     view, up = started(elastic(drain=False))
     shrunk = plan(view, [up[0], noticed(up[1], 10), up[2], up[3]], at(10))

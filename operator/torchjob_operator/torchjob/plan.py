@@ -88,14 +88,23 @@ FOREIGN_RECHECK_S = 2.0
 def _members(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
     """The pods of the current generation: those labelled with it and, under KeepSurvivors,
     pods of earlier generations that survive (the plan relabels them). Everything else is
-    stale and goes before new pods are created, since names and rendezvous are shared."""
+    stale and goes before new pods are created, since names and rendezvous are shared.
+
+    A pod on a noticed node never survives into a later generation (``drain.taken``: its
+    node is going). Counted as one, a pod whose index the new generation reuses (a full-size
+    replacement when every member was on the node) was kept, judged taken again at the next
+    pass, and each pass published a generation and counted a disruption: 54 in 28 s in
+    bench/results/2026-11-29g's 30 s notice row, until the node vanished."""
     keep = d.job.spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS
     ranked = set(d.ranked)
     return [
         p
         for p in pods
         if p.index in ranked
-        and (p.generation == d.generation or (keep and p.generation < d.generation and survives(p)))
+        and (
+            p.generation == d.generation
+            or (keep and p.generation < d.generation and survives(p) and p.notice_until is None)
+        )
     ]
 
 
