@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from tests.unit.builders import at, job, pod, running
+from tests.unit.builders import at, job, pod, preempted, running
 from tests.unit.test_planner import step
 
 from torchjob.api.models import Phase, TorchJobSpec
@@ -232,6 +232,22 @@ def test_a_notice_on_the_node_of_every_member_restarts_the_job_once() -> None:
         assert again.status["currentGeneration"] == 1, f"a generation per pass at +{t}s"
         assert again.status["disruptions"] == 1 and again.relabel == ()
         view = with_state(view, again.status)
+
+
+def test_a_leaver_that_trains_on_is_kept_through_a_grow() -> None:
+    """A grow while a member trains on through its notice (below the size after a loss, a
+    joiner ready): the leaver stays a member of the grown generation until its own
+    replacement is ready; it is not dropped as taken."""
+    view, up = started(elastic())
+    _, view, pods = step(view, [up[0], up[1], up[2], preempted(up[3])], 5)
+    pods = [on(p, "n2") if p.index >= 4 else p for p in pods]
+    pods = [noticed(p, 6) if p.index == 1 else p for p in pods]
+    _, view, pods = step(view, pods, 6)
+    pods = [on(p, "n2") if p.index >= 4 else p for p in pods]
+    grown = plan(view, pods, at(7))
+    assert grown.status["currentGeneration"] == 2 and grown.status["members"] == [0, 1, 2, 4]
+    assert grown.delete == () and "tj-worker-1" in grown.relabel
+    assert [w["pod"] for w in grown.status["leavingWorkers"]] == ["tj-worker-1"]
 
 
 def test_a_job_that_does_not_drain_leaves_a_noticed_node_at_once_charging_no_failure() -> None:

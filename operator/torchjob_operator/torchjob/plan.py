@@ -90,11 +90,12 @@ def _members(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
     pods of earlier generations that survive (the plan relabels them). Everything else is
     stale and goes before new pods are created, since names and rendezvous are shared.
 
-    A pod on a noticed node never survives into a later generation (``drain.taken``: its
-    node is going). Counted as one, a pod whose index the new generation reuses (a full-size
-    replacement when every member was on the node) was kept, judged taken again at the next
-    pass, and each pass published a generation and counted a disruption: 54 in 28 s in
-    bench/results/2026-11-29g's 30 s notice row, until the node vanished."""
+    A pod on a noticed node survives into a later generation only while it trains on as a
+    leaver (``d.leaving``, a grow during its notice); once taken (``drain.taken``: its node
+    is going) it never does. Counted as one, a pod whose index the new generation reuses (a
+    full-size replacement when every member was on the node) was kept, judged taken again at
+    the next pass, and each pass published a generation and counted a disruption: 54 in 28 s
+    in bench/results/2026-11-29g's 30 s notice row, until the node vanished."""
     keep = d.job.spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS
     ranked = set(d.ranked)
     return [
@@ -103,9 +104,14 @@ def _members(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
         if p.index in ranked
         and (
             p.generation == d.generation
-            or (keep and p.generation < d.generation and survives(p) and p.notice_until is None)
+            or (keep and p.generation < d.generation and survives(p) and _not_taken(d, p))
         )
     ]
+
+
+def _not_taken(d: Decision, p: PodView) -> bool:
+    """Not on a noticed node, or a leaver that trains on (``drain.draining``)."""
+    return p.notice_until is None or p.index in d.leaving
 
 
 def _start(job: JobView, now: datetime, probes: Sequence[ProbeView]) -> Decision:
