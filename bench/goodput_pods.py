@@ -54,7 +54,7 @@ def save_logs(
     logs of the pods whose containers ended during the row (``<pod>-<uid>.log``)."""
     into.mkdir(parents=True, exist_ok=True)
     for key, text in (ended or {}).items():
-        (into / f"{key}.log").write_text(text)
+        (into / f"{key}.log").write_text(text or "")  # None: the kubelet had no log to give
     for pod in core.list_namespaced_pod(ns).items:
         name = pod.metadata.name
         done = cluster.kubectl(
