@@ -95,7 +95,13 @@ def run_row(
     except KeyboardInterrupt:
         run.losses.return_all()
         raise
-    run.finish(t_first, time.time())
+    try:
+        run.finish(t_first, time.time())
+    except BaseException:
+        # A row that fails to finish leaves no job training beside the next rows (a Kubeflow
+        # job outlives its controller: 2026-11-29g run 2's baselines shared the CPUs with one).
+        core.delete_namespace(run.ns)
+        raise
     return run.row
 
 
@@ -313,9 +319,12 @@ class _RowRun:
         if still_gone:
             log(f"{self.label}: nodes still gone at the row's end: {', '.join(still_gone)}")
         self._count_restarts()
-        save_logs(
-            self.cluster, self.core, ns, args.out / f"{stem}-logs", ended=dict(watch.ended_logs)
-        )
+        try:
+            save_logs(
+                self.cluster, self.core, ns, args.out / f"{stem}-logs", ended=dict(watch.ended_logs)
+            )
+        except Exception as e:  # the logs are the row's extras: its job must go all the same
+            log(f"{self.label}: logs not saved: {e!r}")
         kind = "pytorchjob" if self.kubeflow else "torchjobs"
         self.cluster.kubectl("-n", ns, "delete", kind, JOB, "--wait=false")
         try:
