@@ -62,7 +62,18 @@ class OperatorProcess:
 
     def start(self, *, wait: bool = True) -> None:
         """Start a new operator process; with ``wait``, return once its liveness endpoint
-        answers. Without, return at once (a chaos test may kill it before it is up)."""
+        answers. Without, return at once (a chaos test may kill it before it is up). A port
+        that ``free_port`` found free can be taken by another process before the operator
+        binds it (CI, 2026-11-29: "address already in use"): then it starts again on new
+        ports, up to 3 times."""
+        for attempt in range(3):
+            try:
+                return self._start(wait=wait)
+            except _PortTaken:
+                if attempt == 2:
+                    raise
+
+    def _start(self, *, wait: bool) -> None:
         self.starts += 1
         port = free_port()
         self.metrics_port = free_port()
@@ -95,7 +106,10 @@ class OperatorProcess:
         def healthy() -> bool:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise AssertionError(f"operator exited with {self.proc.returncode}:\n{self.logs()}")
+                logs = self.logs()
+                if "address already in use" in logs:
+                    raise _PortTaken(logs)
+                raise AssertionError(f"operator exited with {self.proc.returncode}:\n{logs}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
                     return bool(r.status == 200)
@@ -315,3 +329,7 @@ class Jobs:
         self, pod: str, code: int, *, after: str | None = None, message: str | None = None
     ) -> None:
         k.make_pod_exit(self.core, self.ns, pod, code, after=after, message=message)
+
+
+class _PortTaken(AssertionError):
+    """The operator could not bind a port ``free_port`` had found free."""
