@@ -5,6 +5,7 @@ cannot be right are not acted on."""
 
 from __future__ import annotations
 
+import pytest
 from tests.unit.builders import at, job, running
 from tests.unit.test_hard_loss import elastic_keep
 from tests.unit.test_planner import step
@@ -47,18 +48,19 @@ def test_a_pod_reported_silent_is_an_uncharged_loss_and_the_job_shrinks_at_once(
     assert grown.status["currentGeneration"] == 2 and grown.status["replicas"] == 2
 
 
-def test_a_store_found_silent_while_forming_is_said_so() -> None:
-    """A forming pod's probe of rank 0's store (``how: store``): the events say what was
-    silent, not "no heartbeat" (there were no beats yet)."""
+@pytest.mark.parametrize(
+    ("how", "said"), [("store", "its store did not answer"), ("host", "its host did not answer")]
+)
+def test_a_store_or_host_found_silent_is_said_so(how: str, said: str) -> None:
+    """A forming pod's probe of rank 0's store (``how: store``), or a sweep of the members'
+    hosts (``how: host``): the events say what was silent, not "no heartbeat"."""
     _, view, pods = step(elastic_keep(), [], 0)
     up = [running(p) for p in pods]
     settled, view, _ = step(view, up, 1)
-    view = reported(view, settled.status, ("tj-worker-0", 0, "tj-worker-1"), how="store")
+    view = reported(view, settled.status, ("tj-worker-0", 0, "tj-worker-1"), how=how)
     decided = plan(view, up, at(12))
     shrunk = next(e for e in decided.events if e.reason == "ShrunkAfterDisruption")
-    assert "tj-worker-0: silent for 10s (its store did not answer; seen by tj-worker-1)" in (
-        shrunk.message
-    )
+    assert f"tj-worker-0: silent for 10s ({said}; seen by tj-worker-1)" in shrunk.message
     assert decided.delete == ("tj-worker-0",) and decided.status["restarts"] == 0
 
 

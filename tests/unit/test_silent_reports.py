@@ -5,6 +5,7 @@ server keeps every reporter's entries (tests/cluster/test_silent_reports.py writ
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from typing import Any
@@ -30,6 +31,10 @@ class Applies:
             self.sent.append((field_manager, body))
             self.landed.notify_all()
         return {}
+
+
+def _every_host_answers(address: tuple[str, int], timeout_s: float) -> socket.socket:
+    raise ConnectionRefusedError  # a reset: the host is there
 
 
 def entries(body: dict[str, Any]) -> list[tuple[str, int, str]]:
@@ -62,7 +67,9 @@ def test_reports_go_out_on_threads_one_at_a_time_and_the_last_write_holds_them_a
     the reporter's entries with what they hold, so they go one at a time, each with the
     reports as they are when it starts."""
     sink = Applies(delay_s=0.05)
-    reports = SilentReports(sink, pod_env(job_name="tj", pod_index=0, replicas=4))
+    reports = SilentReports(
+        sink, pod_env(job_name="tj", pod_index=0, replicas=4), connect=_every_host_answers
+    )
     for rank in (1, 2, 3):
         reports.report((0, 1, 2, 3), 0, rank, 5.0, "heartbeat")
     with sink.landed:
@@ -76,3 +83,32 @@ def test_silent_workers_is_a_list_map_keyed_by_reporter_and_pod() -> None:
     assert silent["x-kubernetes-list-type"] == "map"
     assert silent["x-kubernetes-list-map-keys"] == ["by", "pod"]
     assert {"by", "pod"} <= set(silent["items"]["required"])
+
+
+def test_the_first_silent_peer_of_a_generation_sweeps_the_other_members_hosts() -> None:
+    """Rank 0's pod serves the store every beat goes through: when its node vanishes, the
+    watchdog sees rank 0 silent and nothing of its node-mates. The report's sweep finds
+    them (their hosts do not answer a connect) and the same write names them all; a host
+    that answers is not reported, this pod's own is not asked, and the sweep runs once a
+    generation. The watchdog's own later word on a swept pod says more, and replaces it."""
+    asked: list[str] = []
+    vanished = {"tj-worker-0.tj.ns.svc", "tj-worker-3.tj.ns.svc"}
+
+    def connect(address: tuple[str, int], timeout_s: float) -> socket.socket:
+        asked.append(address[0])
+        raise TimeoutError if address[0] in vanished else ConnectionRefusedError
+
+    sink = Applies()
+    pod = pod_env(job_name="tj", namespace="ns", pod_index=1, replicas=4)
+    reports = SilentReports(sink, pod, connect=connect)
+    reports.report((0, 1, 2, 3), 7, 0, 5.2, "heartbeat")
+    with sink.landed:
+        assert sink.landed.wait_for(lambda: sink.sent, timeout=30)
+    body = sink.sent[-1][1]
+    assert entries(body) == [("tj-worker-0", 7, "tj-worker-1"), ("tj-worker-3", 7, "tj-worker-1")]
+    assert [e["how"] for e in body["status"]["silentWorkers"]] == ["heartbeat", "host"]
+    assert sorted(asked) == ["tj-worker-2.tj.ns.svc", "tj-worker-3.tj.ns.svc"]
+    reports.sweep((0, 1, 2, 3), 7)
+    assert len(asked) == 2, "once a generation"
+    assert reports.record((0, 1, 2, 3), 7, 3, 5.4, "heartbeat")
+    assert [e.how for e in reports.reports()] == ["heartbeat", "heartbeat"]

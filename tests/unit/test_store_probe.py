@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pytest
+from tests.unit.builders import pod_env
 
 from torchjob.launch import Placement
-from torchjob.launch.store_probe import StoreProbe, answered
-from torchjob.train.recovery.survivors import FormationWatch
+from torchjob.launch.store_probe import HostsProbe, StoreProbe, answered, sweep
+from torchjob.train.recovery.formation import FormationWatch, peer_addresses
 
 
 @pytest.fixture
@@ -146,3 +148,104 @@ def test_nothing_is_probed_from_rank_0s_own_pod_or_without_a_reporter() -> None:
     with FormationWatch(_placement(1), lambda r, s: None, 0.0, make):
         pass  # the watchdog turned off (TORCHJOB_SILENT_PEER_S=0)
     assert made == []
+
+
+# --- the members' hosts ----------------------------------------------------------------------
+
+
+def test_a_sweep_asks_every_host_at_once_and_tells_the_silent_one_apart(
+    silent_address: tuple[str, int],
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        hosts = {
+            1: srv.getsockname(),
+            2: ("127.0.0.1", _closed_port()),
+            3: silent_address,
+            4: ("no-such-host.invalid", 29500),
+        }
+        answers = sweep(hosts, 0.5)
+    assert answers == {1: True, 2: True, 3: False, 4: None}
+
+
+def test_a_sweeps_connects_are_in_flight_together() -> None:
+    """Not one after another: each connect here returns only once all three have started
+    (a sequential sweep would break the barrier)."""
+    together = threading.Barrier(3, timeout=30)
+
+    def connect(address: tuple[str, int], timeout_s: float) -> socket.socket:
+        together.wait()
+        raise ConnectionRefusedError
+
+    assert sweep({i: ("h", i) for i in range(3)}, 1.0, connect) == dict.fromkeys(range(3), True)
+
+
+def test_the_hosts_probe_finds_only_the_silent_host(silent_address: tuple[str, int]) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        probe = HostsProbe(
+            {2: srv.getsockname(), 4: silent_address}, every_s=0.1, timeout_s=0.2
+        ).start()
+        try:
+            deadline = time.monotonic() + 30
+            while probe.silent().get(4, 0.0) < 0.5:
+                assert time.monotonic() < deadline, "the probe never found host 4 silent"
+                time.sleep(0.05)
+            assert 2 not in probe.silent()
+        finally:
+            probe.stop()
+
+
+class _Hosts:
+    def __init__(self, peers: Mapping[int, tuple[str, int]]) -> None:
+        self.peers = dict(peers)
+        self.silences: dict[int, float] = {}
+        self.stopped = False
+
+    def silent(self) -> dict[int, float]:
+        return dict(self.silences)
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_members_hosts_are_probed_once_the_formation_waited_and_each_silent_one_reported() -> None:
+    """A sound formation is over within the threshold and probes no member; one still
+    waiting probes them all, and reports each host silent past the threshold, once, as its
+    pod's first rank (``host``)."""
+    now = [0.0]
+    made: list[_Hosts] = []
+    reports: list[tuple[int, float, str]] = []
+    peers = {2: ("job-worker-3.job.ns.svc", 29500), 3: ("job-worker-1.job.ns.svc", 29500)}
+
+    def probe_hosts(p: Mapping[int, tuple[str, int]]) -> _Hosts:
+        made.append(_Hosts(p))
+        return made[-1]
+
+    with FormationWatch(
+        _placement(0),  # rank 0's own pod: no store to probe, its members still are
+        lambda r, s, how: reports.append((r, s, how)),
+        5.0,
+        peers=peers,
+        probe_hosts=probe_hosts,
+        clock=lambda: now[0],
+    ) as watch:
+        now[0] = 4.9
+        assert watch.check("x") == "x" and made == []
+        now[0] = 5.0
+        watch.check()
+        assert [h.peers for h in made] == [peers]
+        made[0].silences = {3: 4.0}
+        watch.check()
+        assert reports == []
+        made[0].silences = {3: 5.5}
+        watch.check()
+        watch.check()
+    assert reports == [(3, 5.5, "host")] and made[0].stopped and len(made) == 1
+
+
+def test_peer_addresses_are_the_other_members_but_the_stores_host() -> None:
+    pod = pod_env(job_name="tj", namespace="ns", pod_index=4, nproc_per_node=2)
+    # pods 1, 4, 0, 7 in rank order: pod 1 serves the store, pod 4 is this one.
+    assert peer_addresses(pod, (1, 4, 0, 7)) == {
+        4: ("tj-worker-0.tj.ns.svc", pod.rdzv_port),
+        6: ("tj-worker-7.tj.ns.svc", pod.rdzv_port),
+    }

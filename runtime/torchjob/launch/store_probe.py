@@ -1,4 +1,5 @@
-"""Whether the host of a forming group's store still answers, asked from outside the workers.
+"""Whether the hosts of a group's store and members still answer, asked from outside the
+workers.
 
 While a generation forms, every worker waits for rank 0's store (a ``TCPStore`` on rank 0's
 pod) up to the collective timeout; the heartbeat watchdog that finds a silent peer runs only
@@ -14,6 +15,11 @@ out. A name that does not resolve, or no route, is not counted either way: that 
 pod's network, not the peer. Past ``silent_after_s`` of nothing but timeouts the store's host
 is silent (:meth:`StoreProbe.silent_for`), and the driver reports rank 0 silent to the
 operator as the watchdog would (``torchjob.train.controller``).
+
+The same question asked of many hosts at once is a :func:`sweep` (one round) or a
+:class:`HostsProbe` (a round every ``every_s``): a node that vanishes takes all of its pods,
+and once one member is found silent its node-mates are found by their silence to a connect
+(``torchjob.train.recovery``).
 """
 
 from __future__ import annotations
@@ -21,10 +27,15 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Generic, Protocol, Self, TypeVar
 
 Connect = Callable[[tuple[str, int], float], socket.socket]
+K = TypeVar("K")
+
+SWEEP_PARALLEL = 32
+"""At most this many connects of one :func:`sweep` in flight at once."""
 
 
 def _connect(address: tuple[str, int], timeout_s: float) -> socket.socket:
@@ -47,13 +58,89 @@ def answered(
     return True
 
 
+def sweep(
+    addresses: Mapping[K, tuple[str, int]],
+    timeout_s: float,
+    connect: Connect | None = None,
+    parallel: int = SWEEP_PARALLEL,
+) -> dict[K, bool | None]:
+    """One probe of every address at once (:func:`answered` for each, at most ``parallel``
+    in flight): a round takes ``timeout_s`` when a host is silent, moments when all answer."""
+    connect = connect or _connect
+    if len(addresses) <= 1:
+        return {k: answered(a, timeout_s, connect) for k, a in addresses.items()}
+    with ThreadPoolExecutor(min(parallel, len(addresses)), "torchjob-sweep") as pool:
+        asked = {k: pool.submit(answered, a, timeout_s, connect) for k, a in addresses.items()}
+        return {k: f.result() for k, f in asked.items()}
+
+
 class Probing(Protocol):
     def silent_for(self) -> float: ...
     def stop(self) -> None: ...
 
 
-class StoreProbe:
-    """Probes ``address`` from a daemon thread until :meth:`stop`."""
+class Silences(Protocol[K]):
+    """What :class:`HostsProbe` answers (a fake in tests)."""
+
+    def silent(self) -> dict[K, float]: ...
+    def stop(self) -> None: ...
+
+
+class HostsProbe(Generic[K]):
+    """Probes every address of ``addresses`` from one daemon thread, a :func:`sweep` every
+    ``every_s``, until :meth:`stop`; :meth:`silent` says which have answered nothing since
+    when."""
+
+    def __init__(
+        self,
+        addresses: Mapping[K, tuple[str, int]],
+        *,
+        every_s: float = 1.0,
+        timeout_s: float = 2.0,
+        connect: Connect = _connect,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.addresses = dict(addresses)
+        self.every_s = every_s
+        self.timeout_s = timeout_s
+        self._connect = connect
+        self._clock = clock
+        self._silent_since: dict[K, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def record(self, answers: Mapping[K, bool | None], started: float) -> None:
+        """Record one round that started at ``started`` (monotonic): an answer ends a host's
+        silence, a timeout starts one, a question this side could not ask changes nothing."""
+        for k, answer in answers.items():
+            if answer is True:
+                self._silent_since.pop(k, None)
+            elif answer is False:
+                self._silent_since.setdefault(k, started)
+
+    def silent(self) -> dict[K, float]:
+        """Seconds since the first of each host's unbroken run of unanswered probes, for the
+        hosts in one."""
+        now = self._clock()
+        return {k: now - since for k, since in dict(self._silent_since).items()}
+
+    def start(self) -> Self:
+        self._thread = threading.Thread(target=self._run, name="torchjob-host-probe", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = self._clock()
+            self.record(sweep(self.addresses, self.timeout_s, self._connect), started)
+            self._stop.wait(max(0.0, self.every_s - (self._clock() - started)))
+
+
+class StoreProbe(HostsProbe[None]):
+    """Probes the one ``address`` of a forming group's store."""
 
     def __init__(
         self,
@@ -64,37 +151,15 @@ class StoreProbe:
         connect: Connect = _connect,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        super().__init__(
+            {None: address}, every_s=every_s, timeout_s=timeout_s, connect=connect, clock=clock
+        )
         self.address = address
-        self.every_s = every_s
-        self.timeout_s = timeout_s
-        self._connect = connect
-        self._clock = clock
-        self._silent_since: float | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def observe(self, answer: bool | None, started: float) -> None:
         """Record one probe that started at ``started`` (monotonic) and got ``answer``."""
-        if answer is True:
-            self._silent_since = None
-        elif answer is False and self._silent_since is None:
-            self._silent_since = started
+        self.record({None: answer}, started)
 
     def silent_for(self) -> float:
         """Seconds since the first of an unbroken run of unanswered probes (0: answering)."""
-        since = self._silent_since
-        return 0.0 if since is None else self._clock() - since
-
-    def start(self) -> StoreProbe:
-        self._thread = threading.Thread(target=self._run, name="torchjob-store-probe", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            started = self._clock()
-            self.observe(answered(self.address, self.timeout_s, self._connect), started)
-            self._stop.wait(max(0.0, self.every_s - (self._clock() - started)))
+        return self.silent().get(None, 0.0)

@@ -96,11 +96,15 @@ class Failure:
         return "exit code unknown" if self.exit_code is None else f"exit code {self.exit_code}"
 
 
+_SILENT_HOW = {"store": "its store did not answer", "host": "its host did not answer"}
+
+
 @dataclass(frozen=True)
 class Silent:
     """A peer found silent for ``seconds`` by ``seen_by``: never charged. ``how``: its
-    heartbeat stopped (``heartbeat``), or the store it serves did not answer while the group
-    formed (``store``)."""
+    heartbeat stopped (``heartbeat``), the store it serves did not answer while the group
+    formed (``store``), or its host did not answer a connect (``host``: a sweep of the
+    members once another was found silent, or while the group formed)."""
 
     seconds: float
     seen_by: str
@@ -108,7 +112,7 @@ class Silent:
 
     @property
     def why(self) -> str:
-        what = "its store did not answer" if self.how == "store" else "no heartbeat"
+        what = _SILENT_HOW.get(self.how, "no heartbeat")
         return f"silent for {self.seconds:.0f}s ({what}; seen by {self.seen_by})"
 
 

@@ -43,10 +43,10 @@ from torchjob.train.job_status import JobEndpoint, JobStatusReporter
 from torchjob.train.modes import KeepSurvivorsMode, choose_mode
 from torchjob.train.progress import ProgressView
 from torchjob.train.record import RunRecord, run_location, shares_result
+from torchjob.train.recovery.formation import FormationWatch, peer_addresses
 from torchjob.train.recovery.membership import GenerationTimeout, Membership
 from torchjob.train.recovery.notice import Notice
 from torchjob.train.recovery.survivors import (
-    FormationWatch,
     RestorePoints,
     SilentReports,
     silent_reporter,
@@ -148,6 +148,11 @@ class Controller:
         """KeepSurvivors: the generation this pod follows (its env names the one it was
         created in); elsewhere the env says all."""
         return self.mode.membership if isinstance(self.mode, KeepSurvivorsMode) else None
+
+    def _peers(self) -> dict[int, tuple[str, int]]:
+        """KeepSurvivors: the other members' hosts, probed while a generation forms."""
+        m = self._published()
+        return {} if m is None or self.pod is None else peer_addresses(self.pod, m.ranked)
 
     def _pod_now(self) -> PodEnv | None:
         """This pod as of the current generation."""
@@ -309,10 +314,11 @@ class Controller:
         )
         try:
             forming = time.monotonic()
-            # While the workers form, a silent store host is reported as rank 0 (the
-            # watchdog runs only once they have formed), and a later generation that
-            # leaves out a pod this formation waits for gives it up.
-            with FormationWatch(placement, run.points.report_silent) as watch:
+            # While the workers form, a silent store host is reported as rank 0, and a
+            # silent member's host as that member (the watchdog runs only once they have
+            # formed); a later generation that leaves out a pod this formation waits for
+            # gives it up.
+            with FormationWatch(placement, run.points.report_silent, peers=self._peers()) as watch:
                 run.group = group = self.workers.take(
                     placement,
                     env,

@@ -129,8 +129,10 @@ class SilentWorker(_Model):
         default=None,
         description=(
             "What went silent: heartbeat (its beats stopped while the group trained; the"
-            " default), or store (the rendezvous store it serves did not answer a connection"
-            " while the group formed)."
+            " default), store (the rendezvous store it serves did not answer a connection"
+            " while the group formed), or host (its pod's address did not answer a"
+            " connection: probed once another member went silent, or while the group"
+            " formed)."
         ),
     )
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from torchjob import contract
 from torchjob.api.models import API_VERSION, KIND, SilentWorker
-from torchjob.launch import Placement, WorkerGroup
+from torchjob.launch import WorkerGroup
 from torchjob.launch.protocol import (
     Dispatcher,
     MirrorFallback,
@@ -30,14 +30,16 @@ from torchjob.launch.protocol import (
     RestoredFromMirror,
     SilentPeer,
 )
-from torchjob.launch.settings import RuntimeSettings
-from torchjob.launch.store_probe import Probing, StoreProbe
+from torchjob.launch.store_probe import Connect, sweep
 from torchjob.train.progress import ProgressView
+from torchjob.train.recovery.formation import HOST, peer_address
 
 HEARTBEAT = "heartbeat"
 """``SilentWorker.how``: its beats stopped while the group trained (the watchdog)."""
-STORE = "store"
-"""``SilentWorker.how``: the store it serves did not answer while the group formed."""
+
+SWEEP_TIMEOUT_S = 2.0
+"""How long a member's host has to answer one connect of the sweep that follows a silent
+peer: a host that is there answers at once (a SYN-ACK, or a reset), from its kernel."""
 
 
 @dataclass
@@ -184,14 +186,17 @@ class SilentReports:
     report drops the earlier one's); writes run one at a time, each sending the reports as
     they are then, so the last write holds them all."""
 
-    def __init__(self, endpoint: Any, pod: contract.PodEnv) -> None:
+    def __init__(self, endpoint: Any, pod: contract.PodEnv, connect: Connect | None = None) -> None:
         self.endpoint = endpoint
+        self.pod = pod
         self.job = pod.job_name
         self.by = contract.worker_pod_name(pod.job_name, pod.pod_index)
         self.nproc = max(1, pod.nproc_per_node)
+        self._connect = connect
         self._lock = threading.Lock()
         self._writing = threading.Lock()
         self._generation = -1
+        self._swept = -1
         self._seconds: dict[str, tuple[float, str]] = {}
 
     @classmethod
@@ -220,8 +225,33 @@ class SilentReports:
             if generation > self._generation:
                 self._generation, self._seconds = generation, {}
             name = contract.worker_pod_name(self.job, ranked[place])
-            self._seconds.setdefault(name, (round(silent_s, 1), how))
+            if name not in self._seconds or self._seconds[name][1] == HOST:
+                # A sweep that ran ahead of the watchdog's own report says less of how.
+                self._seconds[name] = (round(silent_s, 1), how)
         return True
+
+    def sweep(self, ranked: Sequence[int], generation: int) -> None:
+        """Once a generation, after its first silent peer: probe every other member's host
+        not reported yet (:data:`SWEEP_TIMEOUT_S` each, all at once) and note those that
+        do not answer (``HOST``). A node that vanishes takes all of its pods, and the
+        watchdog may see only one of them: the pod of rank 0 serves the store every beat
+        goes through, so its silence hides its node-mates'. Found now, they leave with it in
+        one generation; found later, each would cost a generation that waits for them."""
+        with self._lock:
+            if self._swept >= generation or generation != self._generation:
+                return
+            self._swept = generation
+            named = set(self._seconds)
+        hosts = {
+            place * self.nproc: peer_address(self.pod, index)
+            for place, index in enumerate(ranked)
+            if index != self.pod.pod_index
+            and contract.worker_pod_name(self.job, index) not in named
+        }
+        answers = sweep(hosts, SWEEP_TIMEOUT_S, self._connect)
+        for rank, answer in answers.items():
+            if answer is False:
+                self.record(ranked, generation, rank, SWEEP_TIMEOUT_S, HOST)
 
     def reports(self) -> list[SilentWorker]:
         with self._lock:
@@ -247,6 +277,7 @@ class SilentReports:
 
         def send() -> None:
             with contextlib.suppress(Exception):
+                self.sweep(ranked, generation)
                 self.write()
 
         threading.Thread(target=send, name="torchjob-silent-report", daemon=True).start()
@@ -260,48 +291,3 @@ def silent_reporter(
     if m is None or reports is None:
         return None
     return lambda rank, s, how: reports.report(m.ranked, m.generation, rank, s, how)
-
-
-class FormationWatch:
-    """While this pod's workers form a KeepSurvivors generation whose store another pod
-    serves: that store's host, probed from the driver (``torchjob.launch.store_probe``), is
-    reported silent as rank 0 (once) after ``silent_after_s`` of no answer. The operator then
-    publishes a generation without that pod, and the mode gives this formation up
-    (``KeepSurvivorsMode.superseded``). Elsewhere (a laptop, rank 0's own pod, the
-    watchdog off) it does nothing."""
-
-    def __init__(
-        self,
-        placement: Placement,
-        report_silent: Callable[[int, float, str], None] | None,
-        silent_after_s: float | None = None,
-        probe: Callable[[tuple[str, int]], Probing] | None = None,
-    ) -> None:
-        after = (
-            RuntimeSettings.from_env().silent_peer_s if silent_after_s is None else silent_after_s
-        )
-        self.silent_after_s = after
-        self.report_silent = report_silent
-        self.reported = False
-        self.probe: Probing | None = None
-        if report_silent is not None and after > 0 and placement.rank_offset > 0:
-            address = (placement.master_addr, placement.master_port)
-            self.probe = (probe or (lambda a: StoreProbe(a).start()))(address)
-
-    def check(self, superseded: str | None = None) -> str | None:
-        """Asked while the workers form: report rank 0 once its store's host is silent;
-        returns ``superseded`` (the mode's reason to give the formation up, if any)."""
-        if self.probe is None or self.reported or self.report_silent is None:
-            return superseded
-        silent = self.probe.silent_for()
-        if silent >= self.silent_after_s:
-            self.reported = True
-            self.report_silent(0, silent, STORE)
-        return superseded
-
-    def __enter__(self) -> FormationWatch:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.probe is not None:
-            self.probe.stop()
