@@ -715,49 +715,59 @@ def test_a_pod_whose_packets_are_dropped_is_found_silent_and_the_survivor_goes_o
     assert_resumed_from_memory(read_events(events), lost_gen=0)
 
 
-def test_a_silent_rank_0_is_found_without_its_store_and_the_survivors_go_on(
+def test_a_silent_rank_0_and_its_node_mate_are_found_without_its_store_and_leave_together(
     real_jobs: Jobs, storage: Path
 ) -> None:
-    """Issue 39: the pod of rank 0 goes silent as a vanished node's does (every process of it
-    stopped, its packets dropped; its kubelet still reports it Running). It serves the
-    generation's store, which every heartbeat goes through, so the survivors find it silent
-    from the store's silence, report it, and re-form without it with a new rank 0 and a new
-    store (world 2), from their memory; the silent pod is replaced, never kept."""
+    """Issue 39: the pods of ranks 0 and 1 go silent at once, as two pods of one vanished node
+    do (every process of them stopped, their packets dropped; their kubelet still reports
+    them Running). Pod 0 serves the generation's store, which every heartbeat goes through:
+    the survivors find rank 0 silent from the store's silence, and nothing of pod 1 from the
+    beats; their sweep of the members' hosts finds pod 1 by its silence to a connect. Both
+    leave in generation 1, which re-forms without them with a new rank 0 and a new store
+    (world 2), from the survivors' memory, and not a generation that would wait for pod 1
+    and be given up; the silent pods are replaced, never kept, and nothing is charged."""
     events = storage / "events.jsonl"
-    real_jobs.apply(shrinking_three("mute", storage, events, steps=60))
-    pods = real_jobs.wait_running_pods("mute", 3, generation=0, timeout=300)
-    victim = next(p for p in pods if p.metadata.name == "mute-worker-0")
+    body = hard_loss_job("mute", storage, events, steps=60, hold=2)
+    body["spec"]["elastic"] = {"minReplicas": 1, "maxReplicas": 4, "shrinkOnDisruption": True}
+    body["spec"]["replicas"] = 4
+    real_jobs.apply(body)
+    pods = real_jobs.wait_running_pods("mute", 4, generation=0, timeout=300)
+    silent = ("mute-worker-0", "mute-worker-1")
     ten_steps(real_jobs, "mute", events)
     frozen_at = time.time()
-    stopped = freeze_pod(victim.metadata.uid)
+    stopped = [pid for p in pods if p.metadata.name in silent for pid in freeze_pod(p.metadata.uid)]
     try:
         resumed = first_step_of(real_jobs, "mute", events, generation=1)
-        print(f"rank 0 frozen -> the survivors' next step: {resumed['t'] - frozen_at:.1f}s")
-        assert resumed["world"] == 2 and resumed["pod"] != "mute-worker-0", resumed
+        print(f"ranks 0, 1 frozen -> the survivors' next step: {resumed['t'] - frozen_at:.1f}s")
         status = wait_finished(real_jobs, "mute")
     finally:
         thaw(stopped)
+    assert (resumed["gen"], resumed["world"]) == (1, 2) and resumed["pod"] not in silent, resumed
     assert status["phase"] == "Succeeded", pod_logs(real_jobs, "mute")
     # No failure charged (issue 39): a silent peer is a disruption (the loss model).
-    assert status.get("lastFailure") is None, "a silent peer is no failure"
-    assert (status["restarts"], status["disruptions"]) == (0, 1), status
-    # The story in status.history (issue 41): generation 1 began for the silent peer, without
-    # pod 0, from the survivors' memory, and says how long it took.
-    silent = next(r for r in status["history"] if r["generation"] == 1)
-    assert silent["cause"] == "SilentPeer" and silent["left"][0].startswith("mute-worker-0@")
-    assert silent["restoredFrom"] == "memory" and silent["recoverySeconds"] > 0, silent
-    print(f"status.history: generation 1 recovered in {silent['recoverySeconds']}s")
+    assert status.get("lastFailure") is None and status["restarts"] == 0, status
+    # The story in status.history (issue 41): generation 1 began for the silent peers, without
+    # pods 0 and 1, from the survivors' memory, and says how long it took.
+    first = next(r for r in status["history"] if r["generation"] == 1)
+    left = sorted(p.partition("@")[0] for p in first["left"])
+    assert (first["cause"], left) == ("SilentPeer", list(silent)), first
+    assert first["restoredFrom"] == "memory" and first["recoverySeconds"] > 0, first
+    print(f"status.history: generation 1 recovered in {first['recoverySeconds']}s")
+    hows = {(w["pod"], w.get("how")) for w in status.get("silentWorkers") or []}
+    assert ("mute-worker-1", "host") in hows, hows
     evs = read_events(events)
     done = max(e["step"] for e in evs if e["ev"] == "step" and e["gen"] == 0)
-    first = min((e for e in evs if e["ev"] == "restored" and e["gen"] >= 1), key=lambda e: e["gen"])
-    assert first["source"] == "memory" and first["world"] == 2, first
-    assert done - first["step"] <= 2, f"lost {done - first['step']} steps: {first}, last {done}"
+    restored = min(
+        (e for e in evs if e["ev"] == "restored" and e["gen"] >= 1), key=lambda e: e["gen"]
+    )
+    assert restored["source"] == "memory" and restored["world"] == 2, restored
+    assert done - restored["step"] <= 2, f"lost {done - restored['step']} steps: {restored}"
     final = [e for e in evs if e["ev"] == "final"]
     last = [e for e in final if e["gen"] == max(e["gen"] for e in final)]
-    assert sorted(e["rank"] for e in last) == [0, 1, 2], last
-    # The frozen pod is never kept: a replacement (a new index while it is still Terminating)
-    # took its place.
-    assert len({e["pod"] for e in last}) == 3 and "mute-worker-0" not in {e["pod"] for e in last}
+    assert sorted(e["rank"] for e in last) == [0, 1, 2, 3], last
+    # The frozen pods are never kept: replacements (new indices while they are still
+    # Terminating) took their places.
+    assert len({e["pod"] for e in last}) == 4 and not {e["pod"] for e in last} & set(silent)
     assert all(e["params"] == last[0]["params"] for e in last), "parameters equal across ranks"
 
 
