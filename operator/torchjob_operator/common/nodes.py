@@ -91,9 +91,20 @@ class NodeView:
     """The notice's window (``NoticeTaint.window_s``)."""
     labels: tuple[tuple[str, str], ...] = ()
     """Its labels, sorted (the topology levels a job's placement compares: ``label``)."""
+    taints: tuple[tuple[str, str, str], ...] = ()
+    """Its ``NoSchedule`` and ``NoExecute`` taints as (key, value, effect): those that keep
+    off a pod that does not tolerate them (``tolerates``)."""
+    ready_since: datetime | None = None
+    """When its ``Ready`` condition last changed (``lastTransitionTime``): for a ready node,
+    since when it is back."""
 
     def label(self, key: str) -> str | None:
         return next((v for k, v in self.labels if k == key), None)
+
+    def tolerates(self, tolerations: Sequence[Mapping[str, Any]]) -> bool:
+        """A pod with ``tolerations`` (core/v1 Toleration objects) may be placed here as far
+        as the taints say."""
+        return all(any(_tolerated(t, taint) for t in tolerations) for taint in self.taints)
 
     @property
     def doomed(self) -> bool:
@@ -101,15 +112,33 @@ class NodeView:
         return self.notice is not None or self.unschedulable or not self.ready
 
 
+def _tolerated(toleration: Mapping[str, Any], taint: tuple[str, str, str]) -> bool:
+    """core/v1's rule: an empty key with ``Exists`` tolerates every taint; else the keys
+    match, and the values (``Equal``, the default) unless ``Exists``; an empty effect
+    matches every effect."""
+    key, value, effect = taint
+    if toleration.get("effect") and toleration.get("effect") != effect:
+        return False
+    if toleration.get("operator") == "Exists":
+        return not toleration.get("key") or toleration.get("key") == key
+    return toleration.get("key") == key and (toleration.get("value") or "") == value
+
+
 def node_view(node: Mapping[str, Any], notices: Sequence[NoticeTaint]) -> NodeView:
     meta, spec = node.get("metadata") or {}, node.get("spec") or {}
     conditions = (node.get("status") or {}).get("conditions") or ()
-    ready = next((c.get("status") for c in conditions if c.get("type") == "Ready"), "True")
+    cond: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
     view = NodeView(
         name=str(meta.get("name") or ""),
-        ready=ready == "True",
+        ready=cond.get("status", "True") == "True",
         unschedulable=bool(spec.get("unschedulable")),
         labels=tuple(sorted((str(k), str(v)) for k, v in (meta.get("labels") or {}).items())),
+        taints=tuple(
+            (str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""))
+            for t in spec.get("taints") or ()
+            if t.get("effect") in ("NoSchedule", "NoExecute")
+        ),
+        ready_since=parse_time_or_none(cond.get("lastTransitionTime")),
     )
     for taint in spec.get("taints") or ():
         for notice in notices:

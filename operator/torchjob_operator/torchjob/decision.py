@@ -73,6 +73,25 @@ class CreatePods:
     """Created ahead of ``generation`` (not yet published): an elastic job's replacements."""
     members: tuple[int, ...] | None = None
     """The rank order of ``generation`` when it is not ``0..replicas-1`` (``Decision.members``)."""
+    avoid: tuple[str, ...] = ()
+    """Nodes these pods must stay off, beyond the Node watch's (``Move.keep_off``)."""
+
+
+@dataclass(frozen=True)
+class Move:
+    """One member moved off a crowded node (``torchjob/spread.py``)."""
+
+    leaver: int
+    """The moving member's pod index."""
+    crowded: str
+    """Its node, the one with the most members."""
+    to: str
+    """A node the job may use with the fewest members (the joiner goes by the scheduler,
+    kept off ``keep_off``; this is what makes the move worth it)."""
+    keep_off: tuple[str, ...]
+    """Nodes with more than one member beyond ``to``'s: the replacement stays off them."""
+    counts: tuple[int, int] = (0, 0)
+    """Members on ``crowded`` and on ``to``."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +141,8 @@ class Decision:
     last_rescale: datetime | None = None
     leaving: tuple[int, ...] = ()
     """Members given notice that train on while their replacements start (``drain``)."""
+    move: Move | None = None
+    """A member this pass moves off a crowded node (``spread``)."""
     replaced: tuple[str, ...] = ()
     """KeepSurvivors: stale pods whose index the current generation gives to a new pod."""
     probes: tuple[ProbeView, ...] = ()

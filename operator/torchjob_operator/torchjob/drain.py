@@ -24,6 +24,10 @@ from torchjob_operator.torchjob.loss import survives
 from torchjob_operator.torchjob.nodes import NODE_LOST, NODE_NOTICE
 from torchjob_operator.torchjob.observed import PodPhase, PodView
 
+REBALANCE = "torchjob.io/rebalance"
+"""``PodView.notice`` (and ``status.leavingWorkers[].reason``) of a member that moves off a
+crowded node (``torchjob/spread.py``): an open-ended notice, never its end."""
+
 NOTICE_RECHECK_S = 1.0
 """How soon a pod marked for disruption but not yet deleted is looked at again (the
 Eviction API deletes it right after; its deletion pokes the job anyway)."""
@@ -72,11 +76,17 @@ def _open_ended(p: PodView) -> bool:
     return not p.deleting and p.notice_until is None
 
 
+REBALANCED = "Rebalanced"
+"""``PodView.disruption`` of a member moved off a crowded node once its replacement is Ready
+(``torchjob/spread.py``)."""
+
+
 def _taken(p: PodView) -> PodView:
-    """A pod on a noticed node judged as taken (its node's notice is its disruption)."""
+    """A pod on a noticed node judged as taken (its node's notice is its disruption); a
+    member that moves, as moved."""
     if p.notice_until is None or p.disruption is not None:
         return p
-    return replace(p, disruption=NODE_NOTICE)
+    return replace(p, disruption=REBALANCED if p.notice == REBALANCE else NODE_NOTICE)
 
 
 def taken(current: Sequence[PodView]) -> list[PodView]:
@@ -112,4 +122,4 @@ def draining(
     ]
 
 
-__all__ = ["MARGIN_S", "draining", "drains", "leavers", "taken"]
+__all__ = ["MARGIN_S", "REBALANCE", "REBALANCED", "draining", "drains", "leavers", "taken"]

@@ -275,10 +275,25 @@ def grow_with_joiners(d: Decision, current: Sequence[PodView], pods: Sequence[Po
         replicas=len(grown) if want > 0 else top,
         joiners=True,
         members=None if want <= 0 or grown == tuple(range(len(grown))) else grown,
+        avoid=d.move.keep_off if d.move is not None else (),
     )
     names = ", ".join(contract.worker_pod_name(d.job.name, i) for i in free)
     joined = [Event.of("CreatedJoiner", pods=names, generation=d.generation + 1)]
-    if d.leaving:
+    if d.move is not None:
+        m = d.move
+        joined.append(
+            Event.of(
+                "Rebalancing",
+                crowded=m.crowded,
+                many=m.counts[0],
+                to=m.to,
+                few=m.counts[1],
+                leaving=contract.worker_pod_name(d.job.name, m.leaver),
+                pods=names,
+                keep_off=", ".join(m.keep_off),
+            )
+        )
+    elif d.leaving:
         joined.append(Event.of("ReplacingBeforeLeaving", leaving=_leaving(d, pods), pods=names))
     return d.but(create=create).also(events=joined)
 

@@ -20,6 +20,7 @@ from torchjob.rules.loss import Disruption
 from torchjob_operator.common.clock import parse_time_or_none
 from torchjob_operator.common.events import Event
 from torchjob_operator.torchjob.decision import Decision
+from torchjob_operator.torchjob.drain import REBALANCE
 from torchjob_operator.torchjob.observed import JobState, PodPhase, PodView
 
 _CAUSE_OF_REASON = {"OOMKilled": "OOM", "SilentPeer": "SilentPeer", "NodeLost": "NodeLost"}
@@ -131,6 +132,8 @@ def started(d: Decision, pods: Sequence[PodView]) -> GenerationRecord | None:
             cause = "Killed"
         elif any(p.node_lost for p in ended):
             cause = "NodeLost"  # its node stopped reporting (torchjob/nodes.py)
+        elif any(p.notice == REBALANCE for p in ended):
+            cause = "Rebalance"  # moved off a crowded node (torchjob/spread.py)
         elif any(p.notice is not None for p in ended):
             cause = "Notice"  # its node's termination notice
     loss_time = _loss_time(d, cause, gone, ended)

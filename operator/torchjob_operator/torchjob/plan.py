@@ -77,6 +77,7 @@ from torchjob_operator.torchjob.nodes import held_only, lost_silent
 from torchjob_operator.torchjob.observed import JobState, PodView, ProbeView
 from torchjob_operator.torchjob.phase import active_phase
 from torchjob_operator.torchjob.silent import silenced
+from torchjob_operator.torchjob.spread import spread_back
 from torchjob_operator.torchjob.status import ready_reason, render_status
 
 __all__ = ["CreatePods", "Event", "JobView", "Plan", "plan", "with_state"]
@@ -199,6 +200,10 @@ def plan(
     d = _rescale(d)
     # Pods the survivors saw go silent are lost like SIGKILLed ones (torchjob/silent.py).
     pods = silenced(pods, st.silent, d.generation, d.ranked, job.name)
+    current = _members(d, pods)
+    # A job its losses crowded onto few nodes moves one member at a time (torchjob/spread.py):
+    # given notice here, it is drained like any member given notice.
+    d, pods = spread_back(d, current, pods)
     current = _members(d, pods)
     missing: list[int] = []
     if d.created_generation == d.generation:

@@ -20,6 +20,7 @@ from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.clock import format_time
 from torchjob_operator.torchjob import topology
 from torchjob_operator.torchjob.decision import Decision
+from torchjob_operator.torchjob.drain import REBALANCE
 from torchjob_operator.torchjob.observed import JobState, PodPhase, PodView
 
 
@@ -133,6 +134,8 @@ def _leaving(d: Decision, current: Sequence[PodView]) -> list[LeavingWorker]:
         if p.index not in d.leaving:
             continue
         deadline = p.deletion_at if p.deleting else p.notice_until
+        if p.notice == REBALANCE:
+            deadline = None  # a move has none: it is given up first
         out.append(
             LeavingWorker(
                 pod=p.name,

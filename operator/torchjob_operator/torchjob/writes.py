@@ -84,8 +84,9 @@ def decide(
             kueue.apply_admission(body, view.kueue.assignment)
     decided = _place(view, pods, workers, decided)
     suspect = suspect_nodes(view.state, pods, view.avoid_nodes, name)
+    keep_off = decided.create.avoid if decided.create is not None else ()
     for body in workers:
-        avoid_nodes(body, view.avoid_nodes)
+        avoid_nodes(body, tuple(dict.fromkeys((*view.avoid_nodes, *keep_off))))
         prefer_other_nodes(body, suspect)
         if suspect and body["spec"].get("topologySpreadConstraints") == [spread_across_nodes(name)]:
             # The default spread (ScheduleAnyway) scores the suspect node best, since it now

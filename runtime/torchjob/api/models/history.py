@@ -23,6 +23,7 @@ CAUSES = (
     "Disruption",
     "NodeLost",
     "Notice",
+    "Rebalance",
     "ScaleUp",
     "ScaleDown",
     "Restart",

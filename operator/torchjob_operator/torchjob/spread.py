@@ -1,0 +1,147 @@
+"""Spreading a job back over its nodes once a loss has crowded it. Pure.
+
+A ``KeepSurvivors`` job replaces a lost pod at once, on the nodes that are up at that moment:
+after a node vanishes, its pods' replacements crowd onto the nodes that are left, and when
+the node returns nothing moves them back. The next loss of a crowded node then takes a
+larger share of the job, often more than its elastic minimum allows it to go on without
+(bench/results/2026-11-29g: 6 of 8 pods on one node, then all 8, where a node held 2-3).
+
+:func:`spread_back` moves one pod at a time with the drain's own means
+(``torchjob/drain.py``): once the job has trained steadily at full size for
+:data:`SETTLE_S`, and a node it may use (Ready, schedulable, no notice, its taints
+tolerated and its labels matching the pods' ``nodeSelector``) holds at least two members
+fewer than the most crowded node, the last-ranked member on the crowded node is given an
+open-ended notice (``REBALANCE``). Its replacement is created at once as a joiner kept off
+the crowded nodes (``CreatePods.avoid``); once the joiner is Ready, the two are swapped in
+one generation: one re-formation from the survivors' memory, at full size, and a pod on
+each node that may be lost next instead of too many on one. A joiner that cannot be placed
+within :data:`GIVE_UP_S` is given up, and no move starts again until the job's generation
+changes or a node becomes Ready again (a move starts only within :data:`WINDOW_S` after
+the settle): capacity elsewhere in the cluster is not the operator's to see.
+
+Only an elastic ``KeepSurvivors`` job with ``replaceBeforeLeaving`` and no standbys moves
+(the drain is what makes a move cost one re-formation; a ready standby would be swapped
+in wherever it runs), and not one Kueue places by a topology assignment.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from torchjob.api.models import Phase
+from torchjob_operator.common.clock import parse_time_or_none
+from torchjob_operator.common.nodes import NodeView
+from torchjob_operator.torchjob.decision import Decision, Move
+from torchjob_operator.torchjob.drain import REBALANCE, drains
+from torchjob_operator.torchjob.elastic import target_replicas
+from torchjob_operator.torchjob.observed import PodPhase, PodView
+
+SETTLE_S = 30.0
+"""How long the generation has trained, and the emptier node been Ready, before a move."""
+WINDOW_S = 120.0
+"""A move starts only this long after the settle (see the module docstring)."""
+GIVE_UP_S = 60.0
+"""A moving member's replacement unschedulable this long is given up."""
+MOVE_NOTICE = timedelta(hours=1)
+"""The notice a moving member gets: never its end (the move is given up first)."""
+
+
+def usable(node: NodeView, template: Mapping[str, Any]) -> bool:
+    """A new pod of the job could go to ``node`` as far as the operator can tell: Ready,
+    schedulable, no notice, its taints tolerated and its labels matching the template's
+    ``nodeSelector`` (``template``: the pod spec, as a mapping)."""
+    selector = template.get("nodeSelector") or {}
+    labels = dict(node.labels)
+    return (
+        not node.doomed
+        and all(labels.get(k) == v for k, v in selector.items())
+        and node.tolerates(template.get("tolerations") or ())
+    )
+
+
+def _steady(d: Decision, current: Sequence[PodView]) -> bool:
+    return (
+        drains(d)
+        and d.phase == Phase.RUNNING
+        and d.job.spec.standby_replicas == 0
+        and (d.job.kueue is None or d.job.kueue.topology is None)
+        and d.replicas == target_replicas(d)
+        and len(current) == d.replicas
+        and not d.leaving
+        and all(
+            p.phase == PodPhase.RUNNING
+            and p.scheduled
+            and p.node
+            and not p.deleting
+            and p.disruption is None
+            and p.silent is None
+            and p.notice_until is None
+            for p in current
+        )
+    )
+
+
+def _began(d: Decision) -> datetime | None:
+    last = d.job.state.history[-1] if d.job.state.history else None
+    return parse_time_or_none(last.began) if last and last.generation == d.generation else None
+
+
+def plan_move(d: Decision, current: Sequence[PodView], pods: Sequence[PodView]) -> Move | None:
+    """The move this pass makes or goes on with (see the module docstring), if any."""
+    if not _steady(d, current):
+        return None
+    ranked = set(d.ranked)
+    moving = [p for p in pods if p.index not in ranked and p.joiner and p.active]
+    if len(moving) > 1:
+        return None
+    template = d.job.spec.template.spec.model_dump(by_alias=True, exclude_none=True)
+    usable_nodes = {n.name: n for n in d.job.nodes.values() if usable(n, template)}
+    counts = Counter(p.node for p in current)
+    if not usable_nodes or not counts:
+        return None
+    crowded = min(counts, key=lambda n: (-counts[n], n))
+    to = min(usable_nodes, key=lambda n: (counts[n], n))
+    if counts[crowded] - counts[to] < 2:
+        return None
+    if moving:
+        since = moving[0].unschedulable_since
+        if since is not None and (d.now - since).total_seconds() >= GIVE_UP_S:
+            return None
+    else:
+        began = _began(d)
+        back = usable_nodes[to].ready_since
+        anchor = max(t for t in (began, back) if t is not None) if began or back else None
+        age = None if anchor is None else (d.now - anchor).total_seconds()
+        if age is None or not SETTLE_S <= age < SETTLE_S + WINDOW_S:
+            return None
+    leaver = next(i for i in reversed(d.ranked) if _node_of(current, i) == crowded)
+    keep_off = tuple(sorted(n for n, c in counts.items() if c > counts[to] + 1))
+    return Move(leaver, crowded, to, keep_off, (counts[crowded], counts[to]))
+
+
+def _node_of(current: Sequence[PodView], index: int) -> str:
+    return next((p.node for p in current if p.index == index), "")
+
+
+def spread_back(
+    d: Decision, current: Sequence[PodView], pods: Sequence[PodView]
+) -> tuple[Decision, list[PodView]]:
+    """(the decision with its ``move``, ``pods`` with the moving member given notice):
+    what ``drain.draining`` then handles as any member given notice, its replacement kept
+    off ``Move.keep_off``."""
+    move = plan_move(d, current, pods)
+    if move is None:
+        return d, list(pods)
+    until = d.now + MOVE_NOTICE
+    name = next(p.name for p in current if p.index == move.leaver)
+    marked = [
+        replace(p, notice=REBALANCE, notice_until=until) if p.name == name else p for p in pods
+    ]
+    return d.but(move=move), marked
+
+
+__all__ = ["GIVE_UP_S", "REBALANCE", "SETTLE_S", "WINDOW_S", "Move", "plan_move", "spread_back"]

@@ -1,0 +1,177 @@
+"""A job its losses crowded onto few nodes moves one member at a time
+(``torchjob_operator.torchjob.spread``): the planner steps, with the nodes as the Node watch
+reads them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from tests.unit.builders import at
+from tests.unit.test_nodes import elastic, on, reasons
+from tests.unit.test_planner import step
+
+from torchjob.api.models import Phase, TorchJobSpec
+from torchjob_operator.common.nodes import NodeView, node_view
+from torchjob_operator.torchjob.drain import REBALANCE
+from torchjob_operator.torchjob.observed import PodPhase, PodView
+from torchjob_operator.torchjob.plan import JobView, plan
+from torchjob_operator.torchjob.spread import GIVE_UP_S, SETTLE_S, WINDOW_S, usable
+from torchjob_operator.torchjob.writes import decide
+
+SYSTEM = ("bench.torchjob.io/system", "", "NoSchedule")
+
+
+def nodes(*names: str, back_at_s: float | None = None, **views: NodeView) -> dict[str, NodeView]:
+    """Ready nodes ``names`` (the last one Ready since ``back_at_s``, if given), and ``views``."""
+    out = {n: NodeView(n) for n in names}
+    if back_at_s is not None:
+        out[names[-1]] = NodeView(names[-1], ready_since=at(back_at_s))
+    return {**out, **views}
+
+
+def crowded(node_map: dict[str, NodeView]) -> tuple[JobView, list[PodView]]:
+    """A 4-pod job running with 3 members on n0 and 1 on n1 (a node was lost and its pods'
+    replacements went to n0), generation 0 begun at 0 s."""
+    view = replace(elastic(4), nodes=node_map)
+    _, view, pods = step(view, [], 0)
+    up = [on(p, "n1" if p.index == 1 else "n0") for p in pods]
+    _, view, _ = step(view, up, 1)
+    return view, up
+
+
+def test_a_crowded_job_moves_its_last_ranked_member_on_the_crowded_node_once_settled() -> None:
+    view, up = crowded(nodes("n0", "n1", "n2"))
+    early = plan(view, up, at(SETTLE_S - 1))
+    assert early.create is None and early.status.get("leavingWorkers") is None
+    moving, view, pods = step(view, up, SETTLE_S + 1)
+    # n0 holds 3, n2 none: pod 3 (the last rank on n0) moves; its replacement starts now,
+    # kept off n0 (n1's one member is no reason to keep off it).
+    assert moving.status["currentGeneration"] == 0 and moving.phase == Phase.RUNNING
+    assert moving.create is not None and moving.create.joiners
+    assert (moving.create.indices, moving.create.avoid) == ((4,), ("n0",))
+    assert moving.status["leavingWorkers"] == [
+        {"pod": "tj-worker-3", "reason": REBALANCE, "node": "n0"}
+    ]
+    told = next(e for e in moving.events if e.reason == "Rebalancing")
+    assert told.message == (
+        "node n0 holds 3 of the job's pods and node n2 0: tj-worker-3 moves, its replacement "
+        "tj-worker-4 starts off n0 and takes its place at one re-formation"
+    )
+    # Still starting: the member trains on, nothing more is created.
+    again, view, pods = step(view, [*pods[:-1], replace(pods[-1], node="")], SETTLE_S + 5)
+    assert again.create is None and again.delete == () and again.status["currentGeneration"] == 0
+    # Ready on n2: the two swap in one generation, a move, not a failure.
+    swapped, view, pods = step(view, [*up, on(pods[-1], "n2")], SETTLE_S + 9)
+    assert swapped.status["currentGeneration"] == 1
+    assert swapped.status["members"] == [0, 1, 2, 4] and swapped.delete == ("tj-worker-3",)
+    assert swapped.status["restarts"] == 0 and swapped.status["leavingWorkers"] is None
+    assert swapped.status["history"][-1]["cause"] == "Rebalance"
+    # 2, 1, 1: spread as far as one move a time can; nothing moves any more.
+    left = [p for p in pods if p.name != "tj-worker-3"]
+    for t in (SETTLE_S + 10, 2 * SETTLE_S + 20, 2 * SETTLE_S + 60):
+        later = plan(view, left, at(t))
+        assert later.create is None and "Rebalancing" not in reasons(later), t
+
+
+def test_a_replacement_that_cannot_be_placed_is_given_up_and_no_move_starts_after_the_window() -> (
+    None
+):
+    view, up = crowded(nodes("n0", "n1", "n2"))
+    moving, view, pods = step(view, up, SETTLE_S + 1)
+    assert moving.create is not None
+    stuck = replace(pods[-1], unschedulable_since=at(SETTLE_S + 2))
+    waiting = plan(view, [*up, stuck], at(SETTLE_S + 2 + GIVE_UP_S - 1))
+    assert waiting.status["leavingWorkers"] is not None and waiting.delete == ()
+    given_up, view, _ = step(view, [*up, stuck], SETTLE_S + 2 + GIVE_UP_S)
+    # No member leaves; the replacement is no joiner the job has room for: it goes.
+    assert given_up.status.get("leavingWorkers") is None
+    assert given_up.delete == ("tj-worker-4",) and given_up.status["currentGeneration"] == 0
+    late = plan(view, up, at(SETTLE_S + WINDOW_S))
+    assert late.create is None, "no move starts again until something changes"
+
+
+def test_a_node_that_returns_opens_a_window_of_its_own() -> None:
+    view, up = crowded(nodes("n0", "n1", "n2", back_at_s=400))
+    assert plan(view, up, at(400 + SETTLE_S - 1)).create is None
+    moving = plan(view, up, at(400 + SETTLE_S + 1))
+    assert moving.create is not None and moving.create.avoid == ("n0",)
+
+
+def test_only_a_node_the_pods_may_use_is_a_reason_to_move() -> None:
+    """n2 is a system node (tainted): the job's pods may not go there, and n0's three against
+    n1's one is a reason only once n1 may take one more (it holds one: 3 - 1 >= 2)."""
+    system = NodeView("n2", taints=(SYSTEM,))
+    view, up = crowded(nodes("n0", "n1", n2=system))
+    moving = plan(view, up, at(SETTLE_S + 1))
+    assert moving.create is not None and moving.create.avoid == ("n0",)
+    told = next(e for e in moving.events if e.reason == "Rebalancing")
+    assert "node n1 1" in told.message
+    balanced = replace(view, nodes=nodes("n0", "n1", n2=system))
+    two_two = [on(p, "n0" if p.index < 2 else "n1") for p in up]
+    assert plan(balanced, two_two, at(SETTLE_S + 1)).create is None
+
+
+def test_what_a_node_lets_a_pod_do() -> None:
+    tolerating: dict[str, Any] = {
+        "tolerations": [{"key": SYSTEM[0], "operator": "Exists", "effect": "NoSchedule"}]
+    }
+    system = NodeView("s", taints=(SYSTEM,))
+    assert not usable(system, {}) and usable(system, tolerating)
+    assert usable(system, {"tolerations": [{"operator": "Exists"}]}), "tolerates everything"
+    assert not usable(system, {"tolerations": [{"key": SYSTEM[0], "value": "other"}]})
+    gpu = NodeView("g", labels=(("gpu", "h200"),))
+    assert usable(gpu, {"nodeSelector": {"gpu": "h200"}})
+    assert not usable(gpu, {"nodeSelector": {"gpu": "a100"}})
+    assert not usable(NodeView("n", ready=False), {}) and not usable(NodeView("n", notice="x"), {})
+    read = node_view(
+        {
+            "metadata": {"name": "s"},
+            "spec": {"taints": [{"key": SYSTEM[0], "effect": "NoSchedule"}]},
+            "status": {
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "lastTransitionTime": "2026-01-01T00:01:00Z",
+                    }
+                ]
+            },
+        },
+        (),
+    )
+    assert (read.taints, read.ready_since) == ((SYSTEM,), at(60))
+
+
+def test_a_job_that_does_not_drain_or_keeps_standbys_never_moves() -> None:
+    view, up = crowded(nodes("n0", "n1", "n2"))
+    undrained = replace(elastic(4, drain=False), nodes=view.nodes, state=view.state)
+    assert plan(undrained, up, at(SETTLE_S + 1)).create is None
+    assert view.spec.elastic is not None
+    el = view.spec.elastic.model_copy(update={"standby_replicas": 1})
+    spec = view.spec.model_copy(update={"elastic": el})
+    standby = plan(replace(view, spec=spec), up, at(SETTLE_S + 1))
+    assert "Rebalancing" not in reasons(standby), "a standby would be swapped in where it runs"
+    restarting = [replace(up[0], phase=PodPhase.PENDING, scheduled=False), *up[1:]]
+    assert "Rebalancing" not in reasons(plan(view, restarting, at(SETTLE_S + 1)))
+    assert "Rebalancing" in reasons(plan(view, up, at(SETTLE_S + 1)))
+
+
+def test_the_replacement_body_stays_off_the_crowded_node_and_a_tolerated_taint_is_no_bar() -> None:
+    """The template's tolerations are read from the job: tolerating the system node's taint
+    makes it a node the job may use, and the replacement's body keeps off the crowded one
+    (required node affinity: the default spread alone would not)."""
+    view, up = crowded(nodes("n0", "n1", n2=NodeView("n2", taints=(SYSTEM,))))
+    wire = view.spec.model_dump(by_alias=True, exclude_none=True)
+    wire["template"]["spec"]["tolerations"] = [{"key": SYSTEM[0], "operator": "Exists"}]
+    tolerant = replace(view, spec=TorchJobSpec.model_validate(wire))
+    made = decide(tolerant, "uid", up, (), at(SETTLE_S + 1))
+    told = next(e for e in made.plan.events if e.reason == "Rebalancing")
+    assert "node n2 0" in told.message
+    (body,) = made.workers
+    required = body["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert required["nodeSelectorTerms"] == [
+        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n0"]}]}
+    ]
