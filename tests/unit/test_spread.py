@@ -124,6 +124,33 @@ def test_what_a_node_lets_a_pod_do() -> None:
     assert usable(gpu, {"nodeSelector": {"gpu": "h200"}})
     assert not usable(gpu, {"nodeSelector": {"gpu": "a100"}})
     assert not usable(NodeView("n", ready=False), {}) and not usable(NodeView("n", notice="x"), {})
+    pinned = {
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "gpu", "operator": "In", "values": ["a100"]}
+                            ]
+                        },
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": ["g"]}
+                            ]
+                        },
+                    ]
+                }
+            }
+        }
+    }
+    assert usable(gpu, pinned), "the second term names it"
+    assert not usable(replace(gpu, name="g2"), pinned), "neither term matches"
+    exists = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]}
+    some = {
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": exists}}
+    }
+    assert usable(gpu, some) and not usable(NodeView("plain"), some)
     read = node_view(
         {
             "metadata": {"name": "s"},

@@ -52,15 +52,51 @@ MOVE_NOTICE = timedelta(hours=1)
 
 def usable(node: NodeView, template: Mapping[str, Any]) -> bool:
     """A new pod of the job could go to ``node`` as far as the operator can tell: Ready,
-    schedulable, no notice, its taints tolerated and its labels matching the template's
-    ``nodeSelector`` (``template``: the pod spec, as a mapping)."""
+    schedulable, no notice, its taints tolerated, its labels matching the template's
+    ``nodeSelector`` and its required node affinity (``template``: the pod spec, as a
+    mapping). Room is not known here: a move whose replacement cannot be placed is given up."""
     selector = template.get("nodeSelector") or {}
     labels = dict(node.labels)
+    affinity = (template.get("affinity") or {}).get("nodeAffinity") or {}
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = required.get("nodeSelectorTerms") or ()
     return (
         not node.doomed
         and all(labels.get(k) == v for k, v in selector.items())
+        and (not terms or any(_term(t, node.name, labels) for t in terms))
         and node.tolerates(template.get("tolerations") or ())
     )
+
+
+def _term(term: Mapping[str, Any], name: str, labels: Mapping[str, str]) -> bool:
+    """A node selector term (its requirements ANDed; an empty term matches nothing, as the
+    scheduler reads it)."""
+    exprs = term.get("matchExpressions") or ()
+    fields = term.get("matchFields") or ()
+    if not exprs and not fields:
+        return False
+    return all(_requirement(r, labels.get(r.get("key", ""))) for r in exprs) and all(
+        _requirement(r, name if r.get("key") == "metadata.name" else None) for r in fields
+    )
+
+
+def _requirement(r: Mapping[str, Any], value: str | None) -> bool:
+    op, values = r.get("operator"), [str(v) for v in r.get("values") or ()]
+    if op == "In":
+        return value in values
+    if op == "NotIn":
+        return value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and values:
+        try:
+            a, b = int(value), int(values[0])
+        except ValueError:
+            return False
+        return a > b if op == "Gt" else a < b
+    return False
 
 
 def _steady(d: Decision, current: Sequence[PodView]) -> bool:
