@@ -102,7 +102,7 @@ from tests.cluster.realnode import HelmOperator, RealNode, real_node_count
 from bench import goodput_accounting as acc
 from bench import goodput_schedule as sch
 from bench.goodput_jobs import KUBEFLOW, POLICIES, STRATEGIES
-from bench.goodput_losses import release_system_node, reserve_system_node
+from bench.goodput_losses import disk_too_full, release_system_node, reserve_system_node
 from bench.goodput_records import Row
 from bench.goodput_report import report, write_timelines
 from bench.goodput_rows import log, run_row
@@ -348,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     if node_modes and real_node_count() < 2:
         print(f"--modes {','.join(sorted(node_modes))}: needs TORCHJOB_REAL_NODES >= 2 (one "
               "runs the operator)", file=sys.stderr)  # fmt: skip
+        return 2
+    full = disk_too_full()
+    if full:
+        print(full, file=sys.stderr)
         return 2
     started = time.monotonic()
     log("cluster up")

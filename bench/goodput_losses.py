@@ -18,6 +18,7 @@ recorded as skipped. A node loss records every pod of the job that was on the no
 from __future__ import annotations
 
 import random
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -233,3 +234,24 @@ class Losses:
     def _note(self, what: str, **fields: Any) -> None:
         if self.watch is not None:
             self.watch.note(what, **fields)
+
+
+DISK_USED_MAX = 0.75
+"""The most of ``/`` a run may start with in use: each real node keeps its own copy of the
+images, a row's replacements write more, and past 85 % the kubelets' image garbage
+collection removes images the rows need (2026-11-29g: the pause image went from two nodes
+at 92 % and the rows after never started)."""
+
+
+def disk_too_full(path: str = "/") -> str | None:
+    """Why the run must not start for lack of disk, or None."""
+    usage = shutil.disk_usage(path)
+    used = usage.used / max(usage.used + usage.free, 1)
+    if used <= DISK_USED_MAX:
+        return None
+    return (
+        f"{path} is {used:.0%} in use ({usage.free / 2**30:.0f} GiB free): above "
+        f"{DISK_USED_MAX:.0%} the real nodes' image garbage collection may remove the images "
+        "the rows need. Free some first: `podman image prune -f`, the real nodes' state of "
+        "earlier runs (/tmp/tj-goodput-*, with no cluster up), Go's build cache."
+    )

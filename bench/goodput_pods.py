@@ -50,9 +50,15 @@ def save_logs(
     cluster: k.Cluster, core: Any, ns: str, into: Path, ended: dict[str, str] | None = None
 ) -> None:
     """The logs of the pods left at a row's end (the last replacements among them), with the
-    kubelet's timestamps: where a replacement's start went, line by line; and ``ended``, the
-    logs of the pods whose containers ended during the row (``<pod>-<uid>.log``)."""
+    kubelet's timestamps: where a replacement's start went, line by line; ``ended``, the
+    logs of the pods whose containers ended during the row (``<pod>-<uid>.log``); and the
+    row namespace's Events and jobs (``events.json``, ``torchjobs.json``, ``pytorchjobs.json``:
+    the operator's decisions, a TorchJob's ``status.history``, a PyTorchJob's conditions)."""
     into.mkdir(parents=True, exist_ok=True)
+    for what in ("events", "torchjobs", "pytorchjobs"):
+        name = f"{what}.json"
+        done = cluster.kubectl("-n", ns, "get", what, "-o", "json", check=False)
+        (into / name).write_text(getattr(done, "stdout", "") or "")
     for key, text in (ended or {}).items():
         (into / f"{key}.log").write_text(text or "")  # None: the kubelet had no log to give
     for pod in core.list_namespaced_pod(ns).items:

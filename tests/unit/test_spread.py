@@ -46,17 +46,17 @@ def test_a_crowded_job_moves_its_last_ranked_member_on_the_crowded_node_once_set
     assert early.create is None and early.status.get("leavingWorkers") is None
     moving, view, pods = step(view, up, SETTLE_S + 1)
     # n0 holds 3, n2 none: pod 3 (the last rank on n0) moves; its replacement starts now,
-    # kept off n0 (n1's one member is no reason to keep off it).
+    # kept off every node but n2, the move's target.
     assert moving.status["currentGeneration"] == 0 and moving.phase == Phase.RUNNING
     assert moving.create is not None and moving.create.joiners
-    assert (moving.create.indices, moving.create.avoid) == ((4,), ("n0",))
+    assert (moving.create.indices, moving.create.avoid) == ((4,), ("n0", "n1"))
     assert moving.status["leavingWorkers"] == [
         {"pod": "tj-worker-3", "reason": REBALANCE, "node": "n0"}
     ]
     told = next(e for e in moving.events if e.reason == "Rebalancing")
     assert told.message == (
-        "node n0 holds 3 of the job's pods and node n2 0: tj-worker-3 moves, its replacement "
-        "tj-worker-4 starts off n0 and takes its place at one re-formation"
+        "the job's pods per node: n0 3, n1 1, n2 0; moving tj-worker-3 (n0 -> n2): the "
+        "replacements tj-worker-4 start off n0, n1 and take their places at one re-formation"
     )
     # Still starting: the member trains on, nothing more is created.
     again, view, pods = step(view, [*pods[:-1], replace(pods[-1], node="")], SETTLE_S + 5)
@@ -95,7 +95,7 @@ def test_a_node_that_returns_opens_a_window_of_its_own() -> None:
     view, up = crowded(nodes("n0", "n1", "n2", back_at_s=400))
     assert plan(view, up, at(400 + SETTLE_S - 1)).create is None
     moving = plan(view, up, at(400 + SETTLE_S + 1))
-    assert moving.create is not None and moving.create.avoid == ("n0",)
+    assert moving.create is not None and moving.create.avoid == ("n0", "n1")
 
 
 def test_only_a_node_the_pods_may_use_is_a_reason_to_move() -> None:
@@ -106,7 +106,7 @@ def test_only_a_node_the_pods_may_use_is_a_reason_to_move() -> None:
     moving = plan(view, up, at(SETTLE_S + 1))
     assert moving.create is not None and moving.create.avoid == ("n0",)
     told = next(e for e in moving.events if e.reason == "Rebalancing")
-    assert "node n1 1" in told.message
+    assert "moving tj-worker-3 (n0 -> n1)" in told.message
     balanced = replace(view, nodes=nodes("n0", "n1", n2=system))
     two_two = [on(p, "n0" if p.index < 2 else "n1") for p in up]
     assert plan(balanced, two_two, at(SETTLE_S + 1)).create is None
@@ -194,11 +194,36 @@ def test_the_replacement_body_stays_off_the_crowded_node_and_a_tolerated_taint_i
     tolerant = replace(view, spec=TorchJobSpec.model_validate(wire))
     made = decide(tolerant, "uid", up, (), at(SETTLE_S + 1))
     told = next(e for e in made.plan.events if e.reason == "Rebalancing")
-    assert "node n2 0" in told.message
+    assert "(n0 -> n2)" in told.message
     (body,) = made.workers
     required = body["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]
     assert required["nodeSelectorTerms"] == [
-        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n0"]}]}
+        {
+            "matchFields": [
+                {"key": "metadata.name", "operator": "NotIn", "values": ["n0"]},
+                {"key": "metadata.name", "operator": "NotIn", "values": ["n1"]},
+            ]
+        }
     ]
+
+
+def test_the_moves_of_a_spread_go_together_in_one_re_formation() -> None:
+    """8 pods, 4 on n0 and 4 on n1, n2 back and empty: one member of each crowded node moves
+    to n2 (4, 4, 0 -> 3, 3, 2), both replacements start at once, and both swap in one
+    generation once both are Ready."""
+    view = replace(elastic(8), nodes=nodes("n0", "n1", "n2"))
+    _, view, pods = step(view, [], 0)
+    up = [on(p, "n0" if p.index < 4 else "n1") for p in pods]
+    _, view, _ = step(view, up, 1)
+    moving, view, pods = step(view, up, SETTLE_S + 1)
+    assert moving.create is not None
+    assert (moving.create.indices, moving.create.avoid) == ((8, 9), ("n0", "n1"))
+    assert [w["pod"] for w in moving.status["leavingWorkers"]] == ["tj-worker-3", "tj-worker-7"]
+    one_ready = plan(view, [*up, on(pods[-2], "n2"), replace(pods[-1], node="")], at(SETTLE_S + 5))
+    assert one_ready.status["currentGeneration"] == 0, "waits for both"
+    swapped = plan(view, [*up, on(pods[-2], "n2"), on(pods[-1], "n2")], at(SETTLE_S + 9))
+    assert swapped.status["currentGeneration"] == 1
+    assert sorted(swapped.delete) == ["tj-worker-3", "tj-worker-7"]
+    assert sorted(swapped.status["members"]) == [0, 1, 2, 4, 5, 6, 8, 9]

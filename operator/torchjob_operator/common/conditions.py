@@ -105,9 +105,8 @@ REASONS: Final[Mapping[str, str]] = {
     "step boundary once it runs",
     "ReplacingBeforeLeaving": "{leaving} was given notice: it trains on while its "
     "replacement {pods} starts, which then takes its place",
-    "Rebalancing": "node {crowded} holds {many} of the job's pods and node {to} {few}: "
-    "{leaving} moves, its replacement {pods} starts off {keep_off} and takes its place at "
-    "one re-formation",
+    "Rebalancing": "the job's pods per node: {counts}; moving {leaving}: the replacements "
+    "{pods} start off {keep_off} and take their places at one re-formation",
     "DeletedPod": "deleted {pods}",
     "CreatedWorkload": "created Workload {name} in LocalQueue {queue} ({count} pods)",
     "DeletedWorkload": "deleted Workload {name}: the job's pod set changed; a new one queues",

@@ -79,19 +79,17 @@ class CreatePods:
 
 @dataclass(frozen=True)
 class Move:
-    """One member moved off a crowded node (``torchjob/spread.py``)."""
+    """Members moved off crowded nodes in one re-formation (``torchjob/spread.py``)."""
 
-    leaver: int
-    """The moving member's pod index."""
-    crowded: str
-    """Its node, the one with the most members."""
-    to: str
-    """A node the job may use with the fewest members (the joiner goes by the scheduler,
-    kept off ``keep_off``; this is what makes the move worth it)."""
+    leavers: tuple[int, ...]
+    """The moving members' pod indices."""
+    moves: tuple[tuple[int, str, str], ...]
+    """(member, from, to) for each: ``to`` is a node with the fewest members that the job may
+    use (the replacement goes by the scheduler, kept off ``keep_off``)."""
     keep_off: tuple[str, ...]
-    """Nodes with more than one member beyond ``to``'s: the replacement stays off them."""
-    counts: tuple[int, int] = (0, 0)
-    """Members on ``crowded`` and on ``to``."""
+    """The nodes that hold members and are no move's target: the replacements stay off them."""
+    counts: tuple[tuple[str, int], ...] = ()
+    """Members per node before the move (the nodes that hold one, and the targets)."""
 
 
 @dataclass(frozen=True)

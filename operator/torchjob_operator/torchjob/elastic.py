@@ -284,11 +284,10 @@ def grow_with_joiners(d: Decision, current: Sequence[PodView], pods: Sequence[Po
         joined.append(
             Event.of(
                 "Rebalancing",
-                crowded=m.crowded,
-                many=m.counts[0],
-                to=m.to,
-                few=m.counts[1],
-                leaving=contract.worker_pod_name(d.job.name, m.leaver),
+                counts=", ".join(f"{n} {c}" for n, c in m.counts),
+                leaving=", ".join(
+                    f"{contract.worker_pod_name(d.job.name, i)} ({a} -> {b})" for i, a, b in m.moves
+                ),
                 pods=names,
                 keep_off=", ".join(m.keep_off),
             )

@@ -6,18 +6,20 @@ the node returns nothing moves them back. The next loss of a crowded node then t
 larger share of the job, often more than its elastic minimum allows it to go on without
 (bench/results/2026-11-29g: 6 of 8 pods on one node, then all 8, where a node held 2-3).
 
-:func:`spread_back` moves one pod at a time with the drain's own means
-(``torchjob/drain.py``): once the job has trained steadily at full size for
-:data:`SETTLE_S`, and a node it may use (Ready, schedulable, no notice, its taints
-tolerated and its labels matching the pods' ``nodeSelector``) holds at least two members
-fewer than the most crowded node, the last-ranked member on the crowded node is given an
-open-ended notice (``REBALANCE``). Its replacement is created at once as a joiner kept off
-the crowded nodes (``CreatePods.avoid``); once the joiner is Ready, the two are swapped in
-one generation: one re-formation from the survivors' memory, at full size, and a pod on
-each node that may be lost next instead of too many on one. A joiner that cannot be placed
-within :data:`GIVE_UP_S` is given up, and no move starts again until the job's generation
-changes or a node becomes Ready again (a move starts only within :data:`WINDOW_S` after
-the settle): capacity elsewhere in the cluster is not the operator's to see.
+:func:`spread_back` moves members with the drain's own means (``torchjob/drain.py``):
+once the job has trained steadily at full size for :data:`SETTLE_S`, and a node it may use
+(Ready, schedulable, no notice, its taints tolerated, its labels matching the pods'
+``nodeSelector`` and required node affinity) holds at least two members fewer than the most
+crowded node, the last-ranked members of the crowded nodes are given an open-ended notice
+(``REBALANCE``), as many as it takes to even the counts out (:func:`_moves`: 4, 4, 0 moves
+two, to 3, 3, 2). Their replacements are created at once as joiners kept off every node
+that is no move's target (``CreatePods.avoid``); once all are Ready, they swap in one
+generation: one re-formation from the survivors' memory, at full size (each costs a step or
+two and the re-formation, so the moves of a spread go together), and a node's loss then
+takes its share of the job instead of too many. A joiner that cannot be placed within
+:data:`GIVE_UP_S` is given up, and no move starts again until the job's generation changes
+or a target node becomes Ready again (a move starts only within :data:`WINDOW_S` after the
+settle): capacity elsewhere in the cluster is not the operator's to see.
 
 Only an elastic ``KeepSurvivors`` job with ``replaceBeforeLeaving`` and no standbys moves
 (the drain is what makes a move cost one re-formation; a ready standby would be swapped
@@ -27,7 +29,7 @@ in wherever it runs), and not one Kueue places by a topology assignment.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -40,7 +42,7 @@ from torchjob_operator.torchjob.drain import REBALANCE, drains
 from torchjob_operator.torchjob.elastic import target_replicas
 from torchjob_operator.torchjob.observed import PodPhase, PodView
 
-SETTLE_S = 30.0
+SETTLE_S = 15.0
 """How long the generation has trained, and the emptier node been Ready, before a move."""
 WINDOW_S = 120.0
 """A move starts only this long after the settle (see the module docstring)."""
@@ -126,41 +128,61 @@ def _began(d: Decision) -> datetime | None:
     return parse_time_or_none(last.began) if last and last.generation == d.generation else None
 
 
+def _moves(
+    d: Decision, current: Sequence[PodView], usable_nodes: Collection[str]
+) -> tuple[tuple[int, str, str], ...]:
+    """(member, from, to) for each member to move so that no node the job may use holds two
+    members fewer than another node: the last-ranked members of the most crowded nodes, each
+    toward the node with the fewest (ties by name)."""
+    counts = Counter(p.node for p in current)
+    node_of = {p.index: p.node for p in current}
+    moves: list[tuple[int, str, str]] = []
+    while True:
+        crowded = min(counts, key=lambda n: (-counts[n], n))
+        to = min(usable_nodes, key=lambda n: (counts[n], n))
+        if counts[crowded] - counts[to] < 2:
+            return tuple(moves)
+        taken = {m[0] for m in moves}
+        leaver = next(i for i in reversed(d.ranked) if node_of.get(i) == crowded and i not in taken)
+        moves.append((leaver, crowded, to))
+        counts[crowded] -= 1
+        counts[to] += 1
+
+
 def plan_move(d: Decision, current: Sequence[PodView], pods: Sequence[PodView]) -> Move | None:
     """The move this pass makes or goes on with (see the module docstring), if any."""
     if not _steady(d, current):
         return None
-    ranked = set(d.ranked)
-    moving = [p for p in pods if p.index not in ranked and p.joiner and p.active]
-    if len(moving) > 1:
-        return None
     template = d.job.spec.template.spec.model_dump(by_alias=True, exclude_none=True)
     usable_nodes = {n.name: n for n in d.job.nodes.values() if usable(n, template)}
-    counts = Counter(p.node for p in current)
-    if not usable_nodes or not counts:
+    if not usable_nodes or not current:
         return None
-    crowded = min(counts, key=lambda n: (-counts[n], n))
-    to = min(usable_nodes, key=lambda n: (counts[n], n))
-    if counts[crowded] - counts[to] < 2:
+    moves = _moves(d, current, usable_nodes)
+    if not moves:
+        return None
+    ranked = set(d.ranked)
+    moving = [p for p in pods if p.index not in ranked and p.joiner and p.active]
+    if len(moving) > len(moves):
         return None
     if moving:
-        since = moving[0].unschedulable_since
-        if since is not None and (d.now - since).total_seconds() >= GIVE_UP_S:
+        stuck = [p.unschedulable_since for p in moving if p.unschedulable_since is not None]
+        if stuck and (d.now - min(stuck)).total_seconds() >= GIVE_UP_S:
             return None
     else:
         began = _began(d)
-        back = usable_nodes[to].ready_since
-        anchor = max(t for t in (began, back) if t is not None) if began or back else None
-        age = None if anchor is None else (d.now - anchor).total_seconds()
+        back = [usable_nodes[to].ready_since for _, _, to in moves]
+        times = [t for t in (began, *back) if t is not None]
+        age = (d.now - max(times)).total_seconds() if times else None
         if age is None or not SETTLE_S <= age < SETTLE_S + WINDOW_S:
             return None
-    leaver = next(i for i in reversed(d.ranked) if _node_of(current, i) == crowded)
-    keep_off = tuple(sorted(n for n, c in counts.items() if c > counts[to] + 1))
-    return Move(leaver, crowded, to, keep_off, (counts[crowded], counts[to]))
-
-
-def _node_of(current: Sequence[PodView], index: int) -> str:
-    return next((p.node for p in current if p.index == index), "")
+    targets = {to for _, _, to in moves}
+    counts = Counter(p.node for p in current)
+    return Move(
+        leavers=tuple(m[0] for m in moves),
+        moves=moves,
+        keep_off=tuple(sorted(set(counts) - targets)),
+        counts=tuple(sorted({**dict.fromkeys(targets, 0), **counts}.items())),
+    )
 
 
 def spread_back(
@@ -173,9 +195,9 @@ def spread_back(
     if move is None:
         return d, list(pods)
     until = d.now + MOVE_NOTICE
-    name = next(p.name for p in current if p.index == move.leaver)
+    names = {p.name for p in current if p.index in move.leavers}
     marked = [
-        replace(p, notice=REBALANCE, notice_until=until) if p.name == name else p for p in pods
+        replace(p, notice=REBALANCE, notice_until=until) if p.name in names else p for p in pods
     ]
     return d.but(move=move), marked
 
