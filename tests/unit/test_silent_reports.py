@@ -112,3 +112,28 @@ def test_the_first_silent_peer_of_a_generation_sweeps_the_other_members_hosts() 
     assert len(asked) == 2, "once a generation"
     assert reports.record((0, 1, 2, 3), 7, 3, 5.4, "heartbeat")
     assert [e.how for e in reports.reports()] == ["heartbeat", "heartbeat"]
+
+
+def test_no_report_is_written_while_the_sweep_of_its_generation_runs() -> None:
+    """The watchdog reports two silent peers at once: the second report's write waits for
+    the first one's sweep, so that the first write the operator sees names the node-mate the
+    sweep finds too (written before it, it would publish the next generation without the
+    node-mate, whose report then counts for nothing)."""
+    release = threading.Event()
+
+    def connect(address: tuple[str, int], timeout_s: float) -> socket.socket:
+        assert release.wait(30), "the sweep was never let go"
+        raise TimeoutError if address[0].startswith("tj-worker-3.") else ConnectionRefusedError
+
+    sink = Applies()
+    pod = pod_env(job_name="tj", namespace="ns", pod_index=1, replicas=5)
+    reports = SilentReports(sink, pod, connect=connect)
+    reports.report((0, 1, 2, 3, 4), 2, 0, 5.1, "heartbeat")
+    reports.report((0, 1, 2, 3, 4), 2, 2, 5.0, "heartbeat")
+    with sink.landed:
+        assert not sink.landed.wait_for(lambda: sink.sent, timeout=0.5), "written mid-sweep"
+    release.set()
+    with sink.landed:
+        assert sink.landed.wait_for(lambda: len(sink.sent) == 2, timeout=30), sink.sent
+    for _, body in sink.sent:
+        assert {e[0] for e in entries(body)} == {"tj-worker-0", "tj-worker-2", "tj-worker-3"}

@@ -195,6 +195,7 @@ class SilentReports:
         self._connect = connect
         self._lock = threading.Lock()
         self._writing = threading.Lock()
+        self._sweeping = threading.Lock()
         self._generation = -1
         self._swept = -1
         self._seconds: dict[str, tuple[float, str]] = {}
@@ -236,22 +237,30 @@ class SilentReports:
         do not answer (``HOST``). A node that vanishes takes all of its pods, and the
         watchdog may see only one of them: the pod of rank 0 serves the store every beat
         goes through, so its silence hides its node-mates'. Found now, they leave with it in
-        one generation; found later, each would cost a generation that waits for them."""
-        with self._lock:
-            if self._swept >= generation or generation != self._generation:
-                return
-            self._swept = generation
-            named = set(self._seconds)
-        hosts = {
-            place * self.nproc: peer_address(self.pod, index)
-            for place, index in enumerate(ranked)
-            if index != self.pod.pod_index
-            and contract.worker_pod_name(self.job, index) not in named
-        }
-        answers = sweep(hosts, SWEEP_TIMEOUT_S, self._connect)
-        for rank, answer in answers.items():
-            if answer is False:
-                self.record(ranked, generation, rank, SWEEP_TIMEOUT_S, HOST)
+        one generation; found later, each would cost a generation that waits for them.
+
+        A caller that comes while the sweep runs waits for it (then returns): the report of a
+        second silent peer must not be written before the sweep's, or the operator publishes
+        the next generation without the node-mates, and their reports, of the generation
+        before, count for nothing (seen on the fleet bench: two of a node's four pods left
+        one generation later, found by the next formation)."""
+        with self._sweeping:
+            with self._lock:
+                if self._swept >= generation or generation != self._generation:
+                    return
+                named = set(self._seconds)
+            hosts = {
+                place * self.nproc: peer_address(self.pod, index)
+                for place, index in enumerate(ranked)
+                if index != self.pod.pod_index
+                and contract.worker_pod_name(self.job, index) not in named
+            }
+            answers = sweep(hosts, SWEEP_TIMEOUT_S, self._connect)
+            for rank, answer in answers.items():
+                if answer is False:
+                    self.record(ranked, generation, rank, SWEEP_TIMEOUT_S, HOST)
+            with self._lock:
+                self._swept = max(self._swept, generation)
 
     def reports(self) -> list[SilentWorker]:
         with self._lock:
