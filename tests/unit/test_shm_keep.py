@@ -265,3 +265,30 @@ def test_what_a_broadcast_sends_rebuilds_the_state_and_can_be_sent_on(slot_dir: 
     private = restore_point.Snapshot("run", 4, restore_point.state_of(_state(2)))
     header3, body3 = restore_point._encode(private)  # packed into a new block
     assert _equal(restore_point._decode(header3, body3).state, private.state)
+
+
+def test_a_new_slot_is_locked_before_another_process_can_see_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process's claim or prune that looks at the directory while this one creates
+    its slot (here: between creating the lock file and locking it) must not find it unlocked
+    and take it: the lock file gets its slot name only once locked (seen in CI: "could not
+    lock the new restore point slot")."""
+    taken: list[int] = []
+    real_locked = shm_keep._locked
+
+    def meanwhile(fd: int) -> bool:
+        for lock in tmp_path.glob("slot-*.lock"):  # what another process's claim looks at
+            other = os.open(lock, os.O_RDWR)
+            if real_locked(other):
+                taken.append(other)
+            else:
+                os.close(other)
+        return real_locked(fd)
+
+    monkeypatch.setattr(shm_keep, "_locked", meanwhile)
+    slot = shm_keep.Slot.claim(tmp_path, "run")
+    assert taken == [], "another process took the new slot before it was locked"
+    assert [p.name for p in tmp_path.iterdir()] == [f"{slot.name}.lock"]
+    monkeypatch.setattr(shm_keep, "_locked", real_locked)
+    assert shm_keep._lock_free(tmp_path / f"{slot.name}.lock") is None, "held by its claimer"

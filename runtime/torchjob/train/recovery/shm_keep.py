@@ -166,9 +166,15 @@ class Slot:
         if free:
             return free[0][1]
         name = f"slot-{os.getpid()}-{secrets.token_hex(4)}"
-        fd = os.open(directory / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        if not _locked(fd):  # a new name: nobody else has it
+        # Locked before it has the name other processes look for: a lock file that appeared
+        # unlocked could be taken by another process's claim or prune in between (seen in
+        # CI: "could not lock the new restore point slot").
+        hidden = directory / f".{name}.lock.new"
+        fd = os.open(hidden, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        if not _locked(fd):  # a new name nobody else can see yet
+            os.close(fd)
             raise RuntimeError(f"could not lock the new restore point slot {name}")
+        os.rename(hidden, directory / f"{name}.lock")
         return cls(directory, name, fd)
 
     def prune(self, run: str, index: int) -> None:
