@@ -450,6 +450,9 @@ def test_a_silent_pods_place_is_created_anew_while_it_is_still_being_deleted() -
     lost, view, _ = step(view, up, 12)
     assert lost.status["currentGeneration"] == 1 and "tj-worker-1" in lost.delete
     assert lost.status["history"][-1]["cause"] == "SilentPeer"
+    # Published with the rank order the survivors read at once: the new place is pod 2 from
+    # the start (pod 1's name is held), never rewritten at a later pass.
+    assert lost.status["members"] == [0, 2]
     view = with_state(view, {**lost.status, "silentWorkers": [report]})
     frozen = replace(up[1], deleting=True)  # Ready as far as the API server knows
     assert not frozen.stuck
@@ -460,3 +463,28 @@ def test_a_silent_pods_place_is_created_anew_while_it_is_still_being_deleted() -
     # A pod merely being deleted for another reason is still waited for.
     plain = with_state(view, {**lost.status, "silentWorkers": [], "history": []})
     assert plan(plain, [replace(up[0], generation=1), frozen], at(13)).create is None
+
+
+def test_a_published_rank_order_never_changes_when_a_nodes_pods_cannot_go() -> None:
+    """bench/results/2026-11-29h run 2, loss 3: a KeepSurvivors job lost a node whose pods its
+    peers found silent; the generation was published naming new pods under the lost pods'
+    indices and rewritten a pass later (the names were held), after the survivors had read it.
+    Their rank-to-pod map was wrong, and when the next node went they reported the old pods
+    instead of the new ones. The order published first is the one the pods are created by."""
+    view = job().replicas(4).keep_survivors().max_restarts(3).build()
+    _, view, pods = step(view, [], 0)
+    up = [on(p, f"n{p.index // 2}") for p in pods]  # n0: pods 0, 1; n1: pods 2, 3
+    _, view, _ = step(view, up, 1)
+    nodes = {"n0": NodeView("n0"), "n1": NodeView("n1", ready=False)}
+    report = {"pod": "tj-worker-2", "generation": 0, "by": "tj-worker-0", "seconds": 6.0}
+    view = with_state(view, {**plan(view, up, at(2)).status, "silentWorkers": [report]})
+    lost, view, _ = step(view, list(with_nodes(up, nodes, at(8))), 8)
+    assert lost.status["currentGeneration"] == 1
+    published = lost.status["members"]
+    assert published[:2] == [0, 1] and not {2, 3} & set(published[2:]), published
+    view = with_state(view, {**lost.status, "silentWorkers": [report]})
+    kept = [replace(p, generation=1) for p in up[:2]]
+    gone = [replace(p, deleting=True) for p in up[2:]]
+    again = plan(view, list(with_nodes(kept + gone, nodes, at(9))), at(9))
+    assert again.status["members"] == published
+    assert again.create is not None and set(again.create.indices) == set(published[2:])

@@ -80,7 +80,7 @@ def after_loss(
         d = d.but(restart_after=d.now + timedelta(seconds=decision.backoff_s))
         return d.transition(Phase.RESTARTING, "WorkerFailed", text, warning=True), False
     # Not the job's doing: replaced at full size at once, the survivors first (KeepSurvivors).
-    d = d.count(decision.counters, replicas, survivors_first(d, survivors, replicas))
+    d = d.count(decision.counters, replicas, survivors_first(d, survivors, replicas, pods))
     d = d.but(restart_after=None)
     return d.transition(
         Phase.RESTARTING,
