@@ -5,12 +5,15 @@ cannot be right are not acted on."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from tests.unit.builders import at, job, running
 from tests.unit.test_hard_loss import elastic_keep
 from tests.unit.test_planner import step
 
 from torchjob.api.models import SilentWorker
+from torchjob_operator.torchjob.nodes import lost_silent
 from torchjob_operator.torchjob.plan import JobView, plan, with_state
 from torchjob_operator.torchjob.silent import trusted_reports
 
@@ -95,3 +98,46 @@ def test_a_silent_report_under_a_fixed_size_job_replaces_the_pod_without_backoff
     assert decided.delete == ("tj-worker-0",)
     assert decided.status.get("restartAfter") is None, "no backoff"
     assert (decided.status["restarts"], decided.status["disruptions"]) == (0, 1)
+
+
+def test_a_report_of_the_generation_before_counts_for_a_pod_carried_into_this_one() -> None:
+    """bench/results/2026-11-29h run 2, loss 4: a generation was published for another reason
+    (a grow, a spread's swap) just as a node vanished; the survivors' reports, of the
+    generation before, counted for nothing, and the new generation found the same pods again
+    while it formed, 10-15 s later. A report of the generation before counts when the pod
+    it names and its reporter were both carried into this one; never for a pod new in it."""
+    _, view, pods = step(elastic_keep(3), [], 0)
+    up = [running(p) for p in pods]
+    settled, view, _ = step(view, up, 1)
+    view = reported(view, settled.status, ("tj-worker-2", 0, "tj-worker-0"))
+    shrunk, view, pods = step(view, up, 12)
+    assert shrunk.status["replicas"] == 2
+    going = [*(running(p) for p in pods), replace(up[2], deleting=True)]
+    made, view, pods = step(view, going, 13)
+    assert made.create is not None
+    (joiner,) = made.create.indices
+    assert joiner == 3, "pod 2 still holds its name"
+    # The replacement runs: the job grows back (generation 2), pod 2 gone by then.
+    alive = [running(p) for p in pods if p.name != "tj-worker-2"]
+    grown, view, pods = step(view, alive, 20)
+    assert grown.status["currentGeneration"] == 2, grown.status
+    assert grown.status["members"] == [0, 1, joiner]
+    assert grown.status["history"][-1]["cause"] == "ScaleUp"
+    up = [running(p) for p in pods]
+    # Written as generation 2 came out: pod 0 saw pod 1 and the new pod go silent in
+    # generation 1 (the new pod was no member of it: that part cannot be right).
+    new = f"tj-worker-{joiner}"
+    view = reported(view, grown.status, ("tj-worker-1", 1, "tj-worker-0"), (new, 1, "tj-worker-0"))
+    decided = plan(view, up, at(22))
+    st = decided.status
+    assert (st["currentGeneration"], st["members"], st["restarts"]) == (3, [0, joiner], 0)
+    assert decided.delete == ("tj-worker-1",)
+    assert st["history"][-1]["cause"] == "SilentPeer", st["history"][-1]
+    # Lost to its silence, for what follows (its name held while its node cannot confirm
+    # the deletion, its node avoided): the report counts there too.
+    body = [r.model_dump(by_alias=True, exclude_none=True) for r in view.state.silent]
+    after = with_state(view, {**st, "silentWorkers": body})
+    assert set(lost_silent(after.state, "tj")) == {"tj-worker-1"}
+    # Two generations back is too old, and a report of this generation still counts alone.
+    stale = reported(view, grown.status, ("tj-worker-1", 0, "tj-worker-0"))
+    assert plan(stale, up, at(22)).status["currentGeneration"] == 2

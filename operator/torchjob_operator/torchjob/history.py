@@ -62,10 +62,13 @@ def _named(indices: Sequence[int], job: str, nodes: dict[str, str]) -> list[str]
     return out or None
 
 
-def _silent(d: Decision, left: set[str]) -> bool:
-    """A pod that left was reported silent in the generation that lost it."""
+def _silent(d: Decision, left: set[str], ended: Sequence[PodView] = ()) -> bool:
+    """A pod that left was reported silent in the generation that lost it (or, carried
+    into it, in the one before: ``silent.silenced`` then marked it)."""
     state = d.job.state
-    return any(r.pod in left and r.generation == state.generation for r in state.silent)
+    return any(p.silent is not None for p in ended) or any(
+        r.pod in left and r.generation == state.generation for r in state.silent
+    )
 
 
 def _loss_time(d: Decision, cause: str, left: set[str], ended: Sequence[PodView] = ()) -> datetime:
@@ -73,7 +76,7 @@ def _loss_time(d: Decision, cause: str, left: set[str], ended: Sequence[PodView]
     how long, as of about now), a failure's or a kill's when its pod ended, else when it was
     seen."""
     if cause == "SilentPeer":
-        silent = [
+        silent = [p.silent.seconds for p in ended if p.silent is not None] + [
             r.seconds
             for r in d.job.state.silent
             if r.pod in left and r.generation == d.job.state.generation
@@ -124,7 +127,7 @@ def started(d: Decision, pods: Sequence[PodView]) -> GenerationRecord | None:
     ended = [p for p in pods if p.generation < d.generation and p.name in gone]
     if cause == "Disruption":
         # Losses that are not the job's leave no failure to name them (torchjob.rules.loss).
-        if _silent(d, gone):
+        if _silent(d, gone, ended):
             cause = "SilentPeer"
         elif any(
             isinstance(p.loss, Disruption) and p.loss.reason.startswith("killed") for p in ended

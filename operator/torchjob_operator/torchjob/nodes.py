@@ -33,7 +33,7 @@ from datetime import datetime
 from torchjob import contract
 from torchjob_operator.common.nodes import NodeView, notice_deadline
 from torchjob_operator.torchjob.observed import JobState, PodView
-from torchjob_operator.torchjob.silent import SILENT_REASON, trusted_reports
+from torchjob_operator.torchjob.silent import SILENT_REASON, carried_over, trusted_reports
 
 NODE_LOST = "NodeLost"
 """``PodView.disruption`` of a pod whose node stopped reporting (``Ready`` not ``True``)."""
@@ -81,7 +81,9 @@ def suspect_nodes(
     other nodes (a partition) stays Ready and schedulable: once its silent pod is deleted it
     holds none of the job's pods, so the job's even spread would put the replacement right
     back where it cannot reach its peers. Nodes in ``avoid`` (kept off anyway) are left out."""
-    silent = trusted_reports(state.silent, state.generation, _members(state, job))
+    members = _members(state, job)
+    carried = carried_over(state.history, state.generation, members)
+    silent = trusted_reports(state.silent, state.generation, members, carried)
     found = {p.node for p in pods if p.name in silent and p.node}
     found |= set(lost_silent(state, job).values())
     return sorted(found - set(avoid) - {""})
@@ -101,9 +103,10 @@ def lost_silent(state: JobState, job: str) -> dict[str, str]:
     if latest is None or latest.cause != SILENT_REASON or latest.generation != state.generation:
         return {}
     left = {pod: node for pod, _, node in (x.partition("@") for x in latest.left or ())}
-    before = trusted_reports(
-        state.silent, latest.generation - 1, [*_members(state, job), *sorted(left)]
-    )
+    # The members of the generation before: this one's but the new ones, and those that left.
+    named = [*_members(state, job), *sorted(left)]
+    carried = carried_over(state.history, latest.generation - 1, named)
+    before = trusted_reports(state.silent, latest.generation - 1, named, carried)
     return {pod: node for pod, node in left.items() if pod in before}
 
 

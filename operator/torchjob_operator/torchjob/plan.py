@@ -199,7 +199,7 @@ def plan(
 
     d = _rescale(d)
     # Pods the survivors saw go silent are lost like SIGKILLed ones (torchjob/silent.py).
-    pods = silenced(pods, st.silent, d.generation, d.ranked, job.name)
+    pods = silenced(pods, st.silent, d.generation, d.ranked, job.name, st.history)
     current = _members(d, pods)
     # A job its losses crowded onto few nodes moves one member at a time (torchjob/spread.py):
     # given notice here, it is drained like any member given notice.

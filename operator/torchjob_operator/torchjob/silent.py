@@ -17,7 +17,11 @@ is gone, not the job's fault. The generation goes on without it at once (shrunk,
 at full size, uncharged), and the pod is deleted as any pod left out of a generation.
 
 A report counts only when it names a member of the current generation and comes from
-another member. Two pods that each report the other (a partition between them) cannot both
+another member. A report of the generation before counts too when both pods were carried
+into this one (members of both, neither new in this one, ``status.history``): a generation
+published for another reason (a grow, a spread's swap) just as a node vanished made the
+survivors' reports of the old generation count for nothing, and the new one lost 10-15 s
+finding the same pods again while it formed (bench/results/2026-11-29h run 2, loss 4). Two pods that each report the other (a partition between them) cannot both
 be right: a report from a pod that is itself reported does not count, and when every
 reporter is reported, the view of the pod that runs rank 0 wins (it serves the store the
 beats go through). Pure.
@@ -25,27 +29,51 @@ beats go through). Pure.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 from torchjob import contract
-from torchjob.api.models import SilentWorker
+from torchjob.api.models import GenerationRecord, SilentWorker
 from torchjob.rules.loss import Silent
 from torchjob_operator.torchjob.observed import PodPhase, PodView
 
 SILENT_REASON = "SilentPeer"
 
 
+def carried_over(
+    history: Sequence[GenerationRecord], generation: int, members: Sequence[str]
+) -> frozenset[str]:
+    """The members of ``generation`` (pod names) that were members of the one before: none
+    new in it (its ``status.history`` record's ``joined``, ``pod@node``). Without that
+    record (generation 0, a history cut short), none."""
+    record = next((h for h in reversed(history) if h.generation == generation), None)
+    if record is None or generation == 0:
+        return frozenset()
+    joined = {x.partition("@")[0] for x in record.joined or ()}
+    return frozenset(m for m in members if m not in joined)
+
+
 def trusted_reports(
-    reports: Sequence[SilentWorker], generation: int, members: Sequence[str]
+    reports: Sequence[SilentWorker],
+    generation: int,
+    members: Sequence[str],
+    carried: Collection[str] = frozenset(),
 ) -> dict[str, SilentWorker]:
     """The reports the planner acts on, by the silent pod's name (see the module docstring);
-    ``members`` are the current generation's pod names in rank order."""
+    ``members`` are the current generation's pod names in rank order; ``carried``, those of
+    them that were members of the generation before (:func:`carried_over`), whose reports of
+    each other in it still count."""
     names = set(members)
     valid = [
         r
         for r in reports
-        if r.generation == generation and r.pod in names and r.by in names and r.pod != r.by
+        if r.pod in names
+        and r.by in names
+        and r.pod != r.by
+        and (
+            r.generation == generation
+            or (r.generation == generation - 1 and r.pod in carried and r.by in carried)
+        )
     ]
     reported = {r.pod for r in valid}
     trusted = [r for r in valid if r.by not in reported]
@@ -60,19 +88,23 @@ def silenced(
     generation: int,
     ranked: Sequence[int],
     job: str,
+    history: Sequence[GenerationRecord] = (),
 ) -> list[PodView]:
     """``pods`` with each member of generation ``generation`` that its peers reported silent
     seen as lost to it (``PodView.silent``, reason ``SilentPeer``): the loss the planner then
     judges, and a pod no later generation keeps. A pod created for a later generation under
-    the same name (the replacement) is not the one reported."""
+    the same name (the replacement) is not the one reported; a pod carried into this
+    generation (``history``: :func:`carried_over`) is the one its peers reported in the
+    generation before."""
     if not reports:
         return list(pods)
     members = [contract.worker_pod_name(job, i) for i in ranked]
-    trusted = trusted_reports(reports, generation, members)
+    carried = carried_over(history, generation, members)
+    trusted = trusted_reports(reports, generation, members, carried)
     out = []
     for p in pods:
         r = trusted.get(p.name)
-        if r is None or not p.active or p.generation > r.generation:
+        if r is None or not p.active or (p.generation > r.generation and p.name not in carried):
             out.append(p)
             continue
         silent = Silent(r.seconds, r.by, r.how or "heartbeat")
