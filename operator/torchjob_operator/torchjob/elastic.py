@@ -120,8 +120,8 @@ def survivors_first(
     if d.job.spec.membership_policy != MembershipPolicy.KEEP_SURVIVORS:
         return None
     kept = in_rank_order(d, survivors)[:replicas]
-    taken = set(kept) | {p.index for p in pods if holds_its_name(p) and p not in survivors}
-    fill = tuple(i for i in range(replicas + len(taken)) if i not in taken)[: replicas - len(kept)]
+    held = set(kept) | {p.index for p in pods if holds_its_name(p) and p not in survivors}
+    fill = tuple(i for i in range(replicas + len(held)) if i not in held)[: replicas - len(kept)]
     planned: dict[int, str] = {}
     assigned = _assignment(d)
     if assigned is not None and fill:
