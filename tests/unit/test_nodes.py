@@ -488,3 +488,34 @@ def test_a_published_rank_order_never_changes_when_a_nodes_pods_cannot_go() -> N
     again = plan(view, list(with_nodes(kept + gone, nodes, at(9))), at(9))
     assert again.status["members"] == published
     assert again.create is not None and set(again.create.indices) == set(published[2:])
+
+
+def test_a_replacement_already_starting_takes_a_place_when_the_job_must_refill() -> None:
+    """bench/results/2026-11-29h run 2, loss 8: a node went while the replacements of the
+    node before were starting, and the job fell below its minimum. The full-size generation
+    deleted the joiners 35 s into their start and created new pods in their places; the
+    joiners now take places first, and only the rest are new pods."""
+    builder = job().replicas(4).elastic(3, 4).keep_survivors()
+    builder.spec["elastic"]["shrinkOnDisruption"] = True
+    view, up = started(builder.build())
+    lost = {"pod": "tj-worker-3", "generation": 0, "by": "tj-worker-0", "seconds": 6.0}
+    view = with_state(view, {**plan(view, up, at(2)).status, "silentWorkers": [lost]})
+    shrunk, view, pods = step(view, up, 8)
+    assert shrunk.status["replicas"] == 3
+    made, view, pods = step(view, [*pods, replace(up[3], deleting=True)], 9)
+    assert made.create is not None and made.create.indices == (4,), made.create
+    starting = next(p for p in pods if p.index == 4)
+    assert starting.joiner
+    # Pods 1 and 2 go silent before the joiner is ready: 1 of 3 left, below the minimum.
+    reports = [
+        {"pod": f"tj-worker-{i}", "generation": 1, "by": "tj-worker-0", "seconds": 6.0}
+        for i in (1, 2)
+    ]
+    view = with_state(view, {**made.status, "silentWorkers": reports})
+    now = [on(replace(p, generation=1), f"n{p.index % 2}") for p in pods if p.index < 3]
+    gone = replace(on(up[3], "n1"), deleting=True, node_lost=True)  # its node stopped reporting
+    refill = plan(view, [*now, gone, starting], at(15))
+    members = refill.status["members"]
+    assert refill.status["currentGeneration"] == 2 and members[:2] == [0, 4], members
+    assert not {1, 2, 3} & set(members), "held names are not reused"
+    assert "tj-worker-4" not in refill.delete

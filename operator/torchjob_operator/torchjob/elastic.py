@@ -110,7 +110,8 @@ def survivors_first(
     where ``topology.place`` will put it). ``None`` (pods ``0..replicas-1``) for
     ``RecreateGroup``.
 
-    The new pods never take the index of a pod in ``pods`` that :func:`holds_its_name`: the
+    The places are taken by the joiners that are starting (:func:`joiners`), then by new
+    pods, which never take the index of a pod in ``pods`` that :func:`holds_its_name`: the
     survivors read the rank order the moment it is published, so it must name the pods that
     will be created. Chosen as a lost pod's index and rewritten at the next pass (its name
     still held), the order the survivors had read named the lost pods in two of the new
@@ -120,8 +121,14 @@ def survivors_first(
     if d.job.spec.membership_policy != MembershipPolicy.KEEP_SURVIVORS:
         return None
     kept = in_rank_order(d, survivors)[:replicas]
-    held = set(kept) | {p.index for p in pods if holds_its_name(p) and p not in survivors}
-    fill = tuple(i for i in range(replicas + len(held)) if i not in held)[: replicas - len(kept)]
+    # Replacements already starting (a grow's joiners) take places first: a new pod would
+    # start from nothing (seen: two joiners 35 s into their start deleted, four pods
+    # created instead, when a second node went before the first one's replacements joined).
+    waiting = tuple(p.index for p in joiners(d, pods) if not holds_its_name(p))
+    held = set(kept) | set(waiting)
+    held |= {p.index for p in pods if holds_its_name(p) and p not in survivors}
+    fresh = (i for i in range(replicas + len(held)) if i not in held)
+    fill = (*waiting, *fresh)[: replicas - len(kept)]
     planned: dict[int, str] = {}
     assigned = _assignment(d)
     if assigned is not None and fill:
