@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 from typing import Any
 
 import pytest
@@ -125,14 +126,22 @@ def test_a_failure_is_counted_once_however_late_the_watch_is() -> None:
     assert api.job["status"]["restarts"] == 1
 
 
-def test_when_the_watch_never_catches_up_the_next_reconcile_reads_the_api_server() -> None:
+def test_when_the_watch_never_catches_up_the_next_reconcile_reads_the_api_server(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     api, store, cached, _, ticks = _setup(deadline_s=10.0)
     clock = Clock()
     _reconcile(cached, clock)
     ticks.now += 9.0
     assert store.catching_up(KEY) == pytest.approx(1.0)
+    assert not caplog.records
     ticks.now += 1.5
-    assert store.catching_up(KEY) is None  # ran out
+    with caplog.at_level(logging.WARNING, "torchjob_operator"):
+        assert store.catching_up(KEY) is None  # ran out
+    # Said, with what was not seen: a decision waited 10 s for it.
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "did not show our writes within 10 s (pod tj-worker-0 created" in said, said
+    assert "status (" in said and "phase" in said, said
     api.calls.clear()
     _reconcile(cached, clock)
     assert api.reads == 2, "one GET of the job and one LIST of its pods, live"

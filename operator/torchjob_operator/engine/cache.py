@@ -24,6 +24,7 @@ judges, kept as compact JSON bytes, so 8000 pods take about 4 MiB.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -42,6 +43,8 @@ from torchjob_operator.engine.objects import (
     trim_job,
     trim_pod,
 )
+
+log = logging.getLogger("torchjob_operator")
 
 ALL_NAMESPACES = ""
 """The scope of a cluster-wide pod watch."""
@@ -84,6 +87,16 @@ class _Pending:
     since: float
     pods: list[PodExpectation] = field(default_factory=list)
     status: list[Mapping[str, Any]] = field(default_factory=list)
+
+    def said(self) -> str:
+        """What was not seen, in a line: ``pod w-1 deleted, status (phase, history)``."""
+        seen = [f"pod {e.name} {e.kind}" for e in self.pods[:5]]
+        if len(self.pods) > 5:
+            seen.append(f"{len(self.pods) - 5} more pods")
+        fields = sorted({k for patch in self.status for k in patch})
+        if fields:
+            seen.append(f"status ({', '.join(fields)})")
+        return ", ".join(seen) or "nothing"
 
 
 _NODE_NAME = re.compile(rb'"nodeName":"([^"]*)"')
@@ -338,6 +351,15 @@ class Store:
             del self._pending[key]
             self._live[key] = {"job", "pods"}
             metrics.CACHE_EXPIRED.inc()
+            # A decision waited this long: a broken watch, an overloaded API server, or a
+            # write the cache never shows as made (then every write of this job waits).
+            log.warning(
+                "[%s/%s] the watches did not show our writes within %.0f s (%s): planning "
+                "from the API server",
+                *key,
+                self.deadline_s,
+                pending.said(),
+            )
             return None
 
     def read_live(self, key: JobKey, what: Literal["job", "pods"]) -> bool:
