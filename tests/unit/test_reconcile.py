@@ -9,7 +9,9 @@ and the counters must be exactly what one uninterrupted run gives.
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -497,6 +499,37 @@ class EarlierAccountKube(FakeKube):
         if kind == "ServiceAccount" and not self.account_collected:
             raise EarlierOwnerError(kind, "ns", body["metadata"]["name"], "u0")
         return False
+
+
+class RbacOrderKube(FakeKube):
+    """The API server checks a RoleBinding's Role at its create: a binding whose Role is not
+    there yet is refused (404). The Role's create lingers until the binding is asked for or
+    half a second passes, so a binding sent beside its Role is always refused."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        super().__init__(spec)
+        self.made: list[str] = []
+        self.binding_asked = threading.Event()
+
+    def ensure_rbac_object(self, kind: str, body: dict[str, Any]) -> bool:
+        if kind == "Role":
+            self.binding_asked.wait(0.5)
+        if kind == "RoleBinding":
+            self.binding_asked.set()
+            if "Role" not in self.made:
+                raise _api_error(404, '{"message": "rolebindings \\"tj-worker\\" not found"}')
+        self.made.append(kind)
+        return True
+
+
+def test_a_role_binding_is_created_after_its_role() -> None:
+    """Seen on a real API server: every new job's first pass failed with a 404 for its
+    RoleBinding (sent beside its Role) and was retried a second later."""
+    kube = RbacOrderKube(_spec())
+    with ThreadPoolExecutor(4) as pool:  # the operator's writes run concurrently
+        reconcile_once(kube, "ns", "tj", settings=OperatorSettings(), clock=Clock(), pool=pool)
+    assert kube.made == ["ServiceAccount", "Role", "RoleBinding"]
+    assert sorted(kube.pods) == ["tj-worker-0", "tj-worker-1", "tj-worker-2"]
 
 
 def test_an_earlier_jobs_service_account_is_waited_for_before_any_pod() -> None:

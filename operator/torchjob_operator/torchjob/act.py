@@ -102,12 +102,12 @@ def create(
 ) -> Created:
     """Step 1. Raises the refusal of a namespace being deleted (it takes the job with it)."""
     service = pool.submit(kube.ensure_service, around.service) if around.service else None
+    # One after the other, in their order: the API server checks a RoleBinding's Role when
+    # it is created, and refused a binding sent beside its Role with a 404 (every new job's
+    # first pass failed and was retried a second later, with a traceback in the log).
+    ordered = pool.submit(lambda: [(k, kube.ensure_rbac_object(k, b)) for k, b in around.rbac])
     try:
-        rbac = list(
-            pool.map(
-                lambda kind_body: (kind_body[0], kube.ensure_rbac_object(*kind_body)), around.rbac
-            )
-        )
+        rbac = ordered.result()
         made_service = service is not None and service.result()
     except EarlierOwnerError as earlier:
         log.info("%s", earlier)
