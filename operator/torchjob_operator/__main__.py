@@ -100,12 +100,31 @@ def _node_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+_POKES = frozenset({"Handler 'torchjob_event' succeeded.", "Handler 'torchtune_event' succeeded."})
+
+
+def _not_a_poke(record: logging.LogRecord) -> bool:
+    """False for kopf's line for each watch event its handlers hand to a job's loop."""
+    return record.levelno != logging.INFO or record.getMessage() not in _POKES
+
+
+def quiet_routine_lines() -> None:
+    """At INFO, no line per routine request: the kubelet's liveness probe (two every 5 s, as
+    many lines as everything else together in a fleet run) and kopf's "Handler ...
+    succeeded" for each watch event (each poke of a job's loop, whose decisions are logged
+    by the loop itself). ``--verbose`` keeps them."""
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    logging.getLogger("kopf.objects").addFilter(_not_a_poke)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    if not args.verbose:
+        quiet_routine_lines()
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
     # Our own identity, also given to kopf: kopf's default asks getpass.getuser(), which fails
