@@ -6,9 +6,12 @@
   the operator nor a kube-system pod vanishes (hack/node.sh vanish: its link cut, every process
   frozen); it comes back ``--node-return`` seconds later (the fleet's new VM), in the
   background, so the capacity returns;
-- ``notice30`` / ``notice120``: such a node gets a termination handler's notice (the AWS
-  taint now, a drain through the Eviction API 10 s before it goes, gone after 30 or 120 s),
-  and comes back ``--node-return`` seconds after it went.
+- ``notice30`` / ``notice120``: such a node gets a termination handler's notice (the taint
+  now: GKE's for 30 s, AWS NTH's for 120 s, each the notice its cloud gives, so the operator
+  knows the deadline from the key; a drain through the Eviction API 10 s before it goes,
+  gone after 30 or 120 s), and comes back ``--node-return`` seconds after it went. Until
+  2026-11-29i both used the AWS taint, and the operator took a 30 s notice for 120 s until
+  the drain came.
 
 A loss never waits for the job: it is taken when the schedule says (``goodput_schedule``), and
 a draw that finds nothing to take (no running pod; every eligible node already gone) is
@@ -38,6 +41,9 @@ OPERATOR_NS = "torchjob-system"
 INFRA_NAMESPACES = (OPERATOR_NS, "kube-system")
 NOTICE_DRAIN_BEFORE = 10
 """A notice's drain comes this many seconds before its node goes."""
+NOTICE_PROVIDER = {30: "gke", 120: "aws"}
+"""The termination handler whose notice a ``noticeN`` row gives (the taint's key says how long
+the node has: ``torchjob_operator.common.nodes.DEFAULT_NOTICE_TAINTS``)."""
 SYSTEM_TAINT = "bench.torchjob.io/system"
 """``--system-node``: the taint (NoSchedule) that keeps the job's pods off the operator's
 node, as a cloud cluster's system node pool keeps them off its on-demand CPU nodes."""
@@ -175,7 +181,7 @@ class Losses:
         if notice:
             proc = self.nodes.notice(
                 node,
-                provider="aws",
+                provider=NOTICE_PROVIDER.get(notice, "aws"),
                 drain_after=max(0, notice - NOTICE_DRAIN_BEFORE),
                 vanish_after=notice,
             )
