@@ -25,10 +25,9 @@ Modes (``--modes``; a node loss is a node loss for Kubeflow's rows too):
   a kube-system pod) vanishes (its link cut, every process frozen: hack/node.sh vanish),
   taking every pod on it; it returns ``--node-return`` seconds later (a new VM: the frozen
   processes of the job's pods on it are SIGKILLed first, unless ``--thaw``), in the background;
-- ``notice30`` / ``notice120``: such a node gets a termination handler's notice (GKE's taint
-  for 30 s, AWS NTH's for 120 s, now; a drain through the Eviction API 10 s before it goes,
-  gone after 30 / 120 s), and returns ``--node-return`` seconds after it went. Its recovery
-  is timed from the notice.
+- ``notice30`` / ``notice120``: such a node gets GKE's (30 s) / AWS NTH's (120 s) notice now,
+  a drain through the Eviction API 10 s before it goes, gone after 30 / 120 s; it returns
+  ``--node-return`` seconds after it went. Its recovery is timed from the notice.
 
 Each loss's recovery is resolved from the workers' events after the row: the first completed
 rank-0 step of a generation above the one stepping at the loss (overlapping losses each get

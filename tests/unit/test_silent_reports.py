@@ -101,10 +101,19 @@ def test_the_first_silent_peer_of_a_generation_sweeps_the_other_members_hosts() 
     sink = Applies()
     pod = pod_env(job_name="tj", namespace="ns", pod_index=1, replicas=4)
     reports = SilentReports(sink, pod, connect=connect)
+    said: list[str] = []
+    told = threading.Event()
+    reports.say = lambda text: (said.append(text), told.set())
     reports.report((0, 1, 2, 3), 7, 0, 5.2, "heartbeat")
     with sink.landed:
         assert sink.landed.wait_for(lambda: sink.sent, timeout=30)
     body = sink.sent[-1][1]
+    # The pod's log says what was written and how long it took (said after the write).
+    assert told.wait(30)
+    assert said[0].startswith(
+        "[torchjob] reported tj-worker-0, tj-worker-3 silent (generation 7) to the job's status in "
+    ), said
+    assert "(the members' hosts swept in " in said[0]
     assert entries(body) == [("tj-worker-0", 7, "tj-worker-1"), ("tj-worker-3", 7, "tj-worker-1")]
     assert [e["how"] for e in body["status"]["silentWorkers"]] == ["heartbeat", "host"]
     assert sorted(asked) == ["tj-worker-2.tj.ns.svc", "tj-worker-3.tj.ns.svc"]
@@ -137,3 +146,20 @@ def test_no_report_is_written_while_the_sweep_of_its_generation_runs() -> None:
         assert sink.landed.wait_for(lambda: len(sink.sent) == 2, timeout=30), sink.sent
     for _, body in sink.sent:
         assert {e[0] for e in entries(body)} == {"tj-worker-0", "tj-worker-2", "tj-worker-3"}
+
+
+def test_a_report_that_cannot_be_written_is_said() -> None:
+    class Refuses:
+        def apply(self, body: dict[str, Any], *, field_manager: str) -> dict[str, Any]:
+            raise RuntimeError("403 Forbidden")
+
+    said: list[str] = []
+    done = threading.Event()
+    pod = pod_env(job_name="tj", namespace="ns", pod_index=1, replicas=2)
+    reports = SilentReports(Refuses(), pod, connect=_every_host_answers)
+    reports.say = lambda text: (said.append(text), done.set())
+    reports.report((0, 1), 3, 0, 5.0, "heartbeat")
+    assert done.wait(30)
+    assert said == [
+        "[torchjob] could not write the silent report of generation 3: 403 Forbidden"
+    ], said

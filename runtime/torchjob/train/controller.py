@@ -210,6 +210,10 @@ class Controller:
             with ProgressView(
                 enabled=enabled, total_epochs=total if isinstance(total, int) else None
             ) as view:
+                if (
+                    self._silent is not None
+                ):  # a report says when it was written, and how long it took
+                    self._silent.say = view.message
                 result, failed = self._loop(view), False
                 return result
         finally:

@@ -193,6 +193,8 @@ class SilentReports:
         self.by = contract.worker_pod_name(pod.job_name, pod.pod_index)
         self.nproc = max(1, pod.nproc_per_node)
         self._connect = connect
+        self.say: Callable[[str], None] | None = None
+        """Where a written report is said, with how long it took (the run's console)."""
         self._lock = threading.Lock()
         self._writing = threading.Lock()
         self._sweeping = threading.Lock()
@@ -262,6 +264,11 @@ class SilentReports:
             with self._lock:
                 self._swept = max(self._swept, generation)
 
+    def _said(self, text: str) -> None:
+        if self.say is not None:
+            with contextlib.suppress(Exception):
+                self.say(f"[torchjob] {text}")
+
     def reports(self) -> list[SilentWorker]:
         with self._lock:
             return [
@@ -285,9 +292,19 @@ class SilentReports:
             return
 
         def send() -> None:
-            with contextlib.suppress(Exception):
+            t0 = time.monotonic()
+            try:
                 self.sweep(ranked, generation)
+                swept = time.monotonic() - t0
                 self.write()
+            except Exception as e:  # the other survivors report too
+                self._said(f"could not write the silent report of generation {generation}: {e}")
+                return
+            names = ", ".join(r.pod for r in self.reports() if r.generation == generation)
+            self._said(
+                f"reported {names} silent (generation {generation}) to the job's status in "
+                f"{time.monotonic() - t0:.1f}s (the members' hosts swept in {swept:.1f}s)"
+            )
 
         threading.Thread(target=send, name="torchjob-silent-report", daemon=True).start()
 
