@@ -232,6 +232,9 @@ class Report:
     world_size: int
     generation: int
     report: int
+    """The run's report number: the reports before this generation's state (the restore point's,
+    or the driver's record when it started from storage) plus this generation's. Rank 0's
+    driver may not have seen the earlier ones: rank 0 moves between pods (status.members)."""
     restore_point: bool
     """The workers hold this report's state in memory (a restore point or the shard mirror)."""
     restore_point_bytes: int

@@ -153,7 +153,7 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
                 checkpoint_pending=saving and committed is None,
                 world_size=s.world_size,
                 generation=s.generation,
-                report=s.reports,
+                report=s.report_base + s.reports,
                 restore_point=snapshot is not None or mirror is not None,
                 restore_point_bytes=snapshot.nbytes if snapshot else _nbytes(mirror),
             )

@@ -87,6 +87,8 @@ class GenerationRun:
         """The workers were told to stop at their next report."""
         self.unstuck: WorkerGroupError | None = None
         """Set when this pod's workers were killed for hanging past a silent peer."""
+        self._report_number = 0
+        """The run's number of rank 0's last report (``Report.report``)."""
         self._follow = Dispatcher[None](
             {CheckpointLanded: self._landed, Report: self._reported}, otherwise=ignore
         )
@@ -109,7 +111,7 @@ class GenerationRun:
         self._checkpointed()
         job_status, record = self.fit.job_status, self.fit.record
         if job_status is not None and (last := record.last_metrics) is not None:
-            reports = len(record.history)
+            reports = self._report_number or len(record.history)
             body = progress_body(
                 last, reports=reports, checkpoint=e.path, generation=self.facts.generation
             )
@@ -128,7 +130,10 @@ class GenerationRun:
             if e.checkpoint_index is not None and storage is not None:
                 committed = storage.latest_committed()
                 latest = committed.path if committed else None
-            reports = len(record.history)
+            # The run's count, not this driver's: a pod that became rank 0 in a later
+            # generation saw none of the earlier reports (its record began empty), and its
+            # status said the job restored step 0 and redid 147 steps (2026-11-29i).
+            reports = self._report_number = e.report
             body = progress_body(
                 e.metrics, reports=reports, checkpoint=latest, generation=self.facts.generation
             )
