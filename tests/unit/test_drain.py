@@ -107,6 +107,9 @@ def test_the_leaving_pod_trains_on_its_replacement_starts_at_once_and_takes_its_
     assert set(swapped.relabel) == {"tj-worker-0", "tj-worker-1", "tj-worker-3"}
     assert "ReplacedBeforeLeaving" in reasons(swapped)
     assert "ShrunkAfterDisruption" not in reasons(swapped)
+    said = next(e.message for e in swapped.events if e.reason == "ReplacedBeforeLeaving")
+    assert "disruption 1, the restart budget is not charged" in said, said
+    assert "shrinking" not in said, "a swap at full size shrinks nothing"
     # The leaving pod goes its way; the job runs at full size with nothing more to do.
     gone = [p for p in pods if p.name != "tj-worker-2"]
     settled = plan(view, gone, at(20))

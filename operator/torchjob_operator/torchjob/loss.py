@@ -60,7 +60,9 @@ def after_loss(
         verdict.loss,
         workers=d.replicas,
         survivors=len(kept),
-        elastic=elastic_rules(d),
+        # Standbys (or a leaver's replacements) taking the places keep the size: no shrink
+        # to explain ("shrinking to 5 workers" was said of a swap at 8).
+        elastic=elastic_rules(d) if standbys is None else None,
         survivors_hold_state=survivors_hold_state(d, survivors),
     )
     if verdict.outcome == Outcome.FAILED:
