@@ -163,3 +163,59 @@ def test_a_report_that_cannot_be_written_is_said() -> None:
     assert said == [
         "[torchjob] could not write the silent report of generation 3: 403 Forbidden"
     ], said
+
+
+def test_the_sweep_run_ahead_while_the_store_is_quiet_is_the_reports_sweep() -> None:
+    """The store of rank 0 quiet for 3 s of 5: the driver sweeps the members' hosts then
+    (``sweep_ahead``), and rank 0's report 2 s later uses those answers instead of sweeping
+    again (the 2 s it would add to every node loss that takes rank 0). Kept apart until then:
+    nothing is written while only the store is quiet, and a second word of quiet in the same
+    generation does not sweep again."""
+    asked: list[str] = []
+    swept = threading.Event()
+
+    def connect(address: tuple[str, int], timeout_s: float) -> socket.socket:
+        asked.append(address[0])
+        if len(asked) == 3:
+            swept.set()
+        raise TimeoutError if address[0].startswith("tj-worker-3.") else ConnectionRefusedError
+
+    sink = Applies()
+    pod = pod_env(job_name="tj", namespace="ns", pod_index=1, replicas=4)
+    reports = SilentReports(sink, pod, connect=connect)
+    reports.sweep_ahead((0, 1, 2, 3), 5)
+    reports.sweep_ahead((0, 1, 2, 3), 5)
+    assert swept.wait(30)
+    with sink.landed:
+        assert not sink.landed.wait_for(lambda: sink.sent, timeout=0.3), "only the store is quiet"
+    reports.report((0, 1, 2, 3), 5, 0, 5.0, "heartbeat")
+    with sink.landed:
+        assert sink.landed.wait_for(lambda: sink.sent, timeout=30)
+    assert entries(sink.sent[-1][1]) == [
+        ("tj-worker-0", 5, "tj-worker-1"),
+        ("tj-worker-3", 5, "tj-worker-1"),
+    ]
+    # Rank 0's host was asked ahead too (its pod was not named yet); nothing was asked again.
+    assert sorted(asked) == [f"tj-worker-{i}.tj.ns.svc" for i in (0, 2, 3)], asked
+
+
+def test_a_sweep_run_ahead_too_long_ago_is_not_believed() -> None:
+    """The store was quiet once and answered again; much later in the same generation rank 0
+    goes silent: the answers of the early sweep are stale and the report sweeps afresh."""
+    down: set[str] = set()
+    asked: list[str] = []
+
+    def connect(address: tuple[str, int], timeout_s: float) -> socket.socket:
+        asked.append(address[0])
+        raise TimeoutError if address[0] in down else ConnectionRefusedError
+
+    sink = Applies()
+    pod = pod_env(job_name="tj", namespace="ns", pod_index=1, replicas=3)
+    reports = SilentReports(sink, pod, connect=connect)
+    reports._early = (4, time.monotonic() - 60, {0: True, 4: True})  # all answered, long ago
+    down.add("tj-worker-2.tj.ns.svc")
+    reports.report((0, 1, 2), 4, 0, 5.0, "heartbeat")
+    with sink.landed:
+        assert sink.landed.wait_for(lambda: sink.sent, timeout=30)
+    assert [e[0] for e in entries(sink.sent[-1][1])] == ["tj-worker-0", "tj-worker-2"]
+    assert asked == ["tj-worker-2.tj.ns.svc"], "swept again, rank 0's pod already named"

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from tests.kube import wait_for
 
-from torchjob.launch.heartbeat import Watchdog
+from torchjob.launch.heartbeat import Watchdog, quiet_after
 from torchjob.launch.layout import StoreLayout
 
 
@@ -95,3 +95,34 @@ def test_a_silent_rank_of_this_host_is_reported_without_breaking_the_group() -> 
     finally:
         stop()
     assert reported == [1] and breaks == []
+
+
+def test_a_quiet_store_is_said_once_ahead_of_rank_0_found_silent() -> None:
+    """Rank 2's watchdog: the store stops answering (rank 0's pod frozen). At ``quiet_after``
+    (3 s of 5; here 1.2 of 2, scaled) the watchdog says so once, so that the driver's sweep of
+    the members' hosts runs while the threshold runs out; rank 0 is declared at the
+    threshold, after the quiet word."""
+    said: list[tuple[str, float]] = []
+    breaks: list[int] = []
+    dog = Watchdog(
+        rank=2,
+        world_size=4,
+        local_ranks=range(2, 3),
+        on_silent=lambda rank, s: said.append((f"silent {rank}", s)),
+        on_quiet=lambda s: said.append(("quiet", s)),
+        silent_after=2.0,
+        break_group=lambda: (breaks.append(1), dog.stop()),
+        interval_s=0.1,
+        layout=StoreLayout(addr="127.0.0.1", port=1, generation=0),
+    )
+    assert quiet_after(5.0) == 3.0 and quiet_after(2.0) == 1.0 and quiet_after(1.0) == 0.5
+    now = time.monotonic()
+    dog._store_ok = now  # the store's last answer; its beat loop is not run here
+    dog._last_seen = dict.fromkeys(dog._last_seen, now + 1000)
+    dog._threads[1].start()  # the judge loop only
+    try:
+        wait_for(lambda: breaks, 10, "rank 0 declared")
+    finally:
+        dog.stop()
+    assert [w for w, _ in said] == ["quiet", "silent 0"], said
+    assert 1.0 < said[0][1] <= 2.0 < said[1][1], said

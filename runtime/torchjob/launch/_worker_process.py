@@ -203,7 +203,7 @@ class WorkerProcess:
         """Start this generation's heartbeat and watchdog: a silent peer is reported to the
         driver within ``TORCHJOB_SILENT_PEER_S`` seconds (``torchjob.launch.heartbeat``)."""
         from torchjob.launch import heartbeat
-        from torchjob.launch.protocol import SilentPeer
+        from torchjob.launch.protocol import SilentPeer, StoreQuiet
 
         after = self.settings.silent_peer_s
         if after <= 0 or info.world_size == 1:
@@ -213,11 +213,15 @@ class WorkerProcess:
         def on_silent(rank: int, silent_s: float) -> None:
             self.send_event(SilentPeer(rank=rank, silent_s=silent_s, by=info.rank))
 
+        def on_quiet(quiet_s: float) -> None:
+            self.send_event(StoreQuiet(silent_s=quiet_s, by=info.rank))
+
         dog = heartbeat.Watchdog(
             rank=info.rank,
             world_size=info.world_size,
             local_ranks=range(first, first + info.local_world_size),
             on_silent=on_silent,
+            on_quiet=on_quiet,
             silent_after=after,
             break_group=self.break_group,
             layout=self.layout,

@@ -24,6 +24,10 @@ The worker's own beat is a Python thread: a call that holds the worker's GIL for
 import, a large pickle) stops it. So the driver beats for its workers too, from its own
 process, while their processes run and are not stopped (``torchjob.launch.driver_beat``): a
 rank's key moves while either beats, and a live rank is never found silent for its GIL.
+A store silent for :func:`quiet_after` (3 s of 5) is said to the driver ahead
+(``protocol.StoreQuiet``): rank 0's silence hides its node-mates' (their beats went through
+its store), and the driver's sweep of the members' hosts that finds them takes
+``SWEEP_TIMEOUT_S``; run from then, it is done when rank 0 is found silent.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from typing import Any
 
 from torchjob.launch.layout import StoreLayout, prefixed
 from torchjob.launch.settings import WorkerEnv
+from torchjob.launch.store_probe import SWEEP_TIMEOUT_S
 
 
 def beat_interval_s(silent_after: float) -> float:
@@ -75,6 +80,13 @@ def store_client(
     )
 
 
+def quiet_after(silent_after: float) -> float:
+    """How long the store is silent before the watchdog says so ahead of finding rank 0
+    silent: :data:`SWEEP_TIMEOUT_S` short of the threshold (3 s of 5), never under half of it
+    (a store a little slow under load is not worth a sweep)."""
+    return max(silent_after / 2, silent_after - SWEEP_TIMEOUT_S)
+
+
 class Watchdog:
     """One rank's heartbeat and watchdog for one generation: two daemon threads.
 
@@ -96,6 +108,7 @@ class Watchdog:
         local_ranks: range,
         on_silent: Callable[[int, float], None],
         silent_after: float,
+        on_quiet: Callable[[float], None] | None = None,
         break_group: Callable[[], object] = lambda: None,
         interval_s: float | None = None,
         layout: StoreLayout,
@@ -107,6 +120,11 @@ class Watchdog:
         self.local_ranks = local_ranks
         self.on_silent = on_silent
         self.silent_after = silent_after
+        self.on_quiet = on_quiet
+        """Told once, :func:`quiet_after` into the store's silence, how long it has lasted
+        (``protocol.StoreQuiet``): the driver starts its sweep of the members' hosts then."""
+        self.quiet_after = quiet_after(silent_after)
+        self._quiet_said = False
         self.break_group = break_group
         """Fails this rank's collective on a silent peer of another host: closes the group's
         own connections, never the process's others (the user's object store, tracking or
@@ -189,6 +207,8 @@ class Watchdog:
                 if self.rank != 0:
                     self._declare({0: store_silent})
                 continue
+            if store_silent > self.quiet_after and self.rank != 0:
+                self._say_quiet(store_silent)
             if any(s > self.silent_after for s in peers_silent.values()):
                 # A node that vanishes silences its ranks within a beat of each other, and
                 # the first declaration ends this generation: those quiet for more than half
@@ -197,6 +217,13 @@ class Watchdog:
                 # a threshold (and a re-formation) later.
                 near = max(2 * self.interval_s, self.silent_after / 2)
                 self._declare({r: s for r, s in peers_silent.items() if s > near})
+
+    def _say_quiet(self, quiet_s: float) -> None:
+        if self._quiet_said or self.on_quiet is None or self._stop.is_set():
+            return
+        self._quiet_said = True
+        with contextlib.suppress(Exception):
+            self.on_quiet(quiet_s)
 
     def _declare(self, silent: dict[int, float]) -> None:
         """Report every rank of ``silent`` (rank: seconds) not reported yet, then break the

@@ -221,6 +221,17 @@ class SilentPeer:
 
 @_by_fields
 @dataclass(frozen=True, slots=True)
+class StoreQuiet:
+    """Rank ``by``'s watchdog has heard nothing from the generation's store (rank 0 serves
+    it) for ``silent_s``: ``heartbeat.SWEEP_LEAD_S`` short of finding rank 0 silent. The
+    driver sweeps the members' hosts now, so that the sweep is done when the report is due."""
+
+    silent_s: float
+    by: int
+
+
+@_by_fields
+@dataclass(frozen=True, slots=True)
 class Report:
     """Rank 0 reported (``torchjob.train.report``)."""
 

@@ -49,6 +49,7 @@ from torchjob.train.recovery.notice import Notice
 from torchjob.train.recovery.survivors import (
     RestorePoints,
     SilentReports,
+    early_sweep,
     silent_reporter,
 )
 from torchjob.train.result import Result
@@ -308,11 +309,15 @@ class Controller:
             self.tracking.start()  # experiment tracking: once, on the driver of rank 0
         placement, env = workers.placement(pod, state)
         oom_before = contract.oom_kills()  # the OOM killer's evidence, if a worker dies
+        published = self._published()
         run = GenerationRun(
             self,
             state,
             view,
-            points=RestorePoints(report_silent=silent_reporter(self._published(), self._silent)),
+            points=RestorePoints(
+                report_silent=silent_reporter(published, self._silent),
+                sweep_early=early_sweep(published, self._silent),
+            ),
             # The generation the operator published (a pod's), else this fit's own count.
             generation=pod.generation if pod is not None else state.generation,
         )

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,17 +29,14 @@ from torchjob.launch.protocol import (
     RestoredFromMemory,
     RestoredFromMirror,
     SilentPeer,
+    StoreQuiet,
 )
-from torchjob.launch.store_probe import Connect, sweep
+from torchjob.launch.store_probe import SWEEP_TIMEOUT_S, Connect, sweep
 from torchjob.train.progress import ProgressView
 from torchjob.train.recovery.formation import HOST, peer_address
 
 HEARTBEAT = "heartbeat"
 """``SilentWorker.how``: its beats stopped while the group trained (the watchdog)."""
-
-SWEEP_TIMEOUT_S = 2.0
-"""How long a member's host has to answer one connect of the sweep that follows a silent
-peer: a host that is there answers at once (a SYN-ACK, or a reset), from its kernel."""
 
 
 @dataclass
@@ -55,6 +52,9 @@ class RestorePoints:
     """Ranks killed here because their peers found them silent."""
     report_silent: Callable[[int, float, str], None] | None = None
     """Tells the operator that a rank of another pod is silent (KeepSurvivors pods)."""
+    sweep_early: Callable[[], None] | None = None
+    """Starts the sweep of the members' hosts ahead, the store being quiet
+    (:meth:`SilentReports.sweep_ahead`; KeepSurvivors pods)."""
     remote_silent: tuple[float, int] | None = None
     """When (monotonic) a rank of another pod was first found silent here, and which: this
     pod's workers broke their connections to the group then, and must leave their
@@ -138,6 +138,12 @@ def _silent(
     return True
 
 
+def _quiet(e: StoreQuiet, points: RestorePoints, _group: Any, _view: ProgressView) -> bool:
+    if points.sweep_early is not None:
+        points.sweep_early()
+    return True
+
+
 def _not_ours(_e: object, *_context: object) -> bool:
     return False
 
@@ -149,6 +155,7 @@ _POINTS = Dispatcher[bool](
         MirrorFallback: _fallback,
         RestoredFromMemory: _from_memory,
         SilentPeer: _silent,
+        StoreQuiet: _quiet,
     },
     otherwise=_not_ours,
 )
@@ -201,6 +208,9 @@ class SilentReports:
         self._generation = -1
         self._swept = -1
         self._seconds: dict[str, tuple[float, str]] = {}
+        self._ahead = -1
+        self._early: tuple[int, float, dict[int, bool | None]] | None = None
+        """The sweep run ahead: (generation, when it ended (monotonic), rank: answer)."""
 
     @classmethod
     def of(cls, pod: contract.PodEnv | None, endpoint: Any) -> SilentReports | None:
@@ -251,18 +261,54 @@ class SilentReports:
                 if self._swept >= generation or generation != self._generation:
                     return
                 named = set(self._seconds)
-            hosts = {
-                place * self.nproc: peer_address(self.pod, index)
-                for place, index in enumerate(ranked)
-                if index != self.pod.pod_index
-                and contract.worker_pod_name(self.job, index) not in named
-            }
-            answers = sweep(hosts, SWEEP_TIMEOUT_S, self._connect)
+            hosts = self._hosts(ranked, named)
+            answers = self._answers_ahead(generation, hosts) or sweep(
+                hosts, SWEEP_TIMEOUT_S, self._connect
+            )
             for rank, answer in answers.items():
                 if answer is False:
                     self.record(ranked, generation, rank, SWEEP_TIMEOUT_S, HOST)
             with self._lock:
                 self._swept = max(self._swept, generation)
+
+    def sweep_ahead(self, ranked: Sequence[int], generation: int) -> None:
+        """Sweep every other member's host now, on a thread, and keep the answers for the
+        :meth:`sweep` of ``generation`` (once a generation): the store of rank 0 has been
+        quiet for ``heartbeat.quiet_after`` and, if it stays so, rank 0 is found silent
+        :data:`SWEEP_TIMEOUT_S` later, when the answers are in. Kept apart until then: a
+        store that answers again reports nothing."""
+        with self._lock:
+            if generation < max(self._generation, self._ahead + 1):
+                return
+            self._ahead = generation
+
+        def run() -> None:
+            with self._sweeping:
+                answers = sweep(self._hosts(ranked, set()), SWEEP_TIMEOUT_S, self._connect)
+                with self._lock:
+                    self._early = (generation, time.monotonic(), answers)
+
+        threading.Thread(target=run, name="torchjob-sweep-ahead", daemon=True).start()
+
+    def _hosts(self, ranked: Sequence[int], named: set[str]) -> dict[int, tuple[str, int]]:
+        """The host of every member but this pod and ``named``, by its first rank."""
+        return {
+            place * self.nproc: peer_address(self.pod, index)
+            for place, index in enumerate(ranked)
+            if index != self.pod.pod_index
+            and contract.worker_pod_name(self.job, index) not in named
+        }
+
+    def _answers_ahead(self, generation: int, ranks: Collection[int]) -> dict[int, bool | None]:
+        """The sweep run ahead for ``generation``, if it ended within :data:`SWEEP_TIMEOUT_S`
+        and asked every one of ``ranks``; else nothing (sweep again)."""
+        with self._lock:
+            early = self._early
+        if early is None or early[0] != generation:
+            return {}
+        if time.monotonic() - early[1] > SWEEP_TIMEOUT_S or not set(ranks) <= set(early[2]):
+            return {}
+        return {r: early[2][r] for r in ranks}
 
     def _said(self, text: str) -> None:
         if self.say is not None:
@@ -307,6 +353,14 @@ class SilentReports:
             )
 
         threading.Thread(target=send, name="torchjob-silent-report", daemon=True).start()
+
+
+def early_sweep(m: Any, reports: SilentReports | None) -> Callable[[], None] | None:
+    """KeepSurvivors (a published membership ``m``): start the sweep of the members' hosts
+    ahead (:meth:`SilentReports.sweep_ahead`); elsewhere None."""
+    if m is None or reports is None:
+        return None
+    return lambda: reports.sweep_ahead(m.ranked, m.generation)
 
 
 def silent_reporter(
