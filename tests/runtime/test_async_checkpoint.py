@@ -64,6 +64,37 @@ def test_every_reported_checkpoint_is_committed_in_order_before_fit_returns(
     assert not [n for n in os.listdir(tmp_path / "bg") if n.startswith(".tmp-")]
 
 
+def test_a_run_resumed_from_storage_by_a_new_driver_goes_on_with_the_runs_report_count(
+    tmp_path: Path,
+) -> None:
+    """Each committed checkpoint's manifest says the run's report number it was taken at.
+    A driver that has seen none of the run's reports (every pod of a job replaced, or a new
+    ``fit()`` of the same run) resumes from storage and counts on from the checkpoint's
+    number: before, it counted from 0, and the job's status said the job started over."""
+
+    def fit(steps: int) -> None:
+        TorchTrainer(
+            _train,
+            train_loop_config={"steps": steps, "size": 1024},
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(name="count", storage_path=str(tmp_path), progress=False),
+        ).fit()
+
+    storage = CheckpointStorage(str(tmp_path / "count"))
+    fit(4)
+    assert [(c.metrics["step"], c.report) for c in storage.list_committed()] == [
+        (0, 1),
+        (1, 2),
+        (2, 3),
+        (3, 4),
+    ]
+    fit(6)  # resumes at step 4 from the checkpoint of report 4
+    assert [(c.metrics["step"], c.report) for c in storage.list_committed()[-2:]] == [
+        (4, 5),
+        (5, 6),
+    ]
+
+
 _RUN = textwrap.dedent(
     """
     import os, sys, tempfile

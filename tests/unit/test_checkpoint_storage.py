@@ -58,6 +58,17 @@ def test_round_trip(storage: CheckpointStorage, tmp_path: Path) -> None:
     assert (out / "sub" / "extra.txt").read_text() == "hello"
 
 
+def test_a_manifest_says_the_report_number_it_was_taken_at_when_told(
+    storage: CheckpointStorage, tmp_path: Path
+) -> None:
+    """``report``: the run's report number (``torchjob.train.report``'s count over every
+    generation), read back as ``CommittedCheckpoint.report``; a checkpoint committed without
+    one (an older manifest) reads None."""
+    storage.commit(_user_dir(tmp_path), metrics={"step": 3}, report=12)
+    storage.commit(_user_dir(tmp_path), metrics={"step": 4})
+    assert [c.report for c in storage.list_committed()] == [12, None]
+
+
 def test_incomplete_directory_is_ignored_and_cleaned(tmp_path: Path) -> None:
     storage = CheckpointStorage(str(tmp_path / "run"))
     storage.commit(_user_dir(tmp_path))

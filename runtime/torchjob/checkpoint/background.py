@@ -133,6 +133,7 @@ class BackgroundCommitter:
         *,
         metrics: dict[str, Any] | None = None,
         data_positions: list[dict[str, Any]] | None = None,
+        report: int | None = None,
     ) -> None:
         """Stage ``local_dir`` and commit it in the background (after the previous commit)."""
         self.wait()
@@ -145,6 +146,7 @@ class BackgroundCommitter:
                     staged,
                     metrics=metrics,
                     data_positions=data_positions,
+                    report=report,
                     verify=lambda: _unchanged_since(staged, before, local_dir),
                 )
                 self.committed.append(ckpt)

@@ -160,8 +160,11 @@ def new_manifest(
     metrics: dict[str, Any] | None = None,
     data_positions: list[dict[str, Any]] | None = None,
     sharded: dict[str, Any] | None = None,
+    report: int | None = None,
 ) -> dict[str, Any]:
-    """Step 3: the manifest of checkpoint ``index`` (``files``: relative path -> entry)."""
+    """Step 3: the manifest of checkpoint ``index`` (``files``: relative path -> entry);
+    ``report``: the run's report number it was taken at, when known (an optional key: a
+    reader of an older manifest gets None)."""
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "index": index,
@@ -172,6 +175,8 @@ def new_manifest(
     }
     if sharded is not None:
         manifest["sharded"] = sharded
+    if report is not None:
+        manifest["report"] = report
     return manifest
 
 
@@ -242,7 +247,12 @@ def checkpoint_of(store: Store, name: str, manifest: Mapping[str, Any]) -> Commi
         data_positions=list(manifest.get("data_positions", [])),
         files=dict(manifest.get("files", {})),
         created_at=float(manifest.get("created_at", 0.0)),
+        report=_report_number(manifest.get("report")),
     )
+
+
+def _report_number(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def read_manifest(store: Store, name: str) -> dict[str, Any] | None:

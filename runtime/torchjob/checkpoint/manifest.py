@@ -30,6 +30,9 @@ class CommittedCheckpoint:
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Relative path -> {"size", "sha256"}."""
     created_at: float = 0.0
+    report: int | None = None
+    """The run's report number this checkpoint was taken at (``report()``'s count over every
+    generation); None in a manifest written before it was recorded."""
 
 
 def sha256_file(path: str) -> str:

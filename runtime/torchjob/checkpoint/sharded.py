@@ -68,6 +68,7 @@ def commit_written(
     world_size: int,
     metrics: dict[str, Any] | None = None,
     data_positions: list[dict[str, Any]] | None = None,
+    report: int | None = None,
 ) -> CommittedCheckpoint:
     """Rank 0, once every rank's files are durable: the protocol's manifest, (rename,) marker."""
     manifest = protocol.new_manifest(
@@ -76,6 +77,7 @@ def commit_written(
         metrics=metrics,
         data_positions=data_positions,
         sharded={"format": SHARDED_FORMAT, "world_size": world_size},
+        report=report,
     )
     return protocol.finish(storage, target, manifest)
 

@@ -117,6 +117,7 @@ class CheckpointStorage:
         data_positions: list[dict[str, Any]] | None = None,
         index: int | None = None,
         verify: Callable[[], None] | None = None,
+        report: int | None = None,
     ) -> CommittedCheckpoint:
         """Copy ``local_dir`` in as the next checkpoint and commit it atomically.
 
@@ -129,6 +130,7 @@ class CheckpointStorage:
             {rel: protocol.file_entry(p) for rel, p in files.items()},
             metrics=metrics,
             data_positions=data_positions,
+            report=report,
         )
         target = protocol.begin(self, index)
         protocol.copy_in(self, target, files)

@@ -90,6 +90,7 @@ def _save_sharded(s: _session.Session, checkpoint: StateCheckpoint, metrics: dic
         metrics=metrics,
         data_positions=s.data_positions(),
         background=background,
+        report=s.report_base + s.reports,
     )
     if committed is not None:
         s.sharded.storage.apply_retention(
@@ -101,12 +102,17 @@ def _save_sharded(s: _session.Session, checkpoint: StateCheckpoint, metrics: dic
 def _commit(s: _session.Session, checkpoint: Checkpoint, metrics: dict[str, Any]) -> Any:
     """Rank 0: commit ``checkpoint`` now (returns it) or hand it to the background (None)."""
     assert s.storage_url is not None
+    number = s.report_base + s.reports  # the run's: a restore from storage resumes its count
     with checkpoint.as_directory() as local_dir:
         if s.async_commit:
-            _committer(s).submit(local_dir, metrics=metrics, data_positions=s.data_positions())
+            _committer(s).submit(
+                local_dir, metrics=metrics, data_positions=s.data_positions(), report=number
+            )
             return None
         storage = CheckpointStorage(s.storage_url)
-        committed = storage.commit(local_dir, metrics=metrics, data_positions=s.data_positions())
+        committed = storage.commit(
+            local_dir, metrics=metrics, data_positions=s.data_positions(), report=number
+        )
     storage.apply_retention(
         s.num_to_keep, score_attribute=s.score_attribute, score_order=s.score_order
     )

@@ -156,6 +156,7 @@ class ShardedSaver:
         metrics: dict[str, Any],
         data_positions: list[dict[str, Any]],
         background: bool,
+        report: int | None = None,
     ) -> CommittedCheckpoint | None:
         """Save ``state`` sharded; returns the committed checkpoint (rank 0, not ``background``)
         or ``None`` (committed later in the background, or not rank 0)."""
@@ -182,12 +183,14 @@ class ShardedSaver:
             else:  # torch < 2.7 (Debian trixie's 2.6): DCP stages into a new host copy
                 fut = async_save(state_dict, storage_writer=writer, process_group=group)
             upload: Any = getattr(fut, "upload_completion", fut)
-            self._start(lambda: self._finish(upload.result(), target, metrics, data_positions))
+            self._start(
+                lambda: self._finish(upload.result(), target, metrics, data_positions, report)
+            )
             return None
         metadata = save(
             state_dict, storage_writer=writer, process_group=group, **_no_dist(save, d is None)
         )
-        return self._finish(metadata, target, metrics, data_positions)
+        return self._finish(metadata, target, metrics, data_positions, report)
 
     def _finish(
         self,
@@ -195,6 +198,7 @@ class ShardedSaver:
         target: CommitTarget,
         metrics: dict[str, Any],
         data_positions: list[dict[str, Any]],
+        report: int | None = None,
     ) -> CommittedCheckpoint | None:
         """Every rank: hash its files; rank 0: gather them and commit."""
         mine = store.hash_files(self.storage, target.write_url, _own_files(metadata, self.rank))
@@ -215,6 +219,7 @@ class ShardedSaver:
             world_size=self.world_size,
             metrics=metrics,
             data_positions=data_positions,
+            report=report,
         )
         self.committed.append(ckpt)
         if self.on_commit is not None:

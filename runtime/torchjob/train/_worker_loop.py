@@ -26,22 +26,25 @@ from torchjob.train._spec import WorkerOutcome, WorkerSpec
 from torchjob.train.checkpoint import Checkpoint
 from torchjob.train.recovery import restore_point, shard_rebuild
 
-_Payload = tuple[str, Any, Any]
+_Payload = tuple[str, Any, Any, int | None]
+"""(kind, files or path, data positions, the run's report number the checkpoint was taken at
+when its manifest says)."""
 
 
 def _load_resume(spec: WorkerSpec) -> _Payload:
-    """On rank 0: ("ok", files, positions), ("none", None, None) or ("error", path, problem)."""
+    """On rank 0: ("ok", files, positions, report), ("sharded", path, positions, report),
+    ("none", ...) or ("error", path, problem, None)."""
     try:
         if spec.storage_url:
             storage = CheckpointStorage(spec.storage_url)
             latest = storage.latest_committed()
             if latest is not None and is_sharded(latest):
                 # Every rank reads its own shards (Checkpoint.load_state): rank 0 reads none.
-                return ("sharded", latest.path, latest.data_positions)
+                return ("sharded", latest.path, latest.data_positions, latest.report)
             if latest is not None:
-                return ("ok", storage.read_files(latest), latest.data_positions)
+                return ("ok", storage.read_files(latest), latest.data_positions, latest.report)
         if spec.resume_from and Checkpoint(spec.resume_from).is_sharded:
-            return ("sharded", spec.resume_from, [])
+            return ("sharded", spec.resume_from, [], None)
         if spec.resume_from:
             tmp = Checkpoint(spec.resume_from).to_directory()
             try:
@@ -54,10 +57,18 @@ def _load_resume(spec: WorkerSpec) -> _Payload:
                 }
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-            return ("ok", files, [])
+            return ("ok", files, [], None)
     except CheckpointError as e:
-        return ("error", e.path, e.problem)
-    return ("none", None, None)
+        return ("error", e.path, e.problem, None)
+    return ("none", None, None, None)
+
+
+def _reports_before(payload: _Payload, spec: WorkerSpec) -> int:
+    """The run's reports before a generation that did not start from memory: those of the
+    checkpoint it resumes from, where its manifest says (a driver new to the job, as when
+    every pod was replaced, has seen none of them, and the job's status would say it
+    started over); else the reports this driver has seen."""
+    return payload[3] if payload[3] is not None else len(spec.history_before)
 
 
 def _broadcast(payload: _Payload | None, world_size: int) -> _Payload:
@@ -109,7 +120,7 @@ def run_training(spec: WorkerSpec) -> WorkerOutcome:
             if restored is not None
             else mirrored.index
             if mirrored is not None
-            else len(spec.history_before)
+            else _reports_before(payload, spec)
         ),
         mirror_plan=mirrored,
         async_save=spec.async_commit,
@@ -158,7 +169,7 @@ def _restore(
             send_event(MirrorFallback(agreed.reason))
         mirrored = agreed if isinstance(agreed, shard_rebuild.Plan) else None
     if mirrored is not None:
-        return restored, mirrored, ("memory", None, mirrored.positions)
+        return restored, mirrored, ("memory", None, mirrored.positions, None)
     if restored is not None:
         if info.rank == 0:
             snap = restored.snapshot
@@ -170,7 +181,7 @@ def _restore(
                     bytes=snap.nbytes,
                 )
             )
-        return restored, None, ("memory", None, restored.snapshot.positions)
+        return restored, None, ("memory", None, restored.snapshot.positions, None)
     payload = _broadcast(_load_resume(spec) if info.rank == 0 else None, info.world_size)
     return None, None, payload
 
