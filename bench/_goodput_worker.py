@@ -11,6 +11,9 @@ users to write a training loop (checkpoint every N steps and on ``should_stop()`
 the runtime with ``register_state`` and every step reports, so the survivors of a SIGKILLed
 pod resume from the last step in their memory (``restored`` then says ``source: memory``);
 the storage checkpoint every CKPT_EVERY steps stays the fallback for losing every replica.
+With it, a notice that names every rank (``get_preemption_info()``: all the job's nodes
+noticed at once, so no survivor will hold the restore point if the replacements come late)
+takes a storage checkpoint at once, as docs/runtime.md's notice loop does.
 
 Appends one JSON line per event to EVENTS (a file on the storage every pod shares): ``start``
 (before any import), ``imported`` (torch and torchjob.train imported), ``group`` (inside the
@@ -45,6 +48,7 @@ from torchjob.train import (  # noqa: E402
     ScalingConfig,
     get_checkpoint,
     get_context,
+    get_preemption_info,
     register_state,
     report,
     should_stop,
@@ -79,6 +83,7 @@ def train_func(config: dict[str, float]) -> None:
     step, samples = int(state["step"]), int(state["samples"])  # type: ignore[call-overload]
     emit("restored", rank=rank, world=world, step=step, samples=samples, source=source)
     batch = int(config["batch"])
+    saved_for_notice = False
     while step < config["max_steps"]:
         time.sleep(config["step_seconds"])  # the fixed cost of a step
         loss = model(x).pow(2).mean()
@@ -91,7 +96,12 @@ def train_func(config: dict[str, float]) -> None:
         if rank == 0:
             emit("step", rank=rank, world=world, step=step, samples=samples)
         stop = should_stop()
-        due = stop or step % int(config["ckpt_every"]) == 0 or step >= config["max_steps"]
+        # A collective: every rank asks, every step (None outside a notice).
+        notice = get_preemption_info() if in_memory else None
+        everyone = notice is not None and len(notice.ranks) >= world and not saved_for_notice
+        saved_for_notice = saved_for_notice or everyone
+        due = stop or everyone or step % int(config["ckpt_every"]) == 0
+        due = due or step >= config["max_steps"]
         metrics = {"step": step, "samples": samples}
         if due and rank == 0:
             with tempfile.TemporaryDirectory() as d:
