@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tests.unit.builders import pod_env
@@ -35,6 +36,17 @@ class Applies:
 
 def _every_host_answers(address: tuple[str, int], timeout_s: float) -> socket.socket:
     raise ConnectionRefusedError  # a reset: the host is there
+
+
+def hosts(down: set[str], asked: list[str]) -> Callable[[tuple[str, int], float], socket.socket]:
+    """A sweep's connect: the hosts of ``down`` answer nothing (a timeout), the others reset;
+    every host asked is appended to ``asked``."""
+
+    def connect(address: tuple[str, int], timeout_s: float) -> socket.socket:
+        asked.append(address[0])
+        raise TimeoutError if address[0] in down else ConnectionRefusedError
+
+    return connect
 
 
 def entries(body: dict[str, Any]) -> list[tuple[str, int, str]]:
@@ -92,12 +104,7 @@ def test_the_first_silent_peer_of_a_generation_sweeps_the_other_members_hosts() 
     that answers is not reported, this pod's own is not asked, and the sweep runs once a
     generation. The watchdog's own later word on a swept pod says more, and replaces it."""
     asked: list[str] = []
-    vanished = {"tj-worker-0.tj.ns.svc", "tj-worker-3.tj.ns.svc"}
-
-    def connect(address: tuple[str, int], timeout_s: float) -> socket.socket:
-        asked.append(address[0])
-        raise TimeoutError if address[0] in vanished else ConnectionRefusedError
-
+    connect = hosts({"tj-worker-0.tj.ns.svc", "tj-worker-3.tj.ns.svc"}, asked)
     sink = Applies()
     pod = pod_env(job_name="tj", namespace="ns", pod_index=1, replicas=4)
     reports = SilentReports(sink, pod, connect=connect)
@@ -204,11 +211,7 @@ def test_a_sweep_run_ahead_too_long_ago_is_not_believed() -> None:
     goes silent: the answers of the early sweep are stale and the report sweeps afresh."""
     down: set[str] = set()
     asked: list[str] = []
-
-    def connect(address: tuple[str, int], timeout_s: float) -> socket.socket:
-        asked.append(address[0])
-        raise TimeoutError if address[0] in down else ConnectionRefusedError
-
+    connect = hosts(down, asked)
     sink = Applies()
     pod = pod_env(job_name="tj", namespace="ns", pod_index=1, replicas=3)
     reports = SilentReports(sink, pod, connect=connect)
