@@ -4,6 +4,10 @@ TorchTune controllers both run on it)."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
+
+import pytest
 
 from torchjob_operator.engine.queue import Key, Result, WorkQueue
 
@@ -81,3 +85,32 @@ def test_only_a_leader_runs_loops() -> None:
         assert not queue.loops
 
     asyncio.run(main())
+
+
+def test_a_reconcile_that_ends_long_after_its_event_says_where_the_time_went(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poke that waits behind a running reconcile, then a slow reconcile of its own: the
+    log says how long after the event it ended, and how much of that was waiting."""
+    monkeypatch.setattr("torchjob_operator.engine.queue.SLOW_S", 0.8)
+
+    class Slow(Scripted):
+        def reconcile(self, namespace: str, name: str) -> Result:
+            answer = super().reconcile(namespace, name)
+            time.sleep(0.5)
+            return answer
+
+    async def main() -> None:
+        ctl = Slow(Result(), Result(gone=True))
+        queue = WorkQueue(ctl, resync_s=60.0)
+        queue.poke(("ns", "a"))
+        await _until(lambda: ctl.calls)
+        queue.poke(("ns", "a"))  # while the first runs: it waits ~0.5 s, then runs 0.5 s
+        await _until(lambda: not queue.loops)
+
+    with caplog.at_level(logging.INFO, logger="torchjob_operator"):
+        asyncio.run(main())
+    said = [r.getMessage() for r in caplog.records if "after the event that woke it" in r.message]
+    waits = [float(m.split("(")[1].split("s before it began")[0]) for m in said]
+    assert said and said[-1].startswith("[ns/a] scripted reconcile ended "), said
+    assert waits[-1] >= 0.2, said  # the second waited behind the first

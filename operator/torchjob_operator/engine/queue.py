@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -32,6 +33,12 @@ Key = tuple[str, str]
 
 MAX_BACKOFF_S = 60.0
 """The longest wait after a failed reconcile (the wait doubles from 1 s per failure)."""
+
+SLOW_S = 2.0
+"""A reconcile that ends this long after the event that woke it is logged, with where the
+time went (waiting for the previous reconcile or the cache, or the reconcile itself): a
+survivor's silent report to the next generation took 4-10 s on the fleet bench, and
+nothing said where."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,8 @@ class Controller(Protocol):
 class _Loop:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    poked_at: float | None = None
+    """When the first poke since the last reconcile began came (monotonic)."""
 
 
 class WorkQueue:
@@ -116,6 +125,8 @@ class WorkQueue:
             loop.task = asyncio.create_task(
                 self._run(key, loop), name=f"{self.controller.kind}:{key[0]}/{key[1]}"
             )
+        if loop.poked_at is None:
+            loop.poked_at = time.monotonic()
         loop.wake.set()
 
     def forget(self, key: Key) -> None:
@@ -124,6 +135,21 @@ class WorkQueue:
         if loop and loop.task:
             loop.task.cancel()
         self._dropped(key)
+
+    def _said_if_slow(self, key: Key, poked: float | None, began: float) -> None:
+        ended = time.monotonic()
+        if poked is None or ended - poked < SLOW_S:
+            return
+        log.info(
+            "[%s/%s] %s reconcile ended %.1fs after the event that woke it (%.1fs before it "
+            "began: the previous reconcile, or the cache catching up; %.1fs in it)",
+            key[0],
+            key[1],
+            self.controller.kind,
+            ended - poked,
+            began - poked,
+            ended - began,
+        )
 
     def _dropped(self, key: Key) -> None:
         self.controller.forget(key)
@@ -143,9 +169,12 @@ class WorkQueue:
                     await asyncio.wait_for(loop.wake.wait(), timeout=catching_up)
                 continue
             delay: float | None
+            began, poked = time.monotonic(), loop.poked_at
+            loop.poked_at = None
             try:
                 result = await asyncio.to_thread(self.controller.reconcile, ns, name)
                 error_backoff = 1.0
+                self._said_if_slow(key, poked, began)
             except Exception as exc:  # never let one object's error end the operator
                 if isinstance(exc, KubeError) and exc.namespace_terminating:
                     # Not a failure: the namespace's deletion removes the object, which ends
