@@ -222,3 +222,32 @@ def test_a_sweep_run_ahead_too_long_ago_is_not_believed() -> None:
         assert sink.landed.wait_for(lambda: sink.sent, timeout=30)
     assert [e[0] for e in entries(sink.sent[-1][1])] == ["tj-worker-0", "tj-worker-2"]
     assert asked == ["tj-worker-2.tj.ns.svc"], "swept again, rank 0's pod already named"
+
+
+def test_a_report_does_not_wait_for_hosts_the_watchdog_declares_meanwhile() -> None:
+    """The watchdog declares a vanished node's ranks one after another; the first one's
+    report sweeps at once, and the sweep asks the hosts of the others too (not declared yet
+    when it began). Once they are declared the report is written without waiting out their
+    connects (2 s each on the fleet bench, for every node of 4 pods)."""
+    release, asked = threading.Event(), threading.Event()
+
+    def connect(address: tuple[str, int], timeout_s: float) -> socket.socket:
+        if address[0].startswith("tj-worker-3."):
+            asked.set()
+            release.wait(60)  # the vanished node-mate: nothing answers
+            raise TimeoutError
+        raise ConnectionRefusedError
+
+    sink = Applies()
+    pod = pod_env(job_name="tj", namespace="ns", pod_index=1, replicas=4)
+    reports = SilentReports(sink, pod, connect=connect)
+    try:
+        reports.report((0, 1, 2, 3), 6, 0, 5.1, "heartbeat")
+        assert asked.wait(30), "the sweep asked pod 3's host"
+        assert reports.record((0, 1, 2, 3), 6, 3, 4.6, "heartbeat")  # declared a moment later
+        with sink.landed:
+            assert sink.landed.wait_for(lambda: sink.sent, timeout=30), "waited for pod 3's host"
+    finally:
+        release.set()
+    assert [e[0] for e in entries(sink.sent[-1][1])] == ["tj-worker-0", "tj-worker-3"]
+    assert [e["how"] for e in sink.sent[-1][1]["status"]["silentWorkers"]] == ["heartbeat"] * 2

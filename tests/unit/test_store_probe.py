@@ -249,3 +249,29 @@ def test_peer_addresses_are_the_other_members_but_the_stores_host() -> None:
         4: ("tj-worker-0.tj.ns.svc", pod.rdzv_port),
         6: ("tj-worker-7.tj.ns.svc", pod.rdzv_port),
     }
+
+
+def test_a_sweep_stops_waiting_for_hosts_that_no_longer_matter() -> None:
+    """``moot``: once every host that has not answered is one the caller no longer needs
+    (a silent peer's node-mates declared by the watchdog meanwhile), the sweep returns
+    without waiting out their connects: those read None (not asked), the others as
+    answered."""
+    release = threading.Event()
+    pending_seen: list[frozenset[int]] = []
+
+    def connect(address: tuple[str, int], timeout_s: float) -> socket.socket:
+        if address[1] == 3:
+            release.wait(timeout_s)  # a host that answers nothing until the test ends
+            raise TimeoutError
+        raise ConnectionRefusedError
+
+    def moot(pending: frozenset[int]) -> bool:
+        pending_seen.append(pending)
+        return pending == frozenset({3})
+
+    try:
+        answers = sweep({i: ("h", i) for i in range(1, 4)}, 60.0, connect, moot=moot)
+    finally:
+        release.set()
+    assert answers == {1: True, 2: True, 3: None}, answers
+    assert pending_seen[-1] == frozenset({3})

@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Generic, Protocol, Self, TypeVar
 
 Connect = Callable[[tuple[str, int], float], socket.socket]
@@ -36,6 +36,10 @@ K = TypeVar("K")
 
 SWEEP_PARALLEL = 32
 """At most this many connects of one :func:`sweep` in flight at once."""
+
+MOOT_EVERY_S = 0.05
+"""How often a :func:`sweep` asks its ``moot`` whether the hosts not answered yet still
+matter."""
 
 SWEEP_TIMEOUT_S = 2.0
 """How long a member's host has to answer one connect of the sweep that follows a silent
@@ -70,15 +74,34 @@ def sweep(
     timeout_s: float,
     connect: Connect | None = None,
     parallel: int = SWEEP_PARALLEL,
+    moot: Callable[[frozenset[K]], bool] | None = None,
 ) -> dict[K, bool | None]:
     """One probe of every address at once (:func:`answered` for each, at most ``parallel``
-    in flight): a round takes ``timeout_s`` when a host is silent, moments when all answer."""
+    in flight): a round takes ``timeout_s`` when a host is silent, moments when all answer.
+
+    ``moot`` (asked every :data:`MOOT_EVERY_S` with the keys not answered yet) ends the wait
+    when it says they no longer matter; those keys then read None (not asked). A silent
+    peer's report sweeps while the watchdog is still declaring the peer's node-mates: once
+    all the hosts that have not answered are declared, waiting out their timeout adds 2 s
+    to the report for nothing (seen on the fleet bench: every report of a 4-pod node)."""
     connect = connect or _connect
-    if len(addresses) <= 1:
+    if len(addresses) <= 1 and moot is None:
         return {k: answered(a, timeout_s, connect) for k, a in addresses.items()}
-    with ThreadPoolExecutor(min(parallel, len(addresses)), "torchjob-sweep") as pool:
+    if not addresses:
+        return {}
+    pool = ThreadPoolExecutor(min(parallel, len(addresses)), "torchjob-sweep")
+    try:
         asked = {k: pool.submit(answered, a, timeout_s, connect) for k, a in addresses.items()}
-        return {k: f.result() for k, f in asked.items()}
+        pending = frozenset(asked)
+        while pending:
+            wait([asked[k] for k in pending], timeout=None if moot is None else MOOT_EVERY_S)
+            pending = frozenset(k for k in pending if not asked[k].done())
+            if pending and moot is not None and moot(pending):
+                break
+        return {k: f.result() if f.done() else None for k, f in asked.items()}
+    finally:
+        # Connects left running end by their own timeout, on the pool's threads.
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 class Probing(Protocol):

@@ -263,7 +263,7 @@ class SilentReports:
                 named = set(self._seconds)
             hosts = self._hosts(ranked, named)
             answers = self._answers_ahead(generation, hosts) or sweep(
-                hosts, SWEEP_TIMEOUT_S, self._connect
+                hosts, SWEEP_TIMEOUT_S, self._connect, moot=self._named(ranked)
             )
             for rank, answer in answers.items():
                 if answer is False:
@@ -289,6 +289,20 @@ class SilentReports:
                     self._early = (generation, time.monotonic(), answers)
 
         threading.Thread(target=run, name="torchjob-sweep-ahead", daemon=True).start()
+
+    def _named(self, ranked: Sequence[int]) -> Callable[[frozenset[int]], bool]:
+        """Whether every one of some first ranks of members (a sweep's hosts not answered yet)
+        has been reported by now: the watchdog declares a vanished node's ranks one after
+        another, and the sweep that the first one started need not wait for the others."""
+
+        def named(ranks: frozenset[int]) -> bool:
+            with self._lock:
+                pods = set(self._seconds)
+            return all(
+                contract.worker_pod_name(self.job, ranked[r // self.nproc]) in pods for r in ranks
+            )
+
+        return named
 
     def _hosts(self, ranked: Sequence[int], named: set[str]) -> dict[int, tuple[str, int]]:
         """The host of every member but this pod and ``named``, by its first rank."""
