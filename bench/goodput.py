@@ -148,7 +148,7 @@ def _parser() -> argparse.ArgumentParser:
         "--modes",
         default="graceful,hard",
         help="losses: graceful, hard (a pod), vanish, notice30, notice120 (a node and every "
-        "pod on it; needs TORCHJOB_REAL_NODES >= 2)",
+        "pod on it; needs TORCHJOB_REAL_NODES >= 2); '' runs the baselines only",
     )
     p.add_argument("--baseline-seconds", type=float, default=0.0,
                    help="length of the row without evictions (default: mtbf x (evictions+1))")  # fmt: skip
@@ -247,7 +247,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for strategy in args.strategies.split(","):
         if strategy not in STRATEGIES:
             p.error(f"--strategies: unknown strategy {strategy!r} ({', '.join(STRATEGIES)})")
-    for mode in args.modes.split(","):
+    for mode in filter(None, args.modes.split(",")):
         if mode not in sch.MODES:
             p.error(f"--modes: unknown mode {mode!r} ({', '.join(sch.MODES)})")
     if args.mtbf <= 0 or args.state_mib < 0:
@@ -301,7 +301,7 @@ def _run_rows(
                     )
                 )  # fmt: skip
                 index += 1
-            for mode in args.modes.split(","):
+            for mode in filter(None, args.modes.split(",")):
                 for strategy in strategies:
                     for policy in policies:
                         if policy == KUBEFLOW and strategy != "ddp":
