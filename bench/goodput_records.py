@@ -41,6 +41,15 @@ class Recovery:
     pods: list[str] = field(default_factory=list)
     """Every pod of the job the loss took (one for a pod mode; all on the node for a node)."""
     new_gen: int | None = None
+    members_lost: int | None = None
+    """How many of ``pods`` were members of the generation published last before the loss
+    (the trace's ``status.members``); None where the trace has none (Kubeflow). A loss of
+    members 0 took only pods not in the group yet (joiners starting, a move's replacements):
+    the job trained on, and the loss has no recovery to time (``trained_on``)."""
+
+    @property
+    def trained_on(self) -> bool:
+        return self.members_lost == 0
 
     @property
     def seconds(self) -> float | None:

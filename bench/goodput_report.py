@@ -115,7 +115,8 @@ def _secs(values: list[float], q: float) -> str:
 
 def _line(policy: str, mode: str, strategy: str, reps: list[Row], ideal: dict[str, float]) -> str:
     """The table's line of one (policy, mode, strategy) over its repeats ``reps``."""
-    recs = [x for r in reps for x in r.recoveries]
+    # A loss that took no member (only pods still joining) has no recovery to time.
+    recs = [x for r in reps for x in r.recoveries if not x.trained_on]
     secs = [x.seconds for x in recs if x.seconds is not None]
     pauses = [x.pause for x in recs if x.pause is not None]
     lost = sum(max(0, x.step_before - x.resumed_step) for x in recs if x.resumed_step is not None)
@@ -195,12 +196,20 @@ def _print_losses(args: argparse.Namespace, rows: list[Row]) -> None:
         realised = sch.realised_rate(n, r.wall)
         mean = f"1 per {r.wall / n:.0f}s" if n else "none"
         pods = ",".join(str(len(x.pods)) for x in r.recoveries) or "-"
+        members = ",".join(
+            "?" if x.members_lost is None else str(x.members_lost) for x in r.recoveries
+        )
         print(
             f"  {r.index:02d} {r.policy}/{r.mode}/{r.strategy}: {n} losses in {r.wall:.0f}s = "
-            f"{realised:.4f}/s ({mean}); pods per loss: {pods}"
+            f"{realised:.4f}/s ({mean}); pods per loss: {pods}; members per loss: {members}"
         )
         for x in r.recoveries:
-            if x.first_step is None:
+            if x.trained_on:
+                print(
+                    f"     took no member (the job trained on; not a recovery): {x.describe(r.t_first)}"
+                )
+        for x in r.recoveries:
+            if x.first_step is None and not x.trained_on:
                 left = r.t_first + r.wall - x.t_evict
                 why = (
                     f"within {args.start_timeout:.0f}s"

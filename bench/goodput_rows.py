@@ -257,8 +257,15 @@ class _RowRun:
         ``sch.attribute``), and the phases of each recovered one."""
         recs = self.row.recoveries
         found = sch.attribute([r.t_evict for r in recs], events, self.args.start_timeout)
+        trace = self.watch.lines()
         for rec, a in zip(recs, found, strict=True):
             rec.gen_before = a.gen_before
+            members = sch.members_at(trace, rec.t_evict, JOB)
+            if members is not None:
+                rec.members_lost = len(members & set(rec.pods))
+            if rec.trained_on:
+                log(f"{self.label}: took no member, the job trained on: {rec.describe(self.row.t_first)}")  # fmt: skip
+                continue
             if a.step is None:
                 log(f"{self.label}: not recovered: {rec.describe(self.row.t_first)}")
                 continue

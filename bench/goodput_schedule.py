@@ -105,6 +105,17 @@ def attribute(
     return out
 
 
+def members_at(trace: Iterable[Mapping[str, Any]], t: float, job: str) -> frozenset[str] | None:
+    """The pods of the generation published last at or before ``t``: the members (pod
+    indices) of the trace's last ``job`` line by then, as pod names; None when no line
+    before ``t`` has members (Kubeflow's job, or before the first publication)."""
+    last = None
+    for e in trace:
+        if e.get("what") == "job" and float(e["t"]) <= t and e.get("members") is not None:
+            last = e["members"]
+    return None if last is None else frozenset(f"{job}-worker-{i}" for i in last)
+
+
 def realised_rate(losses: int, window: float) -> float:
     """Losses per second of a row's window (0 for an empty window)."""
     return losses / window if window > 0 else 0.0

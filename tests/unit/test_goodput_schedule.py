@@ -125,3 +125,20 @@ def test_default_min_replicas_survives_one_nodes_share(
     replicas: int, modes: list[str], nodes: int, expected: int
 ) -> None:
     assert sch.default_min_replicas(replicas, modes, nodes) == expected
+
+
+def test_the_members_at_a_loss_are_those_of_the_last_generation_published_before_it() -> None:
+    """A loss that takes only pods not in the group yet (a move's replacements starting on
+    the node that vanished) took no member: the job trained on (2026-11-29j, loss 5: its
+    'recovery' read 96.5 s, the time to the next, unrelated, generation)."""
+    trace = [
+        {"t": 1.0, "what": "job", "generation": 0, "members": None},
+        {"t": 2.0, "what": "pod", "pod": "gp-worker-1"},
+        {"t": 3.0, "what": "job", "generation": 1, "members": [0, 2, 5]},
+        {"t": 9.0, "what": "job", "generation": 2, "members": [0, 2, 5, 11, 12]},
+    ]
+    assert sch.members_at(trace, 2.5, "gp") is None
+    assert sch.members_at(trace, 3.0, "gp") == {"gp-worker-0", "gp-worker-2", "gp-worker-5"}
+    assert sch.members_at(trace, 8.9, "gp") == {"gp-worker-0", "gp-worker-2", "gp-worker-5"}
+    assert "gp-worker-12" in (sch.members_at(trace, 9.5, "gp") or set())
+    assert sch.members_at([], 5.0, "gp") is None
