@@ -5,7 +5,7 @@ lowest rank holding the newest one sends it (``restore_point.agree``). Held in t
 shared memory (``torchjob.train.recovery.shm_keep``), its tensors are views of one block
 of several dtypes, which ``torch.save`` refuses; the broadcast sends the layout and the
 block's bytes instead. Here rank 0 holds one in its slot and rank 1 receives it; then the
-roles turn, and rank 1 sends on what it received.
+roles turn, and rank 1 sends on what it received; then both hold it, and nothing moves.
 """
 
 from __future__ import annotations
@@ -62,7 +62,10 @@ def _round(directory: str) -> dict[str, Any]:
         restore_point.drop()  # now rank 1 holds the newest, as it received it
     second = restore_point.agree("run", rank, 2)
     assert second is not None
+    third = restore_point.agree("run", rank, 2)  # both hold it now: nothing moves
+    assert third is not None
     return {
+        "third": (third.received, third.source_rank, third.snapshot.index),
         "received_first": received_first,
         "loaded": loaded,
         "expected": _flat(live),
@@ -89,3 +92,36 @@ def test_a_restore_point_in_shared_memory_is_sent_and_sent_on(tmp_path: Path) ->
     assert r0["received_second"] and not r1["received_second"]
     assert r0["second_index"] == 5 and r0["positions"] == [{"epoch": 2}]
     assert r0["second"] == r0["expected"]
+    assert r0["third"] == r1["third"] == (False, -1, 5)
+
+
+def _three(directory: str) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from torchjob.launch.settings import ENV_RESTORE_POINT_DIR
+    from torchjob.train.recovery import restore_point
+
+    os.environ[ENV_RESTORE_POINT_DIR] = directory
+    rank = dist.get_rank()
+    live = _state(3)
+    if rank in (0, 2):  # two survivors hold it; rank 1 is a replacement
+        restore_point.take("run", 9, live, [])
+    got = restore_point.agree("run", rank, 3)
+    assert got is not None
+    return {
+        "received": got.received,
+        "source": got.source_rank,
+        "state": _flat(_loaded(got.snapshot.state)),
+        "expected": _flat(live),
+    }
+
+
+def test_only_the_rank_without_it_receives_the_restore_point(tmp_path: Path) -> None:
+    """Three ranks, two of which hold the newest restore point (survivors) and one not (a
+    replacement): only the replacement receives it, from a holder; the holders keep theirs
+    and send nothing to each other."""
+    with WorkerGroup(3, backend="gloo", timeout_s=60) as group:
+        got = group.execute(_three, str(tmp_path / "three"))
+    assert [g["received"] for g in got] == [False, True, False]
+    assert got[1]["source"] == 0 and got[0]["source"] == 0
+    assert all(g["state"] == got[0]["expected"] for g in got)

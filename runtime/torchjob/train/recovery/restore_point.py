@@ -10,8 +10,9 @@ the prepared loaders' data positions.
 The worker process outlives a generation when the group re-forms in place (a survivor),
 and so does what it holds. At the start of the next generation the ranks agree on the
 newest restore point any of them holds (:func:`agree`: one ``all_gather_object`` of report
-indices); the lowest rank that holds it broadcasts it to the group (a replacement process,
-or the survivors of a shrunk group that were one report behind), and nobody reads storage.
+indices); the ranks that hold it send it to those that do not (a replacement process, or
+the survivors of a shrunk group that were one report behind), nothing moves when every rank
+holds it, and nobody reads storage.
 Only when no rank holds one (every replica was lost, or the state was never registered)
 does the generation resume from the latest committed checkpoint.
 
@@ -30,7 +31,7 @@ from __future__ import annotations
 import io
 import os
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -314,7 +315,7 @@ class Restored:
     snapshot: Snapshot
     source_rank: int
     received: bool
-    """This rank received it by broadcast (it held an older one, or none)."""
+    """This rank received it from a holder (it held an older one, or none)."""
     seconds: float
 
 
@@ -348,8 +349,14 @@ def _decode(header: bytes, body: Any) -> Snapshot:
 
 def agree(run: str, rank: int, world_size: int) -> Restored | None:
     """Collective, at a generation's start: the newest restore point of ``run`` any rank
-    holds, now held by every rank (broadcast from the lowest rank that has it), or None when
-    no rank holds one (then the generation resumes from storage)."""
+    holds, now held by every rank, or None when no rank holds one (then the generation
+    resumes from storage).
+
+    Only the ranks that lack it receive it, each from one of the ranks that hold it (the
+    holders take the receivers in turn, point to point), and nothing moves when every rank
+    holds it: the survivors of a loss all hold the last step's state, and a broadcast of it
+    to every rank cost each re-formation the whole state again (252 MiB, 2.3-2.8 s on the
+    fleet bench, bench/results/2026-11-29j). ``Restored.source_rank`` is -1 then."""
     t0 = time.monotonic()
     mine = _HELD[0]
     if mine is None or mine.run != run:
@@ -360,7 +367,6 @@ def agree(run: str, rank: int, world_size: int) -> Restored | None:
             return None
         assert mine is not None
         return Restored(mine, rank, False, time.monotonic() - t0)
-    import torch
     import torch.distributed as dist
 
     indices: list[Any] = [None] * world_size
@@ -368,28 +374,55 @@ def agree(run: str, rank: int, world_size: int) -> Restored | None:
     best = max(int(i) for i in indices)
     if best < 0:
         return None
-    source = min(r for r, i in enumerate(indices) if i == best)
-    # The header and the arena go as two uint8 tensors (their lengths first): no pickling
-    # of the tensors' bytes. NCCL moves only device tensors.
-    on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-    if rank == source:
-        assert mine is not None
-        header, body = _encode(mine)
-        sizes = torch.tensor([len(header), body.numel()], dtype=torch.int64, device=on)
-    else:
-        sizes = torch.zeros(2, dtype=torch.int64, device=on)
-    dist.broadcast(sizes, src=source)
-    if rank == source:
-        head = torch.frombuffer(bytearray(header), dtype=torch.uint8).to(on or "cpu")
-        data = body.to(on) if on is not None else body
-    else:
-        head = torch.empty(int(sizes[0].item()), dtype=torch.uint8, device=on)
-        data = torch.empty(int(sizes[1].item()), dtype=torch.uint8, device=on)
-    dist.broadcast(head, src=source)
-    dist.broadcast(data, src=source)
-    if index == best:
-        assert mine is not None
-        return Restored(mine, source, False, time.monotonic() - t0)
-    snap = _decode(head.cpu().numpy().tobytes(), data.cpu())
-    _HELD[0] = snap
-    return Restored(snap, source, True, time.monotonic() - t0)
+    holders = [r for r, i in enumerate(indices) if int(i) == best]
+    senders = {
+        r: holders[k % len(holders)]
+        for k, r in enumerate(r for r, i in enumerate(indices) if int(i) != best)
+    }
+    if rank in senders:
+        snap = _receive(senders[rank], dist)
+        _HELD[0] = snap
+        return Restored(snap, senders[rank], True, time.monotonic() - t0)
+    assert mine is not None
+    mine_to = [r for r, h in senders.items() if h == rank]
+    if mine_to:
+        _send(mine, mine_to, dist)
+    return Restored(mine, min(holders) if senders else -1, False, time.monotonic() - t0)
+
+
+def _device(dist: Any) -> Any:
+    """Where the tensors go: NCCL moves only device tensors."""
+    import torch
+
+    return (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    )
+
+
+def _send(snap: Snapshot, to: Sequence[int], dist: Any) -> None:
+    """Send ``snap`` to each rank of ``to`` in turn: its sizes, its header and its arena, as
+    ``uint8`` tensors (no pickling of the tensors' bytes)."""
+    import torch
+
+    on = _device(dist)
+    header, body = _encode(snap)
+    sizes = torch.tensor([len(header), body.numel()], dtype=torch.int64, device=on)
+    head = torch.frombuffer(bytearray(header), dtype=torch.uint8).to(on or "cpu")
+    data = body.to(on) if on is not None else body
+    for dst in to:
+        for t in (sizes, head, data):
+            dist.send(t, dst=dst)
+
+
+def _receive(src: int, dist: Any) -> Snapshot:
+    """What :func:`_send` sends, from rank ``src``."""
+    import torch
+
+    on = _device(dist)
+    sizes = torch.zeros(2, dtype=torch.int64, device=on)
+    dist.recv(sizes, src=src)
+    head = torch.empty(int(sizes[0].item()), dtype=torch.uint8, device=on)
+    data = torch.empty(int(sizes[1].item()), dtype=torch.uint8, device=on)
+    dist.recv(head, src=src)
+    dist.recv(data, src=src)
+    return _decode(head.cpu().numpy().tobytes(), data.cpu())

@@ -113,10 +113,14 @@ def _from_memory(
 ) -> bool:
     points.held = True
     points.restored = e
+    moved = (
+        f"held by every rank, nothing moved, agreed in {e.seconds:.2f}s"
+        if e.source_rank < 0
+        else f"from rank {e.source_rank} in {e.seconds:.2f}s"
+    )
     view.message(
         f"[torchjob] resumed from the survivors' memory (report {e.index}, "
-        f"{e.bytes / 2**20:.1f} MiB from rank {e.source_rank} in "
-        f"{e.seconds:.2f}s); storage was not read"
+        f"{e.bytes / 2**20:.1f} MiB {moved}); storage was not read"
     )
     return True
 
