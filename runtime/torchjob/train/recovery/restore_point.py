@@ -31,7 +31,7 @@ from __future__ import annotations
 import io
 import os
 import time
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from typing import Any
 from torchjob.checkpoint.rng import capture_rng
 from torchjob.launch.settings import ENV_RESTORE_POINT_DIR
 from torchjob.train.recovery import shm_keep
+from torchjob.train.recovery import snapshot_wire as wire
 
 
 @dataclass
@@ -380,49 +381,11 @@ def agree(run: str, rank: int, world_size: int) -> Restored | None:
         for k, r in enumerate(r for r, i in enumerate(indices) if int(i) != best)
     }
     if rank in senders:
-        snap = _receive(senders[rank], dist)
+        snap = _decode(*wire.receive(senders[rank], dist))
         _HELD[0] = snap
         return Restored(snap, senders[rank], True, time.monotonic() - t0)
     assert mine is not None
     mine_to = [r for r, h in senders.items() if h == rank]
     if mine_to:
-        _send(mine, mine_to, dist)
+        wire.send(*_encode(mine), mine_to, dist)
     return Restored(mine, min(holders) if senders else -1, False, time.monotonic() - t0)
-
-
-def _device(dist: Any) -> Any:
-    """Where the tensors go: NCCL moves only device tensors."""
-    import torch
-
-    return (
-        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-    )
-
-
-def _send(snap: Snapshot, to: Sequence[int], dist: Any) -> None:
-    """Send ``snap`` to each rank of ``to`` in turn: its sizes, its header and its arena, as
-    ``uint8`` tensors (no pickling of the tensors' bytes)."""
-    import torch
-
-    on = _device(dist)
-    header, body = _encode(snap)
-    sizes = torch.tensor([len(header), body.numel()], dtype=torch.int64, device=on)
-    head = torch.frombuffer(bytearray(header), dtype=torch.uint8).to(on or "cpu")
-    data = body.to(on) if on is not None else body
-    for dst in to:
-        for t in (sizes, head, data):
-            dist.send(t, dst=dst)
-
-
-def _receive(src: int, dist: Any) -> Snapshot:
-    """What :func:`_send` sends, from rank ``src``."""
-    import torch
-
-    on = _device(dist)
-    sizes = torch.zeros(2, dtype=torch.int64, device=on)
-    dist.recv(sizes, src=src)
-    head = torch.empty(int(sizes[0].item()), dtype=torch.uint8, device=on)
-    data = torch.empty(int(sizes[1].item()), dtype=torch.uint8, device=on)
-    dist.recv(head, src=src)
-    dist.recv(data, src=src)
-    return _decode(head.cpu().numpy().tobytes(), data.cpu())
