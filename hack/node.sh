@@ -240,12 +240,29 @@ set_frozen() { # set_frozen 1|0: freeze or thaw the selected node's cgroup, wait
     echo "$1" >"${dir}/cgroup.freeze"
     want="frozen $1"
     for i in $(seq 300); do grep -qx "${want}" "${dir}/cgroup.events" && return 0; sleep 0.1; done
-  else
-    if [[ "$1" == 1 ]]; then want=FROZEN; else want=THAWED; fi
+  elif [[ "$1" == 0 ]]; then
+    want=THAWED
     for i in $(seq 300); do
-      echo "${want}" >"${dir}/freezer.state"
-      [[ "$(cat "${dir}/freezer.state")" == "${want}" ]] && return 0
+      echo THAWED >"${dir}/freezer.state"
+      [[ "$(cat "${dir}/freezer.state")" == THAWED ]] && return 0
       sleep 0.1
+    done
+  else
+    # v1's freezer never finishes while a task is in an exec (runc starting a container):
+    # the exec waits, uninterruptibly, for its other threads to exit, and they are frozen,
+    # so the cgroup stays FREEZING (seen in the fleet bench, 2026-11-30). Each try waits
+    # 2 s; a try that did not finish thaws for 0.2 s (the exec completes; the link is cut
+    # already, so nothing the node says reaches anyone) and freezes again.
+    want=FROZEN
+    for i in $(seq 15); do
+      echo FROZEN >"${dir}/freezer.state"
+      for _ in $(seq 20); do
+        [[ "$(cat "${dir}/freezer.state")" == FROZEN ]] && return 0
+        sleep 0.1
+      done
+      log "node ${NODE} still freezing after 2s (a task in an exec?): thawing 0.2s, then again"
+      echo THAWED >"${dir}/freezer.state"
+      sleep 0.2
     done
   fi
   die "node ${NODE}'s cgroup ${dir} did not become ${want} within 30s"
