@@ -411,11 +411,16 @@ def test_a_silent_report_wakes_its_job_and_other_status_writes_do_not() -> None:
         op = Operator(OperatorSettings(), live=FakeKube(_spec()))
         op.store.put_job(job)
         woke: list[str] = []
-        op.jobs.loops[KEY] = object()  # type: ignore[assignment]  # the job has a loop
+        # The job has a loop (a stand-in: nothing runs it). The queue's gauges read every
+        # loop of every operator built in this process, so it leaves with the scenario.
+        op.jobs.loops[KEY] = object()  # type: ignore[assignment]
         op.jobs.poke = lambda key: woke.append(key[1])  # type: ignore[method-assign]
-        for what, body in (("progress", progress), ("report", report), ("again", report)):
-            op.torchjob_event({"type": "MODIFIED", "object": body}, "ns", "tj")
-            woke.append(f"after {what}")
+        try:
+            for what, body in (("progress", progress), ("report", report), ("again", report)):
+                op.torchjob_event({"type": "MODIFIED", "object": body}, "ns", "tj")
+                woke.append(f"after {what}")
+        finally:
+            del op.jobs.loops[KEY]
         return woke
 
     assert asyncio.run(scenario()) == ["after progress", "tj", "after report", "after again"]
