@@ -519,3 +519,43 @@ def test_a_replacement_already_starting_takes_a_place_when_the_job_must_refill()
     assert refill.status["currentGeneration"] == 2 and members[:2] == [0, 4], members
     assert not {1, 2, 3} & set(members), "held names are not reused"
     assert "tj-worker-4" not in refill.delete
+
+
+def test_a_pod_left_silent_stays_out_when_a_later_loss_restarts_the_job() -> None:
+    """bench/results/2026-11-30a, losses 8 and 9: a node vanished; its pods' peers reported
+    them silent and the next generation left them (deleted, but Ready as far as the API
+    server knew: the node frozen). Another silent pod two seconds later took the job below its
+    minimum, and the full-size generation that followed took the first pods back as members
+    (only the latest generation's verdict was remembered, and the reporters' new reports had
+    replaced their old ones), then waited 37-39 s for the node controller. A verdict holds
+    until a new pod of that name joins (``status.history``'s ``silent``)."""
+    builder = job().replicas(4).elastic(3, 4).keep_survivors()
+    builder.spec["elastic"]["shrinkOnDisruption"] = True
+    view, up = started(builder.build())
+    first = {"pod": "tj-worker-3", "generation": 0, "by": "tj-worker-0", "seconds": 6.0}
+    view = with_state(view, {**plan(view, up, at(2)).status, "silentWorkers": [first]})
+    shrunk, view, _ = step(view, up, 8)
+    assert shrunk.status["replicas"] == 3 and "tj-worker-3" in shrunk.delete
+    (record,) = [r for r in shrunk.status["history"] if r["generation"] == 1]
+    assert record["cause"] == "SilentPeer" and record["silent"] == ["tj-worker-3"], record
+    frozen = replace(up[3], deleting=True)  # deleted, its node frozen: Ready to the API
+    assert not frozen.stuck
+    # Reporter 0's next report (pod 2, generation 1) replaces its first one, as it does.
+    second = {"pod": "tj-worker-2", "generation": 1, "by": "tj-worker-0", "seconds": 6.0}
+    view = with_state(view, {**shrunk.status, "silentWorkers": [second]})
+    kept = [replace(p, generation=1) for p in up[:3]]
+    refill = plan(view, [*kept, frozen], at(12))
+    assert refill.status["currentGeneration"] == 2, refill.status
+    assert refill.phase == Phase.RESTARTING
+    members = refill.status["members"]
+    assert members[:2] == [0, 1] and not {2, 3} & set(members), members
+    assert refill.status["history"][-1]["silent"] == ["tj-worker-2"]
+    assert refill.delete == ("tj-worker-2",)
+    # Both silent pods deleted and frozen: neither is waited for, both names stay held.
+    view = with_state(view, {**refill.status, "silentWorkers": [second]})
+    now = [replace(p, generation=2) for p in kept[:2]]
+    held = [replace(kept[2], deleting=True), frozen]
+    made = plan(view, [*now, *held], at(13))
+    assert made.status["members"] == members, "the published order stays"
+    assert made.create is not None and set(made.create.indices) == set(members[2:])
+    assert made.delete == ()

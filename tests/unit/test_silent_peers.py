@@ -137,7 +137,7 @@ def test_a_report_of_the_generation_before_counts_for_a_pod_carried_into_this_on
     # the deletion, its node avoided): the report counts there too.
     body = [r.model_dump(by_alias=True, exclude_none=True) for r in view.state.silent]
     after = with_state(view, {**st, "silentWorkers": body})
-    assert set(lost_silent(after.state, "tj")) == {"tj-worker-1"}
+    assert set(lost_silent(after.state)) == {"tj-worker-1"}
     # Two generations back is too old, and a report of this generation still counts alone.
     stale = reported(view, grown.status, ("tj-worker-1", 0, "tj-worker-0"))
     assert plan(stale, up, at(22)).status["currentGeneration"] == 2

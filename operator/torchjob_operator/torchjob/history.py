@@ -62,13 +62,13 @@ def _named(indices: Sequence[int], job: str, nodes: dict[str, str]) -> list[str]
     return out or None
 
 
-def _silent(d: Decision, left: set[str], ended: Sequence[PodView] = ()) -> bool:
-    """A pod that left was reported silent in the generation that lost it (or, carried
-    into it, in the one before: ``silent.silenced`` then marked it)."""
+def _silent(d: Decision, left: set[str], ended: Sequence[PodView] = ()) -> list[str]:
+    """The pods that left and were reported silent in the generation that lost them (or,
+    carried into it, in the one before: ``silent.silenced`` then marked them), by name."""
     state = d.job.state
-    return any(p.silent is not None for p in ended) or any(
-        r.pod in left and r.generation == state.generation for r in state.silent
-    )
+    found = {p.name for p in ended if p.silent is not None}
+    found |= {r.pod for r in state.silent if r.pod in left and r.generation == state.generation}
+    return sorted(found)
 
 
 def _loss_time(d: Decision, cause: str, left: set[str], ended: Sequence[PodView] = ()) -> datetime:
@@ -125,9 +125,10 @@ def started(d: Decision, pods: Sequence[PodView]) -> GenerationRecord | None:
     left = [i for i in old if i not in new or i in replaced]
     gone = {contract.worker_pod_name(d.job.name, i) for i in left}
     ended = [p for p in pods if p.generation < d.generation and p.name in gone]
+    silent = _silent(d, gone, ended)
     if cause == "Disruption":
         # Losses that are not the job's leave no failure to name them (torchjob.rules.loss).
-        if _silent(d, gone, ended):
+        if silent:
             cause = "SilentPeer"
         elif any(
             isinstance(p.loss, Disruption) and p.loss.reason.startswith("killed") for p in ended
@@ -149,6 +150,7 @@ def started(d: Decision, pods: Sequence[PodView]) -> GenerationRecord | None:
         world_size=d.replicas * d.job.spec.resolved_nproc_per_node(),
         left=_named(left, job, nodes),
         joined=_named([i for i in new if i not in old or i in replaced], job, {}),
+        silent=silent or None,
         loss_time=stamp(loss_time) if not first else None,
         step_at_loss=progress.step if progress is not None and not first else None,
     )

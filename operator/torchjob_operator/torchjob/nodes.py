@@ -33,7 +33,7 @@ from datetime import datetime
 from torchjob import contract
 from torchjob_operator.common.nodes import NodeView, notice_deadline
 from torchjob_operator.torchjob.observed import JobState, PodView
-from torchjob_operator.torchjob.silent import SILENT_REASON, carried_over, trusted_reports
+from torchjob_operator.torchjob.silent import carried_over, trusted_reports
 
 NODE_LOST = "NodeLost"
 """``PodView.disruption`` of a pod whose node stopped reporting (``Ready`` not ``True``)."""
@@ -85,7 +85,7 @@ def suspect_nodes(
     carried = carried_over(state.history, state.generation, members)
     silent = trusted_reports(state.silent, state.generation, members, carried)
     found = {p.node for p in pods if p.name in silent and p.node}
-    found |= set(lost_silent(state, job).values())
+    found |= set(lost_silent(state).values())
     return sorted(found - set(avoid) - {""})
 
 
@@ -94,28 +94,24 @@ def _members(state: JobState, job: str) -> list[str]:
     return [contract.worker_pod_name(job, i) for i in state.members or range(state.replicas)]
 
 
-def lost_silent(state: JobState, job: str) -> dict[str, str]:
-    """The pods of ``job`` the current generation left behind because their peers found them
-    silent (trusted reports: a partition's tie goes to rank 0's view, and rank 0 stays rank 0),
-    by name, with their nodes: ``status.history``'s ``left`` (pod@node) of a generation begun
-    for a silent peer."""
+def lost_silent(state: JobState) -> dict[str, str]:
+    """The pods the current generation left behind because their peers found them silent
+    (its ``status.history`` record's ``silent``: the planner's verdict, a partition's tie gone
+    to rank 0's view), by name, with their nodes (``left``: pod@node)."""
     latest = state.history[-1] if state.history else None
-    if latest is None or latest.cause != SILENT_REASON or latest.generation != state.generation:
+    if latest is None or latest.generation != state.generation:
         return {}
     left = {pod: node for pod, _, node in (x.partition("@") for x in latest.left or ())}
-    # The members of the generation before: this one's but the new ones, and those that left.
-    named = [*_members(state, job), *sorted(left)]
-    carried = carried_over(state.history, latest.generation - 1, named)
-    before = trusted_reports(state.silent, latest.generation - 1, named, carried)
-    return {pod: node for pod, node in left.items() if pod in before}
+    return {pod: left.get(pod, "") for pod in latest.silent or ()}
 
 
-def held_only(p: PodView, silent: Mapping[str, str]) -> bool:
+def held_only(p: PodView) -> bool:
     """``p`` holds its name and nothing else: stuck Terminating on a lost node, or being
-    deleted after its peers found it silent (``lost_silent``: its node may have vanished while
-    the API server still shows it Ready, for ~40 s, and it would not go before). The next
-    generation creates its place under another index instead of waiting for it."""
-    return p.stuck or (p.deleting and p.name in silent)
+    deleted after its peers found it silent (``PodView.silent``, in this generation or an
+    earlier one: ``silent.silenced``; its node may have vanished while the API server still
+    shows it Ready, for ~40 s, and it would not go before). The next generation creates its
+    place under another index instead of waiting for it."""
+    return p.stuck or (p.deleting and p.silent is not None)
 
 
 __all__ = [

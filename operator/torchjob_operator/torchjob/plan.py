@@ -73,7 +73,7 @@ from torchjob_operator.torchjob.ending import (
 )
 from torchjob_operator.torchjob.initializing import holds, initializing
 from torchjob_operator.torchjob.loss import after_loss, survives
-from torchjob_operator.torchjob.nodes import held_only, lost_silent
+from torchjob_operator.torchjob.nodes import held_only
 from torchjob_operator.torchjob.observed import JobState, PodView, ProbeView
 from torchjob_operator.torchjob.phase import active_phase
 from torchjob_operator.torchjob.silent import silenced
@@ -239,7 +239,6 @@ def _carry_on(d: Decision, pods: Sequence[PodView]) -> Plan:
     if spec.elastic is not None and spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS:
         d = d.but(standby_ready=len(ready_joiners(d, pods)))
     stale = [p for p in pods if p not in current and p not in joining]
-    gone = lost_silent(d.job.state, job.name)
     d = d.also(delete=[p.name for p in stale if not p.deleting])
     if spec.membership_policy == MembershipPolicy.KEEP_SURVIVORS:
         # Published with the generation, while a lost pod may still run (an evicted pod
@@ -268,11 +267,11 @@ def _carry_on(d: Decision, pods: Sequence[PodView]) -> Plan:
         # by the garbage collector): ours would share their names. Wait, counting nothing;
         # their deletion pokes this job's loop (same name label), the requeue is a safety net.
         d = d.also(requeue=[FOREIGN_RECHECK_S])
-    elif not [p for p in stale if not held_only(p, gone)]:
+    elif not [p for p in stale if not held_only(p)]:
         # A pod stuck Terminating on a lost node, or deleted after its peers found it silent
         # (its node may have vanished while the API server still shows it Ready), blocks
         # nothing: only its index is taken.
-        held = {p.index for p in stale if held_only(p, gone)}
+        held = {p.index for p in stale if held_only(p)}
         d = _create(d, current, held, {p.index for p in pods})
 
     if job.foreign_pods and d.create is None and d.created_generation != d.generation:

@@ -82,6 +82,16 @@ def trusted_reports(
     return {r.pod: r for r in trusted}
 
 
+def left_silent(history: Sequence[GenerationRecord]) -> dict[str, int]:
+    """The pods a generation left because their peers found them silent (its record's
+    ``silent``), by name, with that generation (the latest that names it): a pod of that name
+    labelled with an earlier generation is the one left; a later one is its successor."""
+    out: dict[str, int] = {}
+    for record in history:
+        out.update(dict.fromkeys(record.silent or (), record.generation))
+    return out
+
+
 def silenced(
     pods: Sequence[PodView],
     reports: Sequence[SilentWorker],
@@ -95,28 +105,34 @@ def silenced(
     judges, and a pod no later generation keeps. A pod created for a later generation under
     the same name (the replacement) is not the one reported; a pod carried into this
     generation (``history``: :func:`carried_over`) is the one its peers reported in the
-    generation before."""
-    if not reports:
-        return list(pods)
+    generation before.
+
+    A pod an earlier generation left for its silence (:func:`left_silent`) and still there
+    (deleted, on a node that does not confirm it) keeps ``PodView.silent`` too: its name is
+    held, never its place. Its reporters' later reports replace theirs of it, so only the
+    history remembers it: a generation begun for another loss while a vanished node's pods
+    still showed Running took them back as members and waited 37-39 s for the node
+    controller (bench/results/2026-11-30a, losses 8 and 9)."""
     members = [contract.worker_pod_name(job, i) for i in ranked]
     carried = carried_over(history, generation, members)
-    trusted = trusted_reports(reports, generation, members, carried)
+    trusted = trusted_reports(reports, generation, members, carried) if reports else {}
+    earlier = left_silent(history)
     out = []
     for p in pods:
         r = trusted.get(p.name)
-        if r is None or not p.active or (p.generation > r.generation and p.name not in carried):
+        if r is not None and p.active and (p.generation <= r.generation or p.name in carried):
+            out.append(_lost(p, Silent(r.seconds, r.by, r.how or "heartbeat")))
+        elif p.generation < earlier.get(p.name, -1) and p.silent is None:
+            left = earlier[p.name]
+            out.append(replace(p, silent=Silent(0.0, f"the survivors of generation {left - 1}")))
+        else:
             out.append(p)
-            continue
-        silent = Silent(r.seconds, r.by, r.how or "heartbeat")
-        line = f"{p.name} {silent.why}"
-        out.append(
-            replace(
-                p,
-                phase=PodPhase.FAILED,
-                reason=SILENT_REASON,
-                message=line,
-                summary=line,
-                silent=silent,
-            )
-        )
     return out
+
+
+def _lost(p: PodView, silent: Silent) -> PodView:
+    """``p`` failed as silent (``PodView.silent``, reason ``SilentPeer``)."""
+    line = f"{p.name} {silent.why}"
+    return replace(
+        p, phase=PodPhase.FAILED, reason=SILENT_REASON, message=line, summary=line, silent=silent
+    )

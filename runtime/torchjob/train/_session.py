@@ -70,6 +70,9 @@ class Session:
     """How often ``report()`` copies the registered state (``recovery.cadence``)."""
     restored: Restored | None = None
     """The in-memory restore point this generation started from (None: storage or fresh)."""
+    unsynced: list[Any] = field(default_factory=list)
+    """DDP models built without their init broadcast, the restore point to load into them
+    (``_prepare.prepare_model``): ``register_state`` makes them equal on every rank."""
     report_base: int = 0
     """Reports of the run before this generation's (a restore point's index counts from it)."""
     async_save: bool = False

@@ -45,6 +45,11 @@ class GenerationRecord(_Model):
     joined: list[str] | None = Field(
         default=None, description="Pods new in this generation (pod@node once scheduled)."
     )
+    silent: list[str] | None = Field(
+        default=None,
+        description="Pods of left that their peers found silent: kept out of every later "
+        "generation until a new pod of that name joins.",
+    )
     loss_time: str | None = Field(default=None, description="When the loss was seen.")
     step_at_loss: int | None = Field(
         default=None, description="The last step rank 0 had reported before the loss."
