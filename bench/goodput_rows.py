@@ -7,6 +7,7 @@ the row trained in its window (bench/goodput_accounting.py counts it)."""
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import random
 import tempfile
@@ -20,7 +21,7 @@ from tests import kube as k
 from bench import goodput_accounting as acc
 from bench import goodput_schedule as sch
 from bench.goodput_jobs import JOB, KUBEFLOW, kubeflow_manifest, manifest
-from bench.goodput_losses import Losses, fleet_whole
+from bench.goodput_losses import OPERATOR_NS, Losses, fleet_whole
 from bench.goodput_pods import save_logs
 from bench.goodput_rates import full_size_rates
 from bench.goodput_records import (
@@ -332,6 +333,8 @@ class _RowRun:
             )
         except Exception as e:  # the logs are the row's extras: its job must go all the same
             log(f"{self.label}: logs not saved: {e!r}")
+        if not self.kubeflow:
+            self._operator_log(args.out / f"{stem}-operator.log.gz")
         kind = "pytorchjob" if self.kubeflow else "torchjobs"
         self.cluster.kubectl("-n", ns, "delete", kind, JOB, "--wait=false")
         try:
@@ -351,6 +354,18 @@ class _RowRun:
         copy_compressed(self.events, args.out / f"{stem}-events.jsonl.gz")
         watch.write(args.out / f"{stem}-trace.jsonl.gz")
         self.core.delete_namespace(ns)
+
+    def _operator_log(self, path: Path) -> None:
+        """The operator's log so far (the bench uninstalls it after its rows): what it
+        decided, and when, beside the row's trace."""
+        got = self.cluster.kubectl(
+            "-n", OPERATOR_NS, "logs", "deploy/torchjob-operator", "--timestamps", check=False
+        )
+        if got.returncode != 0:
+            log(f"{self.label}: operator log not saved: {got.stderr.strip()[:200]}")
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(gzip.compress(got.stdout.encode()))
 
     def _account(self, t_first: float, t_end: float) -> None:
         """What the row trained in its window, what storage holds, and its step timeline."""
