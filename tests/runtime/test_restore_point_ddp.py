@@ -86,3 +86,37 @@ def test_a_restored_generation_skips_ddps_broadcast_and_the_ranks_stay_equal(
     finals = [torch.load(tmp_path / f"final-rank{r}.pt") for r in range(WORLD)]
     for f in finals[1:]:
         assert torch.equal(f, finals[0])
+
+
+def _construct(rank: int, init_file: str, out: str) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from torchjob.train._ddp import without_init_broadcast
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    torch.manual_seed(rank)
+    inside, outside = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
+    with without_init_broadcast():
+        DistributedDataParallel(inside)
+    DistributedDataParallel(outside)
+    torch.save([inside.weight.detach(), outside.weight.detach()], f"{out}-{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_without_init_broadcast_stands_down_ddps_broadcast_only_inside(tmp_path: Path) -> None:
+    """The stand-in for a torch whose DDP has no ``init_sync`` (the CPU image's 2.6): two
+    real gloo ranks, each model from a seed of its own; built inside the context each keeps
+    its own parameters, built after it both get rank 0's. Torch is left as it was."""
+    from torch.nn.parallel import distributed
+
+    before = distributed._sync_module_states
+    out = str(tmp_path / "w")
+    # Forked: this process has torch imported already (spawned, each imports it again).
+    torch.multiprocessing.start_processes(
+        _construct, args=(str(tmp_path / "init"), out), nprocs=2, start_method="fork"
+    )
+    (in0, out0), (in1, out1) = torch.load(f"{out}-0.pt"), torch.load(f"{out}-1.pt")
+    assert not torch.equal(in0, in1), "inside: no broadcast"
+    assert torch.equal(out0, out1), "after it: DDP's broadcast as usual"
+    assert distributed._sync_module_states is before

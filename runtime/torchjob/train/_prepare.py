@@ -9,7 +9,6 @@ resumed run continue mid-epoch at another world size.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -19,7 +18,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from torchjob.checkpoint import DataPosition
 from torchjob.launch import worker_info
-from torchjob.train import _session
+from torchjob.train import _ddp, _session
 from torchjob.train._sampler import ElasticDistributedSampler
 
 
@@ -60,7 +59,7 @@ def prepare_model(
     if parallel_strategy == "ddp":
         if device.type == "cuda":
             kwargs.setdefault("device_ids", [device])
-        return _ddp(model, kwargs)
+        return _ddp.wrap(model, kwargs)
     if parallel_strategy == "fsdp":
         # FSDP2 (``fully_shard``) shards in place and, unlike FSDP1, also runs on CPU/gloo.
         from torch.distributed.fsdp import fully_shard
@@ -69,56 +68,6 @@ def prepare_model(
         fully_shard(model, **kwargs)
         return model
     raise ValueError(f"parallel_strategy must be 'ddp', 'fsdp' or None, got {parallel_strategy!r}")
-
-
-def _ddp(model: torch.nn.Module, kwargs: dict[str, Any]) -> torch.nn.Module:
-    """``model`` in DDP. Where the generation resumes from the survivors' memory (every rank
-    holds the same restore point: ``restore_point.agree``), DDP's init broadcast of every
-    parameter from rank 0 is redundant once ``register_state`` loads it: it is skipped
-    (``init_sync=False``; 0.6-0.9 s of each re-formation for 84 MiB of parameters over 8
-    ranks on 2 cores, the state's size times the ranks at scale). Should the loop never
-    load the restore point into this model, its first forward broadcasts the parameters then
-    (:func:`_sync_before_first_forward`), so the ranks never train from different ones. An
-    ``init_sync`` of the caller's, or a torch without it, is left alone."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    s = _session.current()
-    defer = (
-        s is not None
-        and s.restored is not None
-        and "init_sync" not in kwargs
-        and "init_sync" in inspect.signature(DistributedDataParallel.__init__).parameters
-    )
-    if defer:
-        kwargs["init_sync"] = False
-    ddp = DistributedDataParallel(model, **kwargs)
-    if defer and s is not None:
-        s.unsynced.append(ddp)
-        _sync_before_first_forward(ddp, s)
-    return ddp
-
-
-def _sync_before_first_forward(ddp: Any, s: _session.Session) -> None:
-    """At ``ddp``'s first forward, rank 0's parameters and buffers to every rank unless the
-    restore point was loaded into it (``register_state`` took it off ``s.unsynced``). Every
-    rank decides alike: the restore point is loaded on all of them or on none."""
-    import torch.distributed as dist
-
-    def once(module: Any, args: Any) -> None:
-        handle.remove()
-        if any(m is ddp for m in s.unsynced):
-            s.unsynced[:] = [m for m in s.unsynced if m is not ddp]
-            for t in ddp.module.state_dict().values():
-                dist.broadcast(t, 0, group=ddp.process_group)
-
-    handle = ddp.register_forward_pre_hook(once)
-
-
-def loaded(registered: Mapping[str, Any], s: _session.Session) -> None:
-    """The restore point was loaded into ``registered`` on every rank: its DDP models (or
-    the modules they wrap) are equal everywhere, and need no broadcast."""
-    values = [v for v in registered.values() if isinstance(v, torch.nn.Module)]
-    s.unsynced[:] = [m for m in s.unsynced if not any(v is m or v is m.module for v in values)]
 
 
 def _cpu_streams_for_fsdp2() -> None:

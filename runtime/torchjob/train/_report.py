@@ -303,7 +303,7 @@ def register_state(state: MutableMapping[str, Any] | Any, *, mirror: bool | None
         return False
     restore_point.load_into(registered, s.restored.snapshot.state)
     restore_rng(s.restored.snapshot.rng)
-    from torchjob.train._prepare import loaded
+    from torchjob.train._ddp import loaded
 
     loaded(registered, s)  # DDP built without its init broadcast needs none now
     return True
