@@ -24,9 +24,7 @@ survivors' reports of the old generation count for nothing, and the new one lost
 finding the same pods again while it formed (bench/results/2026-11-29h run 2, loss 4). Two pods that each report the other (a partition between them) cannot both
 be right: a report from a pod that is itself reported does not count, and when every
 reporter is reported, the view of the pod that runs rank 0 wins (it serves the store the
-beats go through). A report that names rank 0's pod waits until every member not itself
-reported names it too (:func:`_rank_0_confirmed`): one side of a partition reporting first
-dropped rank 0, the side that holds the store. Pure.
+beats go through). Pure.
 """
 
 from __future__ import annotations
@@ -81,23 +79,7 @@ def trusted_reports(
     trusted = [r for r in valid if r.by not in reported]
     if not trusted and valid and members:
         trusted = [r for r in valid if r.by == members[0]]
-    if members and not _rank_0_confirmed(trusted, members[0], set(members) - reported):
-        return {}
     return {r.pod: r for r in trusted}
-
-
-def _rank_0_confirmed(trusted: Sequence[SilentWorker], lead: str, unreported: set[str]) -> bool:
-    """Reports that name ``lead`` (the pod of rank 0, whose store the beats go through) are
-    acted on only once every member not itself reported says so: a node that vanishes with
-    rank 0 leaves no member that still reaches it, while across a partition the other side's
-    reports come first as often as rank 0's own (it finds them silent by their beats, they
-    find its store silent by a probe; the operator acts on the first report it sees) and a
-    member beside the cut still reaches rank 0. Until then nothing is acted on (the reports
-    against rank 0's node-mates are the same loss). A job of two members cannot tell a
-    partition from a vanish: the first report wins."""
-    if not any(r.pod == lead for r in trusted):
-        return True
-    return unreported - {lead} <= {r.by for r in trusted if r.pod == lead}
 
 
 def left_silent(history: Sequence[GenerationRecord]) -> dict[str, int]:
