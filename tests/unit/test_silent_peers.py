@@ -6,6 +6,7 @@ cannot be right are not acted on."""
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import datetime
 
 import pytest
 from tests.unit.builders import at, job, running
@@ -15,15 +16,27 @@ from tests.unit.test_planner import step
 from torchjob.api.models import SilentWorker
 from torchjob_operator.torchjob.nodes import lost_silent
 from torchjob_operator.torchjob.plan import JobView, plan, with_state
-from torchjob_operator.torchjob.silent import trusted_reports
+from torchjob_operator.torchjob.silent import RANK0_HOLD_S, trusted_reports
+
+
+def format_ms(t: datetime) -> str:
+    """``t`` as the runtime writes a report's ``at``: RFC 3339, milliseconds, ``Z``."""
+    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def reported(
-    view: JobView, status: dict, *reports: tuple[str, int, str], how: str | None = None
+    view: JobView,
+    status: dict,
+    *reports: tuple[str, int, str],
+    how: str | None = None,
+    at_s: float | None = None,
 ) -> JobView:
     """``view`` once survivors patched ``status.silentWorkers`` with ``reports`` (``how``:
-    absent, as an older runtime writes them, or ``heartbeat`` / ``store``)."""
-    extra = {} if how is None else {"how": how}
+    absent, as an older runtime writes them, or ``heartbeat`` / ``store``; ``at_s``: when they
+    were made, absent as an older runtime writes them)."""
+    extra: dict = {} if how is None else {"how": how}
+    if at_s is not None:
+        extra["at"] = format_ms(at(at_s))
     body = [{"pod": p, "generation": g, "by": by, "seconds": 10.5, **extra} for p, g, by in reports]
     return with_state(view, {**status, "silentWorkers": body})
 
@@ -86,6 +99,48 @@ def test_reports_the_planner_does_not_act_on() -> None:
     # Only the two of them: the pod that runs rank 0 is right (it serves the beats' store).
     mutual = [w("tj-worker-0", 3, "tj-worker-1"), w("tj-worker-1", 3, "tj-worker-0")]
     assert set(trusted_reports(mutual, 3, members)) == {"tj-worker-1"}
+
+
+def members(status: dict) -> list[int]:
+    """The generation's pod indices in rank order (``members``, or 0..replicas-1)."""
+    return status.get("members") or list(range(status["replicas"]))
+
+
+def test_a_partition_goes_to_rank_0s_side_whichever_side_reports_first() -> None:
+    """A partition between two nodes: pods 0 and 1 (rank 0, the store) on one, 2 and 3 on
+    the other. Both sides find the other silent in the same seconds; the side cut off from the
+    store reported first (seen in CI) and the operator dropped rank 0's side. A report that
+    names rank 0's pod waits ``RANK0_HOLD_S``: rank 0's report of the other side comes in that
+    time and wins. Without one (rank 0's node vanished), the wait ends and the report counts."""
+    _, view, pods = step(elastic_keep(4, 2), [], 0)
+    up = [running(p) for p in pods]
+    settled, view, _ = step(view, up, 1)
+    cut = ("tj-worker-0", 0, "tj-worker-2"), ("tj-worker-1", 0, "tj-worker-2")
+    cut_off = reported(view, settled.status, *cut, at_s=10)
+    waiting = plan(cut_off, up, at(10.5))
+    assert waiting.status["currentGeneration"] == 0 and waiting.delete == ()
+    assert waiting.requeue_after_s == pytest.approx(RANK0_HOLD_S - 0.5)
+    # Rank 0's side reports the other side a second later: it keeps the job.
+    both = reported(
+        view,
+        settled.status,
+        *cut,
+        ("tj-worker-2", 0, "tj-worker-0"),
+        ("tj-worker-3", 0, "tj-worker-0"),
+        at_s=11,
+    )
+    kept = plan(both, up, at(11.2))
+    assert members(kept.status) == [0, 1], kept.status
+    assert sorted(kept.delete) == ["tj-worker-2", "tj-worker-3"]
+    assert kept.status["restarts"] == 0
+    # Nobody answers for rank 0's pod (its node vanished): once the wait is over, pod 2's
+    # report counts, and the job goes on with 2 and 3 (a new rank 0).
+    vanished = plan(cut_off, up, at(10 + RANK0_HOLD_S))
+    assert members(vanished.status) == [2, 3], vanished.status
+    assert sorted(vanished.delete) == ["tj-worker-0", "tj-worker-1"]
+    # A report of a pod other than rank 0's does not wait.
+    other = reported(view, settled.status, ("tj-worker-3", 0, "tj-worker-1"), at_s=10)
+    assert members(plan(other, up, at(10.1)).status) == [0, 1, 2]
 
 
 def test_a_silent_report_under_a_fixed_size_job_replaces_the_pod_without_backoff() -> None:

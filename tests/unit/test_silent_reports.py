@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 from tests.unit.builders import pod_env
@@ -67,6 +68,10 @@ def test_an_apply_holds_every_report_of_the_generation_under_the_reporters_manag
     assert entries(body) == [("tj-worker-0", 4, "tj-worker-1"), ("tj-worker-2", 4, "tj-worker-1")]
     assert body["status"]["silentWorkers"][0]["seconds"] == 5.0
     assert [e["how"] for e in body["status"]["silentWorkers"]] == ["heartbeat", "store"]
+    # When each was found, RFC 3339 with milliseconds (the operator's hold of rank 0's reports).
+    found = [datetime.fromisoformat(e["at"]) for e in body["status"]["silentWorkers"]]
+    now = datetime.now(timezone.utc)
+    assert all(abs((now - f).total_seconds()) < 60 for f in found), found
     assert not reports.record(ranked, 4, 6, 1.0), "rank 6 is of no pod"
     assert not reports.record(ranked, 3, 0, 1.0), "an older generation"
     assert reports.record((0, 1), 5, 0, 5.0)  # the next generation replaces the last one's
@@ -126,8 +131,11 @@ def test_the_first_silent_peer_of_a_generation_sweeps_the_other_members_hosts() 
     assert sorted(asked) == ["tj-worker-2.tj.ns.svc", "tj-worker-3.tj.ns.svc"]
     reports.sweep((0, 1, 2, 3), 7)
     assert len(asked) == 2, "once a generation"
+    swept_at = body["status"]["silentWorkers"][1]["at"]
     assert reports.record((0, 1, 2, 3), 7, 3, 5.4, "heartbeat")
     assert [e.how for e in reports.reports()] == ["heartbeat", "heartbeat"]
+    # When it was first found stays (the operator holds a report of rank 0 from then).
+    assert reports.reports()[1].at == swept_at
 
 
 def test_no_report_is_written_while_the_sweep_of_its_generation_runs() -> None:

@@ -70,7 +70,11 @@ def with_nodes(
 
 
 def suspect_nodes(
-    state: JobState, pods: Iterable[PodView], avoid: Sequence[str], job: str
+    state: JobState,
+    pods: Iterable[PodView],
+    avoid: Sequence[str],
+    job: str,
+    now: datetime | None = None,
 ) -> list[str]:
     """The nodes a new pod of ``job`` had rather not go to (``resources.pods.
     prefer_other_nodes``): those of its members that their peers reported silent, in
@@ -80,10 +84,11 @@ def suspect_nodes(
     ``pod@node``, of a generation begun for a silent peer). A node cut off from the job's
     other nodes (a partition) stays Ready and schedulable: once its silent pod is deleted it
     holds none of the job's pods, so the job's even spread would put the replacement right
-    back where it cannot reach its peers. Nodes in ``avoid`` (kept off anyway) are left out."""
+    back where it cannot reach its peers. Nodes in ``avoid`` (kept off anyway) are left out;
+    ``now``: reports naming rank 0's pod that wait (``silent.held``) do not count yet."""
     members = _members(state, job)
     carried = carried_over(state.history, state.generation, members)
-    silent = trusted_reports(state.silent, state.generation, members, carried)
+    silent = trusted_reports(state.silent, state.generation, members, carried, now)
     found = {p.node for p in pods if p.name in silent and p.node}
     found |= set(lost_silent(state).values())
     return sorted(found - set(avoid) - {""})

@@ -76,7 +76,7 @@ from torchjob_operator.torchjob.loss import after_loss, survives
 from torchjob_operator.torchjob.nodes import held_only
 from torchjob_operator.torchjob.observed import JobState, PodView, ProbeView
 from torchjob_operator.torchjob.phase import active_phase
-from torchjob_operator.torchjob.silent import silenced
+from torchjob_operator.torchjob.silent import recheck_after, silenced
 from torchjob_operator.torchjob.spread import spread_back
 from torchjob_operator.torchjob.status import ready_reason, render_status
 
@@ -199,7 +199,10 @@ def plan(
 
     d = _rescale(d)
     # Pods the survivors saw go silent are lost like SIGKILLed ones (torchjob/silent.py).
-    pods = silenced(pods, st.silent, d.generation, d.ranked, job.name, st.history)
+    pods = silenced(pods, st.silent, d.generation, d.ranked, job.name, st.history, now)
+    if st.silent:
+        wait = recheck_after(st.silent, d.generation, d.ranked, job.name, st.history, now)
+        d = d.also(requeue=[wait] if wait is not None else [])
     current = _members(d, pods)
     # A job its losses crowded onto few nodes moves one member at a time (torchjob/spread.py):
     # given notice here, it is drained like any member given notice.

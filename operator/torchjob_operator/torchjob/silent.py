@@ -24,17 +24,26 @@ survivors' reports of the old generation count for nothing, and the new one lost
 finding the same pods again while it formed (bench/results/2026-11-29h run 2, loss 4). Two pods that each report the other (a partition between them) cannot both
 be right: a report from a pod that is itself reported does not count, and when every
 reporter is reported, the view of the pod that runs rank 0 wins (it serves the store the
-beats go through). Pure.
+beats go through). Both sides find each other silent in the same seconds (the same
+threshold, from the moment the link went), so which report reaches the API server first is
+chance: a report that names the pod of rank 0 counts only :data:`RANK0_HOLD_S` after it was
+made (its ``at``; every report its reporter made waits with it), time for rank 0's side to
+report the other side if it is alive, and be believed. A vanished rank 0 costs those
+seconds more; a partition no longer leaves the job to the side cut off from its store
+(tests/cluster/test_real_node.py, seen failing in CI when the operator acted on the first
+report). A report without ``at`` (an older runtime) counts at once. Pure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import replace
+from datetime import datetime, timedelta
 
 from torchjob import contract
 from torchjob.api.models import GenerationRecord, SilentWorker
 from torchjob.rules.loss import Silent
+from torchjob_operator.common.clock import parse_time_or_none
 from torchjob_operator.torchjob.observed import PodPhase, PodView
 
 SILENT_REASON = "SilentPeer"
@@ -53,18 +62,23 @@ def carried_over(
     return frozenset(m for m in members if m not in joined)
 
 
-def trusted_reports(
+RANK0_HOLD_S = 3.0
+"""How long after it was made a report naming the pod of rank 0 waits before it counts
+(see the module docstring): longer than the spread of the two sides' reports of a partition
+(the beats' interval, 1 s, and a write to the API server), a small part of a vanish's
+recovery (about 15 s on the fleet bench)."""
+
+
+def _valid(
     reports: Sequence[SilentWorker],
     generation: int,
     members: Sequence[str],
-    carried: Collection[str] = frozenset(),
-) -> dict[str, SilentWorker]:
-    """The reports the planner acts on, by the silent pod's name (see the module docstring);
-    ``members`` are the current generation's pod names in rank order; ``carried``, those of
-    them that were members of the generation before (:func:`carried_over`), whose reports of
-    each other in it still count."""
+    carried: Collection[str],
+) -> list[SilentWorker]:
+    """The reports that name a member, by another member, of this generation (or of the one
+    before, both pods carried into this one)."""
     names = set(members)
-    valid = [
+    return [
         r
         for r in reports
         if r.pod in names
@@ -75,6 +89,42 @@ def trusted_reports(
             or (r.generation == generation - 1 and r.pod in carried and r.by in carried)
         )
     ]
+
+
+def held(
+    reports: Sequence[SilentWorker],
+    generation: int,
+    members: Sequence[str],
+    now: datetime,
+    carried: Collection[str] = frozenset(),
+) -> dict[str, datetime]:
+    """The reporters whose reports wait (they named the pod of rank 0, ``members[0]``, less
+    than :data:`RANK0_HOLD_S` before ``now``), with when they will count."""
+    if not members:
+        return {}
+    out: dict[str, datetime] = {}
+    for r in _valid(reports, generation, members, carried):
+        made = parse_time_or_none(r.at) if r.pod == members[0] else None
+        if made is not None and now < made + timedelta(seconds=RANK0_HOLD_S):
+            until = made + timedelta(seconds=RANK0_HOLD_S)
+            out[r.by] = max(out.get(r.by, until), until)
+    return out
+
+
+def trusted_reports(
+    reports: Sequence[SilentWorker],
+    generation: int,
+    members: Sequence[str],
+    carried: Collection[str] = frozenset(),
+    now: datetime | None = None,
+) -> dict[str, SilentWorker]:
+    """The reports the planner acts on, by the silent pod's name (see the module docstring);
+    ``members`` are the current generation's pod names in rank order; ``carried``, those of
+    them that were members of the generation before (:func:`carried_over`), whose reports of
+    each other in it still count; ``now``: the reporters that named rank 0's pod too lately
+    wait (:func:`held`; without it, none)."""
+    waiting = held(reports, generation, members, now, carried) if now is not None else {}
+    valid = [r for r in _valid(reports, generation, members, carried) if r.by not in waiting]
     reported = {r.pod for r in valid}
     trusted = [r for r in valid if r.by not in reported]
     if not trusted and valid and members:
@@ -99,6 +149,7 @@ def silenced(
     ranked: Sequence[int],
     job: str,
     history: Sequence[GenerationRecord] = (),
+    now: datetime | None = None,
 ) -> list[PodView]:
     """``pods`` with each member of generation ``generation`` that its peers reported silent
     seen as lost to it (``PodView.silent``, reason ``SilentPeer``): the loss the planner then
@@ -112,10 +163,11 @@ def silenced(
     held, never its place. Its reporters' later reports replace theirs of it, so only the
     history remembers it: a generation begun for another loss while a vanished node's pods
     still showed Running took them back as members and waited 37-39 s for the node
-    controller (bench/results/2026-11-30a, losses 8 and 9)."""
+    controller (bench/results/2026-11-30a, losses 8 and 9). ``now``: reports naming rank 0's
+    pod wait a moment (:func:`held`, :func:`recheck_after`)."""
     members = [contract.worker_pod_name(job, i) for i in ranked]
     carried = carried_over(history, generation, members)
-    trusted = trusted_reports(reports, generation, members, carried) if reports else {}
+    trusted = trusted_reports(reports, generation, members, carried, now) if reports else {}
     earlier = left_silent(history)
     out = []
     for p in pods:
@@ -128,6 +180,23 @@ def silenced(
         else:
             out.append(p)
     return out
+
+
+def recheck_after(
+    reports: Sequence[SilentWorker],
+    generation: int,
+    ranked: Sequence[int],
+    job: str,
+    history: Sequence[GenerationRecord],
+    now: datetime,
+) -> float | None:
+    """Seconds until the first waiting report counts (:func:`held`); None when none waits."""
+    members = [contract.worker_pod_name(job, i) for i in ranked]
+    carried = carried_over(history, generation, members)
+    waiting = held(reports, generation, members, now, carried)
+    if not waiting:
+        return None
+    return max(0.1, (min(waiting.values()) - now).total_seconds())
 
 
 def _lost(p: PodView, silent: Silent) -> PodView:

@@ -69,7 +69,7 @@ def progress_body(
     ).to_wire()
 
 
-def _now_ms() -> str:
+def now_ms() -> str:
     """Now, RFC 3339 with milliseconds (recoveries take seconds)."""
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -102,7 +102,7 @@ class GenerationFacts:
                 "generation": self.generation,
                 "restoredFrom": source,
                 "restoredStep": max(0, reports - 1),
-                "firstStepTime": _now_ms(),
+                "firstStepTime": now_ms(),
             }
         return {**body, **self.facts}, first
 
@@ -235,7 +235,7 @@ class JobStatusReporter:
             said = progress.get("lastCheckpoint")
             if said and (self._checkpoint is None or newer_checkpoint(said, self._checkpoint)):
                 self._checkpoint = said
-                self._checkpoint_time = _now_ms()
+                self._checkpoint_time = now_ms()
             if self._checkpoint is not None:
                 progress = {
                     **progress,

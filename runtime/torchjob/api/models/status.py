@@ -135,6 +135,14 @@ class SilentWorker(_Model):
             " formed)."
         ),
     )
+    at: str | None = Field(
+        default=None,
+        description=(
+            "When the reporter found it silent (RFC 3339, its clock). A report that names the"
+            " pod of rank 0 counts a few seconds after it: across a partition, rank 0's side"
+            " reports the other side in the same seconds, and its view wins."
+        ),
+    )
 
 
 class LeavingWorker(_Model):

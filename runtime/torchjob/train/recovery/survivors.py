@@ -32,6 +32,7 @@ from torchjob.launch.protocol import (
     StoreQuiet,
 )
 from torchjob.launch.store_probe import SWEEP_TIMEOUT_S, Connect, sweep
+from torchjob.train.job_status import now_ms
 from torchjob.train.progress import ProgressView
 from torchjob.train.recovery.formation import HOST, peer_address
 
@@ -211,7 +212,8 @@ class SilentReports:
         self._sweeping = threading.Lock()
         self._generation = -1
         self._swept = -1
-        self._seconds: dict[str, tuple[float, str]] = {}
+        self._seconds: dict[str, tuple[float, str, str]] = {}
+        """Each pod found silent: how long, how, and when first (RFC 3339, ms, UTC)."""
         self._ahead = -1
         self._early: tuple[int, float, dict[int, bool | None]] | None = None
         """The sweep run ahead: (generation, when it ended (monotonic), rank: answer)."""
@@ -243,8 +245,10 @@ class SilentReports:
                 self._generation, self._seconds = generation, {}
             name = contract.worker_pod_name(self.job, ranked[place])
             if name not in self._seconds or self._seconds[name][1] == HOST:
-                # A sweep that ran ahead of the watchdog's own report says less of how.
-                self._seconds[name] = (round(silent_s, 1), how)
+                # A sweep that ran ahead of the watchdog's own report says less of how; the
+                # first finding says when (the operator holds a report of rank 0 from then).
+                first = self._seconds[name][2] if name in self._seconds else now_ms()
+                self._seconds[name] = (round(silent_s, 1), how, first)
         return True
 
     def sweep(self, ranked: Sequence[int], generation: int) -> None:
@@ -336,8 +340,10 @@ class SilentReports:
     def reports(self) -> list[SilentWorker]:
         with self._lock:
             return [
-                SilentWorker(pod=p, generation=self._generation, by=self.by, seconds=s, how=how)
-                for p, (s, how) in self._seconds.items()
+                SilentWorker(
+                    pod=p, generation=self._generation, by=self.by, seconds=s, how=how, at=at
+                )
+                for p, (s, how, at) in self._seconds.items()
             ]
 
     def write(self) -> None:
