@@ -1,6 +1,6 @@
 """Recompute bench/goodput.py's goodput columns offline from a results directory.
 
-Every row of a run leaves ``NN-POLICY-MODE-STRATEGY-events.jsonl.gz`` (rank 0's step events)
+Every row of a run leaves ``NN-POLICY-MODE-STRATEGY[-norp]-events.jsonl.gz`` (rank 0's step events)
 and ``-trace.jsonl.gz`` (the pods' trace; uncompressed ``.jsonl`` files are read too) and the row's ``window``) next to its table. This reads them
 back through the same accounting (bench/goodput_accounting.py: each system divided by its
 own baselines, the samples of the row's window) and prints each row and the median [min-max]
@@ -33,13 +33,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--standbys", type=int, default=0, help="standby pods per row (Standby rows)")
     args = p.parse_args(argv)
     rows = []
+    plain: list[tuple[str, float]] = []
     for f in data_files(args.results, "*-events.jsonl"):
         stem = strip_gz(f.name)[: -len("-events.jsonl")]
-        _, policy, mode, strategy = stem.split("-")
+        _, policy, mode, strategy, *variant = stem.split("-")
         events = read_jsonl(f)
         trace = read_jsonl(args.results / f"{stem}-trace.jsonl")
         window = next(e for e in trace if e.get("what") == "window")
         t0, t1 = float(window["t0"]), float(window["t1"])
+        if variant:  # the baseline without restore points ("norp"): no system's divisor
+            plain.append((stem, acc.window_samples(events, t0, t1) / (t1 - t0)))
+            continue
         standbys = 0 if mode == acc.BASELINE_MODE else args.standbys
         fig = acc.RowFigures(
             policy, mode, acc.window_samples(events, t0, t1), t1 - t0, args.workers, standbys,
@@ -50,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"no *-events.jsonl in {args.results}")
     ideal = acc.ideal_rates(fig for _, fig, _ in rows)
     print("ideal rates (samples/s): " + ", ".join(f"{s} {r:.1f}" for s, r in ideal.items()))
+    for stem, rate in plain:
+        print(f"  {stem}: {rate:.1f} samples/s without restore points")
+        r = ideal.get(acc.system_of(stem.split("-")[1]))
+        if r is not None:
+            print(f"  restore point's overhead: 1 - {r:.1f} / {rate:.1f} = {1 - r / rate:+.3f}")
     groups: dict[tuple[str, str, str], list[tuple[float, float, float]]] = {}
     for stem, fig, paid in rows:
         if fig.mode == acc.BASELINE_MODE:  # each baseline, so that its spread shows

@@ -24,6 +24,8 @@ def test_no_raw_event_file_of_the_results_is_kept_uncompressed() -> None:
     [
         ("2026-11-26n", "Elastic hard ddp: goodput 0.976 [0.964-0.980]"),
         ("2026-11-26p", "Elastic graceful ddp: goodput 0.982 [0.968-0.992]"),
+        ("2026-11-30d/run1", "Elastic hard ddp: goodput 0.889 [0.889-0.889]"),
+        ("2026-11-30d/run1", "Kubeflow hard ddp: goodput 0.284 [0.284-0.284]"),
     ],
 )
 def test_the_published_goodput_is_recomputed_from_the_compressed_files(
@@ -33,6 +35,20 @@ def test_the_published_goodput_is_recomputed_from_the_compressed_files(
     assert published in capsys.readouterr().out
     table = (RESULTS / run / "table.txt").read_text()
     assert published.rsplit(": goodput ", 1)[1] in table
+
+
+def test_the_baseline_without_restore_points_is_no_systems_divisor(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A run with restore points measures their overhead by a baseline without them
+    (``NN-RecreateGroup-none-ddp-norp``): read back as that, not as a second torchjob
+    baseline (whose median would change every torchjob row's divisor)."""
+    assert goodput_recompute.main([str(RESULTS / "2026-11-30d" / "run1"), "--workers", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "ideal rates (samples/s): torchjob 99.0, Kubeflow 105.8" in out
+    assert "restore point's overhead: 1 - 99.0 / 109.2 = +0.094" in out
+    table = (RESULTS / "2026-11-30d" / "run1" / "table.txt").read_text()
+    assert "1 - 99.0 / 109.2 samples/s = +0.094" in table
 
 
 def test_a_plain_and_a_compressed_file_read_the_same(tmp_path: Path) -> None:
