@@ -146,14 +146,15 @@ def _split_one(
         ("first step", step),
     ]
     out = [f"{hit['what']} {name} (gen {gen0} -> {gen1}): " + ", ".join(_stages(t0, marks, loss))]
-    # The replacement: a new pod of that name, and the generation that takes it in.
-    dead_uid = (dead or {}).get("uid")
-    created = _first(
-        trace, t0, lambda e: e["what"] == "pod" and e["pod"] == name and e["uid"] != dead_uid
-    )
+    # The replacement: the first pod seen after the loss that was not there before it (a new
+    # pod of that name, or, where the job creates its places under new indices, of another
+    # one: matching by name paired a kill with a later pod of the same name, seconds after
+    # the real replacement had joined), and the generation that takes it in.
+    known = {e["uid"] for e in trace if e["what"] == "pod" and e["t"] <= t0}
+    created = _first(trace, t0, lambda e: e["what"] == "pod" and e["uid"] not in known)
     if created is None:
         return out
-    tc = created["t"]
+    tc, name = created["t"], created["pod"]
     start = _first(events, tc - 1.0, lambda e: e["ev"] == "start" and e.get("pod") == name)
     imported = None
     if start is not None:

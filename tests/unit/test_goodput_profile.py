@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from bench import goodput_profile as prof
 
 
@@ -38,3 +40,18 @@ def test_without_a_window_line_the_row_runs_from_its_first_to_its_last_step() ->
     whole = prof.preemption_costs(events, trace[:1], ideal_rate=200.0)[-1]
     assert "of 49.9s" in whole
     assert whole.endswith("the row's whole shortfall 2.5s (0.050)")
+
+
+def test_a_replacement_under_a_new_index_is_the_one_that_follows_the_kill() -> None:
+    """bench/results/2026-11-30d (an elastic job replaces a SIGKILLed pod under a new index):
+    the replacement was looked up by the dead pod's name, and the first kill (gp-worker-0) was
+    paired with the gp-worker-0 created 35 s later for another loss, after the real
+    replacement (gp-worker-8, created 1.2 s after the kill) had joined."""
+    run = Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-11-30d" / "run1"
+    events = prof.read_jsonl(run / "03-Elastic-hard-ddp-events.jsonl.gz")
+    trace = prof.read_jsonl(run / "03-Elastic-hard-ddp-trace.jsonl.gz")
+    lines = prof.split_recoveries(events, trace)
+    first = lines.index(next(x for x in lines if x.startswith("kill gp-worker-0 (gen 0 -> 1)")))
+    replacement = lines[first + 1]
+    assert replacement.startswith("  replacement pod created +1.15s: "), replacement
+    assert "generation published" in replacement and "group formed" in replacement
