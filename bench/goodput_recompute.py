@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--standbys", type=int, default=0, help="standby pods per row (Standby rows)")
     args = p.parse_args(argv)
     rows = []
-    plain: list[tuple[str, float]] = []
+    plain: list[tuple[str, str, float]] = []
     for f in data_files(args.results, "*-events.jsonl"):
         stem = strip_gz(f.name)[: -len("-events.jsonl")]
         _, policy, mode, strategy, *variant = stem.split("-")
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         window = next(e for e in trace if e.get("what") == "window")
         t0, t1 = float(window["t0"]), float(window["t1"])
         if variant:  # the baseline without restore points ("norp"): no system's divisor
-            plain.append((stem, acc.window_samples(events, t0, t1) / (t1 - t0)))
+            plain.append((stem, policy, acc.window_samples(events, t0, t1) / (t1 - t0)))
             continue
         standbys = 0 if mode == acc.BASELINE_MODE else args.standbys
         fig = acc.RowFigures(
@@ -54,9 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"no *-events.jsonl in {args.results}")
     ideal = acc.ideal_rates(fig for _, fig, _ in rows)
     print("ideal rates (samples/s): " + ", ".join(f"{s} {r:.1f}" for s, r in ideal.items()))
-    for stem, rate in plain:
+    for stem, policy, rate in plain:
         print(f"  {stem}: {rate:.1f} samples/s without restore points")
-        r = ideal.get(acc.system_of(stem.split("-")[1]))
+        r = ideal.get(acc.system_of(policy))
         if r is not None:
             print(f"  restore point's overhead: 1 - {r:.1f} / {rate:.1f} = {1 - r / rate:+.3f}")
     groups: dict[tuple[str, str, str], list[tuple[float, float, float]]] = {}

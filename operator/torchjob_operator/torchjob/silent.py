@@ -105,8 +105,8 @@ def held(
     out: dict[str, datetime] = {}
     for r in _valid(reports, generation, members, carried):
         made = parse_time_or_none(r.at) if r.pod == members[0] else None
-        if made is not None and now < made + timedelta(seconds=RANK0_HOLD_S):
-            until = made + timedelta(seconds=RANK0_HOLD_S)
+        until = made + timedelta(seconds=RANK0_HOLD_S) if made is not None else None
+        if until is not None and now < until:
             out[r.by] = max(out.get(r.by, until), until)
     return out
 
@@ -165,8 +165,7 @@ def silenced(
     still showed Running took them back as members and waited 37-39 s for the node
     controller (bench/results/2026-11-30a, losses 8 and 9). ``now``: reports naming rank 0's
     pod wait a moment (:func:`held`, :func:`recheck_after`)."""
-    members = [contract.worker_pod_name(job, i) for i in ranked]
-    carried = carried_over(history, generation, members)
+    members, carried = _membership(ranked, job, history, generation)
     trusted = trusted_reports(reports, generation, members, carried, now) if reports else {}
     earlier = left_silent(history)
     out = []
@@ -191,12 +190,19 @@ def recheck_after(
     now: datetime,
 ) -> float | None:
     """Seconds until the first waiting report counts (:func:`held`); None when none waits."""
-    members = [contract.worker_pod_name(job, i) for i in ranked]
-    carried = carried_over(history, generation, members)
+    members, carried = _membership(ranked, job, history, generation)
     waiting = held(reports, generation, members, now, carried)
     if not waiting:
         return None
     return max(0.1, (min(waiting.values()) - now).total_seconds())
+
+
+def _membership(
+    ranked: Sequence[int], job: str, history: Sequence[GenerationRecord], generation: int
+) -> tuple[list[str], frozenset[str]]:
+    """The generation's pod names in rank order, and those carried over (:func:`carried_over`)."""
+    members = [contract.worker_pod_name(job, i) for i in ranked]
+    return members, carried_over(history, generation, members)
 
 
 def _lost(p: PodView, silent: Silent) -> PodView:
