@@ -28,3 +28,69 @@ def test_every_rank_gets_the_same_notice_though_only_one_read_it(
     # No notice anywhere: None on every rank.
     Path(paths[0]).unlink()
     assert group3.execute(_agreed, paths) == [None] * 3
+
+
+def _asked_every_step(paths: list[str], notice: dict[str, object]) -> dict[str, object]:
+    """A loop that reports, then asks ``get_preemption_info()``, six times; rank 0's pod is
+    given notice before the third report. Counts the gathers of notices."""
+    import json
+
+    from torchjob.train import _session, get_preemption_info, report
+    from torchjob.train.recovery import preemption
+
+    info = worker_info()
+    assert info is not None
+    preemption._reader = NoticeReader(Path(paths[info.rank]))
+    gathers = 0
+    gather = preemption.agree
+
+    def counted(local: PreemptionInfo | None) -> PreemptionInfo | None:
+        nonlocal gathers
+        gathers += 1
+        return gather(local)
+
+    preemption.agree = counted  # type: ignore[assignment]
+    _session.set_current(
+        _session.Session(
+            world_rank=info.rank,
+            local_rank=info.rank,
+            world_size=info.world_size,
+            local_world_size=info.world_size,
+            node_rank=0,
+            generation=0,
+            experiment_name="notice",
+            run_path="",
+            device="cpu",
+            storage_url=None,
+            num_to_keep=None,
+            score_attribute=None,
+            score_order="max",
+        )
+    )
+    seen = []
+    try:
+        for i in range(6):
+            if i == 2 and info.rank == 0:
+                Path(paths[0]).write_text(json.dumps(notice))
+            report({"i": i})
+            got = get_preemption_info()
+            seen.append(None if got is None else got.to_json())
+    finally:
+        _session.set_current(None)
+        preemption.agree = gather  # type: ignore[assignment]
+        preemption._reader = None
+    return {"seen": seen, "gathers": gathers}
+
+
+def test_a_loop_that_asks_every_step_gathers_notices_only_when_one_changed(
+    group3: WorkerGroup, tmp_path: Path
+) -> None:
+    """The notices' digest rides on report()'s all-reduce: the answer is the same on every
+    rank from the report after the notice was written, and the notices were gathered once
+    (when the digest moved), not at each of the six calls."""
+    deadline = datetime.now(timezone.utc) + timedelta(seconds=120)
+    notice = PreemptionInfo(deadline, ranks=(0,), pods=("j-worker-0",), reasons=("aws",))
+    paths = [str(tmp_path / f"notice-{r}.json") for r in range(3)]
+    got = group3.execute(_asked_every_step, paths, notice.to_json())
+    expected = [None, None] + [notice.to_json()] * 4
+    assert got == [{"seen": expected, "gathers": 1}] * 3

@@ -31,9 +31,15 @@ from torchjob.train.result import Result
 if TYPE_CHECKING:
     from torchjob.train import torch
     from torchjob.train._prepare import get_device, prepare_data_loader, prepare_model
-    from torchjob.train._report import get_checkpoint, register_state, report, should_stop
+    from torchjob.train._report import (
+        get_checkpoint,
+        get_preemption_info,
+        register_state,
+        report,
+        should_stop,
+    )
     from torchjob.train.data_parallel_trainer import DataParallelTrainer
-    from torchjob.train.recovery.preemption import PreemptionInfo, get_preemption_info
+    from torchjob.train.recovery.preemption import PreemptionInfo
     from torchjob.train.state import StateCheckpoint, TrainState
     from torchjob.train.trainer import TorchTrainer
 
@@ -45,7 +51,7 @@ _LAZY = {
     "prepare_data_loader": "torchjob.train._prepare",
     "get_device": "torchjob.train._prepare",
     "register_state": "torchjob.train._report",
-    "get_preemption_info": "torchjob.train.recovery.preemption",
+    "get_preemption_info": "torchjob.train._report",
     "PreemptionInfo": "torchjob.train.recovery.preemption",
     "TorchTrainer": "torchjob.train.trainer",
     "DataParallelTrainer": "torchjob.train.data_parallel_trainer",

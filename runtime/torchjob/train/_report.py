@@ -27,7 +27,7 @@ from torchjob.launch.protocol import CheckpointLanded, Report, RestoredFromMirro
 from torchjob.launch.settings import RuntimeSettings
 from torchjob.train import _session
 from torchjob.train.checkpoint import Checkpoint
-from torchjob.train.recovery import restore_point, shard_mirror
+from torchjob.train.recovery import preemption, restore_point, shard_mirror
 from torchjob.train.recovery.cadence import Cadence
 
 if TYPE_CHECKING:
@@ -35,17 +35,35 @@ if TYPE_CHECKING:
     from torchjob.train.state import StateCheckpoint
 
 
-def _agree_to_stop(local_stop: bool) -> bool:
+def _summed(values: list[int]) -> list[int]:
+    """Every rank's ``values``, summed over the group (one small all-reduce; the values as
+    they are without a group of more than one)."""
     import torch
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return local_stop
+        return values
     backend = dist.get_backend()
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
-    flag = torch.tensor([1 if local_stop else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+    sums = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+    return [int(v) for v in sums.tolist()]
+
+
+def _agree_to_stop(local_stop: bool) -> bool:
+    return _summed([int(local_stop)])[0] > 0
+
+
+def _agree(s: _session.Session, local_stop: bool) -> bool:
+    """The stop flags of every rank, and in the same all-reduce what each read of its pod's
+    notice (``preemption.digest``): only when that sum moved do the ranks gather the notices
+    themselves, so ``get_preemption_info()`` costs no collective of its own at each step."""
+    local = preemption.read_local()
+    stops, digests = _summed([int(local_stop), preemption.digest(local)])
+    if digests != s.notice_digest:  # the same sum on every rank: every rank gathers
+        s.notice = preemption.agree(local) if digests else None
+        s.notice_digest = digests
+    return stops > 0
 
 
 def _landed(
@@ -167,7 +185,7 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
     # Always collective (the restore point and the shard mirror rely on this point), but a
     # loop that asked should_stop() since the last report stops on its answer: a stop asked
     # for in between waits for the next should_stop(), where the loop saves its checkpoint.
-    agreed = _agree_to_stop(stop_requested())
+    agreed = _agree(s, stop_requested())
     stop = agreed if s.stop_polled is None else s.stop_polled
     s.stop_polled = None
     if sharded and live is not None and s.mirror_on:
@@ -248,11 +266,32 @@ def should_stop() -> bool:
     rarely, or that checkpoint when it says so: the next ``report()`` stops on this answer (a
     stop asked for after it is answered by the next ``should_stop()``), so the report that
     ends the run is the one the loop gave its checkpoint."""
-    stop = _agree_to_stop(stop_requested())
     s = _session.current()
-    if s is not None:
-        s.stop_polled = stop or bool(s.stop_polled)
+    if s is None:
+        return _agree_to_stop(stop_requested())
+    stop = _agree(s, stop_requested())
+    s.stop_polled = stop or bool(s.stop_polled)
     return stop
+
+
+def get_preemption_info() -> preemption.PreemptionInfo | None:
+    """Members of this run that will leave, and the deadline, or None.
+
+    Like Ray Train's: call it on every rank the same number of times (it is a collective,
+    so that every rank takes the same branch). A notice comes from the operator: a pod
+    evicted with a grace period, or a node with a termination notice (docs/operations.md);
+    the recommended answer is a checkpoint (``torchjob.train.report(..., checkpoint=...)``)
+    and to train on. With ``replaceBeforeLeaving`` the group re-forms without those ranks at
+    a report, with their replacements in their places, before the deadline.
+
+    Inside a training function the answer is the one agreed at the last ``report()`` or
+    ``should_stop()`` of this generation (their all-reduce carries the notices' digest), so
+    a loop that asks every step makes no extra collective; a notice written after that
+    point is seen at the next. Before the first of them it agrees on its own."""
+    s = _session.current()
+    if s is not None and s.notice_digest is not None:
+        return s.notice
+    return preemption.agree(preemption.read_local())
 
 
 # --- the training function's side ----------------------------------------------------------

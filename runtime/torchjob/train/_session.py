@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from torchjob.checkpoint.background import BackgroundCommitter
     from torchjob.train._sharded import ShardedSaver
     from torchjob.train.checkpoint import Checkpoint
+    from torchjob.train.recovery.preemption import PreemptionInfo
     from torchjob.train.recovery.restore_point import Restored
     from torchjob.train.recovery.shard_rebuild import Plan
 
@@ -87,6 +88,10 @@ class Session:
     """``register_state(mirror=...)`` / ``TORCHJOB_SHARD_MIRROR``: sharded state is mirrored."""
     mirror_group: Any = None
     """A gloo group for the mirror where the default group is not gloo (NCCL)."""
+    notice: PreemptionInfo | None = None
+    """The notice every rank agreed on at the last ``report()`` or ``should_stop()``."""
+    notice_digest: int | None = None
+    """The sum of the ranks' notice digests then (None: no such point yet this generation)."""
 
     def drain(self) -> None:
         """Wait for the background saves in flight (re-raising their errors)."""

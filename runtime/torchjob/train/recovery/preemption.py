@@ -8,6 +8,13 @@ when that list changes, writes what it means in ranks to a small file beside the
 asks (:func:`get_preemption_info`: one ``stat`` when nothing changed) and agree on one answer
 over the process group, so every rank takes the same branch (a just-in-time checkpoint, a
 shorter step). A run on a laptop has no notice: the answer is always None there.
+
+The agreement rides on the collective that ``report()`` and ``should_stop()`` make anyway:
+each rank adds the :func:`digest` of what it read to their all-reduce, and only when the sum
+moved do the ranks gather the notices themselves (:func:`agree`). A loop that asks every
+step then pays nothing for it while no notice changes; ``get_preemption_info()`` answers
+what was agreed at the last of those points (a collective of its own only before the
+first: ``torchjob.train._report``).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import contextlib
 import json
 import os
 import tempfile
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -183,23 +191,26 @@ def agree(local: PreemptionInfo | None) -> PreemptionInfo | None:
     return out
 
 
+def digest(info: PreemptionInfo | None) -> int:
+    """A number that changes when ``info`` does: 0 for none, else ``2**32 + crc32`` of its
+    JSON (summed over at most a few thousand ranks it stays far inside an int64, and a
+    change in who holds a notice moves the sum by whole ``2**32``)."""
+    if info is None:
+        return 0
+    text = json.dumps(info.to_json(), sort_keys=True).encode()
+    return (1 << 32) + zlib.crc32(text)
+
+
 _reader: NoticeReader | None = None
 
 
-def get_preemption_info() -> PreemptionInfo | None:
-    """Members of this run that will leave, and the deadline, or None.
-
-    Like Ray Train's: call it on every rank the same number of times (it is a collective,
-    so that every rank takes the same branch). A notice comes from the operator: a pod
-    evicted with a grace period, or a node with a termination notice (docs/operations.md);
-    the recommended answer is a checkpoint (``torchjob.train.report(..., checkpoint=...)``)
-    and to train on. With ``replaceBeforeLeaving`` the group re-forms without those ranks at
-    a report, with their replacements in their places, before the deadline."""
+def read_local() -> PreemptionInfo | None:
+    """This rank's read of its pod's notice file (no collective; None on a laptop)."""
     global _reader
     if _reader is None:
         pod = contract.PodEnv.from_env()
         _reader = NoticeReader(notice_path(pod) if pod is not None else None)
-    return agree(_reader.read())
+    return _reader.read()
 
 
 __all__ = [
@@ -208,7 +219,8 @@ __all__ = [
     "NoticeWriter",
     "PreemptionInfo",
     "agree",
-    "get_preemption_info",
+    "digest",
     "info_of",
     "notice_path",
+    "read_local",
 ]
