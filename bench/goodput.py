@@ -154,6 +154,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="length of the row without evictions (default: mtbf x (evictions+1))")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--worker-env",
+        action="append",
+        metavar="NAME=VALUE",
+        help="an extra environment variable of torchjob's trainers (repeatable)",
+    )
+    p.add_argument(
         "--shrink-on-disruption",
         action="store_true",
         help="the Elastic row goes on with the survivors at once (spec.elastic.shrinkOnDisruption)",

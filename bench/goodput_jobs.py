@@ -23,6 +23,13 @@ POLICIES = ("RecreateGroup", "KeepSurvivors", "Elastic", "Standby", KUBEFLOW)
 JOB = "gp"
 
 
+def worker_env(args: argparse.Namespace) -> list[dict[str, str]]:
+    """``--worker-env NAME=VALUE`` (repeated): extra variables of torchjob's trainers (e.g.
+    ``TORCHJOB_RESTORE_POINT_EVERY=100000``: the restore point's loop without its copies)."""
+    pairs = [item.split("=", 1) for item in getattr(args, "worker_env", None) or []]
+    return [{"name": name, "value": value} for name, value in pairs]
+
+
 def manifest(
     args: argparse.Namespace,
     policy: str,
@@ -60,7 +67,7 @@ def manifest(
                             *(["--restore-point"] if rp else []),
                             *state_args(args),
                         ],
-                        "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+                        "env": [{"name": "OMP_NUM_THREADS", "value": "1"}, *worker_env(args)],
                         "resources": {
                             "requests": {"cpu": args.cpu_request, "memory": args.memory_request}
                         },
