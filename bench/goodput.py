@@ -101,7 +101,7 @@ from tests.cluster.realnode import HelmOperator, RealNode, real_node_count
 
 from bench import goodput_accounting as acc
 from bench import goodput_schedule as sch
-from bench.goodput_jobs import KUBEFLOW, POLICIES, STRATEGIES
+from bench.goodput_jobs import KUBEFLOW, POLICIES, STRATEGIES, add_worker_env
 from bench.goodput_losses import disk_too_full, release_system_node, reserve_system_node
 from bench.goodput_records import Row
 from bench.goodput_report import report, write_timelines
@@ -154,12 +154,6 @@ def _parser() -> argparse.ArgumentParser:
                    help="length of the row without evictions (default: mtbf x (evictions+1))")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--worker-env",
-        action="append",
-        metavar="NAME=VALUE",
-        help="an extra environment variable of torchjob's trainers (repeatable)",
-    )
-    p.add_argument(
         "--shrink-on-disruption",
         action="store_true",
         help="the Elastic row goes on with the survivors at once (spec.elastic.shrinkOnDisruption)",
@@ -174,12 +168,8 @@ def _parser() -> argparse.ArgumentParser:
         "loss resumes from the survivors' memory (storage checkpoints stay the fallback)",
     )
     p.add_argument("--repeats", type=int, default=3, help="runs of every row (median printed)")
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=REPO / "bench" / "out" / "goodput",
-        help="directory of the timeline plots (one SVG per row)",
-    )
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "goodput",
+                   help="directory of the timeline plots (one SVG per row)")  # fmt: skip
     p.add_argument("--start-timeout", type=float, default=300.0)
     p.add_argument("--keep-cluster", action="store_true", help="leave the cluster and node up")
     _fleet_args(p)
@@ -227,6 +217,7 @@ def _fleet_args(p: argparse.ArgumentParser) -> None:
         help="with --restore-point, skip the extra baseline without restore points (the "
         "restore point's overhead)",
     )
+    add_worker_env(p)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -23,6 +23,15 @@ POLICIES = ("RecreateGroup", "KeepSurvivors", "Elastic", "Standby", KUBEFLOW)
 JOB = "gp"
 
 
+def add_worker_env(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--worker-env",
+        action="append",
+        metavar="NAME=VALUE",
+        help="an extra environment variable of torchjob's trainers (repeatable)",
+    )
+
+
 def worker_env(args: argparse.Namespace) -> list[dict[str, str]]:
     """``--worker-env NAME=VALUE`` (repeated): extra variables of torchjob's trainers (e.g.
     ``TORCHJOB_RESTORE_POINT_EVERY=100000``: the restore point's loop without its copies)."""

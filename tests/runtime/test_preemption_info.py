@@ -1,10 +1,13 @@
-"""``get_preemption_info()`` on real processes: every rank gets one answer, the union of what
-each read (each rank reads its pod's notice file; here rank 0's pod alone has one yet)."""
+"""``get_preemption_info()`` and report()'s one all-reduce, on real processes: every rank
+gets one answer, the union of what each read (each rank reads its pod's notice file; here
+rank 0's pod alone has one yet), gathered only when a notice changed; and the ranks agree on
+one restore-point cadence."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 from torchjob.launch import WorkerGroup, worker_info
 from torchjob.train.recovery.preemption import NoticeReader, PreemptionInfo, agree
@@ -30,6 +33,24 @@ def test_every_rank_gets_the_same_notice_though_only_one_read_it(
     assert group3.execute(_agreed, paths) == [None] * 3
 
 
+def _session_args(info: Any) -> dict[str, Any]:
+    return {
+        "world_rank": info.rank,
+        "local_rank": info.rank,
+        "world_size": info.world_size,
+        "local_world_size": info.world_size,
+        "node_rank": 0,
+        "generation": 0,
+        "experiment_name": "notice",
+        "run_path": "",
+        "device": "cpu",
+        "storage_url": None,
+        "num_to_keep": None,
+        "score_attribute": None,
+        "score_order": "max",
+    }
+
+
 def _asked_every_step(paths: list[str], notice: dict[str, object]) -> dict[str, object]:
     """A loop that reports, then asks ``get_preemption_info()``, six times; rank 0's pod is
     given notice before the third report. Counts the gathers of notices."""
@@ -49,24 +70,8 @@ def _asked_every_step(paths: list[str], notice: dict[str, object]) -> dict[str, 
         gathers += 1
         return gather(local)
 
-    preemption.agree = counted  # type: ignore[assignment]
-    _session.set_current(
-        _session.Session(
-            world_rank=info.rank,
-            local_rank=info.rank,
-            world_size=info.world_size,
-            local_world_size=info.world_size,
-            node_rank=0,
-            generation=0,
-            experiment_name="notice",
-            run_path="",
-            device="cpu",
-            storage_url=None,
-            num_to_keep=None,
-            score_attribute=None,
-            score_order="max",
-        )
-    )
+    preemption.agree = counted
+    _session.set_current(_session.Session(**_session_args(info)))
     seen = []
     try:
         for i in range(6):
@@ -77,7 +82,7 @@ def _asked_every_step(paths: list[str], notice: dict[str, object]) -> dict[str, 
             seen.append(None if got is None else got.to_json())
     finally:
         _session.set_current(None)
-        preemption.agree = gather  # type: ignore[assignment]
+        preemption.agree = gather
         preemption._reader = None
     return {"seen": seen, "gathers": gathers}
 
@@ -94,3 +99,51 @@ def test_a_loop_that_asks_every_step_gathers_notices_only_when_one_changed(
     got = group3.execute(_asked_every_step, paths, notice.to_json())
     expected = [None, None] + [notice.to_json()] * 4
     assert got == [{"seen": expected, "gathers": 1}] * 3
+
+
+def _copied_at(slow_rank: int) -> list[int]:
+    """30 reports of a 9 MiB registered state (over the 8 MiB a budget applies to), one rank's
+    copies slowed 20 ms: the report index of the restore point held after each report."""
+    import time
+
+    import torch
+
+    from torchjob.train import _session, register_state, report
+    from torchjob.train.recovery import restore_point
+
+    info = worker_info()
+    assert info is not None
+    take = restore_point.take
+
+    def slowed(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.02)
+        return take(*args, **kwargs)
+
+    if info.rank == slow_rank:
+        restore_point.take = slowed
+    _session.set_current(_session.Session(**_session_args(info)))
+    held = []
+    try:
+        register_state({"w": torch.zeros(9 * 2**18), "step": 0})
+        for i in range(30):
+            time.sleep(0.05)
+            report({"i": i})
+            snap = restore_point.held()
+            held.append(-1 if snap is None else snap.index)
+    finally:
+        _session.set_current(None)
+        restore_point.take = take
+        restore_point.drop()
+    return held
+
+
+def test_ranks_whose_copies_cost_differently_hold_the_same_restore_points(
+    group3: WorkerGroup,
+) -> None:
+    """Each rank would choose its own cadence from its own copies, and a collective waits
+    for whichever rank copies: the job would pay every rank's copies. report()'s all-reduce
+    agrees on one, so after every report each rank holds the same report's restore point
+    (the one a re-formed group resumes from), and not every report copies."""
+    held = group3.execute(_copied_at, 2)
+    assert held[0] == held[1] == held[2], held
+    assert len(set(held[0])) < len(held[0]), "the 2 % budget skips some reports"

@@ -142,3 +142,26 @@ def test_the_settings_name_the_variable_of_a_bad_value() -> None:
     ):
         with pytest.raises(SettingError, match=env):
             RuntimeSettings.from_env({env: raw})
+
+
+def test_ranks_that_measure_different_copies_copy_at_the_same_reports() -> None:
+    """Each rank alone would choose its own k from its own copies (here 1 and 2), and a
+    collective waits for whichever rank copies: the job would pay both ranks' copies. The
+    votes, summed in report()'s all-reduce, give one k (the mean, rounded up), and the report
+    number puts every rank's copies on the same reports, also for a rank that began
+    measuring a report later (a replacement whose first copy reused a slot's buffers)."""
+    fast, slow = Cadence(budget=0.02), Cadence(budget=0.02)
+    taken: dict[str, list[int]] = {"fast": [], "slow": []}
+    now = 0.0
+    for report in range(1, 21):
+        for name, c, copy_s in (("fast", fast, 0.04), ("slow", slow, 0.09)):
+            if c.due(now, report):
+                taken[name].append(report)
+                c.took(copy_s, 252 * MIB, allocated=report == 1 and name == "fast")
+        votes = [fast.vote(), slow.vote()]
+        for c in (fast, slow):
+            c.agree(sum(k for k, _ in votes), sum(n for _, n in votes))
+        now += 2.3
+    assert (fast.own_every, slow.own_every) == (1, 2)
+    assert fast.every == slow.every == 2
+    assert taken["fast"][-5:] == taken["slow"][-5:] == [11, 13, 15, 17, 19]

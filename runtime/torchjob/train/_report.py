@@ -57,12 +57,15 @@ def _agree_to_stop(local_stop: bool) -> bool:
 def _agree(s: _session.Session, local_stop: bool) -> bool:
     """The stop flags of every rank, and in the same all-reduce what each read of its pod's
     notice (``preemption.digest``): only when that sum moved do the ranks gather the notices
-    themselves, so ``get_preemption_info()`` costs no collective of its own at each step."""
+    themselves, so ``get_preemption_info()`` costs no collective of its own at each step.
+    The same all-reduce agrees on the restore point's cadence (``Cadence.agree``)."""
     local = preemption.read_local()
-    stops, digests = _summed([int(local_stop), preemption.digest(local)])
+    k, voters = s.cadence.vote() if s.registered is not None else (0, 0)
+    stops, digests, k_sum, votes = _summed([int(local_stop), preemption.digest(local), k, voters])
     if digests != s.notice_digest:  # the same sum on every rank: every rank gathers
         s.notice = preemption.agree(local) if digests else None
         s.notice_digest = digests
+    s.cadence.agree(k_sum, votes)  # one restore-point cadence for the group
     return stops > 0
 
 
@@ -224,7 +227,7 @@ def _restore_point(
     if restore_point.is_sharded(live):
         restore_point.drop()
         return None, live, True
-    if not s.cadence.due(time.monotonic()):
+    if not s.cadence.due(time.monotonic(), s.reports):
         return restore_point.held(), live, False
     t0 = time.monotonic()
     snapshot = restore_point.take(

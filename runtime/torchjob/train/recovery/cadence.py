@@ -61,11 +61,20 @@ class Cadence:
     taken: bool = False
     """A restore point was taken (the first report takes one whatever the cadence)."""
 
+    agreed: int | None = None
+    """The group's ``k`` (:meth:`agree`): every rank copies at the same reports."""
+
     @property
     def every(self) -> int:
-        """Take a restore point every this many reports (1 until both times are known)."""
+        """Take a restore point every this many reports: the user's, else the group's, else
+        this process's own (:attr:`own_every`)."""
         if self.fixed is not None:
             return self.fixed
+        return self.agreed if self.agreed is not None else self.own_every
+
+    @property
+    def own_every(self) -> int:
+        """``k`` from this process's copies and intervals (1 until both are known)."""
         if not self.copies or not self.intervals or self.nbytes <= FREE_BYTES:
             return 1
         interval = statistics.median(self.intervals)
@@ -78,10 +87,13 @@ class Cadence:
         """What a copy costs: the lower median of the last few (0 before any)."""
         return statistics.median_low(self.copies) if self.copies else 0.0
 
-    def due(self, now_s: float) -> bool:
+    def due(self, now_s: float, report: int | None = None) -> bool:
         """At a report (``now_s``: a monotonic clock): whether it takes the restore point.
         Every report does until one copy into buffers already there was measured (the
-        first copy allocates them: see :meth:`took`)."""
+        first copy allocates them: see :meth:`took`). ``report``: the report's number in
+        the group (from 1), the same on every rank: then the copies fall on reports 1,
+        1 + k, 1 + 2k, ..., so ranks that began measuring a report apart (a replacement that took over a slot's
+        buffers) still copy at the same reports; without it, every ``k`` since the last."""
         if self.last_report_s is not None:
             # The training time between two reports, without the copy made at the first.
             self.intervals.append(max(now_s - self.last_report_s - self.last_copy_s, 0.0))
@@ -91,7 +103,9 @@ class Cadence:
         # The first report copies; under the budget, so does each until a copy into buffers
         # already there was measured. A fixed k is the user's: counted from the first copy.
         measuring = self.fixed is None and not self.copies
-        return not self.taken or measuring or self.since >= self.every
+        k = self.every
+        turn = self.since >= k if report is None else (report - 1) % k == 0
+        return not self.taken or measuring or turn
 
     def took(self, seconds: float, nbytes: int, allocated: bool = False) -> None:
         """The restore point of this report was taken: ``nbytes`` in ``seconds``.
@@ -107,6 +121,20 @@ class Cadence:
         if allocated:
             return
         self.copies.append(seconds)
+
+    def vote(self) -> tuple[int, int]:
+        """This process's ``(k, 1)`` for the group's agreement, or ``(0, 0)`` before it
+        measured a copy (a rank that has not voted does not count)."""
+        if self.fixed is not None or not self.copies:
+            return 0, 0
+        return self.own_every, 1
+
+    def agree(self, k_sum: int, voters: int) -> None:
+        """The votes of every rank, summed: ``k`` is their mean, rounded up. Each rank alone
+        would copy at its own reports, and a collective waits for whichever rank copies, so
+        the job would pay every rank's copies; agreed, it pays one round per ``k`` reports."""
+        if voters > 0:
+            self.agreed = max(1, math.ceil(k_sum / voters))
 
     def news(self) -> str | None:
         """A line for the log when ``every`` changed since it was last said (None if not):
