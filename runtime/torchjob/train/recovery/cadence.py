@@ -147,8 +147,10 @@ class Cadence:
             why = "TORCHJOB_RESTORE_POINT_EVERY"
         else:
             interval = statistics.median(self.intervals) if self.intervals else 0.0
+            group = "the ranks' mean; here " if self.agreed is not None else ""
             why = (
-                f"a copy of {self.nbytes / 2**20:.0f} MiB takes {self.copy_s * 1000:.0f} ms, "
+                f"{group}a copy of {self.nbytes / 2**20:.0f} MiB takes "
+                f"{self.copy_s * 1000:.0f} ms, "
                 f"{interval * 1000:.0f} ms of training between reports, "
                 f"budget {self.budget:.0%}"
             )
