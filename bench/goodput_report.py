@@ -15,10 +15,11 @@ from bench.harness import pct
 
 
 def write_timelines(out: Path, rows: list[Row]) -> list[Path]:
-    """One SVG per row: steps/s over time (5 s buckets), each eviction marked."""
+    """One SVG per row: steps/s over time (5 s buckets), each eviction marked; named by the
+    row's index, as its events and trace files are."""
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for i, r in enumerate(rows):
+    for r in rows:
         if not r.wall:
             continue
         points = acc.timeline(
@@ -29,7 +30,10 @@ def write_timelines(out: Path, rows: list[Row]) -> list[Path]:
             f"{r.policy}/{r.mode}/{r.strategy}, {r.pods_label()} pods: "
             "samples/s (rank 0's steps x world x batch), evictions in red"
         )
-        path = out / f"{i:02d}-{r.policy}-{r.mode}-{r.strategy}{r.suffix}-{r.pods_label()}pods.svg"
+        path = (
+            out
+            / f"{r.index:02d}-{r.policy}-{r.mode}-{r.strategy}{r.suffix}-{r.pods_label()}pods.svg"
+        )
         path.write_text(acc.timeline_svg(title, points, marks, unit=" samples/s"))
         paths.append(path)
     return paths

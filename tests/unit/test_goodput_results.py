@@ -66,3 +66,21 @@ def test_a_plain_and_a_compressed_file_read_the_same(tmp_path: Path) -> None:
         "02-b-events.jsonl.gz",
         "03-c-events.jsonl",
     ]
+
+
+def test_a_rows_timeline_is_named_by_its_index_like_its_events_file(tmp_path: Path) -> None:
+    """Baselines come first in the list, but the rows ran interleaved (a baseline, then the
+    one without restore points): each SVG carries the row's own index, as its events file
+    ``NN-...-events.jsonl.gz`` does (2026-11-30g numbered them by list position)."""
+    from bench.goodput_records import Row
+    from bench.goodput_report import write_timelines
+
+    steps = {"step_times": [1.0, 2.0], "step_samples": [256.0, 256.0], "wall": 10.0}
+    rows = [
+        Row("RecreateGroup", "none", workers=8, index=0, **steps),  # type: ignore[arg-type]
+        Row("RecreateGroup", "none", workers=8, index=2, **steps),  # type: ignore[arg-type]
+        Row("RecreateGroup", "baseline-norp", workers=8, index=1, suffix="-norp", **steps),  # type: ignore[arg-type]
+    ]
+    names = [p.name for p in write_timelines(tmp_path, rows)]
+    assert [n[:2] for n in names] == ["00", "02", "01"]
+    assert names[2].startswith("01-RecreateGroup-baseline-norp-ddp-norp-")
