@@ -9,6 +9,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from torchjob.launch import WorkerGroup, worker_info
 from torchjob.train.recovery.preemption import NoticeReader, PreemptionInfo, agree
 
@@ -101,14 +103,15 @@ def test_a_loop_that_asks_every_step_gathers_notices_only_when_one_changed(
     assert got == [{"seen": expected, "gathers": 1}] * 3
 
 
-def _copied_at(slow_rank: int) -> list[int]:
+def _copied_at(slow_rank: int, poll: bool = False) -> list[int]:
     """30 reports of a 9 MiB registered state (over the 8 MiB a budget applies to), one rank's
-    copies slowed 20 ms: the report index of the restore point held after each report."""
+    copies slowed 20 ms: the report index of the restore point held after each report.
+    ``poll``: the docs' loop, ``should_stop()`` before each report."""
     import time
 
     import torch
 
-    from torchjob.train import _session, register_state, report
+    from torchjob.train import _session, register_state, report, should_stop
     from torchjob.train.recovery import restore_point
 
     info = worker_info()
@@ -127,6 +130,8 @@ def _copied_at(slow_rank: int) -> list[int]:
         register_state({"w": torch.zeros(9 * 2**18), "step": 0})
         for i in range(30):
             time.sleep(0.05)
+            if poll:
+                should_stop()
             report({"i": i})
             snap = restore_point.held()
             held.append(-1 if snap is None else snap.index)
@@ -137,13 +142,56 @@ def _copied_at(slow_rank: int) -> list[int]:
     return held
 
 
+@pytest.mark.parametrize("poll", [False, True], ids=["report", "should_stop-then-report"])
 def test_ranks_whose_copies_cost_differently_hold_the_same_restore_points(
-    group3: WorkerGroup,
+    group3: WorkerGroup, poll: bool
 ) -> None:
     """Each rank would choose its own cadence from its own copies, and a collective waits
     for whichever rank copies: the job would pay every rank's copies. report()'s all-reduce
     agrees on one, so after every report each rank holds the same report's restore point
     (the one a re-formed group resumes from), and not every report copies."""
-    held = group3.execute(_copied_at, 2)
+    held = group3.execute(_copied_at, 2, poll)
     assert held[0] == held[1] == held[2], held
     assert len(set(held[0])) < len(held[0]), "the 2 % budget skips some reports"
+
+
+def _all_reduces(poll: bool) -> int:
+    """Six steps with a registered state, each ending in ``report()``, after
+    ``should_stop()`` when ``poll`` (the docs' loop): how many all-reduces the runtime made."""
+    import torch
+    import torch.distributed as dist
+
+    from torchjob.train import _session, register_state, report, should_stop
+    from torchjob.train.recovery import restore_point
+
+    info = worker_info()
+    assert info is not None
+    calls = 0
+    reduce = dist.all_reduce
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return reduce(*args, **kwargs)
+
+    _session.set_current(_session.Session(**_session_args(info)))
+    dist.all_reduce = counted
+    try:
+        register_state({"w": torch.zeros(16), "step": 0})
+        for i in range(6):
+            if poll:
+                should_stop()
+            report({"i": i})
+    finally:
+        dist.all_reduce = reduce
+        _session.set_current(None)
+        restore_point.drop()
+    return calls
+
+
+def test_the_docs_loop_makes_one_all_reduce_per_step_not_two(group3: WorkerGroup) -> None:
+    """should_stop() agreed the stop flags, the notices' digest and the cadence; the report
+    after it needs no all-reduce of its own (it made one before: 12 for six steps). A loop
+    that reports without asking still agrees at each report."""
+    assert group3.execute(_all_reduces, True) == [6, 6, 6]
+    assert group3.execute(_all_reduces, False) == [6, 6, 6]

@@ -3,7 +3,9 @@
 ``report`` is collective: every rank calls it at the same point. Rank 0 commits
 the checkpoint to storage (only rank 0 needs storage access), then all ranks
 all-reduce their stop flags. If any rank was asked to stop (SIGTERM, a resize),
-every rank leaves at this same report, after the checkpoint is safe.
+every rank leaves at this same report, after the checkpoint is safe. A loop that asked
+``should_stop()`` since its last report was answered by that all-reduce already: its
+report makes none (one small all-reduce per step, not two, for the docs' loop).
 
 With ``CheckpointConfig.async_commit`` (the default) rank 0 stages the checkpoint's
 files by hard links and commits them on a background thread
@@ -185,11 +187,16 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
                 restore_point_bytes=snapshot.nbytes if snapshot else _nbytes(mirror),
             )
         )
-    # Always collective (the restore point and the shard mirror rely on this point), but a
-    # loop that asked should_stop() since the last report stops on its answer: a stop asked
-    # for in between waits for the next should_stop(), where the loop saves its checkpoint.
-    agreed = _agree(s, stop_requested())
-    stop = agreed if s.stop_polled is None else s.stop_polled
+    # A loop that asked should_stop() since the last report stops on its answer (a stop
+    # asked for in between waits for the next should_stop(), where the loop saves its
+    # checkpoint), and that answer's all-reduce agreed the notices and the cadence too: no
+    # second one per step. Otherwise (and always for the shard mirror, which relies on this
+    # point) report agrees itself.
+    if s.stop_polled is not None and not sharded:
+        stop = s.stop_polled
+    else:
+        agreed = _agree(s, stop_requested())
+        stop = agreed if s.stop_polled is None else s.stop_polled
     s.stop_polled = None
     if sharded and live is not None and s.mirror_on:
         # Sharded state: the shard mirror, after the all-reduce above (a rank lost before it
@@ -217,8 +224,9 @@ def _restore_point(
     s: _session.Session,
 ) -> tuple[restore_point.Snapshot | None, dict[str, Any] | None, bool]:
     """The restore point of this report: (the snapshot held after it, the live state, whether
-    it is sharded). Whole state: copied into host memory before the collective in ``report``
-    (a peer lost in it leaves every survivor holding this report), at the session's cadence
+    it is sharded). Whole state: copied into host memory before the next collective (a
+    peer lost in it leaves every survivor holding this report, or a survivor one report
+    behind, which ``restore_point.agree`` sends the newest), at the session's cadence
     (``recovery.cadence``: between two copies the previous one stays held). Sharded state:
     the shard mirror's, after that collective."""
     if s.registered is None:
