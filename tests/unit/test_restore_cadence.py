@@ -165,3 +165,25 @@ def test_ranks_that_measure_different_copies_copy_at_the_same_reports() -> None:
     assert (fast.own_every, slow.own_every) == (1, 2)
     assert fast.every == slow.every == 2
     assert taken["fast"][-5:] == taken["slow"][-5:] == [11, 13, 15, 17, 19]
+
+
+def test_an_overlapped_copy_costs_what_the_loop_waited_for_it() -> None:
+    """``recovery.host_copy``: a report starts the copy (10 ms here) and the next step's
+    ``opt.step()`` waits for what the forward and backward did not cover (40 ms): the copy
+    cost 50 ms, and the interval is the training time without those waits."""
+    c = Cadence(budget=0.02)
+    assert c.due(0.0)
+    c.took(0.01, 252 * MIB)
+    c.waited(0.04)
+    assert c.copy_s == pytest.approx(0.05)
+    c.due(2.55)  # 2.5 s of training, the 50 ms of copies aside
+    assert list(c.intervals) == [pytest.approx(2.5)]
+    assert c.every == 1  # ceil(0.05 / (0.02 * 2.5))
+    # A first copy, which allocated its buffers, is no sample: its wait is not one either.
+    fresh = Cadence(budget=0.02)
+    fresh.due(0.0)
+    fresh.took(2.0, 252 * MIB, allocated=True)
+    fresh.waited(1.0)
+    assert not fresh.copies
+    fresh.due(5.5)
+    assert list(fresh.intervals) == [pytest.approx(2.5)]

@@ -15,6 +15,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import pytest
 import torch
 
 from torchjob.launch.settings import ENV_RESTORE_POINT_DIR
-from torchjob.train.recovery import restore_point, shm_keep
+from torchjob.train.recovery import host_copy, restore_point, shm_keep
 
 
 @pytest.fixture
@@ -126,7 +127,7 @@ def test_a_live_processs_slot_is_never_taken_and_the_newest_free_one_is(slot_dir
     older = _state(2)
     arena = other.allocate(shm_keep.arena_bytes(restore_point.state_of(older)))
     assert arena is not None
-    state, _ = restore_point._copy(restore_point.state_of(older), None, arena.alloc)
+    state, _ = host_copy.copy_tree(restore_point.state_of(older), None, arena.alloc)
     other.commit(arena, {"run": "run", "index": 2, "rng": {}, "positions": [], "nbytes": 0}, state)
     os.close(other._lock_fd)  # its process is gone: report 2 is free
     _new_process()  # ... and now report 4's as well: the newest is taken
@@ -141,7 +142,7 @@ def _slot_with(directory: Path, index: int) -> shm_keep.Slot:
     live = restore_point.state_of(_state(index))
     arena = slot.allocate(shm_keep.arena_bytes(live))
     assert arena is not None
-    state, _ = restore_point._copy(live, None, arena.alloc)
+    state, _ = host_copy.copy_tree(live, None, arena.alloc)
     meta = {"run": "run", "index": index, "rng": {}, "positions": [], "nbytes": 0}
     slot.commit(arena, meta, state)
     return slot
@@ -188,6 +189,35 @@ def test_a_copy_cut_off_before_its_commit_leaves_no_restore_point(
         restore_point.take("run", 2, _state(2), [])
     _new_process()
     assert restore_point._kept("run") is None, "half of report 2 over report 1: no restore point"
+
+
+def test_an_overlapped_copy_commits_the_slot_only_once_its_thread_copied_everything(
+    slot_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``host_copy``: the optimizers' tensors are copied on a thread. Until it is done the
+    slot holds no restore point (report 1's was invalidated, report 2's is not whole), so a
+    process that replaced this one then would find none rather than half of one."""
+    restore_point.take("run", 1, _state(1), [], overlap=True)
+    restore_point.held()  # settled: report 1 committed
+    gate = threading.Event()
+    copy_later = host_copy._copy_later
+
+    def gated(dst: Any, src: Any) -> None:
+        gate.wait(10)
+        copy_later(dst, src)
+
+    monkeypatch.setattr(host_copy, "_copy_later", gated)
+    live = _state(2)
+    restore_point.take("run", 2, live, [], overlap=True)
+    try:
+        assert restore_point._kept("run") is None, "in flight: nothing committed"
+    finally:
+        gate.set()
+    held = restore_point.held()
+    assert held is not None and held.index == 2
+    found = restore_point._kept("run")
+    assert found is not None and found.index == 2
+    assert _equal(found.state, restore_point.state_of(live))
 
 
 def test_no_room_in_shared_memory_keeps_the_copy_in_the_process(

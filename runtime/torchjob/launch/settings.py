@@ -35,6 +35,7 @@ ENV_SHARD_MIRROR: Final = "TORCHJOB_SHARD_MIRROR"
 ENV_RESTORE_POINT_BUDGET: Final = "TORCHJOB_RESTORE_POINT_BUDGET"
 ENV_RESTORE_POINT_EVERY: Final = "TORCHJOB_RESTORE_POINT_EVERY"
 ENV_RESTORE_POINT_SHM: Final = "TORCHJOB_RESTORE_POINT_SHM"
+ENV_RESTORE_POINT_OVERLAP: Final = "TORCHJOB_RESTORE_POINT_OVERLAP"
 ENV_RESTORE_POINT_DIR: Final = "TORCHJOB_LAUNCH_RESTORE_POINT_DIR"
 ENV_USE_LIBUV: Final = "USE_LIBUV"
 ENV_NCCL_ASYNC_ERROR_HANDLING: Final = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
@@ -228,6 +229,17 @@ class RuntimeSettings:
         "it costs (`1`: at every report).",
         _every,
         shown="`auto`",
+    )
+    restore_point_overlap: bool = setting(
+        ENV_RESTORE_POINT_OVERLAP,
+        True,
+        "The registered optimizers' parameters and state are copied on a thread while the "
+        "next step's forward and backward run; their `step()` waits for it (`0`, `false`, "
+        "`off` or `no`: the whole copy inside `report()`, for a loop that changes "
+        "parameters in place outside the optimizer's step).",
+        _on_unless_off,
+        empty_is_default=False,
+        shown="on",
     )
     restore_point_shm: bool = setting(
         ENV_RESTORE_POINT_SHM,

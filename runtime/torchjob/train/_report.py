@@ -29,7 +29,7 @@ from torchjob.launch.protocol import CheckpointLanded, Report, RestoredFromMirro
 from torchjob.launch.settings import RuntimeSettings
 from torchjob.train import _session
 from torchjob.train.checkpoint import Checkpoint
-from torchjob.train.recovery import preemption, restore_point, shard_mirror
+from torchjob.train.recovery import host_copy, preemption, restore_point, shard_mirror
 from torchjob.train.recovery.cadence import Cadence
 
 if TYPE_CHECKING:
@@ -235,11 +235,17 @@ def _restore_point(
     if restore_point.is_sharded(live):
         restore_point.drop()
         return None, live, True
+    s.cadence.waited(host_copy.waited())  # the last copy's overlapped part, where it showed
     if not s.cadence.due(time.monotonic(), s.reports):
         return restore_point.held(), live, False
     t0 = time.monotonic()
     snapshot = restore_point.take(
-        s.run_path, s.report_base + s.reports, s.registered, s.data_positions(), live
+        s.run_path,
+        s.report_base + s.reports,
+        s.registered,
+        s.data_positions(),
+        live,
+        overlap=s.restore_point_overlap,
     )
     took_s, nbytes = time.monotonic() - t0, snapshot.nbytes if snapshot else 0
     # A first copy (or one whose state changed shapes) allocated its buffers: no sample.
@@ -340,6 +346,7 @@ def register_state(state: MutableMapping[str, Any] | Any, *, mirror: bool | None
     s.mirror_on = shard_mirror.enabled(mirror)
     settings = RuntimeSettings.from_env()
     s.cadence = Cadence(settings.restore_point_budget, settings.restore_point_every)
+    s.restore_point_overlap = settings.restore_point_overlap
     if s.mirror_plan is not None:
         from torchjob.train.recovery import shard_rebuild
 

@@ -69,6 +69,8 @@ class Session:
     """The state ``register_state`` handed over: copied into host memory at every report."""
     cadence: Cadence = field(default_factory=Cadence)
     """How often ``report()`` copies the registered state (``recovery.cadence``)."""
+    restore_point_overlap: bool = True
+    """The optimizers' part of each copy runs beside the next step (``recovery.host_copy``)."""
     restored: Restored | None = None
     """The in-memory restore point this generation started from (None: storage or fresh)."""
     unsynced: list[Any] = field(default_factory=list)

@@ -63,6 +63,8 @@ class Cadence:
 
     agreed: int | None = None
     """The group's ``k`` (:meth:`agree`): every rank copies at the same reports."""
+    sampled: bool = False
+    """The last copy is a sample in :attr:`copies` (it did not allocate its buffers)."""
 
     @property
     def every(self) -> int:
@@ -118,9 +120,20 @@ class Cadence:
         self.since = 0
         self.nbytes = nbytes
         self.taken = True
+        self.sampled = not allocated
         if allocated:
             return
         self.copies.append(seconds)
+
+    def waited(self, seconds: float) -> None:
+        """The loop waited ``seconds`` for the last copy's overlapped part
+        (``recovery.host_copy``: what the next forward and backward did not cover): part of
+        what that copy cost, and not training time."""
+        if seconds <= 0:
+            return
+        self.last_copy_s += seconds
+        if self.sampled and self.copies:
+            self.copies[-1] += seconds
 
     def vote(self) -> tuple[int, int]:
         """This process's ``(k, 1)`` for the group's agreement, or ``(0, 0)`` before it

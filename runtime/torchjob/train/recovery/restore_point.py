@@ -31,14 +31,14 @@ from __future__ import annotations
 import io
 import os
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from torchjob.checkpoint.rng import capture_rng
 from torchjob.launch.settings import ENV_RESTORE_POINT_DIR
-from torchjob.train.recovery import shm_keep
+from torchjob.train.recovery import host_copy, shm_keep
 from torchjob.train.recovery import snapshot_wire as wire
 
 
@@ -69,10 +69,13 @@ the generation (the process re-forms in place), never the process."""
 
 
 def held() -> Snapshot | None:
+    """This process's restore point (once its copy in flight, if any, is done)."""
+    host_copy.settle()
     return _HELD[0]
 
 
 def drop() -> None:
+    host_copy.settle()
     _HELD[0] = None
     slot = _SLOT[0]
     if slot is not None:
@@ -103,64 +106,6 @@ def _kept(run: str) -> Snapshot | None:
         return None
     arena, m = found
     return Snapshot(run, m["index"], m["state"], m["rng"], m["positions"], m["nbytes"], arena)
-
-
-# --- copying state ---------------------------------------------------------------------------
-
-
-Alloc = Callable[[Any], Any]
-"""A new CPU tensor of the given tensor's shape and dtype, for a copy of it."""
-
-
-def _private(t: Any) -> Any:
-    import torch
-
-    return torch.empty(t.shape, dtype=t.dtype, device="cpu")
-
-
-def _copy(src: Any, old: Any, alloc: Alloc = _private) -> tuple[Any, int]:
-    """A CPU copy of ``src`` (nested dicts, lists, tuples, tensors, plain values), written
-    into ``old``'s tensors where their shapes match, else into tensors from ``alloc``;
-    returns it and its tensor bytes."""
-    import torch
-
-    if isinstance(src, torch.Tensor):
-        src = src.detach()
-        if src.layout is not torch.strided or type(src) is not torch.Tensor:
-            # A DTensor or another subclass: a full CPU copy (FSDP: the shard mirror's).
-            t = src.to("cpu", copy=True)
-            return t, t.numel() * t.element_size()
-        if (
-            isinstance(old, torch.Tensor)
-            and old.shape == src.shape
-            and old.dtype == src.dtype
-            and old.device.type == "cpu"
-        ):
-            old.copy_(src)
-            return old, old.numel() * old.element_size()
-        t = alloc(src)
-        t.copy_(src)
-        return t, t.numel() * t.element_size()
-    if isinstance(src, Mapping):
-        prev = old if isinstance(old, Mapping) else {}
-        out: dict[Any, Any] = {}
-        total = 0
-        for k, v in src.items():
-            out[k], n = _copy(v, prev.get(k), alloc)
-            total += n
-        return out, total
-    if isinstance(src, (list, tuple)):
-        prev_seq = old if isinstance(old, (list, tuple)) and len(old) == len(src) else None
-        items = []
-        total = 0
-        for i, v in enumerate(src):
-            c, n = _copy(v, prev_seq[i] if prev_seq is not None else None, alloc)
-            items.append(c)
-            total += n
-        return (type(src)(items) if isinstance(src, tuple) else items), total
-    import copy
-
-    return copy.deepcopy(src), 0
 
 
 def _unwrapped(v: Any) -> Any:
@@ -195,7 +140,11 @@ def load_into(registered: MutableMapping[str, Any], state: Mapping[str, Any]) ->
         # A module copies into its parameters; an optimizer keeps the tensors it is given
         # (``Optimizer.load_state_dict``), and so would a plain value: those get copies, or
         # the next steps would move the restore point with them.
-        entry = state[k] if isinstance(_unwrapped(v), torch.nn.Module) else _copy(state[k], None)[0]
+        entry = (
+            state[k]
+            if isinstance(_unwrapped(v), torch.nn.Module)
+            else host_copy.copy_tree(state[k], None)[0]
+        )
         if callable(getattr(v, "load_state_dict", None)):
             _unwrapped(v).load_state_dict(entry)
         else:
@@ -221,16 +170,24 @@ def take(
     registered: Mapping[str, Any],
     positions: list[dict[str, Any]],
     live: Mapping[str, Any] | None = None,
+    *,
+    overlap: bool = False,
 ) -> Snapshot | None:
     """Copy the registered state into host memory as the restore point of report ``index``
     (the pod's shared memory where the driver gave a directory, else this process's; reusing
-    the previous restore point's buffers, ``Snapshot.allocated`` says if not); ``live`` is ``state_of(registered)``
-    where the caller has it. None for sharded state (FSDP2 DTensors): a rank holds only its
-    shard, which the shard mirror holds instead (``torchjob.train.recovery.shard_mirror``)."""
+    the previous restore point's buffers, ``Snapshot.allocated`` says if not); ``live`` is
+    ``state_of(registered)`` where the caller has it. ``overlap``: the registered optimizers'
+    tensors are copied on a thread while the loop goes on (``host_copy``). None for sharded
+    state (FSDP2 DTensors): a rank holds only its shard, which the shard mirror holds
+    instead (``torchjob.train.recovery.shard_mirror``)."""
     live = state_of(registered) if live is None else live
     if is_sharded(live):
         drop()
         return None
+    host_copy.settle()  # the last copy, still in flight, writes the buffers this one reuses
+    opts = host_copy.optimizers(registered) if overlap else []
+    host_copy.hook(opts)
+    copy = host_copy.Overlap(host_copy.owned(opts))
     slot = _slot(run)
     meta: dict[str, Any] = {
         "run": run,
@@ -238,7 +195,7 @@ def take(
         "rng": capture_rng(),
         "positions": list(positions),
     }
-    if slot is not None and (snap := _into_shared(slot, run, live, meta)) is not None:
+    if slot is not None and (snap := _into_shared(slot, run, live, meta, copy)) is not None:
         return snap
     prev = _HELD[0]
     if prev is not None and prev.run != run:
@@ -247,14 +204,17 @@ def take(
 
     def counted(t: Any) -> Any:
         allocs[0] += 1
-        return _private(t)
+        return host_copy.private(t)
 
-    state, nbytes = _copy(live, prev.state if prev is not None else None, counted)
+    copy.later.clear()
+    old = prev.state if prev is not None else None
+    state, nbytes = host_copy.copy_tree(live, old, counted, copy.put)
     snap = Snapshot(run, index, state, meta["rng"], meta["positions"], nbytes)
     snap.allocated = allocs[0] > 0
     if prev is not None and prev.arena is not None and prev.arena.path is None:
         snap.arena = prev.arena  # received by broadcast: copied over in place (see _encode)
     _HELD[0] = snap
+    copy.start()
     return snap
 
 
@@ -266,7 +226,9 @@ def _reshaped(_t: Any) -> Any:
     raise _Reshaped
 
 
-def _into_shared(slot: shm_keep.Slot, run: str, live: Any, meta: dict[str, Any]) -> Snapshot | None:
+def _into_shared(
+    slot: shm_keep.Slot, run: str, live: Any, meta: dict[str, Any], copy: host_copy.Overlap
+) -> Snapshot | None:
     """The copy into shared memory: over the held restore point's arena when the state kept
     its shapes, else into a new one; None where the shared memory has no room."""
     need = shm_keep.arena_bytes(live)
@@ -275,18 +237,18 @@ def _into_shared(slot: shm_keep.Slot, run: str, live: Any, meta: dict[str, Any])
     if prev is not None and shared is not None and shared.path is not None and shared.used == need:
         slot.invalidate()
         try:
-            state, nbytes = _copy(live, prev.state, _reshaped)
-            return _committed(slot, shared, state, nbytes, meta, allocated=False)
+            state, nbytes = host_copy.copy_tree(live, prev.state, _reshaped, copy.put)
+            return _committed(slot, shared, state, nbytes, meta, copy, allocated=False)
         except _Reshaped:  # the same bytes in other shapes: a new arena
-            pass
+            copy.later.clear()
     if slot.no_room_for == need:
         return None  # the copies stay in private memory (said once, at the failed allocation)
     _HELD[0] = prev = None  # its pages go before the new arena's come
     arena = slot.allocate(need)
     if arena is None:
         return None
-    state, nbytes = _copy(live, None, arena.alloc)
-    return _committed(slot, arena, state, nbytes, meta, allocated=True)
+    state, nbytes = host_copy.copy_tree(live, None, arena.alloc, copy.put)
+    return _committed(slot, arena, state, nbytes, meta, copy, allocated=True)
 
 
 def _committed(
@@ -295,14 +257,24 @@ def _committed(
     state: dict[str, Any],
     nbytes: int,
     meta: dict[str, Any],
+    copy: host_copy.Overlap,
     *,
     allocated: bool,
 ) -> Snapshot:
-    slot.commit(arena, {**meta, "nbytes": nbytes}, state)
-    slot.prune(meta["run"], meta["index"])
+    """The snapshot, held now; the slot committed once its copies are done (at once, or on
+    the overlapped copy's thread after them: a process lost before finds none there)."""
+
+    def commit() -> None:
+        slot.commit(arena, {**meta, "nbytes": nbytes}, state)
+        slot.prune(meta["run"], meta["index"])
+
     snap = Snapshot(meta["run"], meta["index"], state, meta["rng"], meta["positions"], nbytes)
     snap.arena, snap.allocated = arena, allocated
     _HELD[0] = snap
+    if copy.later:
+        copy.start(then=commit)
+    else:
+        commit()
     return snap
 
 
@@ -330,7 +302,7 @@ def _encode(snap: Snapshot) -> tuple[bytes, Any]:
     layout = shm_keep.skeleton(snap.state, arena) if arena is not None else None
     if arena is None or layout is None:
         arena = shm_keep.Arena.private(shm_keep.arena_bytes(snap.state))
-        layout = shm_keep.skeleton(_copy(snap.state, None, arena.alloc)[0], arena)
+        layout = shm_keep.skeleton(host_copy.copy_tree(snap.state, None, arena.alloc)[0], arena)
     meta = {"run": snap.run, "index": snap.index, "rng": snap.rng}
     buf = io.BytesIO()
     torch.save({**meta, "positions": snap.positions, "nbytes": snap.nbytes, "state": layout}, buf)
@@ -359,6 +331,8 @@ def agree(run: str, rank: int, world_size: int) -> Restored | None:
     to every rank cost each re-formation the whole state again (252 MiB, 2.3-2.8 s on the
     fleet bench, bench/results/2026-11-29j). ``Restored.source_rank`` is -1 then."""
     t0 = time.monotonic()
+    host_copy.settle()  # a copy still in flight ends before the restore point is read
+    host_copy.waited()  # and the loop's waits for copies start anew with the generation
     mine = _HELD[0]
     if mine is None or mine.run != run:
         mine = _HELD[0] = _kept(run) or mine

@@ -1,0 +1,210 @@
+"""Copying a state into host memory: at once, or overlapped with the next step.
+
+:func:`copy_tree` is the restore point's copy (``recovery.restore_point``): nested dicts,
+lists, tuples, tensors and plain values, written into the previous copy's CPU tensors where
+the shapes match. Each tensor goes through a ``put(dst, src)``; :func:`now` copies at once.
+
+**Overlap** (CheckFreq's pipelining, FAST '21). The tensors an optimizer owns, its
+parameters and its state (Adam's moments), change only in its ``step()``. So their copy
+need not hold up the loop: :class:`Overlap` copies everything else at once (buffers, which a
+forward may change: BatchNorm's statistics, DDP's buffer broadcast; and the plain values)
+and hands the optimizers' tensors to a thread, which copies them while the next step's
+forward and backward run. Each registered optimizer waits for that thread in a step
+pre-hook (:func:`hook`), so no step changes a tensor while it is being copied, and whoever
+reads the restore point waits for it too (:func:`settle`). The loop pays the copies' start
+and whatever of them the next forward and backward did not cover (:func:`waited`), which is
+what ``recovery.cadence`` then budgets. A process lost during a copy loses only its own
+copy; a survivor's thread finishes its copy whatever its peers do.
+
+What it assumes: the optimizers' tensors change only in their ``step()``. A loop that
+changes parameters in place elsewhere between a report and the next step (weight clipping
+before the step, ``nn.Embedding(max_norm=...)``, which renormalizes rows in the forward)
+turns it off: ``TORCHJOB_RESTORE_POINT_OVERLAP=0``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Alloc = Callable[[Any], Any]
+"""A new CPU tensor of the given tensor's shape and dtype, for a copy of it."""
+Put = Callable[[Any, Any], None]
+"""Copy ``src`` into ``dst`` (now, or later: :class:`Overlap`)."""
+
+
+def private(t: Any) -> Any:
+    import torch
+
+    return torch.empty(t.shape, dtype=t.dtype, device="cpu")
+
+
+def now(dst: Any, src: Any) -> None:
+    dst.copy_(src)
+
+
+def _copy_later(dst: Any, src: Any) -> None:
+    """One tensor's copy on the overlapped copy's thread."""
+    dst.copy_(src)
+
+
+def copy_tree(src: Any, old: Any, alloc: Alloc = private, put: Put = now) -> tuple[Any, int]:
+    """A CPU copy of ``src`` (nested dicts, lists, tuples, tensors, plain values), written
+    into ``old``'s tensors where their shapes match, else into tensors from ``alloc``;
+    returns it and its tensor bytes. Each tensor's bytes are moved by ``put``."""
+    import torch
+
+    if isinstance(src, torch.Tensor):
+        src = src.detach()
+        if src.layout is not torch.strided or type(src) is not torch.Tensor:
+            # A DTensor or another subclass: a full CPU copy (FSDP: the shard mirror's).
+            t = src.to("cpu", copy=True)
+            return t, t.numel() * t.element_size()
+        if (
+            isinstance(old, torch.Tensor)
+            and old.shape == src.shape
+            and old.dtype == src.dtype
+            and old.device.type == "cpu"
+        ):
+            put(old, src)
+            return old, old.numel() * old.element_size()
+        t = alloc(src)
+        put(t, src)
+        return t, t.numel() * t.element_size()
+    if isinstance(src, Mapping):
+        prev = old if isinstance(old, Mapping) else {}
+        out: dict[Any, Any] = {}
+        total = 0
+        for k, v in src.items():
+            out[k], n = copy_tree(v, prev.get(k), alloc, put)
+            total += n
+        return out, total
+    if isinstance(src, (list, tuple)):
+        prev_seq = old if isinstance(old, (list, tuple)) and len(old) == len(src) else None
+        items = []
+        total = 0
+        for i, v in enumerate(src):
+            c, n = copy_tree(v, prev_seq[i] if prev_seq is not None else None, alloc, put)
+            items.append(c)
+            total += n
+        return (type(src)(items) if isinstance(src, tuple) else items), total
+    import copy
+
+    return copy.deepcopy(src), 0
+
+
+def optimizers(registered: Mapping[str, Any]) -> list[Any]:
+    """The registered entries that are torch optimizers."""
+    import torch
+
+    return [v for v in registered.values() if isinstance(v, torch.optim.Optimizer)]
+
+
+def _storage(t: Any) -> int:
+    return int(t.untyped_storage().data_ptr()) if t.numel() else 0
+
+
+def owned(opts: Iterable[Any]) -> set[int]:
+    """The storages of every tensor the optimizers ``opts`` own: their parameters and the
+    tensors of their state."""
+    import torch
+
+    found: set[int] = set()
+    for opt in opts:
+        for group in opt.param_groups:
+            found.update(_storage(p) for p in group["params"])
+        for per_param in opt.state.values():
+            for v in per_param.values() if isinstance(per_param, Mapping) else ():
+                if isinstance(v, torch.Tensor):
+                    found.add(_storage(v))
+    found.discard(0)
+    return found
+
+
+class Overlap:
+    """One restore point's copy: ``put`` copies a tensor the optimizers do not own at once
+    and keeps the others for :meth:`start`'s thread."""
+
+    def __init__(self, owned_storages: set[int]) -> None:
+        self.owned = owned_storages
+        self.later: list[tuple[Any, Any]] = []
+
+    def put(self, dst: Any, src: Any) -> None:
+        if _storage(src) in self.owned:
+            self.later.append((dst, src))
+        else:
+            dst.copy_(src)
+
+    def start(self, then: Callable[[], None] | None = None) -> None:
+        """Copy the kept tensors on a thread, then run ``then`` (a shared-memory commit)."""
+        settle()
+        if not self.later and then is None:
+            return
+        pairs, error = self.later, _FLIGHT.error
+
+        def run() -> None:
+            try:
+                for dst, src in pairs:
+                    _copy_later(dst, src)
+                if then is not None:
+                    then()
+            except BaseException as e:  # said where the restore point is next read
+                error.append(e)
+
+        thread = threading.Thread(target=run, name="torchjob-restore-point", daemon=True)
+        _FLIGHT.thread = thread
+        thread.start()
+
+
+@dataclass
+class _Flight:
+    """This process's copy in flight (one at a time), what it raised, the loop's waits."""
+
+    thread: threading.Thread | None = None
+    error: list[BaseException] = field(default_factory=list)
+    waited_s: float = 0.0
+
+
+_FLIGHT = _Flight()
+
+
+def settle() -> None:
+    """Wait for the copy in flight, if any (the wait is added to :func:`waited`). Raises
+    what its thread raised."""
+    thread = _FLIGHT.thread
+    if thread is None:
+        return
+    t0 = time.monotonic()
+    thread.join()
+    _FLIGHT.thread = None
+    _FLIGHT.waited_s += time.monotonic() - t0
+    if _FLIGHT.error:
+        e = _FLIGHT.error.pop()
+        _FLIGHT.error.clear()
+        raise RuntimeError(f"the restore point's copy failed: {e}") from e
+
+
+def waited() -> float:
+    """The seconds this process waited for copies in flight since it last asked (in the
+    optimizers' steps, or at the next report where no step came between)."""
+    w, _FLIGHT.waited_s = _FLIGHT.waited_s, 0.0
+    return w
+
+
+_HOOKED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _before_step(_opt: Any, _args: Any, _kwargs: Any) -> None:
+    settle()
+
+
+def hook(opts: Iterable[Any]) -> None:
+    """Make each optimizer's ``step()`` wait for the copy in flight (once per optimizer)."""
+    for opt in opts:
+        if opt not in _HOOKED:
+            opt.register_step_pre_hook(_before_step)
+            _HOOKED.add(opt)
