@@ -50,8 +50,8 @@ class Cadence:
     fixed: int | None = None
     copies: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
     intervals: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
-    since: int = 0
-    """Reports since the last restore point."""
+    reports: int = 0
+    """Reports seen (:meth:`due`): their number where the caller gives none."""
     last_report_s: float | None = None
     last_copy_s: float = 0.0
     said: int = 1
@@ -93,20 +93,22 @@ class Cadence:
         """At a report (``now_s``: a monotonic clock): whether it takes the restore point.
         Every report does until one copy into buffers already there was measured (the
         first copy allocates them: see :meth:`took`). ``report``: the report's number in
-        the group (from 1), the same on every rank: then the copies fall on reports 1,
-        1 + k, 1 + 2k, ..., so ranks that began measuring a report apart (a replacement that took over a slot's
-        buffers) still copy at the same reports; without it, every ``k`` since the last."""
+        the group (from 1), the same on every rank: the copies fall on reports 1, 1 + k,
+        1 + 2k, ..., so ranks that began measuring a report apart (a replacement that took
+        over a slot's buffers) still copy at the same reports; without it, the number of
+        reports this cadence saw."""
         if self.last_report_s is not None:
             # The training time between two reports, without the copy made at the first.
             self.intervals.append(max(now_s - self.last_report_s - self.last_copy_s, 0.0))
         self.last_report_s = now_s
         self.last_copy_s = 0.0
-        self.since += 1
+        self.reports += 1
         # The first report copies; under the budget, so does each until a copy into buffers
-        # already there was measured. A fixed k is the user's: counted from the first copy.
+        # already there was measured.
         measuring = self.fixed is None and not self.copies
         k = self.every
-        turn = self.since >= k if report is None else (report - 1) % k == 0
+        n = self.reports if report is None else report
+        turn = (n - 1) % k == 0
         return not self.taken or measuring or turn
 
     def took(self, seconds: float, nbytes: int, allocated: bool = False) -> None:
@@ -117,7 +119,6 @@ class Cadence:
         seconds where the next took 0.08 s, so k came out in the dozens and a loss lost 17
         steps where it should have lost one); the next report then copies again."""
         self.last_copy_s = seconds
-        self.since = 0
         self.nbytes = nbytes
         self.taken = True
         self.sampled = not allocated
