@@ -16,19 +16,11 @@ from torchjob.train.recovery import host_copy, restore_point
 
 
 @pytest.fixture
-def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
-    """The thread's copies wait until the gate opens (at most 10 s)."""
-    opened = threading.Event()
-    copy_later = host_copy._copy_later
-
-    def gated(dst: Any, src: Any) -> None:
-        opened.wait(10)
-        copy_later(dst, src)
-
-    monkeypatch.setattr(host_copy, "_copy_later", gated)
+def gate(copy_gate: threading.Event) -> Iterator[threading.Event]:
+    """``copy_gate`` (conftest), with nothing held before or after."""
     restore_point.drop()
-    yield opened
-    opened.set()
+    yield copy_gate
+    copy_gate.set()
     restore_point.drop()
     host_copy.waited()
 

@@ -192,27 +192,21 @@ def test_a_copy_cut_off_before_its_commit_leaves_no_restore_point(
 
 
 def test_an_overlapped_copy_commits_the_slot_only_once_its_thread_copied_everything(
-    slot_dir: Path, monkeypatch: pytest.MonkeyPatch
+    slot_dir: Path, copy_gate: threading.Event
 ) -> None:
     """``host_copy``: the optimizers' tensors are copied on a thread. Until it is done the
     slot holds no restore point (report 1's was invalidated, report 2's is not whole), so a
     process that replaced this one then would find none rather than half of one."""
     restore_point.take("run", 1, _state(1), [], overlap=True)
+    copy_gate.set()
     restore_point.held()  # settled: report 1 committed
-    gate = threading.Event()
-    copy_later = host_copy._copy_later
-
-    def gated(dst: Any, src: Any) -> None:
-        gate.wait(10)
-        copy_later(dst, src)
-
-    monkeypatch.setattr(host_copy, "_copy_later", gated)
+    copy_gate.clear()
     live = _state(2)
     restore_point.take("run", 2, live, [], overlap=True)
     try:
         assert restore_point._kept("run") is None, "in flight: nothing committed"
     finally:
-        gate.set()
+        copy_gate.set()
     held = restore_point.held()
     assert held is not None and held.index == 2
     found = restore_point._kept("run")
