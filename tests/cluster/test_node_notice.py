@@ -11,11 +11,23 @@ from typing import Any
 import pytest
 from kubernetes import client
 from tests import kube as k
-from tests.cluster.operator_harness import Jobs, torchjob
+from tests.cluster.operator_harness import Jobs, torchjob, worker_template
+
+from torchjob import contract
 
 pytestmark = pytest.mark.cluster
 
 SPOT_ITN = "aws-node-termination-handler/spot-itn"
+GEN = contract.LABEL_GENERATION
+
+
+def _unschedulable(pod: Any) -> bool:
+    """The scheduler tried and found no node (``PodScheduled=False``, ``Unschedulable``)."""
+    conds = pod.status.conditions or []
+    return not pod.spec.node_name and any(
+        c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+        for c in conds
+    )
 
 
 @contextlib.contextmanager
@@ -167,6 +179,48 @@ def test_a_pod_stuck_terminating_on_a_lost_node_does_not_hold_the_restart(jobs: 
     finally:
         k.release_held(jobs.core, jobs.ns, "stuck-worker-1")
         k.restore_node_ready(jobs.core, node, untaint=True)
+
+
+def test_pods_kept_off_a_node_that_returns_are_made_again(jobs: Jobs, cluster: k.Cluster) -> None:
+    """Every node a job may use noticed at once (here: its one node, by nodeSelector): the
+    restarted pods are created kept off it and cannot be scheduled. The notice lifted, the
+    node back under its own name, their affinity would keep them Pending for good (a pod's
+    affinity is immutable: bench/results/2026-11-30m); the operator deletes and makes them
+    again, in the same generation, and they run there."""
+    node = cluster.gpu_nodes(jobs.core)[0]
+    pinned = worker_template(nodeSelector={"kubernetes.io/hostname": node})
+    jobs.apply(torchjob("back", replicas=2, template=pinned, failurePolicy={"maxRestarts": 0}))
+    first = {p.metadata.uid for p in jobs.wait_running_pods("back", 2, generation=0)}
+    jobs.wait_phase("back", "Running")
+    with noticed(jobs.core, node):
+        status = jobs.wait(
+            "back",
+            lambda s: s if s.get("currentGeneration", 0) >= 1 else None,
+            "a new generation after the notice",
+        )
+        generation = status["currentGeneration"]
+
+        def kept_off() -> list[Any] | None:
+            mine = str(generation)
+            pods = [p for p in jobs.pods("back") if p.metadata.labels[GEN] == mine]
+            stuck = [p for p in pods if _unschedulable(p)]
+            return stuck if len(stuck) == 2 else None
+
+        stuck = k.wait_for(kept_off, 60, "both new pods unschedulable, kept off the node")
+        terms = stuck[0].spec.affinity.node_affinity
+        required = terms.required_during_scheduling_ignored_during_execution
+        assert node in {f.values[0] for f in required.node_selector_terms[0].match_fields}
+    held = {p.metadata.uid for p in stuck}
+    again = jobs.wait_running_pods("back", 2, generation=generation, timeout=60)
+    assert not {p.metadata.uid for p in again} & (first | held), "made again, not kept"
+    assert {p.spec.node_name for p in again} == {node}
+    status = jobs.wait_phase("back", "Running")
+    assert status["currentGeneration"] == generation, "the same generation"
+    assert (status["disruptions"], status["restarts"]) == (1, 0), "the notice only"
+    assert status.get("placingAgain") is None
+    said = jobs.wait_events("back", "PlacingAgain")
+    placed = next(e for e in said if e.reason == "PlacingAgain")
+    assert f"kept off {node}," in placed.message, placed.message
 
 
 def test_the_api_server_takes_a_pod_kept_off_several_nodes(jobs: Jobs) -> None:

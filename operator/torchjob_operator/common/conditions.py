@@ -101,6 +101,8 @@ REASONS: Final[Mapping[str, str]] = {
     "CreatedWorkerAccount": "created {kinds} {name}",
     "CreatedPod": "created {pods} (generation {generation})",
     "CreatedProbe": "probing capacity with pod {name}",
+    "PlacingAgain": "{pods} could not be scheduled, kept off {nodes}, which need avoiding no "
+    "more: created again",
     "CreatedJoiner": "replacement {pods} starting for generation {generation}; it joins at a "
     "step boundary once it runs",
     "ReplacingBeforeLeaving": "{leaving} was given notice: it trains on while its "

@@ -161,6 +161,12 @@ def notice_deadline(node: NodeView, first_seen: datetime) -> datetime | None:
     return start + timedelta(seconds=node.window_s)
 
 
+AVOIDED_NODES = "torchjob.io/avoided-nodes"
+"""The annotation on a worker pod naming the nodes :func:`avoided` gave it (comma-separated):
+its required node affinity keeps it off them for good, so a pod the scheduler cannot place
+is created again once one of them is avoided no more (``torchjob/nodes.py``)."""
+
+
 def avoided(nodes: Mapping[str, NodeView]) -> tuple[str, ...]:
     """The nodes a new pod is kept off, sorted: noticed or not reporting. (A cordoned node
     needs nothing: the scheduler never places a pod there; and there may be many.)"""
@@ -168,6 +174,7 @@ def avoided(nodes: Mapping[str, NodeView]) -> tuple[str, ...]:
 
 
 __all__ = [
+    "AVOIDED_NODES",
     "DEFAULT_NOTICE_TAINTS",
     "NodeView",
     "NoticeTaint",

@@ -34,6 +34,7 @@ from typing import Any, Literal, cast
 
 import orjson
 
+from torchjob_operator.common.nodes import AVOIDED_NODES
 from torchjob_operator.engine import metrics
 from torchjob_operator.engine.objects import (
     JobKey,
@@ -101,6 +102,8 @@ class _Pending:
 
 _NODE_NAME = re.compile(rb'"nodeName":"([^"]*)"')
 """A compact pod's ``spec.nodeName`` (node names are DNS names: no quote, no escape)."""
+_AVOIDED = re.compile(rb'"' + re.escape(AVOIDED_NODES.encode()) + rb'":"([^"]*)"')
+"""... and the nodes it was kept off (``common.nodes.AVOIDED_NODES``, comma-separated)."""
 
 
 def _compact(pod: Pod) -> bytes:
@@ -110,6 +113,15 @@ def _compact(pod: Pod) -> bytes:
 
 def _decoded(blob: bytes | None) -> Pod | None:
     return None if blob is None else cast(Pod, orjson.loads(blob))
+
+
+def _on(blob: bytes, nodes: set[bytes]) -> bool:
+    """A cached pod's JSON names one of ``nodes``: bound there, or kept off it."""
+    m = _NODE_NAME.search(blob)
+    if m is not None and m.group(1) in nodes:
+        return True
+    kept_off = _AVOIDED.search(blob)
+    return kept_off is not None and not nodes.isdisjoint(kept_off.group(1).split(b","))
 
 
 class Store:
@@ -284,17 +296,17 @@ class Store:
         return self.jobs_on_nodes({node})
 
     def jobs_on_nodes(self, nodes: Collection[str]) -> set[JobKey]:
-        """The jobs with a cached pod bound to any of ``nodes`` (a node's notice or loss pokes
-        them). One pass over the pods as they are kept, compact JSON, reading only each one's
-        ``nodeName``: a LIST of thousands of nodes costs one pass, not one per node."""
+        """The jobs with a cached pod bound to any of ``nodes``, or kept off one of them
+        (``common.nodes.AVOIDED_NODES``): a node's notice or loss pokes the first, its return
+        the second. One pass over the pods as they are kept, compact JSON, reading only each
+        one's ``nodeName`` and that annotation: a LIST of thousands of nodes costs one pass,
+        not one per node."""
         if not nodes:
             return set()
         wanted = {n.encode() for n in nodes}
         with self._lock:
             return {
-                k
-                for k, pods in self._pods.items()
-                if any((m := _NODE_NAME.search(b)) and m.group(1) in wanted for b in pods.values())
+                k for k, pods in self._pods.items() if any(_on(b, wanted) for b in pods.values())
             }
 
     def pods_of(self, key: JobKey) -> list[Pod] | None:

@@ -3,9 +3,10 @@
 Every Node is read into a small ``torchjob.nodes.NodeView`` (its name, ``Ready``, cordon and
 termination notice: nothing else is kept) in a :class:`NodeBook` that the reconciles read.
 Only a change of a view matters; a Node's status moves every few seconds (its heartbeat),
-which changes nothing here. When one changes, every job with a pod bound to that node plans
-again (``Store.jobs_on_nodes``): a notice starts its pods' replacements at once, a node that
-stopped reporting loses its pods without waiting for the node controller's evictions.
+which changes nothing here. When one changes, every job with a pod bound to that node, or
+kept off it, plans again (``Store.jobs_on_nodes``): a notice starts its pods' replacements at
+once, a node that stopped reporting loses its pods without waiting for the node controller's
+evictions, and a node back under its name lets a pod kept off it be made again.
 """
 
 from __future__ import annotations

@@ -123,9 +123,12 @@ def _not_ready(
     stalled: bool,
     now: datetime,
 ) -> dict[str, Any]:
-    """The planned status with Ready=False for ``reason``, the generation not created."""
+    """The planned status with Ready=False for ``reason``, the generation not created (and
+    the pods to place again as they were, for the generation they were of)."""
+    planned = TorchJobStatus.parse(status)
+    same = planned.current_generation == view.state.generation
     amended = set_not_ready(
-        TorchJobStatus.parse(status),
+        planned,
         reason=reason,
         message=message,
         stalled=stalled,
@@ -133,7 +136,10 @@ def _not_ready(
         observed_generation=view.metadata_generation,
     )
     return amended.model_copy(
-        update={"created_generation": view.state.created_generation}
+        update={
+            "created_generation": view.state.created_generation,
+            "placing_again": (list(view.state.placing_again) or None) if same else None,
+        }
     ).to_patch()
 
 

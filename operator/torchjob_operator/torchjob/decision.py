@@ -17,6 +17,7 @@ fields                                      set by
 ``spec_replicas``                           ``plan`` (the user's scale)
 ``last_rescale keep_probes create_probes``  ``elastic`` (capacity-driven resizes)
 ``standby_ready replaced relabel``          ``plan`` (after the lifecycle, KeepSurvivors)
+``placing_again``                           ``nodes.place_again``, ``plan`` (it creates them)
 ``create``                                  ``plan`` (a generation's pods), ``elastic``
                                             (joiners)
 ``initialize``                              ``initializing`` (the initialisers' pods)
@@ -143,6 +144,9 @@ class Decision:
     """A member this pass moves off a crowded node (``spread``)."""
     replaced: tuple[str, ...] = ()
     """KeepSurvivors: stale pods whose index the current generation gives to a new pod."""
+    placing_again: tuple[int, ...] = ()
+    """Members deleted before they were ever scheduled, kept off nodes no longer avoided:
+    created again in this generation once gone (``nodes.place_again``)."""
     probes: tuple[ProbeView, ...] = ()
     create_probes: tuple[int, ...] = ()
     keep_probes: bool = False
@@ -213,6 +217,7 @@ class Decision:
             generation=counters.generation,
             restarts=counters.restarts,
             disruptions=counters.disruptions,
+            placing_again=(),
         ).resize(replicas, members)
 
     def resize(self, replicas: int, members: tuple[int, ...] | None = None) -> Decision:

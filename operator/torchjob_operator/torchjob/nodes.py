@@ -31,7 +31,9 @@ from dataclasses import replace
 from datetime import datetime
 
 from torchjob import contract
+from torchjob_operator.common.events import Event
 from torchjob_operator.common.nodes import NodeView, notice_deadline
+from torchjob_operator.torchjob.decision import Decision
 from torchjob_operator.torchjob.observed import JobState, PodView
 from torchjob_operator.torchjob.silent import carried_over, trusted_reports
 
@@ -110,6 +112,43 @@ def lost_silent(state: JobState) -> dict[str, str]:
     return {pod: left.get(pod, "") for pod in latest.silent or ()}
 
 
+def unplaceable(pods: Iterable[PodView], avoid: Sequence[str]) -> list[PodView]:
+    """Pods the scheduler could not place that were created to keep off a node that is
+    avoided no more (``PodView.avoided`` beyond ``avoid``: its notice lifted, or Ready
+    again, under the same name). A pod's affinity cannot change: it would stay Pending for
+    good, where every node it may use was once noticed at the same time."""
+    now = set(avoid)
+    return [
+        p
+        for p in pods
+        if p.active
+        and not p.scheduled
+        and p.unschedulable_since is not None
+        and not set(p.avoided) <= now
+    ]
+
+
+def place_again(d: Decision, pods: Sequence[PodView]) -> Decision:
+    """Delete the current generation's members and joiners that are :func:`unplaceable`;
+    the members' places are created again in the same generation once they are gone
+    (``Decision.placing_again``), the joiners' as any missing joiner is. Never scheduled,
+    such a pod never ran: creating it again changes no membership and counts nothing."""
+    ranked = set(d.ranked)
+    mine = [
+        p
+        for p in unplaceable(pods, d.job.avoid_nodes)
+        if p.joiner or (p.generation == d.generation and p.index in ranked)
+    ]
+    if not mine:
+        return d
+    members = {p.index for p in mine if not p.joiner}
+    new = [p for p in mine if p.joiner or p.index not in d.placing_again]
+    freed = sorted({n for p in mine for n in p.avoided} - set(d.job.avoid_nodes))
+    said = Event.of("PlacingAgain", pods=", ".join(p.name for p in new), nodes=", ".join(freed))
+    d = d.but(placing_again=tuple(sorted(members | set(d.placing_again))))
+    return d.also(delete=[p.name for p in mine], events=[said] if new else [])
+
+
 def held_only(p: PodView) -> bool:
     """``p`` holds its name and nothing else: stuck Terminating on a lost node, or being
     deleted after its peers found it silent (``PodView.silent``, in this generation or an
@@ -124,6 +163,8 @@ __all__ = [
     "NODE_NOTICE",
     "held_only",
     "lost_silent",
+    "place_again",
     "suspect_nodes",
+    "unplaceable",
     "with_nodes",
 ]

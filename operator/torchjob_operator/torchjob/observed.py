@@ -25,6 +25,7 @@ from torchjob.api.models import (
 from torchjob.rules.loss import SIGNAL_EXIT_BASE, Loss, Silent, classify, signal_of_exit
 from torchjob.rules.member import MemberPhase
 from torchjob_operator.common.clock import parse_time, parse_time_or_none
+from torchjob_operator.common.nodes import AVOIDED_NODES
 from torchjob_operator.common.owners import controller_uid
 
 IMAGE_PULL_REASONS = frozenset(
@@ -103,6 +104,8 @@ class PodView:
     """The termination notice its node carries (a taint key, ``torchjob/nodes.py``)."""
     notice_until: datetime | None = None
     """When its noticed node goes (the notice's deadline)."""
+    avoided: tuple[str, ...] = ()
+    """The nodes it was created to avoid for their state (``common.nodes.AVOIDED_NODES``)."""
     node_lost: bool = False
     """Its node stopped reporting (``Ready`` not ``True``): a pod being deleted there stays
     Terminating until the node returns or is removed (``torchjob/nodes.py``)."""
@@ -304,6 +307,9 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         disruption=disruption,
         finished_at=finished_at,
         unschedulable_since=unschedulable_since,
+        avoided=tuple(
+            n for n in (meta.get("annotations") or {}).get(AVOIDED_NODES, "").split(",") if n
+        ),
         waiting=waiting,
         waiting_message=waiting_message,
         summary=said.line if said else "",
@@ -345,6 +351,8 @@ class JobState:
     leaving: Mapping[str, datetime] = field(default_factory=dict)
     """The deadlines of the pods given notice, by pod (``status.leavingWorkers``): a notice
     whose taint has no time keeps the deadline its first pass gave it."""
+    placing_again: tuple[int, ...] = ()
+    """Members deleted unscheduled, to create again (``status.placingAgain``)."""
 
     @classmethod
     def from_status(cls, status: Mapping[str, Any] | None) -> JobState:
@@ -374,4 +382,5 @@ class JobState:
                 for w in s.leaving_workers or ()
                 if (at := parse_time_or_none(w.deadline)) is not None
             },
+            placing_again=tuple(s.placing_again or ()),
         )

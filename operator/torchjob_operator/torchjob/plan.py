@@ -73,7 +73,7 @@ from torchjob_operator.torchjob.ending import (
 )
 from torchjob_operator.torchjob.initializing import holds, initializing
 from torchjob_operator.torchjob.loss import after_loss, survives
-from torchjob_operator.torchjob.nodes import held_only
+from torchjob_operator.torchjob.nodes import held_only, place_again
 from torchjob_operator.torchjob.observed import JobState, PodView, ProbeView
 from torchjob_operator.torchjob.phase import active_phase
 from torchjob_operator.torchjob.silent import recheck_after, silenced
@@ -133,6 +133,7 @@ def _start(job: JobView, now: datetime, probes: Sequence[ProbeView]) -> Decision
         restart_after=st.restart_after,
         created_generation=st.created_generation,
         last_failure=st.last_failure,
+        placing_again=st.placing_again,
         spec_replicas=st.spec_replicas,
         last_rescale=st.last_rescale,
         probes=tuple(probes),
@@ -208,10 +209,12 @@ def plan(
     # given notice here, it is drained like any member given notice.
     d, pods = spread_back(d, current, pods)
     current = _members(d, pods)
+    # A pod kept off nodes that are fine again, and so unschedulable, is made again.
+    d = place_again(d, pods)
     missing: list[int] = []
     if d.created_generation == d.generation:
         have = {p.index for p in current}
-        missing = [i for i in d.ranked if i not in have]
+        missing = [i for i in d.ranked if i not in have and i not in d.placing_again]
     # A member given notice trains on while its replacement starts (torchjob/drain.py).
     d, judged = draining(d, current, pods)
     verdict = judge_generation(judged, replicas=d.replicas, missing=missing, now=now)
@@ -227,7 +230,8 @@ def plan(
     if ended:
         return _plan(d, pods, current)
     if spec.elastic is not None and verdict.outcome == Outcome.HEALTHY:
-        d = fit_to_capacity(d, current, pods)
+        placing = [p for p in current if p.index not in d.placing_again]
+        d = fit_to_capacity(d, placing, pods)
     return _carry_on(d, pods)
 
 
@@ -300,9 +304,9 @@ def _create(
     before writing the status), their adoption. A missing place whose index a ``stuck`` pod
     still holds is created under the lowest index no pod holds (``occupied``) instead, and
     the generation's rank order (``members``) says so."""
-    if d.created_generation == d.generation:
-        return d
     have = {p.index for p in current}
+    if d.created_generation == d.generation:
+        return _create_again(d, have)
     held = (set(stuck) - have) & set(d.ranked)
     if held:
         busy = set(occupied) | set(d.ranked)
@@ -321,6 +325,19 @@ def _create(
     )
     created = Event.of("PodsCreated", replicas=len(todo), generation=d.generation)
     return d.but(create=create).also(events=[created])
+
+
+def _create_again(d: Decision, have: Collection[int]) -> Decision:
+    """The members ``place_again`` deleted, once gone: in the same generation, as they were."""
+    todo = tuple(i for i in d.ranked if i in d.placing_again and i not in have)
+    left = tuple(i for i in d.placing_again if i in d.ranked and i not in todo)
+    if not todo:
+        return d.but(placing_again=left)
+    create = CreatePods(
+        indices=todo, generation=d.generation, replicas=d.replicas, members=d.members
+    )
+    created = Event.of("PodsCreated", replicas=len(todo), generation=d.generation)
+    return d.but(create=create, placing_again=left).also(events=[created])
 
 
 def _plan(d: Decision, pods: Sequence[PodView], current: Sequence[PodView]) -> Plan:

@@ -86,6 +86,7 @@ def render_status(
         created_generation=d.created_generation,
         members=list(d.members) if d.members is not None else None,
         replaced_workers=list(d.replaced) or None,
+        placing_again=list(d.placing_again) or None,
         leaving_workers=_leaving(d, current) or None,
         standby_workers=d.standby_ready,
         spec_replicas=d.spec_replicas,

@@ -13,6 +13,7 @@ from typing import Any
 from torchjob import contract
 from torchjob.api.models import Phase, TorchJobSpec
 from torchjob_operator.common.events import Event
+from torchjob_operator.common.nodes import AVOIDED_NODES
 from torchjob_operator.resources.initializers import initializer_pod
 from torchjob_operator.resources.pods import (
     avoid_nodes,
@@ -87,6 +88,10 @@ def decide(
     keep_off = decided.create.avoid if decided.create is not None else ()
     for body in workers:
         avoid_nodes(body, tuple(dict.fromkeys((*view.avoid_nodes, *keep_off))))
+        if view.avoid_nodes:  # what the Node watch said, not a move's keep_off
+            body["metadata"].setdefault("annotations", {})[AVOIDED_NODES] = ",".join(
+                view.avoid_nodes
+            )
         prefer_other_nodes(body, suspect)
         if suspect and body["spec"].get("topologySpreadConstraints") == [spread_across_nodes(name)]:
             # The default spread (ScheduleAnyway) scores the suspect node best, since it now

@@ -223,6 +223,14 @@ class TorchJobStatus(_Model):
             " of joining the current generation's group."
         ),
     )
+    placing_again: list[int] | None = Field(
+        default=None,
+        description=(
+            "Pod indices of the current generation deleted before they were ever scheduled,"
+            " because they were kept off nodes that no longer need avoiding (a notice lifted,"
+            " a node Ready again): the operator creates them again in the same generation."
+        ),
+    )
     leaving_workers: list[LeavingWorker] | None = Field(
         default=None,
         description=(
