@@ -90,8 +90,6 @@ def within(seconds: float, request: Callable[[], T]) -> T:
     daemon thread of its own, which stays blocked if the server never answers (the connection
     is then discarded, never used again). Once the interpreter exits, it starts none
     (:func:`settle`)."""
-    if _closing.is_set():
-        raise TimeoutError("the process is exiting: no store request is started")
     out: list[tuple[bool, Any]] = []
     done = threading.Event()
 
@@ -106,9 +104,11 @@ def within(seconds: float, request: Callable[[], T]) -> T:
                 _pending.pop(threading.current_thread(), None)
 
     thread = threading.Thread(target=run, name="torchjob-store-request", daemon=True)
-    with _lock:
+    with _lock:  # with settle's: a request is either refused or waited for at the exit
+        if _closing.is_set():
+            raise TimeoutError("the process is exiting: no store request is started")
         _pending[thread] = time.monotonic() + SETTLE_FACTOR * seconds + SETTLE_SLACK_S
-    thread.start()
+        thread.start()
     if not done.wait(seconds):
         raise TimeoutError(f"the store did not answer within {seconds:g}s")
     ok, value = out[0]
@@ -129,8 +129,8 @@ def settle() -> None:
     (exit 134 or 139) and failed its job. Waiting here, before the finalization, lets the
     request come back while Python still runs; one blocked on a frozen server never comes
     back, and costs nothing past its moment."""
-    _closing.set()
-    with _lock:
+    with _lock:  # a thread in within() between its check and its start would slip by
+        _closing.set()
         pending = dict(_pending)
     for thread, until in pending.items():
         thread.join(timeout=max(0.0, until - time.monotonic()))
