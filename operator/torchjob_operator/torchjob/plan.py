@@ -230,8 +230,8 @@ def plan(
     if ended:
         return _plan(d, pods, current)
     if spec.elastic is not None and verdict.outcome == Outcome.HEALTHY:
-        placing = [p for p in current if p.index not in d.placing_again]
-        d = fit_to_capacity(d, placing, pods)
+        staying = [p for p in current if p.index not in d.placing_again]
+        d = fit_to_capacity(d, staying, pods)
     return _carry_on(d, pods)
 
 
@@ -318,6 +318,18 @@ def _create(
         restart_after=None,
         start_time=d.now if d.start_time is None else d.start_time,
     )
+    return _creating(d, todo)
+
+
+def _create_again(d: Decision, have: Collection[int]) -> Decision:
+    """The members ``place_again`` deleted, once gone: in the same generation, as they were."""
+    todo = tuple(i for i in d.ranked if i in d.placing_again and i not in have)
+    left = tuple(i for i in d.placing_again if i in d.ranked and i not in todo)
+    return _creating(d.but(placing_again=left), todo)
+
+
+def _creating(d: Decision, todo: tuple[int, ...]) -> Decision:
+    """The current generation's pods ``todo`` created (nothing when empty), with the Event."""
     if not todo:
         return d
     create = CreatePods(
@@ -325,19 +337,6 @@ def _create(
     )
     created = Event.of("PodsCreated", replicas=len(todo), generation=d.generation)
     return d.but(create=create).also(events=[created])
-
-
-def _create_again(d: Decision, have: Collection[int]) -> Decision:
-    """The members ``place_again`` deleted, once gone: in the same generation, as they were."""
-    todo = tuple(i for i in d.ranked if i in d.placing_again and i not in have)
-    left = tuple(i for i in d.placing_again if i in d.ranked and i not in todo)
-    if not todo:
-        return d.but(placing_again=left)
-    create = CreatePods(
-        indices=todo, generation=d.generation, replicas=d.replicas, members=d.members
-    )
-    created = Event.of("PodsCreated", replicas=len(todo), generation=d.generation)
-    return d.but(create=create, placing_again=left).also(events=[created])
 
 
 def _plan(d: Decision, pods: Sequence[PodView], current: Sequence[PodView]) -> Plan:
