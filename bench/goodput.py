@@ -11,11 +11,10 @@ losses (bench/goodput_losses.py), on a schedule (bench/goodput_schedule.py):
 - ``--schedule poisson`` (default): the row's loss times are drawn before it starts from its
   seeded random source (the same draw for every system's row of a mode in a repeat, so that
   torchjob and Kubeflow meet the same loss times), cumulative exponential gaps of mean ``--mtbf``, and each loss is
-  taken at its time whatever the job is doing (during the previous recovery too); the row
-  ends ``--mtbf`` after the last loss's node is gone. The table lists each row's realised
-  rate (losses / window seconds) beside the stated one;
-- ``--schedule after-recovery``: each loss ``--mtbf`` (+-20 %) after the previous recovery
-  (the bench before issue 39: never overlapping, and kinder than a fleet).
+  taken at its time whatever the job is doing (a recovery too); the row ends a mean interval
+  after the last loss's node is gone (``--node-mtbf`` for the node modes). The table lists
+  each row's realised rate beside the stated one; ``--schedule after-recovery``: each loss a
+  mean interval (+-20 %) after the previous recovery (before issue 39; kinder than a fleet).
 
 Modes (``--modes``; a node loss is a node loss for Kubeflow's rows too):
 
@@ -44,14 +43,11 @@ every running pod of the job, standbys included, each at the same rate):
 - goodput: the samples trained in the row's window / (ideal rate x the same wall time), the
   median [min-max] over ``--repeats`` runs. Each system's ideal rate (torchjob's, and
   Kubeflow's when it runs) is measured in the same invocation by its own row without
-  evictions (same job, full size): its samples over its wall time, counted the same way. The
-  window (the wall time) runs from the job's first step to the end of the row, when the bench
-  deletes the job; the samples are the lineage's at the window's end less those at its start,
-  from rank 0's step events (``acc.window_samples``: what a restore after the window threw
-  away does not count). What the job trains after the window does not count either: an
-  elastic pod drains ~20 s after the deletion before its final checkpoint. Storage's latest
-  committed checkpoint after the row caps it (work trained but never saved counts as lost,
-  in every row but the baselines), and a row whose work was not all saved says so in its line. The pure accounting is bench/goodput_accounting.py;
+  evictions (same job, full size). The window runs from the job's first step to the row's
+  end (the job deleted; what it trains after does not count); the samples are the
+  lineage's at its end less those at its start, from rank 0's step events (what a later
+  restore threw away does not count), capped by storage's latest committed checkpoint after
+  the row (work never saved is lost; such a row says so). Pure: bench/goodput_accounting.py;
 - goodput per pod paid: goodput x workers / (workers + standbys), and the pod count;
 - goodput per pod-second paid, measured: goodput x workers x wall / the pod-seconds the row's
   trace shows over the same window (``acc.pod_seconds``: a pod is paid from the kubelet
@@ -61,19 +57,19 @@ every running pod of the job, standbys included, each at the same rate):
 - recovery p50/p95: the loss -> the first completed step of a later generation (rank 0's);
 - lost steps: steps done before an eviction that the next membership did not resume from;
 - restarts charged (``status.restarts``) and disruptions (``status.disruptions``);
-- the median time in each phase of a recovery: operator reaction (eviction -> the first new pod
-  exists; 0 when no pod is created before the recovery's first step, as when an elastic job
-  goes on smaller), pod start (-> the slowest process of the new generation
-  runs its first line), imports (-> torch and torchjob.train imported), group (-> inside the
-  training function), DDP (-> ``prepare_model`` returned), restore (-> checkpoint loaded) and
-  first step.
+- the median time in each phase of a recovery (bench/goodput_records.py ``PHASES``: operator
+  reaction, pod start, imports, group, DDP, restore, first step).
+
+Parts of one long run (``--repeat-from``, one ``--out`` each, ``run.json`` naming the code:
+bench/goodput_runs.py) are read back as one table by bench/goodput_recompute.py.
 
     python bench/goodput.py [--mtbf 60] [--grace 30] [--evictions 10] [--replicas 2]
                             [--policies RecreateGroup,KeepSurvivors,Elastic,Standby,Kubeflow]
                             [--modes graceful,hard,vanish,notice30,notice120] [--seed 0]
-                            [--schedule poisson] [--node-return 60] [--state-mib 0]
+                            [--schedule poisson] [--node-mtbf 120] [--node-return 60]
+                            [--state-mib 0] [--repeats 3] [--repeat-from 0]
                             [--restore-point] [--keep-cluster]
-    make bench-goodput            # 3 nodes, 8 pods, hard/vanish/notice30/notice120: hours
+    make bench-goodput            # 3 spot nodes, 8 pods, every mode, both systems: 12-15 h
 
 ``Kubeflow`` is what a user would pick instead: Kubeflow's PyTorchJob v1.8.1 with
 ``elasticPolicy`` under torchrun (``kubeflow_manifest``), the training-operator built and run
@@ -106,6 +102,7 @@ from bench.goodput_losses import disk_too_full, release_system_node, reserve_sys
 from bench.goodput_records import Row
 from bench.goodput_report import report, write_timelines
 from bench.goodput_rows import log, run_row
+from bench.goodput_runs import record_run
 from bench.harness import REPO, cluster_down
 
 OPERATOR_NS = "torchjob-system"
@@ -168,6 +165,8 @@ def _parser() -> argparse.ArgumentParser:
         "loss resumes from the survivors' memory (storage checkpoints stay the fallback)",
     )
     p.add_argument("--repeats", type=int, default=3, help="runs of every row (median printed)")
+    p.add_argument("--repeat-from", type=int, default=0,
+                   help="the first repeat's number (its loss draws): a part of a long run")  # fmt: skip
     p.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "goodput",
                    help="directory of the timeline plots (one SVG per row)")  # fmt: skip
     p.add_argument("--start-timeout", type=float, default=300.0)
@@ -187,6 +186,8 @@ def _fleet_args(p: argparse.ArgumentParser) -> None:
         "--mtbf), each taken whatever the job is doing; after-recovery: each loss --mtbf "
         "(+-20%%) after the previous recovery (the schedule before issue 39)",
     )
+    p.add_argument("--node-mtbf", type=float, default=0.0,
+                   help="mean interval of the node modes' losses (default: --mtbf)")  # fmt: skip
     p.add_argument(
         "--node-return",
         type=float,
@@ -276,7 +277,7 @@ def _run_rows(
     rows: list[Row] = []
     index = 0
     try:
-        for rep in range(args.repeats):
+        for rep in range(args.repeat_from, args.repeat_from + args.repeats):
             for system, strategy in systems:
                 log(
                     f"repeat {rep + 1}: baseline of {system}/{strategy}, "
@@ -351,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         print(full, file=sys.stderr)
         return 2
     started = time.monotonic()
+    info = record_run(args.out, REPO, sys.argv if argv is None else argv)
+    log(f"code of {info['commit'][:9]}{' (with uncommitted changes)' if info['dirty'] else ''}")
     log("cluster up")
     kubeconfig = k.cluster_up()
     cluster = k.Cluster(kubeconfig=kubeconfig)

@@ -11,7 +11,13 @@ What it cannot read back is storage after the row (the runs do not keep it), so 
 row whose final checkpoint failed to commit (``window_samples(saved=...)``) is not applied:
 goodput.py's line for such a row says "final checkpoint short".
 
+Several results directories (the parts of one long run, bench/goodput_runs.py) are read as one
+table: each part's rows divided by that part's own baselines, the median [min-max] taken over
+every part's rows of a (policy, mode); parts that ran different code are refused (``--mixed``
+reads them anyway, and says so).
+
     python bench/goodput_recompute.py bench/results/2026-11-26l --workers 2 [--standbys 0]
+    python bench/goodput_recompute.py bench/results/2026-12-01a/* --workers 8
 """
 
 from __future__ import annotations
@@ -23,47 +29,60 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import goodput_accounting as acc
+from bench import goodput_runs as runs_mod
 from bench.harness import data_files, read_jsonl, strip_gz
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("results", type=Path)
-    p.add_argument("--workers", type=int, required=True, help="the rows' pods (replicas)")
-    p.add_argument("--standbys", type=int, default=0, help="standby pods per row (Standby rows)")
-    args = p.parse_args(argv)
+def _part(
+    folder: Path, workers: int, standbys: int
+) -> tuple[list[tuple[str, acc.RowFigures, float]], list[tuple[str, str, float]]]:
+    """One results directory's rows (stem, figures, pod-seconds paid) and its baselines
+    without restore points (stem, policy, samples/s)."""
     rows = []
     plain: list[tuple[str, str, float]] = []
-    for f in data_files(args.results, "*-events.jsonl"):
+    for f in data_files(folder, "*-events.jsonl"):
         stem = strip_gz(f.name)[: -len("-events.jsonl")]
         _, policy, mode, strategy, *variant = stem.split("-")
         events = read_jsonl(f)
-        trace = read_jsonl(args.results / f"{stem}-trace.jsonl")
+        trace = read_jsonl(folder / f"{stem}-trace.jsonl")
         window = next(e for e in trace if e.get("what") == "window")
         t0, t1 = float(window["t0"]), float(window["t1"])
         if variant:  # the baseline without restore points ("norp"): no system's divisor
             plain.append((stem, policy, acc.window_samples(events, t0, t1) / (t1 - t0)))
             continue
-        standbys = 0 if mode == acc.BASELINE_MODE else args.standbys
         fig = acc.RowFigures(
-            policy, mode, acc.window_samples(events, t0, t1), t1 - t0, args.workers, standbys,
-            strategy,
+            policy, mode, acc.window_samples(events, t0, t1), t1 - t0, workers,
+            0 if mode == acc.BASELINE_MODE else standbys, strategy,
         )  # fmt: skip
         rows.append((stem, fig, acc.pod_seconds(trace, t0, t1)))
-    if not rows:
-        p.error(f"no *-events.jsonl in {args.results}")
+    return rows, plain
+
+
+def _print_part(
+    name: str,
+    rows: list[tuple[str, acc.RowFigures, float]],
+    plain: list[tuple[str, str, float]],
+    groups: dict[tuple[str, str, str], list[tuple[float, float, float]]],
+) -> None:
+    """A part's ideal rates and rows, each divided by the part's own baselines; its rows'
+    figures added to ``groups``."""
     ideal = acc.ideal_rates(fig for _, fig, _ in rows)
-    print("ideal rates (samples/s): " + ", ".join(f"{s} {r:.1f}" for s, r in ideal.items()))
+    prefix = f"{name}: " if name else ""
+    print(
+        prefix + "ideal rates (samples/s): " + ", ".join(f"{s} {r:.1f}" for s, r in ideal.items())
+    )
     for stem, policy, rate in plain:
         print(f"  {stem}: {rate:.1f} samples/s without restore points")
         r = ideal.get(acc.system_of(policy))
         if r is not None:
             print(f"  restore point's overhead: 1 - {r:.1f} / {rate:.1f} = {1 - r / rate:+.3f}")
-    groups: dict[tuple[str, str, str], list[tuple[float, float, float]]] = {}
     for stem, fig, paid in rows:
         if fig.mode == acc.BASELINE_MODE:  # each baseline, so that its spread shows
             print(f"  {stem}: {fig.samples} samples in {fig.wall:.1f} s, "
                   f"{fig.samples / fig.wall:.1f} samples/s")  # fmt: skip
+            continue
+        if acc.system_of(fig.policy, fig.strategy) not in ideal:
+            print(f"  {stem}: no baseline of its system in this part; not counted")
             continue
         g = acc.goodput(fig, ideal)
         per_pod = acc.per_pod_paid(g, fig.workers, fig.standbys)
@@ -71,6 +90,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {stem}: {fig.samples} samples in {fig.wall:.1f} s, goodput {g:.3f}, "
               f"per pod paid {per_pod:.3f}, per pod-s {per_s:.3f}")  # fmt: skip
         groups.setdefault((fig.policy, fig.mode, fig.strategy), []).append((g, per_pod, per_s))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("results", type=Path, nargs="+", help="one results directory per part")
+    p.add_argument("--workers", type=int, required=True, help="the rows' pods (replicas)")
+    p.add_argument("--standbys", type=int, default=0, help="standby pods per row (Standby rows)")
+    p.add_argument("--mixed", action="store_true", help="read parts that ran different code")
+    args = p.parse_args(argv)
+    parts = [d for d in args.results if d.is_dir()]
+    if len(parts) > 1:
+        runs = {d.name: runs_mod.read_run(d) for d in parts}
+        print("parts:\n" + runs_mod.describe(runs.items()))
+        problems = runs_mod.code_differences(runs)
+        for problem in problems:
+            print(f"  {'MIXED: ' if args.mixed else ''}{problem}", file=sys.stderr)
+        if problems and not args.mixed:
+            p.error("the parts did not all run the same code (--mixed reads them anyway)")
+    groups: dict[tuple[str, str, str], list[tuple[float, float, float]]] = {}
+    for folder in parts:
+        rows, plain = _part(folder, args.workers, args.standbys)
+        if not rows:
+            p.error(f"no *-events.jsonl in {folder}")
+        _print_part(folder.name if len(parts) > 1 else "", rows, plain, groups)
     for (policy, mode, strategy), v in groups.items():
         print(
             f"{policy} {mode} {strategy}: goodput {acc.format_spread(x[0] for x in v)}, "

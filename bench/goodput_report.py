@@ -82,6 +82,7 @@ def _print_setup(args: argparse.Namespace, baselines: list[Row], ideal: dict[str
     state = f"{args.state_mib} MiB of model + Adam state" if args.state_mib else "Linear(16, 1)"
     print(
         f"each worker: {state}; losses: {args.schedule} schedule, mean interval {args.mtbf}s"
+        f"{f' (node modes {args.node_mtbf}s)' if args.node_mtbf else ''}"
         f"{' (exponential gaps)' if args.schedule == 'poisson' else ' (+-20%) after each recovery'}; "
         f"a node taken comes back {args.node_return:.0f}s after it is gone"
     )
@@ -191,14 +192,16 @@ def _print_losses(args: argparse.Namespace, rows: list[Row]) -> None:
     """Per row: the losses taken against the stated mean, how many pods each took, every
     loss that did not recover (a failed re-formation: listed, never dropped), and rank 0's
     step rate in each full-size generation (slower after a loss?)."""
-    print(f"losses per row (stated mean interval {args.mtbf:.0f}s = {1 / args.mtbf:.4f}/s):")
+    print("losses per row (realised against the stated mean interval):")
     for r in rows:
         if not r.wall:
             print(f"  {r.index:02d} {r.policy}/{r.mode}: no window ({r.note})")
             continue
         n = len(r.recoveries)
         realised = sch.realised_rate(n, r.wall)
+        stated = sch.mean_interval(r.mode, args.mtbf, args.node_mtbf)
         mean = f"1 per {r.wall / n:.0f}s" if n else "none"
+        mean += f", stated 1 per {stated:.0f}s = {1 / stated:.4f}/s"
         pods = ",".join(str(len(x.pods)) for x in r.recoveries) or "-"
         members = ",".join(
             "?" if x.members_lost is None else str(x.members_lost) for x in r.recoveries

@@ -93,7 +93,7 @@ def run_row(
             for i in range(evictions):
                 if not run.preempt(t_first, i, evictions):
                     break
-            time.sleep(args.mtbf)  # the last recovery's next interval counts too
+            time.sleep(run.mtbf)  # the last recovery's next interval counts too
     except KeyboardInterrupt:
         run.losses.return_all()
         raise
@@ -182,6 +182,10 @@ class _RowRun:
         return f"{self.row.policy}/{self.row.mode}/{self.row.strategy}{rp}"
 
     @property
+    def mtbf(self) -> float:  # this row's stated mean interval (--mtbf, --node-mtbf)
+        return sch.mean_interval(self.row.mode, self.args.mtbf, self.args.node_mtbf)
+
+    @property
     def kubeflow(self) -> bool:
         return self.row.policy == KUBEFLOW
 
@@ -229,21 +233,21 @@ class _RowRun:
 
     def poisson(self, t_first: float, evictions: int) -> None:
         """The Poisson schedule: every loss time drawn before the first is taken, each loss
-        taken at its time, and the row ends ``--mtbf`` after the last node is gone."""
-        offsets = sch.poisson_times(self.rng, self.args.mtbf, evictions)
+        taken at its time, and the row ends a mean interval after the last node is gone."""
+        offsets = sch.poisson_times(self.rng, self.mtbf, evictions)
         self.watch.note("schedule", t0=t_first, offsets=offsets)
         log(f"{self.label}: losses at +" + ", +".join(f"{o:.0f}" for o in offsets) + " s")
         for i, offset in enumerate(offsets):
             _sleep_until(t_first + offset)
             self._loss(t_first, i, evictions)
         notice = sch.notice_seconds(self.row.mode)
-        _sleep_until(sch.end_of_row(t_first, offsets, self.args.mtbf, notice))
+        _sleep_until(sch.end_of_row(t_first, offsets, self.mtbf, notice))
 
     def preempt(self, t_first: float, i: int, evictions: int) -> bool:
-        """``--schedule after-recovery``: loss ``i`` ``--mtbf`` (+-20 %) after the previous
+        """``--schedule after-recovery``: loss ``i`` a mean interval (+-20 %) after the previous
         recovery, then wait for its recovery; False when the job did not recover in
         ``--start-timeout`` (the row ends its losses there)."""
-        time.sleep(max(0.0, self.args.mtbf * self.rng.uniform(0.8, 1.2)))
+        time.sleep(max(0.0, self.mtbf * self.rng.uniform(0.8, 1.2)))
         rec = self._loss(t_first, i, evictions)
         if rec is None:
             return True

@@ -10,6 +10,8 @@
   during the previous one's recovery resolves to the first generation that formed after the
   step it interrupted, which may be the same step as the previous loss's).
 - ``realised_rate``: losses per second of the row's window, beside the stated 1/mtbf.
+- ``mean_interval``: a mode's stated mean (issue 39: a pod SIGKILL every 60 s, a node vanish
+  or notice every 120 s, in one run).
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ SCHEDULES = ("poisson", "after-recovery")
 POD_MODES = ("graceful", "hard")
 NODE_MODES = ("vanish", "notice30", "notice120")
 MODES = POD_MODES + NODE_MODES
+
+
+def mean_interval(mode: str, mtbf: float, node_mtbf: float = 0.0) -> float:
+    """The stated mean interval between ``mode``'s losses: ``node_mtbf`` for a node mode
+    when it is set (> 0), ``mtbf`` otherwise."""
+    return node_mtbf if mode in NODE_MODES and node_mtbf > 0 else mtbf
 
 
 def poisson_times(rng: random.Random, mtbf: float, n: int) -> list[float]:
