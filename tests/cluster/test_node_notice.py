@@ -14,6 +14,7 @@ from tests import kube as k
 from tests.cluster.operator_harness import Jobs, torchjob, worker_template
 
 from torchjob import contract
+from torchjob_operator.common.clock import parse_time
 
 pytestmark = pytest.mark.cluster
 
@@ -87,6 +88,42 @@ def test_a_notice_replaces_the_pod_on_another_node_before_the_node_goes(jobs: Jo
         after = jobs.wait_running_pods("notice", 2, generation=1)
         assert {p.metadata.name for p in after} == {"notice-worker-0", "notice-worker-2"}
         assert pods["notice-worker-0"].metadata.uid in {p.metadata.uid for p in after}
+
+
+def test_a_long_notice_creates_the_replacement_its_lead_before_the_deadline(jobs: Jobs) -> None:
+    """A 120 s notice (AWS NTH's taint) on a job whose replacement lead is 100 s: the operator
+    says when the replacement will be created (``status.leavingWorkers[].replaceAt``, the
+    deadline less the lead; Event ``ReplacingLater``), creates it no sooner, and then swaps it
+    in as for any notice."""
+    spec = elastic("later")
+    spec["spec"]["elastic"]["replacementLeadSeconds"] = 100
+    jobs.apply(spec)
+    pods = {p.metadata.name: p for p in jobs.wait_running_pods("later", 2, generation=0)}
+    jobs.wait_phase("later", "Running")
+    node = pods["later-worker-1"].spec.node_name
+    with noticed(jobs.core, node):
+        leaving = jobs.wait(
+            "later",
+            lambda s: (s.get("leavingWorkers") or [None])[0],
+            "the noticed pod in status.leavingWorkers",
+        )
+        deadline, replace_at = parse_time(leaving["deadline"]), parse_time(leaving["replaceAt"])
+        assert deadline is not None and replace_at is not None, leaving
+        assert (deadline - replace_at).total_seconds() == pytest.approx(100, abs=1), leaving
+        told = next(
+            e for e in jobs.wait_events("later", "ReplacingLater") if e.reason == "ReplacingLater"
+        )
+        assert "later-worker-1 (node" in told.message and "100 s before it goes" in told.message
+        status = jobs.wait(
+            "later",
+            lambda s: s if s.get("currentGeneration") == 1 else None,
+            "the replacement in the noticed pod's place",
+        )
+        assert status["members"] == [0, 2], status
+        assert (status["disruptions"], status["restarts"]) == (1, 0), status
+        replacement = jobs.core.read_namespaced_pod("later-worker-2", jobs.ns)
+        assert replacement.metadata.creation_timestamp >= replace_at, "created no sooner"
+        assert replacement.spec.node_name != node, "never on the noticed node"
 
 
 def test_a_job_that_does_not_replace_before_leaving_moves_off_a_noticed_node(

@@ -203,6 +203,38 @@ def test_the_deletion_deadline_is_read_from_the_pod() -> None:
     assert view is not None and view.deleting and view.deletion_at == when
 
 
+def stamp(seconds: float) -> str:
+    return (T0 + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+
+
+@pytest.mark.parametrize(
+    ("ready", "start_s"), [(("True", 17), 17.0), (("False", 17), None), (None, None)]
+)
+def test_a_pods_start_is_read_from_its_creation_and_its_ready_condition(
+    ready: tuple[str, int] | None, start_s: float | None
+) -> None:
+    conditions = (
+        []
+        if ready is None
+        else [{"type": "Ready", "status": ready[0], "lastTransitionTime": stamp(ready[1])}]
+    )
+    raw = {
+        "metadata": {
+            "name": "tj-worker-5",
+            "creationTimestamp": stamp(0),
+            "labels": {
+                contract.LABEL_POD_INDEX: "5",
+                contract.LABEL_GENERATION: "1",
+                contract.LABEL_JOINER: "true",
+            },
+        },
+        "spec": {"restartPolicy": "Never", "nodeName": "n"},
+        "status": {"phase": "Running", "conditions": conditions},
+    }
+    view = pod_view(raw)
+    assert view is not None and view.joiner and view.start_s == start_s
+
+
 def pod_env(**spec: Any) -> dict[str, str | None]:
     body = {
         "replicas": 2,

@@ -41,4 +41,11 @@ def parse_time_or_none(value: str | None) -> datetime | None:
         return None
 
 
-__all__ = ["Clock", "format_time", "parse_time", "parse_time_or_none", "utcnow"]
+def seconds_between(start: str | None, end: str | None) -> float | None:
+    """Seconds from one RFC 3339 timestamp to a later one (0 if it is not later); None when
+    either is missing or not a timestamp."""
+    a, b = parse_time_or_none(start), parse_time_or_none(end)
+    return None if a is None or b is None else max((b - a).total_seconds(), 0.0)
+
+
+__all__ = ["Clock", "format_time", "parse_time", "parse_time_or_none", "seconds_between", "utcnow"]

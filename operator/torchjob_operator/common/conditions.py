@@ -107,6 +107,9 @@ REASONS: Final[Mapping[str, str]] = {
     "step boundary once it runs",
     "ReplacingBeforeLeaving": "{leaving} was given notice: it trains on while its "
     "replacement {pods} starts, which then takes its place",
+    "ReplacingLater": "{leaving} was given notice: it trains on, and its replacement is "
+    "created at {at}, {lead} s before it goes (the time this job's replacements need to start, "
+    "with room to spare; elastic.replacementLeadSeconds)",
     "Rebalancing": "the job's pods per node: {counts}; moving {leaving}: the replacements "
     "{pods} start off {keep_off} and take their places at one re-formation",
     "DeletedPod": "deleted {pods}",

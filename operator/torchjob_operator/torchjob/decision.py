@@ -140,6 +140,10 @@ class Decision:
     last_rescale: datetime | None = None
     leaving: tuple[int, ...] = ()
     """Members given notice that train on while their replacements start (``drain``)."""
+    replace_later: tuple[tuple[int, datetime], ...] = ()
+    """(index, when) of each leaver whose node's notice is longer than the job's replacement
+    lead: its replacement is created then, ``drain.replacement_lead`` before it goes
+    (``drain``); until then it counts as a member that stays."""
     move: Move | None = None
     """A member this pass moves off a crowded node (``spread``)."""
     replaced: tuple[str, ...] = ()

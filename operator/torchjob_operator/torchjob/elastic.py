@@ -140,18 +140,29 @@ def survivors_first(
 def joiner_room(d: Decision, pods: Sequence[PodView]) -> int:
     """How many joiners the job keeps: the places of members that are gone or going (below the
     target size, or given notice), plus ``standbyReplicas``. A member that finished training
-    (exit 0) keeps its place: the others finish a moment later, nobody takes it over."""
-    ranked = set(d.ranked)
-    staying = sum(
-        1
-        for p in pods
-        if p.index in ranked
-        and (
-            p.phase == PodPhase.SUCCEEDED
-            or (p.active and p.disruption is None and p.notice_until is None)
-        )
+    (exit 0) keeps its place: the others finish a moment later, nobody takes it over. One
+    whose notice is longer than the job's replacement lead (``d.replace_later``) keeps it
+    until its replacement is due, unless one was made already (the lead falls when the pod
+    whose start was slowest goes): a joiner is never undone."""
+    ranked, later = set(d.ranked), {i for i, _ in d.replace_later}
+    staying = [p for p in pods if p.index in ranked and _stays(p)]
+    room = max(target_replicas(d) - len(staying), 0) + d.job.spec.standby_replicas
+    waits = sum(1 for p in pods if p.index in later & ranked and p not in staying)
+    return max(room - waits, min(room, len(_waiting(d, pods)))) if waits else room
+
+
+def _stays(p: PodView) -> bool:
+    """Finished training, or runs with no disruption and no notice."""
+    return p.phase == PodPhase.SUCCEEDED or (
+        p.active and p.disruption is None and p.notice_until is None
     )
-    return max(target_replicas(d) - staying, 0) + d.job.spec.standby_replicas
+
+
+def _waiting(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
+    """Pods of the job that wait to join a later generation (``joiners`` before its cap)."""
+    ranked, later = set(d.ranked), d.generation + 1
+    up = (p for p in pods if p.index not in ranked and (p.joiner or p.generation == later))
+    return sorted((p for p in up if p.active), key=lambda p: p.index)
 
 
 def joiners(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
@@ -164,16 +175,7 @@ def joiners(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
         MembershipPolicy.KEEP_SURVIVORS
     ):
         return []
-    ranked = set(d.ranked)
-    waiting = sorted(
-        (
-            p
-            for p in pods
-            if p.index not in ranked and (p.joiner or p.generation == d.generation + 1) and p.active
-        ),
-        key=lambda p: p.index,
-    )
-    return waiting[: joiner_room(d, pods)]
+    return _waiting(d, pods)[: joiner_room(d, pods)]
 
 
 def ready_joiners(d: Decision, pods: Sequence[PodView]) -> list[PodView]:

@@ -24,7 +24,7 @@ from torchjob.api.models import (
 )
 from torchjob.rules.loss import SIGNAL_EXIT_BASE, Loss, Silent, classify, signal_of_exit
 from torchjob.rules.member import MemberPhase
-from torchjob_operator.common.clock import parse_time, parse_time_or_none
+from torchjob_operator.common.clock import parse_time, parse_time_or_none, seconds_between
 from torchjob_operator.common.nodes import AVOIDED_NODES
 from torchjob_operator.common.owners import controller_uid
 
@@ -106,6 +106,9 @@ class PodView:
     """When its noticed node goes (the notice's deadline)."""
     avoided: tuple[str, ...] = ()
     """The nodes it was created to avoid for their state (``common.nodes.AVOIDED_NODES``)."""
+    start_s: float | None = None
+    """Seconds from its creation to ``Ready`` (its last transition there), once Ready: for a
+    joiner, how long a replacement of this job takes to start (``drain.replacement_lead``)."""
     node_lost: bool = False
     """Its node stopped reporting (``Ready`` not ``True``): a pod being deleted there stays
     Terminating until the node returns or is removed (``torchjob/nodes.py``)."""
@@ -316,6 +319,9 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         peer_failure=said.peer_failure if said else False,
         killed=said.killed if said else False,
         oom=said.oom if said else False,
+        start_s=seconds_between(meta.get("creationTimestamp"), ready_cond.get("lastTransitionTime"))
+        if ready_cond and ready_cond.get("status") == "True"
+        else None,
     )
 
 

@@ -131,6 +131,7 @@ def _placed(d: Decision, current: Sequence[PodView]) -> dict[str, Any] | None:
 def _leaving(d: Decision, current: Sequence[PodView]) -> list[LeavingWorker]:
     """``status.leavingWorkers``: the members given notice that train on (``d.leaving``)."""
     out = []
+    later = dict(d.replace_later)
     for p in current:
         if p.index not in d.leaving:
             continue
@@ -143,6 +144,7 @@ def _leaving(d: Decision, current: Sequence[PodView]) -> list[LeavingWorker]:
                 reason=p.notice or p.disruption or "Deleted",
                 node=p.node or None,
                 deadline=format_time(deadline) if deadline else None,
+                replace_at=format_time(later[p.index]) if p.index in later else None,
             )
         )
     return out

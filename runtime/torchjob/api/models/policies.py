@@ -67,6 +67,20 @@ class ElasticPolicy(_Model):
             " full-size replacement applies)."
         ),
     )
+    replacement_lead_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_WAIT_SECONDS,
+        description=(
+            "With replaceBeforeLeaving: how long before a noticed node goes (a termination"
+            " notice's deadline) the replacements of its workers are created. Unset: the job's"
+            " own measure, 1.5 times the longest creation-to-Ready of its pods that started as"
+            " replacements, plus 20 s; at once until one has started. Created later than at the"
+            " notice, a replacement is paid for less time, is kept off the nodes noticed"
+            " meanwhile, and does not import beside the job for nothing. A notice shorter than"
+            " the lead, an eviction and a move create theirs at once."
+        ),
+    )
     standby_replicas: int = Field(
         default=0,
         ge=0,

@@ -161,6 +161,13 @@ class LeavingWorker(_Model):
         default=None,
         description="When it goes (RFC 3339): its deletion's grace period, or its node's notice.",
     )
+    replace_at: str | None = Field(
+        default=None,
+        description=(
+            "When its replacement is created (RFC 3339), when that is later than the notice:"
+            " the deadline less the job's replacement lead (elastic.replacementLeadSeconds)."
+        ),
+    )
 
 
 class TorchJobStatus(_Model):
