@@ -13,9 +13,10 @@
   2026-11-29i both used the AWS taint, and the operator took a 30 s notice for 120 s until
   the drain came.
 
-A loss never waits for the job: it is taken when the schedule says (``goodput_schedule``), and
-a draw that finds nothing to take (no running pod; every eligible node already gone) is
-recorded as skipped. A node loss records every pod of the job that was on the node.
+A loss never waits for the job: it is taken when the schedule says (``goodput_schedule``); a
+draw that finds nothing to take then (no running pod; every eligible node already gone) is
+held until something qualifies (``Losses.take_held``, at most ``goodput_rows.HOLD_MEANS`` mean
+intervals, then recorded as skipped), so both systems of a row meet the same losses. A node loss records every pod of the job that was on the node.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import random
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +41,8 @@ from bench.harness import logger
 log = logger("goodput")
 OPERATOR_NS = "torchjob-system"
 INFRA_NAMESPACES = (OPERATOR_NS, "kube-system")
+HOLD_POLL_S = 1.0
+"""How often a held loss looks again for something to take (``Losses.take_held``)."""
 NOTICE_DRAIN_BEFORE = 10
 """A notice's drain comes this many seconds before its node goes."""
 NOTICE_PROVIDER = {30: "gke", 120: "aws"}
@@ -154,6 +158,16 @@ class Losses:
         elif hard_kill(victim) == 0:
             log(f"hard: no process of {name} found on this host; force-deleting it")
             self.core.delete_namespaced_pod(name, self.ns, grace_period_seconds=0)
+        return rec
+
+    def take_held(self, where: Callable[[], tuple[int, int]], hold_s: float) -> Recovery | None:
+        """Take one loss now, or as soon as something qualifies within ``hold_s`` (the wait is
+        ``Recovery.held``); ``where()``: the job's generation and step at that moment."""
+        drawn = time.time()
+        while (rec := self.take(*where())) is None and time.time() - drawn < hold_s:
+            time.sleep(HOLD_POLL_S)
+        if rec is not None:
+            rec.held = rec.t_evict - drawn
         return rec
 
     def _eligible(self) -> list[str]:

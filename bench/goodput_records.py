@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests import kube as k
+
 from bench import goodput_accounting as acc
 from bench.goodput_rates import GenRate
 from bench.harness import read_jsonl
@@ -46,6 +48,10 @@ class Recovery:
     (the trace's ``status.members``); None where the trace has none (Kubeflow). A loss of
     members 0 took only pods not in the group yet (joiners starting, a move's replacements):
     the job trained on, and the loss has no recovery to time (``trained_on``)."""
+
+    held: float = 0.0
+    """Seconds the loss waited past its drawn time for something to take (a running pod, a
+    node that runs one): both systems of a row meet the same losses (``goodput_rows``)."""
 
     @property
     def trained_on(self) -> bool:
@@ -124,3 +130,19 @@ def storage_metrics(storage: Path) -> list[dict[str, Any]]:
         except Exception:  # not a checkpoint directory
             continue
     return found
+
+
+def wait_step_after(events: Path, t: float, gen_above: int, timeout: float) -> dict[str, Any]:
+    return k.wait_for(
+        lambda: next(
+            (
+                e
+                for e in read_events(events)
+                if e["ev"] == "step" and e["t"] > t and e["gen"] > gen_above
+            ),
+            None,
+        ),
+        timeout,
+        f"a step of a generation above {gen_above} in {events}",
+        interval=0.2,
+    )

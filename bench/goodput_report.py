@@ -224,6 +224,9 @@ def _print_losses(args: argparse.Namespace, rows: list[Row]) -> None:
                     else f"in the {left:.0f}s left of the row"
                 )
                 print(f"     NOT RECOVERED {why}: {x.describe(r.t_first)}")
+        held = [f"{x.held:.0f}s" for x in r.recoveries if x.held >= 1]
+        if held:
+            print(f"     held for something to take: {', '.join(held)}")
         for skipped in r.skipped:
             print(f"     skipped (nothing to take): {skipped}")
         print(f"     full-size rate by generation: {rates.describe(r.gen_rates)}")

@@ -32,6 +32,7 @@ from bench.goodput_records import (
     Row,
     read_events,
     storage_metrics,
+    wait_step_after,
 )
 from bench.goodput_watch import PodWatch
 from bench.harness import copy_compressed, has_default_sa, logger
@@ -39,22 +40,7 @@ from torchjob.api.models import GROUP, PLURAL, VERSION
 
 log = logger("goodput")
 __all__ = ["Recovery", "Row", "log", "read_events", "run_row", "storage_metrics", "wait_step_after"]
-
-
-def wait_step_after(events: Path, t: float, gen_above: int, timeout: float) -> dict[str, Any]:
-    return k.wait_for(
-        lambda: next(
-            (
-                e
-                for e in read_events(events)
-                if e["ev"] == "step" and e["t"] > t and e["gen"] > gen_above
-            ),
-            None,
-        ),
-        timeout,
-        f"a step of a generation above {gen_above} in {events}",
-        interval=0.2,
-    )
+HOLD_MEANS = 3.0  # a loss is held at most this many mean intervals, then skipped
 
 
 def _sleep_until(t: float) -> None:
@@ -214,34 +200,47 @@ class _RowRun:
         log(f"{self.label}: first step {t_first - added:.1f}s after the first pod")
         return t_first
 
-    def _loss(self, t_first: float, i: int, n: int) -> Recovery | None:
-        """Take loss ``i`` of ``n`` now, whatever the job is doing; None (and the draw listed
-        as skipped) when there was nothing to take."""
-        steps = sch.rank0_steps(read_events(self.events))
-        gen = int(steps[-1]["gen"]) if steps else -1
-        step = int(steps[-1]["step"]) if steps else 0
-        rec = self.losses.take(gen, step)
+    def _loss(self, t_first: float, i: int, n: int, hold_s: float = 0.0) -> Recovery | None:
+        """Take loss ``i`` of ``n`` now, whatever the job is doing, or as soon as there is
+        something to take within ``hold_s``; None (and the draw listed as skipped) when
+        there was nothing to take by then."""
+
+        def where() -> tuple[int, int]:  # rank 0's generation and step now
+            steps = sch.rank0_steps(read_events(self.events))
+            return (int(steps[-1]["gen"]), int(steps[-1]["step"])) if steps else (-1, 0)
+
+        drawn = time.time()
+        rec = self.losses.take_held(where, hold_s)
         if rec is None:
             what = "no running pod" if self.row.mode in sch.POD_MODES else "no node to take"
-            skipped = f"loss {i + 1} at +{time.time() - t_first:.1f}s: {what}"
+            skipped = f"loss {i + 1} at +{drawn - t_first:.1f}s: {what} within {hold_s:.0f}s"
             self.row.skipped.append(skipped)
             log(f"{self.label}: {skipped}")
             return None
         self.row.recoveries.append(rec)
-        log(f"{self.label}: loss {i + 1}/{n}: {rec.describe(t_first)}")
+        held = f" (held {rec.held:.0f}s for something to take)" if rec.held >= 1 else ""
+        log(f"{self.label}: loss {i + 1}/{n}: {rec.describe(t_first)}{held}")
         return rec
 
     def poisson(self, t_first: float, evictions: int) -> None:
         """The Poisson schedule: every loss time drawn before the first is taken, each loss
-        taken at its time, and the row ends a mean interval after the last node is gone."""
+        taken at its time, and the row ends a mean interval after the last node is gone.
+
+        A loss that finds nothing to take at its time (the job's pods down, or only on nodes
+        taken) is held until something qualifies, up to ``HOLD_MEANS`` mean intervals; the
+        later losses keep their drawn times. Without the hold, the system down longer met
+        fewer losses (2026-11-30q notice120-2: Kubeflow 7, torchjob 9)."""
         offsets = sch.poisson_times(self.rng, self.mtbf, evictions)
         self.watch.note("schedule", t0=t_first, offsets=offsets)
         log(f"{self.label}: losses at +" + ", +".join(f"{o:.0f}" for o in offsets) + " s")
+        last = None
         for i, offset in enumerate(offsets):
             _sleep_until(t_first + offset)
-            self._loss(t_first, i, evictions)
+            rec = self._loss(t_first, i, evictions, hold_s=HOLD_MEANS * self.mtbf)
+            last = rec.t_evict if rec is not None else last
         notice = sch.notice_seconds(self.row.mode)
-        _sleep_until(sch.end_of_row(t_first, offsets, self.mtbf, notice))
+        end = sch.end_of_row(t_first, offsets, self.mtbf, notice)
+        _sleep_until(max(end, (last or 0.0) + notice + self.mtbf))
 
     def preempt(self, t_first: float, i: int, evictions: int) -> bool:
         """``--schedule after-recovery``: loss ``i`` a mean interval (+-20 %) after the previous

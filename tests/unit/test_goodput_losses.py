@@ -93,6 +93,32 @@ def test_a_node_already_gone_is_not_taken_again_and_nothing_left_is_a_skip() -> 
     assert nodes.calls == []
 
 
+def test_a_loss_with_nothing_to_take_is_held_until_a_node_qualifies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The only eligible node is still away; it returns during the hold: the loss takes it
+    then and says how long it was held. With nothing back within the hold, it is skipped."""
+    monkeypatch.setattr(gl, "HOLD_POLL_S", 0.01)
+    core, nodes = _cluster(), _Nodes()
+    losses = gl.Losses(core, "job", "vanish", random.Random(0), nodes, node_return=0.0)
+    losses.gone.add("real-1")
+    assert losses.take_held(lambda: (0, 0), hold_s=0.05) is None
+    assert nodes.calls == []
+    looks = []
+
+    def where() -> tuple[int, int]:
+        looks.append(len(looks))
+        if len(looks) == 3:
+            losses.gone.discard("real-1")  # back: this look finds it
+        return (2, 40)
+
+    rec = losses.take_held(where, hold_s=60.0)
+    assert rec is not None and (rec.node, rec.gen_before, rec.step_before) == ("real-1", 2, 40)
+    assert len(looks) == 3 and rec.held > 0.0
+    assert nodes.calls[0] == ("vanish", "real-1")
+    losses.join(timeout=10.0)
+
+
 def test_pod_modes_skip_when_no_pod_runs() -> None:
     losses = gl.Losses(_Core({"job": [_pod("w0", "real-1", phase="Pending")]}), "job", "hard",
                        random.Random(0))  # fmt: skip
