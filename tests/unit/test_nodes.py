@@ -316,6 +316,48 @@ def test_a_notice_on_the_node_of_every_member_restarts_the_job_once() -> None:
         view = with_state(view, again.status)
 
 
+def test_a_notice_on_every_member_keeps_one_to_hand_the_state_over() -> None:
+    """Every member on one noticed node, three of their four replacements Ready: generation 1
+    keeps the first leaver (rank 0, its state in memory) beside the three, who receive the
+    state from it; it is swapped for the fourth replacement only once generation 1 made its
+    first step (rank 0's report), so no generation starts from storage."""
+    builder = job().replicas(4).elastic(1, 4).keep_survivors()
+    builder.spec["elastic"]["shrinkOnDisruption"] = True
+    view = builder.build()
+    _, view, pods = step(view, [], 0)
+    up = [on(p, "n1") for p in pods]
+    _, view, _ = step(view, up, 1)
+    doomed = [noticed(p, 10) for p in up]
+    first, view, pods = step(view, doomed, 10)
+    view = with_state(view, {**first.status, "progress": formed_at(0)})
+    assert first.create is not None and first.create.indices == (4, 5, 6, 7)
+    ready = [on(replace(p, joiner=True), "n2") for p in pods[4:7]]
+    starting = replace(pods[7], joiner=True)
+    handed, view, pods = step(view, [*doomed, *ready, starting], 30)
+    assert handed.status["currentGeneration"] == 1 and handed.status["members"] == [0, 4, 5, 6]
+    assert [w["pod"] for w in handed.status["leavingWorkers"]] == ["tj-worker-0"]
+    assert set(handed.delete) == {"tj-worker-1", "tj-worker-2", "tj-worker-3"}
+    assert "tj-worker-0" in handed.relabel and handed.create is None
+    assert (handed.status["disruptions"], handed.status["restarts"]) == (1, 0)
+    # Generation 1 forming (rank 0's last report is of generation 0): the donor stays, even
+    # with the fourth replacement Ready.
+    view = with_state(view, {**handed.status, "progress": formed_at(0)})
+    pods = [p for p in pods if p.name not in handed.delete]
+    pods = [on(p, "n2") if p.index == 7 else p for p in pods]
+    forming = plan(view, pods, at(32))
+    assert forming.status["currentGeneration"] == 1 and forming.delete == ()
+    assert forming.requeue_after_s is not None and forming.requeue_after_s <= 1.0
+    view = with_state(view, {**forming.status, "progress": formed_at(1)})
+    swapped = plan(view, pods, at(40))
+    assert swapped.status["currentGeneration"] == 2 and swapped.status["members"] == [4, 5, 6, 7]
+    assert swapped.delete == ("tj-worker-0",)
+
+
+def formed_at(generation: int) -> dict[str, Any]:
+    """``status.progress``: rank 0 reported generation ``generation``'s first step."""
+    return {"step": 5, "generation": generation, "firstStepTime": "2026-01-01T00:00:05.000Z"}
+
+
 def test_a_leaver_that_trains_on_is_kept_through_a_grow() -> None:
     """A grow while a member trains on through its notice (below the size after a loss, a
     joiner ready): the leaver stays a member of the grown generation until its own

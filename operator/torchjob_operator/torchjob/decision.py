@@ -144,6 +144,9 @@ class Decision:
     """(index, when) of each leaver whose node's notice is longer than the job's replacement
     lead: its replacement is created then, ``drain.replacement_lead`` before it goes
     (``drain``); until then it counts as a member that stays."""
+    donor: int | None = None
+    """The leaver kept into the next generation to hand its state to the replacements of
+    every other member (``drain._donor``): every member was given notice."""
     move: Move | None = None
     """A member this pass moves off a crowded node (``spread``)."""
     replaced: tuple[str, ...] = ()

@@ -30,7 +30,7 @@ from torchjob.rules.drain import MARGIN_S, drain_left
 from torchjob_operator.common.clock import format_time
 from torchjob_operator.common.events import Event
 from torchjob_operator.torchjob.decision import Decision
-from torchjob_operator.torchjob.elastic import replace_with_standbys
+from torchjob_operator.torchjob.elastic import in_rank_order, replace_with_standbys
 from torchjob_operator.torchjob.loss import survives
 from torchjob_operator.torchjob.nodes import NODE_LOST, NODE_NOTICE
 from torchjob_operator.torchjob.observed import PodPhase, PodView
@@ -160,10 +160,36 @@ def _taken(p: PodView) -> PodView:
     return replace(p, disruption=REBALANCED if p.notice == REBALANCE else NODE_NOTICE)
 
 
-def taken(current: Sequence[PodView]) -> list[PodView]:
+def taken(current: Sequence[PodView], keep: int | None = None) -> list[PodView]:
     """The members with each on a noticed node marked taken: after a loss none of them is
-    kept into the next generation (its node is going), as no evicted pod is."""
-    return [_taken(p) for p in current]
+    kept into the next generation (its node is going), as no evicted pod is; but ``keep``
+    (``Decision.donor``), which is kept to hand its state over."""
+    return [p if p.index == keep else _taken(p) for p in current]
+
+
+def formed(d: Decision) -> bool:
+    """The current generation made its first step (rank 0's report, ``status.progress``), or
+    the job reports none at all (no torchjob runtime in its image): its members hold the
+    state, so a leaver may go."""
+    got = d.job.state.progress
+    return got is None or (got.generation == d.generation and got.first_step_time is not None)
+
+
+def _donor(
+    d: Decision, leaving: Sequence[PodView], survivors: Sequence[PodView], pods: Sequence[PodView]
+) -> PodView | None:
+    """Every member given notice and all but one of their replacements Ready: the first
+    leaver in rank order, kept one generation more beside them so that they receive the state
+    from its memory (a survivor's broadcast) instead of storage. Replaced all at once, they
+    restored from the last checkpoint and redid the steps since: 15-45 s per such notice
+    against 6-10 s (bench/results/2026-11-30q notice120-2, 4 of 9 notices)."""
+    if survivors or not leaving or d.job.spec.membership_policy != MembershipPolicy.KEEP_SURVIVORS:
+        return None
+    first = in_rank_order(d, leaving)[0]
+    donor = next(p for p in leaving if p.index == first)
+    if replace_with_standbys(d, [donor], pods) is None:
+        return None
+    return donor
 
 
 def draining(
@@ -180,19 +206,28 @@ def draining(
     if not leaving:
         return d, marked
     survivors = [p for p in marked if survives(p)]  # a leaver is deleting or disrupted
-    if replace_with_standbys(d, survivors, pods) is not None:
+    ready = formed(d)  # a generation still forming holds its state in its leavers
+    if ready and replace_with_standbys(d, survivors, pods) is not None:
         return d, marked  # judged disrupted: a ready joiner takes each leaver's place
+    donor = _donor(d, leaving, survivors, pods) if ready else None
+    if donor is not None:  # the others are judged disrupted; the donor stays a member
+        d = d.but(leaving=(donor.index,), donor=donor.index)
+        return d, [_held(p) if p.name == donor.name else p for p in marked]
     waits = [
         NOTICE_RECHECK_S if _open_ended(p) else drain_left(_deadline(p), d.now) for p in leaving
     ]
+    if not ready:
+        waits.append(NOTICE_RECHECK_S)
     d, later = _later(d, leaving, pods)
     d = d.but(leaving=tuple(p.index for p in leaving), replace_later=later)
     d = d.also(requeue=[min(waits)])
     held = {p.name for p in leaving}
-    return d, [
-        replace(p, deleting=False, disruption=None, notice_until=None) if p.name in held else p
-        for p in marked
-    ]
+    return d, [_held(p) if p.name in held else p for p in marked]
+
+
+def _held(p: PodView) -> PodView:
+    """A leaver judged as a member that still trains."""
+    return replace(p, deleting=False, disruption=None, notice_until=None)
 
 
 __all__ = [
@@ -203,6 +238,7 @@ __all__ = [
     "REBALANCED",
     "draining",
     "drains",
+    "formed",
     "leavers",
     "replace_at",
     "replacement_lead",

@@ -226,7 +226,7 @@ def plan(
         return _plan(succeed(d, pods, stranded), pods, current)
     if verdict.outcome == Outcome.SUCCEEDED:
         return _plan(succeed(d, pods), pods, current)
-    d, ended = after_loss(d, verdict, taken(current), pods)
+    d, ended = after_loss(d, verdict, taken(current, keep=d.donor), pods)
     if ended:
         return _plan(d, pods, current)
     if spec.elastic is not None and verdict.outcome == Outcome.HEALTHY:
