@@ -202,11 +202,11 @@ def measured(p: PodView, start_s: float) -> PodView:
 
 def test_a_long_notice_creates_the_replacement_its_measured_lead_before_the_deadline() -> None:
     """The job's replacements took up to 20 s to start (worker-3 started as one): the lead is
-    1.5 x 20 + 20 = 50 s, so a 120 s notice at +10 s (deadline +130 s) creates the
-    replacement at +80 s, and the doomed pod trains on meanwhile."""
+    1.5 x 20 + 30 = 60 s, so a 120 s notice at +10 s (deadline +130 s) creates the
+    replacement at +70 s, and the doomed pod trains on meanwhile."""
     view, up = started(elastic())
     up[3] = measured(up[3], 20.0)
-    assert replacement_lead(view.spec, up) == pytest.approx(50.0)
+    assert replacement_lead(view.spec, up) == pytest.approx(60.0)
     pods = [up[0], noticed(up[1], 10), up[2], up[3]]
     first, view, pods = step(view, pods, 10)
     assert first.create is None and first.delete == () and first.phase == Phase.RUNNING
@@ -216,18 +216,18 @@ def test_a_long_notice_creates_the_replacement_its_measured_lead_before_the_dead
             "reason": AWS["key"],
             "node": "n1",
             "deadline": "2026-01-01T00:02:10Z",
-            "replaceAt": "2026-01-01T00:01:20Z",
+            "replaceAt": "2026-01-01T00:01:10Z",
         }
     ]
-    assert first.requeue_after_s == pytest.approx(70.0), "looked at again when it is due"
+    assert first.requeue_after_s == pytest.approx(60.0), "looked at again when it is due"
     told = next(e for e in first.events if e.reason == "ReplacingLater")
     assert "tj-worker-1 (node n1: aws-node-termination-handler/spot-itn)" in told.message
-    assert "2026-01-01T00:01:20Z, 50 s before it goes" in told.message, told.message
+    assert "2026-01-01T00:01:10Z, 60 s before it goes" in told.message, told.message
     # Told once: the next pass finds the pod in status.leavingWorkers.
     again = plan(view, pods, at(40))
     assert again.create is None and "ReplacingLater" not in reasons(again)
-    assert plan(view, pods, at(79)).create is None
-    due, view, pods = step(view, pods, 80)
+    assert plan(view, pods, at(69)).create is None
+    due, view, pods = step(view, pods, 70)
     assert due.create is not None and due.create.joiners and due.create.indices == (4,)
     assert "ReplacingBeforeLeaving" in reasons(due)
     assert "replaceAt" not in due.status["leavingWorkers"][0]
@@ -238,7 +238,7 @@ def test_a_long_notice_creates_the_replacement_its_measured_lead_before_the_dead
 
 def test_a_notice_shorter_than_the_lead_or_an_eviction_creates_the_replacement_at_once() -> None:
     view, up = started(elastic())
-    up[3] = measured(up[3], 20.0)  # lead 50 s
+    up[3] = measured(up[3], 20.0)  # lead 60 s
     short = plan(view, [up[0], noticed(up[1], 10, window_s=45), up[2], up[3]], at(10))
     assert short.create is not None and short.create.indices == (4,)
     assert "ReplacingLater" not in reasons(short)
@@ -261,7 +261,7 @@ def test_the_spec_sets_the_lead_and_a_job_that_measured_nothing_replaces_at_once
 
 def test_a_replacement_created_is_kept_when_the_measured_lead_shrinks() -> None:
     """The pod whose start was slowest goes after the replacement was created: the lead falls
-    to 1.5 x 2 + 20 = 23 s and the replacement would not be due yet; it stays all the same."""
+    to 1.5 x 2 + 30 = 33 s and the replacement would not be due yet; it stays all the same."""
     view, up = started(elastic())
     up[3] = measured(up[3], 20.0)
     pods = [up[0], noticed(up[1], 10), up[2], up[3]]
@@ -271,7 +271,7 @@ def test_a_replacement_created_is_kept_when_the_measured_lead_shrinks() -> None:
     quick = [up[0], noticed(up[1], 10), up[2], measured(up[3], 2.0), joiner]
     later = plan(view, quick, at(85))
     assert later.delete == () and later.create is None
-    assert later.status["leavingWorkers"][0]["replaceAt"] == "2026-01-01T00:01:47Z"
+    assert later.status["leavingWorkers"][0]["replaceAt"] == "2026-01-01T00:01:37Z"
     swapped = plan(view, [*quick[:-1], on(joiner, "n2")], at(90))
     assert swapped.status["currentGeneration"] == 1 and swapped.status["members"] == [0, 2, 3, 4]
 

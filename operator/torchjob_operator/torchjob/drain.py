@@ -41,9 +41,10 @@ crowded node (``torchjob/spread.py``): an open-ended notice, never its end."""
 
 LEAD_FACTOR = 1.5
 """The measured lead is this many times the slowest start of the job's replacements ..."""
-LEAD_SLACK_S = 20.0
+LEAD_SLACK_S = 30.0
 """... plus this: the leaver stops ``MARGIN_S`` before its deadline, and the group re-forms
-with the replacement before that."""
+with the replacement before that (twice, 10-15 s apart, when the notice took every member:
+``_donor``)."""
 
 NOTICE_RECHECK_S = 1.0
 """How soon a pod marked for disruption but not yet deleted is looked at again (the

@@ -75,7 +75,7 @@ class ElasticPolicy(_Model):
             "With replaceBeforeLeaving: how long before a noticed node goes (a termination"
             " notice's deadline) the replacements of its workers are created. Unset: the job's"
             " own measure, 1.5 times the longest creation-to-Ready of its pods that started as"
-            " replacements, plus 20 s; at once until one has started. Created later than at the"
+            " replacements, plus 30 s; at once until one has started. Created later than at the"
             " notice, a replacement is paid for less time, is kept off the nodes noticed"
             " meanwhile, and does not import beside the job for nothing. A notice shorter than"
             " the lead, an eviction and a move create theirs at once."
