@@ -126,6 +126,39 @@ def test_a_long_notice_creates_the_replacement_its_lead_before_the_deadline(jobs
         assert replacement.spec.node_name != node, "never on the noticed node"
 
 
+def test_a_job_measures_its_replacement_lead_from_its_own_replacements(jobs: Jobs) -> None:
+    """No lead in the spec: the first notice, with nothing measured yet, starts the replacement
+    at once; the next notice, on the node of that replacement, is given the lead its start
+    measured (1.5 x its creation-to-Ready + 30 s, from the pod as the API server keeps it)."""
+    jobs.apply(elastic("measured"))
+    pods = {p.metadata.name: p for p in jobs.wait_running_pods("measured", 2, generation=0)}
+    jobs.wait_phase("measured", "Running")
+    with noticed(jobs.core, pods["measured-worker-1"].spec.node_name):
+        jobs.wait(
+            "measured",
+            lambda s: s if s.get("currentGeneration") == 1 else None,
+            "the first replacement in the noticed pod's place",
+        )
+    replacement = jobs.core.read_namespaced_pod("measured-worker-2", jobs.ns)
+    became = next(c for c in replacement.status.conditions if c.type == "Ready")
+    start = (became.last_transition_time - replacement.metadata.creation_timestamp).total_seconds()
+    with noticed(jobs.core, replacement.spec.node_name):
+        leaving = jobs.wait(
+            "measured",
+            lambda s: next(
+                (w for w in s.get("leavingWorkers") or () if w["pod"] == "measured-worker-2"),
+                None,
+            ),
+            "the replacement, noticed in its turn, in status.leavingWorkers",
+        )
+        assert leaving.get("replaceAt"), leaving
+        deadline, replace_at = parse_time(leaving["deadline"]), parse_time(leaving["replaceAt"])
+        assert deadline is not None and replace_at is not None
+        lead = (deadline - replace_at).total_seconds()
+        assert lead == pytest.approx(1.5 * start + 30, abs=1.5), (lead, start)
+        jobs.wait_events("measured", "ReplacingLater")
+
+
 def test_a_job_that_does_not_replace_before_leaving_moves_off_a_noticed_node(
     jobs: Jobs,
 ) -> None:

@@ -48,8 +48,11 @@ def trim_pod(pod: Mapping[str, Any]) -> Pod:
     labels = {k: v for k, v in (meta.get("labels") or {}).items() if k.startswith(_OUR_LABELS)}
     if labels:
         kept_meta["labels"] = labels
-    if meta.get("deletionTimestamp"):
-        kept_meta["deletionTimestamp"] = meta["deletionTimestamp"]
+    # creationTimestamp: with the Ready condition's time, how long a replacement took to
+    # start (``PodView.start_s``, the replacement lead of ``torchjob/drain.py``).
+    for key in ("creationTimestamp", "deletionTimestamp"):
+        if meta.get(key):
+            kept_meta[key] = meta[key]
     avoided = (meta.get("annotations") or {}).get(AVOIDED_NODES)
     if avoided:  # a pod kept off nodes: made again once it may use one (``torchjob/nodes.py``)
         kept_meta["annotations"] = {AVOIDED_NODES: avoided}
