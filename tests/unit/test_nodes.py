@@ -287,18 +287,23 @@ def test_a_notice_that_runs_out_before_the_replacement_is_ready_shrinks_the_job(
     assert shrunk.status["disruptions"] == 1 and shrunk.status["restarts"] == 0
 
 
+def all_on_one_node(replicas: int, floor: int) -> tuple[JobView, list[PodView]]:
+    """A KeepSurvivors job (``shrinkOnDisruption``) whose every member runs on node n1."""
+    builder = job().replicas(replicas).elastic(floor, replicas).keep_survivors()
+    builder.spec["elastic"]["shrinkOnDisruption"] = True
+    _, view, pods = step(builder.build(), [], 0)
+    up = [on(p, "n1") for p in pods]
+    _, view, _ = step(view, up, 1)
+    return view, up
+
+
 def test_a_notice_on_the_node_of_every_member_restarts_the_job_once() -> None:
     """Every member on one noticed node (the others were lost: bench/results/2026-11-29g):
     the notice runs out, nobody survives, and the job is replaced at full size under the
     same indices. The doomed pods hold those indices but are never members of the new
     generation: they go, and the generation stays (it published one per pass, counting a
     disruption each, while they lived)."""
-    builder = job().replicas(8).elastic(5, 8).keep_survivors()
-    builder.spec["elastic"]["shrinkOnDisruption"] = True
-    view = builder.build()
-    _, view, pods = step(view, [], 0)
-    up = [on(p, "n1") for p in pods]
-    _, view, _ = step(view, up, 1)
+    view, up = all_on_one_node(8, 5)
     doomed = [noticed(p, 10, window_s=30) for p in up]
     first, view, _ = step(view, doomed, 10)
     assert first.create is not None and first.create.joiners and len(first.create.indices) == 8
@@ -321,12 +326,7 @@ def test_a_notice_on_every_member_keeps_one_to_hand_the_state_over() -> None:
     keeps the first leaver (rank 0, its state in memory) beside the three, who receive the
     state from it; it is swapped for the fourth replacement only once generation 1 made its
     first step (rank 0's report), so no generation starts from storage."""
-    builder = job().replicas(4).elastic(1, 4).keep_survivors()
-    builder.spec["elastic"]["shrinkOnDisruption"] = True
-    view = builder.build()
-    _, view, pods = step(view, [], 0)
-    up = [on(p, "n1") for p in pods]
-    _, view, _ = step(view, up, 1)
+    view, up = all_on_one_node(4, 1)
     doomed = [noticed(p, 10) for p in up]
     first, view, pods = step(view, doomed, 10)
     view = with_state(view, {**first.status, "progress": formed_at(0)})
