@@ -71,24 +71,40 @@ def test_the_request_timeout_is_restored_after_the_probe() -> None:
 
 
 def test_a_forked_child_never_uses_its_parents_connections() -> None:
+    # Connecting is given a minute: on a CI host whose other suites share the 2 cores, a 5 s
+    # connect from the child ran out once (exit 1, nothing said). The child now says why.
+    patient = timedelta(seconds=60)
     server = _server()
-    store_clients.client("rendezvous", "127.0.0.1", server.port, connect=T, timeout=T)
+    store_clients.client("rendezvous", "127.0.0.1", server.port, connect=patient, timeout=patient)
+    read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: exit 0 only if it holds nothing and connects its own
-        code = 1
+        code, why = 1, b""
         try:
-            if not store_clients.held():
+            os.close(read)
+            inherited = store_clients.held()
+            if inherited:
+                why = f"the child holds its parent's connections: {inherited}".encode()
+            else:
                 own = store_clients.client(
-                    "rendezvous", "127.0.0.1", server.port, connect=T, timeout=T
+                    "rendezvous", "127.0.0.1", server.port, connect=patient, timeout=patient
                 )
                 own.set("child", "1")
                 code = 0
+        except BaseException as e:  # told to the parent, which fails the test with it
+            why = repr(e).encode()
         finally:
+            os.write(write, why)
             os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as told:
+        why = told.read().decode()
     _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert (os.waitstatus_to_exitcode(status), why) == (0, "")
     # the parent's connection still works: the child did not close it
-    parent = store_clients.client("rendezvous", "127.0.0.1", server.port, connect=T, timeout=T)
+    parent = store_clients.client(
+        "rendezvous", "127.0.0.1", server.port, connect=patient, timeout=patient
+    )
     assert parent.get("child") == b"1"
 
 
