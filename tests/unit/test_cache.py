@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 from typing import Any
 
@@ -16,13 +17,15 @@ import pytest
 from tests.unit.test_reconcile import Clock, FakeKube, _spec
 
 from torchjob import contract
+from torchjob.termination import termination_message
+from torchjob_operator.common.nodes import AVOIDED_NODES
 from torchjob_operator.common.owners import controller_uid
 from torchjob_operator.engine.cache import ALL_NAMESPACES, TOMBSTONE_S, PodExpectation, Store
 from torchjob_operator.engine.cached import CachedKube
 from torchjob_operator.engine.objects import merge_applied, trim_pod
 from torchjob_operator.engine.settings import OperatorSettings
 from torchjob_operator.torchjob.controller import reconcile_once
-from torchjob_operator.torchjob.observed import pod_view, probe_view
+from torchjob_operator.torchjob.observed import DOMAIN_LABEL, PodView, pod_view, probe_view
 
 KEY = ("ns", "tj")
 
@@ -169,6 +172,18 @@ def _realistic_pods() -> list[dict[str, Any]]:
     pods[2]["status"]["conditions"].append(
         {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
     )
+    # Placed in a topology domain, and created to avoid two nodes for their state.
+    pods[0]["metadata"]["labels"][DOMAIN_LABEL] = "d41d8cd9"
+    pods[0]["metadata"]["annotations"] = {AVOIDED_NODES: "node-2,node-3", "other": "x"}
+    # The killed worker says the OOM killer did it; a copy says it failed for a peer.
+    killed = pods[1]["status"]["containerStatuses"][0]["state"]["terminated"]
+    killed["message"] = termination_message("rank 1 killed", oom=True)
+    peer = copy.deepcopy(pods[1])
+    peer["metadata"]["name"] = "tj-worker-9"
+    peer["metadata"]["labels"][contract.LABEL_POD_INDEX] = "9"
+    gone = peer["status"]["containerStatuses"][0]["state"]["terminated"]
+    gone["exitCode"] = 1
+    gone["message"] = termination_message("rank 0 is gone", peer_failure=True)
     probe = copy.deepcopy(pods[2])
     probe["metadata"]["labels"][contract.LABEL_ROLE] = contract.ROLE_PROBE
     pulling = copy.deepcopy(pods[2])
@@ -204,7 +219,7 @@ def _realistic_pods() -> list[dict[str, Any]]:
             }
         ],
     }
-    return [*pods, probe, pulling, unschedulable]
+    return [*pods, peer, probe, pulling, unschedulable]
 
 
 def test_a_trimmed_pod_tells_the_planner_exactly_what_the_whole_pod_does() -> None:
@@ -225,6 +240,31 @@ def test_a_trimmed_pod_tells_the_planner_exactly_what_the_whole_pod_does() -> No
         assert "containers" not in trimmed["spec"]
         assert trim_pod(trimmed) == trimmed
     assert owners - {None}, "the realistic pods carry a controller ownerReference"
+
+
+FROM_ELSEWHERE = {"silent", "notice", "notice_until", "node_lost"}
+"""The PodView fields the planner fills from the job's status and the Nodes, never the pod."""
+
+
+def test_every_field_the_planner_reads_from_a_pod_is_told_through_the_trim() -> None:
+    """Each PodView field read from a pod differs from its default in some realistic pod seen
+    through the trim: a field the trim dropped reads as its default everywhere, and fails here
+    (``start_s`` did, so the measured replacement lead never worked). A new field needs a
+    realistic pod that tells it, or a place in FROM_ELSEWHERE."""
+    views = [v for v in (pod_view(trim_pod(p)) for p in _realistic_pods()) if v is not None]
+
+    def default(f: dataclasses.Field[Any]) -> Any:
+        if f.default is not dataclasses.MISSING:
+            return f.default
+        return None if f.default_factory is dataclasses.MISSING else f.default_factory()
+
+    untold = {
+        f.name
+        for f in dataclasses.fields(PodView)
+        if all(getattr(v, f.name) == default(f) for v in views)
+    }
+    assert sorted(untold - FROM_ELSEWHERE) == [], "read from a pod, lost in the trim or untested"
+    assert sorted(FROM_ELSEWHERE - untold) == [], "now read from the pod: leave FROM_ELSEWHERE"
 
 
 @pytest.mark.parametrize(
