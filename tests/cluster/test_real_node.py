@@ -295,30 +295,35 @@ def test_the_fsdp_finetune_example_shrinks_and_grows_back_and_resumes_its_shards
     (2 pods x 1 rank, a one-block model): pod 1 is evicted after the first checkpoint, pod 0
     goes on alone from the shards both ranks wrote at the eviction, the replacement joins, the
     job grows back to 2 ranks, resharding again, and finishes at the last step."""
-    job = yaml.safe_load((REPO / "examples" / "finetune_fsdp" / "job.yaml").read_text())
+    example = REPO / "examples" / "finetune_fsdp"
+    job = yaml.safe_load((example / "job.yaml").read_text())
     spec = job["spec"]
     # 0.2 s each: 90 s at 1 rank, twice that under CI's time scale (at load 16 the replacement
-    # took longer than 90 s to start and join, and the job finished at 1 rank).
-    steps = 450 * min(2, int(k.TIME_SCALE))
+    # took longer than 90 s to start and join, and the job finished at 1 rank). Once grown back
+    # the steps run at full speed (tests/e2e/finetune_until_grown.py).
+    steps, every = 450 * min(2, int(k.TIME_SCALE)), 25
     spec["nprocPerNode"] = 1
     spec["elastic"]["replaceBeforeLeaving"] = False  # the test is of resharding: 2 -> 1 -> 2
     spec["checkpoint"] = {"path": str(storage)}
     spec["failurePolicy"] = {"maxRestarts": 0}
     spec["template"] = real_template(
         storage,
-        *("--steps", str(steps), "--checkpoint-every", "5", "--layers", "1", "--dim", "32"),
-        *("--batch", "4", "--samples", "512", "--step-seconds", "0.2"),
+        *("--steps", str(steps), "--checkpoint-every", str(every), "--layers", "1"),
+        *("--dim", "32", "--batch", "4", "--samples", "512", "--step-seconds", "0.2"),
         grace=30,
-        script="train.py",
-        scripts=REPO / "examples" / "finetune_fsdp",
-        env={"HOME": str(storage)},
+        script="finetune_until_grown.py",
+        env={"HOME": str(storage), "FINETUNE_DIR": str(example)},
     )
+    pod = spec["template"]["spec"]
+    pod["volumes"].append({"name": "example", "hostPath": {"path": str(example)}})
+    mount = {"name": "example", "mountPath": str(example), "readOnly": True}
+    pod["containers"][0]["volumeMounts"].append(mount)
     job["metadata"]["name"] = "ft"
     real_jobs.apply(job)
     real_jobs.wait(
         "ft",
-        lambda s: s if ((s.get("progress") or {}).get("step") or 0) >= 5 else None,
-        "the first sharded checkpoint (step 5)",
+        lambda s: s if ((s.get("progress") or {}).get("step") or 0) >= every else None,
+        f"the first sharded checkpoint (step {every})",
         timeout=300,
     )
     eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="ft-worker-1"))
@@ -335,7 +340,7 @@ def test_the_fsdp_finetune_example_shrinks_and_grows_back_and_resumes_its_shards
         for step, world in re.findall(r"resumed at step (\d+) from \S+ on (\d) workers", out)
     ]
     assert [w for _, w in resumes] == [1, 2], out
-    assert 5 <= resumes[0][0] <= resumes[1][0] < steps, resumes
+    assert every <= resumes[0][0] <= resumes[1][0] < steps, resumes
     reported = [int(m) for m in re.findall(r"'step': (\d+), 'workers'", out)]
     assert reported == sorted(reported) and reported[-1] == steps, reported
     assert f"'step': {steps}, 'workers': 2" in out, out
