@@ -38,7 +38,7 @@ from tests.cluster.operator_harness import (
     Jobs,
     OperatorProcess,
 )
-from tests.cluster.realnode import RealNode, RealNodeUnavailable, start_node_s3
+from tests.cluster.realnode import RealNode, RealNodeUnavailable, start_node_s3, tell
 from tests.s3 import S3Server, stop_s3_server
 from tests.tracking import mlflow_server  # noqa: F401 - a real MLflow server, session-wide
 
@@ -208,7 +208,7 @@ def operator(
 
 
 @pytest.fixture(scope="session")
-def real_node(cluster: helpers.Cluster) -> RealNode:
+def real_node(cluster: helpers.Cluster, pytestconfig: pytest.Config) -> RealNode:
     kind_node = os.environ.get("TORCHJOB_E2E_KIND_NODE")
     if kind_node:  # hack/e2e-kind.sh loaded the images and labelled the node
         return RealNode(name=kind_node)
@@ -223,21 +223,25 @@ def real_node(cluster: helpers.Cluster) -> RealNode:
             pytest.fail(f"CI=true and {msg}", pytrace=False)
         pytest.skip(msg)
     try:
-        return RealNode.start()
+        node = RealNode.start()
     except Exception as exc:
         pytest.fail(f"the real node failed to start: {exc}", pytrace=False)
+    tell(pytestconfig, node.setup_line())
+    return node
 
 
 @pytest.fixture(scope="session")
-def real_nodes(real_node: RealNode) -> RealNode:
+def real_nodes(real_node: RealNode, pytestconfig: pytest.Config) -> RealNode:
     if len(real_node.names) >= 3:
         return real_node
     if os.environ.get("TORCHJOB_E2E_KIND_NODE"):
         pytest.skip("hack/e2e-kind.sh's cluster has one real node; these tests need 3")
     try:
-        return RealNode.start(count=3)
+        nodes = RealNode.start(count=3)
     except Exception as exc:
         pytest.fail(f"the real nodes failed to start: {exc}", pytrace=False)
+    tell(pytestconfig, nodes.setup_line())
+    return nodes
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from tests import kube as k
 from tests.s3 import S3Server, start_s3_server
@@ -149,6 +150,11 @@ class RealNode:
         host_ip = _node_sh("host-ip", timeout=30).strip()
         return cls(name=names[0], timings=timings, host_ip=host_ip, names=names)
 
+    def setup_line(self) -> str:
+        """What starting the nodes took, for the session's output."""
+        took = ", ".join(f"{what} {s:.0f}s" for what, s in self.timings.items())
+        return f"real nodes {', '.join(self.names or [self.name])}: {took or 'reused'}"
+
     def log_tails(self, kubeconfig: Path, node: str | None = None) -> str:
         """The end of the logs of ``node`` (default node 0)."""
         index = self.names.index(node or self.name)
@@ -264,6 +270,14 @@ def s3_credentials(
 
 def image(name: str) -> str:
     return _run(["bash", str(HACK / "images.sh"), "ref", name], 30, "hack/images.sh ref").strip()
+
+
+def tell(config: pytest.Config, line: str) -> None:
+    """``line`` on the session's terminal now, whatever pytest captures: what a session-wide
+    setup took (the e2e suite decides ``make test``'s wall, and its setup is a good part)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(line)
 
 
 class HelmOperator:

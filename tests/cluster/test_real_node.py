@@ -32,6 +32,7 @@ from tests.cluster.realnode import (
     RealNode,
     image,
     s3_credentials,
+    tell,
 )
 from tests.e2e.train_job import TORN_EPOCH, TORN_INDEX
 from tests.s3 import S3, S3Server
@@ -52,13 +53,16 @@ def helm_operator(
     real_node: RealNode,
     tmp_path_factory: pytest.TempPathFactory,
     stop_process_operators: Callable[[], None],
+    pytestconfig: pytest.Config,
 ) -> Iterator[HelmOperator]:
     # One operator at a time: the process operator of other tests stops (``jobs`` restarts it).
     stop_process_operators()
+    t = time.monotonic()
     op = HelmOperator(cluster, core_v1, OPERATOR_NS, "torchjob")
     op.helm("uninstall", "torchjob", "--namespace", OPERATOR_NS, "--wait", check=False)
     op.install(tmp_path_factory.mktemp("helm") / "values.yaml", "--create-namespace")
     cluster.wait_established("torchjobs.torchjob.io", "torchtunes.torchjob.io")
+    tell(pytestconfig, f"the operator installed by Helm, Ready in {time.monotonic() - t:.0f}s")
     yield op
     op.helm("uninstall", "torchjob", "--namespace", OPERATOR_NS, "--wait", check=False)
 
