@@ -15,6 +15,7 @@ import re
 import signal
 import time
 from collections.abc import Callable, Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -535,6 +536,73 @@ def test_a_node_notice_swaps_in_a_replacement_on_another_node_and_loses_no_step(
         assert before == list(range(1, len(before) + 1)), f"rank {rank}: {before}"
         assert at - before[-1] in (0, 1), f"rank {rank} stopped at {before[-1]}, restored {at}"
         assert after == list(range(at + 1, at + 1 + len(after))), f"rank {rank}: {after}"
+
+
+def test_a_notice_on_every_member_keeps_one_to_hand_the_state_to_the_replacements(
+    real_jobs: Jobs, storage: Path, real_nodes: RealNode
+) -> None:
+    """Issue 39: both pods of the job on one node (the others cordoned while they start), and
+    that node gets AWS's notice. Both replacements start on the other nodes; pod 0 stays one
+    generation more beside the first one Ready (Event ``KeepingDonor``), which receives the
+    state from its memory, and goes for the second once that generation has made its step.
+    Two re-formations, both from memory, before the drain: the world size never drops, no step
+    is lost or redone (with no donor both replacements restored from the last checkpoint)."""
+    events = storage / "events.jsonl"
+    infra = _infra_nodes(real_jobs)
+    node = next((n for n in real_nodes.names if n not in infra), real_nodes.names[-1])
+    others = [n for n in real_nodes.names if n != node]
+    for other in others:
+        _cordon(real_jobs, other)
+    try:
+        real_jobs.apply(hard_loss_job("donor", storage, events, steps=300, hold=2))
+        pods = real_jobs.wait_running_pods("donor", 2, generation=0, timeout=240)
+    finally:
+        for other in others:
+            _cordon(real_jobs, other, on=False)
+    assert {p.spec.node_name for p in pods} == {node}, [p.spec.node_name for p in pods]
+    ten_steps(real_jobs, "donor", events)
+    drain = int(k.scaled(100))  # as in the test above: a replacement ready before the drain
+    notice = real_nodes.notice(node, provider="aws", drain_after=drain, vanish_after=drain + 10)
+    try:
+        handed = real_jobs.wait(
+            "donor",
+            lambda s: s if s.get("currentGeneration", 0) >= 2 else None,
+            "both replacements in the job, the donor gone",
+            timeout=240,
+        )
+        assert notice.poll() is None, "both swapped before the drain"
+        assert not {0, 1} & set(handed["members"]) and handed["replicas"] == 2, handed
+        for i in handed["members"]:
+            fresh = real_jobs.core.read_namespaced_pod(f"donor-worker-{i}", real_jobs.ns)
+            assert fresh.spec.node_name not in (None, node), "never on the noticed node"
+    finally:
+        if notice.poll() is None:
+            notice.kill()
+        real_nodes.return_node(node)
+    status = wait_finished(real_jobs, "donor")
+    assert status["phase"] == "Succeeded", pod_logs(real_jobs, "donor")
+    assert status["restarts"] == 0 and status.get("lastFailure") is None, status
+    told = [e.message for e in real_jobs.events("donor") if e.reason == "KeepingDonor"]
+    assert len(told) == 1 and "donor-worker-0 (node " in told[0], told
+    evs = read_events(events)
+    steps = [e for e in evs if e["ev"] == "step"]
+    assert {e["world"] for e in steps} == {2}, "the world size never dropped"
+    later = [e for e in evs if e["ev"] == "restored" and e["gen"] >= 1]
+    assert {e["gen"] for e in later} == {1, 2}, later
+    assert all(e["source"] == "memory" for e in later), later
+    # Each generation began at the step the one before stopped at (its last, or the one
+    # whose report stopped the loop before it was logged), and each rank went on from there.
+    for gen in (1, 2):
+        before = [e["step"] for e in evs if e["gen"] == gen - 1 and e["ev"] in ("step", "restored")]
+        (at,) = {e["step"] for e in later if e["gen"] == gen}
+        assert at - max(before) in (0, 1), f"generation {gen} restored {at} after {max(before)}"
+    for rank in (0, 1):
+        mine = [e["step"] for e in sorted(steps, key=lambda e: e["t"]) if e["rank"] == rank]
+        assert all(b - a in (1, 2) for a, b in pairwise(mine)), f"rank {rank}: {mine}"
+
+
+def _cordon(jobs: Jobs, node: str, on: bool = True) -> None:
+    jobs.core.patch_node(node, {"spec": {"unschedulable": True if on else None}})
 
 
 OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown",

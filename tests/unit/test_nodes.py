@@ -339,6 +339,8 @@ def test_a_notice_on_every_member_keeps_one_to_hand_the_state_over() -> None:
     assert set(handed.delete) == {"tj-worker-1", "tj-worker-2", "tj-worker-3"}
     assert "tj-worker-0" in handed.relabel and handed.create is None
     assert (handed.status["disruptions"], handed.status["restarts"]) == (1, 0)
+    told = [e.message for e in handed.events if e.reason == "KeepingDonor"]
+    assert len(told) == 1 and told[0].startswith("every member was given notice: tj-worker-0 ")
     # Generation 1 forming (rank 0's last report is of generation 0): the donor stays, even
     # with the fourth replacement Ready.
     view = with_state(view, {**handed.status, "progress": formed_at(0)})
@@ -347,10 +349,27 @@ def test_a_notice_on_every_member_keeps_one_to_hand_the_state_over() -> None:
     forming = plan(view, pods, at(32))
     assert forming.status["currentGeneration"] == 1 and forming.delete == ()
     assert forming.requeue_after_s is not None and forming.requeue_after_s <= 1.0
+    assert "KeepingDonor" not in reasons(forming), "told once, when the donor is kept"
     view = with_state(view, {**forming.status, "progress": formed_at(1)})
     swapped = plan(view, pods, at(40))
     assert swapped.status["currentGeneration"] == 2 and swapped.status["members"] == [4, 5, 6, 7]
     assert swapped.delete == ("tj-worker-0",)
+
+
+def test_a_notice_on_every_member_keeps_a_donor_when_every_replacement_is_ready_at_once() -> None:
+    """Replacements made together (a measured lead: all at the same moment) are often all Ready
+    by the pass that sees the first: the donor is kept then too, not every member swapped
+    (which started the job from its last checkpoint)."""
+    view, up = all_on_one_node(4, 1)
+    doomed = [noticed(p, 10) for p in up]
+    first, view, pods = step(view, doomed, 10)
+    view = with_state(view, {**first.status, "progress": formed_at(0)})
+    assert first.create is not None and first.create.indices == (4, 5, 6, 7)
+    ready = [on(replace(p, joiner=True), "n2") for p in pods[4:]]
+    handed = plan(view, [*doomed, *ready], at(30))
+    assert handed.status["currentGeneration"] == 1 and handed.status["members"] == [0, 4, 5, 6]
+    assert [w["pod"] for w in handed.status["leavingWorkers"]] == ["tj-worker-0"]
+    assert "KeepingDonor" in reasons(handed)
 
 
 def formed_at(generation: int) -> dict[str, Any]:

@@ -110,6 +110,9 @@ REASONS: Final[Mapping[str, str]] = {
     "ReplacingLater": "{leaving} was given notice: it trains on, and its replacement is "
     "created at {at}, {lead} s before it goes (the time this job's replacements need to start, "
     "with room to spare; elastic.replacementLeadSeconds)",
+    "KeepingDonor": "every member was given notice: {donor} stays one generation more, "
+    "beside the replacements, which take the state from its memory (not the last checkpoint); "
+    "it goes once that generation has made a step",
     "Rebalancing": "the job's pods per node: {counts}; moving {leaving}: the replacements "
     "{pods} start off {keep_off} and take their places at one re-formation",
     "DeletedPod": "deleted {pods}",

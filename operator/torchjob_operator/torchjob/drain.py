@@ -179,7 +179,7 @@ def formed(d: Decision) -> bool:
 def _donor(
     d: Decision, leaving: Sequence[PodView], survivors: Sequence[PodView], pods: Sequence[PodView]
 ) -> PodView | None:
-    """Every member given notice and all but one of their replacements Ready: the first
+    """Every member given notice and all but one of their replacements Ready (or all): the first
     leaver in rank order, kept one generation more beside them so that they receive the state
     from its memory (a survivor's broadcast) instead of storage. Replaced all at once, they
     restored from the last checkpoint and redid the steps since: 15-45 s per such notice
@@ -208,12 +208,16 @@ def draining(
         return d, marked
     survivors = [p for p in marked if survives(p)]  # a leaver is deleting or disrupted
     ready = formed(d)  # a generation still forming holds its state in its leavers
-    if ready and replace_with_standbys(d, survivors, pods) is not None:
-        return d, marked  # judged disrupted: a ready joiner takes each leaver's place
+    # The donor first: with every replacement Ready at once (made together, they often are),
+    # a swap of all of them would start the job from its last checkpoint.
     donor = _donor(d, leaving, survivors, pods) if ready else None
     if donor is not None:  # the others are judged disrupted; the donor stays a member
         d = d.but(leaving=(donor.index,), donor=donor.index)
+        told = f"{donor.name} (node {donor.node}: {donor.notice})"
+        d = d.also(events=[Event.of("KeepingDonor", donor=told)])
         return d, [_held(p) if p.name == donor.name else p for p in marked]
+    if ready and replace_with_standbys(d, survivors, pods) is not None:
+        return d, marked  # judged disrupted: a ready joiner takes each leaver's place
     waits = [
         NOTICE_RECHECK_S if _open_ended(p) else drain_left(_deadline(p), d.now) for p in leaving
     ]
