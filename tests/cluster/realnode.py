@@ -276,7 +276,13 @@ def tell(config: pytest.Config, line: str) -> None:
     """``line`` on the session's terminal now, whatever pytest captures: what a session-wide
     setup took (the e2e suite decides ``make test``'s wall, and its setup is a good part)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return
+    if capture is None:
+        reporter.write_line(line)
+        return
+    with capture.global_and_fixture_disabled():  # else fd 1 is captured during a setup
         reporter.write_line(line)
 
 
