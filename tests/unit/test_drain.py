@@ -313,6 +313,10 @@ def test_a_job_deletion_ends_the_drain_whichever_comes_first(deleted_first: bool
         if deleted_first:
             notice.final()
             assert not stop.is_set(), "the deletion alone stops nothing: the SIGTERM will"
+            told = notice.tell()
+            # Said before the SIGTERM: another pod's stop may end this pod's run first.
+            assert told is not None and "a SIGTERM will stop this pod" in told, told
+            assert notice.tell() is None, "said once"
         notice.sigterm()
         if not deleted_first:
             assert not stop.is_set() and notice.given, "draining until the deletion is seen"
@@ -320,7 +324,14 @@ def test_a_job_deletion_ends_the_drain_whichever_comes_first(deleted_first: bool
             assert told is not None and "train on for up to 30s" in told
             notice.final()
         assert stop.is_set()
-        told = notice.tell()
-        assert told is not None and "the TorchJob is being deleted" in told
+        if not deleted_first:
+            told = notice.tell()
+            assert told is not None and "SIGTERM: the TorchJob is being deleted" in told
         assert notice.tell() is None, "said once"
     notice.cancel()
+
+
+def test_a_job_deletion_is_not_told_in_a_pod_that_would_not_drain() -> None:
+    notice = Notice(threading.Event(), 0.0)
+    notice.final()
+    assert notice.tell() is None

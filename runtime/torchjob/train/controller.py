@@ -278,6 +278,9 @@ class Controller:
                 case Finished(outcomes):
                     return self.record.final_result(self.storage, outcomes)
                 case Stopped(at_report):
+                    told = self.notice.tell()  # the ticks may have ended before it was seen
+                    if told is not None:
+                        view.message(f"[torchjob] {told}")
                     self._raise_stopped(at_report)
                 case Errored(err, message):
                     self._raise_failed(err, message)

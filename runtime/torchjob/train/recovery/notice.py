@@ -56,14 +56,21 @@ class Notice:
 
     def tell(self) -> str | None:
         """The line to log (not from the handler), once each: after a SIGTERM that drains,
-        and after one that the job's deletion ended or cut short."""
-        if self._final and self.stop.is_set() and (self.given or self.drain_s > 0):
+        and once the job's deletion is seen in a pod that would drain (before its SIGTERM, or
+        after it: the deletion ends the drain or cuts it short). Said without waiting for the
+        SIGTERM: another pod's stop may end this pod's run before its own SIGTERM comes."""
+        if self._final and (self.given or self.drain_s > 0):
             if self._told_final:
                 return None
             self._told = self._told_final = True
+            if self.stop.is_set():
+                return (
+                    "SIGTERM: the TorchJob is being deleted; no replacement will come, so "
+                    "this pod stops at its next report instead of training on"
+                )
             return (
-                "SIGTERM: the TorchJob is being deleted; no replacement will come, so this "
-                "pod stops at its next report instead of training on"
+                "the TorchJob is being deleted; no replacement will come, so a SIGTERM will "
+                "stop this pod at its next report instead of training on"
             )
         if not self.given or self._told:
             return None
