@@ -65,7 +65,12 @@ def test_a_pod_reported_silent_is_an_uncharged_loss_and_the_job_shrinks_at_once(
 
 
 @pytest.mark.parametrize(
-    ("how", "said"), [("store", "its store did not answer"), ("host", "its host did not answer")]
+    ("how", "said"),
+    [
+        ("store", "its store did not answer"),
+        ("host", "its host did not answer"),
+        ("absent", "it never joined the forming group"),
+    ],
 )
 def test_a_store_or_host_found_silent_is_said_so(how: str, said: str) -> None:
     """A forming pod's probe of rank 0's store (``how: store``), or a sweep of the members'

@@ -9,6 +9,7 @@ the SYN (nothing answers: what a vanished node's address does) and the connect t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import socket
 import threading
 import time
@@ -18,8 +19,14 @@ import pytest
 from tests.unit.builders import pod_env
 
 from torchjob.launch import Placement
+from torchjob.launch.layout import StoreLayout, prefixed
 from torchjob.launch.store_probe import HostsProbe, StoreProbe, answered, sweep
-from torchjob.train.recovery.formation import FormationWatch, peer_addresses
+from torchjob.train.recovery.formation import (
+    ABSENT_AFTER_S,
+    FormationWatch,
+    arrivals_reader,
+    peer_addresses,
+)
 
 
 @pytest.fixture
@@ -240,6 +247,108 @@ def test_members_hosts_are_probed_once_the_formation_waited_and_each_silent_one_
         watch.check()
         watch.check()
     assert reports == [(3, 5.5, "host")] and made[0].stopped and len(made) == 1
+
+
+# --- members that never arrive ----------------------------------------------------------------
+
+
+def _pods_of_two(rank_offset: int) -> Placement:
+    """4 pods of 2 ranks each (8 ranks); this pod's first rank is ``rank_offset``."""
+    return Placement(
+        world_size=8,
+        local_world_size=2,
+        rank_offset=rank_offset,
+        node_rank=rank_offset // 2,
+        num_nodes=4,
+        master_addr="job-worker-0.job",
+        master_port=29500,
+    )
+
+
+def test_a_member_that_never_arrives_is_reported_once_after_the_bound_as_its_pods_first_rank() -> (
+    None
+):
+    """bench/results/2026-12-01s notice120-0: two Ready joiners never entered the
+    rendezvous and the survivors waited 108 s. The pod of ranks 6-7 has one rank arrived, not
+    the other: reported (``absent``) once the formation has waited the bound, once, as rank 6;
+    nothing before the bound, nothing while the store cannot tell."""
+    now = [0.0]
+    arrived: list[list[int] | None] = [[0, 1, 2, 3, 4, 5]]
+    reads: list[float] = []
+    reports: list[tuple[int, float, str]] = []
+
+    def arrivals() -> list[int] | None:
+        reads.append(now[0])
+        return arrived[0]
+
+    with FormationWatch(
+        _pods_of_two(2),
+        lambda r, s, how: reports.append((r, s, how)),
+        5.0,
+        lambda a: _Probe(),
+        arrivals=arrivals,
+        clock=lambda: now[0],
+    ) as watch:
+        now[0] = ABSENT_AFTER_S - 0.1
+        assert watch.check("x") == "x" and reads == [] and reports == []
+        arrived[0] = None  # rank 0's store did not answer
+        now[0] = ABSENT_AFTER_S
+        watch.check()
+        assert reads == [ABSENT_AFTER_S] and reports == []
+        arrived[0] = [0, 1, 2, 3, 4, 5, 6]
+        now[0] = ABSENT_AFTER_S + 1.0
+        watch.check()
+        assert len(reads) == 1, "read again only every ARRIVALS_EVERY_S"
+        now[0] = ABSENT_AFTER_S + 2.0
+        watch.check()
+        now[0] = ABSENT_AFTER_S + 4.0
+        watch.check()
+    assert reports == [(6, ABSENT_AFTER_S + 2.0, "absent")]
+
+
+def test_a_pod_whose_own_ranks_have_not_arrived_names_nobody() -> None:
+    now = [ABSENT_AFTER_S]
+    reports: list[tuple[int, float, str]] = []
+    with FormationWatch(
+        _pods_of_two(4),  # ranks 4-5: rank 5 has not arrived
+        lambda r, s, how: reports.append((r, s, how)),
+        5.0,
+        lambda a: _Probe(),
+        arrivals=lambda: [0, 1, 2, 3, 4],
+        clock=lambda: now[0],
+    ) as watch:
+        watch.check()
+    assert reports == []
+
+
+def test_the_arrivals_are_read_where_the_workers_set_them() -> None:
+    """``arrivals_reader`` reads the keys the workers set through their prefixed store
+    (``StoreLayout.arrival_key``), in a real TCPStore; a store that is not there reads None."""
+    dist = pytest.importorskip("torch.distributed")
+    from datetime import timedelta
+
+    server = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5), wait_for_workers=False)
+    placement = Placement(
+        world_size=4,
+        local_world_size=1,
+        rank_offset=1,
+        node_rank=1,
+        num_nodes=4,
+        master_addr="127.0.0.1",
+        master_port=server.port,
+    )
+    layout = StoreLayout("127.0.0.1", server.port, 7)
+    for rank in (0, 2):  # what a worker does as it enters generation 7's rendezvous
+        prefixed(layout.rendezvous, server).set(StoreLayout.arrival_key(rank), "1")
+    prefixed(StoreLayout("127.0.0.1", server.port, 6).rendezvous, server).set(
+        StoreLayout.arrival_key(3), "1"
+    )  # another generation's arrival does not count
+    assert arrivals_reader(placement, 7, use_libuv=True)() == [0, 2]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        gone = s.getsockname()[1]
+    nobody = dataclasses.replace(placement, master_port=gone)
+    assert arrivals_reader(nobody, 7, use_libuv=True)() is None
 
 
 def test_peer_addresses_are_the_other_members_but_the_stores_host() -> None:

@@ -163,6 +163,10 @@ class WorkerProcess:
             with contextlib.suppress(Exception):  # the watchdog tries again itself
                 heartbeat.store_client(after, connect=timeout, layout=self.layout)
 
+        # Arrived: a formation that waits can tell a member that never came from one that did
+        # (``torchjob.train.recovery.formation``); it costs one small request.
+        with contextlib.suppress(Exception):
+            store.set(StoreLayout.arrival_key(e.rank), "1")
         before = socket_inodes()
         dist.init_process_group(
             backend=init.backend, store=store, rank=e.rank, world_size=e.world_size, timeout=timeout

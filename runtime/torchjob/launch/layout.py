@@ -7,6 +7,7 @@ re-formed group never reads a previous one's keys:
 ==============================  ==========================================================
 ``torchjob/g{gen}``             the rendezvous of ``init_process_group`` (rank 0 serves it)
 ``torchjob/g{gen}/f{n}``        the same where the driver serves the store: its n-th formation
+``<rendezvous>/arrived/{rank}``  set by each rank as it enters the rendezvous (``formation``)
 ``torchjob/g{gen}/hb/{rank}``   each rank's heartbeat (``heartbeat``, ``driver_beat``)
 ``torchjob/g{gen}/group/abort`` the generation's abort key (``abort``, NCCL groups)
 ``torchjob/probe``              the key a kept connection is probed with (``store_clients``)
@@ -34,6 +35,10 @@ class StoreLayout:
     """How to connect: TCPStore's libuv backend (``RuntimeSettings.use_libuv``)."""
 
     PROBE_KEY: ClassVar[str] = f"{ROOT}/probe"
+    ARRIVED: ClassVar[str] = "arrived"
+    """Under :attr:`rendezvous`: each rank's key as it enters the rendezvous, so that a
+    formation that waits can tell which members never came
+    (``torchjob.train.recovery.formation``)."""
     ABORT_KEY: ClassVar[str] = "abort"
     """Under :attr:`group`: set by the driver when it sees a worker die (NCCL groups)."""
 
@@ -61,6 +66,15 @@ class StoreLayout:
     @staticmethod
     def beat_key(rank: int) -> str:
         return str(rank)
+
+    @classmethod
+    def arrival_key(cls, rank: int) -> str:
+        """Rank ``rank``'s arrival, under :attr:`rendezvous` (a worker's prefixed store)."""
+        return f"{cls.ARRIVED}/{rank}"
+
+    def arrived_key(self, rank: int) -> str:
+        """Rank ``rank``'s arrival as the whole key (a client of the store itself)."""
+        return f"{self.rendezvous}/{self.arrival_key(rank)}"
 
 
 def prefixed(prefix: str, store: Any) -> Any:

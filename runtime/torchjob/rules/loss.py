@@ -96,15 +96,20 @@ class Failure:
         return "exit code unknown" if self.exit_code is None else f"exit code {self.exit_code}"
 
 
-_SILENT_HOW = {"store": "its store did not answer", "host": "its host did not answer"}
+_SILENT_HOW = {
+    "store": "its store did not answer",
+    "host": "its host did not answer",
+    "absent": "it never joined the forming group",
+}
 
 
 @dataclass(frozen=True)
 class Silent:
     """A peer found silent for ``seconds`` by ``seen_by``: never charged. ``how``: its
     heartbeat stopped (``heartbeat``), the store it serves did not answer while the group
-    formed (``store``), or its host did not answer a connect (``host``: a sweep of the
-    members once another was found silent, or while the group formed)."""
+    formed (``store``), its host did not answer a connect (``host``: a sweep of the
+    members once another was found silent, or while the group formed), or its host answered
+    but it never entered the rendezvous of a group still forming (``absent``)."""
 
     seconds: float
     seen_by: str

@@ -43,7 +43,7 @@ from torchjob.train.job_status import JobEndpoint, JobStatusReporter
 from torchjob.train.modes import KeepSurvivorsMode, choose_mode
 from torchjob.train.progress import ProgressView
 from torchjob.train.record import RunRecord, run_location, shares_result
-from torchjob.train.recovery.formation import FormationWatch, peer_addresses
+from torchjob.train.recovery.formation import FormationWatch, arrivals_of, peer_addresses
 from torchjob.train.recovery.membership import GenerationTimeout, Membership
 from torchjob.train.recovery.notice import Notice
 from torchjob.train.recovery.survivors import (
@@ -330,7 +330,12 @@ class Controller:
             # silent member's host as that member (the watchdog runs only once they have
             # formed); a later generation that leaves out a pod this formation waits for
             # gives it up.
-            with FormationWatch(placement, run.points.report_silent, peers=self._peers()) as watch:
+            with FormationWatch(
+                placement,
+                run.points.report_silent,
+                peers=self._peers(),
+                arrivals=arrivals_of(self.pod, placement, run.facts.generation),
+            ) as watch:
                 run.group = group = self.workers.take(
                     placement,
                     env,

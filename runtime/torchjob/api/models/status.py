@@ -132,7 +132,8 @@ class SilentWorker(_Model):
             " default), store (the rendezvous store it serves did not answer a connection"
             " while the group formed), or host (its pod's address did not answer a"
             " connection: probed once another member went silent, or while the group"
-            " formed)."
+            " formed), or absent (its host answered, but a rank of it never entered the"
+            " rendezvous of a group still forming after 30 s)."
         ),
     )
     at: str | None = Field(

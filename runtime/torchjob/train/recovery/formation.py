@@ -1,19 +1,30 @@
-"""While a KeepSurvivors generation forms: which of its members' hosts answer.
+"""While a KeepSurvivors generation forms: which of its members' hosts answer, and which
+members never arrive.
 
 The heartbeat watchdog (``torchjob.launch.heartbeat``) runs only once a group has formed;
 until then, every worker waits for rank 0's store up to the collective timeout, and a member
 whose node vanished in that window is found only by the node controller, ~40 s later.
 :class:`FormationWatch` probes from the driver instead (``torchjob.launch.store_probe``): a
 TCP connect to each member's stable name, which a host that is there answers at once.
+
+A member whose host answers may still never come: in bench/results/2026-12-01s notice120-0
+two Ready joiners on a node that had returned 13 s before never entered generation 9's
+rendezvous, and its six survivors waited 108 s, until the operator published the next
+generation for another reason. So each rank sets its arrival key as it enters the rendezvous
+(``StoreLayout.arrival_key``), and a formation still waiting after :data:`ABSENT_AFTER_S`
+reads them: each member pod with a rank that has not arrived is reported (``absent``), once,
+provided this pod's own ranks all have (else this pod may be the one that is late).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import timedelta
 
 from torchjob import contract
 from torchjob.launch import Placement
+from torchjob.launch.layout import StoreLayout
 from torchjob.launch.settings import RuntimeSettings
 from torchjob.launch.store_probe import HostsProbe, Probing, Silences, StoreProbe
 
@@ -23,6 +34,20 @@ hosts, :func:`torchjob.launch.store_probe.sweep`), once another member was found
 while the group formed."""
 STORE = "store"
 """``SilentWorker.how``: the store it serves did not answer while the group formed."""
+ABSENT = "absent"
+"""``SilentWorker.how``: its host answered, but it never entered the generation's rendezvous
+within :data:`ABSENT_AFTER_S` (it did not see the generation, or cannot reach the store)."""
+
+ABSENT_AFTER_S = 30.0
+"""How long a formation waits for every member to arrive before it names those that have
+not. Arriving is entering the rendezvous, seconds after the generation is published (a
+survivor stops at its next report; a joiner has imported already); a whole formation of 8
+pods with 256 MiB restores took up to 22 s on 2 loaded cores (bench/results/2026-12-01s)."""
+ARRIVALS_EVERY_S = 2.0
+"""How often a waiting formation reads the arrivals (one request per rank)."""
+
+Arrivals = Callable[[], "Collection[int] | None"]
+"""The ranks that have arrived at the rendezvous, or None where the store cannot tell."""
 
 
 def peer_address(pod: contract.PodEnv, index: int) -> tuple[str, int]:
@@ -40,6 +65,46 @@ def peer_addresses(pod: contract.PodEnv, ranked: Sequence[int]) -> dict[int, tup
         for place, index in enumerate(ranked)
         if place > 0 and index != pod.pod_index
     }
+
+
+def arrivals_reader(placement: Placement, generation: int, *, use_libuv: bool) -> Arrivals:
+    """The arrivals of ``generation``'s rendezvous in the store ``placement`` names, read
+    through a connection of the driver's own (``store_clients``, use ``formation``): None
+    when the store does not answer within a few seconds (rank 0 not there yet, or silent:
+    the store probe's to say)."""
+    from torchjob.launch import store_clients
+
+    layout = StoreLayout(
+        placement.master_addr, placement.master_port, generation, use_libuv=use_libuv
+    )
+    keys = [layout.arrived_key(r) for r in range(placement.world_size)]
+    quick = timedelta(seconds=2)
+
+    def read() -> list[int] | None:
+        try:
+            store = store_clients.client(
+                "formation", layout.addr, layout.port, connect=quick, timeout=quick,
+                use_libuv=use_libuv,
+            )  # fmt: skip
+            return store_clients.within(
+                2 * quick.total_seconds(),
+                lambda: [r for r, k in enumerate(keys) if store.check([k])],
+            )
+        except Exception:  # refused, silent, timed out: the store cannot tell now
+            store_clients.discard("formation", layout.addr, layout.port)
+            return None
+
+    return read
+
+
+def arrivals_of(
+    pod: contract.PodEnv | None, placement: Placement, generation: int
+) -> Arrivals | None:
+    """A pod's reader of the arrivals of ``generation`` (None on a laptop, or alone)."""
+    if pod is None or placement.world_size == 1:
+        return None
+    libuv = RuntimeSettings.from_env().use_libuv
+    return arrivals_reader(placement, generation, use_libuv=libuv)
 
 
 class FormationWatch:
@@ -63,6 +128,8 @@ class FormationWatch:
         *,
         peers: Mapping[int, tuple[str, int]] | None = None,
         probe_hosts: Callable[[Mapping[int, tuple[str, int]]], Silences[int]] | None = None,
+        arrivals: Arrivals | None = None,
+        absent_after_s: float = ABSENT_AFTER_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         after = (
@@ -80,26 +147,57 @@ class FormationWatch:
         if self.report_silent is not None and placement.rank_offset > 0:
             address = (placement.master_addr, placement.master_port)
             self.probe = (probe or (lambda a: StoreProbe(a).start()))(address)
+        self._arrivals = arrivals if self.report_silent is not None else None
+        self.absent_after_s = absent_after_s
+        self._placement = placement
+        self._read_at = -ARRIVALS_EVERY_S
 
-    def _silent(self) -> dict[int, float]:
-        silent = {0: self.probe.silent_for()} if self.probe is not None else {}
+    def _absent(self, waited: float) -> dict[int, float]:
+        """The first rank of each other member pod with a rank that has not arrived, once the
+        formation has waited :attr:`absent_after_s` and this pod's own ranks have arrived."""
+        if self._arrivals is None or waited < self.absent_after_s:
+            return {}
+        now = self._clock()
+        if now - self._read_at < ARRIVALS_EVERY_S:
+            return {}
+        self._read_at = now
+        arrived = self._arrivals()
+        if arrived is None:
+            return {}
+        p = self._placement
+        nproc = max(1, p.local_world_size)
+        own = range(p.rank_offset, p.rank_offset + nproc)
+        if not set(own) <= set(arrived):
+            return {}  # this pod is late itself: it names nobody
+        return {
+            first: waited
+            for first in range(0, p.world_size, nproc)
+            if first != p.rank_offset
+            and not set(range(first, min(first + nproc, p.world_size))) <= set(arrived)
+        }
+
+    def _silent(self) -> dict[int, tuple[float, str]]:
+        silent = {0: (self.probe.silent_for(), STORE)} if self.probe is not None else {}
         waited = self._clock() - self._since
         if self._peers and self._hosts is None and waited >= self.silent_after_s:
             self._hosts = self._probe_hosts(self._peers)
         if self._hosts is not None:
-            silent.update(self._hosts.silent())
+            silent.update((r, (s, HOST)) for r, s in self._hosts.silent().items())
+        for rank, s in self._absent(waited).items():
+            silent.setdefault(rank, (s, ABSENT))  # a silent host says more than its absence
         return silent
 
     def check(self, superseded: str | None = None) -> str | None:
         """Asked while the workers form: report each silent host's first rank once (rank 0:
-        its store's host); returns ``superseded`` (the mode's reason to give the formation
-        up, if any)."""
+        its store's host), and each member that never arrived; returns ``superseded`` (the
+        mode's reason to give the formation up, if any)."""
         if self.report_silent is None:
             return superseded
-        for rank, silent in sorted(self._silent().items()):
-            if silent >= self.silent_after_s and rank not in self.reported:
+        for rank, (silent, how) in sorted(self._silent().items()):
+            due = self.absent_after_s if how == ABSENT else self.silent_after_s
+            if silent >= due and rank not in self.reported:
                 self.reported.add(rank)
-                self.report_silent(rank, silent, STORE if rank == 0 else HOST)
+                self.report_silent(rank, silent, how)
         return superseded
 
     def __enter__(self) -> FormationWatch:
