@@ -61,12 +61,16 @@ def trainer_pid(uid: str) -> int | None:
     return deepest[0] if deepest and depth(deepest[0]) >= 2 else None
 
 
-def drop_packets(pid: int) -> None:
+def drop_packets(pid: int, to: tuple[str, int] | None = None) -> None:
     """Drop every packet in and out of the network namespace of ``pid`` (its pod's): a node
-    that vanished, seen by its peers: no FIN, no RST, no answer."""
-    for chain in ("INPUT", "OUTPUT"):
+    that vanished, seen by its peers: no FIN, no RST, no answer. ``to`` (address, port): only
+    those it sends to that TCP port (a broken route to one service; it still answers all)."""
+    rules = [["INPUT", "-j", "DROP"], ["OUTPUT", "-j", "DROP"]]
+    if to is not None:
+        rules = [["OUTPUT", "-p", "tcp", "-d", to[0], "--dport", str(to[1]), "-j", "DROP"]]
+    for rule in rules:
         subprocess.run(
-            ["nsenter", "-t", str(pid), "-n", "iptables", "-I", chain, "-j", "DROP"],
+            ["nsenter", "-t", str(pid), "-n", "iptables", "-I", *rule],
             check=True,
             capture_output=True,
             timeout=30,

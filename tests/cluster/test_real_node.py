@@ -24,7 +24,7 @@ import yaml
 from kubernetes import client
 from tests import kube as k
 from tests.cluster.operator_harness import Jobs, shrinking_pair, torchjob
-from tests.cluster.pod_procs import drop_packets, freeze_pod, thaw, trainer_pid
+from tests.cluster.pod_procs import drop_packets, freeze_pod, pod_processes, thaw, trainer_pid
 from tests.cluster.realnode import (
     NODE_LABEL,
     REPO,
@@ -790,6 +790,73 @@ def test_a_pod_whose_packets_are_dropped_is_found_silent_and_the_survivor_goes_o
     assert status.get("lastFailure") is None, "a silent peer is no failure"
     assert (status["restarts"], status["disruptions"]) == (0, 1), status
     assert_resumed_from_memory(read_events(events), lost_gen=0)
+
+
+def test_a_replacement_that_cannot_reach_the_store_is_named_absent_and_rank_0_stays(
+    real_jobs: Jobs, storage: Path
+) -> None:
+    """A replacement whose route to rank 0's store is broken (its packets to the store's port
+    dropped; it still reaches the API server and answers every connect): the generation that
+    names it cannot form. Its own store probe finds rank 0's store silent and says so within
+    seconds; the two survivors reached the store and say nothing of rank 0, so that lone
+    report counts for nothing (it took rank 0's pod out of the job). Once the formation has
+    waited 30 s, the survivors read who has arrived and name the replacement ``absent``: the
+    operator takes it for lost (never charged), the job goes on from the survivors' memory
+    with rank 0 where it was, and a second replacement joins."""
+    events = storage / "events.jsonl"
+    gate = storage / "gate"
+    gate.mkdir()
+    body = shrinking_three("away", storage, events, steps=60)
+    # Generations: 0 (three pods), 1 (pod 2 lost: two), 2 (with the replacement: never
+    # forms), 3 (without it), 4 (a second replacement): the last step holds until then.
+    env = body["spec"]["template"]["spec"]["containers"][0]["env"]
+    env.append({"name": "HARD_LOSS_GATE_DIR", "value": str(gate)})
+    for var in env:
+        if var["name"] == "HARD_LOSS_HOLD_UNTIL_GENERATION":
+            var["value"] = "4"
+    real_jobs.apply(body)
+    pods = real_jobs.wait_running_pods("away", 3, generation=0, timeout=300)
+    first = {p.metadata.uid for p in pods}
+    victim = next(p for p in pods if p.metadata.name == "away-worker-2")
+    rank0_ip = next(p.status.pod_ip for p in pods if p.metadata.name == "away-worker-0")
+    ten_steps(real_jobs, "away", events)
+    pid = k.wait_for(lambda: trainer_pid(victim.metadata.uid), 30, "pod 2's trainer process")
+    os.kill(pid, signal.SIGKILL)
+
+    def replacement() -> tuple[str, int] | None:
+        for p in real_jobs.pods("away"):
+            procs = p.metadata.uid not in first and pod_processes(p.metadata.uid)
+            if procs:
+                return p.metadata.name, procs[-1][0]
+        return None
+
+    joiner, joiner_pid = k.wait_for(replacement, 240, "the replacement's processes")
+    drop_packets(joiner_pid, to=(rank0_ip, contract.DEFAULT_RDZV_PORT))
+    (gate / "open").touch()
+    status = wait_finished(real_jobs, "away", timeout=600)
+    assert status["phase"] == "Succeeded", pod_logs(real_jobs, "away")
+    assert status.get("lastFailure") is None and status["restarts"] == 0, status
+    hows = {(w["pod"], w["by"], w.get("how")) for w in status.get("silentWorkers") or []}
+    survivors = ("away-worker-0", "away-worker-1")
+    assert {(joiner, by, "absent") for by in survivors} & hows, hows
+    assert ("away-worker-0", joiner, "store") in hows, f"the lone report was made: {hows}"
+    history = status["history"]
+    left = [
+        (r["generation"], r["cause"], x.split("@")[0]) for r in history for x in r.get("left") or ()
+    ]
+    assert not [x for x in left if x[2] == "away-worker-0"], f"rank 0's pod left: {history}"
+    gone = [g for g, cause, pod in left if (cause, pod) == ("SilentPeer", joiner)]
+    assert gone, f"{joiner} never left: {history}"
+    evs = read_events(events)
+    # The generation that named it never formed: nobody restored in it.
+    assert not [e for e in evs if e["ev"] == "restored" and e["gen"] == gone[0] - 1], evs
+    assert not [e for e in evs if e["ev"] == "restored" and e["source"] == "storage"]
+    leads = {e["pod"] for e in evs if e["ev"] == "restored" and e["rank"] == 0}
+    assert leads == {"away-worker-0"}, f"rank 0 moved: {leads}"
+    final = [e for e in evs if e["ev"] == "final"]
+    last = [e for e in final if e["gen"] == max(e["gen"] for e in final)]
+    assert sorted(e["rank"] for e in last) == [0, 1, 2], last
+    assert all(e["params"] == last[0]["params"] for e in last), "parameters equal across ranks"
 
 
 def test_a_silent_rank_0_and_its_node_mate_are_found_without_its_store_and_leave_together(

@@ -6,7 +6,9 @@ steps as the fallback).
 
 Appends one JSON line per event to EVENTS (a file on the storage the pods share), each with
 the pod, the pid, the rank, the world size and the generation (HARD_LOSS_HOLD_UNTIL_GENERATION=N: after the last
-step, keep reporting until the job runs generation N): ``restored`` (where the
+step, keep reporting until the job runs generation N; HARD_LOSS_GATE_DIR=D: a pod created for
+a later generation than 0, a replacement, waits before it starts until D/open exists, so that
+a test can set up a fault in it first): ``restored`` (where the
 state came from: ``start``, ``memory`` or ``storage``, and its step), ``step`` (after each
 step's report: the restore point holds it) and ``final`` (the parameters' checksum, every
 rank, at the end).
@@ -102,7 +104,17 @@ def train_func(config: dict[str, float]) -> None:
     emit("final", step=step, params=[float(v) for v in params])
 
 
+def wait_at_the_gate() -> None:
+    """HARD_LOSS_GATE_DIR: a replacement waits here, before its runtime starts (so it is not
+    Ready, and no generation names it), until the test opens the gate."""
+    gate = os.environ.get("HARD_LOSS_GATE_DIR")
+    if gate and int(os.environ.get("TORCHJOB_GENERATION", "0")) > 0:
+        while not os.path.exists(os.path.join(gate, "open")):
+            time.sleep(0.1)
+
+
 if __name__ == "__main__":
+    wait_at_the_gate()
     steps, step_seconds, ckpt_every = int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
     TorchTrainer(
         train_func,

@@ -27,17 +27,22 @@ def format_ms(t: datetime) -> str:
 def reported(
     view: JobView,
     status: dict,
-    *reports: tuple[str, int, str],
+    *reports: tuple[str, int, str] | tuple[str, int, str, str],
     how: str | None = None,
     at_s: float | None = None,
 ) -> JobView:
-    """``view`` once survivors patched ``status.silentWorkers`` with ``reports`` (``how``:
-    absent, as an older runtime writes them, or ``heartbeat`` / ``store``; ``at_s``: when they
-    were made, absent as an older runtime writes them)."""
-    extra: dict = {} if how is None else {"how": how}
-    if at_s is not None:
-        extra["at"] = format_ms(at(at_s))
-    body = [{"pod": p, "generation": g, "by": by, "seconds": 10.5, **extra} for p, g, by in reports]
+    """``view`` once survivors patched ``status.silentWorkers`` with ``reports`` (pod,
+    generation, reporter, and its own ``how`` if given; ``how``: absent, as an older runtime
+    writes them, or ``heartbeat`` / ``store`` / ``host`` / ``absent``; ``at_s``: when they were
+    made, absent as an older runtime writes them)."""
+    extra: dict = {} if at_s is None else {"at": format_ms(at(at_s))}
+    body = []
+    for p, g, by, *own in reports:
+        said = own[0] if own else how
+        body.append(
+            {"pod": p, "generation": g, "by": by, "seconds": 10.5, **extra}
+            | ({} if said is None else {"how": said})
+        )
     return with_state(view, {**status, "silentWorkers": body})
 
 
@@ -201,3 +206,35 @@ def test_a_report_of_the_generation_before_counts_for_a_pod_carried_into_this_on
     # Two generations back is too old, and a report of this generation still counts alone.
     stale = reported(view, grown.status, ("tj-worker-1", 0, "tj-worker-0"))
     assert plan(stale, up, at(22)).status["currentGeneration"] == 2
+
+
+def test_a_replacement_cut_off_from_the_store_does_not_take_rank_0_out_of_the_job() -> None:
+    """A generation of three pods forms; pod 2 (the replacement) cannot reach rank 0's store
+    (its route to it is broken) and its store probe names rank 0's pod after 5 s, while pod 1
+    arrived there and says nothing. One of the two other members: no majority, and that
+    report never counts (it took rank 0's pod out of the job 3 s later). Once the others name
+    pod 2 absent (the formation's arrivals, 30 s), pod 2 goes. Had pod 1 found the store
+    silent too, rank 0's pod would have gone; a heartbeat's report needs no majority."""
+    _, view, pods = step(elastic_keep(3, 2), [], 0)
+    up = [running(p) for p in pods]
+    settled, view, _ = step(view, up, 1)
+    lone = ("tj-worker-0", 0, "tj-worker-2", "store")
+    accused = reported(view, settled.status, lone, at_s=5)
+    waiting = plan(accused, up, at(5 + 10 * RANK0_HOLD_S))
+    assert waiting.status["currentGeneration"] == 0 and waiting.delete == (), waiting.status
+    absent = reported(
+        view,
+        settled.status,
+        lone,
+        ("tj-worker-2", 0, "tj-worker-0", "absent"),
+        ("tj-worker-2", 0, "tj-worker-1", "absent"),
+        at_s=35,
+    )
+    decided = plan(absent, up, at(35.1))
+    assert members(decided.status) == [0, 1] and decided.delete == ("tj-worker-2",)
+    assert decided.status["restarts"] == 0
+    both = reported(view, settled.status, lone, ("tj-worker-0", 0, "tj-worker-1", "store"), at_s=5)
+    gone = plan(both, up, at(5 + RANK0_HOLD_S))
+    assert members(gone.status) == [1, 2] and gone.delete == ("tj-worker-0",), gone.status
+    beat = reported(view, settled.status, ("tj-worker-0", 0, "tj-worker-2", "heartbeat"), at_s=5)
+    assert members(plan(beat, up, at(5 + RANK0_HOLD_S)).status) == [1, 2]

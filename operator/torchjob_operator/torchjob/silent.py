@@ -31,7 +31,19 @@ made (its ``at``; every report its reporter made waits with it), time for rank 0
 report the other side if it is alive, and be believed. A vanished rank 0 costs those
 seconds more; a partition no longer leaves the job to the side cut off from its store
 (tests/cluster/test_real_node.py, seen failing in CI when the operator acted on the first
-report). A report without ``at`` (an older runtime) counts at once. Pure.
+report). A report without ``at`` (an older runtime) counts at once.
+
+While a generation forms, every member but rank 0's pod probes rank 0's store (``how:
+store``, ``torchjob.train.recovery.formation``): when that host is gone, they all find it
+silent in the same seconds. Such reports count only when more than half of the other
+members that nobody reports make them (:func:`_cut_off_from_store`); else their makers are
+the ones cut off from the store (a replacement whose route to it is broken, while the rest
+of the generation arrived there), and none of their reports count. Without this rule such a
+lone report took rank 0's pod, and its state, out of the job 3 s later (``RANK0_HOLD_S``),
+before the others could name the replacement absent (30 s). Reports from the heartbeat
+watchdog need no such majority: a survivor that leaves its broken group stops its watchdog,
+so not every survivor of a vanished rank 0 names it (waiting for all of them stalled the
+fleet bench 33-35 s, 2026-11-30c). Pure.
 """
 
 from __future__ import annotations
@@ -47,6 +59,9 @@ from torchjob_operator.common.clock import parse_time_or_none
 from torchjob_operator.torchjob.observed import PodPhase, PodView
 
 SILENT_REASON = "SilentPeer"
+STORE_HOW = "store"
+"""``SilentWorker.how`` of a forming member's report that rank 0's store did not answer
+(``torchjob.train.recovery.formation.STORE``)."""
 
 
 def carried_over(
@@ -125,11 +140,27 @@ def trusted_reports(
     wait (:func:`held`; without it, none)."""
     waiting = held(reports, generation, members, now, carried) if now is not None else {}
     valid = [r for r in _valid(reports, generation, members, carried) if r.by not in waiting]
+    if cut_off := _cut_off_from_store(valid, members):
+        valid = [r for r in valid if r.by not in cut_off]
     reported = {r.pod for r in valid}
     trusted = [r for r in valid if r.by not in reported]
     if not trusted and valid and members:
         trusted = [r for r in valid if r.by == members[0]]
     return {r.pod: r for r in trusted}
+
+
+def _cut_off_from_store(valid: Sequence[SilentWorker], members: Sequence[str]) -> set[str]:
+    """The makers of the formation's reports that rank 0's store did not answer (``how:
+    store``), when they are no more than half of the other members that nobody reports: they
+    are the ones cut off from it (see the module docstring)."""
+    if not members:
+        return set()
+    reported = {r.pod for r in valid}
+    others = {m for m in members[1:] if m not in reported}
+    accusers = {
+        r.by for r in valid if r.pod == members[0] and r.how == STORE_HOW and r.by in others
+    }
+    return set() if 2 * len(accusers) > len(others) else accusers
 
 
 def left_silent(history: Sequence[GenerationRecord]) -> dict[str, int]:

@@ -245,7 +245,7 @@ class Controller:
                 self.mode.await_own_generation(self, view)
             except GenerationTimeout as timeout:
                 if self.stop_requested.is_set():
-                    self._raise_stopped(None)
+                    self._raise_stopped(None, view)
                 ended = self.mode.watch.read()
                 if ended is not None and ended.phase == "Succeeded":
                     # A standby (or joiner) the job never needed: the job is done, so is it.
@@ -278,10 +278,7 @@ class Controller:
                 case Finished(outcomes):
                     return self.record.final_result(self.storage, outcomes)
                 case Stopped(at_report):
-                    told = self.notice.tell()  # the ticks may have ended before it was seen
-                    if told is not None:
-                        view.message(f"[torchjob] {told}")
-                    self._raise_stopped(at_report)
+                    self._raise_stopped(at_report, view)
                 case Errored(err, message):
                     self._raise_failed(err, message)
                 case _:
@@ -326,15 +323,14 @@ class Controller:
         )
         try:
             forming = time.monotonic()
-            # While the workers form, a silent store host is reported as rank 0, and a
-            # silent member's host as that member (the watchdog runs only once they have
-            # formed); a later generation that leaves out a pod this formation waits for
-            # gives it up.
+            # While the workers form: a silent store host is reported as rank 0, a silent
+            # member's host or a member that never arrives as that member (the watchdog
+            # runs only once they have formed); a later generation that leaves out a pod
+            # this formation waits for gives it up.
+            arrivals = arrivals_of(self.pod, placement, run.facts.generation)
+            peers = self._peers()
             with FormationWatch(
-                placement,
-                run.points.report_silent,
-                peers=self._peers(),
-                arrivals=arrivals_of(self.pod, placement, run.facts.generation),
+                placement, run.points.report_silent, peers=peers, arrivals=arrivals
             ) as watch:
                 run.group = group = self.workers.take(
                     placement,
@@ -395,7 +391,9 @@ class Controller:
             return Errored(timeout, str(timeout))
         return Running(state)
 
-    def _raise_stopped(self, at_report: int | None) -> NoReturn:
+    def _raise_stopped(self, at_report: int | None, view: ProgressView) -> NoReturn:
+        if (told := self.notice.tell()) is not None:  # the ticks may have ended before it
+            view.message(f"[torchjob] {told}")
         raise record.stopped(self.result(), at_report, in_pod=self.pod is not None)
 
     def _raise_failed(self, err: BaseException, message: str) -> NoReturn:
