@@ -21,6 +21,7 @@ intervals, then recorded as skipped), so both systems of a row meet the same los
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import threading
@@ -45,6 +46,8 @@ HOLD_POLL_S = 1.0
 """How often a held loss looks again for something to take (``Losses.take_held``)."""
 NOTICE_DRAIN_BEFORE = 10
 """A notice's drain comes this many seconds before its node goes."""
+LOGS_BEFORE_VANISH_S = 2.0
+"""How long before a noticed node goes the logs of the job's pods still on it are read."""
 NOTICE_PROVIDER = {30: "gke", 120: "aws"}
 """The termination handler whose notice a ``noticeN`` row gives (the taint's key says how long
 the node has: ``torchjob_operator.common.nodes.DEFAULT_NOTICE_TAINTS``)."""
@@ -190,9 +193,12 @@ class Losses:
         with self._lock:
             self.gone.add(node)
         notice = sch.notice_seconds(self.mode)
+        if not notice and self.watch is not None:  # while its kubelet answers, before the
+            self.watch.keep_logs_before_vanish(lost)  # loss's time is taken
         self._note(self.mode, node=node, pods=pods)
         rec = Recovery(time.time(), node, gen_before, step_before, node=node, pods=pods)
         if notice:
+            self._logs_before_vanish(node, notice - LOGS_BEFORE_VANISH_S)
             proc = self.nodes.notice(
                 node,
                 provider=NOTICE_PROVIDER.get(notice, "aws"),
@@ -210,6 +216,19 @@ class Losses:
                 return None
             self._background(node, lambda: None, lost)
         return rec
+
+    def _logs_before_vanish(self, node: str, after_s: float) -> None:
+        """``after_s`` from now, read the logs of the job's pods then on ``node`` (a noticed
+        node, about to vanish): a pod still running there when it goes leaves no log."""
+        if self.watch is None:
+            return
+
+        def read() -> None:
+            time.sleep(max(0.0, after_s))
+            with contextlib.suppress(Exception):  # the logs are extras: the row goes on
+                self.watch.keep_logs_before_vanish(job_pods_on(self.core, self.ns, node))
+
+        threading.Thread(target=read, name=f"logs-{node}", daemon=True).start()
 
     def _background(self, node: str, until_gone: Any, lost: list[Any]) -> None:
         """Bring ``node`` back ``node_return`` seconds after ``until_gone()`` returns: a new

@@ -95,7 +95,7 @@ class PodWatch:
                 rv = None
                 time.sleep(0.2)
 
-    def _keep_log(self, name: str, uid: str) -> None:
+    def _keep_log(self, name: str, uid: str, suffix: str = "") -> threading.Thread:
         """Read an ended pod's log now, beside the watch (the pod may go any moment)."""
 
         def read() -> None:
@@ -104,9 +104,20 @@ class PodWatch:
             except Exception as exc:  # gone already: say so in its place
                 text = f"(log not read: {exc})"
             with self._lock:
-                self.ended_logs[f"{name}-{uid[:8]}"] = text
+                self.ended_logs[f"{name}-{uid[:8]}{suffix}"] = text
 
-        threading.Thread(target=read, daemon=True).start()
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        return thread
+
+    def keep_logs_before_vanish(self, pods: list[Any], within_s: float = 3.0) -> None:
+        """Read the logs of ``pods`` (on a node about to vanish) now, waiting up to
+        ``within_s``: once the node is gone its kubelet answers nothing, and a pod that was
+        still running there would leave no log (``<pod>-<uid>-before-vanish.log``)."""
+        threads = [self._keep_log(p.metadata.name, p.metadata.uid, "-before-vanish") for p in pods]
+        deadline = time.monotonic() + within_s
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def _run_job(self) -> None:
         from kubernetes import watch
