@@ -15,6 +15,7 @@ from tests.unit.test_planner import step
 
 from torchjob.api.models import SilentWorker
 from torchjob_operator.torchjob.nodes import lost_silent
+from torchjob_operator.torchjob.observed import PodView
 from torchjob_operator.torchjob.plan import JobView, plan, with_state
 from torchjob_operator.torchjob.silent import RANK0_HOLD_S, trusted_reports
 
@@ -74,7 +75,6 @@ def test_a_pod_reported_silent_is_an_uncharged_loss_and_the_job_shrinks_at_once(
     [
         ("store", "its store did not answer"),
         ("host", "its host did not answer"),
-        ("absent", "it never joined the forming group"),
     ],
 )
 def test_a_store_or_host_found_silent_is_said_so(how: str, said: str) -> None:
@@ -208,33 +208,72 @@ def test_a_report_of_the_generation_before_counts_for_a_pod_carried_into_this_on
     assert plan(stale, up, at(22)).status["currentGeneration"] == 2
 
 
-def test_a_replacement_cut_off_from_the_store_does_not_take_rank_0_out_of_the_job() -> None:
-    """A generation of three pods forms; pod 2 (the replacement) cannot reach rank 0's store
-    (its route to it is broken) and its store probe names rank 0's pod after 5 s, while pod 1
-    arrived there and says nothing. One of the two other members: no majority, and that
-    report never counts (it took rank 0's pod out of the job 3 s later). Once the others name
-    pod 2 absent (the formation's arrivals, 30 s), pod 2 goes. Had pod 1 found the store
-    silent too, rank 0's pod would have gone; a heartbeat's report needs no majority."""
+def with_a_replacement() -> tuple[JobView, dict, list[PodView], str]:
+    """A 3-pod job (elastic 2..3) that lost pod 2 and grew back with its replacement:
+    generation 2, members [0, 1, the replacement]; the view, its status, the pods (running),
+    and the replacement's name."""
     _, view, pods = step(elastic_keep(3, 2), [], 0)
     up = [running(p) for p in pods]
     settled, view, _ = step(view, up, 1)
-    lone = ("tj-worker-0", 0, "tj-worker-2", "store")
-    accused = reported(view, settled.status, lone, at_s=5)
-    waiting = plan(accused, up, at(5 + 10 * RANK0_HOLD_S))
-    assert waiting.status["currentGeneration"] == 0 and waiting.delete == (), waiting.status
+    view = reported(view, settled.status, ("tj-worker-2", 0, "tj-worker-0"))
+    _, view, pods = step(view, up, 12)
+    going = [*(running(p) for p in pods), replace(up[2], deleting=True)]
+    made, view, pods = step(view, going, 13)
+    assert made.create is not None
+    (joiner,) = made.create.indices
+    grown, view, pods = step(view, [running(p) for p in pods if p.name != "tj-worker-2"], 20)
+    assert grown.status["currentGeneration"] == 2, grown.status
+    assert grown.status["members"] == [0, 1, joiner], grown.status
+    return view, grown.status, [running(p) for p in pods], f"tj-worker-{joiner}"
+
+
+def test_a_replacement_that_never_arrives_is_lost_and_a_survivor_is_never_named_absent() -> None:
+    """``how: absent`` (the formation's arrivals, 30 s): it counts for a pod new in the
+    generation; never for a survivor carried into it (it arrives at its next report, which
+    may be minutes away), nor in generation 0 (pods start as their images come)."""
+    view, status, up, new = with_a_replacement()
+    late = reported(view, status, ("tj-worker-1", 2, "tj-worker-0"), how="absent")
+    kept = plan(late, up, at(60))
+    assert kept.status["currentGeneration"] == 2 and kept.delete == (), kept.status
+    absent = reported(view, status, (new, 2, "tj-worker-0"), how="absent")
+    decided = plan(absent, up, at(60))
+    shrunk = next(e for e in decided.events if e.reason == "ShrunkAfterDisruption")
+    said = f"{new}: silent for 10s (it never joined the forming group; seen by tj-worker-0)"
+    assert said in shrunk.message, shrunk.message
+    assert decided.delete == (new,) and members(decided.status) == [0, 1]
+    assert decided.status["restarts"] == 0
+    _, first, pods = step(elastic_keep(3, 2), [], 0)
+    settled, first, _ = step(first, [running(p) for p in pods], 1)
+    start = reported(first, settled.status, ("tj-worker-2", 0, "tj-worker-0"), how="absent")
+    assert plan(start, [running(p) for p in pods], at(60)).delete == ()
+
+
+def test_a_replacement_cut_off_from_the_store_does_not_take_rank_0_out_of_the_job() -> None:
+    """Generation 2 forms with a replacement that cannot reach rank 0's store (its route to
+    it is broken): its store probe names rank 0's pod after 5 s, while pod 1 arrived there and
+    says nothing. One of the two other members: no majority, and that report never counts
+    (it took rank 0's pod out of the job 3 s later). Once the others name the replacement
+    absent (the formation's arrivals, 30 s), it goes. Had pod 1 found the store silent too,
+    rank 0's pod would have gone; a heartbeat's report needs no majority."""
+    view, status, up, new = with_a_replacement()
+    lone = ("tj-worker-0", 2, new, "store")
+    accused = reported(view, status, lone, at_s=25)
+    waiting = plan(accused, up, at(25 + 10 * RANK0_HOLD_S))
+    assert waiting.status["currentGeneration"] == 2 and waiting.delete == (), waiting.status
     absent = reported(
         view,
-        settled.status,
+        status,
         lone,
-        ("tj-worker-2", 0, "tj-worker-0", "absent"),
-        ("tj-worker-2", 0, "tj-worker-1", "absent"),
-        at_s=35,
+        (new, 2, "tj-worker-0", "absent"),
+        (new, 2, "tj-worker-1", "absent"),
+        at_s=55,
     )
-    decided = plan(absent, up, at(35.1))
-    assert members(decided.status) == [0, 1] and decided.delete == ("tj-worker-2",)
+    decided = plan(absent, up, at(55.1))
+    assert members(decided.status) == [0, 1] and decided.delete == (new,), decided.status
     assert decided.status["restarts"] == 0
-    both = reported(view, settled.status, lone, ("tj-worker-0", 0, "tj-worker-1", "store"), at_s=5)
-    gone = plan(both, up, at(5 + RANK0_HOLD_S))
-    assert members(gone.status) == [1, 2] and gone.delete == ("tj-worker-0",), gone.status
-    beat = reported(view, settled.status, ("tj-worker-0", 0, "tj-worker-2", "heartbeat"), at_s=5)
-    assert members(plan(beat, up, at(5 + RANK0_HOLD_S)).status) == [1, 2]
+    both = reported(view, status, lone, ("tj-worker-0", 2, "tj-worker-1", "store"), at_s=25)
+    gone = plan(both, up, at(25 + RANK0_HOLD_S))
+    assert gone.delete == ("tj-worker-0",), gone.status
+    assert members(gone.status) == [1, int(new.rsplit("-", 1)[1])], gone.status
+    beat = reported(view, status, ("tj-worker-0", 2, new, "heartbeat"), at_s=25)
+    assert plan(beat, up, at(25 + RANK0_HOLD_S)).delete == ("tj-worker-0",)

@@ -23,10 +23,14 @@ from torchjob.launch.layout import StoreLayout, prefixed
 from torchjob.launch.store_probe import HostsProbe, StoreProbe, answered, sweep
 from torchjob.train.recovery.formation import (
     ABSENT_AFTER_S,
+    Absence,
     FormationWatch,
+    absence_of,
     arrivals_reader,
+    newcomer_ranks,
     peer_addresses,
 )
+from torchjob.train.recovery.membership import Membership
 
 
 @pytest.fixture
@@ -269,11 +273,12 @@ def test_a_member_that_never_arrives_is_reported_once_after_the_bound_as_its_pod
     None
 ):
     """bench/results/2026-12-01s notice120-0: two Ready joiners never entered the
-    rendezvous and the survivors waited 108 s. The pod of ranks 6-7 has one rank arrived, not
-    the other: reported (``absent``) once the formation has waited the bound, once, as rank 6;
-    nothing before the bound, nothing while the store cannot tell."""
+    rendezvous and the survivors waited 108 s. The pod of ranks 6-7 (new in the generation)
+    has one rank arrived, not the other: reported (``absent``) once the formation has waited
+    the bound, once, as rank 6; nothing before the bound, nothing while the store cannot
+    tell. The pod of ranks 4-5, a survivor still at its step, is never named."""
     now = [0.0]
-    arrived: list[list[int] | None] = [[0, 1, 2, 3, 4, 5]]
+    arrived: list[list[int] | None] = [[0, 1, 2, 3]]
     reads: list[float] = []
     reports: list[tuple[int, float, str]] = []
 
@@ -286,7 +291,7 @@ def test_a_member_that_never_arrives_is_reported_once_after_the_bound_as_its_pod
         lambda r, s, how: reports.append((r, s, how)),
         5.0,
         lambda a: _Probe(),
-        arrivals=arrivals,
+        absence=Absence(arrivals, frozenset({6})),
         clock=lambda: now[0],
     ) as watch:
         now[0] = ABSENT_AFTER_S - 0.1
@@ -295,7 +300,7 @@ def test_a_member_that_never_arrives_is_reported_once_after_the_bound_as_its_pod
         now[0] = ABSENT_AFTER_S
         watch.check()
         assert reads == [ABSENT_AFTER_S] and reports == []
-        arrived[0] = [0, 1, 2, 3, 4, 5, 6]
+        arrived[0] = [0, 1, 2, 3, 6]
         now[0] = ABSENT_AFTER_S + 1.0
         watch.check()
         assert len(reads) == 1, "read again only every ARRIVALS_EVERY_S"
@@ -314,11 +319,38 @@ def test_a_pod_whose_own_ranks_have_not_arrived_names_nobody() -> None:
         lambda r, s, how: reports.append((r, s, how)),
         5.0,
         lambda a: _Probe(),
-        arrivals=lambda: [0, 1, 2, 3, 4],
+        absence=Absence(lambda: [0, 1, 2, 3, 4], frozenset({2, 6})),
         clock=lambda: now[0],
     ) as watch:
         watch.check()
     assert reports == []
+
+
+def test_only_members_new_in_the_generation_may_be_named_absent() -> None:
+    """``status.history``'s record of the generation says which pods joined in it; their
+    first ranks are the only ones a formation names. Generation 0 has none (its pods start as
+    their images come), and a pod that is the only newcomer names nobody."""
+    pod = pod_env(job_name="tj", namespace="ns", pod_index=4, nproc_per_node=2)
+    status = {
+        "currentGeneration": 3,
+        "replicas": 3,
+        "members": [1, 4, 7],
+        "history": [
+            {"generation": 2, "began": "t", "cause": "Start", "joined": ["tj-worker-1@a"]},
+            {"generation": 3, "began": "t", "cause": "ScaleUp", "joined": ["tj-worker-7@b"]},
+        ],
+    }
+    m = Membership.from_status(status)
+    assert m is not None and m.joined == ("tj-worker-7",)
+    assert newcomer_ranks(pod, m) == {4}
+    placement = _pods_of_two(2)
+    absence = absence_of(pod, placement, m, 3)
+    assert absence is not None and absence.newcomers == {4}
+    assert absence_of(pod, placement, m, 2) is None, "another generation's membership"
+    first = Membership.from_status({**status, "currentGeneration": 0})
+    assert first is not None and first.joined == ()
+    joiner = pod_env(job_name="tj", namespace="ns", pod_index=7, nproc_per_node=2)
+    assert absence_of(joiner, _pods_of_two(4), m, 3) is None, "only itself is new"
 
 
 def test_the_arrivals_are_read_where_the_workers_set_them() -> None:

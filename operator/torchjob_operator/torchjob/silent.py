@@ -17,7 +17,8 @@ is gone, not the job's fault. The generation goes on without it at once (shrunk,
 at full size, uncharged), and the pod is deleted as any pod left out of a generation.
 
 A report counts only when it names a member of the current generation and comes from
-another member. A report of the generation before counts too when both pods were carried
+another member (and a report that a pod never arrived, only for a pod new in it:
+:data:`ABSENT_HOW`). A report of the generation before counts too when both pods were carried
 into this one (members of both, neither new in this one, ``status.history``): a generation
 published for another reason (a grow, a spread's swap) just as a node vanished made the
 survivors' reports of the old generation count for nothing, and the new one lost 10-15 s
@@ -59,6 +60,12 @@ from torchjob_operator.common.clock import parse_time_or_none
 from torchjob_operator.torchjob.observed import PodPhase, PodView
 
 SILENT_REASON = "SilentPeer"
+ABSENT_HOW = "absent"
+"""``SilentWorker.how`` of a forming member's report that a pod never arrived
+(``torchjob.train.recovery.formation.ABSENT``): it counts only for a pod new in the
+generation (not :func:`carried_over`, and not generation 0, whose pods start as their
+images come). A survivor arrives only at its next report, minutes away for a long step,
+and its silence is the heartbeat watchdog's and the host sweep's to find."""
 STORE_HOW = "store"
 """``SilentWorker.how`` of a forming member's report that rank 0's store did not answer
 (``torchjob.train.recovery.formation.STORE``)."""
@@ -103,6 +110,7 @@ def _valid(
             r.generation == generation
             or (r.generation == generation - 1 and r.pod in carried and r.by in carried)
         )
+        and (r.how != ABSENT_HOW or (generation > 0 and r.pod not in carried))
     ]
 
 

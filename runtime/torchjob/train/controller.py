@@ -43,7 +43,7 @@ from torchjob.train.job_status import JobEndpoint, JobStatusReporter
 from torchjob.train.modes import KeepSurvivorsMode, choose_mode
 from torchjob.train.progress import ProgressView
 from torchjob.train.record import RunRecord, run_location, shares_result
-from torchjob.train.recovery.formation import FormationWatch, arrivals_of, peer_addresses
+from torchjob.train.recovery.formation import FormationWatch, absence_of, peer_addresses
 from torchjob.train.recovery.membership import GenerationTimeout, Membership
 from torchjob.train.recovery.notice import Notice
 from torchjob.train.recovery.survivors import (
@@ -327,10 +327,10 @@ class Controller:
             # member's host or a member that never arrives as that member (the watchdog
             # runs only once they have formed); a later generation that leaves out a pod
             # this formation waits for gives it up.
-            arrivals = arrivals_of(self.pod, placement, run.facts.generation)
+            absence = absence_of(self.pod, placement, self._published(), run.facts.generation)
             peers = self._peers()
             with FormationWatch(
-                placement, run.points.report_silent, peers=peers, arrivals=arrivals
+                placement, run.points.report_silent, peers=peers, absence=absence
             ) as watch:
                 run.group = group = self.workers.take(
                     placement,

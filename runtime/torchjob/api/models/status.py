@@ -132,8 +132,10 @@ class SilentWorker(_Model):
             " default), store (the rendezvous store it serves did not answer a connection"
             " while the group formed), or host (its pod's address did not answer a"
             " connection: probed once another member went silent, or while the group"
-            " formed), or absent (its host answered, but a rank of it never entered the"
-            " rendezvous of a group still forming after 30 s)."
+            " formed), or absent (a pod new in the generation whose host answered, but a"
+            " rank of it never entered the rendezvous of a group still forming after 30 s;"
+            " the operator takes it only for such a pod). A store report naming rank 0's pod"
+            " counts only from more than half of the other members nobody reports."
         ),
     )
     at: str | None = Field(

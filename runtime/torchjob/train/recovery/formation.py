@@ -12,14 +12,16 @@ two Ready joiners on a node that had returned 13 s before never entered generati
 rendezvous, and its six survivors waited 108 s, until the operator published the next
 generation for another reason. So each rank sets its arrival key as it enters the rendezvous
 (``StoreLayout.arrival_key``), and a formation still waiting after :data:`ABSENT_AFTER_S`
-reads them: each member pod with a rank that has not arrived is reported (``absent``), once,
-provided this pod's own ranks all have (else this pod may be the one that is late).
+reads them: each member pod new in the generation (a replacement, a joiner: :class:`Absence`)
+with a rank that has not arrived is reported (``absent``), once, provided this pod's own ranks
+all have (else this pod may be the one that is late).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 from torchjob import contract
@@ -27,6 +29,7 @@ from torchjob.launch import Placement
 from torchjob.launch.layout import StoreLayout
 from torchjob.launch.settings import RuntimeSettings
 from torchjob.launch.store_probe import HostsProbe, Probing, Silences, StoreProbe
+from torchjob.train.recovery.membership import Membership
 
 HOST = "host"
 """``SilentWorker.how``: its pod's address did not answer a connect (a sweep of the members'
@@ -48,6 +51,18 @@ ARRIVALS_EVERY_S = 2.0
 
 Arrivals = Callable[[], "Collection[int] | None"]
 """The ranks that have arrived at the rendezvous, or None where the store cannot tell."""
+
+
+@dataclass(frozen=True)
+class Absence:
+    """What a formation needs to name members that never arrive: who has (``arrived``), and
+    the first rank of each member pod new in the generation (``newcomers``), the only ones
+    it names. A survivor arrives only at its next report, minutes away for a long step; its
+    silence is the heartbeat watchdog's and the host sweep's to find. Generation 0 has no
+    newcomers: its pods start as their images come."""
+
+    arrived: Arrivals
+    newcomers: frozenset[int]
 
 
 def peer_address(pod: contract.PodEnv, index: int) -> tuple[str, int]:
@@ -97,14 +112,29 @@ def arrivals_reader(placement: Placement, generation: int, *, use_libuv: bool) -
     return read
 
 
-def arrivals_of(
-    pod: contract.PodEnv | None, placement: Placement, generation: int
-) -> Arrivals | None:
-    """A pod's reader of the arrivals of ``generation`` (None on a laptop, or alone)."""
-    if pod is None or placement.world_size == 1:
+def newcomer_ranks(pod: contract.PodEnv, m: Membership) -> frozenset[int]:
+    """The first rank of each member pod of ``m`` that is new in it (``Membership.joined``)."""
+    nproc = max(1, pod.nproc_per_node)
+    joined = set(m.joined)
+    return frozenset(
+        place * nproc
+        for place, index in enumerate(m.ranked)
+        if contract.worker_pod_name(pod.job_name, index) in joined
+    )
+
+
+def absence_of(
+    pod: contract.PodEnv | None, placement: Placement, m: Membership | None, generation: int
+) -> Absence | None:
+    """What a pod's formation of ``generation`` (published as ``m``) needs to name the new
+    members that never arrive; None on a laptop, alone, or with no new member but itself."""
+    if pod is None or m is None or m.generation != generation or placement.world_size == 1:
+        return None
+    newcomers = newcomer_ranks(pod, m) - {placement.rank_offset}
+    if not newcomers:
         return None
     libuv = RuntimeSettings.from_env().use_libuv
-    return arrivals_reader(placement, generation, use_libuv=libuv)
+    return Absence(arrivals_reader(placement, generation, use_libuv=libuv), newcomers)
 
 
 class FormationWatch:
@@ -128,7 +158,7 @@ class FormationWatch:
         *,
         peers: Mapping[int, tuple[str, int]] | None = None,
         probe_hosts: Callable[[Mapping[int, tuple[str, int]]], Silences[int]] | None = None,
-        arrivals: Arrivals | None = None,
+        absence: Absence | None = None,
         absent_after_s: float = ABSENT_AFTER_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -147,21 +177,22 @@ class FormationWatch:
         if self.report_silent is not None and placement.rank_offset > 0:
             address = (placement.master_addr, placement.master_port)
             self.probe = (probe or (lambda a: StoreProbe(a).start()))(address)
-        self._arrivals = arrivals if self.report_silent is not None else None
+        self._absence = absence if self.report_silent is not None else None
         self.absent_after_s = absent_after_s
         self._placement = placement
         self._read_at = -ARRIVALS_EVERY_S
 
     def _absent(self, waited: float) -> dict[int, float]:
-        """The first rank of each other member pod with a rank that has not arrived, once the
-        formation has waited :attr:`absent_after_s` and this pod's own ranks have arrived."""
-        if self._arrivals is None or waited < self.absent_after_s:
+        """The first rank of each other member pod new in the generation with a rank that has
+        not arrived, once the formation has waited :attr:`absent_after_s` and this pod's own
+        ranks have arrived."""
+        if self._absence is None or waited < self.absent_after_s:
             return {}
         now = self._clock()
         if now - self._read_at < ARRIVALS_EVERY_S:
             return {}
         self._read_at = now
-        arrived = self._arrivals()
+        arrived = self._absence.arrived()
         if arrived is None:
             return {}
         p = self._placement
@@ -171,7 +202,7 @@ class FormationWatch:
             return {}  # this pod is late itself: it names nobody
         return {
             first: waited
-            for first in range(0, p.world_size, nproc)
+            for first in sorted(self._absence.newcomers)
             if first != p.rank_offset
             and not set(range(first, min(first + nproc, p.world_size))) <= set(arrived)
         }

@@ -45,6 +45,9 @@ class Membership:
     """Pod indices in rank order (``status.members``); None: ``0..replicas-1``."""
     leaving: tuple[Leaving, ...] = ()
     """Members given notice, with their deadlines (``status.leavingWorkers``)."""
+    joined: tuple[str, ...] = ()
+    """Pods new in this generation (its ``status.history`` record's ``joined``; none in
+    generation 0): the only members a formation names absent (``recovery.formation``)."""
 
     @property
     def ranked(self) -> tuple[int, ...]:
@@ -77,6 +80,12 @@ class Membership:
             members=s.rank_order(),
             leaving=tuple(
                 Leaving(w.pod, w.reason, _time(w.deadline)) for w in s.leaving_workers or ()
+            ),
+            joined=tuple(
+                x.partition("@")[0]
+                for r in s.history or ()
+                if r.generation == s.current_generation > 0
+                for x in r.joined or ()
             ),
         )
 
