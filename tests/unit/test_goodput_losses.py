@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from bench import _goodput_state as state
 from bench import goodput_losses as gl
+from tests import kube as k
 
 
 def _pod(name: str, node: str, phase: str = "Running", deleting: bool = False) -> Any:
@@ -64,6 +65,9 @@ class _Watch:
     def note(self, what: str, **fields: Any) -> None:
         self.notes.append((what, fields))
 
+    def keep_logs_before_vanish(self, pods: list[Any]) -> None:
+        self.notes.append(("logs", {"pods": [p.metadata.name for p in pods]}))
+
 
 def test_a_vanish_takes_a_node_with_a_running_pod_away_from_the_operator() -> None:
     core, nodes, watch = _cluster(), _Nodes(), _Watch()
@@ -80,9 +84,11 @@ def test_a_vanish_takes_a_node_with_a_running_pod_away_from_the_operator() -> No
     assert losses.join(timeout=10.0) == []  # node_return 0: back at once, in the background
     assert nodes.calls == [("vanish", "real-1"), ("return", "real-1", "False")]
     # A new VM: the lost pods' processes are killed before the return (none on this host here).
-    assert [w for w, _ in watch.notes] == ["vanish", "gone", "returned"]
-    assert watch.notes[0][1] == {"node": "real-1", "pods": ["w1", "w2", "w3"]}
-    assert watch.notes[2][1] == {"node": "real-1", "killed": 0}
+    # The lost pods' logs are read while their kubelet answers, before the loss is noted.
+    assert [w for w, _ in watch.notes] == ["logs", "vanish", "gone", "returned"]
+    assert watch.notes[0][1] == {"pods": ["w1", "w2", "w3"]}
+    assert watch.notes[1][1] == {"node": "real-1", "pods": ["w1", "w2", "w3"]}
+    assert watch.notes[3][1] == {"node": "real-1", "killed": 0}
 
 
 def test_a_node_already_gone_is_not_taken_again_and_nothing_left_is_a_skip() -> None:
@@ -129,6 +135,16 @@ def test_a_node_loss_needs_the_real_nodes() -> None:
     losses = gl.Losses(_cluster(), "job", "notice30", random.Random(0))
     with pytest.raises(RuntimeError, match="needs the real nodes"):
         losses.take(0, 0)
+
+
+def test_a_noticed_node_has_its_pods_logs_read_before_it_goes() -> None:
+    """A notice's node goes ``noticeN`` s later, with the pods still on it then: their logs
+    are read just before (here at once: ``after_s`` 0), from a thread."""
+    watch = _Watch()
+    losses = gl.Losses(_cluster(), "job", "notice30", random.Random(0), _Nodes(), 0.0, watch)
+    losses._logs_before_vanish("real-1", 0.0)
+    k.wait_for(lambda: watch.notes, 10, "the logs read", interval=0.01)
+    assert watch.notes == [("logs", {"pods": ["w1", "w2", "w3"]})]
 
 
 def test_state_is_sized_to_the_stated_mib() -> None:
