@@ -372,6 +372,35 @@ def test_a_notice_on_every_member_keeps_a_donor_when_every_replacement_is_ready_
     assert "KeepingDonor" in reasons(handed)
 
 
+def test_a_loss_keeps_the_leavers_that_still_have_time_when_nobody_else_survives() -> None:
+    """bench/results/2026-12-01s notice120-2, generation 11: two noticed nodes hold every
+    member; those of n1 reach their margin while the replacements still start (not Ready),
+    those of n3 have 30 s left. Taken with the loss, nobody survived and the job restarted at
+    full size from storage (49 s); kept, they lead the next generation with the starting
+    replacements, which receive the state from them, and the drain swaps them out once the
+    other replacements are Ready: never from storage, never charged."""
+    view, up = all_on_one_node(8, 5)
+    up = [on(p, "n1" if p.index < 4 else "n3") for p in up]
+    doomed = [noticed(p, 0, 40) if p.index < 4 else noticed(p, 0, 70) for p in up]
+    first, view, pods = step(view, doomed, 10)
+    assert first.create is not None and first.create.indices == tuple(range(8, 16))
+    view = with_state(view, {**first.status, "progress": formed_at(0)})
+    starting = [replace(on(p, "n2"), joiner=True, ready=False) for p in pods[8:]]
+    lost, view, pods = step(view, [*doomed, *starting], 31)  # n1 inside its 10 s margin
+    st = lost.status
+    assert (st["currentGeneration"], st["members"]) == (1, [4, 5, 6, 7, 8, 9, 10, 11]), st
+    assert [w["pod"] for w in st["leavingWorkers"]] == [f"tj-worker-{i}" for i in (4, 5, 6, 7)]
+    assert sorted(lost.delete) == [f"tj-worker-{i}" for i in range(4)]
+    assert (st["restarts"], st["disruptions"]) == (0, 1), st
+    # Generation 1 formed (its newcomers hold the state now); the other four are Ready.
+    view = with_state(view, {**st, "progress": formed_at(1)})
+    ready = [on(replace(p, joiner=p.index >= 12), "n2") if p.index >= 8 else p for p in pods]
+    swapped = plan(view, ready, at(40))
+    assert swapped.status["currentGeneration"] == 2
+    assert swapped.status["members"] == list(range(8, 16)), swapped.status
+    assert sorted(swapped.delete) == [f"tj-worker-{i}" for i in (4, 5, 6, 7)]
+
+
 def formed_at(generation: int) -> dict[str, Any]:
     """``status.progress``: rank 0 reported generation ``generation``'s first step."""
     return {"step": 5, "generation": generation, "firstStepTime": "2026-01-01T00:00:05.000Z"}

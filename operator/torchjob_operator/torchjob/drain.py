@@ -21,7 +21,7 @@ a measured lead before the deadline, it is ready in time and sees most of those 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -161,11 +161,28 @@ def _taken(p: PodView) -> PodView:
     return replace(p, disruption=REBALANCED if p.notice == REBALANCE else NODE_NOTICE)
 
 
-def taken(current: Sequence[PodView], keep: int | None = None) -> list[PodView]:
+def taken(current: Sequence[PodView], keep: Collection[int] = ()) -> list[PodView]:
     """The members with each on a noticed node marked taken: after a loss none of them is
-    kept into the next generation (its node is going), as no evicted pod is; but ``keep``
-    (``Decision.donor``), which is kept to hand its state over."""
-    return [p if p.index == keep else _taken(p) for p in current]
+    kept into the next generation (its node is going), as no evicted pod is; but those of
+    ``keep`` (:func:`kept_after_loss`), which are kept to hand their state over."""
+    return [_held(p) if p.index in keep else _taken(p) for p in current]
+
+
+def kept_after_loss(d: Decision, current: Sequence[PodView]) -> frozenset[int]:
+    """The members given notice that a loss does not take with it: the donor
+    (``Decision.donor``); and, when no other member survives the loss, every leaver that may
+    still train (``Decision.leaving``). They hold the state: taken with the loss, the job
+    restarted at full size from storage while they had seconds to train
+    (bench/results/2026-12-01s notice120-2, generation 11: two noticed nodes held every
+    member, those of the first went inside their margin, the four of the second had 28 s
+    left, and their replacements were not yet Ready: 49 s to the first step). Kept, they
+    lead the next generation and the replacements receive the state from them; the drain
+    swaps them out once their replacements are Ready."""
+    if d.donor is not None:
+        return frozenset({d.donor})
+    if not d.leaving or any(survives(p) for p in taken(current)):
+        return frozenset()
+    return frozenset(d.leaving)
 
 
 def formed(d: Decision) -> bool:
@@ -244,6 +261,7 @@ __all__ = [
     "draining",
     "drains",
     "formed",
+    "kept_after_loss",
     "leavers",
     "replace_at",
     "replacement_lead",

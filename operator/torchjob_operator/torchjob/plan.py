@@ -60,7 +60,7 @@ from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.events import Event
 from torchjob_operator.torchjob import history
 from torchjob_operator.torchjob.decision import CreatePods, Decision, JobView, Plan
-from torchjob_operator.torchjob.drain import draining, taken
+from torchjob_operator.torchjob.drain import draining, kept_after_loss, taken
 from torchjob_operator.torchjob.elastic import fit_to_capacity, joiners, ready_joiners
 from torchjob_operator.torchjob.ending import (
     MAX_REQUEUE_S,
@@ -226,7 +226,7 @@ def plan(
         return _plan(succeed(d, pods, stranded), pods, current)
     if verdict.outcome == Outcome.SUCCEEDED:
         return _plan(succeed(d, pods), pods, current)
-    d, ended = after_loss(d, verdict, taken(current, keep=d.donor), pods)
+    d, ended = after_loss(d, verdict, taken(current, kept_after_loss(d, current)), pods)
     if ended:
         return _plan(d, pods, current)
     if spec.elastic is not None and verdict.outcome == Outcome.HEALTHY:
