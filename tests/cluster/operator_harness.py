@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from tests import kube as k
@@ -226,9 +225,10 @@ class Jobs:
     def apply(self, manifest: dict[str, Any]) -> None:
         # A hang guard, not a measure: an apply took over 60 s on a machine at load 23
         # (kubectl's discovery and the admission of a large pod template). It is idempotent.
-        self.kubectl(
-            "apply", "--server-side", "-f", "-", input=yaml.safe_dump(manifest), timeout=180.0
-        )
+        # JSON, not YAML: PyYAML (YAML 1.1) writes a random tag such as 6576e281 unquoted, and
+        # kubectl's YAML reads it as a float ("expected string, got ... 6.576e+285": CI,
+        # 2026-12-01, test_elastic_job_shrinks_to_capacity_and_grows_back's uuid tag).
+        self.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(manifest), timeout=180.0)
 
     def get(self, name: str) -> dict[str, Any] | None:
         try:
