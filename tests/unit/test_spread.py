@@ -11,7 +11,7 @@ from tests.unit.builders import at
 from tests.unit.test_nodes import elastic, on, reasons
 from tests.unit.test_planner import step
 
-from torchjob.api.models import Phase, TorchJobSpec
+from torchjob.api.models import GenerationRecord, Phase, TorchJobSpec
 from torchjob_operator.common.nodes import NodeView, node_view
 from torchjob_operator.torchjob.drain import REBALANCE
 from torchjob_operator.torchjob.observed import PodPhase, PodView
@@ -209,14 +209,26 @@ def test_the_replacement_body_stays_off_the_crowded_node_and_a_tolerated_taint_i
     ]
 
 
-def test_the_moves_of_a_spread_go_together_in_one_re_formation() -> None:
-    """8 pods, 4 on n0 and 4 on n1, n2 back and empty: one member of each crowded node moves
-    to n2 (4, 4, 0 -> 3, 3, 2), both replacements start at once, and both swap in one
-    generation once both are Ready."""
+def halves(*causes: str) -> tuple[JobView, list[PodView]]:
+    """8 pods, 4 on n0 and 4 on n1, n2 back and empty, generation 0 begun at 0 s; the job's
+    history holds earlier generations begun for ``causes``."""
     view = replace(elastic(8), nodes=nodes("n0", "n1", "n2"))
     _, view, pods = step(view, [], 0)
     up = [on(p, "n0" if p.index < 4 else "n1") for p in pods]
     _, view, _ = step(view, up, 1)
+    (now,) = view.state.history
+    past = tuple(
+        GenerationRecord(generation=-i, began=now.began, cause=c, world_size=8)
+        for i, c in enumerate(causes, 1)
+    )
+    return replace(view, state=replace(view.state, history=(*past, now))), up
+
+
+def test_the_moves_of_a_spread_go_together_in_one_re_formation() -> None:
+    """8 pods, 4 on n0 and 4 on n1, n2 back and empty, after a node lost without notice: one
+    member of each crowded node moves to n2 (4, 4, 0 -> 3, 3, 2), both replacements start at
+    once, and both swap in one generation once both are Ready."""
+    view, up = halves("Notice", "NodeLost")
     moving, view, pods = step(view, up, SETTLE_S + 1)
     assert moving.create is not None
     assert (moving.create.indices, moving.create.avoid) == ((8, 9), ("n0", "n1"))
@@ -227,3 +239,19 @@ def test_the_moves_of_a_spread_go_together_in_one_re_formation() -> None:
     assert swapped.status["currentGeneration"] == 1
     assert sorted(swapped.delete) == ["tj-worker-3", "tj-worker-7"]
     assert sorted(swapped.status["members"]) == [0, 1, 2, 4, 5, 6, 8, 9]
+
+
+def test_a_job_whose_losses_all_came_with_notice_moves_only_off_a_node_with_over_half() -> None:
+    """A move costs a re-formation, and a node lost with notice costs one whatever it holds:
+    4, 4, 0 stays while every loss so far came with notice (or was a move), and moves once
+    the job has lost a pod its peers found silent; 3 of 4 on one node moves at once
+    (``test_a_crowded_job_moves_...``)."""
+    view, up = halves("Notice", "Rebalance", "Notice", "Killed")
+    for t in (SETTLE_S + 1, SETTLE_S + 30, SETTLE_S + WINDOW_S - 1):
+        stays = plan(view, up, at(t))
+        assert stays.create is None and "Rebalancing" not in reasons(stays), t
+        assert stays.status.get("leavingWorkers") is None
+    view, up = halves("Notice", "SilentPeer")
+    moving = plan(view, up, at(SETTLE_S + 1))
+    assert moving.create is not None and moving.create.indices == (8, 9)
+    assert "Rebalancing" in reasons(moving)

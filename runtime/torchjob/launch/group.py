@@ -287,24 +287,29 @@ class WorkerGroup(Survivors):
                 return True
         return False
 
-    def shutdown(self, timeout_s: float = 10) -> None:
-        """Ask workers to exit; kill those still alive after ``timeout_s`` (and their children)."""
+    def shutdown(self, timeout_s: float = 10) -> int:
+        """Ask workers to exit; kill those still alive after ``timeout_s`` (and their children).
+        Returns how many had to be killed."""
+        killed = 0
         for w in self._workers:
             if w.conn is not None and w.proc.poll() is None and not self.state.broken:
                 with contextlib.suppress(OSError):
                     w.conn.send(Exit())
         deadline = time.monotonic() + timeout_s
         for w in self._workers:
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            try:
                 w.proc.wait(
                     timeout=max(0.0, deadline - time.monotonic()) if timeout_s > 0 else 0.01
                 )
+            except subprocess.TimeoutExpired:
+                killed += 1
             self._reap(w)  # killed if still alive, with what it started (DataLoader workers)
         self._workers = []
         if self._server is not None:
             self._server.close()
             self._server = None
         self._store.stop()  # after the workers: they may still ask
+        return killed
 
     def __enter__(self) -> WorkerGroup:
         self.start()

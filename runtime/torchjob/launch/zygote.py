@@ -219,19 +219,22 @@ class Zygote:
             self.proc.poll()
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Close the zygote's socket (it exits) and wait for it."""
+        """Close the zygote's socket (it exits) and wait for it; said in the log when slow
+        (a stopping pod is paid for until it is gone)."""
         self.close()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if isinstance(self.proc, int):
-                try:
-                    if os.waitpid(self.proc, os.WNOHANG)[0]:
-                        return
-                except ChildProcessError:
-                    return
-            elif self.proc.poll() is not None:
-                return
+        t0 = time.monotonic()
+        while not self._gone() and time.monotonic() < t0 + timeout_s:
             time.sleep(0.01)
+        if (took := time.monotonic() - t0) > 2.0:
+            print(f"[torchjob] the {self.kind} zygote took {took:.1f}s to exit", file=sys.stderr)
+
+    def _gone(self) -> bool:
+        if isinstance(self.proc, int):
+            try:
+                return bool(os.waitpid(self.proc, os.WNOHANG)[0])
+            except ChildProcessError:
+                return True
+        return self.proc.poll() is not None
 
 
 def _valid(fd: int) -> bool:

@@ -9,6 +9,7 @@ for a membership change, and re-formed in place for the next generation.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,6 +27,25 @@ from torchjob.train.recovery import shm_keep
 from torchjob.train.steps import TrainerSettings
 
 log = logging.getLogger(__name__)
+
+
+SLOW_EXIT_S = 2.0
+"""Worker processes that take longer than this to exit when asked are named in the log."""
+
+
+def _timed_shutdown(group: WorkerGroup, timeout_s: float) -> None:
+    """``group.shutdown``, said in the log when it was slow: a pod that stops is paid for
+    until its processes are gone (a leaver beside its replacement)."""
+    t0 = time.monotonic()
+    killed = group.shutdown(timeout_s=timeout_s)
+    took = time.monotonic() - t0
+    if took > SLOW_EXIT_S or killed:
+        print(
+            f"[torchjob] the worker processes took {took:.1f}s to exit"
+            + (f" ({killed} killed after {timeout_s:g}s)" if killed else ""),
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def backend(configured: str | None, pod: PodEnv | None) -> str:
@@ -187,12 +207,12 @@ class Workers:
         if keep and (group.can_reform(placement) or self._heals(group)):
             self._kept = group
             return True
-        group.shutdown(timeout_s=timeout_s)
+        _timed_shutdown(group, timeout_s)
         return False
 
     def release(self) -> None:
         if self._kept is not None:
-            self._kept.shutdown(timeout_s=10)
+            _timed_shutdown(self._kept, 10)
             self._kept = None
         shm_keep.remove_dir(self.shm_dir)
         self.shm_dir, self._shm_tried = None, False
