@@ -247,6 +247,26 @@ def test_a_notice_shorter_than_the_lead_or_an_eviction_creates_the_replacement_a
     assert now.create is not None and now.create.indices == (4,)
 
 
+def test_a_notice_on_more_than_half_of_the_members_does_not_wait_for_the_measured_lead() -> None:
+    """Most of the job going at once: its replacements start together, slower than any start
+    the job measured, and a late swap would restart it from storage; they start at once. Half
+    of it waits for the lead, and so does a lead the spec sets."""
+    view, up = started(elastic())
+    up[3] = measured(up[3], 20.0)  # lead 60 s
+    half = plan(view, [noticed(up[0], 10), noticed(up[1], 10), up[2], up[3]], at(10))
+    assert half.create is None and "ReplacingLater" in reasons(half)
+    most = [noticed(up[0], 10), noticed(up[1], 10), noticed(up[2], 10), up[3]]
+    now = plan(view, most, at(10))
+    assert now.create is not None and now.create.indices == (4, 5, 6)
+    assert "ReplacingLater" not in reasons(now)
+    builder = job().replicas(4).elastic(1, 4).keep_survivors()
+    builder.spec["elastic"] |= {"shrinkOnDisruption": True, "replacementLeadSeconds": 30}
+    view, up = started(builder.build())
+    told = plan(view, [noticed(up[0], 10), noticed(up[1], 10), noticed(up[2], 10), up[3]], at(10))
+    assert told.create is None
+    assert {w["replaceAt"] for w in told.status["leavingWorkers"]} == {"2026-01-01T00:01:40Z"}
+
+
 def test_the_spec_sets_the_lead_and_a_job_that_measured_nothing_replaces_at_once() -> None:
     view, up = started(elastic())
     pods = [up[0], noticed(up[1], 10), up[2], up[3]]

@@ -80,7 +80,7 @@ def carried_over(
     record = next((h for h in reversed(history) if h.generation == generation), None)
     if record is None or generation == 0:
         return frozenset()
-    joined = {x.partition("@")[0] for x in record.joined or ()}
+    joined = record.joined_pods()
     return frozenset(m for m in members if m not in joined)
 
 

@@ -67,3 +67,7 @@ class GenerationRecord(_Model):
     steps_lost: int | None = Field(
         default=None, description="Steps done before the loss and done again after it."
     )
+
+    def joined_pods(self) -> frozenset[str]:
+        """The names of the pods new in this generation (``joined`` without ``@node``)."""
+        return frozenset(x.partition("@")[0] for x in self.joined or ())

@@ -82,10 +82,12 @@ class Membership:
                 Leaving(w.pod, w.reason, _time(w.deadline)) for w in s.leaving_workers or ()
             ),
             joined=tuple(
-                x.partition("@")[0]
-                for r in s.history or ()
-                if r.generation == s.current_generation > 0
-                for x in r.joined or ()
+                sorted(
+                    name
+                    for r in s.history or ()
+                    if r.generation == s.current_generation > 0
+                    for name in r.joined_pods()
+                )
             ),
         )
 
