@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -132,8 +133,14 @@ def settle() -> None:
     with _lock:  # a thread in within() between its check and its start would slip by
         _closing.set()
         pending = dict(_pending)
+    t0 = time.monotonic()
     for thread, until in pending.items():
         thread.join(timeout=max(0.0, until - time.monotonic()))
+    if (took := time.monotonic() - t0) > 2.0:  # a stopping pod is paid for until it is gone
+        print(
+            f"[torchjob] waited {took:.1f}s at exit for {len(pending)} store request(s)",
+            file=sys.stderr,
+        )
 
 
 def _answers(store: Any, timeout: timedelta) -> bool:
