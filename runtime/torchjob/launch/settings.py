@@ -27,6 +27,10 @@ from torchjob.launch.layout import StoreLayout
 WorkerStart = Literal["auto", "zygote", "fork", "spawn"]
 WORKER_STARTS: Final = ("auto", "zygote", "fork", "spawn")
 
+SLOW_EXIT_S: Final = 2.0
+"""A part of a pod's exit (its worker processes, a zygote, in-flight store requests) that
+takes longer is said in the log: a stopping pod is paid for until it is gone."""
+
 ENV_SILENT_PEER_S: Final = "TORCHJOB_SILENT_PEER_S"
 ENV_WORKER_START: Final = "TORCHJOB_WORKER_START"
 ENV_START_TIMEOUT_S: Final = "TORCHJOB_WORKER_START_TIMEOUT_S"

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 from torchjob.launch.layout import StoreLayout
 from torchjob.launch.placement import Placement
+from torchjob.launch.settings import SLOW_EXIT_S
 
 T = TypeVar("T")
 
@@ -136,7 +137,7 @@ def settle() -> None:
     t0 = time.monotonic()
     for thread, until in pending.items():
         thread.join(timeout=max(0.0, until - time.monotonic()))
-    if (took := time.monotonic() - t0) > 2.0:  # a stopping pod is paid for until it is gone
+    if (took := time.monotonic() - t0) > SLOW_EXIT_S:
         print(
             f"[torchjob] waited {took:.1f}s at exit for {len(pending)} store request(s)",
             file=sys.stderr,

@@ -51,7 +51,7 @@ from torchjob.launch.cuda_guard import (
     openmp_pool_started,
 )
 from torchjob.launch.errors import EXIT_UNKNOWN
-from torchjob.launch.settings import RuntimeSettings
+from torchjob.launch.settings import SLOW_EXIT_S, RuntimeSettings
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ class Zygote:
         t0 = time.monotonic()
         while not self._gone() and time.monotonic() < t0 + timeout_s:
             time.sleep(0.01)
-        if (took := time.monotonic() - t0) > 2.0:
+        if (took := time.monotonic() - t0) > SLOW_EXIT_S:
             print(f"[torchjob] the {self.kind} zygote took {took:.1f}s to exit", file=sys.stderr)
 
     def _gone(self) -> bool:

@@ -19,7 +19,7 @@ from torchjob import contract
 from torchjob.contract import PodEnv
 from torchjob.launch import LaunchError, Placement, WorkerGroup
 from torchjob.launch.policy import RunState
-from torchjob.launch.settings import ENV_RESTORE_POINT_DIR, RuntimeSettings
+from torchjob.launch.settings import ENV_RESTORE_POINT_DIR, SLOW_EXIT_S, RuntimeSettings
 from torchjob.launch.startup import Abandon
 from torchjob.train._spec import WorkerSpec
 from torchjob.train.progress import ProgressView
@@ -27,10 +27,6 @@ from torchjob.train.recovery import shm_keep
 from torchjob.train.steps import TrainerSettings
 
 log = logging.getLogger(__name__)
-
-
-SLOW_EXIT_S = 2.0
-"""Worker processes that take longer than this to exit when asked are named in the log."""
 
 
 def _timed_shutdown(group: WorkerGroup, timeout_s: float) -> None:
