@@ -250,7 +250,7 @@ def test_after_a_keep_survivors_loss_the_regrown_generation_ranks_each_rack_toge
     body["spec"]["elastic"] = {"minReplicas": 8, "maxReplicas": 24, "shrinkOnDisruption": True}
     jobs.apply(body)
     pods = jobs.wait_running_pods("ring", 24, generation=1, timeout=240)
-    first = jobs.status("ring")["currentGeneration"]
+    first = 1  # the generation the pods above run in (the status may show it a moment later)
     on = _node_labels(jobs, pods)
     runs = [len(list(group)) for _, group in groupby(on[i][RACK] for i in sorted(on))]
     assert runs == [8, 8, 8], on
