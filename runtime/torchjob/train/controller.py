@@ -35,7 +35,7 @@ from torchjob.contract import Member, PodEnv, Role, Standby
 from torchjob.launch import LaunchError
 from torchjob.launch.policy import RestartGroup, RunState, next_generation
 from torchjob.launch.termination import with_oom_evidence
-from torchjob.train import _session, record, workers
+from torchjob.train import _session, record, teardown, workers
 from torchjob.train._spec import WorkerSpec
 from torchjob.train._worker_loop import run_training
 from torchjob.train.generation import GenerationRun
@@ -218,13 +218,17 @@ class Controller:
                 result, failed = self._loop(view), False
                 return result
         finally:
-            restore()
-            self.notice.cancel()
-            self.workers.release()
-            self.tracking.end(failed=failed)
-            _session.set_fit_led(self._leads())
-            if self._job_status is not None:
-                self._job_status.close()
+            status = self._job_status
+            teardown.run_steps(
+                (
+                    ("signal handler", restore),
+                    ("notice", self.notice.cancel),
+                    ("workers", self.workers.release),
+                    ("tracking", lambda: self.tracking.end(failed=failed)),
+                    ("session", lambda: _session.set_fit_led(self._leads())),
+                    ("job status", lambda: None if status is None else status.close()),
+                )
+            )
 
     def _loop(self, view: ProgressView) -> Result:
         storage = self.storage

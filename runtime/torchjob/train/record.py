@@ -17,7 +17,7 @@ from torchjob.checkpoint import CheckpointError, CheckpointStorage, rank_checkpo
 from torchjob.contract import PodEnv
 from torchjob.launch import LaunchError, WorkerGroupError
 from torchjob.launch.termination import failure_message, write_termination_message
-from torchjob.train import _shared_result
+from torchjob.train import _shared_result, teardown
 from torchjob.train._spec import WorkerOutcome
 from torchjob.train.checkpoint import Checkpoint
 from torchjob.train.config import CheckpointConfig, RunConfig
@@ -117,6 +117,7 @@ def stopped(result: Result, at_report: int | None, *, in_pod: bool) -> TrainingS
     text = f"training stopped on request{at}; latest checkpoint: {where}"
     if in_pod:
         write_termination_message(contract.termination_message(text))
+        teardown.say_exit_after_stop()  # a leaver is paid until its container ends
     # The one line a stopped run prints: uncaught, the error ends the process with this code
     # and no traceback (TrainingStoppedError is a SystemExit).
     print(
