@@ -105,7 +105,10 @@ def test_multi_gpu_job_lands_on_gpu_nodes_with_world_size_of_all_processes(jobs:
         env = env_of(p)
         assert env[contract.WORLD_SIZE] == "8"  # 2 pods x 4 GPUs, not 2
         assert env[contract.NPROC_PER_NODE] == "4"
-    assert jobs.status("gpus")["worldSize"] == 8
+    # The operator creates the pods before it writes the status: the pods can run before the
+    # job's first status write lands.
+    status = jobs.wait("gpus", lambda s: s if "worldSize" in s else None, "status.worldSize")
+    assert status["worldSize"] == 8
 
 
 def test_creation_is_concurrent_and_complete_for_a_large_job(jobs: Jobs) -> None:
