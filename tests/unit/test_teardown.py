@@ -31,23 +31,21 @@ class Clock:
 def test_a_slow_teardown_names_every_step_with_its_time(capsys: pytest.CaptureFixture[str]) -> None:
     clock, ran = Clock(), []
     teardown.run_steps(
-        [
-            ("workers", clock.costs(2.5)),
-            ("tracking", lambda: ran.append("tracking")),
-            ("job status", clock.costs(0.3)),
-        ],
         clock=clock,
+        workers=clock.costs(2.5),
+        tracking=lambda: ran.append("tracking"),
+        job_status=clock.costs(0.3),
     )
     assert ran == ["tracking"]
     err = capsys.readouterr().err
     assert err == (
-        "[torchjob] the run's teardown took 2.8s (workers 2.5s, tracking 0.0s, job status 0.3s)\n"
+        "[torchjob] the run's teardown took 2.8s (workers 2.5s, tracking 0.0s, job_status 0.3s)\n"
     )
 
 
 def test_a_quick_teardown_says_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     clock = Clock()
-    teardown.run_steps([("workers", clock.costs(1.0)), ("tracking", clock.costs(0.9))], clock=clock)
+    teardown.run_steps(clock=clock, workers=clock.costs(1.0), tracking=clock.costs(0.9))
     assert capsys.readouterr().err == ""
 
 
@@ -62,7 +60,7 @@ def test_a_step_that_raises_ends_the_teardown_and_what_ran_is_still_said(
 
     with pytest.raises(RuntimeError, match="tracking server gone"):
         teardown.run_steps(
-            [("tracking", broken), ("job status", lambda: ran.append("job status"))], clock=clock
+            clock=clock, tracking=broken, job_status=lambda: ran.append("job status")
         )
     assert ran == []
     assert capsys.readouterr().err == "[torchjob] the run's teardown took 3.0s (tracking 3.0s)\n"

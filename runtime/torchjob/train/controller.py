@@ -211,23 +211,19 @@ class Controller:
             with ProgressView(
                 enabled=enabled, total_epochs=total if isinstance(total, int) else None
             ) as view:
-                if (
-                    self._silent is not None
-                ):  # a report says when it was written, and how long it took
+                if self._silent is not None:  # a report says when it was written, how long it took
                     self._silent.say = view.message
                 result, failed = self._loop(view), False
                 return result
         finally:
             status = self._job_status
             teardown.run_steps(
-                (
-                    ("signal handler", restore),
-                    ("notice", self.notice.cancel),
-                    ("workers", self.workers.release),
-                    ("tracking", lambda: self.tracking.end(failed=failed)),
-                    ("session", lambda: _session.set_fit_led(self._leads())),
-                    ("job status", lambda: None if status is None else status.close()),
-                )
+                signals=restore,
+                notice=self.notice.cancel,
+                workers=self.workers.release,
+                tracking=lambda: self.tracking.end(failed=failed),
+                session=lambda: _session.set_fit_led(self._leads()),
+                job_status=lambda: None if status is None else status.close(),
             )
 
     def _loop(self, view: ProgressView) -> Result:

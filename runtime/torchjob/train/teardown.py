@@ -14,7 +14,7 @@ from __future__ import annotations
 import atexit
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from torchjob.launch.settings import SLOW_EXIT_S
 
@@ -22,18 +22,15 @@ Clock = Callable[[], float]
 
 
 def run_steps(
-    steps: Sequence[tuple[str, Callable[[], object]]],
-    *,
-    clock: Clock = time.monotonic,
-    slow_s: float = SLOW_EXIT_S,
+    *, clock: Clock = time.monotonic, slow_s: float = SLOW_EXIT_S, **steps: Callable[[], object]
 ) -> None:
-    """Run ``steps`` (name, call) in order; when they took more than ``slow_s`` together, one
+    """Run ``steps`` (name=call) in order; when they took more than ``slow_s`` together, one
     line on stderr names each step's time. A step that raises ends the teardown there, as a
     plain sequence of calls would; what ran is still said."""
     took: list[tuple[str, float]] = []
     t0 = clock()
     try:
-        for name, step in steps:
+        for name, step in steps.items():
             started = clock()
             try:
                 step()
