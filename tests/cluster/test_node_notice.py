@@ -88,6 +88,16 @@ def test_a_notice_replaces_the_pod_on_another_node_before_the_node_goes(jobs: Jo
         after = jobs.wait_running_pods("notice", 2, generation=1)
         assert {p.metadata.name for p in after} == {"notice-worker-0", "notice-worker-2"}
         assert pods["notice-worker-0"].metadata.uid in {p.metadata.uid for p in after}
+        # Its two members on two nodes: `kubectl describe` says the spread is even.
+        spread = jobs.wait(
+            "notice",
+            lambda s: next((c for c in s.get("conditions") or () if c["type"] == "Spread"), None),
+            "the Spread condition",
+        )
+        assert (spread["status"], spread["reason"]) == ("True", "EvenlySpread"), spread
+        for p in after:
+            assert f"{p.spec.node_name} 1" in spread["message"], spread
+        assert f"{node} " not in spread["message"], "a noticed node is no place to move to"
 
 
 def test_a_long_notice_creates_the_replacement_its_lead_before_the_deadline(jobs: Jobs) -> None:

@@ -255,3 +255,51 @@ def test_a_job_whose_losses_all_came_with_notice_moves_only_off_a_node_with_over
     moving = plan(view, up, at(SETTLE_S + 1))
     assert moving.create is not None and moving.create.indices == (8, 9)
     assert "Rebalancing" in reasons(moving)
+
+
+def spread(p: Any) -> tuple[str, str, str] | None:
+    """The plan's ``Spread`` condition: (status, reason, message), None if it has none."""
+    found = [c for c in p.status.get("conditions") or () if c["type"] == "Spread"]
+    return (found[0]["status"], found[0]["reason"], found[0]["message"]) if found else None
+
+
+def test_the_spread_condition_says_why_a_crowded_job_stays_and_when_it_moves() -> None:
+    """``kubectl describe`` tells a crowded job kept as it is from one about to move, and says
+    the move and the even spread after it."""
+    view, up = halves("Notice", "Notice")
+    kept = spread(plan(view, up, at(SETTLE_S + 1)))
+    assert kept is not None and kept[:2] == ("False", "CrowdedKept")
+    assert kept[2].startswith("members per node: n0 4, n1 4, n2 0; kept as they are: every loss")
+
+    view, up = crowded(nodes("n0", "n1", "n2"))
+    assert spread(plan(view, up, at(SETTLE_S - 1))) == (
+        "False",
+        "Crowded",
+        "members per node: n0 3, n1 1, n2 0; one node holds more than half of them, or a loss "
+        f"came without notice: members move to the emptier nodes once the job has trained "
+        f"{SETTLE_S:g}s at full size",
+    )
+    moving, view, pods = step(view, up, SETTLE_S + 1)
+    assert spread(moving) == (
+        "False",
+        "MovingMembers",
+        "moving 1 member(s) off crowded nodes (members per node: n0 3, n1 1); their "
+        "replacements take their places in one re-formation",
+    )
+    _, view, pods = step(view, [*up, on(pods[-1], "n2")], SETTLE_S + 9)
+    left = [p for p in pods if p.name != "tj-worker-3"]
+    even = spread(plan(view, left, at(2 * SETTLE_S + 20)))
+    assert even == ("True", "EvenlySpread", "members per node: n0 2, n1 1, n2 1")
+
+
+def test_a_job_that_never_moves_has_no_spread_condition() -> None:
+    """Without ``replaceBeforeLeaving``, or without the Node watch, nothing is judged."""
+    spec = elastic(4).spec.model_dump(by_alias=True, exclude_none=True)
+    spec["elastic"]["replaceBeforeLeaving"] = False
+    no_drain = replace(elastic(4), spec=TorchJobSpec.model_validate(spec))
+    for view in (replace(no_drain, nodes=nodes("n0", "n1", "n2")), elastic(4)):
+        first, view, pods = step(view, [], 0)
+        up = [on(p, "n1" if p.index == 1 else "n0") for p in pods]
+        for t in (1, SETTLE_S + 1):
+            running, view, _ = step(view, up, t)
+            assert spread(running) is None and spread(first) is None

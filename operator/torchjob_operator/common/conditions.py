@@ -27,8 +27,23 @@ COMPLETE: Final = "Complete"
 PLACED: Final = "Placed"
 """A TorchJob with ``spec.placement`` and a Kueue topology: every scheduled worker runs in the
 job's domains (False: some spilled over, which only a preferred request allows)."""
+SPREAD: Final = "Spread"
+"""An elastic ``KeepSurvivors`` job with ``replaceBeforeLeaving`` and the Node watch: how its
+members sit on the nodes, and why a crowded job is or is not moved (torchjob/spread.py)."""
 CONDITION_TYPES: Final = frozenset(
-    {CREATED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED, READY, STALLED, COMPLETE, PLACED}
+    {
+        CREATED,
+        RUNNING,
+        RESTARTING,
+        SUSPENDED,
+        SUCCEEDED,
+        FAILED,
+        READY,
+        STALLED,
+        COMPLETE,
+        PLACED,
+        SPREAD,
+    }
 )
 """Every condition type either controller writes."""
 
@@ -63,6 +78,15 @@ REASONS: Final[Mapping[str, str]] = {
     "InDomains": "all {count} scheduled workers run in the job's domains at {level}",
     "SpilledOver": "{pods} outside the job's domains at {level}: the request is preferred, so "
     "the scheduler put them where there was room",
+    "EvenlySpread": "members per node: {counts}",
+    "Crowded": "members per node: {counts}; one node holds more than half of them, or a loss "
+    "came without notice: members move to the emptier nodes once the job has trained "
+    "{settle}s at full size",
+    "CrowdedKept": "members per node: {counts}; kept as they are: every loss so far came with "
+    "notice, and a noticed node's members are replaced together in one re-formation, so "
+    "evening them out would cost a re-formation for nothing",
+    "MovingMembers": "moving {count} member(s) off crowded nodes (members per node: {counts}); "
+    "their replacements take their places in one re-formation",
     "BackoffWaiting": "restarting in {seconds}s",
     "Suspended": "the job is suspended; its pods were deleted",
     "WaitingForAdmission": "waiting for Kueue to admit Workload {workload} (LocalQueue {queue}); "

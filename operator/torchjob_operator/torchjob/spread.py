@@ -46,6 +46,7 @@ from typing import Any
 
 from torchjob.api.models import Phase
 from torchjob_operator.common.clock import parse_time_or_none
+from torchjob_operator.common.conditions import say
 from torchjob_operator.common.nodes import NodeView
 from torchjob_operator.torchjob.decision import Decision, Move
 from torchjob_operator.torchjob.drain import REBALANCE, drains
@@ -210,6 +211,46 @@ def plan_move(d: Decision, current: Sequence[PodView], pods: Sequence[PodView]) 
     )
 
 
+def spread_condition(d: Decision, current: Sequence[PodView]) -> dict[str, Any] | None:
+    """The ``Spread`` condition of a job that may move (see the module docstring), so that
+    ``kubectl describe`` says how its members sit on the nodes and why they stay: True
+    ``EvenlySpread``; False ``MovingMembers`` (a move is going on), ``Crowded`` (a move is due
+    once the job has settled) or ``CrowdedKept`` (not worth a re-formation: every loss so far
+    came with notice). None while the job is not steady (a loss or a move under way): the
+    condition keeps what it said."""
+    if not (drains(d) and d.job.spec.standby_replicas == 0) or not current:
+        return None
+    if d.job.kueue is not None and d.job.kueue.topology is not None:
+        return None
+    moving = [p for p in current if p.notice == REBALANCE]
+    if d.move is not None or moving:
+        count = len(d.move.leavers) if d.move is not None else len(moving)
+        reason, msg = say("MovingMembers", count=count, counts=_per_node(current, {}))
+        return {"status": False, "reason": reason, "message": msg}
+    if not _steady(d, current):
+        return None
+    template = d.job.spec.template.spec.model_dump(by_alias=True, exclude_none=True)
+    usable_nodes = {n.name: n for n in d.job.nodes.values() if usable(n, template)}
+    if not usable_nodes:
+        return None
+    counts = _per_node(current, usable_nodes)
+    if not _moves(d, current, usable_nodes):
+        reason, msg = say("EvenlySpread", counts=counts)
+        return {"status": True, "reason": reason, "message": msg}
+    if worth_moving(d, current):
+        reason, msg = say("Crowded", counts=counts, settle=f"{SETTLE_S:g}")
+    else:
+        reason, msg = say("CrowdedKept", counts=counts)
+    return {"status": False, "reason": reason, "message": msg}
+
+
+def _per_node(current: Sequence[PodView], empty: Collection[str]) -> str:
+    """``node-a 4, node-b 4, node-c 0``: members per node, with the usable ``empty`` ones."""
+    counts = Counter({n: 0 for n in empty})
+    counts.update(p.node for p in current if p.node)
+    return ", ".join(f"{n} {c}" for n, c in sorted(counts.items()))
+
+
 def spread_back(
     d: Decision, current: Sequence[PodView], pods: Sequence[PodView]
 ) -> tuple[Decision, list[PodView]]:
@@ -236,5 +277,6 @@ __all__ = [
     "Move",
     "plan_move",
     "spread_back",
+    "spread_condition",
     "worth_moving",
 ]

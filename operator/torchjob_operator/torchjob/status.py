@@ -22,6 +22,7 @@ from torchjob_operator.torchjob import topology
 from torchjob_operator.torchjob.decision import Decision
 from torchjob_operator.torchjob.drain import REBALANCE
 from torchjob_operator.torchjob.observed import JobState, PodPhase, PodView
+from torchjob_operator.torchjob.spread import spread_condition
 
 
 def _selector(name: str) -> str:
@@ -69,11 +70,12 @@ def render_status(
             now=now,
             observed_generation=obs,
         )
-    placed = _placed(d, current)
-    if placed is not None:
-        conditions, _ = cond.set_condition(
-            conditions, type_=cond.PLACED, now=now, observed_generation=obs, **placed
-        )
+    judged = ((cond.PLACED, _placed(d, current)), (cond.SPREAD, spread_condition(d, current)))
+    for type_, said in judged:
+        if said is not None:
+            conditions, _ = cond.set_condition(
+                conditions, type_=type_, now=now, observed_generation=obs, **said
+            )
     ready = sum(1 for p in current if p.phase == PodPhase.RUNNING and p.ready and not p.deleting)
     return TorchJobStatus(
         phase=d.phase,
