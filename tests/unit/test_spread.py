@@ -269,13 +269,13 @@ def test_the_spread_condition_says_why_a_crowded_job_stays_and_when_it_moves() -
     view, up = halves("Notice", "Notice")
     kept = spread(plan(view, up, at(SETTLE_S + 1)))
     assert kept is not None and kept[:2] == ("False", "CrowdedKept")
-    assert kept[2].startswith("members per node: n0 4, n1 4, n2 0; kept as they are: every loss")
+    assert kept[2].startswith("members per node: n0 4, n1 4; none on n2; kept as they are: every")
 
     view, up = crowded(nodes("n0", "n1", "n2"))
     assert spread(plan(view, up, at(SETTLE_S - 1))) == (
         "False",
         "Crowded",
-        "members per node: n0 3, n1 1, n2 0; one node holds more than half of them, or a loss "
+        "members per node: n0 3, n1 1; none on n2; one node holds more than half of them, or a loss "
         f"came without notice: members move to the emptier nodes once the job has trained "
         f"{SETTLE_S:g}s at full size",
     )
@@ -303,3 +303,20 @@ def test_a_job_that_never_moves_has_no_spread_condition() -> None:
         for t in (1, SETTLE_S + 1):
             running, view, _ = step(view, up, t)
             assert spread(running) is None and spread(first) is None
+
+
+def test_a_spread_message_names_at_most_a_dozen_nodes_of_each_kind() -> None:
+    """In a cluster of 40 usable nodes the message stays short: 16 members on 14 nodes (3 on
+    n13), 26 usable nodes without one."""
+    names = [f"n{i:02}" for i in range(40)]
+    view = replace(elastic(16), nodes=nodes(*names))
+    _, view, pods = step(view, [], 0)
+    up = [on(p, names[min(p.index, 13)]) for p in pods]
+    _, view, _ = step(view, up, 1)
+    said = spread(plan(view, up, at(SETTLE_S - 1)))
+    assert said is not None and said[1] == "CrowdedKept"
+    assert said[2].startswith(
+        "members per node: n00 1, n01 1, n02 1, n03 1, n04 1, n05 1, n06 1, n07 1, n08 1, n09 1, "
+        "n10 1, n11 1 and 2 more nodes; none on n14, n15, n16, n17, n18, n19, n20, n21, n22, "
+        "n23, n24, n25 and 14 more usable nodes; kept as they are"
+    ), said[2]

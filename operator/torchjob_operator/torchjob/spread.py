@@ -244,11 +244,24 @@ def spread_condition(d: Decision, current: Sequence[PodView]) -> dict[str, Any] 
     return {"status": False, "reason": reason, "message": msg}
 
 
-def _per_node(current: Sequence[PodView], empty: Collection[str]) -> str:
-    """``node-a 4, node-b 4, node-c 0``: members per node, with the usable ``empty`` ones."""
-    counts = Counter({n: 0 for n in empty})
-    counts.update(p.node for p in current if p.node)
-    return ", ".join(f"{n} {c}" for n, c in sorted(counts.items()))
+SHOWN_NODES = 12
+"""The most nodes a ``Spread`` message names (a large cluster has many usable nodes)."""
+
+
+def _per_node(current: Sequence[PodView], usable_nodes: Collection[str]) -> str:
+    """``n0 4, n1 4; none on n2``: members per node, then the usable nodes without one (at
+    most :data:`SHOWN_NODES` of each named, the rest counted)."""
+    counts = Counter(p.node for p in current if p.node)
+    held = [f"{n} {c}" for n, c in sorted(counts.items())]
+    empty = sorted(set(usable_nodes) - set(counts))
+    text = ", ".join(held[:SHOWN_NODES]) + _more(len(held), "nodes")
+    if empty:
+        text += f"; none on {', '.join(empty[:SHOWN_NODES])}" + _more(len(empty), "usable nodes")
+    return text
+
+
+def _more(count: int, what: str) -> str:
+    return f" and {count - SHOWN_NODES} more {what}" if count > SHOWN_NODES else ""
 
 
 def spread_back(
