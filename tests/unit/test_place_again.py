@@ -57,6 +57,30 @@ def test_pods_kept_off_nodes_that_returned_are_made_again_in_the_same_generation
     assert settled.create is None and settled.delete == ()
 
 
+def test_its_own_deletions_seen_going_are_no_disruption() -> None:
+    """The API server shows the deletion of an unscheduled pod as two watch events: an update
+    that sets its deletionTimestamp, then its removal. A pass between the two saw the members
+    it had deleted "going", judged them taken by another client and started a new generation
+    (a disruption counted, the pods made under generation 1: a CI run of 2026-12-02,
+    tests/cluster/test_node_notice.py's pods kept off a node that returns)."""
+    view = job().replicas(2).build()
+    _, view, made = step(view, [], 0)
+    pending = [kept_off(p, SPOT) for p in made]
+    back = replace(view, avoid_nodes=("n1", "n3"))
+    first = plan(back, pending, at(20))
+    assert set(first.delete) == {"tj-worker-0", "tj-worker-1"}
+    view = with_state(back, first.status)
+    going = [replace(p, deleting=True) for p in pending]
+    between = plan(view, going, at(20))
+    assert between.status["currentGeneration"] == 0, "no new generation"
+    assert (between.status["disruptions"], between.status["restarts"]) == (0, 0)
+    assert between.create is None, "not while they hold their names"
+    assert between.delete == () and between.status["placingAgain"] == [0, 1]
+    again = plan(with_state(view, between.status), [], at(21))
+    assert again.create is not None and again.create.indices == (0, 1)
+    assert again.create.generation == 0 and again.status.get("placingAgain") is None
+
+
 def test_only_the_members_that_cannot_be_placed_are_made_again() -> None:
     """One member Running, one Pending against a node still avoided, one Pending against a
     node that returned: only that one goes, and the running job is not disturbed."""

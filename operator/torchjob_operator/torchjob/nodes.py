@@ -149,6 +149,13 @@ def place_again(d: Decision, pods: Sequence[PodView]) -> Decision:
     return d.also(delete=[p.name for p in mine], events=[said] if new else [])
 
 
+def placed_again(d: Decision, p: PodView) -> bool:
+    """``p`` is a member :func:`place_again` deleted, seen going: the API server shows an
+    unscheduled pod's deletion as an update that sets its deletionTimestamp, then its
+    removal, and a pass between the two must not judge it taken by another client."""
+    return p.deleting and not p.scheduled and not p.joiner and p.index in d.placing_again
+
+
 def held_only(p: PodView) -> bool:
     """``p`` holds its name and nothing else: stuck Terminating on a lost node, or being
     deleted after its peers found it silent (``PodView.silent``, in this generation or an

@@ -73,7 +73,7 @@ from torchjob_operator.torchjob.ending import (
 )
 from torchjob_operator.torchjob.initializing import holds, initializing
 from torchjob_operator.torchjob.loss import after_loss, survives
-from torchjob_operator.torchjob.nodes import held_only, place_again
+from torchjob_operator.torchjob.nodes import held_only, place_again, placed_again
 from torchjob_operator.torchjob.observed import JobState, PodView, ProbeView
 from torchjob_operator.torchjob.phase import active_phase
 from torchjob_operator.torchjob.silent import recheck_after, silenced
@@ -211,6 +211,7 @@ def plan(
     current = _members(d, pods)
     # A pod kept off nodes that are fine again, and so unschedulable, is made again.
     d = place_again(d, pods)
+    current = [p for p in current if not placed_again(d, p)]
     missing: list[int] = []
     if d.created_generation == d.generation:
         have = {p.index for p in current}
