@@ -3,7 +3,8 @@ TCPStore in this process."""
 
 from __future__ import annotations
 
-import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -70,42 +71,68 @@ def test_the_request_timeout_is_restored_after_the_probe() -> None:
     assert again.timeout == timedelta(seconds=42)
 
 
-def test_a_forked_child_never_uses_its_parents_connections() -> None:
-    # Connecting is given a minute: on a CI host whose other suites share the 2 cores, a 5 s
-    # connect from the child ran out once (exit 1, nothing said). The child now says why.
-    patient = timedelta(seconds=60)
+FORKING = """
+import os, sys, threading
+from datetime import timedelta
+from torchjob.launch import store_clients
+
+port = int(sys.argv[1])
+patient = timedelta(seconds=60)
+store_clients.client("rendezvous", "127.0.0.1", port, connect=patient, timeout=patient)
+# A driver forks only single-threaded (launch._start): the connecting thread ends.
+for thread in threading.enumerate():
+    if thread is not threading.main_thread():
+        thread.join(timeout=30)
+assert threading.active_count() == 1, threading.enumerate()
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:  # the child: exit 0 only if it holds nothing and connects its own
+    code, why = 1, b""
+    try:
+        os.close(read)
+        inherited = store_clients.held()
+        if inherited:
+            why = f"the child holds its parent's connections: {inherited}".encode()
+        else:
+            own = store_clients.client(
+                "rendezvous", "127.0.0.1", port, connect=patient, timeout=patient
+            )
+            own.set("child", "1")
+            code = 0
+    except BaseException as e:  # told to the parent, which fails the test with it
+        why = repr(e).encode()
+    finally:
+        os.write(write, why)
+        os._exit(code)
+os.close(write)
+with os.fdopen(read, "rb") as told:
+    why = told.read().decode()
+_, status = os.waitpid(pid, 0)
+assert (os.waitstatus_to_exitcode(status), why) == (0, ""), why
+# the parent's connection still works: the child did not close it
+parent = store_clients.client("rendezvous", "127.0.0.1", port, connect=patient, timeout=patient)
+assert parent.get("child") == b"1"
+print("forked")
+"""
+
+
+def test_a_forked_child_never_uses_its_parents_connections(tmp_path: Any) -> None:
+    # The fork happens in a fresh interpreter, single-threaded as a driver is when it forks
+    # its workers. Forked from this test process instead (its served store's loop and earlier
+    # tests' threads alive), the child's connect once hung past its 62 s in CI: a lock another
+    # thread held at the fork.
     server = _server()
-    store_clients.client("rendezvous", "127.0.0.1", server.port, connect=patient, timeout=patient)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: exit 0 only if it holds nothing and connects its own
-        code, why = 1, b""
-        try:
-            os.close(read)
-            inherited = store_clients.held()
-            if inherited:
-                why = f"the child holds its parent's connections: {inherited}".encode()
-            else:
-                own = store_clients.client(
-                    "rendezvous", "127.0.0.1", server.port, connect=patient, timeout=patient
-                )
-                own.set("child", "1")
-                code = 0
-        except BaseException as e:  # told to the parent, which fails the test with it
-            why = repr(e).encode()
-        finally:
-            os.write(write, why)
-            os._exit(code)
-    os.close(write)
-    with os.fdopen(read, "rb") as told:
-        why = told.read().decode()
-    _, status = os.waitpid(pid, 0)
-    assert (os.waitstatus_to_exitcode(status), why) == (0, "")
-    # the parent's connection still works: the child did not close it
-    parent = store_clients.client(
-        "rendezvous", "127.0.0.1", server.port, connect=patient, timeout=patient
+    script = tmp_path / "forking.py"
+    script.write_text(FORKING)
+    done = subprocess.run(
+        [sys.executable, str(script), str(server.port)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    assert parent.get("child") == b"1"
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "forked" in done.stdout
+    assert server.get("child") == b"1"
 
 
 def test_a_served_store_is_counted_as_a_thread_until_it_stops(
@@ -175,8 +202,6 @@ def test_a_process_that_exits_while_a_thread_connects_exits_with_its_own_status(
     exception" after its training had finished: a daemon thread came back from a TCPStore
     constructor (its server gone) while the interpreter was finalizing. Before the fix this
     script aborts (134); the request is now waited for before the finalization."""
-    import subprocess
-    import sys
 
     script = tmp_path / "exiting.py"
     script.write_text(EXITING_WHILE_CONNECTING)
