@@ -421,6 +421,40 @@ def test_a_loss_keeps_the_leavers_that_still_have_time_when_nobody_else_survives
     assert sorted(swapped.delete) == [f"tj-worker-{i}" for i in (4, 5, 6, 7)]
 
 
+def test_leavers_stuck_on_a_vanished_node_leave_the_next_generation_free_to_drain() -> None:
+    """bench/results/2026-12-02e notice30-2, +131 s: a notice took four members whose four
+    replacements were not Ready by the notice's margin, so the loss made them members
+    (nothing to create); the four leavers, deleted, stayed Terminating on their node, which
+    vanished. Waited for, the generation never counted itself created, could not drain, and
+    the next notice (on the node of every member, 30 s) restarted the job at once: every
+    member deleted, 51 s without a step. Their names are not the generation's: it is created,
+    and the next notice is drained (replacements started, the members train on)."""
+    view, up = all_on_one_node(8, 5)
+    up = [on(p, "n1" if p.index < 4 else "n2") for p in up]
+    doomed = [noticed(p, 10, window_s=30) if p.index < 4 else p for p in up]
+    first, view, pods = step(view, doomed, 10)
+    assert first.create is not None and first.create.indices == (8, 9, 10, 11)
+    view = with_state(view, {**first.status, "progress": formed_at(0)})
+    starting = [replace(on(p, "n2"), joiner=True, ready=False) for p in pods[8:]]
+    lost, view, _ = step(view, [*doomed, *starting], 31)  # inside the notice's margin
+    assert lost.status["members"] == [4, 5, 6, 7, 8, 9, 10, 11] and lost.create is None
+    assert lost.status["createdGeneration"] == 0, "the leavers are still there"
+    # n1 vanished with its four leavers, deleted: Terminating, the node not yet known lost.
+    stuck = [replace(p, deleting=True, deletion_at=at(61)) for p in doomed[:4]]
+    members = [replace(p, ready=True, generation=1) for p in (*up[4:], *starting)]
+    view = with_state(view, {**lost.status, "progress": formed_at(1)})
+    formed = plan(view, [*stuck, *members], at(35))
+    assert formed.status["createdGeneration"] == 1 and formed.delete == ()
+    view = with_state(view, formed.status)
+    every = [noticed(p, 45, window_s=30) for p in members]
+    drained = plan(view, [*stuck, *every], at(45))
+    assert drained.phase == Phase.RUNNING, reasons(drained)
+    assert drained.status["currentGeneration"] == 1 and drained.delete == ()
+    assert drained.create is not None and drained.create.joiners
+    assert drained.create.indices == tuple(range(12, 20)), "the stuck pods' names are held"
+    assert len(drained.status["leavingWorkers"]) == 8
+
+
 def formed_at(generation: int) -> dict[str, Any]:
     """``status.progress``: rank 0 reported generation ``generation``'s first step."""
     return {"step": 5, "generation": generation, "firstStepTime": "2026-01-01T00:00:05.000Z"}
