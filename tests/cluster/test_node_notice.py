@@ -5,8 +5,10 @@ does with their pods (``torchjob/nodes.py``, ``torchjob/drain.py``)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -261,6 +263,95 @@ def test_a_pod_stuck_terminating_on_a_lost_node_does_not_hold_the_restart(jobs: 
     finally:
         k.release_held(jobs.core, jobs.ns, "stuck-worker-1")
         k.restore_node_ready(jobs.core, node, untaint=True)
+
+
+GKE = "cloud.google.com/impending-node-termination"  # a 30 s notice
+
+
+def report_first_step(jobs: Jobs, name: str, generation: int) -> None:
+    """Rank 0's report of ``generation``'s first step, as its runtime writes it."""
+    now = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    progress = {"step": 5, "generation": generation, "updateTime": now, "firstStepTime": now}
+    body = json.dumps({"status": {"progress": progress}})
+    jobs.kubectl("patch", f"tj/{name}", "--subresource=status", "--type=merge", "-p", body)
+
+
+def test_a_leaver_stuck_terminating_keeps_no_formed_generation_from_draining(
+    jobs: Jobs, cluster: k.Cluster
+) -> None:
+    """bench/results/2026-12-02e notice30-2: a notice's replacement is not Ready by the
+    notice's margin, so the loss makes it a member; the leaver, deleted, stays Terminating
+    (its node vanished: a finalizer stands for that here). Once the generation made its first
+    step it counts as created without waiting for the leaver, and the next notice is drained,
+    the member training on while its replacement starts (before the fix: a full restart at
+    once, every member deleted)."""
+    a, b, c = cluster.gpu_nodes(jobs.core)[:3]
+    only = {"key": "kubernetes.io/hostname", "operator": "In", "values": [a, b, c]}
+    apart = {"matchLabels": {contract.LABEL_JOB_NAME: "lag"}}
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [only]}]
+            }
+        },
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": apart, "topologyKey": "kubernetes.io/hostname"}
+            ]
+        },
+    }
+    jobs.core.patch_node(c, {"spec": {"unschedulable": True}})  # the replacement waits
+    try:
+        # No room to shrink: the loss is replaced at full size, the pending joiner taking the place.
+        fixed = {"minReplicas": 2, "maxReplicas": 2, "shrinkOnDisruption": True}
+        body = elastic("lag", template=worker_template(affinity=affinity))
+        body["spec"]["elastic"] = fixed
+        jobs.apply(body)
+        pods = {p.metadata.name: p for p in jobs.wait_running_pods("lag", 2, generation=0)}
+        jobs.wait_phase("lag", "Running")
+        jobs.core.patch_namespaced_pod(
+            "lag-worker-1", jobs.ns, {"metadata": {"finalizers": [k.HOLD]}}
+        )
+        first, second = pods["lag-worker-0"].spec.node_name, pods["lag-worker-1"].spec.node_name
+        with noticed(jobs.core, second, GKE):
+            # Its replacement is Pending (the one free node cordoned) when the notice's
+            # margin comes: the loss makes it a member in the leaver's place.
+            status = jobs.wait(
+                "lag",
+                lambda s: s if s.get("currentGeneration") == 1 else None,
+                "generation 1 with the pending replacement in the leaver's place",
+                timeout=90,
+            )
+            assert status.get("members") == [0, 2], status
+            assert status["createdGeneration"] == 0, "the leaver is still there"
+            jobs.core.patch_node(c, {"spec": {"unschedulable": False}})
+            jobs.wait_running_pods("lag", 2, generation=1)
+            held = jobs.core.read_namespaced_pod("lag-worker-1", jobs.ns)
+            assert held.metadata.deletion_timestamp is not None, "still terminating"
+            report_first_step(jobs, "lag", 1)
+            jobs.wait(
+                "lag",
+                lambda s: s if s.get("createdGeneration") == 1 else None,
+                "generation 1 created while lag-worker-1 is still terminating",
+            )
+            with noticed(jobs.core, first, GKE):
+                leaving = jobs.wait(
+                    "lag",
+                    lambda s: (
+                        s
+                        if "lag-worker-0" in {w["pod"] for w in s.get("leavingWorkers") or ()}
+                        else None
+                    ),
+                    "lag-worker-0 given notice and training on",
+                )
+                assert leaving["currentGeneration"] == 1, leaving
+                assert (leaving["restarts"], leaving["phase"]) == (0, "Running"), leaving
+                member = jobs.core.read_namespaced_pod("lag-worker-0", jobs.ns)
+                assert member.metadata.deletion_timestamp is None, "not restarted"
+                jobs.wait_events("lag", "CreatedJoiner", "ReplacingBeforeLeaving")
+    finally:
+        jobs.core.patch_node(c, {"spec": {"unschedulable": False}})
+        k.release_held(jobs.core, jobs.ns, "lag-worker-1")
 
 
 def test_pods_kept_off_a_node_that_returns_are_made_again(jobs: Jobs, cluster: k.Cluster) -> None:
