@@ -32,7 +32,7 @@ from torchjob_operator.common.events import Event
 from torchjob_operator.torchjob.decision import Decision
 from torchjob_operator.torchjob.elastic import in_rank_order, replace_with_standbys
 from torchjob_operator.torchjob.loss import survives
-from torchjob_operator.torchjob.nodes import NODE_LOST, NODE_NOTICE
+from torchjob_operator.torchjob.nodes import NODE_LOST, NODE_NOTICE, held_only
 from torchjob_operator.torchjob.observed import PodPhase, PodView
 
 REBALANCE = "torchjob.io/rebalance"
@@ -254,6 +254,30 @@ def draining(
     return d, [_held(p) if p.name in held else p for p in marked]
 
 
+def waited_for(d: Decision, stale: Sequence[PodView], current: Sequence[PodView]) -> list[PodView]:
+    """The stale pods the current generation waits for before it creates its missing pods
+    (and counts itself created, ``Decision.created_generation``): those that hold more than
+    their name (``nodes.held_only``); for a ``KeepSurvivors`` job whose generation made its
+    first step (rank 0's report: it restored its state, nothing a leaver still writes
+    concerns it), only those whose name a missing place needs, or not yet being deleted.
+
+    A leaver that went with a hand-over, deleted, on a node that then vanished stays
+    Terminating until the node is known lost (about 40 s) or returns, and its index is not
+    the new generation's. Waited for, the generation never counted itself created, so it
+    could not drain (``drain.drains``), and a notice on the node of every member restarted
+    the job at once, 30 s before the node went (bench/results/2026-12-02e notice30-2, +131 s:
+    51 s without a step). Before the first step a leaver may still be committing the
+    checkpoint the generation resumes from, and any other job's pods share the new
+    generation's names and checkpoint: they are waited for."""
+    left = [p for p in stale if not held_only(p)]
+    trained = d.job.state.progress is not None and formed(d)  # a report, of this generation
+    if d.job.spec.membership_policy != MembershipPolicy.KEEP_SURVIVORS or not trained:
+        return left
+    have = {p.index for p in current}
+    needed = {i for i in d.ranked if i not in have}
+    return [p for p in left if p.index in needed or not p.deleting]
+
+
 def _held(p: PodView) -> PodView:
     """A leaver judged as a member that still trains."""
     return replace(p, deleting=False, disruption=None, notice_until=None)
@@ -273,4 +297,5 @@ __all__ = [
     "replace_at",
     "replacement_lead",
     "taken",
+    "waited_for",
 ]

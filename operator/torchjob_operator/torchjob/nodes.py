@@ -31,7 +31,6 @@ from dataclasses import replace
 from datetime import datetime
 
 from torchjob import contract
-from torchjob.api.models import MembershipPolicy
 from torchjob_operator.common.events import Event
 from torchjob_operator.common.nodes import NodeView, notice_deadline
 from torchjob_operator.torchjob.decision import Decision
@@ -166,31 +165,6 @@ def held_only(p: PodView) -> bool:
     return p.stuck or (p.deleting and p.silent is not None)
 
 
-def waited_for(d: Decision, stale: Sequence[PodView], current: Sequence[PodView]) -> list[PodView]:
-    """The stale pods the current generation waits for before it creates its missing pods
-    (and counts itself created, ``Decision.created_generation``): those that hold more than
-    their name (:func:`held_only`); for a ``KeepSurvivors`` job whose generation made its
-    first step (rank 0's report: it restored its state, nothing a leaver still writes
-    concerns it), only those whose name a missing place needs, or not yet being deleted.
-
-    A leaver that went with a hand-over, deleted, on a node that then vanished stays
-    Terminating until the node is known lost (about 40 s) or returns, and its index is not
-    the new generation's. Waited for, the generation never counted itself created, so it
-    could not drain (``drain.drains``), and a notice on the node of every member restarted
-    the job at once, 30 s before the node went (bench/results/2026-12-02e notice30-2, +131 s:
-    51 s without a step). Before the first step a leaver may still be committing the
-    checkpoint the generation resumes from, and any other job's pods share the new
-    generation's names and checkpoint: they are waited for."""
-    left = [p for p in stale if not held_only(p)]
-    got = d.job.state.progress
-    trained = got is not None and got.generation == d.generation and got.first_step_time
-    if d.job.spec.membership_policy != MembershipPolicy.KEEP_SURVIVORS or not trained:
-        return left
-    have = {p.index for p in current}
-    needed = {i for i in d.ranked if i not in have}
-    return [p for p in left if p.index in needed or not p.deleting]
-
-
 __all__ = [
     "NODE_LOST",
     "NODE_NOTICE",
@@ -199,6 +173,5 @@ __all__ = [
     "place_again",
     "suspect_nodes",
     "unplaceable",
-    "waited_for",
     "with_nodes",
 ]

@@ -60,7 +60,7 @@ from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.events import Event
 from torchjob_operator.torchjob import history
 from torchjob_operator.torchjob.decision import CreatePods, Decision, JobView, Plan
-from torchjob_operator.torchjob.drain import draining, kept_after_loss, taken
+from torchjob_operator.torchjob.drain import draining, kept_after_loss, taken, waited_for
 from torchjob_operator.torchjob.elastic import fit_to_capacity, joiners, ready_joiners
 from torchjob_operator.torchjob.ending import (
     MAX_REQUEUE_S,
@@ -73,7 +73,7 @@ from torchjob_operator.torchjob.ending import (
 )
 from torchjob_operator.torchjob.initializing import holds, initializing
 from torchjob_operator.torchjob.loss import after_loss, survives
-from torchjob_operator.torchjob.nodes import held_only, place_again, placed_again, waited_for
+from torchjob_operator.torchjob.nodes import held_only, place_again, placed_again
 from torchjob_operator.torchjob.observed import JobState, PodView, ProbeView
 from torchjob_operator.torchjob.phase import active_phase
 from torchjob_operator.torchjob.silent import recheck_after, silenced
