@@ -61,20 +61,38 @@ def trainer_pid(uid: str) -> int | None:
     return deepest[0] if deepest and depth(deepest[0]) >= 2 else None
 
 
-def drop_packets(pid: int, to: tuple[str, int] | None = None) -> None:
-    """Drop every packet in and out of the network namespace of ``pid`` (its pod's): a node
-    that vanished, seen by its peers: no FIN, no RST, no answer. ``to`` (address, port): only
-    those it sends to that TCP port (a broken route to one service; it still answers all)."""
+def drop_packets(uid: str, to: tuple[str, int] | None = None) -> None:
+    """Drop every packet in and out of the network namespace of the pod ``uid``: a node that
+    vanished, seen by its peers: no FIN, no RST, no answer. ``to`` (address, port): only
+    those it sends to that TCP port (a broken route to one service; it still answers all).
+
+    Any process of the pod names its namespace, but one may end between the look and the
+    ``nsenter`` (a pod's first processes include short-lived ones), so its processes are tried
+    oldest first (the sandbox's pause process lives as long as the pod) until one enters."""
     rules = [["INPUT", "-j", "DROP"], ["OUTPUT", "-j", "DROP"]]
     if to is not None:
         rules = [["OUTPUT", "-p", "tcp", "-d", to[0], "--dport", str(to[1]), "-j", "DROP"]]
-    for rule in rules:
-        subprocess.run(
-            ["nsenter", "-t", str(pid), "-n", "iptables", "-I", *rule],
-            check=True,
+    tried = []
+    for pid, cmd in pod_processes(uid):
+        entered = subprocess.run(
+            ["nsenter", "-t", str(pid), "-n", "iptables", "-w", "-I", *rules[0]],
             capture_output=True,
+            text=True,
             timeout=30,
         )
+        if entered.returncode == 0:
+            for rule in rules[1:]:
+                subprocess.run(
+                    ["nsenter", "-t", str(pid), "-n", "iptables", "-w", "-I", *rule],
+                    check=True,
+                    capture_output=True,
+                    timeout=30,
+                )
+            return
+        tried.append(f"{pid} ({cmd}): exit {entered.returncode}: {entered.stderr.strip()}")
+        if Path(f"/proc/{pid}").exists():
+            break  # the process is there: nsenter or iptables failed, not a race
+    raise RuntimeError(f"could not drop pod {uid}'s packets; tried {tried or 'no process'}")
 
 
 def freeze_pod(uid: str) -> list[int]:
@@ -84,7 +102,7 @@ def freeze_pod(uid: str) -> list[int]:
     procs = [pid for pid, _ in pod_processes(uid)]
     if not procs:
         raise RuntimeError(f"pod {uid} has no processes on this host")
-    drop_packets(procs[-1])  # any of them: they share the pod's network namespace
+    drop_packets(uid)
     for pid in procs:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGSTOP)

@@ -272,8 +272,16 @@ def test_multikueue_runs_a_torchjob_on_the_worker_and_its_status_shows_on_the_ma
         assert copy is not None and "managedBy" not in copy["spec"]
         assert copy["metadata"]["labels"]["kueue.x-k8s.io/prebuilt-workload-name"] == "torchjob-far"
         # On the manager: its Workload admitted through the check, no pod; the status is the worker's.
-        wl = _workload(custom, ns, "far")
-        assert wl is not None and wl["status"].get("clusterName") == check, wl
+        # MultiKueue names the cluster on the manager's Workload once the worker's copy is
+        # admitted, and writes that apart from (and possibly after) the copy's pods running.
+        k.wait_for(
+            lambda: (
+                ((_workload(custom, ns, "far") or {}).get("status") or {}).get("clusterName")
+                == check
+            ),
+            60,
+            lambda: f"the manager's Workload names {check}\n{_workload(custom, ns, 'far')}",
+        )
         assert jobs.pods("far") == []
         jobs.wait_phase("far", "Running", timeout=60)
 

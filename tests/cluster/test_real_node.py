@@ -771,9 +771,9 @@ def test_a_pod_whose_packets_are_dropped_is_found_silent_and_the_survivor_goes_o
     pods = real_jobs.wait_running_pods("quiet", 2, generation=0, timeout=240)
     victim = next(p for p in pods if p.metadata.name == "quiet-worker-1")
     ten_steps(real_jobs, "quiet", events)
-    pid = k.wait_for(lambda: trainer_pid(victim.metadata.uid), 30, "pod 1's trainer process")
+    k.wait_for(lambda: trainer_pid(victim.metadata.uid), 30, "pod 1's trainer process")
     dropped = time.time()
-    drop_packets(pid)
+    drop_packets(victim.metadata.uid)
     # The survivor's next step, in a generation without pod 1 (a generous bound: no timing).
     resumed = k.wait_for(
         lambda: next((e for e in read_events(events) if e["ev"] == "step" and e["gen"] >= 1), None),
@@ -823,15 +823,14 @@ def test_a_replacement_that_cannot_reach_the_store_is_named_absent_and_rank_0_st
     pid = k.wait_for(lambda: trainer_pid(victim.metadata.uid), 30, "pod 2's trainer process")
     os.kill(pid, signal.SIGKILL)
 
-    def replacement() -> tuple[str, int] | None:
+    def replacement() -> tuple[str, str] | None:
         for p in real_jobs.pods("away"):
-            procs = p.metadata.uid not in first and pod_processes(p.metadata.uid)
-            if procs:
-                return p.metadata.name, procs[-1][0]
+            if p.metadata.uid not in first and pod_processes(p.metadata.uid):
+                return p.metadata.name, p.metadata.uid
         return None
 
-    joiner, joiner_pid = k.wait_for(replacement, 240, "the replacement's processes")
-    drop_packets(joiner_pid, to=(rank0_ip, contract.DEFAULT_RDZV_PORT))
+    joiner, joiner_uid = k.wait_for(replacement, 240, "the replacement's processes")
+    drop_packets(joiner_uid, to=(rank0_ip, contract.DEFAULT_RDZV_PORT))
     (gate / "open").touch()
     status = wait_finished(real_jobs, "away", timeout=600)
     assert status["phase"] == "Succeeded", pod_logs(real_jobs, "away")
