@@ -38,6 +38,7 @@ from tests.cluster.operator_harness import (
     Jobs,
     OperatorProcess,
 )
+from tests.cluster.real_jobs import helm_operator, real_jobs, storage  # noqa: F401 - fixtures
 from tests.cluster.realnode import RealNode, RealNodeUnavailable, start_node_s3, tell
 from tests.s3 import S3Server, stop_s3_server
 from tests.tracking import mlflow_server  # noqa: F401 - a real MLflow server, session-wide
