@@ -202,21 +202,27 @@ build_image() {
   esac
 }
 
-# save <image>: a docker-archive of the current image, cached by image id.
+# save <image>: a docker-archive of the current image, cached by image id. Two callers at once
+# (make test's e2e and faults sessions each start their real nodes) take turns on a lock per
+# image: the second finds the first's archive. Without it, one removed the other's .tmp
+# before its rename.
 save() {
-  local tag id tar
+  local tag id tar lock
   tag="$(ref "$1")"
   exists "${tag}" || build_image "$1"
   id="$("${ENGINE}" image inspect --format '{{.Id}}' "${tag}")"
   id="${id#sha256:}"
   mkdir -p "${CACHE}"
   tar="${CACHE}/$1-${id:0:16}.tar"
+  exec {lock}>"${CACHE}/$1.lock"
+  flock "${lock}"
   if [[ ! -s "${tar}" ]]; then
     # A save interrupted before its rename leaves a .tmp that podman refuses to write over.
     rm -f "${CACHE}/$1-"*.tar "${tar}.tmp"
     "${ENGINE}" save -o "${tar}.tmp" "${tag}" >/dev/null
     mv "${tar}.tmp" "${tar}"
   fi
+  exec {lock}>&-
   echo "${tar}"
 }
 
@@ -226,6 +232,11 @@ case "${cmd}" in
   build)
     images=("$@")
     [[ ${#images[@]} -gt 0 ]] || images=(operator runtime-cpu pause)
+    # One build at a time (make test's two real-node sessions each ask for the images): the
+    # second waits, then finds them up to date instead of building them again beside it.
+    mkdir -p "${CACHE}"
+    exec {build_lock}>"${CACHE}/build.lock"
+    flock "${build_lock}"
     total=${SECONDS}
     for i in "${images[@]}"; do build_image "${i}"; done
     log "done in $((SECONDS - total))s (${ENGINE}): $(for i in "${images[@]}"; do printf '%s ' "$(ref "${i}")"; done)"
