@@ -40,7 +40,7 @@ EXIT_MESSAGE_ANNOTATION = "kwok.torchjob.io/exit-message"
 WAITING_REASON_ANNOTATION = "kwok.torchjob.io/waiting-reason"
 NOT_READY_LABEL = "kwok.torchjob.io/not-ready"
 
-# A slow machine (a CI runner whose host is busy, or all six sessions of `make test` on 2
+# A slow machine (a CI runner whose host is busy, or all five sessions of `make test` on 2
 # cores) makes everything take longer: TORCHJOB_TEST_TIME_SCALE (default 1; .ci/run sets 3)
 # multiplies the limit of every wait and kubectl call here. A limit only bounds how long a
 # failure takes to be reported: a passing wait returns as soon as its condition holds.
