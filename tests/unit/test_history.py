@@ -162,3 +162,30 @@ def test_recreate_group_records_every_pod_as_replaced() -> None:
     assert (record["generation"], record["cause"]) == (1, "Failure"), record
     assert record["left"] == ["tj-worker-0@node-0", "tj-worker-1@node-1"], record
     assert record["joined"] == ["tj-worker-0", "tj-worker-1"], record
+
+
+def test_joined_names_the_node_of_a_joiner_placed_ahead_and_none_for_a_pod_made_with_it() -> None:
+    """A joiner is created ahead and taken in once Ready: the record names it ``pod@node``.
+    A pod replaced under its name at full size is created with the generation and has no node
+    yet: the record names it alone, and its peers' formation gives it the time to start
+    before naming it absent (``Membership.placed``; the old pod's node is not its node)."""
+    _, view, pods = step(elastic_keep(), [], 0)
+    up = [on_node(p, f"node-{p.index % 2}") for p in pods]
+    _, view, pods = step(view, up, 5)
+    _, view, _ = step(view, [up[0], replace(failed(up[1], 137, at_s=20), node="node-1"), up[2]], 21)
+    _, view, pods = step(view, [up[0], up[2]], 22)
+    joiner = next(p for p in pods if p.joiner)
+    ready = replace(on_node(joiner, "node-3"), ready=True)
+    grown, _, _ = step(view, [up[0], up[2], ready], 30)
+    record = grown.status["history"][-1]
+    assert (record["generation"], record["joined"]) == (2, ["tj-worker-1@node-3"]), record
+    assert GenerationRecord.model_validate(record).placed_joiners() == {"tj-worker-1"}
+
+    _, view, pods = step(job().replicas(3).keep_survivors().max_restarts(10).build(), [], 0)
+    up = [on_node(p, f"node-{p.index % 2}") for p in pods]
+    _, view, pods = step(view, up, 5)
+    lost = replace(failed(up[1], 137, at_s=20), node="node-1")
+    again, _, _ = step(view, [up[0], lost, up[2]], 21)
+    record = again.status["history"][-1]
+    assert (record["generation"], record["joined"]) == (1, ["tj-worker-1"]), record
+    assert GenerationRecord.model_validate(record).placed_joiners() == set()

@@ -20,6 +20,7 @@ from tests.unit.builders import pod_env
 
 from torchjob.launch import Placement
 from torchjob.launch.layout import StoreLayout, prefixed
+from torchjob.launch.settings import RuntimeSettings
 from torchjob.launch.store_probe import HostsProbe, StoreProbe, answered, sweep
 from torchjob.train.recovery.formation import (
     ABSENT_AFTER_S,
@@ -326,6 +327,29 @@ def test_a_pod_whose_own_ranks_have_not_arrived_names_nobody() -> None:
     assert reports == []
 
 
+def test_a_member_created_with_the_generation_is_named_only_after_the_start_timeout() -> None:
+    """A newcomer the operator placed ahead (a Ready joiner) is named absent once the
+    formation has waited ``ABSENT_AFTER_S``; one created with the generation must first start
+    and import torch, and is named only after ``starting_after_s`` (the worker start timeout)."""
+    now = [0.0]
+    reports: list[tuple[int, float, str]] = []
+    with FormationWatch(
+        _pods_of_two(2),
+        lambda r, s, how: reports.append((r, s, how)),
+        5.0,
+        lambda a: _Probe(),
+        absence=Absence(lambda: [0, 1, 2, 3], frozenset({4, 6}), frozenset({6}), 120.0),
+        clock=lambda: now[0],
+    ) as watch:
+        for t in (ABSENT_AFTER_S, 60.0, 117.0):
+            now[0] = t
+            watch.check()
+        assert reports == [(4, ABSENT_AFTER_S, "absent")], "the placed newcomer, at 30 s"
+        now[0] = 120.0
+        watch.check()
+    assert reports == [(4, ABSENT_AFTER_S, "absent"), (6, 120.0, "absent")]
+
+
 def test_only_members_new_in_the_generation_may_be_named_absent() -> None:
     """``status.history``'s record of the generation says which pods joined in it; their
     first ranks are the only ones a formation names. Generation 0 has none (its pods start as
@@ -346,6 +370,15 @@ def test_only_members_new_in_the_generation_may_be_named_absent() -> None:
     placement = _pods_of_two(2)
     absence = absence_of(pod, placement, m, 3)
     assert absence is not None and absence.newcomers == {4}
+    assert absence.starting == set(), "tj-worker-7 was placed (@b) when it was published"
+    made_with_it = {**status, "history": [{**status["history"][1], "joined": ["tj-worker-7"]}]}
+    fresh = Membership.from_status(made_with_it)
+    assert fresh is not None and fresh.joined == ("tj-worker-7",) and fresh.placed == ()
+    starting = absence_of(pod, placement, fresh, 3)
+    assert starting is not None and starting.starting == {4}
+    assert starting.starting_after_s == max(
+        ABSENT_AFTER_S, RuntimeSettings.from_env().start_timeout_s
+    )
     assert absence_of(pod, placement, m, 2) is None, "another generation's membership"
     first = Membership.from_status({**status, "currentGeneration": 0})
     assert first is not None and first.joined == ()

@@ -62,6 +62,24 @@ def _named(indices: Sequence[int], job: str, nodes: dict[str, str]) -> list[str]
     return out or None
 
 
+def _placed(pods: Sequence[PodView], indices: Sequence[int]) -> dict[str, str]:
+    """The node of each pod of ``indices`` that is already placed and is not on its way out
+    (a joiner created ahead: it is Ready when a generation takes it in). A pod created with
+    the generation has none yet: the record's ``joined`` names it without ``@node``, and a
+    forming generation gives it the time to start (``torchjob.train.recovery.formation``)
+    before it names it absent. ``indices`` leaves out the pods replaced under the same name
+    (what is observed of those is the old pod, on its way out)."""
+    wanted = set(indices)
+    return {
+        p.name: p.node
+        for p in pods
+        if p.index in wanted
+        and p.node
+        and p.active
+        and not (p.killed or p.node_lost or p.silent is not None)
+    }
+
+
 def _silent(d: Decision, left: set[str], ended: Sequence[PodView] = ()) -> list[str]:
     """The pods that left and were reported silent in the generation that lost them (or,
     carried into it, in the one before: ``silent.silenced`` then marked them), by name."""
@@ -118,6 +136,7 @@ def started(d: Decision, pods: Sequence[PodView]) -> GenerationRecord | None:
             and (p.phase == PodPhase.FAILED or p.deleting or p.killed)
         }
     job = d.job.name
+    joined = [i for i in new if i not in old or i in replaced]
     if first:
         cause, detail = "Start", "the job's first generation"
     else:
@@ -149,7 +168,7 @@ def started(d: Decision, pods: Sequence[PodView]) -> GenerationRecord | None:
         detail=detail[:300],
         world_size=d.replicas * d.job.spec.resolved_nproc_per_node(),
         left=_named(left, job, nodes),
-        joined=_named([i for i in new if i not in old or i in replaced], job, {}),
+        joined=_named(joined, job, _placed(pods, [i for i in joined if i not in replaced])),
         silent=silent or None,
         loss_time=stamp(loss_time) if not first else None,
         step_at_loss=progress.step if progress is not None and not first else None,

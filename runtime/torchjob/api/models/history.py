@@ -43,7 +43,9 @@ class GenerationRecord(_Model):
         default=None, description="Pods of the previous generation not in this one (pod@node)."
     )
     joined: list[str] | None = Field(
-        default=None, description="Pods new in this generation (pod@node once scheduled)."
+        default=None,
+        description="Pods new in this generation: pod@node for a pod placed when it began (a "
+        "joiner created ahead), the name alone for one created with it.",
     )
     silent: list[str] | None = Field(
         default=None,
@@ -71,3 +73,9 @@ class GenerationRecord(_Model):
     def joined_pods(self) -> frozenset[str]:
         """The names of the pods new in this generation (``joined`` without ``@node``)."""
         return frozenset(x.partition("@")[0] for x in self.joined or ())
+
+    def placed_joiners(self) -> frozenset[str]:
+        """The pods of :meth:`joined_pods` that were already placed when the operator
+        published the generation (``pod@node``: joiners created ahead, their runtime waiting);
+        the others were created with it and must start first."""
+        return frozenset(x.partition("@")[0] for x in self.joined or () if "@" in x)

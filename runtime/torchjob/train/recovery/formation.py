@@ -14,7 +14,12 @@ generation for another reason. So each rank sets its arrival key as it enters th
 (``StoreLayout.arrival_key``), and a formation still waiting after :data:`ABSENT_AFTER_S`
 reads them: each member pod new in the generation (a replacement, a joiner: :class:`Absence`)
 with a rank that has not arrived is reported (``absent``), once, provided this pod's own ranks
-all have (else this pod may be the one that is late).
+all have (else this pod may be the one that is late). A new member that the operator created
+*with* the generation (not placed when it was published: ``Membership.placed``) must first be
+scheduled, start and import torch, which took more than 30 s on a loaded machine (a
+KeepSurvivors restart's replacement named absent and replaced once more, under six test
+sessions at once): it is named only after the worker start timeout
+(``TORCHJOB_WORKER_START_TIMEOUT_S``), the bound the runtime already sets on a start.
 """
 
 from __future__ import annotations
@@ -63,6 +68,10 @@ class Absence:
 
     arrived: Arrivals
     newcomers: frozenset[int]
+    starting: frozenset[int] = frozenset()
+    """The newcomers created with the generation (not placed when it was published): they
+    are named only after :attr:`starting_after_s`."""
+    starting_after_s: float = ABSENT_AFTER_S
 
 
 def peer_address(pod: contract.PodEnv, index: int) -> tuple[str, int]:
@@ -112,10 +121,13 @@ def arrivals_reader(placement: Placement, generation: int, *, use_libuv: bool) -
     return read
 
 
-def newcomer_ranks(pod: contract.PodEnv, m: Membership) -> frozenset[int]:
-    """The first rank of each member pod of ``m`` that is new in it (``Membership.joined``)."""
+def newcomer_ranks(
+    pod: contract.PodEnv, m: Membership, names: Collection[str] | None = None
+) -> frozenset[int]:
+    """The first rank of each member pod of ``m`` that is new in it (``Membership.joined``),
+    or of each of ``names``."""
     nproc = max(1, pod.nproc_per_node)
-    joined = set(m.joined)
+    joined = set(m.joined if names is None else names)
     return frozenset(
         place * nproc
         for place, index in enumerate(m.ranked)
@@ -133,8 +145,14 @@ def absence_of(
     newcomers = newcomer_ranks(pod, m) - {placement.rank_offset}
     if not newcomers:
         return None
-    libuv = RuntimeSettings.from_env().use_libuv
-    return Absence(arrivals_reader(placement, generation, use_libuv=libuv), newcomers)
+    settings = RuntimeSettings.from_env()
+    starting = newcomers & newcomer_ranks(pod, m, set(m.joined) - set(m.placed))
+    return Absence(
+        arrivals_reader(placement, generation, use_libuv=settings.use_libuv),
+        newcomers,
+        starting,
+        max(ABSENT_AFTER_S, settings.start_timeout_s),
+    )
 
 
 class FormationWatch:
@@ -184,15 +202,23 @@ class FormationWatch:
 
     def _absent(self, waited: float) -> dict[int, float]:
         """The first rank of each other member pod new in the generation with a rank that has
-        not arrived, once the formation has waited :attr:`absent_after_s` and this pod's own
-        ranks have arrived."""
-        if self._absence is None or waited < self.absent_after_s:
+        not arrived, once the formation has waited :attr:`absent_after_s` (a pod created with
+        the generation: ``Absence.starting_after_s``) and this pod's own ranks have arrived."""
+        a = self._absence
+        if a is None or waited < self.absent_after_s:
             return {}
         now = self._clock()
         if now - self._read_at < ARRIVALS_EVERY_S:
             return {}
         self._read_at = now
-        arrived = self._absence.arrived()
+        due = [
+            first
+            for first in sorted(a.newcomers)
+            if waited >= (a.starting_after_s if first in a.starting else self.absent_after_s)
+        ]
+        if not due:
+            return {}
+        arrived = a.arrived()
         if arrived is None:
             return {}
         p = self._placement
@@ -202,7 +228,7 @@ class FormationWatch:
             return {}  # this pod is late itself: it names nobody
         return {
             first: waited
-            for first in sorted(self._absence.newcomers)
+            for first in due
             if first != p.rank_offset
             and not set(range(first, min(first + nproc, p.world_size))) <= set(arrived)
         }

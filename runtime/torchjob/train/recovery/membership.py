@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from torchjob import contract
-from torchjob.api.models import TERMINAL_PHASES, TorchJobStatus
+from torchjob.api.models import TERMINAL_PHASES, GenerationRecord, TorchJobStatus
 from torchjob.train.job_status import JobEndpoint
 from torchjob.train.recovery.preemption import Leaving
 
@@ -48,6 +48,10 @@ class Membership:
     joined: tuple[str, ...] = ()
     """Pods new in this generation (its ``status.history`` record's ``joined``; none in
     generation 0): the only members a formation names absent (``recovery.formation``)."""
+    placed: tuple[str, ...] = ()
+    """The pods of :attr:`joined` that were placed when it was published (joiners created
+    ahead, their runtime already waiting); the others were created with it and start first,
+    so a formation gives them the worker start timeout before it names them absent."""
 
     @property
     def ranked(self) -> tuple[int, ...]:
@@ -81,14 +85,8 @@ class Membership:
             leaving=tuple(
                 Leaving(w.pod, w.reason, _time(w.deadline)) for w in s.leaving_workers or ()
             ),
-            joined=tuple(
-                sorted(
-                    name
-                    for r in s.history or ()
-                    if r.generation == s.current_generation > 0
-                    for name in r.joined_pods()
-                )
-            ),
+            joined=_of_generation(s, GenerationRecord.joined_pods),
+            placed=_of_generation(s, GenerationRecord.placed_joiners),
         )
 
     def excludes(self, pod_name: str, created_in: int) -> bool:
@@ -103,6 +101,16 @@ class Membership:
             return 0.0
         now = now or datetime.now(timezone.utc)
         return max(0.0, (self.restart_after - now).total_seconds())
+
+
+def _of_generation(
+    s: TorchJobStatus, names: Callable[[GenerationRecord], frozenset[str]]
+) -> tuple[str, ...]:
+    """``names`` of the current generation's ``status.history`` record (none in generation 0)."""
+    current = s.current_generation or 0
+    return tuple(
+        sorted(name for r in s.history or () if r.generation == current > 0 for name in names(r))
+    )
 
 
 def _time(text: str | None) -> datetime | None:
