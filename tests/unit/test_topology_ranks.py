@@ -11,7 +11,7 @@ from typing import Any
 from tests.unit.builders import at, job, running
 from tests.unit.test_kueue_planner import ADMITTED, gated
 from tests.unit.test_planner import apply, evicted
-from tests.unit.test_topology import BLOCK, _assignment
+from tests.unit.test_topology_decisions import BLOCK, _assignment
 
 from torchjob import contract
 from torchjob.api.models import TorchJobSpec
