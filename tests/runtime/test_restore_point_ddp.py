@@ -112,9 +112,10 @@ def test_without_init_broadcast_stands_down_ddps_broadcast_only_inside(tmp_path:
 
     before = distributed._sync_module_states
     out = str(tmp_path / "w")
-    # Forked: this process has torch imported already (spawned, each imports it again).
+    # Spawned: forking this process (pytest's, with its threads) could copy a lock some
+    # thread holds, and a child would hang on it; each child imports torch again instead.
     torch.multiprocessing.start_processes(
-        _construct, args=(str(tmp_path / "init"), out), nprocs=2, start_method="fork"
+        _construct, args=(str(tmp_path / "init"), out), nprocs=2, start_method="spawn"
     )
     (in0, out0), (in1, out1) = torch.load(f"{out}-0.pt"), torch.load(f"{out}-1.pt")
     assert not torch.equal(in0, in1), "inside: no broadcast"
