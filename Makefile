@@ -157,15 +157,15 @@ images-push: ## push the images to IMAGE_REPO (e.g. make images-push IMAGE_REPO=
 .PHONY: node
 node: cluster ## join a real node (kubelet + containerd, hack/node.sh) to the local cluster
 	hack/images.sh build operator runtime-cpu pause
-	hack/node.sh up
-	hack/node.sh import $$(for i in operator runtime-cpu pause; do hack/images.sh save $$i; done)
+	tars="$$(for i in operator runtime-cpu pause; do hack/images.sh save $$i | tail -n 1; done)" && \
+	  hack/node.sh up $$tars && hack/node.sh import $$tars
 
 .PHONY: cluster-nodes
 REAL_NODES ?= 3
 cluster-nodes: cluster ## the local cluster with REAL_NODES real nodes (default 3, at most 4: kubelet + containerd each, hack/node.sh), the images in each
 	hack/images.sh build operator runtime-cpu pause
-	TORCHJOB_REAL_NODES=$(REAL_NODES) hack/node.sh up
-	hack/node.sh import $$(for i in operator runtime-cpu pause; do hack/images.sh save $$i; done)
+	tars="$$(for i in operator runtime-cpu pause; do hack/images.sh save $$i | tail -n 1; done)" && \
+	  TORCHJOB_REAL_NODES=$(REAL_NODES) hack/node.sh up $$tars && hack/node.sh import $$tars
 
 .PHONY: e2e-kind
 e2e-kind: ## end-to-end on kind (needs Docker; skips with a message without it)

@@ -276,8 +276,8 @@ class Losses:
 
 
 DISK_USED_MAX = 0.75
-"""The most of ``/`` a run may start with in use: each real node keeps its own copy of the
-images, a row's replacements write more, and past 85 % the kubelets' image garbage
+"""The most of ``/`` a run may start with in use: a row's containers write their own layers
+and logs (the nodes share the images' files: hack/node-roots.sh), and past 85 % the kubelets' image garbage
 collection removes images the rows need (2026-11-29g: the pause image went from two nodes
 at 92 % and the rows after never started)."""
 

@@ -3,8 +3,10 @@
 # host-local) + CoreDNS in its own network and mount namespaces, joined to the kwokctl control
 # plane of hack/cluster.sh beside its fake kwok nodes.
 #
-#   hack/node.sh up           start (or reuse) the real nodes of cluster $TORCHJOB_CLUSTER_NAME:
-#                             $TORCHJOB_REAL_NODES of them (1 to 4, default 1), <cluster>-real-K
+#   hack/node.sh up [TAR..]   start (or reuse) the real nodes of cluster $TORCHJOB_CLUSTER_NAME:
+#                             $TORCHJOB_REAL_NODES of them (1 to 4, default 1), <cluster>-real-K;
+#                             with image tars, each node started begins with those images
+#                             imported and unpacked (a seeded root, hard-linked: node-roots.sh)
 #   hack/node.sh down         stop them all and remove their state (also `hack/cluster.sh down`)
 #   hack/node.sh import TAR.. import docker-archive image tars into every running node's
 #                             containerd (a tar already imported into a node is skipped)
@@ -100,6 +102,9 @@ kc_retry() {
   kc "$@"
 }
 now_ms() { date +%s%3N; }
+# shellcheck source=node-roots.sh
+source "${HACK_DIR}/node-roots.sh"
+SEED=() # cmd_up: the image archives a node it starts is seeded with
 
 COUNT="${TORCHJOB_REAL_NODES:-1}"
 [[ "${COUNT}" =~ ^[1-9][0-9]*$ && "${COUNT}" -le "${MAX_NODES}" ]] ||
@@ -513,6 +518,7 @@ ensure_fabric() {
 # start_node: the selected node's namespaces, processes and link (does not wait for Ready).
 start_node() {
   write_configs
+  [[ ${#SEED[@]} == 0 ]] || seed_node "${SEED[@]}" || die "could not seed ${NODE}'s containerd root"
   write_inside
   setup_cgroups
   local svc_ip kv sysctls=() j peers=""
@@ -539,8 +545,10 @@ start_node() {
 }
 
 cmd_up() {
-  local start missing k started=()
+  local start missing k started=() tar
   start=$(now_ms)
+  SEED=("$@")
+  for tar in "${SEED[@]}"; do [[ -s "${tar}" ]] || die "no image archive ${tar}"; done
   missing="$(missing_prereqs)"
   [[ -z "${missing}" ]] || die "missing prerequisites: $(tr '\n' ' ' <<<"${missing}")(Debian: apt-get install containerd runc containernetworking-plugins iptables iproute2; then make testbin)"
   kc_retry get --raw /readyz >/dev/null 2>&1 || die "cluster '${NAME}' is not running (hack/cluster.sh up)"
@@ -827,7 +835,10 @@ lock() {
 }
 
 case "${1:-}" in
-  up) lock && cmd_up ;;
+  up)
+    shift
+    lock && cmd_up "$@"
+    ;;
   down) lock && cmd_down ;;
   import)
     shift
@@ -850,7 +861,7 @@ case "${1:-}" in
     [[ -z "${m}" ]] || { printf 'missing: %s\n' "$(tr '\n' ' ' <<<"${m}")" >&2; exit 1; }
     ;;
   *)
-    echo "usage: $0 up|down|import TAR...|status|name|names|host-ip|vanish NODE|return NODE|partition A B|heal A B|notice NODE [...]|prereqs|cert-sans" >&2
+    echo "usage: $0 up [TAR...]|down|import TAR...|status|name|names|host-ip|vanish NODE|return NODE|partition A B|heal A B|notice NODE [...]|prereqs|cert-sans" >&2
     exit 2
     ;;
 esac

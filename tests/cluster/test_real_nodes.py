@@ -201,6 +201,37 @@ def test_pods_on_three_nodes_reach_each_other_by_pod_ip_and_the_headless_service
         assert seen[SERVICE] == sorted(ips), seen
 
 
+def test_the_nodes_began_with_the_images_unpacked_from_one_seeded_root(
+    real_nodes: RealNode, peers: Peers, cluster: k.Cluster
+) -> None:
+    """``hack/node.sh up TAR...`` (hack/node-roots.sh): every node's containerd began from one
+    root prepared with the images imported and unpacked, hard-linked, so the image layers are
+    one file on disk for all three nodes; each node's containerd has every image complete and
+    unpacked for its snapshotter, and the peers' containers run from them."""
+    kubeconfig = Path(cluster.kubeconfig)
+    blobs = "containerd/root/io.containerd.content.v1.content/blobs/sha256"
+    layers: list[dict[str, int]] = []
+    for node in real_nodes.names[:3]:
+        state = real_nodes.state(node, kubeconfig)
+        imported = (state / "imported").read_text().split()
+        assert {Path(t).name.split("-")[0] for t in imported} >= {"operator", "runtime"}, imported
+        layers.append(
+            {
+                f.name: f.stat().st_ino
+                for f in (state / blobs).iterdir()
+                if f.stat().st_size > 1 << 20
+            }
+        )
+        checked = real_nodes.containerd(node, kubeconfig, "images", "check").splitlines()[1:]
+        assert checked and all(line.split()[-1] == "true" for line in checked), checked
+    assert layers[0] and layers[0] == layers[1] == layers[2], "the same inodes on every node"
+    assert all(
+        f.stat().st_nlink >= 4
+        for f in (real_nodes.state(real_nodes.names[0], kubeconfig) / blobs).iterdir()
+        if f.name in layers[0]
+    ), "the seeded root and three nodes"
+
+
 def test_vanish_freezes_every_process_of_the_node_and_cuts_its_link_and_return_revives_it(
     real_nodes: RealNode, peers: Peers, cluster: k.Cluster, core_v1: Any
 ) -> None:
