@@ -58,8 +58,9 @@ FOLLOW_TIMEOUT_S = 900.0
 SUPERSEDED_AFTER_S = 10.0
 """A formation that a later generation superseded is given up only once it has waited this
 long: a sound one forms within seconds, then stops at its first report for the next
-generation with its processes, and their restore point, kept; a formation given up loses
-them. Only one still waiting for a peer that will never come is worth giving up."""
+generation with its processes kept; a formation given up costs its processes (new ones are
+forked from the zygote and map the restore point the old ones left in the pod's shared
+memory). Only one still waiting for a peer that will never come is worth giving up."""
 
 
 # --- modes ---------------------------------------------------------------------------------
@@ -257,8 +258,16 @@ class KeepSurvivorsMode:
     def superseded(self, forming_s: float) -> str | None:
         """A generation after the one this pod's group has formed for
         :data:`SUPERSEDED_AFTER_S` or more left out a pod the formation waits for (or a
-        new pod took its name): that peer never comes, so follow the new generation. A
-        pure grow (every member kept, none replaced) supersedes nothing."""
+        new pod took its name): that peer never comes, so follow the new generation.
+
+        A pure grow (every member kept, none replaced) supersedes it too: a member that had
+        not reached this formation when the grow was published reads the grow and forms
+        *that* generation, never this one, so each formation waits for the other's pods
+        (bench/results/2026-12-02h: a pod created for generation 7 started as 8 was
+        published and formed 8; its peers, starting a moment later, formed 9, a grow of 8;
+        neither completed for 116 s, until a notice published 10). Giving up costs this
+        formation's processes, not the state: the restore point stays in the pod's shared
+        memory (``torchjob.train.recovery.shm_keep``)."""
         if forming_s < SUPERSEDED_AFTER_S:
             return None
         moved = self.watch.changed(self.membership.generation)
@@ -274,7 +283,11 @@ class KeepSurvivorsMode:
         job = self.pod_name.rpartition("-worker-")[0]
         renewed = sorted(i for i in forming if worker_pod_name(job, i) in moved.replaced)
         if later > forming and not renewed:
-            return None  # a grow: this formation can complete (then stop, memory kept)
+            return (
+                f"generation {moved.generation} grew it by pod(s) {sorted(later - forming)}, "
+                f"{forming_s:.0f}s into the formation: a member that read the grow first "
+                "forms that generation, never this one"
+            )
         # The same pods by name, or some replaced: a new pod under a lost one's name (a
         # hard kill) joins the later generation, never this formation.
         return (
