@@ -58,9 +58,8 @@ FOLLOW_TIMEOUT_S = 900.0
 SUPERSEDED_AFTER_S = 10.0
 """A formation that a later generation superseded is given up only once it has waited this
 long: a sound one forms within seconds, then stops at its first report for the next
-generation with its processes kept; a formation given up costs its processes (new ones are
-forked from the zygote and map the restore point the old ones left in the pod's shared
-memory). Only one still waiting for a peer that will never come is worth giving up."""
+generation with its processes kept; a formation given up costs its processes (the restore
+point stays in shared memory). Only one waiting for a peer that never comes is worth it."""
 
 
 # --- modes ---------------------------------------------------------------------------------
@@ -256,44 +255,32 @@ class KeepSurvivorsMode:
         )
 
     def superseded(self, forming_s: float) -> str | None:
-        """A generation after the one this pod's group has formed for
-        :data:`SUPERSEDED_AFTER_S` or more left out a pod the formation waits for (or a
-        new pod took its name): that peer never comes, so follow the new generation.
-
-        A pure grow (every member kept, none replaced) supersedes it too: a member that had
-        not reached this formation when the grow was published reads the grow and forms
-        *that* generation, never this one, so each formation waits for the other's pods
-        (bench/results/2026-12-02h: a pod created for generation 7 started as 8 was
-        published and formed 8; its peers, starting a moment later, formed 9, a grow of 8;
-        neither completed for 116 s, until a notice published 10). Giving up costs this
-        formation's processes, not the state: the restore point stays in the pod's shared
-        memory (``torchjob.train.recovery.shm_keep``)."""
+        """A later generation, once this pod's group has formed for :data:`SUPERSEDED_AFTER_S`:
+        follow it. It left out a pod the formation waits for (that peer never comes), gave an
+        old pod's name to a new one (which joins the later generation), or only grew it: a
+        member that read the grow before it reached this formation forms the grow, never this
+        one (bench/results/2026-12-02h: generations 8 and 9 waited for each other for 116 s).
+        Giving up costs the processes; the restore point stays in shared memory (shm_keep)."""
         if forming_s < SUPERSEDED_AFTER_S:
             return None
         moved = self.watch.changed(self.membership.generation)
         if moved is None:
             return None
         forming, later = set(self.membership.ranked), set(moved.ranked)
-        gone = sorted(forming - later)
-        if gone:
-            return (
-                f"generation {moved.generation} was published without pod(s) {gone}, "
-                f"{forming_s:.0f}s into the formation"
-            )
+        at = f"{forming_s:.0f}s into the formation"
+        if gone := sorted(forming - later):
+            return f"generation {moved.generation} was published without pod(s) {gone}, {at}"
         job = self.pod_name.rpartition("-worker-")[0]
         renewed = sorted(i for i in forming if worker_pod_name(job, i) in moved.replaced)
         if later > forming and not renewed:
             return (
                 f"generation {moved.generation} grew it by pod(s) {sorted(later - forming)}, "
-                f"{forming_s:.0f}s into the formation: a member that read the grow first "
-                "forms that generation, never this one"
+                f"{at}: a member that read the grow first forms that generation, never this one"
             )
-        # The same pods by name, or some replaced: a new pod under a lost one's name (a
-        # hard kill) joins the later generation, never this formation.
         return (
             f"generation {moved.generation} was published with the same pods by name"
-            f"{f' (replaced: {renewed})' if renewed else ''}, {forming_s:.0f}s into the "
-            "formation: a pod under one of their names is a new one"
+            f"{f' (replaced: {renewed})' if renewed else ''}, {at}: a pod under one of their "
+            "names is a new one"
         )
 
     def after_interrupt(self, c: FitContext, state: RunState, at_report: int | None) -> Step:
