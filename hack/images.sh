@@ -164,18 +164,18 @@ build_image() {
   case "${image}" in
     operator)
       base="$(operator_base)"
-      hash="$(inputs_hash pyproject.toml runtime operator images/operator)-$(base_id "${base}")"
+      hash="$(inputs_hash pyproject.toml runtime operator images/operator images/venv.sh)-$(base_id "${base}")"
       build_one operator "${REPO}/images/operator/Dockerfile" "${REPO}" "${base}" "${hash}"
       ;;
     runtime)
       base="pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
       registry_answers "${base}" || die "the runtime (CUDA) image needs ${base} from a registry, and none answers; 'runtime-cpu' builds without one"
-      hash="$(inputs_hash pyproject.toml runtime operator images/runtime)"
+      hash="$(inputs_hash pyproject.toml runtime operator images/runtime images/venv.sh)"
       build_one runtime "${REPO}/images/runtime/Dockerfile" "${REPO}" "${base}" "${hash}"
       ;;
     runtime-cpu)
       base="$(cpu_torch_base)"
-      hash="$(inputs_hash pyproject.toml runtime operator images/runtime)-cpu-$(base_id "${base}")"
+      hash="$(inputs_hash pyproject.toml runtime operator images/runtime images/venv.sh)-cpu-$(base_id "${base}")"
       # Debian's torch is built without libuv, the default of torch's TCPStore since 2.4:
       # USE_LIBUV=0 makes init_process_group("env://") use the classic store.
       build_one runtime-cpu "${REPO}/images/runtime/Dockerfile" "${REPO}" "${base}" "${hash}" \

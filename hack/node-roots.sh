@@ -11,7 +11,8 @@
 # in place is shared: content blobs (by digest) and the committed snapshots (overlay lower
 # layers: a container writes to its own upper layer). Its databases are copied, so each node
 # keeps its own records. A node that a later `import` gives other images imports them as
-# before.
+# before. A new set of archives is imported on top of a copy of the newest root, so only
+# the layers a commit changed are written and unpacked again.
 
 NODE_ROOTS="${TORCHJOB_NODE_ROOTS:-${HOME}/.cache/torchjob/node-roots}"
 
@@ -19,11 +20,44 @@ roots_key() { # roots_key TAR...: the name of the root that holds these archives
   { containerd --version; for t in "$@"; do basename "${t}"; done | sort; } | sha256sum | cut -c1-16
 }
 
+ROOT_VERSION=.torchjob-containerd-version # in each root: the containerd that made it
+
+base_root() { # base_root: the newest root made by this containerd, to import on top of
+  local version d
+  version="$(containerd --version)"
+  while IFS= read -r d; do
+    if [[ -f "${d}/${ROOT_VERSION}" && "$(<"${d}/${ROOT_VERSION}")" == "${version}" ]]; then
+      echo "${d}"
+      return 0
+    fi
+  done < <(find "${NODE_ROOTS}" -mindepth 1 -maxdepth 1 -type d ! -name '.*' -printf '%T@ %p\n' |
+    sort -rn | cut -d' ' -f2-)
+}
+
+link_root() { # link_root SRC DST: DST a hard-linked copy of the root SRC, its databases copied
+  local src="$1" dst="$2" f
+  if [[ "$(stat -c %d "${src}")" == "$(stat -c %d "$(dirname "${dst}")")" ]]; then
+    cp -al "${src}" "${dst}"
+  else
+    cp -a --reflink=auto "${src}" "${dst}" # another filesystem: no hard links
+  fi
+  # What containerd writes in place is the copy's own: its bolt databases.
+  while IFS= read -r -d '' f; do
+    rm -f "${dst}/${f}"
+    cp -p "${src}/${f}" "${dst}/${f}"
+  done < <(cd "${src}" && find . -type f -name '*.db' -print0)
+}
+
 build_root() { # build_root DIR TAR...: a containerd root with the tars imported and unpacked
-  local dir="$1" tmp sock pid tar i start
+  local dir="$1" tmp sock pid tar i start base
   shift
   start=$(now_ms)
   tmp="$(mktemp -d "${NODE_ROOTS}/.build-XXXXXX")"
+  # A new commit changes the runtime image's top layers only: on top of the newest root (a
+  # hard-linked copy), the import finds every other layer's blob and snapshot there and
+  # skips it; only the new layers are written and unpacked.
+  base="$(base_root)"
+  [[ -z "${base}" ]] || link_root "${base}" "${tmp}/root"
   sock="/run/torchjob-seed-$$.sock" # a unix socket path must be short
   cat >"${tmp}/config.toml" <<EOF
 version = 2
@@ -52,12 +86,23 @@ EOF
       die "ctr images import ${tar} into the seeded root failed"
     fi
   done
+  if [[ -n "${base}" ]]; then
+    # The images the base held under the same names now point at the new ones: a removal
+    # (of a throwaway tag) runs containerd's garbage collection at once, which removes the
+    # old images' layers, blobs and snapshots, from this root only (its links).
+    local any
+    any="$(ctr --address "${sock}" -n k8s.io images ls -q | sed -n 1p)"
+    ctr --address "${sock}" -n k8s.io images tag "${any}" torchjob.local/gc:now >/dev/null &&
+      ctr --address "${sock}" -n k8s.io images rm --sync torchjob.local/gc:now >/dev/null ||
+      log "could not collect the base root's old layers (they stay, unused)"
+  fi
+  containerd --version >"${tmp}/root/${ROOT_VERSION}"
   kill "${pid}" 2>/dev/null || true
   wait "${pid}" 2>/dev/null || true
   rm -f "${sock}" "${sock}.ttrpc"
   mv "${tmp}/root" "${dir}"
   rm -rf "${tmp}"
-  log "prepared the seeded node root ${dir##*/} (images imported and unpacked) in $(($(now_ms) - start))ms"
+  log "prepared the seeded node root ${dir##*/} (images imported and unpacked${base:+ on top of ${base##*/}}) in $(($(now_ms) - start))ms"
 }
 
 seeded_root() { # seeded_root TAR...: print the root that holds these images, preparing it once
@@ -81,19 +126,10 @@ seeded_root() { # seeded_root TAR...: print the root that holds these images, pr
 }
 
 seed_node() { # seed_node TAR...: the selected node's containerd root from the seeded root
-  local src dst f
+  local src dst
   src="$(seeded_root "$@")" || return 1
   dst="${STATE}/containerd/root"
   rm -rf "${dst}"
-  if [[ "$(stat -c %d "${src}")" == "$(stat -c %d "${STATE}")" ]]; then
-    cp -al "${src}" "${dst}"
-  else
-    cp -a --reflink=auto "${src}" "${dst}" # another filesystem: no hard links
-  fi
-  # What containerd writes in place is the node's own: its bolt databases.
-  while IFS= read -r -d '' f; do
-    rm -f "${dst}/${f}"
-    cp -p "${src}/${f}" "${dst}/${f}"
-  done < <(cd "${src}" && find . -type f -name '*.db' -print0)
+  link_root "${src}" "${dst}"
   printf '%s\n' "$@" >"${STATE}/imported"
 }
