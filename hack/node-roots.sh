@@ -96,6 +96,7 @@ EOF
       ctr --address "${sock}" -n k8s.io images rm --sync torchjob.local/gc:now >/dev/null ||
       log "could not collect the base root's old layers (they stay, unused)"
   fi
+  rm -f "${tmp}/root/${ROOT_VERSION}" # a link to the base's: write a file of this root's own
   containerd --version >"${tmp}/root/${ROOT_VERSION}"
   kill "${pid}" 2>/dev/null || true
   wait "${pid}" 2>/dev/null || true
