@@ -95,6 +95,22 @@ def test_sigterm_turns_an_interrupt_into_a_stop_and_a_crash_into_an_error(tmp_pa
     assert isinstance(c._next(STATE, Crashed(RAISED)), Errored)
 
 
+def test_a_pod_told_to_stop_while_its_peers_never_came_stops_cleanly(tmp_path: Path) -> None:
+    """2026-12-02i, gp-worker-8: left out of a generation while its group formed, and
+    deleted meanwhile, a pod ended with TrainingFailedError and a traceback. Its own workers
+    were fine; only its peers (never came, or broke the group) did anything wrong."""
+    c = survivor(tmp_path, Membership(0, 2))
+    c.stop_requested.set()
+    given_up = WorkerGroupStartError("rank(s) [3] were still joining", waiting_for_peers=True)
+    assert c._next(STATE, Crashed(given_up)) == Stopped(None)
+    peer = WorkerGroupError(0, "DistBackendError", "Connection closed by peer", peer_failure=True)
+    assert c._next(STATE, Crashed(peer)) == Stopped(None)
+    # Its own workers' failures stay errors, stopping or not.
+    assert isinstance(c._next(STATE, Crashed(RAISED)), Errored)
+    own = WorkerGroupStartError("rank 1 worker died while joining the process group")
+    assert isinstance(c._next(STATE, Crashed(own)), Errored)
+
+
 def test_local_interrupt_is_a_resize_only_when_one_was_decided(tmp_path: Path) -> None:
     c = Controller(trainer(tmp_path, workers=3, min_workers=1), None)
     assert c._next(STATE, stopped(2)) == Stopped(2)

@@ -228,11 +228,8 @@ class Controller:
 
     def _loop(self, view: ProgressView) -> Result:
         storage = self.storage
-        if (
-            storage is not None
-            and storage.is_local
-            and (self.pod is None or self.pod.generation == 0)
-        ):
+        first = self.pod is None or self.pod.generation == 0
+        if storage is not None and storage.is_local and first:
             # Only at the run's very start: later, an earlier rank 0 may still be committing.
             storage.remove_incomplete()
         state = RunState(
@@ -295,6 +292,8 @@ class Controller:
                     return Stopped(at_report)
                 return self.mode.after_interrupt(self, state, at_report)
             case Crashed(err, held):
+                if self.stop_requested.is_set() and record.peers_only(err):
+                    return Stopped(at_report=None)  # told to stop, and only its peers broke
                 if self.stop_requested.is_set() or not record.retryable(err):
                     return Errored(err, str(err))
                 return self.mode.after_failure(self, replace(state, survivors_hold_state=held), err)

@@ -15,7 +15,7 @@ from typing import Any
 from torchjob import contract
 from torchjob.checkpoint import CheckpointError, CheckpointStorage, rank_checkpoints
 from torchjob.contract import PodEnv
-from torchjob.launch import LaunchError, WorkerGroupError
+from torchjob.launch import LaunchError, WorkerGroupError, WorkerGroupStartError
 from torchjob.launch.termination import failure_message, write_termination_message
 from torchjob.train import _shared_result, teardown
 from torchjob.train._spec import WorkerOutcome
@@ -131,6 +131,13 @@ def stopped(result: Result, at_report: int | None, *, in_pod: bool) -> TrainingS
 def retryable(err: LaunchError) -> bool:
     """A corrupt checkpoint fails the same way every time: stop at once, naming its path."""
     return not (isinstance(err, WorkerGroupError) and err.exc_type == "CheckpointError")
+
+
+def peers_only(err: LaunchError) -> bool:
+    """This host's workers were fine: a peer never came to the group, or its loss broke it."""
+    if isinstance(err, WorkerGroupStartError):
+        return err.waiting_for_peers
+    return isinstance(err, WorkerGroupError) and err.peer_failure
 
 
 def failed(
