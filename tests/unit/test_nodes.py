@@ -23,7 +23,7 @@ from torchjob_operator.engine.cache import Store
 from torchjob_operator.engine.nodewatch import NodeBook
 from torchjob_operator.resources.pods import avoid_nodes
 from torchjob_operator.torchjob.drain import replacement_lead
-from torchjob_operator.torchjob.nodes import NODE_LOST, suspect_nodes, with_nodes
+from torchjob_operator.torchjob.nodes import NODE_LOST, OVERDUE_S, suspect_nodes, with_nodes
 from torchjob_operator.torchjob.observed import PodView
 from torchjob_operator.torchjob.plan import JobView, plan, with_state
 from torchjob_operator.torchjob.writes import decide
@@ -597,6 +597,28 @@ def test_a_pod_stuck_terminating_on_a_lost_node_holds_its_name_and_nothing_else(
     # A stale pod that is merely terminating (its node reports) is waited for, as before.
     waiting = plan(view, [stuck], at(6))
     assert waiting.create is None
+
+
+def test_a_pod_overdue_past_its_deletion_deadline_holds_its_name_and_nothing_else() -> None:
+    """bench/results/2026-12-02i: a leaver deleted on a node that then vanished stayed until
+    the node was known lost (43 s) and held the restart that long. A pod still there
+    OVERDUE_S past its deletion deadline (a live kubelet kills it at the deadline) holds
+    only its name, before its node is known lost; until then the restart looks again when
+    it would be overdue, since nothing else may say so."""
+    view = job().replicas(2).build()
+    _, view, pods = step(view, [], 0)
+    up = [on(p, f"n{p.index}") for p in pods]
+    _, view, _ = step(view, up, 1)
+    restarted, view, _ = step(view, [up[0], preempted(up[1])], 5)
+    assert restarted.status["currentGeneration"] == 1 and restarted.create is None
+    leaving = replace(up[1], deleting=True, deletion_at=at(20))  # a 15 s grace period
+    waiting = plan(view, [leaving], at(21))
+    assert waiting.create is None, "before its deadline it may still commit a checkpoint"
+    assert waiting.requeue_after_s == pytest.approx(20 - 21 + OVERDUE_S)
+    assert plan(view, [leaving], at(20 + OVERDUE_S - 1)).create is None
+    overdue = plan(view, [leaving], at(20 + OVERDUE_S))
+    assert overdue.create is not None and overdue.create.indices == (0, 2)
+    assert overdue.status["members"] == [0, 2]
 
 
 def test_a_replacement_would_rather_not_go_to_the_node_of_a_silent_pod() -> None:

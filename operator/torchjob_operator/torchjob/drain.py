@@ -269,7 +269,7 @@ def waited_for(d: Decision, stale: Sequence[PodView], current: Sequence[PodView]
     51 s without a step). Before the first step a leaver may still be committing the
     checkpoint the generation resumes from, and any other job's pods share the new
     generation's names and checkpoint: they are waited for."""
-    left = [p for p in stale if not held_only(p)]
+    left = [p for p in stale if not held_only(p, d.now)]
     trained = d.job.state.progress is not None and formed(d)  # a report, of this generation
     if d.job.spec.membership_policy != MembershipPolicy.KEEP_SURVIVORS or not trained:
         return left

@@ -156,20 +156,39 @@ def placed_again(d: Decision, p: PodView) -> bool:
     return p.deleting and not p.scheduled and not p.joiner and p.index in d.placing_again
 
 
-def held_only(p: PodView) -> bool:
-    """``p`` holds its name and nothing else: stuck Terminating on a lost node, or being
-    deleted after its peers found it silent (``PodView.silent``, in this generation or an
-    earlier one: ``silent.silenced``; its node may have vanished while the API server still
-    shows it Ready, for ~40 s, and it would not go before). The next generation creates its
-    place under another index instead of waiting for it."""
-    return p.stuck or (p.deleting and p.silent is not None)
+OVERDUE_S = 15.0
+"""A pod still shown this long after its deletion deadline is one no kubelet confirms."""
+
+
+def held_only(p: PodView, now: datetime) -> bool:
+    """``p`` holds its name and nothing else: stuck Terminating on a lost node; being deleted
+    after its peers found it silent (``PodView.silent``, in this generation or an earlier
+    one: ``silent.silenced``; its node may have vanished while the API server still shows it
+    Ready, for ~40 s, and it would not go before); or still there :data:`OVERDUE_S` after its
+    deletion deadline (``deletionTimestamp``, when a live kubelet kills it; a leaver deleted
+    on a node that then vanished stayed until the node was known lost, 40-53 s, and held
+    the restart that long: bench/results/2026-12-02i). The next generation creates its place
+    under another index instead of waiting for it."""
+    overdue = p.deletion_at is not None and (now - p.deletion_at).total_seconds() >= OVERDUE_S
+    return p.stuck or (p.deleting and (p.silent is not None or overdue))
+
+
+def overdue_in(pods: Iterable[PodView], now: datetime) -> list[float]:
+    """Seconds until each pod being deleted would be overdue (:func:`held_only`)."""
+    return [
+        max(0.0, (p.deletion_at - now).total_seconds() + OVERDUE_S)
+        for p in pods
+        if p.deleting and p.deletion_at is not None
+    ]
 
 
 __all__ = [
     "NODE_LOST",
     "NODE_NOTICE",
+    "OVERDUE_S",
     "held_only",
     "lost_silent",
+    "overdue_in",
     "place_again",
     "suspect_nodes",
     "unplaceable",

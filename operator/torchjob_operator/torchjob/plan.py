@@ -73,7 +73,7 @@ from torchjob_operator.torchjob.ending import (
 )
 from torchjob_operator.torchjob.initializing import holds, initializing
 from torchjob_operator.torchjob.loss import after_loss, survives
-from torchjob_operator.torchjob.nodes import held_only, place_again, placed_again
+from torchjob_operator.torchjob.nodes import held_only, overdue_in, place_again, placed_again
 from torchjob_operator.torchjob.observed import JobState, PodView, ProbeView
 from torchjob_operator.torchjob.phase import active_phase
 from torchjob_operator.torchjob.silent import recheck_after, silenced
@@ -275,13 +275,15 @@ def _carry_on(d: Decision, pods: Sequence[PodView]) -> Plan:
         # by the garbage collector): ours would share their names. Wait, counting nothing;
         # their deletion pokes this job's loop (same name label), the requeue is a safety net.
         d = d.also(requeue=[FOREIGN_RECHECK_S])
-    elif not waited_for(d, stale, current):
-        # A pod stuck Terminating on a lost node, or deleted after its peers found it silent
-        # (its node may have vanished while the API server still shows it Ready), blocks
-        # nothing: only its index is taken; nor, for KeepSurvivors, does a pod being deleted
-        # whose name no missing place needs.
-        held = {p.index for p in stale if held_only(p)}
+    elif not (waits := waited_for(d, stale, current)):
+        # A pod stuck Terminating on a lost node, deleted after its peers found it silent
+        # (its node may have vanished while the API server still shows it Ready), or overdue,
+        # blocks nothing: only its index is taken; nor, for KeepSurvivors, does a pod being
+        # deleted whose name no missing place needs.
+        held = {p.index for p in stale if held_only(p, now)}
         d = _create(d, current, held, {p.index for p in pods})
+    else:  # look again once a pod waited for would be overdue (nothing else may say so)
+        d = d.also(requeue=overdue_in(waits, now))
 
     if job.foreign_pods and d.create is None and d.created_generation != d.generation:
         if d.phase != Phase.RESTARTING:
