@@ -159,6 +159,49 @@ def test_a_sigkilled_trainer_costs_a_step_the_survivor_goes_on_from_memory_at_on
     assert_resumed_from_memory(read_events(events), lost_gen=0)
 
 
+def test_a_group_broken_with_every_pod_alive_re_forms_the_same_pods_from_memory(
+    real_jobs: Jobs, storage: Path
+) -> None:
+    """bench/results/2026-12-03a: every rank of a generation raised ``Connection closed by
+    peer`` with no process dead and no pod lost, and each pod waited for a generation that
+    nothing published. Here rank 1 shuts down its gloo connections after step 10
+    (``HARD_LOSS_BREAK_AT``): both pods' groups break with every process alive, each says so
+    in ``status.silentWorkers`` (``how: broken``), and the operator publishes generation 1
+    with the same two pods (the same uids), uncharged; they re-form from their memory, with
+    at most one step done again, and finish with equal parameters."""
+    events = storage / "events.jsonl"
+    body = hard_loss_job("broke", storage, events, steps=40, hold=1)
+    body["spec"]["template"]["spec"]["containers"][0]["env"].append(
+        {"name": "HARD_LOSS_BREAK_AT", "value": "10"}
+    )
+    real_jobs.apply(body)
+    before = {
+        p.metadata.name: p.metadata.uid
+        for p in real_jobs.wait_running_pods("broke", 2, generation=0, timeout=240)
+    }
+    status = wait_finished(real_jobs, "broke")
+    logs = pod_logs(real_jobs, "broke")
+    assert status["phase"] == "Succeeded", logs
+    evs = read_events(events)
+    broke = [e for e in evs if e["ev"] == "broke"]
+    assert broke and broke[0]["connections"] >= 1, broke
+    assert (status["restarts"], status["disruptions"]) == (0, 0), status
+    assert [h["cause"] for h in status["history"]] == ["Start", "GroupBroken"], status["history"]
+    assert status["losses"] == {"GroupBroken": 1}, status
+    said = {(w["pod"], w["by"], w.get("how")) for w in status.get("silentWorkers") or []}
+    assert said == {(n, n, "broken") for n in before}, said
+    after = {p.metadata.name: p.metadata.uid for p in real_jobs.pods("broke")}
+    assert after == before, "the same pods: none replaced"
+    restored = [e for e in evs if e["ev"] == "restored" and e["gen"] == 1]
+    assert sorted(e["rank"] for e in restored) == [0, 1], restored
+    assert all(e["source"] == "memory" for e in restored), restored
+    done = max(e["step"] for e in evs if e["ev"] == "step" and e["gen"] == 0)
+    assert done - restored[0]["step"] <= 1, (restored, done)
+    final = [e for e in evs if e["ev"] == "final"]
+    assert sorted(e["rank"] for e in final) == [0, 1], final
+    assert final[0]["params"] == final[1]["params"], "parameters equal across ranks"
+
+
 def test_a_node_notice_swaps_in_a_replacement_on_another_node_and_loses_no_step(
     real_jobs: Jobs, storage: Path, real_nodes: RealNode
 ) -> None:

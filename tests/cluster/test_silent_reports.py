@@ -13,12 +13,12 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from tests import kube as k
-from tests.cluster.operator_harness import torchjob
+from tests.cluster.operator_harness import Jobs, torchjob
 
 from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION, Phase, TorchJobStatus
 from torchjob.train.job_status import JobEndpoint
-from torchjob.train.recovery.survivors import SilentReports
+from torchjob.train.recovery.reports import SilentReports
 from torchjob_operator.engine.client import KubeClient
 from torchjob_operator.resources.rbac import worker_rbac
 from torchjob_operator.torchjob.silent import trusted_reports
@@ -120,3 +120,51 @@ def test_concurrent_reports_of_a_partition_are_all_kept_and_rank_0s_view_wins(
         ], status
         members = [PODS[i] for i in ranked]
         assert set(trusted_reports(stored, generation, members)) == {members[1]}, stored
+
+
+def test_a_group_every_member_says_broke_re_forms_the_same_pods(
+    jobs: Jobs, kube: Any, tmp_path: Path
+) -> None:
+    """bench/results/2026-12-03a: every member's group broke (``Connection closed by peer``)
+    with no pod lost, and each waited for a generation that nothing published. Each member's
+    runtime now says so about itself (``SilentReports.broken``, with the worker's token);
+    once both have, the operator publishes the next generation with the same two pods (the
+    same uids, relabelled, nothing created), uncharged, and says why."""
+    name = "broke"
+    jobs.apply(torchjob(name, membershipPolicy="KeepSurvivors"))
+    before = {p.metadata.name: p.metadata.uid for p in jobs.wait_running_pods(name, 2, 0)}
+    jobs.wait_phase(name, "Running")
+    core, account = client.CoreV1Api(kube), contract.worker_service_account(name)
+    request = {"spec": {"audiences": [], "expirationSeconds": 3600}}
+    token = k.wait_for(  # the operator creates the worker account with the pods
+        lambda: core.create_namespaced_service_account_token(account, jobs.ns, request),
+        30,
+        f"a token of ServiceAccount {account}",
+        ignore=(ApiException,),
+    ).status.token
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text(token)
+    if kube.configuration.ssl_ca_cert:
+        (sa / "ca.crt").write_bytes(Path(kube.configuration.ssl_ca_cert).read_bytes())
+    host = kube.configuration.host.rstrip("/")
+    endpoint = JobEndpoint(api_url=host, serviceaccount_dir=sa, namespace=jobs.ns, name=name)
+    k.wait_for(lambda: endpoint.call("GET"), 30, "the worker's Role in effect", ignore=(OSError,))
+
+    for index in (0, 1):
+        pod = contract.PodEnv(name, jobs.ns, index, 2, 1, 0, f"{name}-worker-0")
+        SilentReports(endpoint, pod).broken(0)  # on a thread, as the runtime does
+    status = jobs.wait(
+        name,
+        lambda s: s if s.get("currentGeneration") == 1 else None,
+        "the next generation, once both members said their group broke",
+    )
+    assert (status["replicas"], status["restarts"], status["disruptions"]) == (2, 0, 0), status
+    assert status["history"][-1]["cause"] == "GroupBroken", status["history"]
+    assert status["losses"] == {"GroupBroken": 1}, status
+    broken = [w for w in status["silentWorkers"] if w.get("how") == "broken"]
+    assert sorted((w["pod"], w["by"]) for w in broken) == [(n, n) for n in sorted(before)]
+    after = jobs.wait_running_pods(name, 2, generation=1)
+    assert {p.metadata.name: p.metadata.uid for p in after} == before, "the same pods, kept"
+    said = next(e for e in jobs.wait_events(name, "GroupBroken") if e.reason == "GroupBroken")
+    assert said.type == "Warning" and "not charged" in said.message, said.message

@@ -29,7 +29,7 @@ from tests import kube as k
 from torchjob import contract
 from torchjob.api.models import GROUP, PLURAL, VERSION, TorchJobStatus
 from torchjob.train.job_status import JobEndpoint, JobStatusReporter, progress_body
-from torchjob.train.recovery.survivors import SilentReports
+from torchjob.train.recovery.reports import SilentReports
 from torchjob.train.tracking import RunTracking
 from torchjob_operator.resources.rbac import worker_rbac
 from torchjob_operator.resources.worker_policy import POLICY_NAME, worker_policy_manifests

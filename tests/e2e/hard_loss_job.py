@@ -8,7 +8,8 @@ Appends one JSON line per event to EVENTS (a file on the storage the pods share)
 the pod, the pid, the rank, the world size and the generation (HARD_LOSS_HOLD_UNTIL_GENERATION=N: after the last
 step, keep reporting until the job runs generation N; HARD_LOSS_GATE_DIR=D: a pod created for
 a later generation than 0, a replacement, waits before it starts until D/open exists, so that
-a test can set up a fault in it first): ``restored`` (where the
+a test can set up a fault in it first; HARD_LOSS_BREAK_AT=N: in generation 0, after step N,
+rank 1 shuts down its connections to the group, every process living on): ``restored`` (where the
 state came from: ``start``, ``memory`` or ``storage``, and its step), ``step`` (after each
 step's report: the restore point holds it) and ``final`` (the parameters' checksum, every
 rank, at the end).
@@ -53,6 +54,37 @@ def emit(ev: str, **fields: object) -> None:
     }
     with open(EVENTS, "a") as f:  # O_APPEND: one short line per write
         f.write(json.dumps(line) + "\n")
+
+
+def break_connections() -> int:
+    """Shut down this process's TCP connections but the store's and the API server's: the
+    group's (gloo's pairs). Every rank's next collective fails for a closed connection while
+    every process lives on, as all 8 ranks of generation 19 did in bench/results/2026-12-03a.
+    Returns how many were shut down."""
+    keep_ports = {int(os.environ.get("MASTER_PORT", "0"))}
+    # The API server's, and the driver's (a loopback connection, if any): never the group's.
+    keep_hosts = {os.environ.get("KUBERNETES_SERVICE_HOST", ""), "127.0.0.1", "::1"}
+    done = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            s = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+        try:
+            if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            local, peer = s.getsockname(), s.getpeername()  # a listener has no peer: raises
+            if {local[1], peer[1]} & keep_ports or peer[0] in keep_hosts:
+                continue
+            s.shutdown(socket.SHUT_RDWR)
+            done += 1
+        except OSError:
+            continue
+        finally:
+            s.close()  # the duplicate only; the shutdown is of the connection itself
+    return done
 
 
 def train_func(config: dict[str, float]) -> None:
@@ -100,6 +132,9 @@ def train_func(config: dict[str, float]) -> None:
         else:
             report({"step": step})  # the restore point: this step, in every rank's memory
         emit("step", step=step)
+        breaks = step == int(os.environ.get("HARD_LOSS_BREAK_AT", "-1")) and rank == 1
+        if breaks and ctx.get_generation() == 0:
+            emit("broke", step=step, connections=break_connections())
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     emit("final", step=step, params=[float(v) for v in params])
 

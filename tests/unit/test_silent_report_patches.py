@@ -15,7 +15,7 @@ from typing import Any
 from tests.unit.builders import pod_env
 
 from torchjob.api.crd import build_crd
-from torchjob.train.recovery.survivors import SilentReports
+from torchjob.train.recovery.reports import SilentReports
 
 
 class Applies:
@@ -259,3 +259,24 @@ def test_a_report_does_not_wait_for_hosts_the_watchdog_declares_meanwhile() -> N
         release.set()
     assert [e[0] for e in entries(sink.sent[-1][1])] == ["tj-worker-0", "tj-worker-3"]
     assert [e["how"] for e in sink.sent[-1][1]["status"]["silentWorkers"]] == ["heartbeat"] * 2
+
+
+def test_a_broken_group_is_said_about_the_reporter_itself_beside_its_silent_peers() -> None:
+    """A pod whose group broke with its own workers alive says so about itself
+    (``how: broken``): once, on a thread, kept beside the silent peers it found in the same
+    generation, and dropped with them by a later generation's first report."""
+    sink = Applies()
+    reports = SilentReports(sink, pod_env(job_name="tj", pod_index=1), connect=_every_host_answers)
+    assert reports.record((0, 1, 2), 7, 2, 5.0)
+    reports.broken(7)
+    reports.broken(7)  # once: a second write would say nothing new
+    reports.broken(6)  # an older generation: nothing
+    with sink.landed:
+        assert sink.landed.wait_for(lambda: len(sink.sent) == 1, timeout=30), sink.sent
+    body = sink.sent[-1][1]
+    assert entries(body) == [("tj-worker-2", 7, "tj-worker-1"), ("tj-worker-1", 7, "tj-worker-1")]
+    assert [e["how"] for e in body["status"]["silentWorkers"]] == ["heartbeat", "broken"]
+    stored = [w for w in reports.reports() if w.broken_group]
+    assert [(w.pod, w.generation) for w in stored] == [("tj-worker-1", 7)]
+    assert reports.record((0, 1, 2), 8, 0, 5.0)
+    assert not any(w.broken_group for w in reports.reports())

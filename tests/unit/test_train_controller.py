@@ -166,6 +166,28 @@ def test_keep_survivors_follows_a_peer_loss(tmp_path: Path) -> None:
     assert isinstance(step, Following) and step.err is peer
 
 
+def test_a_group_broken_with_no_newer_generation_is_told_to_the_operator(
+    tmp_path: Path,
+) -> None:
+    """bench/results/2026-12-03a: every member's group broke at once with no pod lost; each
+    waited for a generation no loss would bring. Each now says its group broke (the operator
+    publishes the next generation once all have); not for its own failure, nor for a
+    generation already superseded."""
+    peer = WorkerGroupError(1, "DistBackendError", "Connection closed by peer", peer_failure=True)
+    told: list[int] = []
+    for published, err in (
+        (Membership(0, 2), peer),
+        (None, peer),
+        (Membership(0, 2), RAISED),  # its own failure: it ends, the operator sees it
+        (Membership(1, 2), peer),  # the next generation is out already
+    ):
+        c = survivor(tmp_path, published)
+        assert isinstance(c.mode, KeepSurvivorsMode)
+        c.mode.on_broken = told.append
+        c._next(STATE, Crashed(err))
+    assert told == [0, 0]
+
+
 def test_keep_survivors_follows_a_new_generation(tmp_path: Path) -> None:
     c = survivor(tmp_path, Membership(1, 2))
     step = c._next(STATE, Crashed(RAISED))

@@ -113,6 +113,9 @@ REASONS: Final[Mapping[str, str]] = {
     "(min {min}) from the latest checkpoint",
     "ScaledUp": "capacity for {want} more workers; growing from {old} to {replicas} from the "
     "latest checkpoint",
+    "GroupBroken": "every one of the {count} members of generation {generation} left its "
+    "group, broken with their workers alive and no pod lost; the next generation re-forms the "
+    "same members ({charged})",
     "PhaseIs": "the job is {phase}",
     # Events only
     "RuntimeResolved": "{runtime} (resourceVersion {version}) resolved and pinned in "

@@ -40,7 +40,7 @@ POLICY_NAME = "torchjob-worker-writes"
 WORKER_STATUS_FIELDS = ("progress", "tracking", "silentWorkers")
 """The status fields a job's workers write: rank 0's progress (``train/job_status.py``), the
 tracking run it opened (``train/tracking.py``), the survivors' silent-peer reports
-(``train/recovery/survivors.py``)."""
+(``train/recovery/reports.py``)."""
 SERVER_KEPT = ("managedFields", "resourceVersion", "generation")
 """Metadata that the API server itself moves on a permitted write."""
 TOP_LEVEL_SKIPPED = ("metadata", "status", "apiVersion", "kind")

@@ -38,6 +38,8 @@ def _members(generation_replicas: int, members: Sequence[int] | None) -> list[in
 
 def _cause(before: JobState, d: Decision, grew: bool, shrank: bool) -> tuple[str, str]:
     """Why generation ``d.generation`` began, and the line that says so."""
+    if any(e.reason == "GroupBroken" for e in d.events):  # this pass: torchjob/broken.py
+        return "GroupBroken", d.message  # no loss, charged or not
     failure = d.last_failure
     new_failure = failure is not None and failure != before.last_failure
     if d.restarts > before.restarts or (d.disruptions > before.disruptions and new_failure):

@@ -348,6 +348,9 @@ class JobState:
     conditions: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
     silent: tuple[SilentWorker, ...] = ()
     """Member pods the survivors' runtimes saw go silent (``status.silentWorkers``)."""
+    broken: tuple[SilentWorker, ...] = ()
+    """Members whose group broke with their workers alive, each its own word
+    (``status.silentWorkers`` entries with ``how: broken``; ``torchjob/broken.py``)."""
     history: tuple[GenerationRecord, ...] = ()
     """The last generations (``status.history``; ``torchjob_operator.torchjob.history``)."""
     progress: Progress | None = None
@@ -379,7 +382,8 @@ class JobState:
             restart_after=parse_time_or_none(s.restart_after),
             last_failure=s.last_failure,
             conditions=tuple(c.to_wire() for c in s.conditions or ()),
-            silent=tuple(s.silent_workers or ()),
+            silent=tuple(w for w in s.silent_workers or () if not w.broken_group),
+            broken=tuple(w for w in s.silent_workers or () if w.broken_group),
             history=tuple(s.history or ()),
             progress=s.progress,
             losses=dict(s.losses or {}),

@@ -59,6 +59,7 @@ from torchjob.rules import Outcome, deadline_left, judge_generation
 from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.events import Event
 from torchjob_operator.torchjob import history
+from torchjob_operator.torchjob.broken import reform_broken
 from torchjob_operator.torchjob.decision import CreatePods, Decision, JobView, Plan
 from torchjob_operator.torchjob.drain import draining, kept_after_loss, taken, waited_for
 from torchjob_operator.torchjob.elastic import fit_to_capacity, joiners, ready_joiners
@@ -230,7 +231,11 @@ def plan(
     d, ended = after_loss(d, verdict, taken(current, kept_after_loss(d, current)), pods)
     if ended:
         return _plan(d, pods, current)
-    if spec.elastic is not None and verdict.outcome == Outcome.HEALTHY:
+    if verdict.outcome == Outcome.HEALTHY and (reformed := reform_broken(d, current)):
+        d = reformed  # every member's group broke, none lost (torchjob/broken.py)
+        if d.phase is not None and d.phase.is_terminal:  # it broke again: budget spent
+            return _plan(finish(d, pods), pods, current)
+    elif spec.elastic is not None and verdict.outcome == Outcome.HEALTHY:
         staying = [p for p in current if p.index not in d.placing_again]
         d = fit_to_capacity(d, staying, pods)
     return _carry_on(d, pods)

@@ -7,7 +7,7 @@ their connections and wait for the next generation. Nothing in Kubernetes says t
 pod is lost (it may still show Running: its kubelet, or the node's, has not noticed), so a
 survivor's runtime writes it into the job's status (``status.silentWorkers``: the pod, the
 generation, who saw it; a list map keyed by reporter and pod, each survivor applying its own
-entries, so concurrent reports are all kept: ``torchjob.train.recovery.survivors.SilentReports``).
+entries, so concurrent reports are all kept: ``torchjob.train.recovery.reports.SilentReports``).
 The operator never writes that list (``TorchJobStatus.to_patch`` leaves it out) nor clears
 it: a report of an earlier generation stays until its reporter writes again, and counts
 for nothing here. :func:`silenced` turns such reports into what the planner judges:

@@ -23,6 +23,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
+from torchjob.launch.errors import (
+    CollectiveTimeoutError,
+    LaunchError,
+    WorkerDiedError,
+    WorkerGroupError,
+)
 from torchjob.rules import (
     Counters,
     ElasticRules,
@@ -222,3 +228,16 @@ def next_generation(
         generation_started_s=now_s,
         survivors_hold_state=False,
     )
+
+
+def as_failure(err: LaunchError) -> WorkerFailure:
+    """A launch error reduced to its root cause, for the failure policy."""
+    if isinstance(err, WorkerDiedError):
+        code = err.exitcode if err.signal is None else None
+        why = str(err).split(": ", 1)[-1]
+        return WorkerFailure(err.rank, FailureKind.DIED, why, err.signal, code, err.oom)
+    if isinstance(err, CollectiveTimeoutError):
+        return WorkerFailure(err.rank, FailureKind.TIMEOUT, "hung in a collective")
+    if isinstance(err, WorkerGroupError):
+        return WorkerFailure(err.rank, FailureKind.ERROR, f"{err.exc_type}: {err.message}")
+    return WorkerFailure(0, FailureKind.ERROR, str(err))

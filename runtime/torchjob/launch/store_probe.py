@@ -43,7 +43,7 @@ matter."""
 
 SWEEP_TIMEOUT_S = 2.0
 """How long a member's host has to answer one connect of the sweep that follows a silent
-peer (``torchjob.train.recovery.survivors``): a host that is there answers at once (a
+peer (``torchjob.train.recovery.reports``): a host that is there answers at once (a
 SYN-ACK, or a reset), from its kernel. The heartbeat watchdog tells the driver this long
 before it would find rank 0 silent (``heartbeat.Watchdog``: ``StoreQuiet``), so that the
 sweep runs while the threshold runs out instead of after it."""

@@ -46,12 +46,8 @@ from torchjob.train.record import RunRecord, run_location, shares_result
 from torchjob.train.recovery.formation import FormationWatch, absence_of, peer_addresses
 from torchjob.train.recovery.membership import GenerationTimeout, Membership
 from torchjob.train.recovery.notice import Notice
-from torchjob.train.recovery.survivors import (
-    RestorePoints,
-    SilentReports,
-    early_sweep,
-    silent_reporter,
-)
+from torchjob.train.recovery.reports import SilentReports, early_sweep, silent_reporter
+from torchjob.train.recovery.survivors import RestorePoints
 from torchjob.train.result import Result
 from torchjob.train.steps import (
     Completed,
@@ -98,6 +94,7 @@ class Controller:
         self.mode = choose_mode(trainer, pod, self._endpoint)
         if isinstance(self.mode, KeepSurvivorsMode):  # a job deletion ends the drain
             self.mode.watch.on_deleting(self.notice.final)
+            self.mode.on_broken = self._silent.broken if self._silent is not None else None
         self.tracking = RunTracking.of(trainer, self.name, self.run_url, pod, self._endpoint)
         self.workers = Workers(trainer, heals=pod is None)
 
@@ -241,7 +238,7 @@ class Controller:
             try:
                 self.mode.await_own_generation(self, view)
             except GenerationTimeout as timeout:
-                if self.stop_requested.is_set():
+                if self.stop_requested.is_set() or self.mode.leaving:  # stopped, or replaced
                     self._raise_stopped(None, view)
                 ended = self.mode.watch.read()
                 if ended is not None and ended.phase == "Succeeded":

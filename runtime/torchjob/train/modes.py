@@ -10,26 +10,20 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, assert_never
 
 from torchjob.api.models import TERMINAL_PHASES
 from torchjob.contract import JOINER_READY_FILE, Member, PodEnv, Standby, worker_pod_name
-from torchjob.launch import (
-    CollectiveTimeoutError,
-    LaunchError,
-    WorkerDiedError,
-    WorkerGroupError,
-    WorkerGroupStartError,
-)
+from torchjob.launch import LaunchError, WorkerGroupError, WorkerGroupStartError
 from torchjob.launch.policy import (
     Fail,
-    FailureKind,
     GroupFailurePolicy,
     GroupScalingPolicy,
     Resize,
     RunState,
-    WorkerFailure,
+    as_failure,
 )
 from torchjob.rules import ElasticRules
 from torchjob.train.job_status import JobEndpoint
@@ -173,6 +167,9 @@ class KeepSurvivorsMode:
         """This pod has been a member of a generation (a joiner or standby: not yet)."""
         self.leaving: str | None = None
         """Why this pod is not a member of the published generation (it stops, not re-forms)."""
+        self.on_broken: Callable[[int], None] | None = None
+        """Tells the operator that this pod's group of a generation broke with its workers
+        alive (``SilentReports.broken``): with every member's, the next generation comes."""
 
     def await_own_generation(self, c: FitContext, view: ProgressView) -> None:
         """A pod created ahead of its generation waits until the operator publishes one that
@@ -196,6 +193,7 @@ class KeepSurvivorsMode:
         while m.generation < own or not self._named_in(m):
             if m.excludes(self.pod_name, self.created_in):
                 self._excluded(m)
+                view.message(f"[torchjob] {self.leaving}")  # it stops: the operator replaced it
                 raise GenerationTimeout(self.leaving or "replaced")
             # Ready to join (the joiner's readiness probe): the operator counts on it now.
             with contextlib.suppress(OSError):
@@ -303,6 +301,12 @@ class KeepSurvivorsMode:
         ):
             return Reforming(state, f"the group did not form ({err}); trying again")
         peer = isinstance(err, WorkerGroupError) and err.peer_failure
+        if (
+            peer
+            and self.on_broken is not None
+            and (moved is None or moved.generation == generation)
+        ):
+            self.on_broken(generation)  # with no loss, nothing else may publish the next one
         if peer or (moved is not None and moved.generation > generation):
             # A peer's loss broke the group: survive it and follow the next generation.
             return Following(state, f"the group broke ({err})", err=err)
@@ -343,19 +347,6 @@ class KeepSurvivorsMode:
 
 
 # --- pure helpers ------------------------------------------------------------------------
-
-
-def as_failure(err: LaunchError) -> WorkerFailure:
-    """A launch error reduced to its root cause, for the failure policy."""
-    if isinstance(err, WorkerDiedError):
-        code = err.exitcode if err.signal is None else None
-        why = str(err).split(": ", 1)[-1]
-        return WorkerFailure(err.rank, FailureKind.DIED, why, err.signal, code, err.oom)
-    if isinstance(err, CollectiveTimeoutError):
-        return WorkerFailure(err.rank, FailureKind.TIMEOUT, "hung in a collective")
-    if isinstance(err, WorkerGroupError):
-        return WorkerFailure(err.rank, FailureKind.ERROR, f"{err.exc_type}: {err.message}")
-    return WorkerFailure(0, FailureKind.ERROR, str(err))
 
 
 def available_workers(max_workers: int, use_gpu: bool) -> int:

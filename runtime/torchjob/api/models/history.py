@@ -27,6 +27,7 @@ CAUSES = (
     "ScaleUp",
     "ScaleDown",
     "Restart",
+    "GroupBroken",
 )
 """Why a generation began; the documented values of ``GenerationRecord.cause``."""
 

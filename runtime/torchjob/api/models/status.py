@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, ValidationError
 
@@ -119,7 +119,15 @@ class Tracking(_Model):
 
 
 class SilentWorker(_Model):
-    """A member pod whose heartbeat stopped, as a survivor's runtime saw it."""
+    """A member pod whose heartbeat stopped, as a survivor's runtime saw it; or, with
+    ``how: broken`` and ``pod`` its own reporter, a member whose group broke while every one
+    of its own workers lived (:attr:`broken_group`)."""
+
+    BROKEN: ClassVar[str] = "broken"
+    """``how`` of a pod's report about itself: its group broke (a peer closed a connection, a
+    collective failed) with its own workers alive, and it waits for the next generation. When
+    every member of the generation says so and none is lost, the operator publishes the next
+    generation with the same members (``torchjob_operator.torchjob.broken``)."""
 
     pod: str
     generation: int = Field(description="The generation the pod was silent in.")
@@ -135,7 +143,10 @@ class SilentWorker(_Model):
             " formed), or absent (a pod new in the generation whose host answered, but a"
             " rank of it never entered the rendezvous of a group still forming after 30 s;"
             " the operator takes it only for such a pod). A store report naming rank 0's pod"
-            " counts only from more than half of the other members nobody reports."
+            " counts only from more than half of the other members nobody reports. broken: the"
+            " reporter's own group broke with its workers alive (pod is the reporter itself);"
+            " once every member says so and none is lost, the next generation re-forms the"
+            " same members."
         ),
     )
     at: str | None = Field(
@@ -146,6 +157,11 @@ class SilentWorker(_Model):
             " reports the other side in the same seconds, and its view wins."
         ),
     )
+
+    @property
+    def broken_group(self) -> bool:
+        """A member's report that its own group broke (not that a peer went silent)."""
+        return self.how == self.BROKEN and self.pod == self.by
 
 
 class LeavingWorker(_Model):
