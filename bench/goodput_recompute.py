@@ -7,9 +7,12 @@ own baselines, the samples of the row's window) and prints each row and the medi
 per (policy, mode), so that a published table can be checked, or recomputed when the
 accounting changes, without running the hour-long storm again.
 
-What it cannot read back is storage after the row (the runs do not keep it), so the cap of a
-row whose final checkpoint failed to commit (``window_samples(saved=...)``) is not applied:
-goodput.py's line for such a row says "final checkpoint short".
+Storage after the row is gone (the runs do not keep it), but the trace says what it held
+(its ``storage`` line, ``committed``: written since 2026-12-03), so the cap of a row whose
+final checkpoint fell short (``window_samples(saved=...)``) is applied as goodput.py applies
+it, to every row but the baselines, and both give the same figure. A row from before has no
+such line: it is read without the cap, and said so (goodput.py's own line for such a row
+says "final checkpoint short").
 
 Several results directories (the parts of one long run, bench/goodput_runs.py) are read as one
 table: each part's rows divided by that part's own baselines, the median [min-max] taken over
@@ -50,8 +53,12 @@ def _part(
         if variant:  # the baseline without restore points ("norp"): no system's divisor
             plain.append((stem, policy, acc.window_samples(events, t0, t1) / (t1 - t0)))
             continue
+        kept = next((e for e in trace if e.get("what") == "storage"), None)
+        if kept is None:
+            print(f"  {stem}: no storage line in the trace (an older run): read without the cap")
+        saved = None if kept is None or mode == acc.BASELINE_MODE else int(kept["committed"])
         fig = acc.RowFigures(
-            policy, mode, acc.window_samples(events, t0, t1), t1 - t0, workers,
+            policy, mode, acc.window_samples(events, t0, t1, saved=saved), t1 - t0, workers,
             0 if mode == acc.BASELINE_MODE else standbys, strategy,
         )  # fmt: skip
         rows.append((stem, fig, acc.pod_seconds(trace, t0, t1)))

@@ -97,3 +97,28 @@ def test_parts_on_different_code_are_refused_unless_mixed_is_asked(
     assert "ran other code than hard-0" in capsys.readouterr().err
     assert goodput_recompute.main([str(a), str(b), "--workers", "8", "--mixed"]) == 0
     assert "MIXED: hard-1" in capsys.readouterr().err
+
+
+def test_the_recount_caps_a_row_at_what_storage_held_as_the_harness_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench/results/2026-12-03a: the harness read 0.739 (the samples storage held after the
+    row), the recount 0.749 (the samples trained): the recount could not read storage. The
+    harness now writes what storage held into the trace (a ``storage`` line), and the recount
+    applies the same cap to every row but the baselines; a row without the line is read as
+    before, and said so."""
+    from bench.harness import read_jsonl, write_jsonl
+
+    part = _part(tmp_path, "hard-0", _record("1" * 40))
+    assert goodput_recompute.main([str(part), "--workers", "8"]) == 0
+    before = capsys.readouterr().out
+    assert "no storage line in the trace (an older run)" in before
+    row = next(f for f in part.glob("*-Elastic-hard-ddp-trace.jsonl.gz"))
+    trace = read_jsonl(row)
+    row.unlink()
+    write_jsonl(row, [*trace, {"t": 0.0, "what": "storage", "committed": 0}])
+    assert goodput_recompute.main([str(part), "--workers", "8"]) == 0
+    after = capsys.readouterr().out
+    assert "Elastic hard ddp: goodput 0.000 [0.000-0.000]" in after, after
+    assert "Elastic hard ddp: goodput 0.889" in before
+    assert "Kubeflow hard ddp: goodput 0.284" in after, "the other rows as they were"
