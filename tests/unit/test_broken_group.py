@@ -129,3 +129,23 @@ def test_a_generation_that_trained_breaking_is_uncharged_again() -> None:
     again = plan(broke(with_state(view, st), st, 1, *NAMES), pods, at(20))
     assert again.status["currentGeneration"] == 2 and again.status["restarts"] == 0
     assert any(e.reason == "GroupBroken" for e in again.events)
+
+
+def test_a_silent_report_that_waits_to_count_decides_instead() -> None:
+    """A partition breaks every member's group too, and the report naming rank 0's pod waits
+    RANK0_HOLD_S before it counts: the broken group waits with it, and the loss decides."""
+    view, status, up = settled()
+    entries = [
+        {"pod": n, "generation": 0, "by": n, "how": SilentWorker.BROKEN} for n in NAMES
+    ] + [
+        {"pod": NAMES[0], "generation": 0, "by": NAMES[2], "how": "heartbeat", "seconds": 5.0,
+         "at": "2026-01-01T00:00:10.000Z"}
+    ]  # fmt: skip
+    said = with_state(view, {**status, "silentWorkers": entries})
+    held = plan(said, up, at(10.5))
+    assert held.status["currentGeneration"] == 0 and held.requeue_after_s is not None
+    assert not any(e.reason == "GroupBroken" for e in held.events)
+    counted = plan(said, up, at(20))
+    assert counted.status["currentGeneration"] == 1 and counted.status["disruptions"] == 1
+    assert not any(e.reason == "GroupBroken" for e in counted.events)
+    assert counted.status["history"][-1]["cause"] == "SilentPeer"

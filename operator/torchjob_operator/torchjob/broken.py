@@ -11,6 +11,10 @@ a generation that never came (bench/results/2026-12-03a: generation 19 broke at 
 within 43 ms, "Connection closed by peer", every pod alive, and nothing trained for the last
 231 s of the row).
 
+A silent report that still waits to count (one that names rank 0's pod waits
+``silent.RANK0_HOLD_S``: a partition breaks every member's group too) defers it: the loss
+it names decides, and the planner publishes that instead.
+
 Then the next generation is published with the same members in the same rank order, all of
 them kept (relabelled, none created): the pods re-form the group under the new generation's
 keys in rank 0's store (``torchjob.launch.layout``), resuming from their restore point.

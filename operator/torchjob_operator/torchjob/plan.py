@@ -202,9 +202,8 @@ def plan(
     d = _rescale(d)
     # Pods the survivors saw go silent are lost like SIGKILLed ones (torchjob/silent.py).
     pods = silenced(pods, st.silent, d.generation, d.ranked, job.name, st.history, now)
-    if st.silent:
-        wait = recheck_after(st.silent, d.generation, d.ranked, job.name, st.history, now)
-        d = d.also(requeue=[wait] if wait is not None else [])
+    wait = recheck_after(st.silent, d.generation, d.ranked, job.name, st.history, now)
+    d = d.also(requeue=[wait] if wait is not None else [])
     current = _members(d, pods)
     # A job its losses crowded onto few nodes moves one member at a time (torchjob/spread.py):
     # given notice here, it is drained like any member given notice.
@@ -231,8 +230,8 @@ def plan(
     d, ended = after_loss(d, verdict, taken(current, kept_after_loss(d, current)), pods)
     if ended:
         return _plan(d, pods, current)
-    if verdict.outcome == Outcome.HEALTHY and (reformed := reform_broken(d, current)):
-        d = reformed  # every member's group broke, none lost (torchjob/broken.py)
+    if verdict.outcome == Outcome.HEALTHY and wait is None and (r := reform_broken(d, current)):
+        d = r  # every member's group broke, none lost, no report waits (torchjob/broken.py)
         if d.phase is not None and d.phase.is_terminal:  # it broke again: budget spent
             return _plan(finish(d, pods), pods, current)
     elif spec.elastic is not None and verdict.outcome == Outcome.HEALTHY:
