@@ -350,9 +350,7 @@ class _RowRun:
             for p in self.core.list_namespaced_pod(ns).items:
                 self.core.delete_namespaced_pod(p.metadata.name, ns, grace_period_seconds=0)
         self._account(t_first, t_end)
-        # What storage held after the row, which goodput_recompute.py cannot read back (the
-        # checkpoints go below): with it, both apply the same cap (acc.window_samples).
-        watch.note("storage", committed=self.row.committed)
+        watch.note("storage", committed=self.row.committed)  # for goodput_recompute.py's cap
         self._resolve(read_events(self.events))
         watch.stop()
         row.pod_seconds = acc.pod_seconds(watch.lines(), t_first, t_end)
