@@ -428,3 +428,32 @@ def test_a_standby_waits_through_generations_without_it_and_joins_the_one_that_n
         pytest.raises(GenerationTimeout, match="replaces"),
     ):
         gone.await_own_generation(c, view)
+
+
+def test_a_pod_replaced_while_it_waits_to_join_stops_rather_than_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench/results/2026-12-03a: a joiner the next generation replaced (``replacedWorkers``)
+    ended with TrainingFailedError and a traceback. It now says why and stops (exit 75), as a
+    member left out of a generation does."""
+    from torchjob.train.errors import TrainingFailedError, TrainingStoppedError
+
+    published = Membership.from_status(
+        {"currentGeneration": 2, "replicas": 2, "replacedWorkers": ["job-worker-2"]}
+    )
+    assert published is not None
+    joiner = pod(membership=KEEP_SURVIVORS, pod_index=2, generation=1)
+    c = Controller(trainer(tmp_path), joiner)
+    c.mode = KeepSurvivorsMode(
+        Script(published), Membership(1, 2), pod_name="job-worker-2", pod_index=2,
+        ready_file=tmp_path / "ready",
+    )  # type: ignore[arg-type]  # fmt: skip
+    monkeypatch.setattr(c, "_prestart", lambda *_: None)  # no worker processes here
+    with (
+        ProgressView(enabled=False, total_epochs=None) as view,
+        pytest.raises(TrainingStoppedError) as stopped,
+    ):
+        c._loop(view)
+    assert not isinstance(stopped.value, TrainingFailedError)
+    said = capsys.readouterr()
+    assert "generation 2 replaces this pod (job-worker-2)" in said.out + said.err
