@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import subprocess
 import urllib.request
@@ -152,9 +153,34 @@ class KueueProcess:
             "apply", "--server-side", "--force-conflicts", "-f", "-",
             input=yaml.safe_dump_all(docs),
         )  # fmt: skip
-        self.cluster.wait_established(
-            *(d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition")
-        )
+        crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+        self.cluster.wait_established(*(d["metadata"]["name"] for d in crds))
+        self._wait_discovered(crds)
+
+    def _wait_discovered(self, crds: Sequence[Mapping[str, Any]]) -> None:
+        """Until the API server's discovery lists every served version of ``crds``: it does
+        a moment after they are Established, and Kueue's REST mapper reads it once at start
+        (seen in CI: Kueue exited with 1, 'no matches for kind "Workload" in version
+        "kueue.x-k8s.io/v1beta2"', right after the Established wait)."""
+        wanted: dict[str, set[str]] = {}
+        for crd in crds:
+            spec = crd["spec"]
+            for version in spec["versions"]:
+                if version.get("served", True):
+                    path = f"/apis/{spec['group']}/{version['name']}"
+                    wanted.setdefault(path, set()).add(spec["names"]["plural"])
+
+        def listed() -> bool:
+            for path, plurals in wanted.items():
+                got = self.cluster.kubectl("get", "--raw", path, check=False)
+                if got.returncode != 0:
+                    return False
+                names = {r["name"] for r in json.loads(got.stdout).get("resources", [])}
+                if not plurals <= names:
+                    return False
+            return True
+
+        k.wait_for(listed, 60, "Kueue's kinds in the API server's discovery", interval=0.5)
 
     def _config(self) -> Path:
         config = {
