@@ -143,8 +143,9 @@ def test_keep_survivors_without_a_token_fails_fast(tmp_path: Path) -> None:
 class Watch:
     """The job's published membership, as KeepSurvivorsMode reads it."""
 
-    def __init__(self, published: Membership | None) -> None:
+    def __init__(self, published: Membership | None, deleting: bool = False) -> None:
         self.published = published
+        self.deleting = deleting
 
     def read(self) -> Membership | None:
         return self.published
@@ -186,6 +187,39 @@ def test_a_group_broken_with_no_newer_generation_is_told_to_the_operator(
         c.mode.on_broken = told.append
         c._next(STATE, Crashed(err))
     assert told == [0, 0]
+
+
+def test_a_deleted_job_stops_every_pod_at_one_report_and_a_broken_group_is_a_stop(
+    tmp_path: Path,
+) -> None:
+    """CI 2026-12-03: the job was deleted; pod 1's SIGTERM stopped all ranks at a report
+    before pod 0's SIGTERM came, and pod 0, stopped by no request of its own, waited for a
+    generation, read the deleted job as Failed and ended in error. Once a pod sees the
+    deletion, it stops all ranks at the next report itself, and whatever ends its group
+    then (a stop, a peer's loss, the wait for a generation) is a stop, not a failure."""
+    peer = WorkerGroupError(1, "DistBackendError", "Connection closed by peer", peer_failure=True)
+    c = survivor(tmp_path, Membership(0, 2))
+    assert c.mode.interrupt(c, STATE) is None  # not deleted: trains on
+    assert isinstance(c._next(STATE, stopped(3)), Following)
+    assert isinstance(c._next(STATE, Crashed(peer)), Following)
+    for end, step in ((stopped(3), Stopped(3)), (Crashed(peer), Stopped(None))):
+        c = survivor(tmp_path, Membership(0, 2))
+        assert isinstance(c.mode, KeepSurvivorsMode)
+        c.mode.watch.deleting = True  # type: ignore[attr-defined]
+        said = c.mode.interrupt(c, STATE)
+        assert said is not None and "the TorchJob is being deleted" in said, said
+        assert c._next(STATE, end) == step
+
+    class Gone(Watch):
+        def wait_beyond(self, generation: int, **_: Any) -> Membership:
+            self.deleting = True
+            raise GenerationTimeout("the TorchJob is Failed: no generation will follow")
+
+    c = survivor(tmp_path, Membership(0, 2))
+    assert isinstance(c.mode, KeepSurvivorsMode)
+    c.mode.watch = Gone(Membership(0, 2))  # type: ignore[assignment]
+    with ProgressView(enabled=False, total_epochs=None) as view:
+        assert c._follow(STATE, "the group broke", peer, view) == Stopped(None)
 
 
 def test_keep_survivors_follows_a_new_generation(tmp_path: Path) -> None:
@@ -376,6 +410,8 @@ def test_the_env_names_the_rank_among_pods_and_the_first_members_host() -> None:
 
 class Script:
     """A job whose published membership moves through ``steps`` as a pod waits on it."""
+
+    deleting = False
 
     def __init__(self, *steps: Membership) -> None:
         self.steps = list(steps)

@@ -19,6 +19,7 @@ from torchjob.api.models import HISTORY_LIMIT, GenerationRecord, MembershipPolic
 from torchjob.rules.loss import Disruption
 from torchjob_operator.common.clock import parse_time_or_none
 from torchjob_operator.common.events import Event
+from torchjob_operator.torchjob import broken
 from torchjob_operator.torchjob.decision import Decision
 from torchjob_operator.torchjob.drain import REBALANCE
 from torchjob_operator.torchjob.observed import JobState, PodPhase, PodView
@@ -38,8 +39,8 @@ def _members(generation_replicas: int, members: Sequence[int] | None) -> list[in
 
 def _cause(before: JobState, d: Decision, grew: bool, shrank: bool) -> tuple[str, str]:
     """Why generation ``d.generation`` began, and the line that says so."""
-    if any(e.reason == "GroupBroken" for e in d.events):  # this pass: torchjob/broken.py
-        return "GroupBroken", d.message  # no loss, charged or not
+    if any(e.reason == broken.CAUSE for e in d.events):  # this pass re-formed a broken group
+        return broken.CAUSE, d.message  # no loss, charged or not
     failure = d.last_failure
     new_failure = failure is not None and failure != before.last_failure
     if d.restarts > before.restarts or (d.disruptions > before.disruptions and new_failure):

@@ -238,7 +238,7 @@ class Controller:
             try:
                 self.mode.await_own_generation(self, view)
             except GenerationTimeout as timeout:
-                if self.stop_requested.is_set() or self.mode.leaving:  # stopped, or replaced
+                if self.stop_requested.is_set() or self.mode.stops():  # stopped, or replaced
                     self._raise_stopped(None, view)
                 ended = self.mode.watch.read()
                 if ended is not None and ended.phase == "Succeeded":
@@ -380,10 +380,10 @@ class Controller:
             if self.mode.leaving:
                 return Stopped(at_report=None)
         except GenerationTimeout as timeout:
+            if self.stop_requested.is_set() or self.mode.stops():  # the job is being deleted
+                return Stopped(at_report=None)
             if err is not None:
                 return Errored(err, str(err))  # nothing came: end with what broke the group
-            if self.stop_requested.is_set():
-                return Stopped(at_report=None)
             return Errored(timeout, str(timeout))
         return Running(state)
 

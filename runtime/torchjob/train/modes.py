@@ -226,7 +226,11 @@ class KeepSurvivorsMode:
     def _excluded(self, m: Membership | None) -> bool:
         """``m`` lists this pod as replaced (it was evicted, or is beyond the new size), or
         is a generation at or after the one this pod was created for that leaves it out
-        (the operator deletes such a pod: a joiner whose generation was overtaken)."""
+        (the operator deletes such a pod: a joiner whose generation was overtaken), or the
+        job is being deleted (all pods stop at one report, not each at its own SIGTERM)."""
+        if self.watch.deleting:
+            self.leaving = "the TorchJob is being deleted: no generation will follow, so it stops"
+            return True
         if m is None:
             return False
         if m.excludes(self.pod_name, self.created_in):
@@ -240,8 +244,13 @@ class KeepSurvivorsMode:
         )
         return True
 
+    def stops(self) -> bool:  # it leaves rather than re-forms: replaced, left out, deleted
+        return self.leaving is not None or self._excluded(None)
+
     def interrupt(self, c: FitContext, state: RunState) -> str | None:
         moved = self.watch.changed(self.membership.generation)
+        if self.watch.deleting and self._excluded(moved):
+            return f"{self.leaving}: stopping all ranks at the next report"
         if moved is None:
             return None
         if self._excluded(moved):

@@ -212,6 +212,12 @@ class MembershipWatch:
                     )
                 self._cond.wait(min(left, poll_s) if poll_s > 0 else min(left, 0.01))
 
+    @property
+    def deleting(self) -> bool:
+        """The TorchJob is being deleted, or is gone: no generation will follow."""
+        with self._cond:
+            return self._deletion_seen
+
     def on_deleting(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (from the watch's thread) once the TorchJob is being deleted; at
         once if it already is."""
