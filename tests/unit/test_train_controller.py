@@ -222,6 +222,42 @@ def test_a_deleted_job_stops_every_pod_at_one_report_and_a_broken_group_is_a_sto
         assert c._follow(STATE, "the group broke", peer, view) == Stopped(None)
 
 
+def test_a_new_generation_asks_the_workers_to_regroup_and_a_deletion_then_to_stop(
+    tmp_path: Path,
+) -> None:
+    """A generation published while the workers train re-forms the group from memory: the
+    workers get REGROUP_SIGNAL (their loop writes no stop's checkpoint), once. The job's
+    deletion, seen after, is a stop: SIGTERM, so the loop checkpoints. A laptop's resize
+    stays a SIGTERM."""
+    from torchjob.launch import REGROUP_SIGNAL
+    from torchjob.train.generation import GenerationRun
+    from torchjob.train.recovery.survivors import RestorePoints
+
+    class Group:
+        def __init__(self) -> None:
+            self.sent: list[int] = []
+
+        def signal(self, sig: int) -> None:
+            self.sent.append(sig)
+
+    c = survivor(tmp_path, Membership(0, 2))
+    assert isinstance(c.mode, KeepSurvivorsMode)
+    with ProgressView(enabled=False, total_epochs=None) as view:
+        run = GenerationRun(c, STATE, view, points=RestorePoints(), generation=0)
+        run.group = group = Group()  # type: ignore[assignment]
+        run.on_tick()
+        assert group.sent == []
+        c.mode.watch.published = Membership(1, 2)  # type: ignore[attr-defined]
+        run.on_tick()
+        run.on_tick()
+        assert group.sent == [REGROUP_SIGNAL]
+        c.mode.watch.deleting = True  # type: ignore[attr-defined]
+        run.on_tick()
+        run.on_tick()
+        assert group.sent == [REGROUP_SIGNAL, signal.SIGTERM]
+    assert not LocalMode.regroups and not PodMode.regroups
+
+
 def test_keep_survivors_follows_a_new_generation(tmp_path: Path) -> None:
     c = survivor(tmp_path, Membership(1, 2))
     step = c._next(STATE, Crashed(RAISED))

@@ -21,6 +21,7 @@ Inside a worker process (no-ops or ``None`` elsewhere)::
     worker_info() -> WorkerInfo # rank, local_rank, world_size, ..., device
     send_event(payload)         # to the driver's on_event(rank, payload)
     stop_requested() -> bool    # this rank got SIGTERM
+    regroup_requested() -> bool # the driver asked the group to re-form (REGROUP_SIGNAL)
 
 Errors (``str(err)`` leads with the root-cause rank): :class:`WorkerGroupError`
 (rank, exc_type, message, traceback_text), :class:`WorkerDiedError` (rank,
@@ -47,7 +48,9 @@ from torchjob.launch.group import WorkerGroup
 from torchjob.launch.placement import Placement
 from torchjob.launch.startup import resolve_backend
 from torchjob.launch.worker import (
+    REGROUP_SIGNAL,
     WorkerInfo,
+    regroup_requested,
     request_stop,
     send_event,
     stop_requested,
@@ -56,6 +59,7 @@ from torchjob.launch.worker import (
 )
 
 __all__ = [
+    "REGROUP_SIGNAL",
     "CollectiveTimeoutError",
     "Execution",
     "LaunchError",
@@ -67,6 +71,7 @@ __all__ = [
     "WorkerInfo",
     "describe_exit",
     "free_port",
+    "regroup_requested",
     "request_stop",
     "resolve_backend",
     "send_event",

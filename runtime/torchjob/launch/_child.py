@@ -17,6 +17,7 @@ def run(env: Mapping[str, str]) -> None:
         os.setsid()  # terminal Ctrl-C goes to the driver only; the group kills the session
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a regroup request: the worker's own
         signal.set_wakeup_fd(-1)
         os.environ.clear()
         os.environ.update(env)

@@ -54,6 +54,9 @@ class WorkerProcess:
     """The task running now: events sent meanwhile carry it."""
     stop: threading.Event = field(default_factory=threading.Event)
     """Set by SIGTERM (or ``request_stop``)."""
+    regroup: threading.Event = field(default_factory=threading.Event)
+    """Set by ``REGROUP_SIGNAL``: the group ends at the next report to re-form, and the
+    state is in the survivors' memory (``regroup_requested``)."""
     send_lock: threading.Lock = field(default_factory=threading.Lock)
     served: dict[int, Any] = field(default_factory=dict)
     """The TCPStore this process serves, by port (rank 0 only). It outlives a re-formation, so
@@ -135,6 +138,7 @@ class WorkerProcess:
         self.env = WorkerEnv.from_env()
         self.settings = RuntimeSettings.from_env()
         self.stop.clear()
+        self.regroup.clear()
         self.form(init)
 
     def _aborts_nccl(self) -> bool:

@@ -74,3 +74,12 @@ class Placement:
             generation=self.generation,
             run_id=self.run_id,
         )
+
+
+def available_workers(max_workers: int, use_gpu: bool) -> int:
+    """Workers this machine can run now: one per visible GPU, or any number of CPU processes."""
+    if not use_gpu:
+        return max_workers
+    import torch
+
+    return min(max_workers, torch.cuda.device_count())

@@ -44,12 +44,14 @@ from torchjob.launch.protocol import (
 )
 
 __all__ = [
+    "REGROUP_SIGNAL",
     "STACK_SIGNAL",
     "WorkerInfo",
     "WorkerProcess",
     "clear_stop",
     "current",
     "main",
+    "regroup_requested",
     "request_stop",
     "send_event",
     "stop_requested",
@@ -60,6 +62,10 @@ __all__ = [
 STACK_SIGNAL = signal.SIGUSR2
 """Makes a worker write every thread's Python stack to stderr (faulthandler): the driver
 sends it to the ranks that do not answer after a failure (``execution._dump_stacks``)."""
+
+REGROUP_SIGNAL = signal.SIGUSR1
+"""Asks a worker to end its group at the next report so that the group re-forms (a new
+generation: a pod joins or leaves), not to stop: :func:`regroup_requested`."""
 
 _process = WorkerProcess()
 """This process's worker state: a blank one until :func:`main` makes the worker's own."""
@@ -93,6 +99,13 @@ def stop_requested() -> bool:
     return _process.stop.is_set()
 
 
+def regroup_requested() -> bool:
+    """True once the driver asked this worker's group to re-form (``REGROUP_SIGNAL``): the
+    next report ends the generation without the loop's stop, when every rank holds its
+    restore point (``torchjob.train.report``); else it is a stop like SIGTERM's."""
+    return _process.regroup.is_set()
+
+
 def request_stop() -> None:
     """Set this worker's stop flag (what the SIGTERM handler does)."""
     _process.stop.set()
@@ -100,6 +113,7 @@ def request_stop() -> None:
 
 def clear_stop() -> None:
     _process.stop.clear()
+    _process.regroup.clear()
 
 
 def send_event(payload: Any) -> bool:
@@ -204,6 +218,7 @@ def main() -> int:
     global _process
     proc = _process = WorkerProcess.from_env()
     signal.signal(signal.SIGTERM, lambda _s, _f: proc.stop.set())
+    signal.signal(REGROUP_SIGNAL, lambda _s, _f: proc.regroup.set())
     # Every thread's stack to stderr on the driver's request (a rank that did not answer).
     faulthandler.register(STACK_SIGNAL, file=2, all_threads=True)  # fd 2: the job log
     conn = proc.conn = _connect(proc)

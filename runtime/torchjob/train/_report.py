@@ -24,7 +24,7 @@ from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from torchjob.checkpoint import CheckpointStorage, CommittedCheckpoint, restore_rng
-from torchjob.launch import send_event, stop_requested
+from torchjob.launch import regroup_requested, send_event, stop_requested
 from torchjob.launch.protocol import CheckpointLanded, Report, RestoredFromMirror
 from torchjob.launch.settings import RuntimeSettings
 from torchjob.train import _session
@@ -56,19 +56,39 @@ def _agree_to_stop(local_stop: bool) -> bool:
     return _summed([int(local_stop)])[0] > 0
 
 
-def _agree(s: _session.Session, local_stop: bool) -> bool:
-    """The stop flags of every rank, and in the same all-reduce what each read of its pod's
-    notice (``preemption.digest``): only when that sum moved do the ranks gather the notices
-    themselves, so ``get_preemption_info()`` costs no collective of its own at each step.
-    The same all-reduce agrees on the restore point's cadence (``Cadence.agree``)."""
+def _agree(s: _session.Session, local_stop: bool) -> tuple[bool, bool]:
+    """(stop, regroup): the stop flags of every rank, and in the same all-reduce what each
+    read of its pod's notice (``preemption.digest``): only when that sum moved do the ranks
+    gather the notices themselves, so ``get_preemption_info()`` costs no collective of its
+    own at each step. The same all-reduce agrees on the restore point's cadence
+    (``Cadence.agree``), and on a re-formation the driver asked for (``regroup_requested``:
+    a generation that adds or drops a pod). That one ends the generation at this report
+    without the loop's stop when every rank holds whole registered state: the next
+    generation resumes from the restore point, and the stop's checkpoint would be written
+    for nothing (252 MiB: most of the 2.3 s from the last step to the group's end at each
+    re-formation of bench/results/2026-12-03b). Otherwise it is a stop like SIGTERM's."""
     local = preemption.read_local()
     k, voters = s.cadence.vote() if s.registered is not None else (0, 0)
-    stops, digests, k_sum, votes = _summed([int(local_stop), preemption.digest(local), k, voters])
+    flags = [int(local_stop), int(regroup_requested()), int(_holds(s))]
+    stops, regroups, holders, digests, k_sum, votes = _summed(
+        [*flags, preemption.digest(local), k, voters]
+    )
     if digests != s.notice_digest:  # the same sum on every rank: every rank gathers
         s.notice = preemption.agree(local) if digests else None
         s.notice_digest = digests
     s.cadence.agree(k_sum, votes)  # one restore-point cadence for the group
-    return stops > 0
+    from_memory = regroups > 0 and holders >= s.world_size
+    return stops > 0 or (regroups > 0 and not from_memory), from_memory and stops == 0
+
+
+def _holds(s: _session.Session) -> bool:
+    """Whether this rank's restore point can carry the next generation: whole state is
+    registered (sharded state's shard mirror waits for the loop's checkpoint, as before)."""
+    if s.registered is None:
+        return False
+    if s.whole_state is None:
+        s.whole_state = not restore_point.is_sharded(restore_point.state_of(s.registered))
+    return s.whole_state
 
 
 def _landed(
@@ -193,11 +213,11 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
     # second one per step. Otherwise (and always for the shard mirror, which relies on this
     # point) report agrees itself.
     if s.stop_polled is not None and not sharded:
-        stop = s.stop_polled
+        stop, regroup = s.stop_polled, s.regroup_polled
     else:
         agreed = _agree(s, stop_requested())
-        stop = agreed if s.stop_polled is None else s.stop_polled
-    s.stop_polled = None
+        stop, regroup = agreed if s.stop_polled is None else (s.stop_polled, s.regroup_polled)
+    s.stop_polled, s.regroup_polled = None, False
     if sharded and live is not None and s.mirror_on:
         # Sharded state: the shard mirror, after the all-reduce above (a rank lost before it
         # leaves every survivor with the previous report's records, consistently).
@@ -211,7 +231,10 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
             generation=s.generation,
             group=_mirror_group(s),
         )
-    if stop:
+    if regroup and not stop and (snapshot is None or snapshot.index != s.report_base + s.reports):
+        assert s.registered is not None  # the cadence skipped this report: hold it anyway
+        restore_point.take(s.run_path, s.report_base + s.reports, s.registered, s.data_positions())
+    if stop or regroup:
         s.drain()  # the stop's checkpoint is committed before the group leaves
         # ... and no rank leaves before it is: the next generation's rank 0 may be another
         # pod (status.members), which reads the latest committed checkpoint at once.
@@ -232,7 +255,8 @@ def _restore_point(
     if s.registered is None:
         return None, None, False
     live = restore_point.state_of(s.registered)
-    if restore_point.is_sharded(live):
+    s.whole_state = not restore_point.is_sharded(live)
+    if not s.whole_state:
         restore_point.drop()
         return None, live, True
     s.cadence.waited(host_copy.waited())  # the last copy's overlapped part, where it showed
@@ -286,8 +310,9 @@ def should_stop() -> bool:
     s = _session.current()
     if s is None:
         return _agree_to_stop(stop_requested())
-    stop = _agree(s, stop_requested())
+    stop, regroup = _agree(s, stop_requested())
     s.stop_polled = stop or bool(s.stop_polled)
+    s.regroup_polled = regroup or s.regroup_polled
     return stop
 
 

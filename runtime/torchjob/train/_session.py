@@ -59,6 +59,11 @@ class Session:
     """What ``should_stop()`` agreed since the last report (None: not asked). The next
     ``report()`` stops on that answer, not on a newer one: a loop that checkpoints when
     ``should_stop()`` says so never stops at a report that carries no checkpoint."""
+    regroup_polled: bool = False
+    """``should_stop()`` agreed to re-form from memory (``_report._agree``): the next
+    ``report()`` ends the generation, though ``should_stop()`` said False to the loop."""
+    whole_state: bool | None = None
+    """The registered state is whole, not sharded (None: not looked at yet)."""
     last_metrics: dict[str, Any] | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     """Every report of this worker in this generation (rank 0's become the Result's)."""

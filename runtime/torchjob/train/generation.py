@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from torchjob.checkpoint import CheckpointStorage
-from torchjob.launch import WorkerGroup, WorkerGroupError
+from torchjob.launch import REGROUP_SIGNAL, WorkerGroup, WorkerGroupError
 from torchjob.launch.policy import RunState
 from torchjob.launch.protocol import CheckpointLanded, Dispatcher, Report, ignore
 from torchjob.train.job_status import GenerationFacts, JobStatusReporter, progress_body
@@ -83,8 +83,9 @@ class GenerationRun:
         self.facts = GenerationFacts(generation)
         """The generation the operator published (a pod's), else this fit's own count."""
         self.group: WorkerGroup | None = None
-        self.signalled = False
-        """The workers were told to stop at their next report."""
+        self.signalled: signal.Signals | None = None
+        """What this pod's workers were asked to end at their next report for: a re-formation
+        (REGROUP_SIGNAL), or a stop (SIGTERM; also after a REGROUP_SIGNAL, when due since)."""
         self.unstuck: WorkerGroupError | None = None
         """Set when this pod's workers were killed for hanging past a silent peer."""
         self._report_number = 0
@@ -147,16 +148,23 @@ class GenerationRun:
             self.view.message(f"[torchjob] {told}")
         if self.group is not None and self.unstuck is None:
             self._kill_if_stuck(self.group)
-        if self.signalled or self.group is None:
+        if self.signalled == signal.SIGTERM or self.group is None:
             return
         if self.fit.stop_requested.is_set():
             reason: str | None = "SIGTERM: stopping all ranks at the next report"
+            sig = signal.SIGTERM
         else:
+            # A re-formation the state in memory carries (the loop writes no stop's
+            # checkpoint), or a stop; a regroup asked for already becomes a stop (SIGTERM)
+            # when one is due since (the job is being deleted).
             reason = self.fit.mode.interrupt(self.fit, self.current)
+            sig = REGROUP_SIGNAL if self.fit.mode.regroups else signal.SIGTERM
+            if self.signalled is not None and sig == REGROUP_SIGNAL:
+                return
         if reason is not None:
             self.view.message(f"[torchjob] {reason}")
-            self.group.signal(signal.SIGTERM)
-            self.signalled = True
+            self.group.signal(sig)
+            self.signalled = sig
 
     def _kill_if_stuck(self, group: WorkerGroup) -> None:
         """Kill this pod's workers when they hang in a collective past another pod's silent

@@ -17,6 +17,7 @@ from typing import Protocol, assert_never
 from torchjob.api.models import TERMINAL_PHASES
 from torchjob.contract import JOINER_READY_FILE, Member, PodEnv, Standby, worker_pod_name
 from torchjob.launch import LaunchError, WorkerGroupError, WorkerGroupStartError
+from torchjob.launch.placement import available_workers
 from torchjob.launch.policy import (
     Fail,
     GroupFailurePolicy,
@@ -45,15 +46,14 @@ from torchjob.train.steps import (
 log = logging.getLogger(__name__)
 
 FOLLOW_TIMEOUT_S = 900.0
-"""KeepSurvivors: how long a pod whose group broke waits for the operator's next generation
-(restart backoff plus scheduling of the replacement pods)."""
+"""KeepSurvivors: how long a broken group's pod waits for the next generation (backoff, the
+replacements' scheduling)."""
 
 
 SUPERSEDED_AFTER_S = 10.0
-"""A formation that a later generation superseded is given up only once it has waited this
-long: a sound one forms within seconds, then stops at its first report for the next
-generation with its processes kept; a formation given up costs its processes (the restore
-point stays in shared memory). Only one waiting for a peer that never comes is worth it."""
+"""A formation a later generation superseded is given up once it waited this long: a sound
+one forms in seconds, then stops at its first report, its processes kept; one given up costs
+its processes (the restore point stays in shared memory)."""
 
 
 # --- modes ---------------------------------------------------------------------------------
@@ -66,6 +66,10 @@ class FitMode(Protocol):
 
     def interrupt(self, c: FitContext, state: RunState) -> str | None:
         """Polled while a generation runs: a reason to stop every rank at its next report."""
+
+    @property
+    def regroups(self) -> bool:
+        """An interrupt now re-forms the group from memory (no stop's checkpoint)."""
 
     def superseded(self, forming_s: float) -> str | None:
         """Polled while a generation's group forms (for ``forming_s`` seconds so far): a
@@ -82,6 +86,7 @@ class LocalMode:
     """All ranks are this machine's processes; the controller owns restarts and resizes."""
 
     name = "local"
+    regroups = False  # a resize stops the loop as a SIGTERM does
 
     def __init__(
         self, failure: GroupFailurePolicy, scaling: GroupScalingPolicy, use_gpu: bool
@@ -126,6 +131,7 @@ class PodMode:
     """A TorchJob pod whose job restarts all pods on a failure: fail fast, tell the operator."""
 
     name = "pod"
+    regroups = False
 
     def interrupt(self, c: FitContext, state: RunState) -> str | None:
         return None
@@ -173,9 +179,7 @@ class KeepSurvivorsMode:
 
     def await_own_generation(self, c: FitContext, view: ProgressView) -> None:
         """A pod created ahead of its generation waits until the operator publishes one that
-        includes it.
-
-        An elastic job that lost a pod goes on smaller at once, and the operator creates the
+        includes it. An elastic job that lost a pod goes on smaller at once, and the operator creates the
         replacement for the *next* generation (a joiner, docs/api.md); a warm standby
         (``elastic.standbyReplicas``) waits until a generation takes it in a lost pod's
         place. Either starts and imports while the group trains, and forms the group only
@@ -246,6 +250,10 @@ class KeepSurvivorsMode:
 
     def stops(self) -> bool:  # it leaves rather than re-forms: replaced, left out, deleted
         return self.leaving is not None or self._excluded(None)
+
+    @property
+    def regroups(self) -> bool:  # a new generation, also one this pod leaves; not a deletion
+        return not self.watch.deleting
 
     def interrupt(self, c: FitContext, state: RunState) -> str | None:
         moved = self.watch.changed(self.membership.generation)
@@ -356,15 +364,6 @@ class KeepSurvivorsMode:
 
 
 # --- pure helpers ------------------------------------------------------------------------
-
-
-def available_workers(max_workers: int, use_gpu: bool) -> int:
-    """Workers this machine can run now: one per visible GPU, or any number of CPU processes."""
-    if not use_gpu:
-        return max_workers
-    import torch
-
-    return min(max_workers, torch.cuda.device_count())
 
 
 def choose_mode(
