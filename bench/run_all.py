@@ -19,6 +19,7 @@ BENCHMARKS = (
     "quickstart_vs_torchrun.py",
     "restore_point.py",
     "sharded_checkpoint.py",
+    "store_connect.py",
 )
 
 

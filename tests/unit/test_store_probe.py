@@ -21,7 +21,13 @@ from tests.unit.builders import pod_env
 from torchjob.launch import Placement
 from torchjob.launch.layout import StoreLayout, prefixed
 from torchjob.launch.settings import RuntimeSettings
-from torchjob.launch.store_probe import HostsProbe, StoreProbe, answered, sweep
+from torchjob.launch.store_probe import (
+    HostsProbe,
+    StoreProbe,
+    answered,
+    await_listening,
+    sweep,
+)
 from torchjob.train.recovery.formation import (
     ABSENT_AFTER_S,
     Absence,
@@ -449,3 +455,31 @@ def test_a_sweep_stops_waiting_for_hosts_that_no_longer_matter() -> None:
         release.set()
     assert answers == {1: True, 2: True, 3: None}, answers
     assert pending_seen[-1] == frozenset({3})
+
+
+def test_a_client_waits_for_its_server_to_listen_then_connects() -> None:
+    """``await_listening`` tries again while the port refuses, and says True once a listener
+    is there (TCPStore's own retries back off to seconds: bench/store_connect.py); at its
+    deadline, with nothing listening, it says False."""
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    address = free.getsockname()
+    free.close()
+    assert not await_listening(address, 0.2)  # refused each time, until the deadline
+    tries: list[tuple[str, int]] = []
+    listening = threading.Event()
+    srv = socket.socket()
+
+    def connect(addr: tuple[str, int], timeout_s: float) -> socket.socket:
+        tries.append(addr)
+        if len(tries) == 3:  # the server comes up while the client waits
+            srv.bind(addr)
+            srv.listen()
+            listening.set()
+        return socket.create_connection(addr, timeout=timeout_s)
+
+    try:
+        assert await_listening(address, 30.0, connect, poll_s=0.01)
+        assert listening.is_set() and len(tries) == 3, tries
+    finally:
+        srv.close()

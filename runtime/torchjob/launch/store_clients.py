@@ -34,6 +34,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from torchjob.launch import store_probe
 from torchjob.launch.layout import StoreLayout
 from torchjob.launch.placement import Placement
 from torchjob.launch.settings import SLOW_EXIT_S
@@ -176,11 +177,15 @@ def client(
     if store is None or not _answers(store, timeout):
         import torch.distributed as dist
 
+        # Not before its server listens: TCPStore's own retries back off, to seconds.
+        began = time.monotonic()
+        store_probe.await_listening((addr, port), connect.total_seconds())
+        left = timedelta(seconds=max(connect.total_seconds() - (time.monotonic() - began), 1.0))
         # Connecting validates with a request, which a frozen server never answers either.
         store = within(
-            connect.total_seconds() + PROBE_S,
+            left.total_seconds() + PROBE_S,
             lambda: dist.TCPStore(  # type: ignore[attr-defined]  # re-exported from torch._C
-                addr, port, None, False, connect, use_libuv=use_libuv
+                addr, port, None, False, left, use_libuv=use_libuv
             ),
         )
         store.set_timeout(timeout)

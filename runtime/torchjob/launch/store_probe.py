@@ -53,6 +53,37 @@ def _connect(address: tuple[str, int], timeout_s: float) -> socket.socket:
     return socket.create_connection(address, timeout=timeout_s)
 
 
+LISTEN_POLL_S = 0.05
+"""How often :func:`await_listening` tries to connect while nothing listens yet."""
+
+
+def await_listening(
+    address: tuple[str, int],
+    seconds: float,
+    connect: Connect = _connect,
+    *,
+    poll_s: float = LISTEN_POLL_S,
+) -> bool:
+    """Wait up to ``seconds`` for a server to listen at ``address`` (a connect succeeds);
+    True once one does, False at the deadline.
+
+    ``TCPStore``'s client, started before its server, retries its connect with a growing
+    backoff: with torch 2.15, a client that began 2, 5 and 8 s before the server connected
+    1.0, 3.0 and 5.0 s after the server listened (``bench/store_connect.py``). A joiner forms
+    as soon as its generation is published, while the new rank 0 still trains to its next
+    report, and met its store that late: most of the 4.7 s between the survivors' stop and
+    the group's formation in the notice handovers of bench/results/2026-12-03b. Connecting
+    here first, every ``poll_s``, the client then connects at once."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            connect(address, min(left, 1.0)).close()
+            return True
+        except OSError:  # refused (nothing listens yet), no answer, a name not there yet
+            time.sleep(min(poll_s, max(deadline - time.monotonic(), 0.0)))
+    return False
+
+
 def answered(
     address: tuple[str, int], timeout_s: float, connect: Connect = _connect
 ) -> bool | None:
