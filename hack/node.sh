@@ -194,9 +194,11 @@ diagnose() {
     echo "--- kubectl describe node ${NODE}"
     kc describe node "${NODE}" 2>&1 | tail -40 || true
     local f
-    for f in kubelet containerd coredns inside; do
+    # The kubelet's last: a caller keeps the end of this (tests/cluster/realnode.py), and
+    # containerd's config line alone is 3 KB, so every line is cut.
+    for f in containerd coredns inside kubelet; do
       echo "--- ${STATE}/${f}.log (tail)"
-      tail -25 "${STATE}/${f}.log" 2>/dev/null || true
+      tail -25 "${STATE}/${f}.log" 2>/dev/null | cut -c1-300 || true
     done
   } >&2
 }
@@ -544,6 +546,11 @@ start_node() {
   ip neigh replace "${NODE_IP}" lladdr "${NODE_MAC}" dev "${HOST_IF}" nud permanent
 }
 
+await_node() { # the selected node registered and Ready (dies otherwise: run it in a subshell to go on)
+  wait_until 120 "node ${NODE} to register" kc get node "${NODE}"
+  wait_until 120 "node ${NODE} to become Ready" node_ready
+}
+
 cmd_up() {
   local start missing k started=() tar
   start=$(now_ms)
@@ -572,8 +579,14 @@ cmd_up() {
   fi
   for k in "${started[@]}"; do
     select_node "${k}"
-    wait_until 120 "node ${NODE} to register" kc get node "${NODE}"
-    wait_until 120 "node ${NODE} to become Ready" node_ready
+    # Once more from nothing when its processes exit before it is Ready: seen once in CI, a
+    # node's process exited a second after it started, and every real-node test failed.
+    if ! (await_node); then
+      log "node ${NODE} did not come up (the diagnosis above); starting it once more"
+      down_node
+      start_node
+      await_node
+    fi
     log "node ${NODE} Ready (${NODE_IP}, pods ${POD_CIDR}, state ${STATE})"
   done
   log "${COUNT} real node(s) Ready in $(($(now_ms) - start))ms (started ${#started[@]}; host ${HOST_IP})"

@@ -296,6 +296,43 @@ def test_a_gloo_survivor_of_a_vanished_peer_re_forms_in_place(tmp_path: Path) ->
             g.shutdown(timeout_s=0)
 
 
+def test_a_broken_group_is_shut_down_without_waiting(tmp_path: Path) -> None:
+    """A group broken by a peer's loss is not asked to exit (a worker may hang in a
+    collective with the peer that is gone), so its shutdown kills at once instead of waiting
+    out the timeout: a pod that stopped stayed 10 s longer, paid for and holding its name."""
+    port = free_port()
+    survivor = WorkerGroup(1, backend="gloo", timeout_s=30, placement=_pod(0, 2, port, 0))
+    victim = WorkerGroup(1, backend="gloo", timeout_s=30, placement=_pod(1, 2, port, 0))
+    try:
+        survivor.start(form=False)
+        victim.start(form=False)
+        _reform_together((survivor, _pod(0, 2, port, 0)), (victim, _pod(1, 2, port, 0)))
+        marker = tmp_path / "looping"
+        running = survivor.submit(_all_reduce_forever, (str(marker),))
+        victim.submit(_all_reduce_forever, (str(marker),))
+        wait_for(
+            lambda: Path(f"{marker}.1").exists(), 60, "the victim to enter its collective loop"
+        )
+        os.kill(victim.pids[0], signal.SIGKILL)
+        with pytest.raises(WorkerGroupError):
+            running.wait()
+        assert survivor.is_broken
+        pid = survivor.pids[0]
+        killed: list[int] = []
+        done = threading.Thread(
+            target=lambda: killed.append(survivor.shutdown(timeout_s=3600)), daemon=True
+        )
+        done.start()
+        done.join(timeout=60)
+        assert not done.is_alive(), "the shutdown waited for a worker it never asked to exit"
+        assert killed == [1]
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    finally:
+        for g in (survivor, victim):
+            g.shutdown(timeout_s=0)
+
+
 _START_PROBE = """
 import json, os, sys, threading
 import torch

@@ -26,6 +26,7 @@ from torchjob.rules.resize import Resize, grow_back
 from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.events import Event
 from torchjob_operator.torchjob.decision import CreatePods, Decision
+from torchjob_operator.torchjob.joining import former_member, join_order, left_out
 from torchjob_operator.torchjob.observed import PodPhase, PodView
 from torchjob_operator.torchjob.topology import (
     Assignment,
@@ -159,10 +160,11 @@ def _stays(p: PodView) -> bool:
 
 
 def _waiting(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
-    """Pods of the job that wait to join a later generation (``joiners`` before its cap)."""
-    ranked, later = set(d.ranked), d.generation + 1
+    """Pods of the job that wait to join a later generation (``joiners`` before its cap), those
+    on nodes given notice last: the cap and a generation's places go to the others first."""
+    ranked, later, left = set(d.ranked), d.generation + 1, left_out(d)
     up = (p for p in pods if p.index not in ranked and (p.joiner or p.generation == later))
-    return sorted((p for p in up if p.active), key=lambda p: p.index)
+    return sorted((p for p in up if p.active and not former_member(p, left)), key=join_order)
 
 
 def joiners(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
@@ -179,11 +181,8 @@ def joiners(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
 
 
 def ready_joiners(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
-    """Joiners whose runtime waits to join (their readiness probe), by index."""
-    return sorted(
-        (p for p in joiners(d, pods) if p.phase == PodPhase.RUNNING and p.ready and p.scheduled),
-        key=lambda p: p.index,
-    )
+    """Joiners whose runtime waits to join (their readiness probe), in ``join_order``."""
+    return [p for p in joiners(d, pods) if p.phase == PodPhase.RUNNING and p.ready and p.scheduled]
 
 
 def replace_with_standbys(

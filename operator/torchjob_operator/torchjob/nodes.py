@@ -17,6 +17,8 @@ The operator watches Nodes (read-only) and reads each into a ``common.nodes.Node
   with ``replaceBeforeLeaving`` creates its replacement at once, on another node, and lets
   it train on until the replacement is Ready (``torchjob/drain.py``); any other job treats
   it as taken, as it would its eviction, while there is time to stop at a checkpoint;
+* a pod being deleted on a noticed node carries the notice's deadline too: past it, its node
+  is taken, and the pod holds its name only (:func:`held_only`);
 * a pod on a node whose ``Ready`` is not ``True`` is lost (``disruption="NodeLost"``): the
   job goes on without it at once, without waiting for the node controller's evictions; once
   deleted it stays Terminating there (``PodView.stuck``) until the node returns or its Node
@@ -61,6 +63,9 @@ def with_nodes(
         if node is not None and not node.ready:
             lost = p.active and p.disruption is None
             out.append(replace(p, node_lost=True, disruption=NODE_LOST if lost else p.disruption))
+        elif node is not None and node.notice is not None and p.deleting:
+            # Going anyway: when its node goes, nothing it holds is left but its name.
+            out.append(replace(p, notice_until=seen.get(p.name) or notice_deadline(node, now)))
         elif node is None or p.disruption is not None or not p.active:
             out.append(p)
         elif node.notice is not None:
@@ -167,18 +172,24 @@ def held_only(p: PodView, now: datetime) -> bool:
     Ready, for ~40 s, and it would not go before); or still there :data:`OVERDUE_S` after its
     deletion deadline (``deletionTimestamp``, when a live kubelet kills it; a leaver deleted
     on a node that then vanished stayed until the node was known lost, 40-53 s, and held
-    the restart that long: bench/results/2026-12-02i). The next generation creates its place
-    under another index instead of waiting for it."""
+    the restart that long: bench/results/2026-12-02i); or on a noticed node past its notice's
+    deadline (the node is taken then: in bench/results/2026-12-03c a restart waited 30 s
+    more for such a pod, until it was overdue). The next generation creates its place under
+    another index instead of waiting for it."""
     overdue = p.deletion_at is not None and (now - p.deletion_at).total_seconds() >= OVERDUE_S
-    return p.stuck or (p.deleting and (p.silent is not None or overdue))
+    gone = p.notice_until is not None and now >= p.notice_until
+    return p.stuck or (p.deleting and (p.silent is not None or overdue or gone))
 
 
 def overdue_in(pods: Iterable[PodView], now: datetime) -> list[float]:
-    """Seconds until each pod being deleted would be overdue (:func:`held_only`)."""
+    """Seconds until each pod being deleted would be overdue, or its noticed node due to go
+    (:func:`held_only`)."""
     return [
-        max(0.0, (p.deletion_at - now).total_seconds() + OVERDUE_S)
+        max(0.0, (at - now).total_seconds() + late)
         for p in pods
-        if p.deleting and p.deletion_at is not None
+        if p.deleting
+        for at, late in ((p.deletion_at, OVERDUE_S), (p.notice_until, 0.0))
+        if at is not None
     ]
 
 

@@ -289,7 +289,12 @@ class WorkerGroup(Survivors):
 
     def shutdown(self, timeout_s: float = 10) -> int:
         """Ask workers to exit; kill those still alive after ``timeout_s`` (and their children).
-        Returns how many had to be killed."""
+        Returns how many had to be killed. A broken group's workers are not asked (one may
+        still hang in a collective with a peer that is gone), so they are killed at once:
+        waiting for them only kept a pod that had stopped 10 s longer, paid for and holding
+        its name (bench/results/2026-12-03c: a kept group released at a pod's exit)."""
+        if self.state.broken:
+            timeout_s = 0
         killed = 0
         for w in self._workers:
             if w.conn is not None and w.proc.poll() is None and not self.state.broken:
@@ -316,7 +321,7 @@ class WorkerGroup(Survivors):
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.shutdown(timeout_s=0 if self.state.broken else 10)
+        self.shutdown(timeout_s=10)
 
     # --- running functions ------------------------------------------------------------
     def submit(
