@@ -11,6 +11,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+from tests.kube import wait_for
+
 
 def pod_processes(uid: str) -> list[tuple[int, str]]:
     """(pid, command line) of every process in the pod's cgroups."""
@@ -67,32 +69,37 @@ def drop_packets(uid: str, to: tuple[str, int] | None = None) -> None:
     those it sends to that TCP port (a broken route to one service; it still answers all).
 
     Any process of the pod names its namespace, but one may end between the look and the
-    ``nsenter`` (a pod's first processes include short-lived ones), so its processes are tried
-    oldest first (the sandbox's pause process lives as long as the pod) until one enters."""
+    ``nsenter``: a pod's first processes include short-lived ones (seen in CI: a new pod whose
+    only process was ``runc init``, gone a moment later). Its processes are tried oldest first
+    (the sandbox's pause process lives as long as the pod), looking again until one enters."""
     rules = [["INPUT", "-j", "DROP"], ["OUTPUT", "-j", "DROP"]]
     if to is not None:
         rules = [["OUTPUT", "-p", "tcp", "-d", to[0], "--dport", str(to[1]), "-j", "DROP"]]
-    tried = []
-    for pid, cmd in pod_processes(uid):
-        entered = subprocess.run(
-            ["nsenter", "-t", str(pid), "-n", "iptables", "-w", "-I", *rules[0]],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        if entered.returncode == 0:
-            for rule in rules[1:]:
-                subprocess.run(
-                    ["nsenter", "-t", str(pid), "-n", "iptables", "-w", "-I", *rule],
-                    check=True,
-                    capture_output=True,
-                    timeout=30,
-                )
-            return
-        tried.append(f"{pid} ({cmd}): exit {entered.returncode}: {entered.stderr.strip()}")
-        if Path(f"/proc/{pid}").exists():
-            break  # the process is there: nsenter or iptables failed, not a race
-    raise RuntimeError(f"could not drop pod {uid}'s packets; tried {tried or 'no process'}")
+    tried: list[str] = []
+
+    def entered() -> bool:
+        for pid, cmd in pod_processes(uid):
+            done = subprocess.run(
+                ["nsenter", "-t", str(pid), "-n", "iptables", "-w", "-I", *rules[0]],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            if done.returncode == 0:
+                for rule in rules[1:]:
+                    subprocess.run(
+                        ["nsenter", "-t", str(pid), "-n", "iptables", "-w", "-I", *rule],
+                        check=True,
+                        capture_output=True,
+                        timeout=30,
+                    )
+                return True
+            tried.append(f"{pid} ({cmd}): exit {done.returncode}: {done.stderr.strip()}")
+            if Path(f"/proc/{pid}").exists():  # nsenter or iptables failed, not a race
+                raise RuntimeError(f"could not drop pod {uid}'s packets; tried {tried}")
+        return False
+
+    wait_for(entered, 30, lambda: f"pod {uid}'s packets dropped; tried {tried or 'no process'}")
 
 
 def freeze_pod(uid: str) -> list[int]:
