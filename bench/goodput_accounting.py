@@ -259,6 +259,15 @@ def timeline_svg(
     )
 
 
+def steps_redone(steps: Iterable[int]) -> int:
+    """How many of rank 0's completed steps were done again: each step number seen more than
+    once (a generation resumed from before its predecessor's last step). Counted from the
+    steps themselves, not per loss: a restore in a generation that no loss's recovery names
+    (a storm's second notice, the job's own restart) is counted too."""
+    numbers = list(steps)
+    return len(numbers) - len(set(numbers))
+
+
 def longest_pause(step_times: Iterable[float], t_from: float, t_to: float) -> float:
     """The longest stretch without a step between the last step at or before ``t_from`` (a
     preemption) and ``t_to`` (the new membership's first step): what the preemption stopped

@@ -61,6 +61,7 @@ def profile(events: list[dict[str, Any]]) -> list[str]:
     span = max(t_end - t0, 1e-9)
     shares = ", ".join(f"{w}: {d:.0f}s ({d / span:.0%})" for w, d in sorted(at_size.items()))
     out.append(f"time at each world size: {shares}")
+    out.append(f"steps done again: {acc.steps_redone(e['step'] for e in steps)}")
     late = [e for e in events if e["ev"] == "start" and e["t"] - t0 > 5]  # replacements
     # Every container's processes have small pids (the same in every pod), and a replacement
     # pod may carry its predecessor's name: a process is its pod, its pid and its start.

@@ -78,6 +78,9 @@ class Row:
     committed: int = 0
     """What storage held after the row (``acc.committed_samples``): a check, not goodput."""
     recoveries: list[Recovery] = field(default_factory=list)
+    redone: int = 0
+    """Steps done again in the row's window (``acc.steps_redone``): every restore from an older
+    step, whichever loss's recovery it belongs to."""
     restarts: int = 0
     """TorchJob: ``status.restarts``; Kubeflow: container restarts of the pods left at the end."""
     disruptions: int | None = 0

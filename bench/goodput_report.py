@@ -124,7 +124,7 @@ def _line(policy: str, mode: str, strategy: str, reps: list[Row], ideal: dict[st
     recs = [x for r in reps for x in r.recoveries if not x.trained_on]
     secs = [x.seconds for x in recs if x.seconds is not None]
     pauses = [x.pause for x in recs if x.pause is not None]
-    lost = sum(max(0, x.step_before - x.resumed_step) for x in recs if x.resumed_step is not None)
+    lost = sum(r.redone for r in reps)
     goods = [acc.goodput(r.figures(), ideal) for r in reps]
     per_pod = [acc.per_pod_paid(g, r.workers, r.standbys) for g, r in zip(goods, reps, strict=True)]
     per_pod_s = [
@@ -151,7 +151,10 @@ def _line(policy: str, mode: str, strategy: str, reps: list[Row], ideal: dict[st
 
 
 def _print_notes(args: argparse.Namespace, rows: list[Row]) -> None:
-    print("lost, restarts and disr are totals over the repeats; rec and phases over every recovery")
+    print(
+        "lost (steps done again, whichever loss they follow), restarts and disr are totals over"
+        " the repeats; rec and phases over every recovery"
+    )
     print(
         "rec = from the loss (a noticeN row: the notice) to the first completed step of a "
         "generation above the one stepping at the loss (resolved after the row, so overlapping "

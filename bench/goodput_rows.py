@@ -390,9 +390,9 @@ class _RowRun:
             unsaved = f"final checkpoint short: storage holds {row.committed} of {trained} samples"
             row.note = "; ".join(filter(None, (row.note, unsaved)))
             log(f"{self.label}: {unsaved} trained by the window's end")
-        row.wall = t_end - t_first
-        row.t_first = t_first
+        row.wall, row.t_first = t_end - t_first, t_first
         steps = [e for e in all_events if e["ev"] == "step" and e["t"] <= t_end]
+        row.redone = acc.steps_redone(e["step"] for e in steps if e["t"] >= t_first)
         row.step_times = [e["t"] for e in steps]
         row.step_samples = [
             float(e.get("world", self.args.replicas) * self.args.batch) for e in steps

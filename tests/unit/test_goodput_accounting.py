@@ -275,3 +275,12 @@ def test_work_trained_in_the_window_but_never_saved_counts_as_lost() -> None:
     assert acc.window_samples(events, 0.0, 30.0, saved=at[19.9]) == at[19.9] - at[0.0]
     # A final checkpoint that holds the drain after the window adds nothing.
     assert acc.window_samples(events, 0.0, 30.0, saved=at[29.4] + 999) == at[29.4] - at[0.0]
+
+
+def test_steps_done_again_are_counted_from_the_steps_themselves() -> None:
+    """bench/results/2026-12-03e: generation 13 restored step 480 from storage after rank 0
+    had reached 489, in a storm whose loss took no member; the per-loss count missed it."""
+    steps = [*range(1, 490), *range(481, 535)]
+    assert acc.steps_redone(steps) == 9
+    assert acc.steps_redone(range(1, 100)) == 0
+    assert acc.steps_redone([5, 5, 5]) == 2  # the same step done three times
