@@ -260,6 +260,24 @@ def _all_reduce_forever(marker: str) -> None:
         _all_reduce_sum(1.0)
 
 
+def _lose_the_peer(
+    survivor: WorkerGroup, victim: WorkerGroup, port: int, tmp_path: Path
+) -> WorkerGroupError:
+    """Form the two one-rank groups into one, start an endless all-reduce on both, SIGKILL the
+    victim's rank mid-loop, and return the survivor's failure."""
+    survivor.start(form=False)
+    victim.start(form=False)
+    _reform_together((survivor, _pod(0, 2, port, 0)), (victim, _pod(1, 2, port, 0)))
+    marker = tmp_path / "looping"
+    running = survivor.submit(_all_reduce_forever, (str(marker),))
+    victim.submit(_all_reduce_forever, (str(marker),))
+    wait_for(lambda: Path(f"{marker}.1").exists(), 60, "the victim to enter its collective loop")
+    os.kill(victim.pids[0], signal.SIGKILL)
+    with pytest.raises(WorkerGroupError) as lost:
+        running.wait()
+    return lost.value
+
+
 def test_a_gloo_survivor_of_a_vanished_peer_re_forms_in_place(tmp_path: Path) -> None:
     """A hard loss (the peer pod's process SIGKILLed mid-collective): the survivor's rank
     raises a broken connection, its process is sound, and it joins the next generation
@@ -269,20 +287,9 @@ def test_a_gloo_survivor_of_a_vanished_peer_re_forms_in_place(tmp_path: Path) ->
     victim = WorkerGroup(1, backend="gloo", timeout_s=30, placement=_pod(1, 2, port, 0))
     newcomer = WorkerGroup(1, backend="gloo", timeout_s=30, placement=_pod(1, 2, port, 1))
     try:
-        survivor.start(form=False)
-        victim.start(form=False)
-        _reform_together((survivor, _pod(0, 2, port, 0)), (victim, _pod(1, 2, port, 0)))
+        lost = _lose_the_peer(survivor, victim, port, tmp_path)
         pid = survivor.pids[0]
-        marker = tmp_path / "looping"
-        running = survivor.submit(_all_reduce_forever, (str(marker),))
-        victim.submit(_all_reduce_forever, (str(marker),))
-        wait_for(
-            lambda: Path(f"{marker}.1").exists(), 60, "the victim to enter its collective loop"
-        )
-        os.kill(victim.pids[0], signal.SIGKILL)
-        with pytest.raises(WorkerGroupError) as lost:
-            running.wait()
-        assert lost.value.peer_failure, str(lost.value)
+        assert lost.peer_failure, str(lost)
         assert survivor.is_broken and survivor.can_reform(_pod(0, 2, port, 1))
 
         newcomer.start(form=False)
@@ -304,18 +311,7 @@ def test_a_broken_group_is_shut_down_without_waiting(tmp_path: Path) -> None:
     survivor = WorkerGroup(1, backend="gloo", timeout_s=30, placement=_pod(0, 2, port, 0))
     victim = WorkerGroup(1, backend="gloo", timeout_s=30, placement=_pod(1, 2, port, 0))
     try:
-        survivor.start(form=False)
-        victim.start(form=False)
-        _reform_together((survivor, _pod(0, 2, port, 0)), (victim, _pod(1, 2, port, 0)))
-        marker = tmp_path / "looping"
-        running = survivor.submit(_all_reduce_forever, (str(marker),))
-        victim.submit(_all_reduce_forever, (str(marker),))
-        wait_for(
-            lambda: Path(f"{marker}.1").exists(), 60, "the victim to enter its collective loop"
-        )
-        os.kill(victim.pids[0], signal.SIGKILL)
-        with pytest.raises(WorkerGroupError):
-            running.wait()
+        _lose_the_peer(survivor, victim, port, tmp_path)
         assert survivor.is_broken
         pid = survivor.pids[0]
         killed: list[int] = []

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from tests.unit.builders import at, job, preempted, running
-from tests.unit.test_nodes import noticed, on
+from tests.unit.builders import at, job, running
+from tests.unit.test_nodes import noticed, on, restarted_for_a_preemption
 from tests.unit.test_planner import evicted, standby_job, step
 
 from torchjob_operator.common.nodes import NodeView
@@ -70,12 +70,7 @@ def test_a_pod_deleted_on_a_noticed_node_holds_only_its_name_once_the_node_is_du
     """bench/results/2026-12-03c: a restart waited 30 s for a leaver deleted on a noticed node
     that went at its deadline, until the pod was overdue. Past the notice's deadline it holds
     its name only; before, the restart looks again at the deadline."""
-    view = job().replicas(2).build()
-    _, view, pods = step(view, [], 0)
-    up = [on(p, f"n{p.index}") for p in pods]
-    _, view, _ = step(view, up, 1)
-    restarted, view, _ = step(view, [up[0], preempted(up[1])], 5)
-    assert restarted.status["currentGeneration"] == 1 and restarted.create is None
+    view, up = restarted_for_a_preemption()
     nodes = {
         "n0": NodeView("n0"),
         "n1": NodeView("n1", notice="aws-node-termination-handler/spot-itn", window_s=120),

@@ -599,18 +599,25 @@ def test_a_pod_stuck_terminating_on_a_lost_node_holds_its_name_and_nothing_else(
     assert waiting.create is None
 
 
-def test_a_pod_overdue_past_its_deletion_deadline_holds_its_name_and_nothing_else() -> None:
-    """bench/results/2026-12-02i: a leaver deleted on a node that then vanished stayed until
-    the node was known lost (43 s) and held the restart that long. A pod still there
-    OVERDUE_S past its deletion deadline (a live kubelet kills it at the deadline) holds
-    only its name, before its node is known lost; until then the restart looks again when
-    it would be overdue, since nothing else may say so."""
+def restarted_for_a_preemption() -> tuple[JobView, list[PodView]]:
+    """A RecreateGroup job of 2 pods on nodes n0 and n1, restarted (generation 1) after pod 1
+    was preempted: its pods are not created until the old ones are gone."""
     view = job().replicas(2).build()
     _, view, pods = step(view, [], 0)
     up = [on(p, f"n{p.index}") for p in pods]
     _, view, _ = step(view, up, 1)
     restarted, view, _ = step(view, [up[0], preempted(up[1])], 5)
     assert restarted.status["currentGeneration"] == 1 and restarted.create is None
+    return view, up
+
+
+def test_a_pod_overdue_past_its_deletion_deadline_holds_its_name_and_nothing_else() -> None:
+    """bench/results/2026-12-02i: a leaver deleted on a node that then vanished stayed until
+    the node was known lost (43 s) and held the restart that long. A pod still there
+    OVERDUE_S past its deletion deadline (a live kubelet kills it at the deadline) holds
+    only its name, before its node is known lost; until then the restart looks again when
+    it would be overdue, since nothing else may say so."""
+    view, up = restarted_for_a_preemption()
     leaving = replace(up[1], deleting=True, deletion_at=at(20))  # a 15 s grace period
     waiting = plan(view, [leaving], at(21))
     assert waiting.create is None, "before its deadline it may still commit a checkpoint"
