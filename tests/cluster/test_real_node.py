@@ -225,7 +225,9 @@ def test_the_fsdp_finetune_example_shrinks_and_grows_back_and_resumes_its_shards
     real_jobs.apply(job)
     real_jobs.wait(
         "ft",
-        lambda s: s if ((s.get("progress") or {}).get("step") or 0) >= every else None,
+        # progress.step counts reports (one per checkpoint here), metrics.step the loop's steps:
+        # waiting for report 25 let 625 of the 900 steps pass before the eviction.
+        lambda s: s if (s.get("progress") or {}).get("lastCheckpoint") else None,
         f"the first sharded checkpoint (step {every})",
         timeout=300,
     )
