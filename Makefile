@@ -51,7 +51,7 @@ prereqs: ## the Debian packages of the real node, Prometheus and Chromium (insta
 	hack/prereqs.sh
 
 .PHONY: test
-test: prereqs venv testbin ## run the whole suite: unit/runtime (multi-process torch), cluster, real-node and pod (own clusters) tests, six sessions at once
+test: prereqs venv testbin ## run the whole suite: unit/runtime (multi-process torch), cluster, real-node and pod (own clusters) tests, five sessions at once
 	PY=$(PY) hack/test.sh
 
 .PHONY: test-cluster

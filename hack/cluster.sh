@@ -70,7 +70,7 @@ healthy() {
 
 # The control plane runs at niceness TORCHJOB_CONTROL_PLANE_NICE (default -10; the processes
 # kwokctl starts inherit it): a test cluster shares its machine with CPU-bound torch workers
-# (make test runs six sessions on 2 cores), and an API server or etcd that waits its turn
+# (make test runs five sessions on 2 cores), and an API server or etcd that waits its turn
 # behind them misses client-go's 10 s TLS handshake, answers 504 or lets a lease expire, which
 # tests then see as failures of the operator. A few ms of CPU served first is all they need.
 # Not root: a niceness below 0 is not allowed, so they keep the caller's.

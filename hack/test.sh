@@ -1,15 +1,8 @@
 #!/usr/bin/env bash
-# `make test`: the whole suite as six pytest sessions at once.
+# `make test`: the whole suite as five pytest sessions at once.
 #
-#   cluster   tests/cluster minus the torch-heavy files and those of cluster2: the operator
-#             against the control plane (admission, CLI, Helm, scale, topology, notices) on
-#             cluster `torchjob`
-#   cluster2  the operator beside other controllers and tools (Kueue, MultiKueue, the kubectl
-#             plugin, chaos, leader election, GitOps health, Prometheus, the dashboard) on
-#             cluster `torchjob-2`: a kwok cluster costs ~3 % of a core idle, and the cluster
-#             tests mostly wait, but under the other sessions' load they waited 1.8 times as
-#             long as alone (1,017 s in warm CI against 554 s alone, 2026-12-03): one session
-#             was the long pole. Split by the files' times alone (~280 s each)
+#   cluster   tests/cluster minus the torch-heavy files: the operator against the control
+#             plane (admission, chaos, CLI, leader election, Helm, scale) on cluster `torchjob`
 #   e2e       the real nodes (test_real_node, test_node_faults, test_real_nodes: kubelet +
 #             containerd, real containers) on their own cluster `torchjob-e2e`
 #             (TORCHJOB_CLUSTER_NAME), so that the sessions' cluster-wide operators never see
@@ -31,9 +24,9 @@
 #
 # The cluster tests mostly wait (on the API server, kwok, kubelet, containers); in one
 # session they were the long pole (942 s against the rest's 709 s, side by side on 2 cores),
-# so they are split (cluster, cluster2: one waits while the other works). Each session has its own --basetemp
+# so they are split in two that wait at the same time. Each session has its own --basetemp
 # and cache dir; the output of each is prefixed with its name; the exit status is the worst
-# of the six. Extra arguments go to every session (for example `hack/test.sh -x`).
+# of the five. Extra arguments go to every session (for example `hack/test.sh -x`).
 # `make test-unit`, `make test-cluster` run one part alone.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -82,12 +75,7 @@ ignore_runtime=()
 for f in "${RUNTIME[@]}"; do ignore_runtime+=("--ignore=${f}"); done
 PODS=(tests/cluster/test_e2e_runtime.py)
 ignore_e2e=()
-CLUSTER2=(tests/cluster/test_{kueue,multikueue,kubectl_plugin,chaos,control_plane,leader_election}.py
-  tests/cluster/test_{gitops_health,runtimes,dashboard,torchtune,prometheus,worker_policy}.py
-  tests/cluster/test_{gang,initializers,silent_reports,kube_writes}.py)
 for f in "${E2E[@]}" "${PODS[@]}"; do ignore_e2e+=("--ignore=${f}"); done
-ignore_cluster2=()
-for f in "${CLUSTER2[@]}"; do ignore_cluster2+=("--ignore=${f}"); done
 
 # What the machine went through, for whoever reads a failed run afterwards: CPU (us, sy, id,
 # wa, st) every 30 s, and the busiest processes with their niceness every 2 minutes; the test
@@ -104,10 +92,8 @@ top_pid=$!
 trap 'kill "${vmstat_pid}" "${top_pid}" 2>/dev/null' EXIT
 
 start=$(date +%s)
-run cluster tests/cluster "${ignore_e2e[@]}" "${ignore_cluster2[@]}" "$@" &
+run cluster tests/cluster "${ignore_e2e[@]}" "$@" &
 cluster_pid=$!
-TORCHJOB_CLUSTER_NAME="${TORCHJOB_CLUSTER2_NAME:-torchjob-2}" run cluster2 "${CLUSTER2[@]}" "$@" &
-cluster2_pid=$!
 TORCHJOB_CLUSTER_NAME="${TORCHJOB_E2E_CLUSTER_NAME:-torchjob-e2e}" \
   TORCHJOB_REAL_NODES="${TORCHJOB_E2E_REAL_NODES:-3}" run e2e "${E2E[@]}" "$@" &
 e2e_pid=$!
@@ -119,27 +105,24 @@ rest_rc=0
 NICE=5 run rest tests --ignore=tests/cluster "${ignore_runtime[@]}" "$@" || rest_rc=$?
 cluster_rc=0
 wait "${cluster_pid}" || cluster_rc=$?
-cluster2_rc=0
-wait "${cluster2_pid}" || cluster2_rc=$?
 e2e_rc=0
 wait "${e2e_pid}" || e2e_rc=$?
 pods_rc=0
 wait "${pods_pid}" || pods_rc=$?
 runtime_rc=0
 wait "${runtime_pid}" || runtime_rc=$?
-# The six sessions' output interleaves, and a CI page often shows only the end of the log:
+# The five sessions' output interleaves, and a CI page often shows only the end of the log:
 # name every failed or erroring test again, last.
-for name in rest runtime cluster cluster2 e2e pods; do
+for name in rest runtime cluster e2e pods; do
   grep -E "^(FAILED|ERROR) " "${BASE}/${name}.out" 2>/dev/null | sed "s/^/[${name}] /"
 done
 took() { echo "$(cat "${BASE}/$1.time" 2>/dev/null || echo '?')s"; }
 # Each session's last line (pytest's count of passed, failed, skipped) and its time.
-for name in rest runtime cluster cluster2 e2e pods; do
+for name in rest runtime cluster e2e pods; do
   echo "[${name}] $(tail -n 1 "${BASE}/${name}.out" 2>/dev/null) ($(took "${name}"))"
 done
 echo "make test: rest (unit, gpu, runtime a-r) exit ${rest_rc}; runtime (s-z) exit ${runtime_rc};" \
-  "cluster exit ${cluster_rc}; cluster2 exit ${cluster2_rc}; e2e exit ${e2e_rc}; pods exit ${pods_rc};" \
-  "$(($(date +%s) - start))s"
+  "cluster exit ${cluster_rc}; e2e exit ${e2e_rc}; pods exit ${pods_rc}; $(($(date +%s) - start))s"
 # pytest's 5 (nothing collected) is a failure too.
-[[ "${rest_rc}" == 0 && "${runtime_rc}" == 0 && "${cluster_rc}" == 0 && "${cluster2_rc}" == 0 \
-  && "${e2e_rc}" == 0 && "${pods_rc}" == 0 ]]
+[[ "${rest_rc}" == 0 && "${runtime_rc}" == 0 && "${cluster_rc}" == 0 && "${e2e_rc}" == 0 \
+  && "${pods_rc}" == 0 ]]
