@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
 # `make test`: the whole suite as five pytest sessions at once.
 #
-#   cluster   tests/cluster minus the torch-heavy files: the operator against the control
-#             plane (admission, chaos, CLI, leader election, Helm, scale) on cluster `torchjob`
+#   cluster   tests/cluster minus the files below: the operator against the control plane
+#             (admission, CLI, leader election, Helm, Kueue, topology) on cluster `torchjob`
 #   e2e       the real nodes (test_real_node, test_node_faults, test_real_nodes: kubelet +
 #             containerd, real containers) on their own cluster `torchjob-e2e`
 #             (TORCHJOB_CLUSTER_NAME), so that the sessions' cluster-wide operators never see
 #             each other's jobs; 3 real nodes (TORCHJOB_REAL_NODES; TORCHJOB_E2E_REAL_NODES to
 #             change), which the node-fault tests need and every other real-node test spreads
-#             its pods over. Not split in two sessions on two clusters: tried (2026-12-02), the
-#             second cluster's 3 nodes and operator slowed every session on 2 cores (rest
-#             852 -> 1,190 s, runtime 704 -> 1,107 s, the real-node tests 1,336 -> 1,144 s at
-#             best) and a pods test lost its timing margin
+#             its pods over; and, last, the 200-job scale test (kwok nodes only). Not split in
+#             two sessions on two clusters: tried (2026-12-02), the second cluster's 3 nodes
+#             and operator slowed every session on 2 cores (rest 852 -> 1,190 s, runtime
+#             704 -> 1,107 s, the real-node tests 1,336 -> 1,144 s at best) and a pods test
+#             lost its timing margin
 #   pods      the tests that train with torch in pods run by the process kubelet
-#             (test_e2e_runtime) on their own cluster `torchjob-pods`: split from e2e because
-#             the real node's tests alone are the long pole, and both mostly wait on pods
+#             (test_e2e_runtime), the operator SIGKILLed at random points (test_chaos), and the
+#             real-node tests that need one node only (test_real_node_examples: the docs'
+#             examples, an eviction), on their own cluster `torchjob-pods` with one real node
+#             (started by the first test that needs it). Why: the cluster and e2e sessions
+#             were each ~900 s of tests one after another while this one ended at ~450 s, and
+#             the machine stood 30-60 % idle through the last 5 minutes of `make test`
+#             (2026-12-03, twelfth session: vmstat of a warm CI). A real node costs no control
+#             plane: its kubelet and containerd idle at a few per cent of a core.
 #   rest      tests/unit, tests/gpu and tests/runtime/test_[a-r]* (mostly CPU: multi-process
 #             torch)
 #   runtime   tests/runtime/test_[s-z]*: the runtime suite alone was the long pole (1,111 s of
@@ -77,11 +84,12 @@ run() {
   return "${rc}"
 }
 
-E2E=(tests/cluster/test_real_node.py tests/cluster/test_node_faults.py tests/cluster/test_real_nodes.py)
+E2E=(tests/cluster/test_real_node.py tests/cluster/test_node_faults.py tests/cluster/test_real_nodes.py
+  tests/cluster/test_operator_scale.py)
 RUNTIME=(tests/runtime/test_[s-z]*.py)
 ignore_runtime=()
 for f in "${RUNTIME[@]}"; do ignore_runtime+=("--ignore=${f}"); done
-PODS=(tests/cluster/test_e2e_runtime.py)
+PODS=(tests/cluster/test_e2e_runtime.py tests/cluster/test_chaos.py tests/cluster/test_real_node_examples.py)
 ignore_e2e=()
 for f in "${E2E[@]}" "${PODS[@]}"; do ignore_e2e+=("--ignore=${f}"); done
 
@@ -105,7 +113,8 @@ cluster_pid=$!
 TORCHJOB_CLUSTER_NAME="${TORCHJOB_E2E_CLUSTER_NAME:-torchjob-e2e}" \
   TORCHJOB_REAL_NODES="${TORCHJOB_E2E_REAL_NODES:-3}" run e2e "${E2E[@]}" "$@" &
 e2e_pid=$!
-TORCHJOB_CLUSTER_NAME="${TORCHJOB_PODS_CLUSTER_NAME:-torchjob-pods}" run pods "${PODS[@]}" "$@" &
+TORCHJOB_CLUSTER_NAME="${TORCHJOB_PODS_CLUSTER_NAME:-torchjob-pods}" \
+  TORCHJOB_REAL_NODES="${TORCHJOB_PODS_REAL_NODES:-1}" run pods "${PODS[@]}" "$@" &
 pods_pid=$!
 NICE=10 run runtime "${RUNTIME[@]}" "$@" &
 runtime_pid=$!

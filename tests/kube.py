@@ -438,12 +438,18 @@ def taint_dict(t: Any) -> dict[str, Any]:
     return d
 
 
-def node_ready_status(core: Any, node: str) -> str | None:
-    """The node's Ready condition status ("True", "False", "Unknown"), None if absent."""
+def node_ready_condition(core: Any, node: str) -> Any:
+    """The node's Ready condition (``status``, ``reason``, ...), None if absent."""
     for c in core.read_node(node).status.conditions or []:
         if c.type == "Ready":
-            return str(c.status)
+            return c
     return None
+
+
+def node_ready_status(core: Any, node: str) -> str | None:
+    """The node's Ready condition status ("True", "False", "Unknown"), None if absent."""
+    c = node_ready_condition(core, node)
+    return None if c is None else str(c.status)
 
 
 # --------------------------------------------------------------------------- nodes
