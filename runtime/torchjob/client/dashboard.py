@@ -9,6 +9,11 @@ world size, steps/s, goodput, age, last loss), one job (a timeline of world size
 with each loss and its cause marked, the generations, the conditions, the Events and the
 last lines of rank 0's log), and the studies (trials, the objective by trial, the best).
 
+The rate counts the training loop's own steps where its reports carry one (an integer
+``step`` among the metrics, ``status.progress.metrics.step``), else the reports themselves
+(``status.progress.step`` counts reports): a loop that reports once per checkpoint would
+otherwise show reports per second labelled as steps. The page names the unit it shows.
+
 Goodput on this page is the share of the last 10 minutes' samples in which the job trained
 at its full size (Running, ``worldSize`` at the spec's, a step newer than the sample before):
 what the server saw, not the operator's per-pod-paid series (``docs/operations.md``).
@@ -44,40 +49,67 @@ def _age_s(stamp: str | None, now: float) -> float | None:
         return None
 
 
+STEPS = "steps"
+REPORTS = "reports"
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def progress_count(progress: Mapping[str, Any] | None) -> tuple[int | None, str]:
+    """(the counter the rate is taken of, its unit) for one ``status.progress``: the loop's
+    step (``metrics.step``, an integer) where the loop reports one, else the report count
+    (``progress.step``)."""
+    progress = progress or {}
+    step = _int((progress.get("metrics") or {}).get("step"))
+    if step is not None:
+        return step, STEPS
+    return _int(progress.get("step")), REPORTS
+
+
 class Samples:
-    """What the server saw of each job over time: (time, step, world size, desired, phase)."""
+    """What the server saw of each job over time: (time, step, world size, desired, phase),
+    the step in the unit of ``unit(key)`` (``progress_count``)."""
 
     def __init__(self, keep: int = 2000) -> None:
         self._lock = threading.Lock()
         self._by_job: dict[tuple[str, str], deque[tuple[float, int | None, int, int, str]]] = {}
+        self._unit: dict[tuple[str, str], str] = {}
         self.keep = keep
 
     def add(self, obj: Mapping[str, Any], now: float) -> None:
         meta = obj.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
         s = obj.get("status") or {}
-        step = (s.get("progress") or {}).get("step")
+        step, unit = progress_count(s.get("progress"))
         world = int(s.get("worldSize") or 0)
         per_pod = max(1, world // max(1, int(s.get("replicas") or 1)))
         desired = int((obj.get("spec") or {}).get("replicas") or 0) * per_pod
-        sample = (
-            now,
-            step if isinstance(step, int) else None,
-            world,
-            desired,
-            str(s.get("phase") or ""),
-        )
+        sample = (now, step, world, desired, str(s.get("phase") or ""))
         with self._lock:
+            if step is not None and self._unit.get(key, unit) != unit:
+                # The loop's reports began (or stopped) carrying its step: the counts before
+                # are of another unit, and a rate across them would mean nothing.
+                self._by_job.pop(key, None)
+            if step is not None:
+                self._unit[key] = unit
             ring = self._by_job.setdefault(key, deque(maxlen=self.keep))
             if not ring or ring[-1][1:] != sample[1:] or now - ring[-1][0] >= REFRESH_S:
                 ring.append(sample)
+
+    def unit(self, key: tuple[str, str]) -> str:
+        """What the job's samples count: ``STEPS`` (the loop's) or ``REPORTS``."""
+        with self._lock:
+            return self._unit.get(key, STEPS)
 
     def of(self, key: tuple[str, str]) -> list[tuple[float, int | None, int, int, str]]:
         with self._lock:
             return list(self._by_job.get(key, ()))
 
     def rates(self, key: tuple[str, str], now: float) -> tuple[float | None, float | None]:
-        """(steps/s, goodput) over the window; None when too few samples."""
+        """(steps/s, or reports/s: ``unit``; goodput) over the window; None when too few
+        samples."""
         recent = [x for x in self.of(key) if now - x[0] <= WINDOW_S]
         steps = [(t, st) for t, st, *_ in recent if st is not None]
         rate = None
@@ -108,7 +140,8 @@ def job_row(obj: Mapping[str, Any], samples: Samples, now: float) -> dict[str, A
     """One row of the jobs page."""
     meta = obj.get("metadata") or {}
     s = obj.get("status") or {}
-    rate, goodput = samples.rates((str(meta.get("namespace")), str(meta.get("name"))), now)
+    key = (str(meta.get("namespace")), str(meta.get("name")))
+    rate, goodput = samples.rates(key, now)
     return {
         "namespace": meta.get("namespace"),
         "name": meta.get("name"),
@@ -117,6 +150,7 @@ def job_row(obj: Mapping[str, Any], samples: Samples, now: float) -> dict[str, A
         "workers": s.get("workers") or "",
         "generation": s.get("currentGeneration") or 0,
         "stepsPerSecond": rate,
+        "rateUnit": samples.unit(key),
         "goodput": goodput,
         "ageSeconds": _age_s(meta.get("creationTimestamp"), now),
         "lastLoss": last_loss(s),

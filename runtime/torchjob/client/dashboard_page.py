@@ -41,14 +41,15 @@ async function get(url) {
   if (!r.ok) throw new Error(body.error || r.statusText);
   return body;
 }
+function rate(j) { return j.stepsPerSecond == null ? "-" : `${num(j.stepsPerSecond)} ${esc(j.rateUnit)}/s`; }
 function jobsView(jobs) {
   const rows = jobs.map(j => [
     {html: `<a href="#/job/${encodeURIComponent(j.namespace)}/${encodeURIComponent(j.name)}">${esc(j.namespace)}/${esc(j.name)}</a>`},
-    {html: esc(j.phase), cls: j.phase}, j.worldSize, j.workers, j.generation, num(j.stepsPerSecond),
+    {html: esc(j.phase), cls: j.phase}, j.worldSize, j.workers, j.generation, rate(j),
     pct(j.goodput), age(j.ageSeconds),
     j.lastLoss ? `gen ${j.lastLoss.generation}: ${j.lastLoss.cause}` : "-"]);
   return `<h2>Jobs (${jobs.length})</h2>` +
-    table(["job", "phase", "world", "workers", "gen", "steps/s", "goodput", "age", "last loss"], rows, "jobs");
+    table(["job", "phase", "world", "workers", "gen", "rate", "goodput", "age", "last loss"], rows, "jobs");
 }
 function timeline(d) {
   const pts = d.timeline; const W = 900, H = 220, L = 40, R = 40, T = 14, B = 24;
@@ -70,7 +71,7 @@ function timeline(d) {
   return `<svg id="timeline" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}">` +
     `<path d="${world}" fill="none" stroke="#1a56b0" stroke-width="2"/><path d="${rate}" fill="none" stroke="#137333" stroke-width="1.5"/>${lines}` +
     `<text x="${L}" y="${H-6}" font-size="11" fill="#1a56b0">world size (max ${maxW})</text>` +
-    `<text x="${L+170}" y="${H-6}" font-size="11" fill="#137333">steps/s (max ${maxR.toFixed(2)})</text>` +
+    `<text x="${L+170}" y="${H-6}" font-size="11" fill="#137333">${esc(d.rateUnit)}/s (max ${maxR.toFixed(2)})</text>` +
     `<text x="${W-R}" y="${H-6}" font-size="11" text-anchor="end" fill="#6b7480">last ${age(t1 - t0)}</text></svg>`;
 }
 function jobView(d) {
@@ -80,7 +81,7 @@ function jobView(d) {
   const conds = (d.conditions || []).map(c => [c.type, c.status, c.reason, {html: esc(c.message), cls: "msg"}]);
   const evs = (d.events || []).map(e => [e.type, e.reason, e.time.slice(0, 19), {html: esc(e.message), cls: "msg"}]);
   return `<h2>${esc(d.namespace)}/${esc(d.name)} <span class="${esc(d.phase)}">${esc(d.phase)}</span></h2>` +
-    `<p class="muted">generation ${d.generation}, world size ${d.worldSize}, workers ${esc(d.workers)}, steps/s ${num(d.stepsPerSecond)}, ` +
+    `<p class="muted">generation ${d.generation}, world size ${d.worldSize}, workers ${esc(d.workers)}, ${rate(d)}, ` +
     `goodput ${pct(d.goodput)}, ${d.restarts} restarts charged, ${d.disruptions} disruptions</p>` +
     timeline(d) + `<h2>Generations</h2>` +
     table(["gen", "began", "cause", "world", "left", "joined", "from", "recovery", "lost", "detail"], hist, "history") +
