@@ -73,9 +73,33 @@ export TORCHJOB_WORKER_START_TIMEOUT_S
 # Alone, rest and runtime take 246 s together (313 CPU-s) and the cluster sessions 554-639 s
 # (mostly waiting): at niceness 10 (was 5) the CPU-bound two fill the gaps the waiting sessions
 # leave instead of stretching them (a process at 10 weighs 110 against 1024 at 0).
+# CPU-seconds by session, where the machine has cgroup v1's cpuacct (this one and CI's do):
+# each session runs in a cgroup of its own (its control plane, operators, kubelets and pytest's
+# children with it), and its real nodes' pods are in /torchjob-<cluster> (hack/node.sh),
+# counted with it. The sessions' times say how long each waited; these say what each cost the
+# machine (tests/cpu_profile.py splits a session alone by test).
+# Only where cpuacct is mounted alone: co-mounted with cpu (cpu,cpuacct), a cgroup per session
+# would also share the CPU between the sessions as groups, and NICE below would rank nothing.
+CPUACCT=/sys/fs/cgroup/cpuacct
+awk -v d="${CPUACCT}" '$2 == d && $3 == "cgroup" && ("," $4 ",") !~ /,cpu,/ { ok = 1 } END { exit !ok }' \
+  /proc/mounts || CPUACCT=/nonexistent
+E2E_CLUSTER="${TORCHJOB_E2E_CLUSTER_NAME:-torchjob-e2e}"
+PODS_CLUSTER="${TORCHJOB_PODS_CLUSTER_NAME:-torchjob-pods}"
+declare -A CLUSTER_OF=([cluster]="${TORCHJOB_CLUSTER_NAME:-torchjob}" [e2e]="${E2E_CLUSTER}"
+  [pods]="${PODS_CLUSTER}" [rest]="" [runtime]="")
+usage_ns() { cat "${CPUACCT}/$1/cpuacct.usage" 2>/dev/null || echo 0; }
+session_ns() { # what session $1 and its cluster's pods used so far, in ns
+  local pods=0
+  [[ -z "${CLUSTER_OF[$1]}" ]] || pods="$(usage_ns "torchjob-${CLUSTER_OF[$1]}")"
+  echo "$(usage_ns "torchjob-session-$1") ${pods}"
+}
+
 run() {
   local name="$1" t0=${SECONDS} rc
   shift
+  if [[ -w "${CPUACCT}" ]] && mkdir -p "${CPUACCT}/torchjob-session-${name}" 2>/dev/null; then
+    echo "${BASHPID}" >"${CPUACCT}/torchjob-session-${name}/cgroup.procs" 2>/dev/null || true
+  fi
   nice -n "${NICE:-0}" "${PY}" -m pytest --basetemp="${BASE}/${name}" -o cache_dir=".pytest_cache/${name}" \
     --timeout="${PER_TEST_TIMEOUT}" "$@" 2>&1 \
     | tee "${BASE}/${name}.out" | sed -u "s/^/[${name}] /"
@@ -107,19 +131,20 @@ vmstat_pid=$!
 top_pid=$!
 trap 'kill "${vmstat_pid}" "${top_pid}" 2>/dev/null' EXIT
 
+for name in rest runtime cluster e2e pods; do session_ns "${name}" >"${BASE}/${name}.cpu0"; done
 start=$(date +%s)
 run cluster tests/cluster "${ignore_e2e[@]}" "$@" &
 cluster_pid=$!
-TORCHJOB_CLUSTER_NAME="${TORCHJOB_E2E_CLUSTER_NAME:-torchjob-e2e}" \
+TORCHJOB_CLUSTER_NAME="${E2E_CLUSTER}" \
   TORCHJOB_REAL_NODES="${TORCHJOB_E2E_REAL_NODES:-3}" run e2e "${E2E[@]}" "$@" &
 e2e_pid=$!
-TORCHJOB_CLUSTER_NAME="${TORCHJOB_PODS_CLUSTER_NAME:-torchjob-pods}" \
+TORCHJOB_CLUSTER_NAME="${PODS_CLUSTER}" \
   TORCHJOB_REAL_NODES="${TORCHJOB_PODS_REAL_NODES:-1}" run pods "${PODS[@]}" "$@" &
 pods_pid=$!
 NICE=10 run runtime "${RUNTIME[@]}" "$@" &
 runtime_pid=$!
 rest_rc=0
-NICE=10 run rest tests --ignore=tests/cluster "${ignore_runtime[@]}" "$@" || rest_rc=$?
+(NICE=10 run rest tests --ignore=tests/cluster "${ignore_runtime[@]}" "$@") || rest_rc=$?
 cluster_rc=0
 wait "${cluster_pid}" || cluster_rc=$?
 e2e_rc=0
@@ -138,6 +163,14 @@ took() { echo "$(cat "${BASE}/$1.time" 2>/dev/null || echo '?')s"; }
 for name in rest runtime cluster e2e pods; do
   echo "[${name}] $(tail -n 1 "${BASE}/${name}.out" 2>/dev/null) ($(took "${name}"))"
 done
+if [[ -w "${CPUACCT}" ]]; then
+  for name in rest runtime cluster e2e pods; do
+    read -r s0 p0 <"${BASE}/${name}.cpu0"
+    read -r s1 p1 < <(session_ns "${name}")
+    awk -v n="${name}" -v s=$((s1 - s0)) -v p=$((p1 - p0)) -v t="$(took "${name}")" \
+      'BEGIN { printf "[%s] %.0f CPU-s in %s (of which pods on its real nodes: %.0f)\n", n, (s + p) / 1e9, t, p / 1e9 }'
+  done
+fi
 echo "make test: rest (unit, gpu, runtime a-r) exit ${rest_rc}; runtime (s-z) exit ${runtime_rc};" \
   "cluster exit ${cluster_rc}; e2e exit ${e2e_rc}; pods exit ${pods_rc}; $(($(date +%s) - start))s"
 # pytest's 5 (nothing collected) is a failure too.
