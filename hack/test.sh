@@ -74,10 +74,11 @@ export TORCHJOB_WORKER_START_TIMEOUT_S
 # (mostly waiting): at niceness 10 (was 5) the CPU-bound two fill the gaps the waiting sessions
 # leave instead of stretching them (a process at 10 weighs 110 against 1024 at 0).
 # CPU-seconds by session, where the machine has cgroup v1's cpuacct (this one and CI's do):
-# each session runs in a cgroup of its own (its control plane, operators, kubelets and pytest's
-# children with it), and its real nodes' pods are in /torchjob-<cluster> (hack/node.sh),
-# counted with it. The sessions' times say how long each waited; these say what each cost the
-# machine (tests/cpu_profile.py splits a session alone by test).
+# each session runs in a cgroup of its own (its control plane, operators, kubelets, and pytest's
+# children with it). Not counted: the containers of the real nodes, whose cgroups
+# (/torchjob-<cluster>, hack/node.sh) go with the nodes at the session's end. The sessions'
+# times say how long each took; these say what each cost the machine (tests/cpu_profile.py
+# splits a session alone by test).
 # Only where cpuacct is mounted alone: co-mounted with cpu (cpu,cpuacct), a cgroup per session
 # would also share the CPU between the sessions as groups, and NICE below would rank nothing.
 CPUACCT=/sys/fs/cgroup/cpuacct
@@ -85,14 +86,7 @@ awk -v d="${CPUACCT}" '$2 == d && $3 == "cgroup" && ("," $4 ",") !~ /,cpu,/ { ok
   /proc/mounts || CPUACCT=/nonexistent
 E2E_CLUSTER="${TORCHJOB_E2E_CLUSTER_NAME:-torchjob-e2e}"
 PODS_CLUSTER="${TORCHJOB_PODS_CLUSTER_NAME:-torchjob-pods}"
-declare -A CLUSTER_OF=([cluster]="${TORCHJOB_CLUSTER_NAME:-torchjob}" [e2e]="${E2E_CLUSTER}"
-  [pods]="${PODS_CLUSTER}" [rest]="" [runtime]="")
-usage_ns() { cat "${CPUACCT}/$1/cpuacct.usage" 2>/dev/null || echo 0; }
-session_ns() { # what session $1 and its cluster's pods used so far, in ns
-  local pods=0
-  [[ -z "${CLUSTER_OF[$1]}" ]] || pods="$(usage_ns "torchjob-${CLUSTER_OF[$1]}")"
-  echo "$(usage_ns "torchjob-session-$1") ${pods}"
-}
+session_ns() { cat "${CPUACCT}/torchjob-session-$1/cpuacct.usage" 2>/dev/null || echo 0; }
 
 run() {
   local name="$1" t0=${SECONDS} rc
@@ -165,10 +159,9 @@ for name in rest runtime cluster e2e pods; do
 done
 if [[ -w "${CPUACCT}" ]]; then
   for name in rest runtime cluster e2e pods; do
-    read -r s0 p0 <"${BASE}/${name}.cpu0"
-    read -r s1 p1 < <(session_ns "${name}")
-    awk -v n="${name}" -v s=$((s1 - s0)) -v p=$((p1 - p0)) -v t="$(took "${name}")" \
-      'BEGIN { printf "[%s] %.0f CPU-s in %s (of which pods on its real nodes: %.0f)\n", n, (s + p) / 1e9, t, p / 1e9 }'
+    awk -v n="${name}" -v s0="$(cat "${BASE}/${name}.cpu0")" -v s1="$(session_ns "${name}")" \
+      -v t="$(took "${name}")" \
+      'BEGIN { printf "[%s] %.0f CPU-s in %s (not counted: containers on real nodes)\n", n, (s1 - s0) / 1e9, t }'
   done
 fi
 echo "make test: rest (unit, gpu, runtime a-r) exit ${rest_rc}; runtime (s-z) exit ${runtime_rc};" \
