@@ -406,7 +406,11 @@ def test_a_vanished_node_loses_its_pod_at_once_and_the_stale_pod_never_rejoins(
         # (40 s). hack/node.sh's vanish is checked for this here, not in
         # tests/cluster/test_real_nodes.py: the 40 s are waited for once in the suite.
         cond = k.wait_for(
-            lambda: (c := k.node_ready_condition(real_jobs.core, node)).status == "Unknown" and c,
+            lambda: (
+                (c := k.node_ready_condition(real_jobs.core, node)) is not None
+                and c.status == "Unknown"
+                and c
+            ),
             180,
             f"{node} Ready=Unknown",
             interval=1.0,

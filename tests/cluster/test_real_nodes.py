@@ -177,11 +177,6 @@ def exec_python(cluster: k.Cluster, ns: str, pod: str, code: str, *args: str) ->
     return out.stdout.strip()
 
 
-def ready(core: Any, node: str) -> Any:
-    node_obj = core.read_node(node)
-    return next(c for c in node_obj.status.conditions if c.type == "Ready")
-
-
 def test_pods_on_three_nodes_reach_each_other_by_pod_ip_and_the_headless_services_dns(
     real_nodes: RealNode, peers: Peers, cluster: k.Cluster, core_v1: Any
 ) -> None:
@@ -257,7 +252,7 @@ def test_vanish_freezes_every_process_of_the_node_and_cuts_its_link_and_return_r
     finally:
         real_nodes.return_node(node)
     assert not real_nodes.frozen(node, kubeconfig)
-    assert ready(core_v1, node).status == "True"
+    assert k.node_ready_status(core_v1, node) == "True"
     # The same process answers again, its container never restarted.
     said = k.wait_for(
         lambda: (
@@ -297,7 +292,7 @@ def test_partition_cuts_two_nodes_from_each_other_only_and_heal_restores_them(
         assert connect(1, 2) == f"answered: peer-2 saw {ips[1]}"
         assert connect(2, 0) == f"answered: peer-0 saw {ips[2]}"
         # The nodes still report to the API server: both stay Ready.
-        assert ready(core_v1, a).status == ready(core_v1, b).status == "True"
+        assert k.node_ready_status(core_v1, a) == k.node_ready_status(core_v1, b) == "True"
     finally:
         real_nodes.heal(a, b)
     assert connect(0, 1) == f"answered: peer-1 saw {ips[0]}"
