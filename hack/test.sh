@@ -89,13 +89,22 @@ PODS_CLUSTER="${TORCHJOB_PODS_CLUSTER_NAME:-torchjob-pods}"
 session_ns() { cat "${CPUACCT}/torchjob-session-$1/cpuacct.usage" 2>/dev/null || echo 0; }
 
 run() {
-  local name="$1" t0=${SECONDS} rc
+  local name="$1" t0=${SECONDS} rc profile=()
   shift
-  if [[ -w "${CPUACCT}" ]] && mkdir -p "${CPUACCT}/torchjob-session-${name}" 2>/dev/null; then
-    echo "${BASHPID}" >"${CPUACCT}/torchjob-session-${name}/cgroup.procs" 2>/dev/null || true
+  if [[ -w "${CPUACCT}" ]] && mkdir -p "${CPUACCT}/torchjob-session-${name}" 2>/dev/null &&
+    echo "${BASHPID}" >"${CPUACCT}/torchjob-session-${name}/cgroup.procs" 2>/dev/null; then
+    # CPU-s per test and per file at the session's end (tests/cpu_profile.py): the session's
+    # cgroup, and its real nodes' containers (hack/node.sh: /torchjob-<cluster>).
+    TORCHJOB_CPU_PROFILE_CGROUPS="${CPUACCT}/torchjob-session-${name}"
+    if [[ "${TORCHJOB_REAL_NODES:-0}" != 0 ]]; then
+      TORCHJOB_CPU_PROFILE_CGROUPS+=":${CPUACCT}/torchjob-${TORCHJOB_CLUSTER_NAME:-torchjob}"
+    fi
+    export TORCHJOB_CPU_PROFILE_CGROUPS
+    export TORCHJOB_CPU_PROFILE_TOP=15
+    profile=(-p tests.cpu_profile)
   fi
   nice -n "${NICE:-0}" "${PY}" -m pytest --basetemp="${BASE}/${name}" -o cache_dir=".pytest_cache/${name}" \
-    --timeout="${PER_TEST_TIMEOUT}" "$@" 2>&1 \
+    --timeout="${PER_TEST_TIMEOUT}" "${profile[@]}" "$@" 2>&1 \
     | tee "${BASE}/${name}.out" | sed -u "s/^/[${name}] /"
   rc="${PIPESTATUS[0]}"
   echo "$((SECONDS - t0))" >"${BASE}/${name}.time"
