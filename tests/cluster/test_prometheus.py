@@ -167,6 +167,7 @@ def test_a_real_prometheus_scrapes_every_series_and_runs_every_panel_and_alert(
         jobs,
         name,
         step=10,
+        metrics={"step": 80},  # the loop's step: 8 per report
         generation=0,
         updateTime=stamp(now),
         lastCheckpoint="/ckpt/checkpoint_000008",
@@ -180,6 +181,7 @@ def test_a_real_prometheus_scrapes_every_series_and_runs_every_panel_and_alert(
         jobs,
         name,
         step=10,
+        metrics={"step": 80},
         generation=1,
         updateTime=stamp(first),
         restoredFrom="memory",
@@ -209,7 +211,8 @@ def test_a_real_prometheus_scrapes_every_series_and_runs_every_panel_and_alert(
         f'torchjob_job_losses_total{{{sel}, cause="Failure"}}': 1,
         f"torchjob_job_recovery_seconds_count{{{sel}}}": 1,
         f"torchjob_job_steps_lost_total{{{sel}}}": 1,
-        f"torchjob_job_step{{{sel}}}": 10,
+        f"torchjob_job_step{{{sel}}}": 80,
+        f"torchjob_job_reports{{{sel}}}": 10,
         f"torchjob_job_restarts_allowed{{{sel}}}": 3,
         f'torchjob_job_phase{{{sel}, phase="Running"}}': 1,
     }
@@ -240,6 +243,11 @@ def test_a_real_prometheus_scrapes_every_series_and_runs_every_panel_and_alert(
             lambda title=title, expr=expr: f"{title}: {expr} returns data",  # type: ignore[misc]
             interval=1.0,
         )
+    # The rate panel draws one line per job, in the unit of its loop's step (this job
+    # reports one): not a second line of its reports.
+    (rate,) = [e for t, e in dashboard_queries() if t.startswith("Steps per second")]
+    lines = prometheus.query(rate)
+    assert [line["metric"].get("unit") for line in lines] == ["steps/s"], lines
     alerts = {r["alert"] for r in rules if "alert" in r}
     if os.environ.get("TORCHJOB_SCREENSHOTS"):  # docs/operations.md's picture of the alerts
         from tests.cluster.test_dashboard import chromium, screenshot

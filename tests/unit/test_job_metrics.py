@@ -54,6 +54,7 @@ def test_every_series_of_a_training_job() -> None:
                 "losses": {"SilentPeer": 1, "Disruption": 1},
                 "progress": {
                     "step": 120,
+                    "metrics": {"step": 1200, "loss": 0.5},
                     "generation": 2,
                     "updateTime": "2026-01-01T00:09:50Z",
                     "lastCheckpointTime": "2026-01-01T00:05:00.000Z",
@@ -81,7 +82,9 @@ def test_every_series_of_a_training_job() -> None:
     assert value("torchjob_job_desired_pods") == 4
     assert value("torchjob_job_generation_pods") == 3
     assert value("torchjob_job_pods_paid") == 3
-    assert value("torchjob_job_step") == 120
+    # The loop's own step, and the reports it took to tell it (one per 10 steps here).
+    assert value("torchjob_job_step") == 1200
+    assert value("torchjob_job_reports") == 120
     assert value("torchjob_job_progress_timestamp_seconds") == NOW - 10
     assert value("torchjob_job_last_checkpoint_timestamp_seconds") == NOW - 300
     assert value("torchjob_job_restarts_allowed") == 5
@@ -170,3 +173,22 @@ def test_a_pod_stuck_terminating_on_a_lost_node_is_not_paid_beside_its_replaceme
     assert paid + b"2.0" in metrics.render()
     book.put(NodeView("gone"))
     assert paid + b"3.0" in metrics.render()
+
+
+def test_a_loop_that_reports_no_step_has_a_report_count_and_no_step_series() -> None:
+    """A step series of the report count would read as steps and be reports (a loop that
+    reports once per checkpoint); without the loop's step there is none."""
+    store = Store()
+    for name, metrics_ in (("plain", {"loss": 0.1}), ("flag", {"step": True})):
+        store.put_job(
+            {
+                "metadata": {"name": name, "namespace": "ns"},
+                "spec": {"replicas": 1},
+                "status": {"phase": "Running", "progress": {"step": 7, "metrics": metrics_}},
+            }
+        )
+    got = samples(store)
+    for name in ("plain", "flag"):
+        job = (("namespace", "ns"), ("torchjob", name))
+        assert got[("torchjob_job_reports", job)] == 7
+        assert ("torchjob_job_step", job) not in got

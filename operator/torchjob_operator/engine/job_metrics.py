@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
+from torchjob.api.models import loop_step
 from torchjob_operator.engine.cache import Store
 from torchjob_operator.engine.nodewatch import NodeBook
 from torchjob_operator.engine.recoveries import RECOVERIES, Recoveries, escape, labels_of
@@ -38,7 +39,13 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
         "gauge",
         "Pods of the job bound to a node and not finished (not those stuck on a lost node)",
     ),
-    ("torchjob_job_step", "gauge", "The last step (report) rank 0 reported"),
+    (
+        "torchjob_job_step",
+        "gauge",
+        "The training loop's step rank 0 last reported (its metrics' integer step; absent "
+        "where the loop reports none)",
+    ),
+    ("torchjob_job_reports", "gauge", "Reports rank 0 has made (status.progress.step)"),
     ("torchjob_job_progress_timestamp_seconds", "gauge", "When rank 0 last reported"),
     (
         "torchjob_job_last_checkpoint_timestamp_seconds",
@@ -106,7 +113,8 @@ def job_samples(job: Mapping[str, Any], paid: int) -> dict[str, list[str]]:
         "torchjob_job_desired_pods": _num(spec.get("replicas")) or 0.0,
         "torchjob_job_generation_pods": _num(s.get("replicas")) or 0.0,
         "torchjob_job_pods_paid": float(paid),
-        "torchjob_job_step": _num(progress.get("step")),
+        "torchjob_job_step": _num(loop_step(progress)),
+        "torchjob_job_reports": _num(progress.get("step")),
         "torchjob_job_progress_timestamp_seconds": _timestamp(progress.get("updateTime")),
         "torchjob_job_last_checkpoint_timestamp_seconds": _timestamp(
             progress.get("lastCheckpointTime")

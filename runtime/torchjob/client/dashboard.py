@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from torchjob import contract
+from torchjob.api.models import loop_step
 
 REFRESH_S = 2.0
 WINDOW_S = 600.0
@@ -61,11 +62,10 @@ def progress_count(progress: Mapping[str, Any] | None) -> tuple[int | None, str]
     """(the counter the rate is taken of, its unit) for one ``status.progress``: the loop's
     step (``metrics.step``, an integer) where the loop reports one, else the report count
     (``progress.step``)."""
-    progress = progress or {}
-    step = _int((progress.get("metrics") or {}).get("step"))
+    step = loop_step(progress)
     if step is not None:
         return step, STEPS
-    return _int(progress.get("step")), REPORTS
+    return _int((progress or {}).get("step")), REPORTS
 
 
 class Samples:

@@ -94,6 +94,7 @@ from torchjob.api.models.status import (
     SilentWorker,
     TorchJobStatus,
     Tracking,
+    loop_step,
 )
 from torchjob.api.models.template import Container, ObjectMetaTemplate, PodSpec, PodTemplateSpec
 
@@ -167,5 +168,6 @@ __all__ = [
     "TorchJobSpec",
     "TorchJobStatus",
     "Tracking",
+    "loop_step",
     "parse_quantity",
 ]

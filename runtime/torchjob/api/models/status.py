@@ -86,6 +86,16 @@ class Progress(_Model):
     )
 
 
+def loop_step(progress: Mapping[str, Any] | None) -> int | None:
+    """The training loop's own step, where rank 0's reports carry it as ``metrics.step`` (an
+    integer); None where they do not. ``progress.step`` counts reports instead, which a loop
+    that reports once per checkpoint makes far fewer of than steps: a rate of it is reports
+    per second. The dashboard and the operator's ``torchjob_job_step`` read the step here."""
+    metrics = (progress or {}).get("metrics")
+    step = metrics.get("step") if isinstance(metrics, Mapping) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 class RuntimeStatus(_Model):
     """The runtime blueprint a job started from (``spec.runtimeRef``), pinned: the job keeps
     this snapshot whatever happens to the blueprint later."""
