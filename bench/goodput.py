@@ -43,7 +43,8 @@ every running pod of the job, standbys included, each at the same rate):
 - goodput: the samples trained in the row's window / (ideal rate x the same wall time), the
   median [min-max] over ``--repeats`` runs. Each system's ideal rate (torchjob's, and
   Kubeflow's when it runs) is measured in the same invocation by its own row without
-  evictions (same job, full size). The window runs from the job's first step to the row's
+  evictions (same job, full size), before the loss rows and again after them (the median;
+  ``--no-bracket``: before only). The window runs from the job's first step to the row's
   end (the job deleted; what it trains after does not count); the samples are the
   lineage's at its end less those at its start, from rank 0's step events (what a later
   restore threw away does not count), capped by storage's latest committed checkpoint after
@@ -171,54 +172,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="directory of the timeline plots (one SVG per row)")  # fmt: skip
     p.add_argument("--start-timeout", type=float, default=300.0)
     p.add_argument("--keep-cluster", action="store_true", help="leave the cluster and node up")
-    _fleet_args(p)
-    return p
-
-
-def _fleet_args(p: argparse.ArgumentParser) -> None:
-    """Issue 39's options: the loss schedule, the node's return, the state's size, the
-    baseline without restore points."""
-    p.add_argument(
-        "--schedule",
-        choices=sch.SCHEDULES,
-        default="poisson",
-        help="poisson: the row's loss times drawn before it starts (exponential gaps of mean "
-        "--mtbf), each taken whatever the job is doing; after-recovery: each loss --mtbf "
-        "(+-20%%) after the previous recovery (the schedule before issue 39)",
-    )
-    p.add_argument("--node-mtbf", type=float, default=0.0,
-                   help="mean interval of the node modes' losses (default: --mtbf)")  # fmt: skip
-    p.add_argument(
-        "--node-return",
-        type=float,
-        default=60.0,
-        help="seconds after a node is gone (vanish, noticeN) until it comes back (a new VM)",
-    )
-    p.add_argument(
-        "--thaw",
-        action="store_true",
-        help="a node comes back with its frozen pods' processes, which resume (the same VM); "
-        "by default they are SIGKILLed before the return (a new VM)",
-    )
-    p.add_argument(
-        "--state-mib",
-        type=int,
-        default=0,
-        help="MiB of model + Adam state per worker (bench/_goodput_state.py); 0: Linear(16, 1)",
-    )
-    p.add_argument(
-        "--system-node",
-        action="store_true",
-        help="keep the job's pods off the operator's node (a taint for the run): a cloud "
-        "cluster's system pool; the job spreads over the nodes a loss can take",
-    )
-    p.add_argument(
-        "--no-restore-point-baseline",
-        action="store_true",
-        help="with --restore-point, skip the extra baseline without restore points (the "
-        "restore point's overhead)",
-    )
+    sch.add_fleet_args(p)
     add_worker_env(p)
+    return p
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -276,19 +232,22 @@ def _run_rows(
     baselines: list[Row] = []
     rows: list[Row] = []
     index = 0
+
+    def run_baselines(rep: int, when: str) -> None:
+        nonlocal index
+        for system, strategy in systems:
+            log(
+                f"repeat {rep + 1}: baseline of {system}/{strategy} {when}, "
+                f"{duration:.0f}s without evictions"
+            )
+            baselines.append(
+                run_row(args, cluster, core, custom, system, "none", 0, duration, index, strategy)
+            )
+            index += 1
+
     try:
         for rep in range(args.repeat_from, args.repeat_from + args.repeats):
-            for system, strategy in systems:
-                log(
-                    f"repeat {rep + 1}: baseline of {system}/{strategy}, "
-                    f"{duration:.0f}s without evictions"
-                )
-                baselines.append(
-                    run_row(
-                        args, cluster, core, custom, system, "none", 0, duration, index, strategy
-                    )
-                )
-                index += 1
+            run_baselines(rep, "before the loss rows")
             if args.restore_point and not args.no_restore_point_baseline:
                 # The same job without register_state: the restore point's overhead.
                 log(f"repeat {rep + 1}: baseline without restore points, {duration:.0f}s")
@@ -319,6 +278,9 @@ def _run_rows(
                         )
                         rows.append(row)
                         index += 1
+            if not args.no_bracket and args.modes:
+                # Bracketed: the rows ran between two baselines of each system.
+                run_baselines(rep, "after the loss rows")
     except KeyboardInterrupt:
         # A stopped run keeps what it measured: the rows that finished are reported.
         log(f"interrupted: the table of the {len(baselines) + len(rows)} rows that finished")

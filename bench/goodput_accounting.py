@@ -132,6 +132,17 @@ def ideal_rates(rows: Iterable[RowFigures]) -> dict[str, float]:
     return {s: statistics.median(v) for s, v in by_system.items()}
 
 
+def bracket_line(system: str, samples_per_s: list[float]) -> str:
+    """Each baseline of a system in the order it ran, and how far the last is from the
+    first: rows between two baselines are divided by their median, and the drift says how
+    much the machine's speed moved under them."""
+    if len(samples_per_s) < 2:
+        return f"  {system}: one baseline (not bracketed): the machine's drift is not known"
+    drift = samples_per_s[-1] / samples_per_s[0] - 1 if samples_per_s[0] else float("nan")
+    each = ", ".join(f"{r:.1f}" for r in samples_per_s)
+    return f"  {system}: baselines in the order run {each} samples/s; last vs first {drift:+.1%}"
+
+
 def goodput(row: RowFigures, ideal: Mapping[str, float]) -> float:
     """The samples the row trained in its window over what the row's own system's baseline
     trains in the same wall time; NaN when that system has no baseline row."""

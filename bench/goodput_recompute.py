@@ -78,6 +78,10 @@ def _print_part(
     print(
         prefix + "ideal rates (samples/s): " + ", ".join(f"{s} {r:.1f}" for s, r in ideal.items())
     )
+    for system in ideal:
+        print(acc.bracket_line(system, [fig.samples / fig.wall for _, fig, _ in rows
+                                        if fig.mode == acc.BASELINE_MODE and fig.wall
+                                        and fig.system == system]))  # fmt: skip
     for stem, policy, rate in plain:
         print(f"  {stem}: {rate:.1f} samples/s without restore points")
         r = ideal.get(acc.system_of(policy))

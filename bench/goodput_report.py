@@ -97,6 +97,8 @@ def _print_setup(args: argparse.Namespace, baselines: list[Row], ideal: dict[str
             f"ideal rate of {system} ({where}): {rate:.1f} samples/s "
             f"({rate / nominal:.2f} of the nominal {nominal:.0f}/s)"
         )
+        print(acc.bracket_line(system, [acc.rate(b.samples, b.wall) for b in baselines
+                                    if b.figures().system == system and b.wall]))  # fmt: skip
 
 
 def _phases(recs: list[Recovery]) -> list[str]:

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import argparse
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -133,3 +134,55 @@ def end_of_row(t_first: float, offsets: Sequence[float], mtbf: float, notice: in
     """When a Poisson row ends: ``mtbf`` after its last loss's node is gone (a notice's node
     goes ``notice`` seconds after the notice); ``t_first`` + ``mtbf`` without losses."""
     return t_first + (offsets[-1] + notice if offsets else 0.0) + mtbf
+
+
+def add_fleet_args(p: argparse.ArgumentParser) -> None:
+    """Issue 39's options: the loss schedule, the node's return, the state's size, the
+    baseline without restore points."""
+    p.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default="poisson",
+        help="poisson: the row's loss times drawn before it starts (exponential gaps of mean "
+        "--mtbf), each taken whatever the job is doing; after-recovery: each loss --mtbf "
+        "(+-20%%) after the previous recovery (the schedule before issue 39)",
+    )
+    p.add_argument("--node-mtbf", type=float, default=0.0,
+                   help="mean interval of the node modes' losses (default: --mtbf)")  # fmt: skip
+    p.add_argument(
+        "--node-return",
+        type=float,
+        default=60.0,
+        help="seconds after a node is gone (vanish, noticeN) until it comes back (a new VM)",
+    )
+    p.add_argument(
+        "--thaw",
+        action="store_true",
+        help="a node comes back with its frozen pods' processes, which resume (the same VM); "
+        "by default they are SIGKILLed before the return (a new VM)",
+    )
+    p.add_argument(
+        "--state-mib",
+        type=int,
+        default=0,
+        help="MiB of model + Adam state per worker (bench/_goodput_state.py); 0: Linear(16, 1)",
+    )
+    p.add_argument(
+        "--system-node",
+        action="store_true",
+        help="keep the job's pods off the operator's node (a taint for the run): a cloud "
+        "cluster's system pool; the job spreads over the nodes a loss can take",
+    )
+    p.add_argument(
+        "--no-bracket",
+        action="store_true",
+        help="run each system's baseline only before the loss rows; by default it runs again "
+        "after them, and each row is divided by the median of its system's baselines (the "
+        "machine's speed drifts over an hour: 97-120 samples/s in 2026-12-03c-e)",
+    )
+    p.add_argument(
+        "--no-restore-point-baseline",
+        action="store_true",
+        help="with --restore-point, skip the extra baseline without restore points (the "
+        "restore point's overhead)",
+    )

@@ -284,3 +284,10 @@ def test_steps_done_again_are_counted_from_the_steps_themselves() -> None:
     assert acc.steps_redone(steps) == 9
     assert acc.steps_redone(range(1, 100)) == 0
     assert acc.steps_redone([5, 5, 5]) == 2  # the same step done three times
+
+
+def test_the_bracket_line_names_each_baseline_and_the_drift_or_says_there_is_none() -> None:
+    assert acc.bracket_line("torchjob", [100.0, 90.0]) == (
+        "  torchjob: baselines in the order run 100.0, 90.0 samples/s; last vs first -10.0%"
+    )
+    assert "not bracketed" in acc.bracket_line("Kubeflow", [100.0])

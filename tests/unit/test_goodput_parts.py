@@ -4,6 +4,7 @@ only when they ran the same code; each node mode has its own stated mean interva
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import subprocess
@@ -122,3 +123,29 @@ def test_the_recount_caps_a_row_at_what_storage_held_as_the_harness_does(
     assert "Elastic hard ddp: goodput 0.000 [0.000-0.000]" in after, after
     assert "Elastic hard ddp: goodput 0.889" in before
     assert "Kubeflow hard ddp: goodput 0.284" in after, "the other rows as they were"
+
+
+def test_a_bracketed_part_divides_its_rows_by_the_median_of_the_baselines_around_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """goodput.py runs each system's baseline again after the loss rows (unless --no-bracket):
+    a machine twice as fast at the end gives a baseline of twice the rate, the rows are
+    divided by the median of both, and the drift is printed."""
+    folder = _part(tmp_path, "hard-0", _record("1" * 40))
+    for kind in ("events", "trace"):
+        src = folder / f"00-RecreateGroup-none-ddp-{kind}.jsonl.gz"
+        lines = [json.loads(x) for x in gzip.decompress(src.read_bytes()).splitlines()]
+        for e in lines:  # the same steps with twice the samples each: twice the rate
+            if kind == "events" and "samples" in e:
+                e["samples"] *= 2
+        body = "\n".join(json.dumps(e) for e in lines).encode()
+        (folder / f"05-RecreateGroup-none-ddp-{kind}.jsonl.gz").write_bytes(gzip.compress(body))
+    assert goodput_recompute.main([str(folder), "--workers", "8"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "torchjob: baselines in the order run 99.0, 198.0 samples/s; last vs first +100.0%" in out
+    )
+    assert "ideal rates (samples/s): torchjob 148.5, Kubeflow 105.8" in out
+    assert "Kubeflow: one baseline (not bracketed)" in out
+    # 0.889 against the first baseline alone (the test above), 0.889 / 1.5 against both
+    assert "Elastic hard ddp: goodput 0.592 [0.592-0.592]" in out
