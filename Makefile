@@ -150,6 +150,14 @@ kubectl-plugin: venv ## the kubectl plugin for krew: dist/kubectl-torchjob_linux
 images: ## build the operator and CPU runtime images with docker or podman (IMAGES="operator runtime" for the CUDA one)
 	hack/images.sh build $(IMAGES)
 
+.PHONY: node-images
+NODE_IMAGES = operator runtime-cpu pause
+node-images: images ## the real nodes' images as archives, imported and unpacked once into the seeded containerd root every real node starts from (what the first real-node test session would do)
+	@if hack/node.sh prereqs; then \
+	  tars="$$(for i in $(NODE_IMAGES); do hack/images.sh save "$$i" | tail -n 1; done)" && \
+	  hack/node.sh seed $$tars; \
+	else echo "node-images: the real node's prerequisites are missing (hack/prereqs.sh): not seeded"; fi
+
 .PHONY: images-push
 images-push: ## push the images to IMAGE_REPO (e.g. make images-push IMAGE_REPO=ghcr.io/me)
 	hack/images.sh push $(IMAGES)

@@ -10,6 +10,9 @@
 #   hack/node.sh down         stop them all and remove their state (also `hack/cluster.sh down`)
 #   hack/node.sh import TAR.. import docker-archive image tars into every running node's
 #                             containerd (a tar already imported into a node is skipped)
+#   hack/node.sh seed TAR..   prepare the seeded root of these image tars (node-roots.sh) and
+#                             print its path, with no cluster or node: what the first `up`
+#                             with them would do (`make node-images`; CI does it beside the venv)
 #   hack/node.sh status       exit 0 when the $TORCHJOB_REAL_NODES nodes run and are Ready
 #   hack/node.sh name         print node 0's name;  names: every node's, one a line
 #   hack/node.sh host-ip      print the host's address on the nodes' network: pods reach the
@@ -869,12 +872,17 @@ case "${1:-}" in
     shift
     cmd_notice "$@"
     ;;
+  seed)
+    shift
+    for tar in "$@"; do [[ -s "${tar}" ]] || die "no image archive ${tar}"; done
+    seeded_root "$@"
+    ;;
   prereqs)
     m="$(missing_prereqs)"
     [[ -z "${m}" ]] || { printf 'missing: %s\n' "$(tr '\n' ' ' <<<"${m}")" >&2; exit 1; }
     ;;
   *)
-    echo "usage: $0 up [TAR...]|down|import TAR...|status|name|names|host-ip|vanish NODE|return NODE|partition A B|heal A B|notice NODE [...]|prereqs|cert-sans" >&2
+    echo "usage: $0 up [TAR...]|down|import TAR...|seed TAR...|status|name|names|host-ip|vanish NODE|return NODE|partition A B|heal A B|notice NODE [...]|prereqs|cert-sans" >&2
     exit 2
     ;;
 esac

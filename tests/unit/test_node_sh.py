@@ -66,3 +66,21 @@ def test_bad_input_is_refused_naming_it(args: list[str], env: dict[str, str], sa
     proc = node_sh(*args, **env)
     assert proc.returncode != 0
     assert said in proc.stderr, proc.stderr
+
+
+def test_seed_refuses_an_archive_that_is_not_there(tmp_path: Path) -> None:
+    missing = tmp_path / "operator-0123456789abcdef.tar"
+    done = node_sh("seed", str(missing), TORCHJOB_NODE_ROOTS=str(tmp_path / "roots"))
+    assert done.returncode != 0
+    assert f"no image archive {missing}" in done.stderr
+    assert not (tmp_path / "roots").exists()  # nothing prepared
+
+
+def test_make_node_images_seeds_the_images_the_real_node_sessions_start_with() -> None:
+    """CI prepares the seeded root of `make node-images`; a session whose images differ would
+    prepare its own beside the other sessions (the cost CI moved out of make test)."""
+    from tests.cluster.realnode import IMAGES
+
+    makefile = (NODE_SH.parents[1] / "Makefile").read_text()
+    (line,) = [x for x in makefile.splitlines() if x.startswith("NODE_IMAGES = ")]
+    assert tuple(line.removeprefix("NODE_IMAGES = ").split()) == IMAGES
