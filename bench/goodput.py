@@ -32,7 +32,9 @@ Each loss's recovery is resolved from the workers' events after the row: the fir
 rank-0 step of a generation above the one stepping at the loss (overlapping losses each get
 theirs); a loss without one within ``--start-timeout`` (or before the row's end) is listed as
 not recovered, never dropped. ``--restore-point`` also runs the torchjob baseline without
-``register_state`` (unless ``--no-restore-point-baseline``): the restore point's overhead,
+``register_state`` (unless ``--no-restore-point-baseline``), before the loss rows and after
+them in the reverse order (torchjob, Kubeflow, without; the rows; without, Kubeflow, torchjob:
+a linear drift of the machine's speed cancels): the restore point's overhead,
 1 - rate(with) / rate(without), is printed beside the usual baseline.
 
 Per policy (``RecreateGroup``, ``KeepSurvivors``, ``Elastic`` = KeepSurvivors with
@@ -233,9 +235,29 @@ def _run_rows(
     rows: list[Row] = []
     index = 0
 
-    def run_baselines(rep: int, when: str) -> None:
+    plain = args.restore_point and not args.no_restore_point_baseline
+
+    def run_plain(rep: int, when: str) -> None:
+        # The same job without register_state: the restore point's overhead.
         nonlocal index
-        for system, strategy in systems:
+        log(f"repeat {rep + 1}: baseline without restore points {when}, {duration:.0f}s")
+        rows.append(
+            run_row(
+                args, cluster, core, custom, "RecreateGroup", "none", 0, duration, index,
+                restore_point=False,
+            )
+        )  # fmt: skip
+        index += 1
+
+    def run_baselines(rep: int, when: str, after: bool = False) -> None:
+        # Before the rows: each system's baseline, then the one without restore points; after
+        # them the same in reverse (A B C ... C B A), so that torchjob's two baselines and the
+        # two without restore points have the same mean time, and a drift of the machine's
+        # speed that is linear over the part cancels out of the overhead.
+        nonlocal index
+        if after and plain:
+            run_plain(rep, when)
+        for system, strategy in systems[::-1] if after else systems:
             log(
                 f"repeat {rep + 1}: baseline of {system}/{strategy} {when}, "
                 f"{duration:.0f}s without evictions"
@@ -244,20 +266,12 @@ def _run_rows(
                 run_row(args, cluster, core, custom, system, "none", 0, duration, index, strategy)
             )
             index += 1
+        if not after and plain:
+            run_plain(rep, when)
 
     try:
         for rep in range(args.repeat_from, args.repeat_from + args.repeats):
             run_baselines(rep, "before the loss rows")
-            if args.restore_point and not args.no_restore_point_baseline:
-                # The same job without register_state: the restore point's overhead.
-                log(f"repeat {rep + 1}: baseline without restore points, {duration:.0f}s")
-                rows.append(
-                    run_row(
-                        args, cluster, core, custom, "RecreateGroup", "none", 0, duration,
-                        index, restore_point=False,
-                    )
-                )  # fmt: skip
-                index += 1
             for mode in filter(None, args.modes.split(",")):
                 for strategy in strategies:
                     for policy in policies:
@@ -280,7 +294,7 @@ def _run_rows(
                         index += 1
             if not args.no_bracket and args.modes:
                 # Bracketed: the rows ran between two baselines of each system.
-                run_baselines(rep, "after the loss rows")
+                run_baselines(rep, "after the loss rows", after=True)
     except KeyboardInterrupt:
         # A stopped run keeps what it measured: the rows that finished are reported.
         log(f"interrupted: the table of the {len(baselines) + len(rows)} rows that finished")

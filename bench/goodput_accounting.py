@@ -143,6 +143,26 @@ def bracket_line(system: str, samples_per_s: list[float]) -> str:
     return f"  {system}: baselines in the order run {each} samples/s; last vs first {drift:+.1%}"
 
 
+def overhead_line(with_rp: list[float], without: list[float]) -> str:
+    """The restore point's overhead, 1 - rate(with) / rate(without), from torchjob's
+    baselines (with restore points) and the same job's without, each list in the order run.
+    A part runs them A B ... B A (with, without, the rows, without, with): each pair's figure
+    moves with the machine's drift, and their means cancel a drift that is linear over the
+    part, so the line gives both."""
+    if not with_rp or not without:
+        return "restore point's overhead: not measured (a baseline made no step)"
+    a, b = statistics.mean(with_rp), statistics.mean(without)
+    line = f"restore point's overhead: 1 - {a:.1f} / {b:.1f} samples/s = {1 - a / b:+.3f}"
+    if len(with_rp) < 2 or len(without) < 2:
+        return line + " (one baseline without restore points: not bracketed, the drift is in it)"
+    pairs = [(with_rp[0], without[0]), (with_rp[-1], without[-1])]
+    each = ", ".join(f"{1 - w / o:+.3f}" for w, o in pairs)
+    return line + (
+        f" (the means of {len(with_rp)} and {len(without)} bracketed baselines; the pair "
+        f"before the rows and the pair after them alone: {each})"
+    )
+
+
 def goodput(row: RowFigures, ideal: Mapping[str, float]) -> float:
     """The samples the row trained in its window over what the row's own system's baseline
     trains in the same wall time; NaN when that system has no baseline row."""

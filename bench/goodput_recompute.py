@@ -82,11 +82,13 @@ def _print_part(
         print(acc.bracket_line(system, [fig.samples / fig.wall for _, fig, _ in rows
                                         if fig.mode == acc.BASELINE_MODE and fig.wall
                                         and fig.system == system]))  # fmt: skip
-    for stem, policy, rate in plain:
+    for stem, _, rate in plain:
         print(f"  {stem}: {rate:.1f} samples/s without restore points")
-        r = ideal.get(acc.system_of(policy))
-        if r is not None:
-            print(f"  restore point's overhead: 1 - {r:.1f} / {rate:.1f} = {1 - r / rate:+.3f}")
+    if plain:
+        system = acc.system_of(plain[0][1])
+        with_rp = [fig.samples / fig.wall for _, fig, _ in rows
+                   if fig.mode == acc.BASELINE_MODE and fig.wall and fig.system == system]  # fmt: skip
+        print("  " + acc.overhead_line(with_rp, [rate for _, _, rate in plain]))
     for stem, fig, paid in rows:
         if fig.mode == acc.BASELINE_MODE:  # each baseline, so that its spread shows
             print(f"  {stem}: {fig.samples} samples in {fig.wall:.1f} s, "

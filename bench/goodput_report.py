@@ -177,20 +177,12 @@ def _print_notes(args: argparse.Namespace, rows: list[Row]) -> None:
 
 def _print_overhead(baselines: list[Row], plain: list[Row]) -> None:
     """The restore point's overhead: 1 - rate(with) / rate(without), from the torchjob
-    baseline (with restore points) and the same job without them, medians over the repeats."""
+    baselines (with restore points) and the same job without them (``acc.overhead_line``)."""
     if not plain:
         return
     with_rp = [acc.rate(r.samples, r.wall) for r in baselines if r.restore_point and r.wall]
     without = [acc.rate(r.samples, r.wall) for r in plain if r.wall]
-    if not with_rp or not without:
-        print("restore point's overhead: not measured (a baseline made no step)")
-        return
-    a, b = statistics.median(with_rp), statistics.median(without)
-    print(
-        f"restore point's overhead: 1 - {a:.1f} / {b:.1f} samples/s = {1 - a / b:+.3f} (the "
-        "torchjob baseline with register_state and a report every step, against the same "
-        f"job without, {len(without)} row(s) each)"
-    )
+    print(acc.overhead_line(with_rp, without))
 
 
 def _print_losses(args: argparse.Namespace, rows: list[Row]) -> None:

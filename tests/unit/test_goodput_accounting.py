@@ -291,3 +291,18 @@ def test_the_bracket_line_names_each_baseline_and_the_drift_or_says_there_is_non
         "  torchjob: baselines in the order run 100.0, 90.0 samples/s; last vs first -10.0%"
     )
     assert "not bracketed" in acc.bracket_line("Kubeflow", [100.0])
+
+
+def test_the_overhead_of_bracketed_baselines_cancels_a_linear_drift() -> None:
+    """A B ... B A: with restore points at t = 0 and 3, without at t = 1 and 2, the machine
+    10 % faster per step of t, and a true overhead of 2 %. Each pair alone reads the drift
+    into the overhead; the means do not."""
+    speed = [100.0 * (1 + 0.1 * t) for t in range(4)]
+    with_rp, without = [speed[0] * 0.98, speed[3] * 0.98], [speed[1], speed[2]]
+    line = acc.overhead_line(with_rp, without)
+    assert "= +0.020 (the means of 2 and 2 bracketed baselines" in line
+    assert "alone: +0.109, -0.062)" in line
+    one = acc.overhead_line([98.0], [100.0])
+    assert one.startswith("restore point's overhead: 1 - 98.0 / 100.0 samples/s = +0.020")
+    assert "not bracketed" in one
+    assert "not measured" in acc.overhead_line([], [100.0])
