@@ -215,6 +215,18 @@ def _interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def baseline_order(
+    systems: list[tuple[str, str]], plain: bool, after: bool
+) -> list[tuple[str, str] | None]:
+    """The baselines a part runs before its loss rows (``after``: after them), in order;
+    None is torchjob's without restore points (``plain``). After the rows the order is
+    reversed (A B C ... C B A), so that torchjob's two baselines and the two without restore
+    points have the same mean time: a drift of the machine's speed that is linear over the
+    part cancels out of the overhead."""
+    order: list[tuple[str, str] | None] = [*systems, *([None] if plain else [])]
+    return order[::-1] if after else order
+
+
 def _run_rows(
     args: argparse.Namespace, cluster: k.Cluster, core: Any, custom: Any
 ) -> tuple[list[Row], list[Row]]:
@@ -237,37 +249,18 @@ def _run_rows(
 
     plain = args.restore_point and not args.no_restore_point_baseline
 
-    def run_plain(rep: int, when: str) -> None:
-        # The same job without register_state: the restore point's overhead.
-        nonlocal index
-        log(f"repeat {rep + 1}: baseline without restore points {when}, {duration:.0f}s")
-        rows.append(
-            run_row(
-                args, cluster, core, custom, "RecreateGroup", "none", 0, duration, index,
-                restore_point=False,
-            )
-        )  # fmt: skip
-        index += 1
-
     def run_baselines(rep: int, when: str, after: bool = False) -> None:
-        # Before the rows: each system's baseline, then the one without restore points; after
-        # them the same in reverse (A B C ... C B A), so that torchjob's two baselines and the
-        # two without restore points have the same mean time, and a drift of the machine's
-        # speed that is linear over the part cancels out of the overhead.
         nonlocal index
-        if after and plain:
-            run_plain(rep, when)
-        for system, strategy in systems[::-1] if after else systems:
-            log(
-                f"repeat {rep + 1}: baseline of {system}/{strategy} {when}, "
-                f"{duration:.0f}s without evictions"
-            )
-            baselines.append(
-                run_row(args, cluster, core, custom, system, "none", 0, duration, index, strategy)
-            )
+        for system in baseline_order(systems, plain, after):
+            what = "without restore points" if system is None else "of {}/{}".format(*system)
+            log(f"repeat {rep + 1}: baseline {what} {when}, {duration:.0f}s without evictions")
+            policy, strategy = system or ("RecreateGroup", "ddp")
+            row = run_row(
+                args, cluster, core, custom, policy, "none", 0, duration, index, strategy,
+                restore_point=False if system is None else None,
+            )  # fmt: skip
+            (rows if system is None else baselines).append(row)
             index += 1
-        if not after and plain:
-            run_plain(rep, when)
 
     try:
         for rep in range(args.repeat_from, args.repeat_from + args.repeats):

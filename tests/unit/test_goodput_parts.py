@@ -149,3 +149,19 @@ def test_a_bracketed_part_divides_its_rows_by_the_median_of_the_baselines_around
     assert "Kubeflow: one baseline (not bracketed)" in out
     # 0.889 against the first baseline alone (the test above), 0.889 / 1.5 against both
     assert "Elastic hard ddp: goodput 0.592 [0.592-0.592]" in out
+
+
+def test_a_part_runs_its_baselines_mirrored_around_the_rows() -> None:
+    """A B C before the rows, C B A after them (None: torchjob without restore points), so
+    that torchjob's baselines and those without restore points share one mean time."""
+    from bench.goodput import baseline_order
+
+    systems = [("RecreateGroup", "ddp"), ("Kubeflow", "ddp")]
+    before = baseline_order(systems, plain=True, after=False)
+    after = baseline_order(systems, plain=True, after=True)
+    assert before == [("RecreateGroup", "ddp"), ("Kubeflow", "ddp"), None]
+    assert after == before[::-1]
+    slots = [*before, *after]  # the rows between them take no slot of their own here
+    mean = {s: sum(i for i, x in enumerate(slots) if x == s) / 2 for s in (systems[0], None)}
+    assert mean[systems[0]] == mean[None]
+    assert baseline_order(systems, plain=False, after=True) == systems[::-1]

@@ -46,7 +46,7 @@ def test_the_baseline_without_restore_points_is_no_systems_divisor(
     assert goodput_recompute.main([str(RESULTS / "2026-11-30d" / "run1"), "--workers", "8"]) == 0
     out = capsys.readouterr().out
     assert "ideal rates (samples/s): torchjob 99.0, Kubeflow 105.8" in out
-    assert "restore point's overhead: 1 - 99.0 / 109.2 = +0.094" in out
+    assert "restore point's overhead: 1 - 99.0 / 109.2 samples/s = +0.094" in out
     table = (RESULTS / "2026-11-30d" / "run1" / "table.txt").read_text()
     assert "1 - 99.0 / 109.2 samples/s = +0.094" in table
 
