@@ -78,16 +78,16 @@ def _print_part(
     print(
         prefix + "ideal rates (samples/s): " + ", ".join(f"{s} {r:.1f}" for s, r in ideal.items())
     )
+    measured: dict[str, list[float]] = {}  # each system's baselines in the order run
+    for _, fig, _ in rows:
+        if fig.mode == acc.BASELINE_MODE and fig.wall:
+            measured.setdefault(fig.system, []).append(fig.samples / fig.wall)
     for system in ideal:
-        print(acc.bracket_line(system, [fig.samples / fig.wall for _, fig, _ in rows
-                                        if fig.mode == acc.BASELINE_MODE and fig.wall
-                                        and fig.system == system]))  # fmt: skip
+        print(acc.bracket_line(system, measured.get(system, [])))
     for stem, _, rate in plain:
         print(f"  {stem}: {rate:.1f} samples/s without restore points")
     if plain:
-        system = acc.system_of(plain[0][1])
-        with_rp = [fig.samples / fig.wall for _, fig, _ in rows
-                   if fig.mode == acc.BASELINE_MODE and fig.wall and fig.system == system]  # fmt: skip
+        with_rp = measured.get(acc.system_of(plain[0][1]), [])
         print("  " + acc.overhead_line(with_rp, [rate for _, _, rate in plain]))
     for stem, fig, paid in rows:
         if fig.mode == acc.BASELINE_MODE:  # each baseline, so that its spread shows
