@@ -109,3 +109,27 @@ def test_the_loaded_state_does_not_share_memory_with_the_restore_point() -> None
     state["extra"].add_(1)
     assert torch.equal(snap.state["optimizer"]["state"][0]["momentum_buffer"], held)
     assert torch.equal(snap.state["extra"], torch.zeros(2))
+
+
+def test_a_first_copy_is_one_block_that_a_broadcast_sends_as_it_is() -> None:
+    """A process's first restore point goes into one block of its memory (page-locked where
+    the state is on a GPU: tests/gpu/test_restore_point_cuda.py); the next copies write over
+    it, and a grow's broadcast sends that block without packing the tensors again."""
+    restore_point.drop()
+    model, opt = _model_and_opt()
+    state: dict[str, Any] = {"model": model, "optimizer": opt, "step": 1}
+    first = restore_point.take("run", 1, state, [])
+    assert first is not None and first.allocated
+    arena = first.arena
+    assert arena is not None and arena.path is None and not arena.pinned, "no GPU: not pinned"
+    assert all(
+        arena.owns(t) for t in (first.state["model"]["weight"], first.state["model"]["bias"])
+    )
+    _step(model, opt)
+    second = restore_point.take("run", 2, state, [])
+    assert second is not None and not second.allocated and second.arena is arena
+    _header, body = restore_point._encode(second)
+    assert body.untyped_storage().data_ptr() == arena.data.untyped_storage().data_ptr()
+    decoded = restore_point._decode(_header, body.clone())
+    for k, v in model.state_dict().items():
+        assert torch.equal(decoded.state["model"][k], v), k

@@ -224,7 +224,8 @@ def test_no_room_in_shared_memory_keeps_the_copy_in_the_process(
     live = _state(1)
     with caplog.at_level(logging.WARNING):
         snap = restore_point.take("run", 1, live, [])
-    assert snap is not None and snap.arena is None and snap.allocated
+    assert snap is not None and snap.allocated
+    assert snap.arena is not None and snap.arena.path is None, "private memory, not a file"
     assert _equal(snap.state, restore_point.state_of(live))
     assert "no room for the restore point" in caplog.text and str(slot_dir) in caplog.text
     assert _arenas(slot_dir) == [] and _manifests(slot_dir) == []

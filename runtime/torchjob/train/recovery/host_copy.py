@@ -16,6 +16,10 @@ and whatever of them the next forward and backward did not cover (:func:`waited`
 what ``recovery.cadence`` then budgets. A process lost during a copy loses only its own
 copy; a survivor's thread finishes its copy whatever its peers do.
 
+On a GPU the optimizers' tensors are not handed to the thread: their copies are queued at
+once on a side stream into page-locked memory (``recovery.device_copy``), and the thread
+waits for their event; a copy on the current stream would hold up the next step's kernels.
+
 What it assumes: the optimizers' tensors change only in their ``step()``. A loop that
 changes parameters in place elsewhere between a report and the next step (weight clipping
 before the step, ``nn.Embedding(max_norm=...)``, which renormalizes rows in the forward)
@@ -31,6 +35,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchjob.train.recovery import device_copy
+
 Alloc = Callable[[Any], Any]
 """A new CPU tensor of the given tensor's shape and dtype, for a copy of it."""
 Put = Callable[[Any, Any], None]
@@ -38,9 +44,11 @@ Put = Callable[[Any, Any], None]
 
 
 def private(t: Any) -> Any:
+    """A CPU tensor for a copy of ``t`` (page-locked for a GPU tensor, so that its copy is one
+    DMA: the caching host allocator's, where a restore point's arena is not used)."""
     import torch
 
-    return torch.empty(t.shape, dtype=t.dtype, device="cpu")
+    return torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=device_copy.is_cuda(t))
 
 
 def now(dst: Any, src: Any) -> None:
@@ -127,22 +135,37 @@ def owned(opts: Iterable[Any]) -> set[int]:
 
 class Overlap:
     """One restore point's copy: ``put`` copies a tensor the optimizers do not own at once
-    and keeps the others for :meth:`start`'s thread."""
+    and keeps the others for :meth:`start`'s thread; a GPU tensor the optimizers own is
+    queued at once on a side stream (``recovery.device_copy``), and the thread waits for it."""
 
     def __init__(self, owned_storages: set[int]) -> None:
         self.owned = owned_storages
         self.later: list[tuple[Any, Any]] = []
+        self.side = device_copy.SideCopies()
 
     def put(self, dst: Any, src: Any) -> None:
-        if _storage(src) in self.owned:
-            self.later.append((dst, src))
-        else:
+        if _storage(src) not in self.owned:
             dst.copy_(src)
+        elif device_copy.is_cuda(src):
+            self.side.put(dst, src)
+        else:
+            self.later.append((dst, src))
+
+    @property
+    def pending(self) -> bool:
+        """Some copies are left for :meth:`start`."""
+        return bool(self.later) or bool(self.side)
+
+    def clear(self) -> None:
+        """Forget the copies left (their buffers are dropped): the queued GPU ones finish first."""
+        self.later.clear()
+        device_copy.wait(self.side.record())
 
     def start(self, then: Callable[[], None] | None = None) -> None:
         """Copy the kept tensors on a thread, then run ``then`` (a shared-memory commit)."""
         settle()
-        if not self.later and then is None:
+        events = self.side.record()
+        if not self.later and not events and then is None:
             return
         pairs, error = self.later, _FLIGHT.error
 
@@ -150,6 +173,7 @@ class Overlap:
             try:
                 for dst, src in pairs:
                     _copy_later(dst, src)
+                device_copy.wait(events)
                 if then is not None:
                     then()
             except BaseException as e:  # said where the restore point is next read

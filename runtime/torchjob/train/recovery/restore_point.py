@@ -38,7 +38,7 @@ from typing import Any
 
 from torchjob.checkpoint.rng import capture_rng
 from torchjob.launch.settings import ENV_RESTORE_POINT_DIR
-from torchjob.train.recovery import host_copy, shm_keep
+from torchjob.train.recovery import device_copy, host_copy, shm_keep
 from torchjob.train.recovery import snapshot_wire as wire
 
 
@@ -57,7 +57,9 @@ class Snapshot:
     """The prepared loaders' data positions (``DataPosition.to_dict``)."""
     nbytes: int = 0
     arena: shm_keep.Arena | None = None
-    """Where the state's tensors are, when in the pod's shared memory (else private memory)."""
+    """The one block holding the state's tensors: a file of the pod's shared memory
+    (``path``), or this process's memory (a first copy's, or one received by broadcast);
+    None where they were allocated one by one (the state changed its shapes)."""
     allocated: bool = False
     """This copy allocated its buffers (a first copy, or the state changed its shapes): it
     costs more than the copies that write over them (``recovery.cadence``)."""
@@ -201,21 +203,35 @@ def take(
     if prev is not None and prev.run != run:
         prev = None
     allocs = [0]
+    old = prev.state if prev is not None else None
+    # A first copy goes into one block (pinned where the state is on a GPU), which a grow
+    # then sends as it is; a later one writes over the held copy's tensors.
+    arena = _private_arena(live) if old is None else None
 
     def counted(t: Any) -> Any:
         allocs[0] += 1
-        return host_copy.private(t)
+        return arena.alloc(t) if arena is not None else host_copy.private(t)
 
-    copy.later.clear()
-    old = prev.state if prev is not None else None
+    copy.clear()
     state, nbytes = host_copy.copy_tree(live, old, counted, copy.put)
     snap = Snapshot(run, index, state, meta["rng"], meta["positions"], nbytes)
     snap.allocated = allocs[0] > 0
-    if prev is not None and prev.arena is not None and prev.arena.path is None:
-        snap.arena = prev.arena  # received by broadcast: copied over in place (see _encode)
+    if arena is not None:
+        snap.arena = arena
+    elif prev is not None and prev.arena is not None and prev.arena.path is None:
+        snap.arena = prev.arena  # a private block (received by broadcast, or a first copy's)
     _HELD[0] = snap
     copy.start()
     return snap
+
+
+def _private_arena(live: Any) -> shm_keep.Arena:
+    """One block of this process's memory for every tensor of ``live``; page-locked when
+    ``live`` holds a GPU tensor (``recovery.device_copy``)."""
+    arena = shm_keep.Arena.private(shm_keep.arena_bytes(live))
+    if device_copy.holds_cuda(live):
+        device_copy.pin(arena)
+    return arena
 
 
 class _Reshaped(Exception):
@@ -240,13 +256,15 @@ def _into_shared(
             state, nbytes = host_copy.copy_tree(live, prev.state, _reshaped, copy.put)
             return _committed(slot, shared, state, nbytes, meta, copy, allocated=False)
         except _Reshaped:  # the same bytes in other shapes: a new arena
-            copy.later.clear()
+            copy.clear()
     if slot.no_room_for == need:
         return None  # the copies stay in private memory (said once, at the failed allocation)
     _HELD[0] = prev = None  # its pages go before the new arena's come
     arena = slot.allocate(need)
     if arena is None:
         return None
+    if device_copy.holds_cuda(live):
+        device_copy.pin(arena)
     state, nbytes = host_copy.copy_tree(live, None, arena.alloc, copy.put)
     return _committed(slot, arena, state, nbytes, meta, copy, allocated=True)
 
@@ -271,7 +289,7 @@ def _committed(
     snap = Snapshot(meta["run"], meta["index"], state, meta["rng"], meta["positions"], nbytes)
     snap.arena, snap.allocated = arena, allocated
     _HELD[0] = snap
-    if copy.later:
+    if copy.pending:
         copy.start(then=commit)
     else:
         commit()

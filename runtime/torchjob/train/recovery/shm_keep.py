@@ -108,6 +108,8 @@ class Arena:
     data: Any
     """The whole block as a ``uint8`` tensor."""
     used: int = 0
+    pinned: bool = False
+    """Page-locked for copies from a GPU (``recovery.device_copy.pin``)."""
 
     def alloc(self, like: Any) -> Any:
         """A tensor of ``like``'s shape and dtype in the arena, at the next aligned offset."""
