@@ -35,6 +35,20 @@ def _rebuild_start_error(message: str, waiting: bool) -> WorkerGroupStartError:
     return WorkerGroupStartError(message, waiting_for_peers=waiting)
 
 
+class RemoteTraceback(Exception):
+    """A worker's traceback, as its process formatted it. It is the ``__cause__`` of the
+    :class:`WorkerGroupError` that names the worker's rank, so the driver's traceback shows
+    the line of the training function that raised, above its own frames (as
+    ``concurrent.futures`` does for a process pool's errors)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.text.rstrip()}\n"""'
+
+
 class WorkerGroupError(LaunchError):
     """A function run by :meth:`WorkerGroup.execute` raised on some rank.
 
@@ -61,6 +75,8 @@ class WorkerGroupError(LaunchError):
         self.other_failures = dict(other_failures or {})
         self.peer_failure = peer_failure
         super().__init__(self._summary())
+        if traceback_text:
+            self.__cause__ = RemoteTraceback(traceback_text)
 
     def _summary(self) -> str:
         text = f"rank {self.rank} raised {self.exc_type}: {self.message}"
