@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.gpu_marks import NEEDS_GPU
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -23,13 +24,7 @@ import torchjob.train
 from torchjob.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from torchjob.train.torch import TorchTrainer, get_device, prepare_data_loader, prepare_model
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available(),
-        reason="needs a CUDA GPU (torch.cuda.is_available() is False)",
-    ),
-]
+pytestmark = NEEDS_GPU
 
 TRUE_W = [[1.0], [-2.0], [0.5], [3.0]]
 

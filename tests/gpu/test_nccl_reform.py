@@ -23,16 +23,11 @@ from typing import Any
 
 import pytest
 import torch
+from tests.gpu_marks import NEEDS_GPU
 
 from torchjob.launch import Placement, WorkerDiedError, WorkerGroup, worker_state
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available(),
-        reason="needs a CUDA GPU (torch.cuda.is_available() is False)",
-    ),
-]
+pytestmark = NEEDS_GPU
 
 
 @pytest.fixture(autouse=True)

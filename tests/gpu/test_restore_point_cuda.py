@@ -12,17 +12,12 @@ from typing import Any
 
 import pytest
 import torch
+from tests.gpu_marks import NEEDS_GPU
 from torch import nn
 
 from torchjob.train.recovery import restore_point
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available(),
-        reason="needs a CUDA GPU (torch.cuda.is_available() is False)",
-    ),
-]
+pytestmark = NEEDS_GPU
 
 
 @pytest.fixture(autouse=True)

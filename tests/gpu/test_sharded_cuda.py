@@ -13,19 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
+from tests.gpu_marks import NEEDS_GPU
 
 from torchjob.train import CheckpointConfig, RunConfig, ScalingConfig
 from torchjob.train.torch import TorchTrainer
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available(),
-        reason="needs a CUDA GPU (torch.cuda.is_available() is False)",
-    ),
-]
+pytestmark = NEEDS_GPU
 
 
 def _model() -> torch.nn.Module:
