@@ -11,6 +11,8 @@ from typing import Any
 
 from tests import kube as k
 
+from bench.harness import write_gz
+
 
 def running_pods(core: Any, ns: str, custom: Any = None) -> list[Any]:
     """Every running pod of the job, standbys included: a spot reclaim does not know which pod
@@ -52,13 +54,13 @@ def save_logs(
     """The logs of the pods left at a row's end (the last replacements among them), with the
     kubelet's timestamps: where a replacement's start went, line by line; ``ended``, the
     logs of the pods whose containers ended during the row (``<pod>-<uid>.log``); and the
-    row namespace's Events and jobs (``events.json``, ``torchjobs.json``, ``pytorchjobs.json``:
-    the operator's decisions, a TorchJob's ``status.history``, a PyTorchJob's conditions)."""
+    row namespace's Events and jobs (``events.json.gz``, ``torchjobs.json.gz``,
+    ``pytorchjobs.json.gz``, gzip-compressed: a row's Events come to ~1 MB of JSON: the
+    operator's decisions, a TorchJob's ``status.history``, a PyTorchJob's conditions)."""
     into.mkdir(parents=True, exist_ok=True)
     for what in ("events", "torchjobs", "pytorchjobs"):
-        name = f"{what}.json"
         done = cluster.kubectl("-n", ns, "get", what, "-o", "json", check=False)
-        (into / name).write_text(getattr(done, "stdout", "") or "")
+        write_gz(into / f"{what}.json.gz", getattr(done, "stdout", "") or "")
     for key, text in (ended or {}).items():
         (into / f"{key}.log").write_text(text or "")  # None: the kubelet had no log to give
     for pod in core.list_namespaced_pod(ns).items:

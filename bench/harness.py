@@ -283,6 +283,15 @@ def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
     return path
 
 
+def write_gz(path: Path, text: str) -> Path:
+    """``text`` gzip-compressed (reproducibly: no timestamp, no name) into ``path``. Returns
+    ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as raw, gzip.GzipFile("", "wb", fileobj=raw, mtime=0) as f:
+        f.write(text.encode())
+    return path
+
+
 def data_files(folder: Path, pattern: str) -> list[Path]:
     """The files of ``folder`` matching ``pattern`` (e.g. ``*-events.jsonl``), plain or
     compressed (``.gz``), sorted, each once (a plain file wins over its compressed copy)."""
