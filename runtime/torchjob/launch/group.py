@@ -23,9 +23,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
-import cloudpickle
-
-from torchjob.launch import abort, nccl, store_clients, zygote
+from torchjob.launch import abort, nccl, pickling, store_clients, zygote
 from torchjob.launch._start import StartMethod
 from torchjob.launch._survivors import Survivors
 from torchjob.launch.errors import LaunchError, WorkerDiedError
@@ -161,7 +159,7 @@ class WorkerGroup(Survivors):
                 backend=self._backend,
                 use_gpu=self._use_gpu,
                 timeout_s=self._timeout_s,
-                init_hook=cloudpickle.dumps(self._init_hook) if self._init_hook else None,
+                init_hook=pickling.dumps(self._init_hook) if self._init_hook else None,
                 form=form,
             )
             for w in self._workers:
@@ -339,7 +337,7 @@ class WorkerGroup(Survivors):
             raise LaunchError("worker group is broken by an earlier failure; shut it down")
         chosen = [self._workers[i] for i in (local_ranks or range(self._num_workers))]
         self._next_task += 1
-        run = Run(self._next_task, cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))))
+        run = Run(self._next_task, pickling.dumps((fn, tuple(args), dict(kwargs or {}))))
         for w in chosen:
             if w.conn is None:
                 raise WorkerDiedError(w.rank, w.proc.poll())
