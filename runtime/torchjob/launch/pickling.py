@@ -23,11 +23,11 @@ _code_reduce = cloudpickle.Pickler.dispatch_table.get(types.CodeType)
 
 
 def _code_keeping_filename(code: types.CodeType) -> Any:
-    rebuild, args = _code_reduce(code)  # type: ignore[misc]
+    rebuild, args = _code_reduce(code)
     return rebuild, tuple(code.co_filename if a == _DYNAMIC else a for a in args)
 
 
-class _Pickler(cloudpickle.Pickler):
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no stubs
     dispatch_table = ChainMap(
         {types.CodeType: _code_keeping_filename}, cloudpickle.Pickler.dispatch_table
     )
@@ -37,7 +37,8 @@ def dumps(obj: Any) -> bytes:
     """``cloudpickle.dumps(obj)``, code objects keeping their file names (where this
     cloudpickle names them ``<dynamic-code>``; else exactly ``cloudpickle.dumps``)."""
     if _code_reduce is None:
-        return cloudpickle.dumps(obj)
+        data: bytes = cloudpickle.dumps(obj)
+        return data
     with io.BytesIO() as f:
         _Pickler(f).dump(obj)
         return f.getvalue()
