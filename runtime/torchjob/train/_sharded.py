@@ -87,9 +87,15 @@ def _reader(url: str) -> Any:
     return FsspecReader(url)
 
 
-def _own_files(metadata: Any, rank: int) -> list[str]:
-    """The files this rank wrote (from DCP's global metadata; rank 0 also ``.metadata``)."""
-    rels = {info.relative_path for info in metadata.storage_data.values()}
+def _own_files(metadata: Any, rank: int, url: str) -> list[str]:
+    """The files this rank wrote (from DCP's global metadata; rank 0 also ``.metadata``).
+    Where the metadata ``save`` returned holds no ``storage_data`` (torch 2.11's async save
+    of a GPU state returned such a one, tests/gpu/test_sharded_cuda.py), the checkpoint's own
+    ``.metadata`` is read: every rank's save returns after the coordinator wrote it."""
+    storage = getattr(metadata, "storage_data", None)
+    if storage is None:
+        storage = _reader(url).read_metadata().storage_data
+    rels = {info.relative_path for info in storage.values()}
     mine = sorted(r for r in rels if r.startswith(f"__{rank}_"))
     return [*mine, DCP_METADATA] if rank == 0 else mine
 
@@ -201,7 +207,9 @@ class ShardedSaver:
         report: int | None = None,
     ) -> CommittedCheckpoint | None:
         """Every rank: hash its files; rank 0: gather them and commit."""
-        mine = store.hash_files(self.storage, target.write_url, _own_files(metadata, self.rank))
+        mine = store.hash_files(
+            self.storage, target.write_url, _own_files(metadata, self.rank, target.write_url)
+        )
         d = _dist()
         gathered: list[Any] = [mine]
         if d is not None and self.world_size > 1:
