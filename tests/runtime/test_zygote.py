@@ -186,3 +186,27 @@ def test_a_driver_without_an_openmp_pool_is_copied_for_workers_of_any_thread_cou
         assert out["kind"] == kind, (case, out)
         # The worker runs as many intra-op threads as the driver (not pinned to one).
         assert out["threads"] == [out["driver_threads"]], (case, out)
+
+
+def test_a_zygote_dropped_with_its_message_unread_exits_quietly() -> None:
+    """The driver drops a fresh zygote whose preloads touched CUDA without reading its
+    answer; the zygote then reads a reset, not an end of file. It exits as on a close, with
+    no traceback: on a GPU machine every ``fit()`` printed one (2026-12-04, the H200)."""
+    import socket
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    code = "import sys; from torchjob.launch._zygote_proc import main; sys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(theirs.fileno())],
+        pass_fds=[theirs.fileno()],
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    theirs.close()
+    ours.settimeout(scaled(120))
+    ours.recv(4096, socket.MSG_PEEK)  # its ZygoteReady has arrived; it stays unread
+    ours.close()  # a close with the zygote's message unread: it reads ECONNRESET
+    _, err = proc.communicate(timeout=scaled(60))
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert b"Traceback" not in err, err.decode()[-2000:]

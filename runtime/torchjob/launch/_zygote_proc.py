@@ -89,7 +89,12 @@ def serve(sock: socket.socket, preload: Iterable[str]) -> None:
             _send(sock, ChildExited(pid, os.waitstatus_to_exitcode(status)))
         if sock.fileno() not in ready:
             continue
-        data, fds, _flags, _addr = socket.recv_fds(sock, BUF, 3)
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(sock, BUF, 3)
+        except ConnectionResetError:
+            # The driver closed its end with our message unread: it dropped this zygote (a
+            # fresh one whose preloads touched CUDA is replaced at once). As a close.
+            data, fds = b"", []
         if not data:
             _reap_last(children)
             return
