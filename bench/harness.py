@@ -273,13 +273,11 @@ def read_jsonl(path: Path, *, partial: bool = False) -> list[dict[str, Any]]:
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
     """``rows`` as JSON lines; gzip-compressed (reproducibly: no timestamp) when ``path`` ends
     in ``.gz``. Returns ``path``."""
-    text = "".join(json.dumps(r) + "\n" for r in rows).encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r) + "\n" for r in rows)
     if path.suffix == ".gz":
-        with path.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
-            f.write(text)
-    else:
-        path.write_bytes(text)
+        return write_gz(path, text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
     return path
 
 
