@@ -71,7 +71,7 @@ def train_func(config: dict[str, float]) -> None:
     state: dict[str, object] = {"model": model, "opt": opt, "step": 0, "samples": 0}
     in_memory = bool(config["restore_point"])
     source = "start"
-    if in_memory and register_state(state):
+    if in_memory and register_state(state, in_place=bool(config["in_place"])):
         source = "memory"  # the survivors' memory: storage is not read
     elif (ckpt := get_checkpoint()) is not None:
         with ckpt.as_directory() as d:
@@ -85,6 +85,15 @@ def train_func(config: dict[str, float]) -> None:
     batch = int(config["batch"])
     saved_for_notice = False
     while step < config["max_steps"]:
+        if get_context().get_generation() != ctx.get_generation():
+            # Re-formed in place (register_state(in_place=True)) inside the last
+            # should_stop(): the state was rolled back under the loop, the world changed.
+            ctx = get_context()
+            rank, world = ctx.get_world_rank(), ctx.get_world_size()
+            step, samples = int(state["step"]), int(state["samples"])  # type: ignore[call-overload]
+            emit("group", rank=rank, world=world)
+            emit("model", rank=rank, world=world)
+            emit("restored", rank=rank, world=world, step=step, samples=samples, source="memory")
         time.sleep(config["step_seconds"])  # the fixed cost of a step
         loss = model(x).pow(2).mean()
         opt.zero_grad()
@@ -124,6 +133,7 @@ if __name__ == "__main__":
     step_seconds, ckpt_every = float(sys.argv[2]), int(sys.argv[3])
     max_steps, batch = int(sys.argv[4]), int(sys.argv[5])
     restore_point = "--restore-point" in sys.argv[6:]
+    in_place = "--in-place" in sys.argv[6:]
     TorchTrainer(
         train_func,
         train_loop_config={
@@ -132,6 +142,7 @@ if __name__ == "__main__":
             "max_steps": max_steps,
             "batch": batch,
             "restore_point": restore_point,
+            "in_place": in_place,
             "state_mib": _goodput_state.state_mib(),
         },
         scaling_config=ScalingConfig(num_workers=1),

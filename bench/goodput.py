@@ -167,6 +167,12 @@ def _parser() -> argparse.ArgumentParser:
         help="torchjob rows hand their state to register_state and report every step: a hard "
         "loss resumes from the survivors' memory (storage checkpoints stay the fallback)",
     )
+    p.add_argument(
+        "--in-place",
+        action="store_true",
+        help="with --restore-point: register_state(in_place=True), so that a shrink's "
+        "survivors go on inside the training function (torchjob.train.recovery.in_place)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="runs of every row (median printed)")
     p.add_argument("--repeat-from", type=int, default=0,
                    help="the first repeat's number (its loss draws): a part of a long run")  # fmt: skip

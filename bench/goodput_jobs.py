@@ -39,6 +39,11 @@ def worker_env(args: argparse.Namespace) -> list[dict[str, str]]:
     return [{"name": name, "value": value} for name, value in pairs]
 
 
+def restore_point_args(args: argparse.Namespace, rp: bool) -> list[str]:
+    """The worker's ``--restore-point`` (and ``--in-place`` with it)."""
+    return ["--restore-point", *(["--in-place"] if args.in_place else [])] if rp else []
+
+
 def manifest(
     args: argparse.Namespace,
     policy: str,
@@ -73,7 +78,7 @@ def manifest(
                             str(args.ckpt_every),
                             str(10**9),
                             str(args.batch),
-                            *(["--restore-point"] if rp else []),
+                            *restore_point_args(args, rp),
                             *state_args(args),
                         ],
                         "env": [{"name": "OMP_NUM_THREADS", "value": "1"}, *worker_env(args)],
@@ -144,7 +149,7 @@ def kubeflow_manifest(args: argparse.Namespace, storage: Path, events: Path) -> 
         str(TORCHRUN_WORKER),
         "--torchrun",  # torchrun, with the one default this image's torch needs (see there)
         str(TORCHRUN_WORKER),
-        *(a for a in container["command"][2:] if a != "--restore-point"),
+        *(a for a in container["command"][2:] if a not in ("--restore-point", "--in-place")),
     ]
     container["env"] = [*container["env"], {"name": "USE_LIBUV", "value": "0"}]
     container["ports"] = [{"name": "pytorchjob-port", "containerPort": KF_RDZV_PORT}]

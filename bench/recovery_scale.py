@@ -64,6 +64,7 @@ from bench.recovery_scale_report import (
     PHASES,
     TARGET_S,
     Loss,
+    analyse,
     each_line,
     row_line,
     write_curve,
@@ -108,12 +109,24 @@ def _train(config: dict[str, Any]) -> None:
     if rank == 0:
         _log(out, {"ev": "restored", "gen": gen, "t": time.time(), "memory": restored})
     ddp = prepare_model(model)
+    if config["in_place"]:
+        # The DDP model is registered too (its state is the module's), so that its
+        # all-reduce goes through the in-place hook; loading it again costs nothing here.
+        state["model"] = ddp
+        torchjob.train.register_state(state, in_place=True)
     if rank == 0:
         _log(out, {"ev": "model", "gen": gen, "t": time.time()})
     x = torch.randn(16, h)
     kills: list[int] = config["kills"]
     took: list[float] = []
     while state["step"] < config["steps"]:
+        ctx = torchjob.train.get_context()
+        if ctx.get_generation() != gen:  # re-formed in place inside the last report
+            rank, gen, ws = ctx.get_world_rank(), ctx.get_generation(), ctx.get_world_size()
+            if rank == 0:  # the function went on: its start, restore and DDP are this moment
+                now = time.time()
+                for ev in ("enter", "restored", "model"):
+                    _log(out, {"ev": ev, "gen": gen, "t": now, "memory": True})
         t0 = time.time()
         opt.zero_grad()
         ddp(x).square().mean().backward()
@@ -121,6 +134,8 @@ def _train(config: dict[str, Any]) -> None:
         state["step"] += 1
         step = state["step"]
         torchjob.train.report({"step": step})
+        if torchjob.train.get_context().get_generation() != gen:
+            continue  # this step was rolled back with the group's re-formation
         took.append(time.time() - t0)
         if rank == 0:
             _log(out, {"ev": "step", "gen": gen, "step": step, "t0": t0, "t1": time.time()})
@@ -207,50 +222,6 @@ class Probe:
         return next((m for n, m in self.marks if n == name and t <= m <= before), None)
 
 
-def analyse(out: Path, probe: Probe, n_kills: int) -> tuple[list[Loss], float]:
-    """The losses of one run (its rank 0 log, its kill files, the driver's marks) and its
-    median step. A kill that no later generation stepped after is listed, not dropped."""
-    rows = [json.loads(line) for line in (out / "rank0.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if r["ev"] == "step"]
-    firsts = {min(r["step"] for r in steps if r["gen"] == g) for g in {r["gen"] for r in steps}}
-    normal = [r["t1"] - r["t0"] for r in steps if r["step"] not in firsts and r["step"] > 2]
-    step_s = statistics.median(normal) if normal else float("nan")
-    losses = []
-    for i in range(n_kills):
-        path = out / f"kill-{i}"
-        if not path.exists():
-            continue  # the run ended (or failed) before this kill was armed
-        kill = json.loads(path.read_text())
-        tk, gen = kill["t"], kill["gen"]
-        after = [r for r in steps if r["gen"] > gen and r["t1"] > tk]
-        before = [r for r in steps if r["gen"] == gen]
-        if not after:
-            losses.append(Loss(kill["ws"], None, 0, {}))
-            continue
-        first = after[0]
-        g = first["gen"]
-        ev = {r["ev"]: r for r in rows if r["gen"] == g and r["ev"] != "step"}
-        recovery = first["t1"] - tk
-        detected = probe.after("detected", tk, ev["enter"]["t"]) or tk
-        heal0 = probe.after("heal0", detected, ev["enter"]["t"])
-        heal1 = probe.after("heal1", detected, ev["enter"]["t"])
-        reform0 = probe.after("reform0", detected, ev["enter"]["t"]) or detected
-        reform1 = probe.after("reform1", detected, ev["enter"]["t"]) or reform0
-        phases = {
-            "detect": detected - tk,
-            "replace": (heal1 - heal0) if heal0 and heal1 else 0.0,
-            "reform": reform1 - reform0,
-            "restore": ev["restored"]["t"] - reform1,
-            "DDP": ev["model"]["t"] - ev["restored"]["t"],
-            "first step": first["t1"] - ev["model"]["t"],
-        }
-        phases["other"] = recovery - sum(phases.values())
-        lost = max(0, before[-1]["step"] - (first["step"] - 1)) if before else 0
-        from_memory = bool(ev["restored"].get("memory"))
-        losses.append(Loss(kill["ws"], recovery, lost, phases, g - gen, from_memory))
-    return losses, step_s
-
-
 def run(
     args: argparse.Namespace, size: int, how: str, who: str, n: int
 ) -> tuple[list[Loss], float]:
@@ -259,6 +230,7 @@ def run(
     kills = [args.warmup + args.gap * i for i in range(n)]
     config = {
         "hidden": args.hidden,
+        "in_place": args.in_place,
         "steps": kills[-1] + args.gap,
         "kills": kills,
         "who": who,
@@ -319,6 +291,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5, help="steps before the first loss")
     p.add_argument("--gap", type=int, default=4, help="steps between losses")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--in-place", action="store_true",
+                   help="register_state(in_place=True): a shrink's survivors go on inside the "
+                   "training function (recovery.in_place)")  # fmt: skip
     p.add_argument("--mib-per-rank", type=float, default=160.0,
                    help="memory a rank needs (skip a size that does not fit MemAvailable)")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out" / "scale")
@@ -347,7 +322,12 @@ def main(argv: list[str] | None = None) -> int:
         f"recovery after a SIGKILLed rank vs world size: local gloo workers on {os.cpu_count()} "
         f"CPU(s), OMP_NUM_THREADS=1, an MLP 2x{args.hidden} (tiny: the coordination cost, not "
         f"the state's size), register_state, a report every step, {args.losses} losses per row, "
-        "in-place re-formation from the survivors' memory",
+        "the survivors' processes kept, resuming from their memory; "
+        + (
+            "in place: a shrink's survivors go on inside the training function"
+            if args.in_place
+            else "the training function run again in each generation"
+        ),
         flush=True,
     )
     head = (

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from bench import plots
 from bench.harness import pct
@@ -35,6 +37,56 @@ class Loss:
         """A failed re-formation: never recovered, or only after another re-formation, or
         only from storage (the in-place path did not hold)."""
         return self.recovery is None or self.generations > 1 or not self.from_memory
+
+
+class Marks(Protocol):
+    """The driver's timestamps of a run (``recovery_scale.Probe``)."""
+
+    def after(self, name: str, t: float, before: float = float("inf")) -> float | None: ...
+
+
+def analyse(out: Path, probe: Marks, n_kills: int) -> tuple[list[Loss], float]:
+    """The losses of one run (its rank 0 log, its kill files, the driver's marks) and its
+    median step. A kill that no later generation stepped after is listed, not dropped."""
+    rows = [json.loads(line) for line in (out / "rank0.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["ev"] == "step"]
+    firsts = {min(r["step"] for r in steps if r["gen"] == g) for g in {r["gen"] for r in steps}}
+    normal = [r["t1"] - r["t0"] for r in steps if r["step"] not in firsts and r["step"] > 2]
+    step_s = statistics.median(normal) if normal else float("nan")
+    losses = []
+    for i in range(n_kills):
+        path = out / f"kill-{i}"
+        if not path.exists():
+            continue  # the run ended (or failed) before this kill was armed
+        kill = json.loads(path.read_text())
+        tk, gen = kill["t"], kill["gen"]
+        after = [r for r in steps if r["gen"] > gen and r["t1"] > tk]
+        before = [r for r in steps if r["gen"] == gen]
+        if not after:
+            losses.append(Loss(kill["ws"], None, 0, {}))
+            continue
+        first = after[0]
+        g = first["gen"]
+        ev = {r["ev"]: r for r in rows if r["gen"] == g and r["ev"] != "step"}
+        recovery = first["t1"] - tk
+        detected = probe.after("detected", tk, ev["enter"]["t"]) or tk
+        heal0 = probe.after("heal0", detected, ev["enter"]["t"])
+        heal1 = probe.after("heal1", detected, ev["enter"]["t"])
+        reform0 = probe.after("reform0", detected, ev["enter"]["t"]) or detected
+        reform1 = probe.after("reform1", detected, ev["enter"]["t"]) or reform0
+        phases = {
+            "detect": detected - tk,
+            "replace": (heal1 - heal0) if heal0 and heal1 else 0.0,
+            "reform": reform1 - reform0,
+            "restore": ev["restored"]["t"] - reform1,
+            "DDP": ev["model"]["t"] - ev["restored"]["t"],
+            "first step": first["t1"] - ev["model"]["t"],
+        }
+        phases["other"] = recovery - sum(phases.values())
+        lost = max(0, before[-1]["step"] - (first["step"] - 1)) if before else 0
+        from_memory = bool(ev["restored"].get("memory"))
+        losses.append(Loss(kill["ws"], recovery, lost, phases, g - gen, from_memory))
+    return losses, step_s
 
 
 def _recovered(losses: list[Loss]) -> list[float]:

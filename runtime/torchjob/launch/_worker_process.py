@@ -10,6 +10,7 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -19,7 +20,17 @@ import cloudpickle
 
 from torchjob.launch.errors import classify_failure
 from torchjob.launch.layout import StoreLayout, prefixed
-from torchjob.launch.protocol import Init, WorkerEvent
+from torchjob.launch.protocol import (
+    Exit,
+    Init,
+    InitFailed,
+    ProtocolError,
+    Ready,
+    Reform,
+    Run,
+    TaskFailed,
+    WorkerEvent,
+)
 from torchjob.launch.settings import RuntimeSettings, WorkerEnv
 
 
@@ -66,6 +77,8 @@ class WorkerProcess:
     """The connections the current group opened (gloo's pairs; on rank 0, also the store's
     that peers opened meanwhile, which are never shut down): what leaving a broken group
     closes."""
+    init: Init | None = None
+    """How the driver started this process (its first message): a re-formation forms as it says."""
     watchers: list[Any] = field(default_factory=list)
     """This generation's heartbeat and watchdog (``torchjob.launch.heartbeat``) and, for an
     NCCL group that re-forms in place, its abort listener (``torchjob.launch.nccl``)."""
@@ -267,12 +280,58 @@ class WorkerProcess:
         except Exception:  # a broken group may fail to say goodbye; it is left either way
             pass
 
+    def park(self, exc: BaseException, resume: Callable[[Run], bool]) -> None:
+        """Inside a task whose group broke under it (``exc``, a peer's loss): leave the group,
+        tell the driver the task failed as any survivor does, then answer the driver's
+        commands without returning from the task. A :class:`Reform` re-forms this process as
+        between tasks; the next :class:`Run` is offered to ``resume``: True, and this returns
+        into the task, which goes on in the new group (``torchjob.train.recovery.in_place``);
+        False, and :class:`Abandon` carries the :class:`Run` out of the task, to be run
+        afresh. :class:`Exit` (or the driver gone) raises :class:`Leave`."""
+        assert self.conn is not None and self.init is not None
+        self.leave_broken_group(exc)
+        self.send(TaskFailed.of(self.task_id, exc))
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                raise Leave() from None
+            if isinstance(msg, Reform):
+                try:
+                    self.reform(self.init, msg.env)
+                except BaseException as failed:
+                    self.send(InitFailed.of(failed))
+                    continue
+                self.send(Ready())
+            elif isinstance(msg, Run):
+                self.task_id = msg.task_id
+                if resume(msg):
+                    return
+                raise Abandon(msg)
+            elif isinstance(msg, Exit):
+                raise Leave()
+            else:
+                raise ProtocolError(f"a parked worker got {msg!r}"[:300])
+
     def break_group(self) -> None:
         """Shut down the current group's own connections: a collective blocked on them fails."""
         from torchjob.launch import heartbeat
 
         with contextlib.suppress(Exception):
             heartbeat.break_group_connections(self.group_sockets, self.keep_fds())
+
+
+class Abandon(BaseException):  # not an error: control flow out of a task
+    """A parked task gives way: the driver's next :class:`Run` is run afresh (not an
+    ``Exception``, so a training function's ``except Exception`` does not keep it)."""
+
+    def __init__(self, run: Run) -> None:
+        super().__init__("the parked task gives way to the next one")
+        self.run = run
+
+
+class Leave(BaseException):
+    """A parked task ends with its process: the driver said :class:`Exit`, or is gone."""
 
 
 def _serve_store(addr: str, port: int, timeout: timedelta, use_libuv: bool) -> Any:

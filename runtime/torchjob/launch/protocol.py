@@ -270,6 +270,9 @@ class RestoredFromMemory:
     source_rank: int
     seconds: float
     bytes: int
+    in_place: bool = False
+    """The survivors went on inside the training function (``recovery.in_place``): it was
+    not run again."""
 
 
 @_by_fields

@@ -28,7 +28,7 @@ from typing import Any
 
 import cloudpickle
 
-from torchjob.launch._worker_process import WorkerInfo, WorkerProcess
+from torchjob.launch._worker_process import Abandon, Leave, WorkerInfo, WorkerProcess
 from torchjob.launch.protocol import (
     Dispatcher,
     Exit,
@@ -181,17 +181,26 @@ def _start(init: Init, proc: WorkerProcess) -> bool:
 
 
 def _run(msg: Run, proc: WorkerProcess, _init: Init) -> bool:
-    proc.task_id = msg.task_id
-    try:
-        fn, args, kwargs = cloudpickle.loads(msg.payload)
-        result = fn(*args, **kwargs)
-        data = cloudpickle.dumps(result)
-    except BaseException as exc:
-        proc.leave_broken_group(exc)
-        proc.send(TaskFailed.of(msg.task_id, exc))
+    """Run the task; answer with the id of the task that ends: a task parked when its group
+    broke (``WorkerProcess.park``) may go on as the driver's next one, or give way to it."""
+    while True:
+        proc.task_id = msg.task_id
+        try:
+            fn, args, kwargs = cloudpickle.loads(msg.payload)
+            result = fn(*args, **kwargs)
+            data = cloudpickle.dumps(result)
+        except Abandon as gave_way:
+            msg = gave_way.run
+            del gave_way  # its traceback holds the parked task's frames (a model, its state)
+            continue
+        except Leave:
+            return False
+        except BaseException as exc:
+            proc.leave_broken_group(exc)
+            proc.send(TaskFailed.of(proc.task_id, exc))
+            return True
+        proc.send(TaskDone(proc.task_id, data))
         return True
-    proc.send(TaskDone(msg.task_id, data))
-    return True
 
 
 def _reform(msg: Reform, proc: WorkerProcess, init: Init) -> bool:
@@ -228,6 +237,7 @@ def main() -> int:
     init = conn.recv()
     if not isinstance(init, Init):
         raise ProtocolError(f"a worker's first message must be Init, got {init!r}"[:300])
+    proc.init = init
     if not _start(init, proc):
         return 1
     while True:

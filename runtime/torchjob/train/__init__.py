@@ -31,10 +31,10 @@ from torchjob.train.result import Result
 if TYPE_CHECKING:
     from torchjob.train import torch
     from torchjob.train._prepare import get_device, prepare_data_loader, prepare_model
+    from torchjob.train._register import register_state
     from torchjob.train._report import (
         get_checkpoint,
         get_preemption_info,
-        register_state,
         report,
         should_stop,
     )
@@ -50,7 +50,7 @@ _LAZY = {
     "prepare_model": "torchjob.train._prepare",
     "prepare_data_loader": "torchjob.train._prepare",
     "get_device": "torchjob.train._prepare",
-    "register_state": "torchjob.train._report",
+    "register_state": "torchjob.train._register",
     "get_preemption_info": "torchjob.train._report",
     "PreemptionInfo": "torchjob.train.recovery.preemption",
     "TorchTrainer": "torchjob.train.trainer",

@@ -17,20 +17,17 @@ group leaves, and so does the end of the generation.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from torchjob.checkpoint import CheckpointStorage, CommittedCheckpoint, restore_rng
+from torchjob.checkpoint import CheckpointStorage, CommittedCheckpoint
 from torchjob.launch import regroup_requested, send_event, stop_requested
-from torchjob.launch.protocol import CheckpointLanded, Report, RestoredFromMirror
-from torchjob.launch.settings import RuntimeSettings
+from torchjob.launch.protocol import CheckpointLanded, Report
 from torchjob.train import _session
 from torchjob.train.checkpoint import Checkpoint
-from torchjob.train.recovery import host_copy, preemption, restore_point, shard_mirror
-from torchjob.train.recovery.cadence import Cadence
+from torchjob.train.recovery import host_copy, in_place, preemption, restore_point, shard_mirror
 
 if TYPE_CHECKING:
     from torchjob.checkpoint.background import BackgroundCommitter
@@ -171,6 +168,8 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
     s = _session.current()
     if s is None:
         raise RuntimeError("torchjob.train.report() must be called inside a training function")
+    if _rolled_back(s):
+        return
     s.reports += 1
     s.last_metrics = dict(metrics)
     s.history.append(dict(metrics))
@@ -207,17 +206,10 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
                 restore_point_bytes=snapshot.nbytes if snapshot else _nbytes(mirror),
             )
         )
-    # A loop that asked should_stop() since the last report stops on its answer (a stop
-    # asked for in between waits for the next should_stop(), where the loop saves its
-    # checkpoint), and that answer's all-reduce agreed the notices and the cadence too: no
-    # second one per step. Otherwise (and always for the shard mirror, which relies on this
-    # point) report agrees itself.
-    if s.stop_polled is not None and not sharded:
-        stop, regroup = s.stop_polled, s.regroup_polled
-    else:
-        agreed = _agree(s, stop_requested())
-        stop, regroup = agreed if s.stop_polled is None else (s.stop_polled, s.regroup_polled)
-    s.stop_polled, s.regroup_polled = None, False
+    agreed = _stop_and_regroup(s, sharded)
+    if agreed is None:
+        return  # re-formed in place: this report's step was rolled back
+    stop, regroup = agreed
     if sharded and live is not None and s.mirror_on:
         # Sharded state: the shard mirror, after the all-reduce above (a rank lost before it
         # leaves every survivor with the previous report's records, consistently).
@@ -241,6 +233,39 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
         _agree_to_stop(True)
         s.stopped_at_report = s.reports
         raise _session.StopTraining()
+
+
+def _rolled_back(s: _session.Session) -> bool:
+    """This report belongs to a step that an in-place re-formation rolled back: the one
+    after a ``should_stop()`` that re-formed, or this one, re-formed now (the group broke
+    under the step: ``recovery.in_place``). It counts for nothing."""
+    if s.void_report:
+        s.void_report = False
+        return True
+    return in_place.parked(s, in_place.broken())
+
+
+def _stop_and_regroup(s: _session.Session, sharded: bool) -> tuple[bool, bool] | None:
+    """What the ranks agreed at this report: (stop, regroup); None where the group broke in
+    the agreement and re-formed in place under it.
+
+    A loop that asked should_stop() since the last report stops on its answer (a stop asked
+    for in between waits for the next should_stop(), where the loop saves its checkpoint),
+    and that answer's all-reduce agreed the notices and the cadence too: no second one per
+    step. Otherwise (and always for the shard mirror, which relies on this point) report
+    agrees itself."""
+    if s.stop_polled is not None and not sharded:
+        agreed = s.stop_polled, s.regroup_polled
+    else:
+        try:
+            both = _agree(s, stop_requested())
+        except Exception as exc:
+            if in_place.parked(s, exc):
+                return None
+            raise
+        agreed = both if s.stop_polled is None else (s.stop_polled, s.regroup_polled)
+    s.stop_polled, s.regroup_polled = None, False
+    return agreed
 
 
 def _restore_point(
@@ -310,7 +335,16 @@ def should_stop() -> bool:
     s = _session.current()
     if s is None:
         return _agree_to_stop(stop_requested())
-    stop, regroup = _agree(s, stop_requested())
+    try:
+        if in_place.parked(s, in_place.broken()):
+            s.void_report = True  # the loop's report of this step is the step rolled back
+            return False
+        stop, regroup = _agree(s, stop_requested())
+    except Exception as exc:
+        if in_place.parked(s, exc):
+            s.void_report = True
+            return False
+        raise
     s.stop_polled = stop or bool(s.stop_polled)
     s.regroup_polled = regroup or s.regroup_polled
     return stop
@@ -334,58 +368,3 @@ def get_preemption_info() -> preemption.PreemptionInfo | None:
     if s is not None and s.notice_digest is not None:
         return s.notice
     return preemption.agree(preemption.read_local())
-
-
-# --- the training function's side ----------------------------------------------------------
-
-
-def register_state(state: MutableMapping[str, Any] | Any, *, mirror: bool | None = None) -> bool:
-    """Hand the runtime this training function's state, as a dict of named entries: objects
-    with ``state_dict()``/``load_state_dict()`` (the model, the optimizer, a scheduler) and
-    plain values (the step, the epoch); or one such object (a ``TrainState``). Every ``report()`` from now on copies it into host
-    memory: the restore point the group falls back on when a rank is lost. The RNG states and
-    the prepared loaders' data positions are held with it.
-
-    Where the group holds a restore point (the survivors of a lost rank re-formed in place),
-    it is loaded into ``state`` now (``load_state_dict`` for objects, plain values replaced
-    in the dict), the RNG states and data positions with it, and this returns True; then
-    ``get_checkpoint()`` is None (storage was not read). False: nothing in memory, resume
-    from ``get_checkpoint()`` as usual. Call it on every rank, once, after the model and the
-    optimizer exist and before the first step.
-
-    Sharded state (FSDP2 ``DTensor``s) is held by the shard mirror
-    (``torchjob.train.recovery.shard_mirror``: each rank's shard in its own and in a ring neighbour's
-    host memory, two shards of RAM per rank): after a loss the survivors rebuild the state at
-    the new world size from it, collectively, here. ``mirror=False`` (or
-    ``TORCHJOB_SHARD_MIRROR=0``) holds nothing for sharded state: a loss resumes from storage."""
-    s = _session.current()
-    if s is None:
-        raise RuntimeError("register_state() must be called inside a training function")
-    registered = state if isinstance(state, MutableMapping) else {"state": state}
-    if not isinstance(state, MutableMapping) and not callable(getattr(state, "state_dict", None)):
-        raise TypeError(
-            "register_state(state): state must be a dict of named entries or an object with "
-            f"state_dict()/load_state_dict() (a TrainState), got {type(state).__name__}"
-        )
-    s.registered = registered
-    s.mirror_on = shard_mirror.enabled(mirror)
-    settings = RuntimeSettings.from_env()
-    s.cadence = Cadence(settings.restore_point_budget, settings.restore_point_every)
-    s.restore_point_overlap = settings.restore_point_overlap
-    if s.mirror_plan is not None:
-        from torchjob.train.recovery import shard_rebuild
-
-        done = shard_rebuild.restore(
-            registered, s.mirror_plan, s.run_path, s.world_rank, s.world_size, _mirror_group(s)
-        )
-        if s.world_rank == 0:
-            send_event(RestoredFromMirror(**dataclasses.asdict(done)))
-        return True
-    if s.restored is None:
-        return False
-    restore_point.load_into(registered, s.restored.snapshot.state)
-    restore_rng(s.restored.snapshot.rng)
-    from torchjob.train._ddp import loaded
-
-    loaded(registered, s)  # DDP built without its init broadcast needs none now
-    return True

@@ -99,6 +99,12 @@ class Session:
     """The notice every rank agreed on at the last ``report()`` or ``should_stop()``."""
     notice_digest: int | None = None
     """The sum of the ranks' notice digests then (None: no such point yet this generation)."""
+    in_place: bool = False
+    """``register_state(in_place=True)`` took: a peer's loss parks the loop in
+    ``should_stop()`` or ``report()`` and the group re-forms under it (``recovery.in_place``)."""
+    void_report: bool = False
+    """The loop re-formed in place in ``should_stop()``: the next ``report()`` belongs to the
+    step rolled back, and counts for nothing."""
 
     def drain(self) -> None:
         """Wait for the background saves in flight (re-raising their errors)."""
@@ -112,6 +118,22 @@ class Session:
 
     def resume_position_for(self, index: int) -> DataPosition | None:
         return self.resume_positions[index] if index < len(self.resume_positions) else None
+
+
+def moved_to(s: Session, info: Any, restored: Restored, spec: Any) -> None:
+    """``s`` goes on in the next generation (re-formed in place, ``recovery.in_place``):
+    its ranks, its numbering from the restore point it rolled back to, nothing polled."""
+    s.world_rank, s.local_rank = info.rank, info.local_rank
+    s.world_size, s.local_world_size = info.world_size, info.local_world_size
+    s.node_rank, s.generation = info.node_rank, info.generation
+    s.restored, s.report_base, s.reports = restored, restored.snapshot.index, 0
+    s.history, s.last_metrics, s.stopped_at_report = [], None, None
+    s.stop_polled, s.regroup_polled = None, False
+    s.notice, s.notice_digest = None, None
+    s.checkpoint = None
+    s.resume_positions = [DataPosition.from_dict(p) for p in restored.snapshot.positions or []]
+    s.async_commit = bool(spec.async_commit) and info.rank == 0
+    s.committer = None
 
 
 _CURRENT: list[Session | None] = [None]

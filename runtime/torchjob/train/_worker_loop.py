@@ -17,14 +17,22 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from torchjob.checkpoint import CheckpointError, CheckpointStorage, DataPosition, write_files
+import cloudpickle
+
+from torchjob.checkpoint import (
+    CheckpointError,
+    CheckpointStorage,
+    DataPosition,
+    restore_rng,
+    write_files,
+)
 from torchjob.checkpoint.sharded import is_sharded
 from torchjob.launch import send_event, worker_info
-from torchjob.launch.protocol import MirrorFallback, RestoredFromMemory
+from torchjob.launch.protocol import MirrorFallback, RestoredFromMemory, Run
 from torchjob.train import _session, _shared_result
 from torchjob.train._spec import WorkerOutcome, WorkerSpec
 from torchjob.train.checkpoint import Checkpoint
-from torchjob.train.recovery import restore_point, shard_rebuild
+from torchjob.train.recovery import in_place, restore_point, shard_rebuild
 
 _Payload = tuple[str, Any, Any, int | None]
 """(kind, files or path, data positions, the run's report number the checkpoint was taken at
@@ -91,10 +99,17 @@ def _accepts_config(fn: Callable[..., Any]) -> bool:
     return len(params) > 0
 
 
+_LIVE: list[WorkerSpec | None] = [None]
+"""The spec of the generation the running training function is in: a function re-formed in
+place (:func:`resume`) goes on under the next generation's."""
+
+
 def run_training(spec: WorkerSpec) -> WorkerOutcome:
     info = worker_info()
     assert info is not None, "run_training runs inside a torchjob worker"
     os.environ.update(spec.env)
+    in_place.reset()
+    _LIVE[0] = spec
     restored, mirrored, payload = _restore(spec, info)
     restored_dir, checkpoint, positions = _resumed(payload, info.rank)
     session = _session.Session(
@@ -139,14 +154,17 @@ def run_training(spec: WorkerSpec) -> WorkerOutcome:
                 session.drain()  # what was reported before the failure still lands
             raise
         session.drain()  # the run's checkpoints are committed before its result is built
-        if spec.share_result:
-            shared = _shared_result.share(spec, session)
+        live = _LIVE[0] or spec  # the generation it ended in (it may have re-formed in place)
+        if live.share_result:
+            shared = _shared_result.share(live, session)
     except _session.StopTraining:
         stopped = True
     finally:
         _session.set_current(None)
+        _LIVE[0] = None
         if restored_dir:
             shutil.rmtree(restored_dir, ignore_errors=True)
+    info = worker_info() or info
     return WorkerOutcome(
         rank=info.rank,
         stopped=stopped,
@@ -156,12 +174,50 @@ def run_training(spec: WorkerSpec) -> WorkerOutcome:
     )
 
 
+def resume(run: Run) -> bool:
+    """The driver's next task for a training function parked in place
+    (``recovery.in_place``): True when it is this generation's ``run_training`` and every
+    rank of the new group is parked too. Then the agreed restore point is loaded into the
+    registered state, DDP moves to the new group, and the session takes the generation's
+    ranks and numbers; the function goes on. False: the task is run afresh (a rank new to
+    the group runs the function from its start, and its peers must too)."""
+    fn, args, _kwargs = cloudpickle.loads(run.payload)
+    if fn is not run_training:
+        return False
+    spec: WorkerSpec = args[0]
+    info = worker_info()
+    s = _session.current()
+    assert info is not None and s is not None and s.registered is not None
+    os.environ.update(spec.env)
+    restored, everyone = in_place.agree_parked(spec.run_path, info.rank, info.world_size)
+    if not everyone or restored is None:
+        return False
+    snap = restored.snapshot
+    restore_point.load_into(s.registered, snap.state)
+    restore_rng(snap.rng)
+    in_place.regroup(s.registered)
+    s.drain()  # a commit in flight lands before the session moves on
+    _session.moved_to(s, info, restored, spec)
+    _LIVE[0] = spec
+    if info.rank == 0:
+        send_event(
+            RestoredFromMemory(
+                index=snap.index,
+                source_rank=restored.source_rank,
+                seconds=restored.seconds,
+                bytes=snap.nbytes,
+                in_place=True,
+            )
+        )
+    return True
+
+
 def _restore(
     spec: WorkerSpec, info: Any
 ) -> tuple[restore_point.Restored | None, shard_rebuild.Plan | None, _Payload]:
     """Where this generation's state comes from: the survivors' memory first (the restore
     point, or the shard mirror for sharded state); storage only when no rank holds one."""
-    restored = restore_point.agree(spec.run_path, info.rank, info.world_size)
+    restored = in_place.agree(spec.run_path, info.rank, info.world_size)
     mirrored: shard_rebuild.Plan | None = None
     if restored is None:  # sharded state: the shard mirror (register_state rebuilds it)
         agreed = shard_rebuild.agree(spec.run_path, info.rank, info.world_size)

@@ -113,6 +113,7 @@ def _from_memory(
     view.message(
         f"[torchjob] resumed from the survivors' memory (report {e.index}, "
         f"{e.bytes / 2**20:.1f} MiB {moved}); storage was not read"
+        + ("; re-formed in place (the training function goes on)" if e.in_place else "")
     )
     return True
 

@@ -1,0 +1,122 @@
+"""Re-forming in place (``register_state(state, in_place=True)``, ``recovery.in_place``).
+
+Real gloo workers on this machine; one rank SIGKILLs itself in generation 0, either before
+its backward (the survivors' DDP all-reduce meets the loss: the comm hook marks the group
+broken) or after its optimizer step (the survivors' ``should_stop()`` all-reduce meets it).
+
+* A shrink (``num_workers=(2, 3)``): the survivors go on inside the training function, which
+  each survivor entered once; the run ends with the same parameters as the same losses
+  without ``in_place`` (where the function runs again from the restore point), on every rank.
+* A fixed size (a replacement joins): the survivors' parked tasks give way and every rank
+  runs the function afresh, with the same parameters again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import torchjob.train
+from torchjob.train import FailureConfig, RunConfig, ScalingConfig
+from torchjob.train.torch import TorchTrainer, prepare_model
+
+WORLD = 3
+STEPS = 8
+LOSE_AT = 4
+VICTIM = 1
+
+
+def loop(config: dict[str, Any]) -> None:
+    ctx = torchjob.train.get_context()
+    out = Path(config["dir"])
+    (out / f"enter-{os.getpid()}-gen{ctx.get_generation()}").touch()
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state: dict[str, Any] = {"step": 0, "model": model, "optimizer": opt}
+    torchjob.train.register_state(state, in_place=config["in_place"])
+    while state["step"] < STEPS:
+        ctx = torchjob.train.get_context()  # the group may have re-formed under the loop
+        rank, generation = ctx.get_world_rank(), ctx.get_generation()
+        step = state["step"] + 1
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        lose = generation == 0 and step == LOSE_AT and rank == VICTIM
+        if lose and config["where"] == "backward":
+            os.kill(os.getpid(), signal.SIGKILL)
+        loss.backward()
+        opt.step()
+        if lose:
+            os.kill(os.getpid(), signal.SIGKILL)
+        state["step"] = step
+        stop = torchjob.train.should_stop()
+        torchjob.train.report({"step": step, "world": ctx.get_world_size()})
+        if stop:
+            return
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    torch.save(params, out / f"final-rank{torchjob.train.get_context().get_world_rank()}.pt")
+
+
+def _fit(tmp_path: Path, *, in_place: bool, where: str, workers: Any) -> tuple[Any, Path]:
+    out = tmp_path / f"{'in-place' if in_place else 'again'}-{where}"
+    out.mkdir()
+    trainer = TorchTrainer(
+        loop,
+        train_loop_config={"dir": str(out), "in_place": in_place, "where": where},
+        scaling_config=ScalingConfig(num_workers=workers),
+        run_config=RunConfig(
+            name="in-place",
+            storage_path=str(out / "runs"),
+            failure_config=FailureConfig(max_failures=1),
+        ),
+        torch_config=torchjob.train.TorchConfig(timeout_s=60),
+    )
+    return trainer.fit(), out
+
+
+def _finals(out: Path, world: int) -> list[torch.Tensor]:
+    return [torch.load(out / f"final-rank{r}.pt") for r in range(world)]
+
+
+def _entries(out: Path) -> list[str]:
+    return sorted(p.name.rsplit("-", 1)[1] for p in out.glob("enter-*"))
+
+
+@pytest.mark.parametrize("where", ["backward", "after-step"])
+def test_a_shrink_goes_on_inside_the_training_function(tmp_path: Path, where: str) -> None:
+    result, out = _fit(tmp_path, in_place=True, where=where, workers=(WORLD - 1, WORLD))
+    assert result.error is None
+    assert result.world_sizes == [WORLD, WORLD - 1]
+    # Each step reported once: the report of the step rolled back counted for nothing.
+    assert [m["step"] for m in result.metrics_history] == list(range(1, STEPS + 1))
+    # Every rank entered the function once, in generation 0: the survivors never again.
+    assert _entries(out) == ["gen0"] * WORLD
+    finals = _finals(out, WORLD - 1)
+    assert all(torch.equal(f, finals[0]) for f in finals[1:])
+    # The same losses without in_place (the function runs again, from the restore point):
+    # the same parameters, bit for bit.
+    again, out_again = _fit(tmp_path, in_place=False, where=where, workers=(WORLD - 1, WORLD))
+    assert again.error is None
+    assert _entries(out_again) == ["gen0"] * WORLD + ["gen1"] * (WORLD - 1)
+    assert torch.equal(_finals(out_again, WORLD - 1)[0], finals[0])
+
+
+def test_a_replacement_makes_the_survivors_run_the_function_afresh(tmp_path: Path) -> None:
+    result, out = _fit(tmp_path, in_place=True, where="backward", workers=WORLD)
+    assert result.error is None
+    assert result.world_sizes == [WORLD, WORLD]
+    assert [m["step"] for m in result.metrics_history][-1] == STEPS
+    # The replacement runs the function from its start, so the survivors do too.
+    assert _entries(out) == ["gen0"] * WORLD + ["gen1"] * WORLD
+    finals = _finals(out, WORLD)
+    assert all(torch.equal(f, finals[0]) for f in finals[1:])
+    again, out_again = _fit(tmp_path, in_place=False, where="backward", workers=WORLD)
+    assert again.error is None
+    assert torch.equal(_finals(out_again, WORLD)[0], finals[0])
