@@ -200,16 +200,22 @@ def resume(run: Run) -> bool:
     _session.moved_to(s, info, restored, spec)
     _LIVE[0] = spec
     if info.rank == 0:
-        send_event(
-            RestoredFromMemory(
-                index=snap.index,
-                source_rank=restored.source_rank,
-                seconds=restored.seconds,
-                bytes=snap.nbytes,
-                in_place=True,
-            )
-        )
+        _say_restored(restored, in_place=True)
     return True
+
+
+def _say_restored(restored: restore_point.Restored, *, in_place: bool = False) -> None:
+    """Rank 0 tells the driver the generation started from the survivors' memory."""
+    snap = restored.snapshot
+    send_event(
+        RestoredFromMemory(
+            index=snap.index,
+            source_rank=restored.source_rank,
+            seconds=restored.seconds,
+            bytes=snap.nbytes,
+            in_place=in_place,
+        )
+    )
 
 
 def _restore(
@@ -228,15 +234,7 @@ def _restore(
         return restored, mirrored, ("memory", None, mirrored.positions, None)
     if restored is not None:
         if info.rank == 0:
-            snap = restored.snapshot
-            send_event(
-                RestoredFromMemory(
-                    index=snap.index,
-                    source_rank=restored.source_rank,
-                    seconds=restored.seconds,
-                    bytes=snap.nbytes,
-                )
-            )
+            _say_restored(restored)
         return restored, None, ("memory", None, restored.snapshot.positions, None)
     payload = _broadcast(_load_resume(spec) if info.rank == 0 else None, info.world_size)
     return None, None, payload
