@@ -5,8 +5,9 @@ its backward (the survivors' DDP all-reduce meets the loss: the comm hook marks 
 broken) or after its optimizer step (the survivors' ``should_stop()`` all-reduce meets it).
 
 * A shrink (``num_workers=(2, 3)``): the survivors go on inside the training function, which
-  each survivor entered once; the run ends with the same parameters as the same losses
-  without ``in_place`` (where the function runs again from the restore point), on every rank.
+  each survivor entered once. A loss in the all-reduce rolls back to the restore point and
+  ends with the same parameters as the same losses without ``in_place`` (where the function
+  runs again from the restore point); a loss after the step keeps that whole step.
 * A fixed size (a replacement joins): the survivors' parked tasks give way and every rank
   runs the function afresh, with the same parameters again.
 """
@@ -18,7 +19,6 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 
 import torchjob.train
@@ -89,9 +89,10 @@ def _entries(out: Path) -> list[str]:
     return sorted(p.name.rsplit("-", 1)[1] for p in out.glob("enter-*"))
 
 
-@pytest.mark.parametrize("where", ["backward", "after-step"])
-def test_a_shrink_goes_on_inside_the_training_function(tmp_path: Path, where: str) -> None:
-    result, out = _fit(tmp_path, in_place=True, where=where, workers=(WORLD - 1, WORLD))
+def test_a_shrink_goes_on_inside_the_training_function(tmp_path: Path) -> None:
+    """The loss meets the survivors in DDP's all-reduce: they roll back to the restore point
+    in the same objects and redo the step, as the function run again would."""
+    result, out = _fit(tmp_path, in_place=True, where="backward", workers=(WORLD - 1, WORLD))
     assert result.error is None
     assert result.world_sizes == [WORLD, WORLD - 1]
     # Each step reported once: the report of the step rolled back counted for nothing.
@@ -102,10 +103,29 @@ def test_a_shrink_goes_on_inside_the_training_function(tmp_path: Path, where: st
     assert all(torch.equal(f, finals[0]) for f in finals[1:])
     # The same losses without in_place (the function runs again, from the restore point):
     # the same parameters, bit for bit.
-    again, out_again = _fit(tmp_path, in_place=False, where=where, workers=(WORLD - 1, WORLD))
+    again, out_again = _fit(tmp_path, in_place=False, where="backward", workers=(WORLD - 1, WORLD))
     assert again.error is None
     assert _entries(out_again) == ["gen0"] * WORLD + ["gen1"] * (WORLD - 1)
     assert torch.equal(_finals(out_again, WORLD - 1)[0], finals[0])
+
+
+def test_a_whole_step_is_kept_when_the_loss_meets_should_stop(tmp_path: Path) -> None:
+    """The lost rank dies after its optimizer step: every survivor's step was whole (its
+    all-reduce done), and they all wait in ``should_stop()`` at the same report. They keep
+    their live state: that step is not done again (it counts with 3 ranks' gradients),
+    where the function run again redoes it with 2."""
+    result, out = _fit(tmp_path, in_place=True, where="after-step", workers=(WORLD - 1, WORLD))
+    assert result.error is None
+    assert _entries(out) == ["gen0"] * WORLD
+    worlds = {m["step"]: m["world"] for m in result.metrics_history}
+    assert [m["step"] for m in result.metrics_history] == list(range(1, STEPS + 1))
+    assert worlds[LOSE_AT] == WORLD and worlds[LOSE_AT + 1] == WORLD - 1
+    finals = _finals(out, WORLD - 1)
+    assert all(torch.equal(f, finals[0]) for f in finals[1:])
+    again, _ = _fit(tmp_path, in_place=False, where="after-step", workers=(WORLD - 1, WORLD))
+    assert again.error is None
+    redone = {m["step"]: m["world"] for m in again.metrics_history}
+    assert redone[LOSE_AT] == WORLD - 1  # without in_place the step is done again
 
 
 def test_a_replacement_makes_the_survivors_run_the_function_afresh(tmp_path: Path) -> None:

@@ -337,12 +337,14 @@ def should_stop() -> bool:
         return _agree_to_stop(stop_requested())
     try:
         if in_place.parked(s, in_place.broken()):
-            s.void_report = True  # the loop's report of this step is the step rolled back
+            s.void_report = s.rolled_back  # the loop's report of this step: rolled back
             return False
         stop, regroup = _agree(s, stop_requested())
     except Exception as exc:
-        if in_place.parked(s, exc):
-            s.void_report = True
+        # The loss met here, not in the step's all-reduce: the step was whole on this rank.
+        whole_at = None if in_place.broken() else s.report_base + s.reports
+        if in_place.parked(s, exc, whole_at=whole_at):
+            s.void_report = s.rolled_back
             return False
         raise
     s.stop_polled = stop or bool(s.stop_polled)

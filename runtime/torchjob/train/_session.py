@@ -103,8 +103,13 @@ class Session:
     """``register_state(in_place=True)`` took: a peer's loss parks the loop in
     ``should_stop()`` or ``report()`` and the group re-forms under it (``recovery.in_place``)."""
     void_report: bool = False
-    """The loop re-formed in place in ``should_stop()``: the next ``report()`` belongs to the
-    step rolled back, and counts for nothing."""
+    """The loop re-formed in place in ``should_stop()`` and its state was rolled back: the
+    next ``report()`` belongs to the step rolled back, and counts for nothing."""
+    parked_whole_at: int | None = None
+    """Where this rank parked in place after a whole step (its report count), else None."""
+    rolled_back: bool = True
+    """The last in-place re-formation rolled the state back (else its live state was kept:
+    every rank parked after the same whole step)."""
 
     def drain(self) -> None:
         """Wait for the background saves in flight (re-raising their errors)."""
@@ -120,13 +125,16 @@ class Session:
         return self.resume_positions[index] if index < len(self.resume_positions) else None
 
 
-def moved_to(s: Session, info: Any, restored: Restored, spec: Any) -> None:
+def moved_to(s: Session, info: Any, restored: Restored, spec: Any, *, kept_at: int | None) -> None:
     """``s`` goes on in the next generation (re-formed in place, ``recovery.in_place``):
-    its ranks, its numbering from the restore point it rolled back to, nothing polled."""
+    its ranks, its numbering from the restore point it rolled back to (or from ``kept_at``,
+    where its live state was kept), nothing polled."""
     s.world_rank, s.local_rank = info.rank, info.local_rank
     s.world_size, s.local_world_size = info.world_size, info.local_world_size
     s.node_rank, s.generation = info.node_rank, info.generation
-    s.restored, s.report_base, s.reports = restored, restored.snapshot.index, 0
+    s.rolled_back = kept_at is None
+    s.restored, s.reports = restored, 0
+    s.report_base = restored.snapshot.index if kept_at is None else kept_at
     s.history, s.last_metrics, s.stopped_at_report = [], None, None
     s.stop_polled, s.regroup_polled = None, False
     s.notice, s.notice_digest = None, None

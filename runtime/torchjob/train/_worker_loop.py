@@ -189,15 +189,16 @@ def resume(run: Run) -> bool:
     s = _session.current()
     assert info is not None and s is not None and s.registered is not None
     os.environ.update(spec.env)
-    restored, everyone = in_place.agree_parked(spec.run_path, info.rank, info.world_size)
-    if not everyone or restored is None:
+    agreed = in_place.agree_parked(spec.run_path, info.rank, info.world_size, s.parked_whole_at)
+    restored = agreed.restored
+    if not agreed.everyone or restored is None:
         return False
-    snap = restored.snapshot
-    restore_point.load_into(s.registered, snap.state)
-    restore_rng(snap.rng)
+    if agreed.kept_at is None:  # roll back to the restore point, in the same objects
+        restore_point.load_into(s.registered, restored.snapshot.state)
+        restore_rng(restored.snapshot.rng)
     in_place.regroup(s.registered)
     s.drain()  # a commit in flight lands before the session moves on
-    _session.moved_to(s, info, restored, spec)
+    _session.moved_to(s, info, restored, spec, kept_at=agreed.kept_at)
     _LIVE[0] = spec
     if info.rank == 0:
         _say_restored(restored, in_place=True)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from torchjob.train.recovery import restore_point
@@ -181,22 +182,39 @@ def agree(run: str, rank: int, world_size: int) -> Restored | None:
     return restore_point.agree(run, rank, world_size)
 
 
-def agree_parked(run: str, rank: int, world_size: int) -> tuple[Restored | None, bool]:
-    """The agreement of a parked task: (the restore point, whether every rank of the new
-    group is parked too). When not, the task gives way and the one run afresh takes this
-    agreement (:func:`agree`)."""
-    restored, everyone = restore_point.agree_parked(run, rank, world_size, parked=True)
+@dataclass(frozen=True)
+class Agreed:
+    """What the ranks of a new group agreed when this one's training function was parked."""
+
+    restored: Restored | None
+    everyone: bool
+    """Every rank's function is parked: the group goes on in place."""
+    kept_at: int | None
+    """Every rank parked after a whole step at this report count (their all-reduce of it
+    done, each holding the same state): the live state is kept, nothing rolls back."""
+
+
+def agree_parked(run: str, rank: int, world_size: int, whole_at: int | None) -> Agreed:
+    """The agreement of a parked task (``whole_at``: the report count it parked at after a
+    whole step, None after a step the loss broke). When not every rank is parked, the task
+    gives way and the one run afresh takes this agreement (:func:`agree`)."""
+    mark = -1 if whole_at is None else whole_at
+    restored, notes = restore_point.agree_noted(run, rank, world_size, mark)
+    everyone = all(n is not None for n in notes)
+    kept = everyone and len(set(notes)) == 1 and notes[0] >= 0
     if not everyone or restored is None:
         _GAVE_WAY[0] = (restored,)
-    return restored, everyone
+    return Agreed(restored, everyone, notes[0] if kept else None)
 
 
-def parked(s: Any, exc: BaseException | None) -> bool:
+def parked(s: Any, exc: BaseException | None, whole_at: int | None = None) -> bool:
     """Where the loop re-forms in place: ``exc`` is a peer's loss (DDP's all-reduce met it,
     or the caller's own collective), and the training function's session ``s`` registered
     its state ``in_place``. Then this rank parks until the next generation and returns True
-    inside it, rolled back to the restore point the group agreed; or its task gives way to
-    a fresh run (``WorkerProcess.park``) and this never returns."""
+    inside it, rolled back to the restore point the group agreed (or, where every rank
+    parked after the same whole step, ``whole_at``, with its live state kept:
+    ``s.rolled_back`` says which); or its task gives way to a fresh run
+    (``WorkerProcess.park``) and this never returns."""
     if exc is None or not s.in_place:
         return False
     from torchjob.launch import worker
@@ -205,6 +223,7 @@ def parked(s: Any, exc: BaseException | None) -> bool:
 
     if classify_failure(exc) != "peer":
         return False
+    s.parked_whole_at = whole_at
     worker.current().park(exc, _worker_loop.resume)
     return True
 

@@ -339,13 +339,13 @@ def _decode(header: bytes, body: Any) -> Snapshot:
 
 
 def agree(run: str, rank: int, world_size: int) -> Restored | None:
-    """:func:`agree_parked` of a rank that is not parked: the restore point alone."""
-    return agree_parked(run, rank, world_size)[0]
+    """:func:`agree_noted` without a note: the restore point alone."""
+    return agree_noted(run, rank, world_size)[0]
 
 
-def agree_parked(
-    run: str, rank: int, world_size: int, *, parked: bool = False
-) -> tuple[Restored | None, bool]:
+def agree_noted(
+    run: str, rank: int, world_size: int, note: Any = None
+) -> tuple[Restored | None, list[Any]]:
     """Collective, at a generation's start: the newest restore point of ``run`` any rank
     holds, now held by every rank, or None when no rank holds one (then the generation
     resumes from storage).
@@ -355,8 +355,8 @@ def agree_parked(
     holds it: the survivors of a loss all hold the last step's state, and a broadcast of it
     to every rank cost each re-formation the whole state again (252 MiB, 2.3-2.8 s on the
     fleet bench, bench/results/2026-11-29j). ``Restored.source_rank`` is -1 then. The same
-    gather says whether every rank is ``parked`` (the second of the pair: a training
-    function that waits to go on in place, ``recovery.in_place``)."""
+    gather carries each rank's ``note`` (a small picklable value), returned in rank order:
+    ``recovery.in_place`` says there where each rank's training function waits."""
     t0 = time.monotonic()
     host_copy.settle()  # a copy still in flight ends before the restore point is read
     host_copy.waited()  # and the loop's waits for copies start anew with the generation
@@ -366,18 +366,18 @@ def agree_parked(
     index = mine.index if mine is not None and mine.run == run else -1
     if world_size == 1:
         if index < 0:
-            return None, parked
+            return None, [note]
         assert mine is not None
-        return Restored(mine, rank, False, time.monotonic() - t0), parked
+        return Restored(mine, rank, False, time.monotonic() - t0), [note]
     import torch.distributed as dist
 
     gathered: list[Any] = [None] * world_size
-    dist.all_gather_object(gathered, (index, parked))
+    dist.all_gather_object(gathered, (index, note))
     indices = [int(i) for i, _ in gathered]
-    everyone = all(bool(p) for _, p in gathered)
+    notes = [n for _, n in gathered]
     best = max(indices)
     if best < 0:
-        return None, everyone
+        return None, notes
     holders = [r for r, i in enumerate(indices) if int(i) == best]
     senders = {
         r: holders[k % len(holders)]
@@ -386,10 +386,10 @@ def agree_parked(
     if rank in senders:
         snap = _decode(*wire.receive(senders[rank], dist))
         _HELD[0] = snap
-        return Restored(snap, senders[rank], True, time.monotonic() - t0), everyone
+        return Restored(snap, senders[rank], True, time.monotonic() - t0), notes
     assert mine is not None
     mine_to = [r for r, h in senders.items() if h == rank]
     if mine_to:
         wire.send(*_encode(mine), mine_to, dist)
     seconds = time.monotonic() - t0
-    return Restored(mine, min(holders) if senders else -1, False, seconds), everyone
+    return Restored(mine, min(holders) if senders else -1, False, seconds), notes
