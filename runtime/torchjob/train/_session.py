@@ -6,6 +6,7 @@ functions (``report``, ``get_checkpoint``, ``get_context``, ``prepare_*``) read 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -107,6 +108,9 @@ class Session:
     next ``report()`` belongs to the step rolled back, and counts for nothing."""
     parked_whole_at: int | None = None
     """Where this rank parked in place after a whole step (its report count), else None."""
+    resume: Callable[[Any], bool] | None = None
+    """What a parked training function is offered the driver's next task with
+    (``_worker_loop.resume``: True, and it goes on in place)."""
     rolled_back: bool = True
     """The last in-place re-formation rolled the state back (else its live state was kept:
     every rank parked after the same whole step)."""

@@ -139,6 +139,7 @@ def run_training(spec: WorkerSpec) -> WorkerOutcome:
         ),
         mirror_plan=mirrored,
         async_save=spec.async_commit,
+        resume=resume,
     )
     _session.set_current(session)
     stopped = False

@@ -219,12 +219,11 @@ def parked(s: Any, exc: BaseException | None, whole_at: int | None = None) -> bo
         return False
     from torchjob.launch import worker
     from torchjob.launch.errors import classify_failure
-    from torchjob.train import _worker_loop
 
-    if classify_failure(exc) != "peer":
+    if classify_failure(exc) != "peer" or s.resume is None:
         return False
     s.parked_whole_at = whole_at
-    worker.current().park(exc, _worker_loop.resume)
+    worker.current().park(exc, s.resume)
     return True
 
 
