@@ -56,7 +56,8 @@ build_root() { # build_root DIR TAR...: a containerd root with the tars imported
   # A new commit changes the runtime image's top layers only: on top of the newest root (a
   # hard-linked copy), the import finds every other layer's blob and snapshot there and
   # skips it; only the new layers are written and unpacked.
-  base="$(base_root)"
+  base=""
+  [[ -n "${NO_BASE:-}" ]] || base="$(base_root)"
   [[ -z "${base}" ]] || link_root "${base}" "${tmp}/root"
   sock="/run/torchjob-seed-$$.sock" # a unix socket path must be short
   cat >"${tmp}/config.toml" <<EOF
@@ -83,6 +84,9 @@ EOF
       kill "${pid}" 2>/dev/null || true
       wait "${pid}" 2>/dev/null || true
       rm -rf "${tmp}"
+      # On top of a base root, a snapshot its records name may be gone from its disk (seen
+      # once: "parent snapshot ... does not exist"); the caller builds from nothing then.
+      [[ -z "${base}" ]] || return 2
       die "ctr images import ${tar} into the seeded root failed"
     fi
   done
@@ -114,7 +118,10 @@ seeded_root() { # seeded_root TAR...: print the root that holds these images, pr
   (
     flock -w 900 8 || die "could not lock ${NODE_ROOTS}/.lock within 900s"
     if [[ ! -d "${dir}" ]]; then
-      build_root "${dir}" "$@"
+      if ! build_root "${dir}" "$@"; then
+        log "importing on top of the newest seeded root failed; building ${key} from nothing"
+        NO_BASE=1 build_root "${dir}" "$@"
+      fi
       # The two newest roots stay (the images of this checkout and of the one before); a
       # node started from an older one keeps its hard links.
       find "${NODE_ROOTS}" -mindepth 1 -maxdepth 1 -type d ! -name '.*' -printf '%T@ %p\n' |
