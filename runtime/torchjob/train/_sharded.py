@@ -19,6 +19,7 @@ loads with resharding: each rank reads the pieces of the files its own shards ne
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -100,6 +101,36 @@ def _own_files(metadata: Any, rank: int, url: str) -> list[str]:
     return [*mine, DCP_METADATA] if rank == 0 else mine
 
 
+def new_stager(*, pinned: bool) -> Any:
+    """A DCP ``DefaultStager``: synchronous staging into a host copy it keeps."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    return DefaultStager(
+        StagingOptions(
+            use_pinned_memory=pinned,
+            use_shared_memory=False,
+            use_async_staging=False,
+            use_non_blocking_copy=False,
+        )
+    )
+
+
+@functools.cache
+def stager_reusable(make: Callable[..., Any]) -> bool:
+    """Whether a stager from ``make`` stages more than once. torch 2.11's ``DefaultStager``
+    closes its copier after every stage (the next one fails with ``KeyError: <class 'type'>``,
+    seen on an H200); later versions keep it for the next save. Probed once on a tiny dict."""
+    probe = make(pinned=False)
+    try:
+        probe.stage({"probe": 0})
+        probe.stage({"probe": 0})
+    except KeyError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
 class ShardedSaver:
     """One rank's sharded saves for one generation (``Session.sharded``)."""
 
@@ -139,20 +170,12 @@ class ShardedSaver:
     def _staging(self) -> Any:
         """One DCP stager for the generation: it keeps this rank's host copy of the state
         and refreshes it in place at each save (no new allocation, no page faults), pinned
-        when CUDA is present. The previous save is finished before the copy is refreshed."""
-        if self._stager is None:
+        when CUDA is present. The previous save is finished before the copy is refreshed.
+        Where this torch's stager serves one save only (``stager_reusable``), a new one."""
+        if self._stager is None or not stager_reusable(new_stager):
             import torch
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-            pinned = torch.cuda.is_available()
-            self._stager = DefaultStager(
-                StagingOptions(
-                    use_pinned_memory=pinned,
-                    use_shared_memory=False,
-                    use_async_staging=False,
-                    use_non_blocking_copy=False,
-                )
-            )
+            self._stager = new_stager(pinned=torch.cuda.is_available())
         return self._stager
 
     def save(
