@@ -178,6 +178,31 @@ def test_the_restart_backoff_is_read_from_the_status() -> None:
     assert Membership(2, 4).backoff_left_s(now) == 0
 
 
+def test_the_pods_a_generation_lost_are_read_from_its_history_record() -> None:
+    """The pods a generation left out because they were lost (a SIGKILL, a vanished node),
+    not those a scale-down or a notice took out (still running, they may yet form)."""
+
+    def record(generation: int, cause: str, left: list[str]) -> dict[str, Any]:
+        return {"generation": generation, "began": "t", "cause": cause, "left": left}
+
+    m = Membership.from_status(
+        {
+            "currentGeneration": 13,
+            "replicas": 7,
+            "history": [
+                record(11, "Killed", ["j-worker-1@node-2"]),
+                record(12, "Notice", ["j-worker-5@node-1"]),
+                record(13, "NodeLost", ["j-worker-2@node-2", "j-worker-0@node-2"]),
+            ],
+        }
+    )
+    assert m is not None
+    assert m.lost == ((11, "j-worker-1"), (13, "j-worker-0"), (13, "j-worker-2"))
+    assert m.lost_since(11) == {"j-worker-0", "j-worker-2"}
+    assert m.lost_since(10) == {"j-worker-0", "j-worker-1", "j-worker-2"}
+    assert Membership.from_status({"currentGeneration": 1, "replicas": 2}).lost == ()  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize("how", ["deletionTimestamp", "DELETED"])
 def test_the_jobs_deletion_is_told_to_every_listener_once(how: str) -> None:
     # Foreground deletion sets deletionTimestamp first; background deletion sends DELETED.

@@ -302,6 +302,20 @@ def test_a_formation_is_superseded_once_a_later_generation_is_published(
         f"rank(s) [1] were still joining when {why}", waiting_for_peers=True
     )
     assert isinstance(c._next(STATE, Crashed(given_up)), Following)
+    # The later generation names pod 1 lost (its processes were killed, its node vanished):
+    # it never comes, and the formation is given up at once (bench/results/2026-12-04f: two
+    # kills 1.4 s apart, a formation waited 10 s for the second pod).
+    for lost, at_once in (
+        (((1, "job-worker-1"),), True),
+        ((), False),  # a scale-down or a notice took it out: it may still come
+        (((0, "job-worker-1"),), False),  # an earlier pod of that name was lost
+    ):
+        c = survivor(tmp_path, Membership(1, 2, members=(0, 2), lost=lost))
+        assert isinstance(c.mode, KeepSurvivorsMode)
+        c.mode.pod_name = "job-worker-0"
+        said = c.mode.superseded(0.6)
+        expected = "generation 1 was published without pod(s) [1] lost, 1s into the formation"
+        assert said == (expected if at_once else None), (lost, said)
     # The same pods by name: a pod's processes were killed and a new pod took its name;
     # it joins the later generation, never this formation (bench/results/2026-11-29f: a
     # formation waited 86 s for such a pod until another loss broke it).

@@ -49,11 +49,9 @@ FOLLOW_TIMEOUT_S = 900.0
 """KeepSurvivors: how long a broken group's pod waits for the next generation (backoff, the
 replacements' scheduling)."""
 
-
 SUPERSEDED_AFTER_S = 10.0
-"""A formation a later generation superseded is given up once it waited this long: a sound
-one forms in seconds, then stops at its first report, its processes kept; one given up costs
-its processes (the restore point stays in shared memory)."""
+"""A formation a later generation superseded is given up once it waited this long (a sound one
+forms in seconds, then stops at its first report, its processes kept), or at once for a loss."""
 
 
 # --- modes ---------------------------------------------------------------------------------
@@ -270,22 +268,25 @@ class KeepSurvivorsMode:
         )
 
     def superseded(self, forming_s: float) -> str | None:
-        """A later generation, once this pod's group has formed for :data:`SUPERSEDED_AFTER_S`:
-        follow it. It left out a pod the formation waits for (that peer never comes), gave an
-        old pod's name to a new one (which joins the later generation), or only grew it: a
-        member that read the grow before it reached this formation forms the grow, never this
-        one (bench/results/2026-12-02h: generations 8 and 9 waited for each other for 116 s).
-        Giving up costs the processes; the restore point stays in shared memory (shm_keep)."""
-        if forming_s < SUPERSEDED_AFTER_S:
-            return None
+        """A later generation, once this group has formed for :data:`SUPERSEDED_AFTER_S` (at
+        once if it left out a pod as lost: that one never comes): follow it. It left out a pod
+        this formation waits for, gave an old pod's name to a new one (which joins the later
+        generation), or grew it (a member that read the grow first forms that one, never this:
+        2026-12-02h, 116 s). Giving up costs the processes, not the restore point (shm_keep)."""
         moved = self.watch.changed(self.membership.generation)
         if moved is None:
             return None
         forming, later = set(self.membership.ranked), set(moved.ranked)
-        at = f"{forming_s:.0f}s into the formation"
-        if gone := sorted(forming - later):
-            return f"generation {moved.generation} was published without pod(s) {gone}, {at}"
-        job = self.pod_name.rpartition("-worker-")[0]
+        at, job = f"{forming_s:.0f}s into the formation", self.pod_name.rpartition("-worker-")[0]
+        dead = moved.lost_since(self.membership.generation)
+        gone = sorted(forming - later)
+        if (lost := [i for i in gone if worker_pod_name(job, i) in dead]) or (
+            gone and forming_s >= SUPERSEDED_AFTER_S
+        ):
+            why = f"{lost} lost" if lost else str(gone)
+            return f"generation {moved.generation} was published without pod(s) {why}, {at}"
+        if forming_s < SUPERSEDED_AFTER_S:
+            return None
         renewed = sorted(i for i in forming if worker_pod_name(job, i) in moved.replaced)
         if later > forming and not renewed:
             return (

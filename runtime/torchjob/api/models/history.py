@@ -31,6 +31,10 @@ CAUSES = (
 )
 """Why a generation began; the documented values of ``GenerationRecord.cause``."""
 
+LOST_CAUSES = frozenset({"Failure", "OOM", "Killed", "SilentPeer", "Disruption", "NodeLost"})
+"""The causes whose ``left`` pods are gone: their processes ended or cannot be reached (not a
+notice, a rebalance or a scale-down, whose pods may still be running)."""
+
 
 class GenerationRecord(_Model):
     """One generation of the job: why it began and what the change cost."""
@@ -74,6 +78,11 @@ class GenerationRecord(_Model):
     def joined_pods(self) -> frozenset[str]:
         """The names of the pods new in this generation (``joined`` without ``@node``)."""
         return frozenset(x.partition("@")[0] for x in self.joined or ())
+
+    def lost_pods(self) -> frozenset[str]:
+        """The pods of ``left`` that were lost (a cause in :data:`LOST_CAUSES`), by name."""
+        lost = self.cause in LOST_CAUSES
+        return frozenset(x.partition("@")[0] for x in self.left or () if lost)
 
     def placed_joiners(self) -> frozenset[str]:
         """The pods of :meth:`joined_pods` that were already placed when the operator

@@ -52,6 +52,9 @@ class Membership:
     """The pods of :attr:`joined` that were placed when it was published (joiners created
     ahead, their runtime already waiting); the others were created with it and start first,
     so a formation gives them the worker start timeout before it names them absent."""
+    lost: tuple[tuple[int, str], ...] = ()
+    """``(generation, pod)``: the pods a generation left out because they were lost (its
+    ``status.history`` record's ``left``, with a cause in ``LOST_CAUSES``): they never come."""
 
     @property
     def ranked(self) -> tuple[int, ...]:
@@ -87,6 +90,9 @@ class Membership:
             ),
             joined=_of_generation(s, GenerationRecord.joined_pods),
             placed=_of_generation(s, GenerationRecord.placed_joiners),
+            lost=tuple(
+                (r.generation, name) for r in s.history or () for name in sorted(r.lost_pods())
+            ),
         )
 
     def excludes(self, pod_name: str, created_in: int) -> bool:
@@ -94,6 +100,10 @@ class Membership:
         of this generation: the operator lists it as replaced (a pod created for this
         generation or a later one may carry the same name, and is a member)."""
         return pod_name in self.replaced and created_in < self.generation
+
+    def lost_since(self, generation: int) -> frozenset[str]:
+        """The pods that generations after ``generation`` left out because they were lost."""
+        return frozenset(name for g, name in self.lost if g > generation)
 
     def backoff_left_s(self, now: datetime | None = None) -> float:
         """Seconds until the replacement pods may be created (0 when not in a backoff)."""
