@@ -16,6 +16,12 @@ from torchjob.launch.errors import classify_failure
         (RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer"), "peer"),
         (RuntimeError("[gloo/transport/tcp/pair.cc:598] Read error: Connection reset"), "peer"),
         (dist.DistNetworkError("failed to recv, got 0 bytes"), "peer"),
+        (
+            RuntimeError(
+                "Gloo connectFullMesh failed with [./gloo/transport/tcp/pair.cc:144] no error"
+            ),
+            "peer",
+        ),
         (dist.DistStoreError("the store at 10.0.0.3:29500 is gone"), "peer"),
         (dist.DistBackendError("NCCL communicator was aborted on rank 1"), "peer"),
         (
