@@ -314,13 +314,22 @@ def test_a_formation_is_superseded_once_a_later_generation_is_published(
         assert isinstance(c.mode, KeepSurvivorsMode)
         c.mode.pod_name = "job-worker-0"
         said = c.mode.superseded(0.6)
-        expected = "generation 1 was published without pod(s) [1] lost, 1s into the formation"
+        expected = "generation 1 names pod(s) [1] of it lost, 1s into the formation"
         assert said == (expected if at_once else None), (lost, said)
     # The same pods by name: a pod's processes were killed and a new pod took its name;
     # it joins the later generation, never this formation (bench/results/2026-11-29f: a
     # formation waited 86 s for such a pod until another loss broke it).
     same = survivor(tmp_path, Membership(1, 2)).mode.superseded(SUPERSEDED_AFTER_S)
     assert same is not None and "same pods by name" in same
+    # ... at once where the later generation names the renewed pod's old instance lost.
+    c = survivor(
+        tmp_path, Membership(1, 2, replaced=("job-worker-1",), lost=((1, "job-worker-1"),))
+    )
+    assert isinstance(c.mode, KeepSurvivorsMode)
+    c.mode.pod_name = "job-worker-0"
+    assert (
+        c.mode.superseded(0.2) == "generation 1 names pod(s) [1] of it lost, 0s into the formation"
+    )
     # A grow that also replaced a member under its name (still present): given up too.
     c = survivor(tmp_path, Membership(1, 3, replaced=("job-worker-1",)))
     assert isinstance(c.mode, KeepSurvivorsMode)

@@ -268,25 +268,24 @@ class KeepSurvivorsMode:
         )
 
     def superseded(self, forming_s: float) -> str | None:
-        """A later generation, once this group has formed for :data:`SUPERSEDED_AFTER_S` (at
-        once if it left out a pod as lost: that one never comes): follow it. It left out a pod
-        this formation waits for, gave an old pod's name to a new one (which joins the later
-        generation), or grew it (a member that read the grow first forms that one, never this:
-        2026-12-02h, 116 s). Giving up costs the processes, not the restore point (shm_keep)."""
+        """A later generation, once this group has formed for :data:`SUPERSEDED_AFTER_S`, or
+        at once where it names a pod of it lost (left out or renewed: it never comes): follow
+        it. It left out a pod this formation waits for, gave an old pod's name to a new one
+        (which joins the later generation), or grew it (a member that read the grow first
+        forms that one, never this: 2026-12-02h, 116 s). Giving up costs the processes, not
+        the restore point (shm_keep)."""
         moved = self.watch.changed(self.membership.generation)
         if moved is None:
             return None
         forming, later = set(self.membership.ranked), set(moved.ranked)
         at, job = f"{forming_s:.0f}s into the formation", self.pod_name.rpartition("-worker-")[0]
-        dead = moved.lost_since(self.membership.generation)
-        gone = sorted(forming - later)
-        if (lost := [i for i in gone if worker_pod_name(job, i) in dead]) or (
-            gone and forming_s >= SUPERSEDED_AFTER_S
-        ):
-            why = f"{lost} lost" if lost else str(gone)
-            return f"generation {moved.generation} was published without pod(s) {why}, {at}"
+        dead = moved.lost_since(self.membership.generation) - {self.pod_name}
+        if lost := sorted(i for i in forming if worker_pod_name(job, i) in dead):
+            return f"generation {moved.generation} names pod(s) {lost} of it lost, {at}"
         if forming_s < SUPERSEDED_AFTER_S:
             return None
+        if gone := sorted(forming - later):
+            return f"generation {moved.generation} was published without pod(s) {gone}, {at}"
         renewed = sorted(i for i in forming if worker_pod_name(job, i) in moved.replaced)
         if later > forming and not renewed:
             return (
