@@ -48,10 +48,13 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def hard_loss_job(name: str, storage: Path, events: Path, steps: int, hold: int) -> dict[str, Any]:
+def hard_loss_job(
+    name: str, storage: Path, events: Path, steps: int, hold: int, *, in_place: bool = False
+) -> dict[str, Any]:
     """2 pods, KeepSurvivors, elastic (shrink on a disruption or a hard loss), the restore
-    point registered; a storage checkpoint every 1000 steps (never, here); the last step
-    holds until generation ``hold`` runs, so the replacement has joined before the end."""
+    point registered (``in_place``: to re-form under the loop); a storage checkpoint every
+    1000 steps (never, here); the last step holds until generation ``hold`` runs, so the
+    replacement has joined before the end."""
     return shrinking_pair(
         name,
         template=real_template(
@@ -61,7 +64,10 @@ def hard_loss_job(name: str, storage: Path, events: Path, steps: int, hold: int)
             "0.1",
             "1000",
             script="hard_loss_job.py",
-            env={"HARD_LOSS_HOLD_UNTIL_GENERATION": str(hold)},
+            env={
+                "HARD_LOSS_HOLD_UNTIL_GENERATION": str(hold),
+                **({"HARD_LOSS_IN_PLACE": "1"} if in_place else {}),
+            },
         ),
         checkpoint={"path": str(storage)},
         # A backoff the hard loss must not wait for (it would show as a 30 s gap).
@@ -157,6 +163,44 @@ def test_a_sigkilled_trainer_costs_a_step_the_survivor_goes_on_from_memory_at_on
     ]
     assert status.get("lastFailure") is None, "a kill from outside is no failure"
     assert_resumed_from_memory(read_events(events), lost_gen=0)
+
+
+def test_in_place_the_survivor_never_leaves_its_training_function(
+    real_jobs: Jobs, storage: Path
+) -> None:
+    """``register_state(state, in_place=True)`` and a ``kill -9`` of pod 1's trainer: pod 0's
+    trainer process goes on inside its training function through the shrink (generation 1,
+    alone) and the grow (the replacement joins it there, running the function from its start
+    and taking the restore point from pod 0's memory): one start of the function in pod 0,
+    re-formations in place after it; the parameters equal on both ranks at the end; nothing
+    charged, storage never read."""
+    events = storage / "events.jsonl"
+    real_jobs.apply(hard_loss_job("inplace", storage, events, steps=60, hold=2, in_place=True))
+    pods = real_jobs.wait_running_pods("inplace", 2, generation=0, timeout=240)
+    victim = next(p for p in pods if p.metadata.name == "inplace-worker-1")
+    ten_steps(real_jobs, "inplace", events)
+    pid = k.wait_for(lambda: trainer_pid(victim.metadata.uid), 30, "pod 1's trainer process")
+    os.kill(pid, signal.SIGKILL)
+    status = wait_finished(real_jobs, "inplace")
+    logs = pod_logs(real_jobs, "inplace")
+    assert status["phase"] == "Succeeded", logs
+    assert (status["restarts"], status["disruptions"]) == (0, 1), status
+    evs = read_events(events)
+    restored = [e for e in evs if e["ev"] == "restored"]
+    kept = [e for e in restored if e["pod"] == "inplace-worker-0"]
+    assert kept[0]["gen"] == 0 and kept[0]["source"] == "start", kept
+    assert all(e.get("in_place") for e in kept[1:]), f"pod 0 ran its function again: {kept}"
+    assert {e["gen"] for e in kept[1:]} >= {1, 2}, f"the shrink and the grow, in place: {kept}"
+    assert len({e["pid"] for e in kept}) == 1, f"one process: {kept}"
+    joined = [e for e in restored if e["gen"] >= 2 and e["pod"] != "inplace-worker-0"]
+    assert joined and all(e["source"] == "memory" and not e.get("in_place") for e in joined), (
+        restored
+    )
+    assert not [e for e in restored if e["source"] == "storage"], restored
+    final = [e for e in evs if e["ev"] == "final"]
+    last = [e for e in final if e["gen"] == max(f["gen"] for f in final)]
+    assert sorted(e["rank"] for e in last) == [0, 1], final
+    assert last[0]["params"] == last[1]["params"], "parameters equal across ranks"
 
 
 def test_a_group_broken_with_every_pod_alive_re_forms_the_same_pods_from_memory(

@@ -9,10 +9,11 @@ the pod, the pid, the rank, the world size and the generation (HARD_LOSS_HOLD_UN
 step, keep reporting until the job runs generation N; HARD_LOSS_GATE_DIR=D: a pod created for
 a later generation than 0, a replacement, waits before it starts until D/open exists, so that
 a test can set up a fault in it first; HARD_LOSS_BREAK_AT=N: in generation 0, after step N,
-rank 1 shuts down its connections to the group, every process living on): ``restored`` (where the
-state came from: ``start``, ``memory`` or ``storage``, and its step), ``step`` (after each
-step's report: the restore point holds it) and ``final`` (the parameters' checksum, every
-rank, at the end).
+rank 1 shuts down its connections to the group, every process living on; HARD_LOSS_IN_PLACE=1:
+``register_state(state, in_place=True)``, the loop going on in place across re-formations):
+``restored`` (where the state came from: ``start``, ``memory`` or ``storage``, and its step;
+``in_place`` where the group re-formed under the loop), ``step`` (after each step's report:
+the restore point holds it) and ``final`` (the parameters' checksum, every rank, at the end).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def train_func(config: dict[str, float]) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     state: dict[str, object] = {"model": model, "opt": opt, "step": 0}
     source = "start"
-    if register_state(state):
+    if register_state(state, in_place=os.environ.get("HARD_LOSS_IN_PLACE") == "1"):
         source = "memory"
     elif (ckpt := get_checkpoint()) is not None:
         with ckpt.as_directory() as d:
@@ -102,12 +103,18 @@ def train_func(config: dict[str, float]) -> None:
         opt.load_state_dict(saved["opt"])
         state["step"] = saved["step"]
         source = "storage"
-    step = int(state["step"])  # type: ignore[call-overload]
-    emit("restored", step=step, source=source)
+    emit("restored", step=state["step"], source=source)
     ctx = get_context()
-    rank = ctx.get_world_rank()
     hold = int(os.environ.get("HARD_LOSS_HOLD_UNTIL_GENERATION", "0"))
-    while step < config["steps"] or ctx.get_generation() < hold:
+    while True:
+        if get_context().get_generation() != ctx.get_generation():
+            # Re-formed in place inside the last report: the state (and its step) may have
+            # been rolled back under the loop, and the ranks renumbered.
+            ctx = get_context()
+            emit("restored", step=state["step"], source="memory", in_place=True)
+        step, rank = int(state["step"]), ctx.get_world_rank()  # type: ignore[call-overload]
+        if step >= config["steps"] and ctx.get_generation() >= hold:
+            break
         if step >= config["steps"]:  # hold (reporting) until the job runs generation ``hold``
             time.sleep(0.2)
             report({"step": step})

@@ -28,6 +28,7 @@ from torchjob.launch.protocol import (
     Ready,
     Reform,
     Run,
+    TaskDone,
     TaskFailed,
     WorkerEvent,
 )
@@ -291,6 +292,18 @@ class WorkerProcess:
         assert self.conn is not None and self.init is not None
         self.leave_broken_group(exc)
         self.send(TaskFailed.of(self.task_id, exc))
+        self._parked(resume)
+
+    def park_done(self, data: bytes, resume: Callable[[Run], bool]) -> None:
+        """Inside a task that ends here as a stop (``data``: its cloudpickled result), whose
+        group re-forms in place: answer the task as done, then wait inside it as
+        :meth:`park` does (the group is left at the driver's :class:`Reform`)."""
+        assert self.conn is not None and self.init is not None
+        self.send(TaskDone(self.task_id, data))
+        self._parked(resume)
+
+    def _parked(self, resume: Callable[[Run], bool]) -> None:
+        assert self.conn is not None and self.init is not None
         while True:
             try:
                 msg = self.conn.recv()

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from torchjob.train import _session
+from torchjob.train.recovery import in_place
 
 
 def wrap(model: torch.nn.Module, kwargs: dict[str, Any]) -> torch.nn.Module:
@@ -31,32 +32,43 @@ def wrap(model: torch.nn.Module, kwargs: dict[str, Any]) -> torch.nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     s = _session.current()
-    if s is None or s.restored is None or "init_sync" in kwargs:
+    if s is None or "init_sync" in kwargs:
         return DistributedDataParallel(model, **kwargs)
-    if "init_sync" in inspect.signature(DistributedDataParallel.__init__).parameters:
+    if s.restored is None:
+        ddp = DistributedDataParallel(model, **kwargs)
+    elif "init_sync" in inspect.signature(DistributedDataParallel.__init__).parameters:
         ddp = DistributedDataParallel(model, **kwargs, init_sync=False)
+        _sync_before_first_forward(ddp, s)
+        s.unsynced.append(ddp)
     else:
-        with without_init_broadcast():
+        # A rank joining a group that goes on in place checks no shapes with it either: its
+        # peers, inside their training function, take no part (the restore point's load
+        # checks them, against the same state).
+        with without_init_broadcast(verify=not in_place.joining()):
             ddp = DistributedDataParallel(model, **kwargs)
-    s.unsynced.append(ddp)
-    _sync_before_first_forward(ddp, s)
+        _sync_before_first_forward(ddp, s)
+        s.unsynced.append(ddp)
+    s.wrapped.append(ddp)
     return ddp
 
 
 @contextlib.contextmanager
-def without_init_broadcast() -> Iterator[None]:
+def without_init_broadcast(*, verify: bool = True) -> Iterator[None]:
     """DDP constructed meanwhile skips its broadcast of the module's state from rank 0 (a
     torch whose DDP has no ``init_sync``: its constructor calls its module's
     ``_sync_module_states``, and nothing else does). The parameters' shapes are still checked
-    across the ranks."""
+    across the ranks, unless not ``verify`` (then the constructor runs no collective)."""
     from torch.nn.parallel import distributed
 
-    original = distributed._sync_module_states  # type: ignore[attr-defined]
-    distributed._sync_module_states = _skip  # type: ignore[attr-defined]
+    names = ["_sync_module_states", *([] if verify else ["_verify_param_shape_across_processes"])]
+    originals = {n: getattr(distributed, n) for n in names if hasattr(distributed, n)}
+    for name in originals:
+        setattr(distributed, name, _skip)
     try:
         yield
     finally:
-        distributed._sync_module_states = original  # type: ignore[attr-defined]
+        for name, original in originals.items():
+            setattr(distributed, name, original)
 
 
 def _skip(*args: Any, **kwargs: Any) -> None:

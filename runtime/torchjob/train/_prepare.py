@@ -143,6 +143,7 @@ class PreparedDataLoader:
         self._epoch_iterated: int | None = None
         self._consumed = 0
         self._complete = False
+        self._resharded: tuple[int, int] | None = None
 
     @property
     def sampler(self) -> Any:
@@ -169,9 +170,20 @@ class PreparedDataLoader:
         except TypeError:
             return 0
 
+    def reshard(self, world_size: int, rank: int) -> None:
+        """The group re-formed under the loop (``recovery.in_place``): the next pass shards
+        the data for ``world_size`` ranks as ``rank``; the pass in progress goes on as it
+        was sharded."""
+        self._resharded = (world_size, rank)
+
     def __iter__(self) -> Iterator[Any]:
         sampler = self._loader.sampler
         skip = 0
+        if self._resharded is not None:
+            self._world_size, rank = self._resharded
+            self._resharded = None
+            if isinstance(sampler, ElasticDistributedSampler):
+                sampler.num_replicas, sampler.rank = self._world_size, rank
         if isinstance(sampler, ElasticDistributedSampler):
             # A new pass without set_epoch gets the next epoch's shuffle, not the same order again.
             if (

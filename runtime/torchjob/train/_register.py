@@ -14,7 +14,8 @@ from torchjob.launch.protocol import RestoredFromMirror
 from torchjob.launch.settings import RuntimeSettings
 from torchjob.train import _session
 from torchjob.train._report import _mirror_group
-from torchjob.train.recovery import in_place, restore_point, shard_mirror
+from torchjob.train.recovery import in_place as regroup_in_place
+from torchjob.train.recovery import restore_point, shard_mirror
 from torchjob.train.recovery.cadence import Cadence
 
 
@@ -46,7 +47,8 @@ def register_state(
     restore point in the same objects, DDP moves to the new group, and the call returns
     (``torchjob.train.recovery.in_place``). The loop must then read its counters from
     ``state`` at each step, and its world size from ``get_context()``. A group that takes a
-    new rank (a replacement) runs the function afresh as without it."""
+    new rank (a replacement, a grow) goes on in place too where the models were built by
+    ``prepare_model``: the new rank runs the function, and joins the others here."""
     s = _session.current()
     if s is None:
         raise RuntimeError("register_state() must be called inside a training function")
@@ -78,6 +80,8 @@ def register_state(
     from torchjob.train._ddp import loaded
 
     loaded(registered, s)  # DDP built without its init broadcast needs none now
+    if regroup_in_place.joining():  # its peers went on in place: their buckets and this one's alike
+        regroup_in_place.sync_buckets(registered)
     return True
 
 
@@ -92,4 +96,4 @@ def _in_place_ok(registered: MutableMapping[str, Any]) -> bool:
             flush=True,
         )
         return False
-    return in_place.install(registered)
+    return regroup_in_place.install(registered)

@@ -231,6 +231,8 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
         # ... and no rank leaves before it is: the next generation's rank 0 may be another
         # pod (status.members), which reads the latest committed checkpoint at once.
         _agree_to_stop(True)
+        if regroup and not stop and in_place.parks_at_regroup(s):
+            return  # the group re-formed under this report: the loop goes on in place
         s.stopped_at_report = s.reports
         raise _session.StopTraining()
 

@@ -30,6 +30,8 @@ class PositionedLoader(Protocol):
 
     def position(self) -> DataPosition: ...
 
+    def reshard(self, world_size: int, rank: int) -> None: ...
+
 
 class StopTraining(BaseException):
     """Raised by ``report`` on every rank once the group agreed to stop (not an ``Exception``,
@@ -106,8 +108,14 @@ class Session:
     void_report: bool = False
     """The loop re-formed in place in ``should_stop()`` and its state was rolled back: the
     next ``report()`` belongs to the step rolled back, and counts for nothing."""
-    parked_whole_at: int | None = None
-    """Where this rank parked in place after a whole step (its report count), else None."""
+    parked_note: Any = None
+    """Where this rank's function parked in place (``recovery.in_place.Parked``), the note it
+    brings to the next generation's agreement."""
+    wrapped: list[Any] = field(default_factory=list)
+    """The DDP models ``prepare_model`` built in this training function (``_ddp.wrap``)."""
+    park_stopped: Callable[[Session], None] | None = None
+    """Ends the task as a stop at this report, its function parked in it
+    (``_worker_loop.park_stopped``); returns inside the next generation."""
     resume: Callable[[Any], bool] | None = None
     """What a parked training function is offered the driver's next task with
     (``_worker_loop.resume``: True, and it goes on in place)."""
@@ -144,6 +152,8 @@ def moved_to(s: Session, info: Any, restored: Restored, spec: Any, *, kept_at: i
     s.notice, s.notice_digest = None, None
     s.checkpoint = None
     s.resume_positions = [DataPosition.from_dict(p) for p in restored.snapshot.positions or []]
+    for loader in s.loaders:  # the next epoch is sharded for the new group
+        loader.reshard(info.world_size, info.rank)
     s.async_commit = bool(spec.async_commit) and info.rank == 0
     s.committer = None
 

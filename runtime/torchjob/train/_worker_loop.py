@@ -140,6 +140,7 @@ def run_training(spec: WorkerSpec) -> WorkerOutcome:
         mirror_plan=mirrored,
         async_save=spec.async_commit,
         resume=resume,
+        park_stopped=park_stopped,
     )
     _session.set_current(session)
     stopped = False
@@ -177,11 +178,11 @@ def run_training(spec: WorkerSpec) -> WorkerOutcome:
 
 def resume(run: Run) -> bool:
     """The driver's next task for a training function parked in place
-    (``recovery.in_place``): True when it is this generation's ``run_training`` and every
-    rank of the new group is parked too. Then the agreed restore point is loaded into the
-    registered state, DDP moves to the new group, and the session takes the generation's
-    ranks and numbers; the function goes on. False: the task is run afresh (a rank new to
-    the group runs the function from its start, and its peers must too)."""
+    (``recovery.in_place``): True when it is this generation's ``run_training`` and the ranks
+    agreed that the parked go on in place (``in_place.decide``). Then the agreed restore point
+    is loaded into the registered state (unless its live state is kept), DDP moves to the new
+    group (its buckets laid out anew where a rank joins afresh), and the session takes the
+    generation's ranks and numbers; the function goes on. False: the task is run afresh."""
     fn, args, _kwargs = cloudpickle.loads(run.payload)
     if fn is not run_training:
         return False
@@ -190,20 +191,36 @@ def resume(run: Run) -> bool:
     s = _session.current()
     assert info is not None and s is not None and s.registered is not None
     os.environ.update(spec.env)
-    agreed = in_place.agree_parked(spec.run_path, info.rank, info.world_size, s.parked_whole_at)
+    agreed = in_place.agree_parked(spec.run_path, info.rank, info.world_size, s.parked_note)
     restored = agreed.restored
-    if not agreed.everyone or restored is None:
+    if not agreed.stays or restored is None:
         return False
     if agreed.kept_at is None:  # roll back to the restore point, in the same objects
         restore_point.load_into(s.registered, restored.snapshot.state)
         restore_rng(restored.snapshot.rng)
     in_place.regroup(s.registered)
+    if any(n is None for n in agreed.notes):  # a rank runs the function afresh and joins
+        in_place.sync_buckets(s.registered)
     s.drain()  # a commit in flight lands before the session moves on
     _session.moved_to(s, info, restored, spec, kept_at=agreed.kept_at)
     _LIVE[0] = spec
     if info.rank == 0:
         _say_restored(restored, in_place=True)
     return True
+
+
+def park_stopped(s: _session.Session) -> None:
+    """A regroup's report on a rank whose state re-forms in place
+    (``in_place.parks_at_regroup``): the task ends as a stop at this report would end it,
+    its function parked in the report; returns into it inside the next generation."""
+    from torchjob.launch import worker
+
+    info = worker_info()
+    assert info is not None and s.resume is not None
+    outcome = WorkerOutcome(
+        rank=info.rank, stopped=True, reports=s.reports, stopped_at_report=s.reports
+    )
+    worker.current().park_done(cloudpickle.dumps(outcome), s.resume)
 
 
 def _say_restored(restored: restore_point.Restored, *, in_place: bool = False) -> None:

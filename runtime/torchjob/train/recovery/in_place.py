@@ -1,5 +1,6 @@
 """Re-forming a DDP group in place: the survivors of a lost rank go on inside the training
-function, which is not run again (``register_state(state, in_place=True)``).
+function, which is not run again (``register_state(state, in_place=True)``); so do the
+members of a group that grows, and a replacement joins them there.
 
 Without it, a lost peer fails the survivors' collective, the training function raises, and
 the next generation runs it again: the model is built again, DDP constructed, the restore
@@ -21,16 +22,28 @@ point loaded (1.0-1.4 s of each shrink for 256 MiB on the fleet bench, bench/res
   (``DistributedDataParallel._update_process_group``), the session takes the new
   generation's ranks and numbers, and the call returns into the loop: ``should_stop()``
   says False and the next ``report()`` is void (its metrics belong to the step rolled back);
-  a ``report()`` that parked returns and does not count. Any rank new to the group (a
-  replacement that must run the training function and construct DDP) makes every parked
-  rank give way: its task ends and the new one runs afresh, as without ``in_place``, with
-  the restore point already agreed.
+  a ``report()`` that parked returns and does not count;
+* a generation that adds or drops a pod (a grow, a hand-over to a replacement) ends the
+  group at a report (``_report._agree``, its restore point taken there): each rank parks at
+  the end of that report (:func:`parks_at_regroup`), its task answered as a stop, and goes on
+  from it in the next generation with its live state;
+* a rank new to the group (a replacement, a grow's newcomer), or any rank whose function must
+  run afresh, runs the training function from its start and *joins* the parked ones
+  (:func:`decide`): the restore point comes to it in the agreement, ``prepare_model`` builds
+  its DDP without a collective (``_ddp.wrap``), and ``register_state`` loads the restore point
+  and lays out its gradient buckets with the parked ranks' (:func:`sync_buckets`, collective);
+  the parked ranks keep their live state where they parked at that restore point, else roll
+  back to it. Where a parked rank's DDP models are not all ``prepare_model``'s (a joiner's
+  would broadcast at construction, and its parked peers would not), every parked rank gives
+  way: its task ends and the new one runs afresh, with the restore point already agreed.
 
 What the loop must do: read its counters from the registered state each step (they are
 rolled back with it), and take its world size and rank from ``get_context()`` when it uses
-them. A prepared loader's epoch in progress goes on where it was on each survivor: the
-batches of the steps rolled back and the lost rank's rest of that epoch are not seen again
-in it. gloo only (an NCCL group's failed collective is not a recoverable error in the
+them. A prepared loader's epoch in progress goes on as it was sharded on each parked rank,
+where it was: the batches of the steps rolled back and the lost rank's rest of that epoch
+are not seen again in it; a joiner's starts at the restore point's position at the new
+world size, so some of that epoch's batches may be seen twice. The next epoch is sharded for
+the new group (``PreparedDataLoader.reshard``). gloo only (an NCCL group's failed collective is not a recoverable error in the
 process); elsewhere ``in_place`` is ignored with a warning.
 """
 
@@ -172,14 +185,67 @@ _GAVE_WAY: list[tuple[Restored | None] | None] = [None]
 """The agreement a parked task made before it gave way (:func:`agree_parked`): the task run
 afresh in the same generation takes it instead of agreeing again (its peers agreed once)."""
 
+_JOINING: list[bool] = [False]
+"""This process runs the training function afresh into a group whose other ranks go on in
+place (:func:`agree`): its DDP is built without a collective (``_ddp.wrap``) and its buckets
+are laid out with theirs at ``register_state`` (:func:`sync_buckets`)."""
+
+
+@dataclass(frozen=True)
+class Parked:
+    """A parked rank's note in the agreement at the next generation's start (a rank that runs
+    the training function afresh notes None)."""
+
+    mark: int
+    """The report count it parked at (-1: after a step the loss broke)."""
+    exact: bool
+    """Its live state is the restore point of report ``mark`` (it parked at the end of a
+    regroup's report, that report's restore point taken); else, with ``mark`` >= 0, the
+    whole step after report ``mark``."""
+    joinable: bool
+    """A rank run afresh can join it in place: every DDP model of its registered state was
+    built by ``prepare_model`` (which builds a joiner's without a collective) and re-forms
+    its buckets (:func:`joinable`)."""
+
+
+def decide(notes: list[Any], index: int | None) -> tuple[bool, int | None]:
+    """Pure: (whether the parked ranks go on in place, the report count whose live state they
+    keep, else None: roll back to the restore point), from every rank's note and the agreed
+    restore point's index (None: no rank holds one, nothing goes on in place).
+
+    All parked: in place; kept where each parked at the same place after a whole step. Some
+    run afresh (a replacement, a newcomer of a grow): the parked go on in place where each is
+    joinable, rolled back to the restore point the fresh ranks load unless each parked
+    exactly at it."""
+    parked = [n for n in notes if isinstance(n, Parked)]
+    if index is None or not parked:
+        return False, None
+    fresh = len(parked) < len(notes)
+    if fresh and not all(n.joinable for n in parked):
+        return False, None
+    places = {(n.mark, n.exact) for n in parked}
+    mark, exact = next(iter(places))
+    if len(places) == 1 and mark >= 0 and (not fresh or (exact and mark == index)):
+        return True, mark
+    return True, None
+
 
 def agree(run: str, rank: int, world_size: int) -> Restored | None:
     """``restore_point.agree`` at a generation's start, unless a parked task of this process
-    already agreed in this generation and gave way (then that agreement)."""
+    already agreed in this generation and gave way (then that agreement). Where the other
+    ranks go on in place, this one joins them (:func:`joining`)."""
     gave_way, _GAVE_WAY[0] = _GAVE_WAY[0], None
+    _JOINING[0] = False
     if gave_way is not None:
         return gave_way[0]
-    return restore_point.agree(run, rank, world_size)
+    restored, notes = restore_point.agree_noted(run, rank, world_size)
+    _JOINING[0] = decide(notes, restored.snapshot.index if restored else None)[0]
+    return restored
+
+
+def joining() -> bool:
+    """This process's training function joins ranks that go on in place (:data:`_JOINING`)."""
+    return _JOINING[0]
 
 
 @dataclass(frozen=True)
@@ -187,24 +253,53 @@ class Agreed:
     """What the ranks of a new group agreed when this one's training function was parked."""
 
     restored: Restored | None
-    everyone: bool
-    """Every rank's function is parked: the group goes on in place."""
+    notes: list[Any]
+    """Every rank's note, in rank order (None: a rank that runs the function afresh)."""
+    stays: bool
+    """This rank's function goes on in place (:func:`decide`); else it gives way."""
     kept_at: int | None
-    """Every rank parked after a whole step at this report count (their all-reduce of it
-    done, each holding the same state): the live state is kept, nothing rolls back."""
+    """Its live state is kept, numbered from this report count; None: rolled back to the
+    restore point."""
 
 
-def agree_parked(run: str, rank: int, world_size: int, whole_at: int | None) -> Agreed:
-    """The agreement of a parked task (``whole_at``: the report count it parked at after a
-    whole step, None after a step the loss broke). When not every rank is parked, the task
-    gives way and the one run afresh takes this agreement (:func:`agree`)."""
-    mark = -1 if whole_at is None else whole_at
-    restored, notes = restore_point.agree_noted(run, rank, world_size, mark)
-    everyone = all(n is not None for n in notes)
-    kept = everyone and len(set(notes)) == 1 and notes[0] >= 0
-    if not everyone or restored is None:
+def agree_parked(run: str, rank: int, world_size: int, note: Parked) -> Agreed:
+    """The agreement of a parked task. Where it does not go on in place, the task gives way
+    and the one run afresh takes this agreement (:func:`agree`)."""
+    restored, notes = restore_point.agree_noted(run, rank, world_size, note)
+    stays, kept_at = decide(notes, restored.snapshot.index if restored else None)
+    if not stays:
         _GAVE_WAY[0] = (restored,)
-    return Agreed(restored, everyone, notes[0] if kept else None)
+    return Agreed(restored, notes, stays, kept_at)
+
+
+def joinable(registered: MutableMapping[str, Any], wrapped: list[Any]) -> bool:
+    """Whether a rank run afresh can join this one in place: its registered DDP models are
+    exactly those ``prepare_model`` built (``wrapped``: a joiner builds the same without a
+    collective), none with a static graph, and this torch can lay out their buckets anew
+    (:func:`sync_buckets`)."""
+    ddps = ddp_models(registered)
+    if not ddps or len(ddps) != len(wrapped) or not all(any(d is w for w in wrapped) for d in ddps):
+        return False
+    return all(
+        not getattr(d, "static_graph", False) and hasattr(d.reducer, "_push_all_rebuilt_params")
+        for d in ddps
+    )
+
+
+def sync_buckets(registered: MutableMapping[str, Any]) -> None:
+    """Collective, where a group goes on in place with a rank run afresh: every rank lays out
+    its DDP models' gradient buckets alike. A survivor's buckets are those its group rebuilt
+    in the order its gradients came; a joiner's, those of DDP's constructor; an all-reduce of
+    unlike buckets mixes gradients. Each rank rebuilds them in the parameters' order, rank
+    0's layout broadcast (the reducer's own rebuild), then forgets that it rebuilt them, so
+    that the first step's gradients are laid out again in their order, rank 0's broadcast,
+    as at a group's start."""
+    for ddp in ddp_models(registered):
+        reducer = ddp.reducer
+        reducer._reset_state()
+        reducer._push_all_rebuilt_params()
+        reducer._rebuild_buckets()
+        reducer._reset_state()
 
 
 def parked(s: Any, exc: BaseException | None, whole_at: int | None = None) -> bool:
@@ -222,8 +317,24 @@ def parked(s: Any, exc: BaseException | None, whole_at: int | None = None) -> bo
 
     if classify_failure(exc) != "peer" or s.resume is None:
         return False
-    s.parked_whole_at = whole_at
+    mark = -1 if whole_at is None else whole_at
+    s.parked_note = Parked(mark, exact=False, joinable=joinable(s.registered, s.wrapped))
     worker.current().park(exc, s.resume)
+    return True
+
+
+def parks_at_regroup(s: Any) -> bool:
+    """At the end of a report where the group agreed to re-form from memory (a generation
+    adds or drops a pod), the report's restore point taken: where the training function's
+    session ``s`` registered its state ``in_place``, this rank parks there instead of
+    ending its task, and returns True inside the next generation, its live state kept (a
+    pod that leaves never returns: its task ends when its process is told to exit); or
+    its task gives way to a fresh run and this never returns. False: not in place."""
+    if not s.in_place or s.park_stopped is None:
+        return False
+    mark = s.report_base + s.reports
+    s.parked_note = Parked(mark, exact=True, joinable=joinable(s.registered, s.wrapped))
+    s.park_stopped(s)
     return True
 
 

@@ -1,0 +1,57 @@
+"""``in_place.decide``: whether the parked ranks of a re-formed group go on inside their
+training function, and whether they keep their live state, from every rank's note."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchjob.train.recovery.in_place import Parked, decide
+
+
+def whole(mark: int, joinable: bool = True) -> Parked:
+    """Parked in ``should_stop()`` after the whole step that follows report ``mark``."""
+    return Parked(mark, exact=False, joinable=joinable)
+
+
+def broken(joinable: bool = True) -> Parked:
+    """Parked after a step the loss broke."""
+    return Parked(-1, exact=False, joinable=joinable)
+
+
+def at(mark: int, joinable: bool = True) -> Parked:
+    """Parked at the end of a regroup's report ``mark``, its restore point taken."""
+    return Parked(mark, exact=True, joinable=joinable)
+
+
+@pytest.mark.parametrize(
+    ("notes", "index", "expected"),
+    [
+        # A shrink: every rank parked.
+        pytest.param([whole(7), whole(7)], 7, (True, 7), id="all-whole-same-report-kept"),
+        pytest.param([whole(7), broken()], 7, (True, None), id="one-broken-rolls-back"),
+        pytest.param([whole(7), whole(6)], 7, (True, None), id="unlike-reports-roll-back"),
+        pytest.param([broken(), broken()], 7, (True, None), id="all-broken-roll-back"),
+        pytest.param([at(9), at(9)], 9, (True, 9), id="all-at-a-regroup-report-kept"),
+        # The same report number, one after its whole step, one at it: unlike live states.
+        pytest.param([at(7), whole(7)], 7, (True, None), id="at-and-after-report-roll-back"),
+        # A rank joins afresh (None): it loads the restore point, so the parked keep their
+        # live state only where it is that restore point.
+        pytest.param([at(9), at(9), None], 9, (True, 9), id="grow-at-the-restore-point-kept"),
+        pytest.param(
+            [whole(9), whole(9), None], 9, (True, None), id="join-after-a-step-rolls-back"
+        ),
+        pytest.param([at(8), at(8), None], 9, (True, None), id="join-older-report-rolls-back"),
+        pytest.param([broken(), None], 4, (True, None), id="replacement-rolls-back"),
+        # Not in place.
+        pytest.param([at(9), at(9, joinable=False), None], 9, (False, None), id="unjoinable"),
+        pytest.param([whole(7), whole(7)], None, (False, None), id="no-restore-point"),
+        pytest.param([None, None], 3, (False, None), id="none-parked"),
+    ],
+)
+def test_decide(notes: list[Parked | None], index: int | None, expected: tuple) -> None:
+    assert decide(notes, index) == expected
+
+
+def test_an_unjoinable_group_still_goes_on_in_place_when_nobody_joins() -> None:
+    # joinable only matters to a rank run afresh: survivors alone re-form in place as before.
+    assert decide([whole(3, joinable=False), whole(3, joinable=False)], 3) == (True, 3)
