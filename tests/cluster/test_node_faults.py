@@ -85,6 +85,20 @@ def ten_steps(jobs: Jobs, name: str, events: Path) -> None:
     )
 
 
+def kill_pod_1_after_ten_steps(
+    jobs: Jobs, name: str, body: dict[str, Any], events: Path
+) -> dict[str, Any]:
+    """Apply ``body`` (a 2-pod ``hard_loss_job`` named ``name``), let it train 10 steps,
+    ``kill -9`` pod 1's trainer process, and return the job's status once it has finished."""
+    jobs.apply(body)
+    pods = jobs.wait_running_pods(name, 2, generation=0, timeout=240)
+    victim = next(p for p in pods if p.metadata.name == f"{name}-worker-1")
+    ten_steps(jobs, name, events)
+    pid = k.wait_for(lambda: trainer_pid(victim.metadata.uid), 30, "pod 1's trainer process")
+    os.kill(pid, signal.SIGKILL)
+    return wait_finished(jobs, name)
+
+
 def grown_back(jobs: Jobs, name: str, replicas: int) -> dict[str, Any]:
     """The status once the job is back at ``replicas`` in generation 2 or later."""
     return jobs.wait(
@@ -148,13 +162,8 @@ def test_a_sigkilled_trainer_costs_a_step_the_survivor_goes_on_from_memory_at_on
     its memory, the replacement joins when Ready and receives the state by broadcast; storage
     is never read."""
     events = storage / "events.jsonl"
-    real_jobs.apply(hard_loss_job("hard", storage, events, steps=60, hold=2))
-    pods = real_jobs.wait_running_pods("hard", 2, generation=0, timeout=240)
-    victim = next(p for p in pods if p.metadata.name == "hard-worker-1")
-    ten_steps(real_jobs, "hard", events)
-    pid = k.wait_for(lambda: trainer_pid(victim.metadata.uid), 30, "pod 1's trainer process")
-    os.kill(pid, signal.SIGKILL)
-    status = wait_finished(real_jobs, "hard")
+    body = hard_loss_job("hard", storage, events, steps=60, hold=2)
+    status = kill_pod_1_after_ten_steps(real_jobs, "hard", body, events)
     assert status["phase"] == "Succeeded", pod_logs(real_jobs, "hard")
     assert (status["restarts"], status["disruptions"]) == (0, 1), status
     shrunk = [e for e in real_jobs.events("hard") if e.reason == "ShrunkAfterDisruption"]
@@ -175,13 +184,8 @@ def test_in_place_the_survivor_never_leaves_its_training_function(
     re-formations in place after it; the parameters equal on both ranks at the end; nothing
     charged, storage never read."""
     events = storage / "events.jsonl"
-    real_jobs.apply(hard_loss_job("inplace", storage, events, steps=60, hold=2, in_place=True))
-    pods = real_jobs.wait_running_pods("inplace", 2, generation=0, timeout=240)
-    victim = next(p for p in pods if p.metadata.name == "inplace-worker-1")
-    ten_steps(real_jobs, "inplace", events)
-    pid = k.wait_for(lambda: trainer_pid(victim.metadata.uid), 30, "pod 1's trainer process")
-    os.kill(pid, signal.SIGKILL)
-    status = wait_finished(real_jobs, "inplace")
+    body = hard_loss_job("inplace", storage, events, steps=60, hold=2, in_place=True)
+    status = kill_pod_1_after_ten_steps(real_jobs, "inplace", body, events)
     logs = pod_logs(real_jobs, "inplace")
     assert status["phase"] == "Succeeded", logs
     assert (status["restarts"], status["disruptions"]) == (0, 1), status

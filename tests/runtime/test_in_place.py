@@ -61,6 +61,7 @@ def loop(config: dict[str, Any]) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         state["step"] = step
         stop = torchjob.train.should_stop()
+        torchjob.train.get_preemption_info()  # the docs' loop asks every step (a collective)
         torchjob.train.report({"step": step, "world": ctx.get_world_size()})
         if stop:
             return
@@ -148,3 +149,16 @@ def test_a_replacement_joins_the_survivors_in_place(tmp_path: Path) -> None:
     assert again.error is None
     assert _entries(out_again) == ["gen0"] * WORLD + ["gen1"] * WORLD
     assert torch.allclose(_finals(out_again, WORLD)[0], finals[0], rtol=1e-5, atol=1e-7)
+
+
+def test_a_replacement_joins_survivors_that_waited_in_should_stop(tmp_path: Path) -> None:
+    """The loss meets the survivors in ``should_stop()`` (the victim dies after its step):
+    they go on from there, and the loop's ``get_preemption_info()`` and ``report()`` of the
+    step rolled back make no collective while the replacement takes its first step (2026-12-04m:
+    a survivor's ``get_preemption_info()`` agreed on its own there, and the group hung)."""
+    result, out = _fit(tmp_path, in_place=True, where="after-step", workers=WORLD)
+    assert result.error is None
+    assert result.world_sizes == [WORLD, WORLD]
+    assert _entries(out) == ["gen0"] * WORLD + ["gen1"]
+    finals = _finals(out, WORLD)
+    assert all(torch.equal(f, finals[0]) for f in finals[1:])

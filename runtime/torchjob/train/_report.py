@@ -367,8 +367,11 @@ def get_preemption_info() -> preemption.PreemptionInfo | None:
     Inside a training function the answer is the one agreed at the last ``report()`` or
     ``should_stop()`` of this generation (their all-reduce carries the notices' digest), so
     a loop that asks every step makes no extra collective; a notice written after that
-    point is seen at the next. Before the first of them it agrees on its own."""
+    point is seen at the next. Before the first of them it agrees on its own, except in the
+    step an in-place re-formation rolled back (``recovery.in_place``: between the
+    ``should_stop()`` it re-formed in and the void ``report()``), where a rank that joined the
+    group afresh is already in its first step, and the answer is None."""
     s = _session.current()
-    if s is not None and s.notice_digest is not None:
+    if s is not None and (s.notice_digest is not None or s.void_report):
         return s.notice
     return preemption.agree(preemption.read_local())
