@@ -23,8 +23,8 @@ point loaded (1.0-1.4 s of each shrink for 256 MiB on the fleet bench, bench/res
   generation's ranks and numbers, and the call returns into the loop: ``should_stop()``
   says False and the next ``report()`` is void (its metrics belong to the step rolled back);
   a ``report()`` that parked returns and does not count;
-* a generation that adds or drops a pod (a grow, a hand-over to a replacement) ends the
-  group at a report (``_report._agree``, its restore point taken there): each rank parks at
+* a generation that adds or drops a pod (a grow; a hand-over where no rank is being stopped)
+  ends the group at a report (``_report._agree``, its restore point taken there): each rank parks at
   the end of that report (:func:`parks_at_regroup`), its task answered as a stop, and goes on
   from it in the next generation with its live state;
 * a rank new to the group (a replacement, a grow's newcomer), or any rank whose function must
