@@ -36,16 +36,15 @@ def wrap(model: torch.nn.Module, kwargs: dict[str, Any]) -> torch.nn.Module:
         return DistributedDataParallel(model, **kwargs)
     if s.restored is None:
         ddp = DistributedDataParallel(model, **kwargs)
-    elif "init_sync" in inspect.signature(DistributedDataParallel.__init__).parameters:
-        ddp = DistributedDataParallel(model, **kwargs, init_sync=False)
-        _sync_before_first_forward(ddp, s)
-        s.unsynced.append(ddp)
     else:
-        # A rank joining a group that goes on in place checks no shapes with it either: its
-        # peers, inside their training function, take no part (the restore point's load
-        # checks them, against the same state).
-        with without_init_broadcast(verify=not in_place.joining()):
-            ddp = DistributedDataParallel(model, **kwargs)
+        if "init_sync" in inspect.signature(DistributedDataParallel.__init__).parameters:
+            ddp = DistributedDataParallel(model, **kwargs, init_sync=False)
+        else:
+            # A rank joining a group that goes on in place checks no shapes with it either:
+            # its peers, inside their training function, take no part (the restore point's
+            # load checks them, against the same state).
+            with without_init_broadcast(verify=not in_place.joining()):
+                ddp = DistributedDataParallel(model, **kwargs)
         _sync_before_first_forward(ddp, s)
         s.unsynced.append(ddp)
     s.wrapped.append(ddp)

@@ -199,7 +199,7 @@ def resume(run: Run) -> bool:
         restore_point.load_into(s.registered, restored.snapshot.state)
         restore_rng(restored.snapshot.rng)
     in_place.regroup(s.registered)
-    if any(n is None for n in agreed.notes):  # a rank runs the function afresh and joins
+    if agreed.joined:  # a rank runs the function afresh and joins
         in_place.sync_buckets(s.registered)
     s.drain()  # a commit in flight lands before the session moves on
     _session.moved_to(s, info, restored, spec, kept_at=agreed.kept_at)

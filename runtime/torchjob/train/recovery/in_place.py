@@ -24,8 +24,8 @@ point loaded (1.0-1.4 s of each shrink for 256 MiB on the fleet bench, bench/res
   says False and the next ``report()`` is void (its metrics belong to the step rolled back);
   a ``report()`` that parked returns and does not count;
 * a generation that adds or drops a pod (a grow; a hand-over where no rank is being stopped)
-  ends the group at a report (``_report._agree``, its restore point taken there): each rank parks at
-  the end of that report (:func:`parks_at_regroup`), its task answered as a stop, and goes on
+  ends the group at a report (``_report._agree``, its restore point taken there): each rank
+  parks at the end of that report (:func:`parks_at_regroup`), its task answered as a stop, and goes on
   from it in the next generation with its live state;
 * a rank new to the group (a replacement, a grow's newcomer), or any rank whose function must
   run afresh, runs the training function from its start and *joins* the parked ones
@@ -43,8 +43,9 @@ them. A prepared loader's epoch in progress goes on as it was sharded on each pa
 where it was: the batches of the steps rolled back and the lost rank's rest of that epoch
 are not seen again in it; a joiner's starts at the restore point's position at the new
 world size, so some of that epoch's batches may be seen twice. The next epoch is sharded for
-the new group (``PreparedDataLoader.reshard``). gloo only (an NCCL group's failed collective is not a recoverable error in the
-process); elsewhere ``in_place`` is ignored with a warning.
+the new group (``PreparedDataLoader.reshard``). gloo only (an NCCL group's failed collective
+is not a recoverable error in the process); elsewhere ``in_place`` is ignored with a
+warning.
 """
 
 from __future__ import annotations
@@ -253,8 +254,8 @@ class Agreed:
     """What the ranks of a new group agreed when this one's training function was parked."""
 
     restored: Restored | None
-    notes: list[Any]
-    """Every rank's note, in rank order (None: a rank that runs the function afresh)."""
+    joined: bool
+    """A rank runs the function afresh and joins the parked ones (its note is None)."""
     stays: bool
     """This rank's function goes on in place (:func:`decide`); else it gives way."""
     kept_at: int | None
@@ -269,7 +270,7 @@ def agree_parked(run: str, rank: int, world_size: int, note: Parked) -> Agreed:
     stays, kept_at = decide(notes, restored.snapshot.index if restored else None)
     if not stays:
         _GAVE_WAY[0] = (restored,)
-    return Agreed(restored, notes, stays, kept_at)
+    return Agreed(restored, any(n is None for n in notes), stays, kept_at)
 
 
 def joinable(registered: MutableMapping[str, Any], wrapped: list[Any]) -> bool:
