@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
+from tests.kube import wait_for
 
 from torchjob.launch import WorkerDiedError, WorkerGroup, nccl
 from torchjob.launch.settings import RuntimeSettings
@@ -49,3 +51,32 @@ def test_nccl_re_forms_in_place_only_when_asked() -> None:
     assert nccl.worker_env(off) == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
     chosen = RuntimeSettings.from_env({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"})
     assert nccl.worker_env(chosen) == {}  # the user's choice stands
+
+
+def _wait_inside_c(entered: str) -> None:
+    import threading
+
+    open(entered, "w").close()
+    threading.Event().wait()  # a lock acquired in C with the GIL released, as gloo's waits are
+
+
+def test_a_kill_with_stacks_leaves_where_each_worker_waited_in_its_log(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    entered = [str(tmp_path / f"entered-{r}") for r in range(2)]
+    with WorkerGroup(2, backend="gloo") as g:
+        execution = g.submit(_dispatch_wait, (entered,))
+        wait_for(lambda: all(os.path.exists(p) for p in entered), 60, "both workers inside")
+        g.kill_with_stacks()
+        with pytest.raises(WorkerDiedError) as died:
+            execution.wait(loss_grace_s=10)
+    assert died.value.signal == signal.SIGKILL
+    err = capfd.readouterr().err
+    assert err.count("most recent call first") >= 2  # every thread's stack, of both workers
+    assert err.count("_wait_inside_c") == 2  # the frame each main thread waited in
+
+
+def _dispatch_wait(entered: list[str]) -> None:
+    import torch.distributed as dist
+
+    _wait_inside_c(entered[dist.get_rank()])

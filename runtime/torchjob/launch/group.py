@@ -369,3 +369,14 @@ class WorkerGroup(Survivors):
             if w.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(w.proc.pid, sig)
+
+    def kill_with_stacks(self, land_s: float = 0.3) -> None:
+        """Kill every live worker, every thread's Python stack written to its stderr first
+        (``worker.STACK_SIGNAL``: faulthandler writes from its C handler, also while the
+        thread waits inside a C call such as a gloo collective): a kill whose cause is not
+        known leaves on record where the workers were."""
+        from torchjob.launch.worker import STACK_SIGNAL
+
+        self.signal(STACK_SIGNAL)
+        time.sleep(land_s)
+        self.signal(signal.SIGKILL)

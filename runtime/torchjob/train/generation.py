@@ -181,5 +181,5 @@ class GenerationRun:
             "that this pod joins the next generation with new processes",
             peer_failure=True,
         )
-        self.view.message(f"[torchjob] {self.unstuck.message}")
-        group.signal(signal.SIGKILL)
+        self.view.message(f"[torchjob] {self.unstuck.message}; their stacks follow")
+        group.kill_with_stacks()  # what held them goes on record first
