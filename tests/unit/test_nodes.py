@@ -23,7 +23,13 @@ from torchjob_operator.engine.cache import Store
 from torchjob_operator.engine.nodewatch import NodeBook
 from torchjob_operator.resources.pods import avoid_nodes
 from torchjob_operator.torchjob.drain import replacement_lead
-from torchjob_operator.torchjob.nodes import NODE_LOST, OVERDUE_S, suspect_nodes, with_nodes
+from torchjob_operator.torchjob.nodes import (
+    NODE_LOST,
+    OVERDUE_S,
+    held_only,
+    suspect_nodes,
+    with_nodes,
+)
 from torchjob_operator.torchjob.observed import PodView
 from torchjob_operator.torchjob.plan import JobView, plan, with_state
 from torchjob_operator.torchjob.writes import decide
@@ -341,6 +347,34 @@ def test_a_notice_on_the_node_of_every_member_restarts_the_job_once() -> None:
         view = with_state(view, again.status)
 
 
+def test_replacements_whose_own_node_is_noticed_take_no_place_they_cannot_keep() -> None:
+    """bench/results/2026-12-05d, +150 s: a 30 s notice on the node of every member, their
+    replacements placed on a node noticed 4.5 s later. Ready 14 s before their own deadline,
+    they took every place, the members went mid-step without their checkpoint, and the job
+    restarted from storage. Now the members train on to their margin and the job restarts
+    then (their deletion, a SIGTERM: they stop at a checkpoint); the doomed replacements are
+    never members. One with time enough on its node still takes its place."""
+    view, up = all_on_one_node(8, 5)
+    doomed = [noticed(p, 10, window_s=30) for p in up]  # gone at +40
+    first, view, pods = step(view, doomed, 10)
+    view = with_state(view, {**first.status, "progress": formed_at(0)})
+    assert first.create is not None and first.create.indices == tuple(range(8, 16))
+    late = [noticed(on(replace(p, joiner=True), "n2"), 14, window_s=30) for p in pods[8:]]
+    held = plan(view, [*doomed, *late], at(26))  # Ready, 18 s to their own end
+    assert held.status["currentGeneration"] == 0 and held.delete == (), held.status
+    assert len(held.status["leavingWorkers"]) == 8
+    gone = plan(view, [*doomed, *late], at(31))  # the members inside their margin
+    st = gone.status
+    assert (st["currentGeneration"], st["phase"]) == (1, "Restarting"), st
+    assert not set(st.get("members") or range(8)) & set(range(8, 16)), st["members"]
+    assert {p.name for p in doomed} <= set(gone.delete)
+    # Noticed with 60 s left, the replacements are worth the swap.
+    longer = [noticed(on(replace(p, joiner=True), "n2"), 14, window_s=60) for p in pods[8:]]
+    swapped = plan(view, [*doomed, *longer], at(26))
+    assert swapped.status["currentGeneration"] == 1, swapped.status
+    assert set(swapped.status["members"]) & set(range(8, 16))
+
+
 def test_a_notice_on_every_member_keeps_one_to_hand_the_state_over() -> None:
     """Every member on one noticed node, three of their four replacements Ready: generation 1
     keeps the first leaver (rank 0, its state in memory) beside the three, who receive the
@@ -517,6 +551,32 @@ def test_the_book_says_which_nodes_changed() -> None:
     assert book.drop("a") and not book.drop("a")
     assert book.drop("b") and book.avoid() == ()
     assert dict(book.snapshot()) == {}
+
+
+def test_the_book_dates_a_notice_without_a_time_when_it_first_saw_it() -> None:
+    """GKE's taint has no time: every pass counted the 30 s from its own clock, so a pod being
+    deleted there, no longer a leaver, never passed its node's deadline and a restart waited
+    for it to be overdue (bench/results/2026-12-05d: 45 s after its deletion)."""
+    gke = {"key": "cloud.google.com/impending-node-termination", "effect": "NoSchedule"}
+    book = NodeBook()
+    book.replace({"n1": node_view(node("n1"), DEFAULT_NOTICE_TAINTS)}, now=at(0))
+    noticed = node_view(node("n1", taints=[gke]), DEFAULT_NOTICE_TAINTS)
+    assert noticed.noticed_at is None
+    assert book.put(noticed, now=at(10)), "the notice is news"
+    assert not book.put(noticed, now=at(20)), "a heartbeat neither changes nor re-dates it"
+    assert book.replace({"n1": noticed}, now=at(25)) == set(), "nor does a relist"
+    assert book.snapshot()["n1"].noticed_at == at(10)
+    going = replace(on(pod(0), "n1"), deleting=True, deletion_at=at(46))
+    (seen,) = with_nodes([going], book.snapshot(), at(41))
+    assert seen.notice_until == at(40)
+    assert held_only(seen, at(41)), "past its node's deadline it holds its name only"
+    # The notice lifted (the node returned) and given again: dated anew.
+    assert book.put(node_view(node("n1"), DEFAULT_NOTICE_TAINTS), now=at(100))
+    assert book.put(noticed, now=at(130)) and book.snapshot()["n1"].noticed_at == at(130)
+    # A taint with a time keeps it.
+    dated = {**gke, "timeAdded": "2026-01-01T00:00:05Z"}
+    assert book.put(node_view(node("n2", taints=[dated]), DEFAULT_NOTICE_TAINTS), now=at(140))
+    assert book.snapshot()["n2"].noticed_at == at(5)
 
 
 def test_the_store_finds_the_jobs_with_a_pod_on_a_node() -> None:

@@ -86,7 +86,8 @@ class NodeView:
     notice: str | None = None
     """The key of the notice taint it carries, if any."""
     noticed_at: datetime | None = None
-    """The taint's ``timeAdded`` (the API server sets it only for NoExecute taints)."""
+    """The taint's ``timeAdded`` (the API server sets it only for NoExecute taints), else when
+    the operator's Node watch first saw the notice (:func:`first_seen`)."""
     window_s: float = 0.0
     """The notice's window (``NoticeTaint.window_s``)."""
     labels: tuple[tuple[str, str], ...] = ()
@@ -152,6 +153,21 @@ def node_view(node: Mapping[str, Any], notices: Sequence[NoticeTaint]) -> NodeVi
     return view
 
 
+def first_seen(view: NodeView, before: NodeView | None, now: datetime) -> NodeView:
+    """``view`` with a notice that carries no time (``noticed_at``; GKE's and Karpenter's
+    NoSchedule taints have none) dated when it was first seen: by ``before`` (the node's
+    previous view, with the same notice), else ``now``. Undated, every pass counted the
+    window from its own clock, so a pod being deleted on a noticed node, no longer listed in
+    ``status.leavingWorkers``, was never past its node's deadline (``torchjob.nodes.
+    held_only``) and a restart waited for it to be overdue: 45 s after the deletion, where
+    the node had gone 10 s after it (bench/results/2026-12-05d, +170 s)."""
+    if view.notice is None or view.noticed_at is not None:
+        return view
+    if before is not None and before.notice == view.notice and before.noticed_at is not None:
+        return replace(view, noticed_at=before.noticed_at)
+    return replace(view, noticed_at=now)
+
+
 def notice_deadline(node: NodeView, first_seen: datetime) -> datetime | None:
     """When the noticed ``node`` goes: its taint's time (or ``first_seen``, when the operator
     first saw the notice) plus the notice's window; None for a node with no notice."""
@@ -179,6 +195,7 @@ __all__ = [
     "NodeView",
     "NoticeTaint",
     "avoided",
+    "first_seen",
     "node_view",
     "notice_deadline",
     "parse_notice_taints",

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
 from types import MappingProxyType
 from typing import Any
 
 from kubernetes import client
 
-from torchjob_operator.common.nodes import NodeView, NoticeTaint, avoided, node_view
+from torchjob_operator.common.nodes import NodeView, NoticeTaint, avoided, first_seen, node_view
 from torchjob_operator.engine.cache import Store
 from torchjob_operator.engine.reflector import Reflector
 
@@ -56,16 +57,20 @@ class NodeBook:
         self._avoid = avoided(views)
         self._lost = frozenset(n for n, v in views.items() if not v.ready)
 
-    def replace(self, views: Mapping[str, NodeView]) -> set[str]:
-        """A LIST's views replace the book; returns the nodes whose view changed."""
+    def replace(self, views: Mapping[str, NodeView], now: datetime | None = None) -> set[str]:
+        """A LIST's views replace the book (a notice without a time keeps when the book first
+        saw it: ``common.nodes.first_seen``); returns the nodes whose view changed."""
+        at = now or datetime.now(timezone.utc)
         with self._lock:
             old = self._views
-            self._set(dict(views))
-        return {n for n in set(old) | set(views) if old.get(n) != views.get(n)}
+            new = {n: first_seen(v, old.get(n), at) for n, v in views.items()}
+            self._set(new)
+        return {n for n in set(old) | set(new) if old.get(n) != new.get(n)}
 
-    def put(self, view: NodeView) -> bool:
-        """One node's view; True when it changed."""
+    def put(self, view: NodeView, now: datetime | None = None) -> bool:
+        """One node's view (dated as in :meth:`replace`); True when it changed."""
         with self._lock:
+            view = first_seen(view, self._views.get(view.name), now or datetime.now(timezone.utc))
             if self._views.get(view.name) == view:
                 return False
             self._set({**self._views, view.name: view})

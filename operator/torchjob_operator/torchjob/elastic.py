@@ -26,7 +26,7 @@ from torchjob.rules.resize import Resize, grow_back
 from torchjob_operator.common import conditions as cond
 from torchjob_operator.common.events import Event
 from torchjob_operator.torchjob.decision import CreatePods, Decision
-from torchjob_operator.torchjob.joining import former_member, join_order, left_out
+from torchjob_operator.torchjob.joining import former_member, join_order, left_out, outlives
 from torchjob_operator.torchjob.observed import PodPhase, PodView
 from torchjob_operator.torchjob.topology import (
     Assignment,
@@ -125,7 +125,9 @@ def survivors_first(
     # Replacements already starting (a grow's joiners) take places first: a new pod would
     # start from nothing (seen: two joiners 35 s into their start deleted, four pods
     # created instead, when a second node went before the first one's replacements joined).
-    waiting = tuple(p.index for p in joiners(d, pods) if not holds_its_name(p))
+    # Not one whose node goes too soon (``joining.outlives``): 2026-12-05d's restart.
+    up = (p for p in joiners(d, pods) if not holds_its_name(p) and outlives(p, d.now))
+    waiting = tuple(p.index for p in up)
     held = set(kept) | set(waiting)
     held |= {p.index for p in pods if holds_its_name(p) and p not in survivors}
     fresh = (i for i in range(replicas + len(held)) if i not in held)
@@ -181,8 +183,10 @@ def joiners(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
 
 
 def ready_joiners(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
-    """Joiners whose runtime waits to join (their readiness probe), in ``join_order``."""
-    return [p for p in joiners(d, pods) if p.phase == PodPhase.RUNNING and p.ready and p.scheduled]
+    """Joiners whose runtime waits to join (their readiness probe), in ``join_order``; not one
+    whose node's notice leaves it too little time (``joining.outlives``)."""
+    up = (p for p in joiners(d, pods) if p.phase == PodPhase.RUNNING and p.ready and p.scheduled)
+    return [p for p in up if outlives(p, d.now)]
 
 
 def replace_with_standbys(

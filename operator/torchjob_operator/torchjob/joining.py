@@ -6,6 +6,15 @@ replacements placed on a node noticed since went into generation 4 of
 bench/results/2026-12-03c, and a fifth, on a node with no notice, was deleted as beyond the
 cap.
 
+A joiner whose own node has been given notice since it was placed takes a place only while
+it has :data:`MIN_NOTICED_JOINER_S` or more left (:func:`outlives`): a hand-over to pods about
+to go swaps the state onto them for nothing. In bench/results/2026-12-05d (+150 s, a 30 s
+notice on the node of every member) the eight replacements' node was noticed 4.5 s after
+it; once Ready, 14 s before their own deadline, they took every place in one hand-over,
+the members were deleted mid-step without their checkpoint, and the job restarted from
+storage with 6 steps done again. Left out, the members train on to their drain and stop at
+a checkpoint (their SIGTERM), and the job starts again from it.
+
 Pods a generation left out are leavers, never joiners again (:func:`former_member`).
 A replacement is created ahead of the generation that takes it in, labelled
 ``contract.LABEL_JOINER`` (``elastic.joiners``), and keeps that label for life:
@@ -20,6 +29,7 @@ noticed nodes within 9 s and the job trained again 66 s after the notice.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 
 from torchjob import contract
 from torchjob_operator.torchjob.decision import Decision
@@ -51,6 +61,17 @@ def former_member(p: PodView, left: Mapping[str, int]) -> bool:
     return left.get(p.name, -1) > p.generation
 
 
+MIN_NOTICED_JOINER_S = 30.0
+"""A joiner given notice takes a place only with this long to its node's deadline: the
+operator's margin (``rules.drain.MARGIN_S``, 10 s) and a re-formation with a few steps after
+it, so that a swap is worth its cost (a 30 s notice on the joiner's node always fails it)."""
+
+
+def outlives(p: PodView, now: datetime) -> bool:
+    """``p`` has no notice, or :data:`MIN_NOTICED_JOINER_S` or more before its deadline."""
+    return p.notice_until is None or (p.notice_until - now).total_seconds() >= MIN_NOTICED_JOINER_S
+
+
 def join_order(p: PodView) -> tuple[bool, float, int]:
     """Sort key: joiners on nodes without a notice first, then the latest deadline, then by
     index."""
@@ -58,4 +79,4 @@ def join_order(p: PodView) -> tuple[bool, float, int]:
     return (p.notice_until is not None, until, p.index)
 
 
-__all__ = ["former_member", "join_order", "left_out"]
+__all__ = ["MIN_NOTICED_JOINER_S", "former_member", "join_order", "left_out", "outlives"]
