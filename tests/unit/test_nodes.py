@@ -351,9 +351,10 @@ def test_replacements_whose_own_node_is_noticed_take_no_place_they_cannot_keep()
     """bench/results/2026-12-05d, +150 s: a 30 s notice on the node of every member, their
     replacements placed on a node noticed 4.5 s later. Ready 14 s before their own deadline,
     they took every place, the members went mid-step without their checkpoint, and the job
-    restarted from storage. Now the members train on to their margin and the job restarts
-    then (their deletion, a SIGTERM: they stop at a checkpoint); the doomed replacements are
-    never members. One with time enough on its node still takes its place."""
+    restarted from storage. Now such replacements wait for nothing: they go, others start
+    elsewhere at once, the members train on to their margin, and the job restarts then (the
+    members leave the generation: they stop at a checkpoint) with the new ones. One with time
+    enough on its node still takes its place."""
     view, up = all_on_one_node(8, 5)
     doomed = [noticed(p, 10, window_s=30) for p in up]  # gone at +40
     first, view, pods = step(view, doomed, 10)
@@ -361,12 +362,18 @@ def test_replacements_whose_own_node_is_noticed_take_no_place_they_cannot_keep()
     assert first.create is not None and first.create.indices == tuple(range(8, 16))
     late = [noticed(on(replace(p, joiner=True), "n2"), 14, window_s=30) for p in pods[8:]]
     held = plan(view, [*doomed, *late], at(26))  # Ready, 18 s to their own end
-    assert held.status["currentGeneration"] == 0 and held.delete == (), held.status
+    assert held.status["currentGeneration"] == 0, held.status
     assert len(held.status["leavingWorkers"]) == 8
-    gone = plan(view, [*doomed, *late], at(31))  # the members inside their margin
+    # They wait for nothing: they go, and replacements start on another node.
+    assert set(held.delete) == {p.name for p in late}
+    assert held.create is not None and held.create.joiners
+    assert held.create.indices == tuple(range(16, 24))
+    going = [replace(p, deleting=True, deletion_at=at(56)) for p in late]
+    starting = [replace(pod(i, 1), joiner=True) for i in range(16, 24)]  # Pending
+    gone = plan(view, [*doomed, *going, *starting], at(31))  # the members inside their margin
     st = gone.status
     assert (st["currentGeneration"], st["phase"]) == (1, "Restarting"), st
-    assert not set(st.get("members") or range(8)) & set(range(8, 16)), st["members"]
+    assert st["members"] == list(range(16, 24)), st["members"]
     assert {p.name for p in doomed} <= set(gone.delete)
     # Noticed with 60 s left, the replacements are worth the swap.
     longer = [noticed(on(replace(p, joiner=True), "n2"), 14, window_s=60) for p in pods[8:]]

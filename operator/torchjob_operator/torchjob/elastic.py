@@ -125,9 +125,7 @@ def survivors_first(
     # Replacements already starting (a grow's joiners) take places first: a new pod would
     # start from nothing (seen: two joiners 35 s into their start deleted, four pods
     # created instead, when a second node went before the first one's replacements joined).
-    # Not one whose node goes too soon (``joining.outlives``): 2026-12-05d's restart.
-    up = (p for p in joiners(d, pods) if not holds_its_name(p) and outlives(p, d.now))
-    waiting = tuple(p.index for p in up)
+    waiting = tuple(p.index for p in joiners(d, pods) if not holds_its_name(p))
     held = set(kept) | set(waiting)
     held |= {p.index for p in pods if holds_its_name(p) and p not in survivors}
     fresh = (i for i in range(replicas + len(held)) if i not in held)
@@ -163,10 +161,12 @@ def _stays(p: PodView) -> bool:
 
 def _waiting(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
     """Pods of the job that wait to join a later generation (``joiners`` before its cap), those
-    on nodes given notice last: the cap and a generation's places go to the others first."""
+    on nodes given notice last: the cap and a generation's places go to the others first. One
+    whose node goes too soon (``joining.outlives``) waits for nothing: it is stale."""
     ranked, later, left = set(d.ranked), d.generation + 1, left_out(d)
     up = (p for p in pods if p.index not in ranked and (p.joiner or p.generation == later))
-    return sorted((p for p in up if p.active and not former_member(p, left)), key=join_order)
+    up = (p for p in up if p.active and outlives(p, d.now) and not former_member(p, left))
+    return sorted(up, key=join_order)
 
 
 def joiners(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
@@ -183,10 +183,8 @@ def joiners(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
 
 
 def ready_joiners(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
-    """Joiners whose runtime waits to join (their readiness probe), in ``join_order``; not one
-    whose node's notice leaves it too little time (``joining.outlives``)."""
-    up = (p for p in joiners(d, pods) if p.phase == PodPhase.RUNNING and p.ready and p.scheduled)
-    return [p for p in up if outlives(p, d.now)]
+    """Joiners whose runtime waits to join (their readiness probe), in ``join_order``."""
+    return [p for p in joiners(d, pods) if p.phase == PodPhase.RUNNING and p.ready and p.scheduled]
 
 
 def replace_with_standbys(

@@ -6,9 +6,10 @@ replacements placed on a node noticed since went into generation 4 of
 bench/results/2026-12-03c, and a fifth, on a node with no notice, was deleted as beyond the
 cap.
 
-A joiner whose own node has been given notice since it was placed takes a place only while
-it has :data:`MIN_NOTICED_JOINER_S` or more left (:func:`outlives`): a hand-over to pods about
-to go swaps the state onto them for nothing. In bench/results/2026-12-05d (+150 s, a 30 s
+A joiner whose own node has been given notice since it was placed waits to join only while it
+has :data:`MIN_NOTICED_JOINER_S` or more left (:func:`outlives`): after that it is stale (it
+goes, and another is started off the noticed nodes at once), as a hand-over to pods about to
+go swaps the state onto them for nothing. In bench/results/2026-12-05d (+150 s, a 30 s
 notice on the node of every member) the eight replacements' node was noticed 4.5 s after
 it; once Ready, 14 s before their own deadline, they took every place in one hand-over,
 the members were deleted mid-step without their checkpoint, and the job restarted from
