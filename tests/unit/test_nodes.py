@@ -382,6 +382,32 @@ def test_replacements_whose_own_node_is_noticed_take_no_place_they_cannot_keep()
     assert set(swapped.status["members"]) & set(range(8, 16))
 
 
+@pytest.mark.parametrize("relabelled", [False, True])
+def test_a_notice_right_after_a_hand_over_drains_the_kept_members(relabelled: bool) -> None:
+    """bench/results/2026-12-05f, +150 s: a hand-over kept four members on n2 (their relabel
+    not yet seen: labelled with the generation before) and n2 was noticed in the same
+    second. Judged taken, the kept members left at once and the job restarted from storage;
+    they are members given notice like any other, and train on while replacements start."""
+    view, up = all_on_one_node(8, 5)
+    up = [on(p, "n1" if p.index < 4 else "n2") for p in up]
+    doomed = [noticed(p, 10, window_s=30) if p.index < 4 else p for p in up]
+    first, view, pods = step(view, doomed, 10)
+    view = with_state(view, {**first.status, "progress": formed_at(0)})
+    ready = [on(replace(p, joiner=True), "n2") for p in pods[8:]]
+    handed = plan(view, [*doomed, *ready], at(20))
+    assert handed.status["members"] == list(range(4, 12)), handed.status
+    assert handed.relabel == tuple(f"tj-worker-{i}" for i in range(4, 8))
+    view = with_state(view, {**handed.status, "progress": formed_at(0)})
+    left = [p for p in [*doomed, *ready] if p.name not in handed.delete]
+    if relabelled:
+        left = [replace(p, generation=1) for p in left]
+    out = plan(view, [noticed(p, 21, window_s=30) for p in left], at(22))
+    assert (out.status["currentGeneration"], out.status["phase"]) == (1, "Running"), out.status
+    assert out.delete == () and "WorkerDisrupted" not in reasons(out)
+    assert len(out.status["leavingWorkers"]) == 8
+    assert out.create is not None and out.create.joiners
+
+
 def test_a_notice_on_every_member_keeps_one_to_hand_the_state_over() -> None:
     """Every member on one noticed node, three of their four replacements Ready: generation 1
     keeps the first leaver (rank 0, its state in memory) beside the three, who receive the

@@ -112,8 +112,13 @@ def _members(d: Decision, pods: Sequence[PodView]) -> list[PodView]:
 
 
 def _not_taken(d: Decision, p: PodView) -> bool:
-    """Not on a noticed node, or a leaver that trains on (``drain.draining``)."""
-    return p.notice_until is None or p.index in d.leaving
+    """Not on a noticed node, or a leaver that trains on (``drain.draining``), or kept by the
+    pass that published this generation with its pods (``created_generation``: a hand-over,
+    a shrink, a grow), its relabel not seen yet. Dropped as taken when its node was noticed in
+    that moment, every kept member of a hand-over left at once and the job restarted from
+    storage instead of draining them (bench/results/2026-12-05f, +150 s and +442 s). A
+    generation still to create reuses indices of pods taken, and those stay out."""
+    return p.notice_until is None or p.index in d.leaving or d.created_generation == d.generation
 
 
 def _start(job: JobView, now: datetime, probes: Sequence[ProbeView]) -> Decision:
