@@ -63,7 +63,7 @@ def former_member(p: PodView, left: Mapping[str, int]) -> bool:
 
 
 MIN_NOTICED_JOINER_S = 30.0
-"""A joiner given notice takes a place only with this long to its node's deadline: the
+"""A joiner given notice waits to join only with this long to its node's deadline: the
 operator's margin (``rules.drain.MARGIN_S``, 10 s) and a re-formation with a few steps after
 it, so that a swap is worth its cost (a 30 s notice on the joiner's node always fails it)."""
 
