@@ -284,7 +284,7 @@ def _carry_on(d: Decision, pods: Sequence[PodView]) -> Plan:
         # by the garbage collector): ours would share their names. Wait, counting nothing;
         # their deletion pokes this job's loop (same name label), the requeue is a safety net.
         d = d.also(requeue=[FOREIGN_RECHECK_S])
-    elif not (waits := waited_for(d, stale, current)):
+    elif not (waits := waited_for(d, stale, current)) or _all_there(d, current):
         # A pod stuck Terminating on a lost node, deleted after its peers found it silent
         # (its node may have vanished while the API server still shows it Ready), or overdue,
         # blocks nothing: only its index is taken; nor, for KeepSurvivors, does a pod being
@@ -304,6 +304,16 @@ def _carry_on(d: Decision, pods: Sequence[PodView]) -> Plan:
     else:
         d = active_phase(d, current)
     return _plan(d, pods, current)
+
+
+def _all_there(d: Decision, current: Sequence[PodView]) -> bool:
+    """Every place of a generation not yet counted created has its pod (joiners that took
+    them): nothing is created, so no stale pod's name or checkpoint is waited for. Waiting,
+    the generation never counted itself created and could not drain: a notice on its
+    members' node 20 s after it began restarted the job at once (bench/results/2026-12-05g,
+    +442 s: the leavers it replaced, deleted on a noticed node, still had a second left)."""
+    have = {p.index for p in current}
+    return d.created_generation != d.generation and all(i in have for i in d.ranked)
 
 
 def _create(
