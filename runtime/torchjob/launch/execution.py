@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Generic, Protocol, TypeVar
@@ -218,8 +218,6 @@ def _dump_stacks(hung: list[WorkerHandle], failures: list[_Failure]) -> None:
     """Ask the ranks that did not answer after a failure for every thread's Python stack
     (``worker.STACK_SIGNAL``, faulthandler: written to their stderr, the job's log), so that
     what held them is on record before they are killed."""
-    from torchjob.launch.worker import STACK_SIGNAL
-
     ranks = sorted(w.rank for w in hung)
     first = min(failures, key=lambda f: f.at)
     print(
@@ -228,11 +226,20 @@ def _dump_stacks(hung: list[WorkerHandle], failures: list[_Failure]) -> None:
         file=sys.stderr,
         flush=True,
     )
-    for w in hung:
-        if w.proc.poll() is None:
+    write_stacks([w.proc for w in hung], land_s=0.5)
+
+
+def write_stacks(procs: Sequence[_start.ProcessHandle], land_s: float) -> None:
+    """Make every live one of ``procs`` (workers) write every thread's Python stack to its
+    stderr (``worker.STACK_SIGNAL``: faulthandler writes from its C handler, also while a
+    thread waits inside a C call such as a gloo collective), and give the writes ``land_s``."""
+    from torchjob.launch.worker import STACK_SIGNAL
+
+    for proc in procs:
+        if proc.poll() is None:
             with contextlib.suppress(OSError):
-                os.kill(w.proc.pid, STACK_SIGNAL)
-    time.sleep(0.5)  # faulthandler writes from the signal handler at once; let it land
+                os.kill(proc.pid, STACK_SIGNAL)
+    time.sleep(land_s)
 
 
 def _root_cause(failures: list[_Failure], *, hung: list[int]) -> LaunchError:

@@ -27,7 +27,7 @@ from torchjob.launch import abort, nccl, pickling, store_clients, zygote
 from torchjob.launch._start import StartMethod
 from torchjob.launch._survivors import Survivors
 from torchjob.launch.errors import LaunchError, WorkerDiedError
-from torchjob.launch.execution import Execution, WorkerHandle
+from torchjob.launch.execution import Execution, WorkerHandle, write_stacks
 from torchjob.launch.group_state import GroupState
 from torchjob.launch.layout import StoreLayout
 from torchjob.launch.placement import Placement
@@ -375,8 +375,5 @@ class WorkerGroup(Survivors):
         (``worker.STACK_SIGNAL``: faulthandler writes from its C handler, also while the
         thread waits inside a C call such as a gloo collective): a kill whose cause is not
         known leaves on record where the workers were."""
-        from torchjob.launch.worker import STACK_SIGNAL
-
-        self.signal(STACK_SIGNAL)
-        time.sleep(land_s)
+        write_stacks([w.proc for w in self._workers], land_s)
         self.signal(signal.SIGKILL)
