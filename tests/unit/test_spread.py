@@ -15,7 +15,7 @@ from torchjob.api.models import GenerationRecord, Phase, TorchJobSpec
 from torchjob_operator.common.nodes import NodeView, node_view
 from torchjob_operator.torchjob.drain import REBALANCE
 from torchjob_operator.torchjob.observed import PodPhase, PodView
-from torchjob_operator.torchjob.plan import JobView, plan
+from torchjob_operator.torchjob.plan import JobView, plan, with_state
 from torchjob_operator.torchjob.spread import GIVE_UP_S, SETTLE_S, WINDOW_S, usable
 from torchjob_operator.torchjob.writes import decide
 
@@ -72,6 +72,26 @@ def test_a_crowded_job_moves_its_last_ranked_member_on_the_crowded_node_once_set
     for t in (SETTLE_S + 10, 2 * SETTLE_S + 20, 2 * SETTLE_S + 60):
         later = plan(view, left, at(t))
         assert later.create is None and "Rebalancing" not in reasons(later), t
+
+
+def test_the_settle_counts_from_the_generations_first_step_not_its_publication() -> None:
+    """bench/results/2026-12-05h +484 s: a restart on a returned node was crowded, and its
+    move's replacements started 15 s after it was published, while its own pods still
+    imported torch. A generation that has not stepped moves nothing; once rank 0 reports its
+    first step, the settle counts from there."""
+    view = replace(elastic(4), nodes=nodes("n0", "n1", "n2"))
+    _, view, pods = step(view, [], 0)
+    up = [on(p, "n1" if p.index == 1 else "n0") for p in pods]
+    ran, view, _ = step(view, up, 1)
+    starting = with_state(view, {**ran.status, "progress": {"generation": 0, "step": 0}})
+    assert plan(starting, up, at(SETTLE_S + 60)).create is None, "no step yet"
+    first = {"generation": 0, "step": 1, "firstStepTime": "2026-01-01T00:01:40.000Z"}  # at 100 s
+    stepped = with_state(view, {**ran.status, "progress": first})
+    assert plan(stepped, up, at(100 + SETTLE_S - 1)).create is None
+    moving = plan(stepped, up, at(100 + SETTLE_S + 1))
+    assert moving.create is not None and moving.create.avoid == ("n0", "n1")
+    older = with_state(view, {**ran.status, "progress": {**first, "generation": -1}})
+    assert plan(older, up, at(100 + SETTLE_S + 1)).create is None, "an earlier one's step"
 
 
 def test_a_replacement_that_cannot_be_placed_is_given_up_and_no_move_starts_after_the_window() -> (

@@ -138,6 +138,15 @@ def _steady(d: Decision, current: Sequence[PodView]) -> bool:
 
 
 def _began(d: Decision) -> datetime | None:
+    """When the current generation began to train: its first step (rank 0's report); for a
+    job that reports no progress (no torchjob runtime in its image), when it was published.
+    Counted from its publication, a restart's settle ran out while its pods still imported
+    torch, and the move's replacements started beside them (bench/results/2026-12-05h,
+    +484 s: five more imports during a 61 s restart on a returned node)."""
+    got = d.job.state.progress
+    if got is not None:
+        first = got.first_step_time if got.generation == d.generation else None
+        return parse_time_or_none(first)
     last = d.job.state.history[-1] if d.job.state.history else None
     return parse_time_or_none(last.began) if last and last.generation == d.generation else None
 
@@ -199,7 +208,7 @@ def plan_move(d: Decision, current: Sequence[PodView], pods: Sequence[PodView]) 
         back = [usable_nodes[to].ready_since for _, _, to in moves]
         times = [t for t in (began, *back) if t is not None]
         age = (d.now - max(times)).total_seconds() if times else None
-        if age is None or not SETTLE_S <= age < SETTLE_S + WINDOW_S:
+        if began is None or age is None or not SETTLE_S <= age < SETTLE_S + WINDOW_S:
             return None
     targets = {to for _, _, to in moves}
     counts = Counter(p.node for p in current)
