@@ -328,8 +328,17 @@ def test_a_leaver_stuck_terminating_keeps_no_formed_generation_from_draining(
                 timeout=90,
             )
             assert status.get("members") == [0, 2], status
-            held = jobs.core.read_namespaced_pod("lag-worker-1", jobs.ns)
-            assert held.metadata.deletion_timestamp is not None, "created while it terminates"
+            # The leaver is deleted in that pass or the next; held by its finalizer, it
+            # terminates for as long as the test holds it, and the generation stays created.
+            k.wait_for_pod(
+                jobs.core,
+                jobs.ns,
+                "lag-worker-1",
+                lambda p: p.metadata.deletion_timestamp is not None,
+                what="the leaver deleted (and held terminating)",
+            )
+            again = jobs.status("lag")
+            assert (again.get("currentGeneration"), again.get("createdGeneration")) == (1, 1), again
             jobs.core.patch_node(c, {"spec": {"unschedulable": False}})
             jobs.wait_running_pods("lag", 2, generation=1)
             report_first_step(jobs, "lag", 1)
