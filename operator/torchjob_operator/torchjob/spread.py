@@ -205,10 +205,11 @@ def plan_move(d: Decision, current: Sequence[PodView], pods: Sequence[PodView]) 
         return None
     else:
         began = _began(d)
+        if began is None:  # the generation has not stepped: nothing moves yet
+            return None
         back = [usable_nodes[to].ready_since for _, _, to in moves]
-        times = [t for t in (began, *back) if t is not None]
-        age = (d.now - max(times)).total_seconds() if times else None
-        if began is None or age is None or not SETTLE_S <= age < SETTLE_S + WINDOW_S:
+        latest = max([began, *(t for t in back if t is not None)])
+        if not SETTLE_S <= (d.now - latest).total_seconds() < SETTLE_S + WINDOW_S:
             return None
     targets = {to for _, _, to in moves}
     counts = Counter(p.node for p in current)
