@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -85,6 +86,45 @@ def quiet_after(silent_after: float) -> float:
     silent: :data:`SWEEP_TIMEOUT_S` short of the threshold (3 s of 5), never under half of it
     (a store a little slow under load is not worth a sweep)."""
     return max(silent_after / 2, silent_after - SWEEP_TIMEOUT_S)
+
+
+class Gaps:
+    """How close a watchdog came to a false alarm: for each source (a peer's rank, or
+    ``"store"``), the longest time between two sightings of it (a beat that moved, an
+    answer), counted only once the source is seen again, so a real loss (never seen again)
+    counts for nothing. A gap includes this process's own starvation (the beat thread not
+    scheduled): it bounds from above what the judge saw. Not thread-safe (the beat thread's
+    own)."""
+
+    def __init__(self) -> None:
+        self._last: dict[int | str, float] = {}
+        self.longest: dict[int | str, float] = {}
+
+    def seen(self, source: int | str, now: float) -> None:
+        before = self._last.get(source)
+        if before is not None and now - before > self.longest.get(source, 0.0):
+            self.longest[source] = now - before
+        self._last[source] = now
+
+    def closest(self) -> tuple[int | str, float] | None:
+        """The source whose gap was the longest, and that gap; None before any gap."""
+        return max(self.longest.items(), key=lambda kv: kv[1], default=None)
+
+
+def near_miss(gaps: Gaps, silent_after: float, rank: int, generation: int) -> str | None:
+    """A line for the job's log when a live source's gap passed half the threshold: the
+    watchdog came that close to finding a live peer silent (a loaded host, a slow network).
+    None otherwise."""
+    closest = gaps.closest()
+    if closest is None or closest[1] <= silent_after / 2:
+        return None
+    source, gap = closest
+    what = "the store's answers" if source == "store" else f"rank {source}'s beats"
+    return (
+        f"[torchjob] rank {rank}'s watchdog, generation {generation}: {what} came {gap:.1f}s "
+        f"apart, {gap / silent_after:.0%} of the {silent_after:g}s after which a peer is "
+        "silent (TORCHJOB_SILENT_PEER_S); raise it if live pods are ever reported silent"
+    )
 
 
 class Watchdog:
@@ -141,6 +181,9 @@ class Watchdog:
         self._last_value: dict[int, bytes] = {}
         self._store_ok = now + silent_after
         """When the store last answered (or, before its first answer, when the grace ends)."""
+        self.gaps = Gaps()
+        """The beat thread's record of how close a live source came to the threshold,
+        written to the job's log at :meth:`stop` when past half of it (:func:`near_miss`)."""
         self._threads = [
             threading.Thread(target=self._beat_loop, name="torchjob-heartbeat", daemon=True),
             threading.Thread(target=self._judge_loop, name="torchjob-watchdog", daemon=True),
@@ -152,7 +195,13 @@ class Watchdog:
         return self
 
     def stop(self) -> None:
+        if self._stop.is_set():
+            return
         self._stop.set()
+        with self._lock:
+            line = near_miss(self.gaps, self.silent_after, self.rank, self.layout.generation)
+        if line is not None:
+            print(line, file=sys.stderr, flush=True)
 
     def _store(self) -> Any:
         store = store_client(self.silent_after, self.interval_s, layout=self.layout)
@@ -182,10 +231,12 @@ class Watchdog:
             now = time.monotonic()
             with self._lock:
                 self._store_ok = max(self._store_ok, now)
+                self.gaps.seen("store", now)
                 for r, v in zip(present, values, strict=True):
                     if self._last_value.get(r) != v:
                         self._last_value[r] = v
                         self._last_seen[r] = max(self._last_seen[r], now)
+                        self.gaps.seen(r, now)
 
     def _judge_loop(self) -> None:
         waited_from = time.monotonic()
