@@ -10,7 +10,7 @@ import pytest
 from tests.unit.builders import at, job, pod, preempted, running
 from tests.unit.test_planner import step
 
-from torchjob.api.models import Phase, TorchJobSpec
+from torchjob.api.models import GenerationRecord, Phase, TorchJobSpec
 from torchjob_operator.common.nodes import (
     DEFAULT_NOTICE_TAINTS,
     NodeView,
@@ -26,7 +26,9 @@ from torchjob_operator.torchjob.drain import replacement_lead
 from torchjob_operator.torchjob.nodes import (
     NODE_LOST,
     OVERDUE_S,
+    SUSPECT_S,
     held_only,
+    recently_silent,
     suspect_nodes,
     with_nodes,
 )
@@ -802,10 +804,42 @@ def test_once_the_silent_pod_is_gone_its_replacement_still_keeps_off_its_node() 
     spread_view = replace(view, spec=TorchJobSpec.model_validate(wire))
     kept = decide(spread_view, "uid", alone, (), at(13))
     assert kept.workers[0]["spec"]["topologySpreadConstraints"] == own
-    # Past the generation that lost it, the node is no longer remembered.
+    # Past the generation that lost it, the node is remembered for SUSPECT_S from then.
     later = with_state(view, {**shrunk.status, "silentWorkers": reports, "currentGeneration": 2})
-    assert suspect_nodes(later.state, alone, (), "tj") == []
+    assert suspect_nodes(later.state, alone, (), "tj", at(13)) == ["n1"]
+    assert suspect_nodes(later.state, alone, (), "tj", at(13 + SUSPECT_S)) == []
     assert suspect_nodes(view.state, alone, ("n1",), "tj") == [], "an avoided node is left out"
+
+
+def test_nodes_lost_to_silence_stay_suspect_for_a_while_unless_they_came_back() -> None:
+    """Issue 39, seen in the fleet benchmark (2026-12-05l): two nodes vanished 4 s apart.
+    The generation begun for the second forgot the first (still shown Ready for 40 s, and
+    holding none of the job's pods), and the even spread put all three replacements there,
+    44.5 s without a step. Every generation begun within SUSPECT_S that left silent pods
+    names their nodes, but a node Ready again since it was left (it went and came back)."""
+    first = GenerationRecord(
+        generation=4,
+        began=at(100).isoformat(),
+        cause="SilentPeer",
+        left=["tj-worker-1@n3", "tj-worker-2@n3"],
+        silent=["tj-worker-1", "tj-worker-2"],
+    )
+    second = GenerationRecord(
+        generation=5,
+        began=at(105).isoformat(),
+        cause="SilentPeer",
+        left=["tj-worker-0@n1", "tj-worker-5@n2"],
+        silent=["tj-worker-0"],  # tj-worker-5 left for another reason: n2 is not suspect
+    )
+    grown = GenerationRecord(generation=6, began=at(110).isoformat(), cause="ScaleUp")
+    history = [first, second, grown]
+    assert recently_silent(history, at(110), {}) == {"n1", "n3"}
+    assert recently_silent(history, at(100 + SUSPECT_S + 1), {}) == {"n1"}
+    assert recently_silent(history, at(106 + SUSPECT_S), {}) == set()
+    back = {"n3": NodeView(name="n3", ready=True, ready_since=at(103))}
+    assert recently_silent(history, at(110), back) == {"n1"}, "n3 came back"
+    never_left = {"n3": NodeView(name="n3", ready=True, ready_since=at(0))}
+    assert recently_silent(history, at(110), never_left) == {"n1", "n3"}
 
 
 def test_a_silent_pods_place_is_created_anew_while_it_is_still_being_deleted() -> None:

@@ -33,6 +33,8 @@ from dataclasses import replace
 from datetime import datetime
 
 from torchjob import contract
+from torchjob.api.models import GenerationRecord
+from torchjob_operator.common.clock import parse_time_or_none
 from torchjob_operator.common.events import Event
 from torchjob_operator.common.nodes import NodeView, notice_deadline
 from torchjob_operator.torchjob.decision import Decision
@@ -76,29 +78,64 @@ def with_nodes(
     return tuple(out)
 
 
+SUSPECT_S = 90.0
+"""How long a node whose pods a generation lost to silence stays suspect to later
+generations: longer than the node controller takes to mark a vanished node unreachable
+(``node-monitor-grace-period``, 40-50 s), after which its taint keeps new pods off anyway."""
+
+
 def suspect_nodes(
     state: JobState,
     pods: Iterable[PodView],
     avoid: Sequence[str],
     job: str,
     now: datetime | None = None,
+    nodes: Mapping[str, NodeView] | None = None,
 ) -> list[str]:
     """The nodes a new pod of ``job`` had rather not go to (``resources.pods.
     prefer_other_nodes``): those of its members that their peers reported silent, in
     reports the planner trusts (``silent.trusted_reports``: a pod that is itself reported,
     as each side of a partition is, does not count), while the pods are there; and, once they
     are gone, the nodes the current generation lost them on (``status.history``'s ``left``,
-    ``pod@node``, of a generation begun for a silent peer). A node cut off from the job's
-    other nodes (a partition) stays Ready and schedulable: once its silent pod is deleted it
-    holds none of the job's pods, so the job's even spread would put the replacement right
-    back where it cannot reach its peers. Nodes in ``avoid`` (kept off anyway) are left out;
-    ``now``: reports naming rank 0's pod that wait (``silent.held``) do not count yet."""
+    ``pod@node``, of a generation begun for a silent peer), and those an earlier generation
+    lost them on within :data:`SUSPECT_S` (:func:`recently_silent`). A node cut off from the
+    job's other nodes (a partition) stays Ready and schedulable: once its silent pod is
+    deleted it holds none of the job's pods, so the job's even spread would put the
+    replacement right back where it cannot reach its peers. Nodes in ``avoid`` (kept off
+    anyway) are left out; ``now``: reports naming rank 0's pod that wait (``silent.held``) do
+    not count yet."""
     members = _members(state, job)
     carried = carried_over(state.history, state.generation, members)
     silent = trusted_reports(state.silent, state.generation, members, carried, now)
     found = {p.node for p in pods if p.name in silent and p.node}
     found |= set(lost_silent(state).values())
+    if now is not None:
+        found |= recently_silent(state.history, now, nodes or {})
     return sorted(found - set(avoid) - {""})
+
+
+def recently_silent(
+    history: Sequence[GenerationRecord], now: datetime, nodes: Mapping[str, NodeView]
+) -> set[str]:
+    """The nodes of pods that a generation begun within :data:`SUSPECT_S` of ``now`` left
+    behind as silent (its record's ``silent``, on ``left``'s nodes), but for a node Ready
+    again since (its ``ready_since`` after that generation began: it went and came back).
+    Seen in the fleet benchmark (bench/results/2026-12-05l): two nodes vanished 4 s apart;
+    the generation begun for the second forgot the first, still shown Ready for 40 s and
+    holding none of the job's pods, so the even spread put all three replacements there;
+    they waited for its NodeLost and were made again, 44.5 s without a step."""
+    out: set[str] = set()
+    for record in history:
+        began = parse_time_or_none(record.began)
+        if not record.silent or began is None or (now - began).total_seconds() > SUSPECT_S:
+            continue
+        left = {pod: node for pod, _, node in (x.partition("@") for x in record.left or ())}
+        for pod in record.silent:
+            node = nodes.get(left.get(pod, ""))
+            back = node is not None and node.ready and (node.ready_since or began) > began
+            if left.get(pod) and not back:
+                out.add(left[pod])
+    return out
 
 
 def _members(state: JobState, job: str) -> list[str]:
@@ -201,6 +238,7 @@ __all__ = [
     "lost_silent",
     "overdue_in",
     "place_again",
+    "recently_silent",
     "suspect_nodes",
     "unplaceable",
     "with_nodes",

@@ -84,7 +84,7 @@ def decide(
         for body in workers:
             kueue.apply_admission(body, view.kueue.assignment)
     decided = _place(view, pods, workers, decided)
-    suspect = suspect_nodes(view.state, pods, view.avoid_nodes, name, now)
+    suspect = suspect_nodes(view.state, pods, view.avoid_nodes, name, now, view.nodes)
     keep_off = decided.create.avoid if decided.create is not None else ()
     for body in workers:
         avoid_nodes(body, tuple(dict.fromkeys((*view.avoid_nodes, *keep_off))))
