@@ -547,7 +547,7 @@ def test_a_pod_whose_packets_are_dropped_is_found_silent_and_the_survivor_goes_o
 ) -> None:
     """Every packet in and out of pod 1's network namespace dropped (iptables through
     nsenter: a node that vanished, no FIN, no RST): its heartbeat stops, pod 0's watchdog
-    finds it silent within TORCHJOB_SILENT_PEER_S (5 s) and writes it into
+    finds it silent within TORCHJOB_SILENT_PEER_S (3 s) and writes it into
     status.silentWorkers; the operator takes it for a disruption, never charged (shrinks at
     once, deletes it) and pod 0 goes on alone from its memory; the replacement joins later."""
     events = storage / "events.jsonl"

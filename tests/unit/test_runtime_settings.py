@@ -16,7 +16,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "runtime.md"
 
 def test_defaults_when_nothing_is_set() -> None:
     assert RuntimeSettings.from_env({}) == RuntimeSettings(
-        silent_peer_s=5.0,
+        silent_peer_s=3.0,
         worker_start="auto",
         start_timeout_s=120.0,
         nccl_reform=False,
@@ -31,7 +31,7 @@ def test_defaults_when_nothing_is_set() -> None:
     [
         pytest.param({"TORCHJOB_SILENT_PEER_S": "2.5"}, "silent_peer_s", 2.5, id="silent"),
         pytest.param({"TORCHJOB_SILENT_PEER_S": "0"}, "silent_peer_s", 0.0, id="silent-off"),
-        pytest.param({"TORCHJOB_SILENT_PEER_S": ""}, "silent_peer_s", 5.0, id="silent-empty"),
+        pytest.param({"TORCHJOB_SILENT_PEER_S": ""}, "silent_peer_s", 3.0, id="silent-empty"),
         pytest.param({"TORCHJOB_WORKER_START": "spawn"}, "worker_start", "spawn", id="spawn"),
         pytest.param({"TORCHJOB_WORKER_START": ""}, "worker_start", "auto", id="start-empty"),
         pytest.param(

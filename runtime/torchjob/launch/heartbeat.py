@@ -15,16 +15,19 @@ for a rank on another host, breaks this process's own connections to the group
 ``worker._leave_broken_group`` reaches every survivor.
 
 ``TORCHJOB_SILENT_PEER_S`` (``RuntimeSettings.silent_peer_s``) sets ``silent_after_s``
-(default 5; 0 turns the watchdog off). Its keys are ``StoreLayout.heartbeat``'s. The
-beats come every :func:`beat_interval_s` (1 s at the default), so a rank is found silent
-after about five missed beats of both its sources (below). A rank that has not beaten yet
+(default 3; 0 turns the watchdog off). Its keys are ``StoreLayout.heartbeat``'s. The
+beats come every :func:`beat_interval_s` (0.75 s at the default), so a rank is found silent
+after about four missed beats of both its sources (below). The default was 5 s until the
+fleet benchmark measured how close live peers came (``Gaps``): at most 1.7 s apart on 2
+shared cores running 8 pods, 4 kubelets and the control plane, and no live pod reported
+silent in three rows at 3 s (bench/results/2026-12-05m). A rank that has not beaten yet
 (its watchdog still connecting, as when many ranks form a group at once on a loaded host) is
 given twice the threshold.
 The worker's own beat is a Python thread: a call that holds the worker's GIL for long (a slow
 import, a large pickle) stops it. So the driver beats for its workers too, from its own
 process, while their processes run and are not stopped (``torchjob.launch.driver_beat``): a
 rank's key moves while either beats, and a live rank is never found silent for its GIL.
-A store silent for :func:`quiet_after` (3 s of 5) is said to the driver ahead
+A store silent for :func:`quiet_after` (half the threshold) is said to the driver ahead
 (``protocol.StoreQuiet``): rank 0's silence hides its node-mates' (their beats went through
 its store), and the driver's sweep of the members' hosts that finds them takes
 ``SWEEP_TIMEOUT_S``; run from then, it is done when rank 0 is found silent.
@@ -83,7 +86,7 @@ def store_client(
 
 def quiet_after(silent_after: float) -> float:
     """How long the store is silent before the watchdog says so ahead of finding rank 0
-    silent: :data:`SWEEP_TIMEOUT_S` short of the threshold (3 s of 5), never under half of it
+    silent: :data:`SWEEP_TIMEOUT_S` short of the threshold, never under half of it (1.5 s of the default 3)
     (a store a little slow under load is not worth a sweep)."""
     return max(silent_after / 2, silent_after - SWEEP_TIMEOUT_S)
 

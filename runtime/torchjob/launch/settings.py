@@ -177,12 +177,12 @@ class RuntimeSettings:
 
     silent_peer_s: float = setting(
         ENV_SILENT_PEER_S,
-        5.0,
+        3.0,
         "Seconds after which a rank whose heartbeat has not moved is silent (a vanished "
         "node, a partition, a stopped process) and is taken for lost; 0 turns the "
         "watchdog off (a silent rank is then found at the collective timeout).",
         _seconds,
-        shown="`5`",
+        shown="`3`",
     )
     worker_start: WorkerStart = setting(  # noqa: RUF009  # a str Literal: immutable
         ENV_WORKER_START,
