@@ -9,7 +9,7 @@ from dataclasses import replace
 from datetime import datetime
 
 import pytest
-from tests.unit.builders import at, job, running
+from tests.unit.builders import at, job, pod, running
 from tests.unit.test_hard_loss import elastic_keep
 from tests.unit.test_planner import step
 
@@ -17,7 +17,7 @@ from torchjob.api.models import SilentWorker
 from torchjob_operator.torchjob.nodes import lost_silent
 from torchjob_operator.torchjob.observed import PodView
 from torchjob_operator.torchjob.plan import JobView, plan, with_state
-from torchjob_operator.torchjob.silent import RANK0_HOLD_S, trusted_reports
+from torchjob_operator.torchjob.silent import NODE_HOW, RANK0_HOLD_S, silenced, trusted_reports
 
 
 def format_ms(t: datetime) -> str:
@@ -277,3 +277,48 @@ def test_a_replacement_cut_off_from_the_store_does_not_take_rank_0_out_of_the_jo
     assert members(gone.status) == [1, int(new.rsplit("-", 1)[1])], gone.status
     beat = reported(view, status, ("tj-worker-0", 2, new, "heartbeat"), at_s=25)
     assert plan(beat, up, at(25 + RANK0_HOLD_S)).delete == ("tj-worker-0",)
+
+
+def test_a_joiner_on_the_node_of_a_silent_member_is_lost_with_it() -> None:
+    """bench/results/2026-12-05n, +1289 s: a replacement placed on a node 4 s before the node
+    vanished joined the next generation (no member beats with a joiner, so no report named
+    it), which waited the 30 s of ``absent`` for it. A joiner on the node of a member found
+    silent is lost with it, its name held; one on another node, or not yet placed, is not."""
+    members = [replace(running(pod(i, 1)), node=f"n{i}") for i in range(3)]
+    on_dark = replace(running(pod(3, 2)), node="n1", joiner=True)
+    elsewhere = replace(running(pod(4, 2)), node="n2", joiner=True)
+    unplaced = replace(pod(5, 2), joiner=True)
+    report = SilentWorker(pod="tj-worker-1", generation=1, by="tj-worker-0", seconds=3.2)
+    pods = [*members, on_dark, elsewhere, unplaced]
+    out = {p.name: p for p in silenced(pods, [report], 1, [0, 1, 2], "tj")}
+    assert out["tj-worker-1"].silent is not None
+    lost = out["tj-worker-3"].silent
+    assert lost is not None and lost.how == NODE_HOW and lost.seen_by == "tj-worker-0"
+    assert not out["tj-worker-3"].active
+    assert "a joiner on the node of a silent member" in out["tj-worker-3"].message
+    assert out["tj-worker-4"] == elsewhere and out["tj-worker-5"] == unplaced
+    assert out["tj-worker-0"] == members[0] and out["tj-worker-2"] == members[2]
+    # Without a report, nothing is inferred.
+    assert silenced(pods, [], 1, [0, 1, 2], "tj") == pods
+
+
+def test_the_generation_after_a_silent_node_leaves_its_joiner_out() -> None:
+    """The planner's side of the rule above: a 3-pod job that may not shrink (min 3) has a
+    replacement starting on the node of pod 2 when pod 2 is found silent. The next
+    generation, at full size, takes neither pod 2 nor that joiner; both are deleted, and a new
+    pod starts in the joiner's place under an index neither holds."""
+    _, view, pods = step(elastic_keep(3, 3), [], 0)
+    up = [replace(running(p), node=f"n{p.index}") for p in pods]
+    settled, view, _ = step(view, up, 1)
+    joiner = replace(running(pod(3, 1)), node="n2", joiner=True)
+    view = reported(view, settled.status, ("tj-worker-2", 0, "tj-worker-0"))
+    decided = plan(view, [*up, joiner], at(12))
+    st = decided.status
+    assert st["currentGeneration"] == 1 and st["restarts"] == 0, st
+    assert 2 not in st["members"] and 3 not in st["members"], st["members"]
+    assert {"tj-worker-2", "tj-worker-3"} <= set(decided.delete), decided.delete
+    assert st["members"] == [0, 1, 4], "the new pod under an index neither holds"
+    kept = [replace(p, generation=1) for p in up[:2]]  # relabelled
+    going = [*kept, replace(up[2], deleting=True), replace(joiner, deleting=True)]
+    made = plan(with_state(view, st), going, at(13))
+    assert made.create is not None and made.create.indices == (4,), made.create

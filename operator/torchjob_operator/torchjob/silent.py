@@ -44,12 +44,17 @@ lone report took rank 0's pod, and its state, out of the job 3 s later (``RANK0_
 before the others could name the replacement absent (30 s). Reports from the heartbeat
 watchdog need no such majority: a survivor that leaves its broken group stops its watchdog,
 so not every survivor of a vanished rank 0 names it (waiting for all of them stalled the
-fleet bench 33-35 s, 2026-11-30c). Pure.
+fleet bench 33-35 s, 2026-11-30c).
+
+A joiner (a replacement created ahead, not yet a member) has no beat anyone watches: one on
+the node of a member found silent is lost with it (how :data:`NODE_HOW`, the operator's
+inference), in that pass and, from the generation's history record, the passes after, so no
+generation takes it in to wait 30 s for it (:func:`_dark_joiner`). Pure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -66,6 +71,9 @@ ABSENT_HOW = "absent"
 generation (not :func:`carried_over`, and not generation 0, whose pods start as their
 images come). A survivor arrives only at its next report, minutes away for a long step,
 and its silence is the heartbeat watchdog's and the host sweep's to find."""
+NODE_HOW = "node"
+"""``Silent.how`` of a joiner lost with a silent member of its node (:func:`_dark_joiner`):
+the operator's inference, never a runtime's report."""
 STORE_HOW = "store"
 """``SilentWorker.how`` of a forming member's report that rank 0's store did not answer
 (``torchjob.train.recovery.formation.STORE``)."""
@@ -208,16 +216,50 @@ def silenced(
     trusted = trusted_reports(reports, generation, members, carried, now) if reports else {}
     earlier = left_silent(history)
     out = []
+    dark = _dark_nodes(history, generation)
     for p in pods:
         r = trusted.get(p.name)
         if r is not None and p.active and (p.generation <= r.generation or p.name in carried):
             out.append(_lost(p, Silent(r.seconds, r.by, r.how or "heartbeat")))
+            if p.node:
+                dark.setdefault(p.node, (Silent(r.seconds, r.by, NODE_HOW), generation + 1))
         elif p.generation < earlier.get(p.name, -1) and p.silent is None:
             left = earlier[p.name]
             out.append(replace(p, silent=Silent(0.0, f"the survivors of generation {left - 1}")))
         else:
             out.append(p)
-    return out
+    ranked_now = frozenset(members)
+    return [p if p.name in ranked_now else _dark_joiner(p, dark) for p in out]
+
+
+def _dark_nodes(
+    history: Sequence[GenerationRecord], generation: int
+) -> dict[str, tuple[Silent, int]]:
+    """The nodes on which generation ``generation`` lost members to their silence (its
+    ``status.history`` record: ``silent``, on ``left``'s nodes), each with what its joiners
+    are lost to and the newest generation label such a joiner can carry (created before)."""
+    record = next((h for h in reversed(history) if h.generation == generation), None)
+    if record is None or not record.silent:
+        return {}
+    left = {pod: node for pod, _, node in (x.partition("@") for x in record.left or ())}
+    said = Silent(0.0, f"the survivors of generation {generation - 1}", NODE_HOW)
+    return {left[pod]: (said, generation) for pod in record.silent if left.get(pod)}
+
+
+def _dark_joiner(p: PodView, dark: Mapping[str, tuple[Silent, int]]) -> PodView:
+    """A joiner (not a member: a member is judged by its own beats) on a node where a member was found silent (``dark``: node -> its loss, and
+    the newest generation label of a joiner created before it) is lost with it (how
+    :data:`NODE_HOW`): no member beats with a joiner, so nothing else would say so before a
+    generation took it in and it never arrived. Seen in the fleet benchmark
+    (bench/results/2026-12-05n, +1289 s): a replacement placed on a node 4 s before the node
+    vanished joined the next generation, which waited the 30 s of ``absent`` for it. Its
+    name is held (``PodView.silent``), as any silent pod's, in the passes after the loss too
+    (the generation's history record), so its deletion, never confirmed by a vanished node,
+    holds up nothing (``nodes.held_only``)."""
+    lost = dark.get(p.node or "")
+    if lost is None or not p.joiner or p.silent is not None or p.generation > lost[1]:
+        return p
+    return _lost(p, lost[0]) if p.active else replace(p, silent=lost[0])
 
 
 def recheck_after(

@@ -100,6 +100,7 @@ _SILENT_HOW = {
     "store": "its store did not answer",
     "host": "its host did not answer",
     "absent": "it never joined the forming group",
+    "node": "a joiner on the node of a silent member",
 }
 
 
@@ -109,7 +110,8 @@ class Silent:
     heartbeat stopped (``heartbeat``), the store it serves did not answer while the group
     formed (``store``), its host did not answer a connect (``host``: a sweep of the
     members once another was found silent, or while the group formed), or its host answered
-    but it never entered the rendezvous of a group still forming (``absent``)."""
+    but it never entered the rendezvous of a group still forming (``absent``); or, the
+    operator's inference, a joiner on the node of a member found silent (``node``)."""
 
     seconds: float
     seen_by: str
