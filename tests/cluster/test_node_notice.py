@@ -387,7 +387,13 @@ def test_pods_kept_off_a_node_that_returns_are_made_again(jobs: Jobs, cluster: k
             stuck = [p for p in pods if _unschedulable(p)]
             return stuck if len(stuck) == 2 else None
 
-        stuck = k.wait_for(kept_off, 60, "both new pods unschedulable, kept off the node")
+        stuck = k.wait_for(
+            kept_off,
+            60,
+            "both new pods unschedulable, kept off the node",
+            core=jobs.core,
+            namespace=jobs.ns,
+        )
         terms = stuck[0].spec.affinity.node_affinity
         required = terms.required_during_scheduling_ignored_during_execution
         assert node in {f.values[0] for f in required.node_selector_terms[0].match_fields}
