@@ -106,7 +106,9 @@ class OperatorProcess:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 logs = self.logs()
-                if "address already in use" in logs:
+                # Python says "[Errno 98] Address already in use"; aiohttp (kopf's
+                # liveness) "address already in use": the retry missed the first (CI, 12-05).
+                if "address already in use" in logs.lower():
                     raise _PortTaken(logs)
                 raise AssertionError(f"operator exited with {self.proc.returncode}:\n{logs}")
             try:
