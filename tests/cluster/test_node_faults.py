@@ -638,8 +638,11 @@ def test_a_replacement_that_cannot_reach_the_store_is_named_absent_and_rank_0_st
     assert leads == {"away-worker-0"}, f"rank 0 moved: {leads}"
     final = [e for e in evs if e["ev"] == "final"]
     last = [e for e in final if e["gen"] == max(e["gen"] for e in final)]
-    assert sorted(e["rank"] for e in last) == [0, 1], last
-    assert {e["pod"] for e in last} == set(survivors), last
+    # The survivors end it, rank 0 where it was; with the 3 s threshold the job may also have
+    # grown back before the end with a new pod in the lost one's place (CI of 994cd74f: ranks
+    # [0, 1, 2], a new away-worker-2 once the old one was gone).
+    ranks = {e["rank"]: e["pod"] for e in last}
+    assert ranks[0] == "away-worker-0" and set(survivors) <= set(ranks.values()), last
     assert all(e["params"] == last[0]["params"] for e in last), "parameters equal across ranks"
 
 
