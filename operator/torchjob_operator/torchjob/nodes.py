@@ -129,12 +129,11 @@ def recently_silent(
         began = parse_time_or_none(record.began)
         if not record.silent or began is None or (now - began).total_seconds() > SUSPECT_S:
             continue
-        left = {pod: node for pod, _, node in (x.partition("@") for x in record.left or ())}
-        for pod in record.silent:
-            node = nodes.get(left.get(pod, ""))
+        for name in record.silent_nodes().values():
+            node = nodes.get(name)
             back = node is not None and node.ready and (node.ready_since or began) > began
-            if left.get(pod) and not back:
-                out.add(left[pod])
+            if name and not back:
+                out.add(name)
     return out
 
 
@@ -150,8 +149,7 @@ def lost_silent(state: JobState) -> dict[str, str]:
     latest = state.history[-1] if state.history else None
     if latest is None or latest.generation != state.generation:
         return {}
-    left = {pod: node for pod, _, node in (x.partition("@") for x in latest.left or ())}
-    return {pod: left.get(pod, "") for pod in latest.silent or ()}
+    return latest.silent_nodes()
 
 
 def unplaceable(pods: Iterable[PodView], avoid: Sequence[str]) -> list[PodView]:

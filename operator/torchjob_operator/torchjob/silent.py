@@ -241,9 +241,8 @@ def _dark_nodes(
     record = next((h for h in reversed(history) if h.generation == generation), None)
     if record is None or not record.silent:
         return {}
-    left = {pod: node for pod, _, node in (x.partition("@") for x in record.left or ())}
     said = Silent(0.0, f"the survivors of generation {generation - 1}", NODE_HOW)
-    return {left[pod]: (said, generation) for pod in record.silent if left.get(pod)}
+    return {node: (said, generation) for node in record.silent_nodes().values() if node}
 
 
 def _dark_joiner(p: PodView, dark: Mapping[str, tuple[Silent, int]]) -> PodView:

@@ -84,6 +84,12 @@ class GenerationRecord(_Model):
         lost = self.cause in LOST_CAUSES
         return frozenset(x.partition("@")[0] for x in self.left or () if lost)
 
+    def silent_nodes(self) -> dict[str, str]:
+        """The pods of ``silent`` with the nodes ``left`` names for them (pod -> node; "" for
+        a pod ``left`` gives no node)."""
+        nodes = {pod: node for pod, _, node in (x.partition("@") for x in self.left or ())}
+        return {pod: nodes.get(pod, "") for pod in self.silent or ()}
+
     def placed_joiners(self) -> frozenset[str]:
         """The pods of :meth:`joined_pods` that were already placed when the operator
         published the generation (``pod@node``: joiners created ahead, their runtime waiting);
