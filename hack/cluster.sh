@@ -239,7 +239,8 @@ ensure_nodes() {
 # Bump CLUSTER_CONFIG_REVISION when the kwokctl flags or node shapes below change.
 CLUSTER_CONFIG_REVISION=5
 config_digest() {
-  { cat "${HACK_DIR}/kwok/stages.yaml" "${HACK_DIR}/kwok/logs.yaml"; echo "rev=${CLUSTER_CONFIG_REVISION} gpu=${GPU_NODES}x${GPUS_PER_NODE} cpu=${CPU_NODES}"; } |
+  # The kwok build too (its .stamp): kwokctl copied its binary into the cluster when it made it.
+  { cat "${HACK_DIR}/kwok/stages.yaml" "${HACK_DIR}/kwok/logs.yaml" "${KWOK_DIR}/.stamp" 2>/dev/null; echo "rev=${CLUSTER_CONFIG_REVISION} gpu=${GPU_NODES}x${GPUS_PER_NODE} cpu=${CPU_NODES}"; } |
     sha256sum | cut -d' ' -f1
 }
 DIGEST_FILE="${CLUSTER_DIR}/torchjob-config.sha256"
@@ -271,7 +272,7 @@ cmd_up() {
   local start
   start=$(now_ms)
   if [[ -d "${CLUSTER_DIR}" && "$(cat "${DIGEST_FILE}" 2>/dev/null)" != "$(config_digest)" ]]; then
-    log "hack/kwok/stages.yaml, logs.yaml or the cluster config changed since cluster '${NAME}' was created: recreating it"
+    log "hack/kwok/stages.yaml, logs.yaml, the kwok build or the cluster config changed since cluster '${NAME}' was created: recreating it"
     cmd_down
   fi
   if [[ -f "${KUBECONFIG_PATH}" ]] && all_nodes_ready 2>/dev/null; then
