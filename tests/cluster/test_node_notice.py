@@ -390,10 +390,12 @@ def test_pods_kept_off_a_node_that_returns_are_made_again(jobs: Jobs, cluster: k
         stuck = k.wait_for(
             kept_off,
             60,
-            # The status's history says why each generation began (seen once in CI: a second
-            # generation 350 ms after the first, cause not found).
-            lambda: f"both new pods of generation {generation} unschedulable, kept off the "
-            f"node\n{jobs.describe('back')}",
+            # The status's history says why each generation began (a second generation here
+            # was kwok deleting the new pods by name: hack/kwok/pod-delete-uid.patch).
+            lambda: (
+                f"both new pods of generation {generation} unschedulable, kept off the "
+                f"node\n{jobs.describe('back')}"
+            ),
         )
         terms = stuck[0].spec.affinity.node_affinity
         required = terms.required_during_scheduling_ignored_during_execution
