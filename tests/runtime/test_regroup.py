@@ -6,8 +6,9 @@ restore point, from which the next generation resumes, so ``should_stop()`` answ
 the docs' loop writes no stop's checkpoint (252 MiB per re-formation on the fleet bench), and
 the report holds the restore point of that very report, whatever the cadence. A rank whose
 state cannot carry the next generation (none registered) makes it a stop like SIGTERM's, and
-the loop checkpoints as before. Real gloo workers; a rank sends the signal to itself, as the
-pod's driver sends it to its workers.
+the loop checkpoints as before; so does a group whose every rank is under notice (no pod of it
+outlives the re-formation with its memory). Real gloo workers; a rank sends the signal to
+itself, as the pod's driver sends it to its workers.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import os
 import signal
 import tempfile
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ from torchjob.checkpoint import CheckpointStorage
 from torchjob.launch import REGROUP_SIGNAL
 from torchjob.train import Checkpoint, RunConfig, ScalingConfig
 from torchjob.train.errors import TrainingStoppedError
-from torchjob.train.recovery import restore_point
+from torchjob.train.recovery import preemption, restore_point
 from torchjob.train.torch import TorchTrainer, prepare_model
 
 WORLD = 2
@@ -37,6 +39,8 @@ ASK_AT = 3
 
 def loop(config: dict[str, Any]) -> None:
     rank = torchjob.train.get_context().get_world_rank()
+    if config["notice"]:  # this rank's pod's notice file, as its driver writes it
+        preemption._reader = preemption.NoticeReader(Path(config["notice"]))
     torch.manual_seed(0)
     model = prepare_model(torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -77,13 +81,14 @@ def loop(config: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("sig", "register", "every", "checkpoints"),
+    ("sig", "register", "every", "noticed", "checkpoints"),
     [
-        pytest.param(REGROUP_SIGNAL, True, None, False, id="regroup"),
+        pytest.param(REGROUP_SIGNAL, True, None, False, False, id="regroup"),
         # The cadence would skip report 3 (reports 1, 5, 9): the regroup holds it anyway.
-        pytest.param(REGROUP_SIGNAL, True, "4", False, id="regroup-between-restore-points"),
-        pytest.param(signal.SIGTERM, True, None, True, id="sigterm-stops"),
-        pytest.param(REGROUP_SIGNAL, False, None, True, id="regroup-without-state-stops"),
+        pytest.param(REGROUP_SIGNAL, True, "4", False, False, id="regroup-between-restore-points"),
+        pytest.param(signal.SIGTERM, True, None, False, True, id="sigterm-stops"),
+        pytest.param(REGROUP_SIGNAL, False, None, False, True, id="regroup-without-state-stops"),
+        pytest.param(REGROUP_SIGNAL, True, None, True, True, id="regroup-all-noticed-stops"),
     ],
 )
 def test_a_regroup_ends_at_the_next_report_holding_it_without_the_loops_checkpoint(
@@ -92,14 +97,29 @@ def test_a_regroup_ends_at_the_next_report_holding_it_without_the_loops_checkpoi
     sig: int,
     register: bool,
     every: str | None,
+    noticed: bool,
     checkpoints: bool,
 ) -> None:
     if every is not None:
         monkeypatch.setenv("TORCHJOB_RESTORE_POINT_EVERY", every)
+    notice = ""
+    if noticed:  # both ranks' pods on a node under notice (one file: the same for both)
+        deadline = datetime.now(timezone.utc) + timedelta(seconds=120)
+        spot = "aws-node-termination-handler/spot-itn"
+        info = preemption.PreemptionInfo(
+            deadline, ranks=(0, 1), pods=("j-worker-0", "j-worker-1"), reasons=(spot, spot)
+        )
+        notice = str(tmp_path / "notice.json")
+        Path(notice).write_text(json.dumps(info.to_json()))
     storage = tmp_path / "runs"
     trainer = TorchTrainer(
         loop,
-        train_loop_config={"dir": str(tmp_path), "signal": int(sig), "register": register},
+        train_loop_config={
+            "dir": str(tmp_path),
+            "signal": int(sig),
+            "register": register,
+            "notice": notice,
+        },
         scaling_config=ScalingConfig(num_workers=WORLD),
         run_config=RunConfig(name="regroup", storage_path=str(storage)),
         torch_config=torchjob.train.TorchConfig(timeout_s=60),

@@ -60,10 +60,11 @@ def _agree(s: _session.Session, local_stop: bool) -> tuple[bool, bool]:
     own at each step. The same all-reduce agrees on the restore point's cadence
     (``Cadence.agree``), and on a re-formation the driver asked for (``regroup_requested``:
     a generation that adds or drops a pod). That one ends the generation at this report
-    without the loop's stop when every rank holds whole registered state: the next
-    generation resumes from the restore point, and the stop's checkpoint would be written
-    for nothing (252 MiB: most of the 2.3 s from the last step to the group's end at each
-    re-formation of bench/results/2026-12-03b). Otherwise it is a stop like SIGTERM's."""
+    without the loop's stop when every rank holds whole registered state and not every rank
+    is under notice (:func:`_all_noticed`): the next generation resumes from the restore
+    point, and the stop's checkpoint would be written for nothing (252 MiB: most of the
+    2.3 s from the last step to the group's end at each re-formation of
+    bench/results/2026-12-03b). Otherwise it is a stop like SIGTERM's."""
     local = preemption.read_local()
     k, voters = s.cadence.vote() if s.registered is not None else (0, 0)
     flags = [int(local_stop), int(regroup_requested()), int(_holds(s))]
@@ -74,8 +75,17 @@ def _agree(s: _session.Session, local_stop: bool) -> tuple[bool, bool]:
         s.notice = preemption.agree(local) if digests else None
         s.notice_digest = digests
     s.cadence.agree(k_sum, votes)  # one restore-point cadence for the group
-    from_memory = regroups > 0 and holders >= s.world_size
+    from_memory = regroups > 0 and holders >= s.world_size and not _all_noticed(s)
     return stops > 0 or (regroups > 0 and not from_memory), from_memory and stops == 0
+
+
+def _all_noticed(s: _session.Session) -> bool:
+    """Every rank of the group is under notice (``get_preemption_info()``): no pod of it may
+    outlive the re-formation with its memory, so the regroup is a stop, and the loop writes
+    its stop's checkpoint. bench/results/2026-12-05p: a hand-over that replaced all eight
+    pods of a noticed node ended in place without it, and the next generation redid 8
+    steps from storage."""
+    return s.notice is not None and len(set(s.notice.ranks)) >= s.world_size
 
 
 def _holds(s: _session.Session) -> bool:
