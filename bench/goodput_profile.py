@@ -31,11 +31,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import goodput_accounting as acc
+from bench.goodput_phases import median, no_free_node, reformations
 from bench.harness import read_jsonl as _read
-
-
-def median(xs: list[float]) -> float:
-    return sorted(xs)[len(xs) // 2]
 
 
 def profile(events: list[dict[str, Any]]) -> list[str]:
@@ -280,6 +277,7 @@ def main() -> None:
     path = Path(args[0])
     events = read_jsonl(path)
     print("\n".join(profile(events)))
+    print("\n".join(reformations(events)))
     trace_path = (
         Path(args[1])
         if len(args) > 1
@@ -290,6 +288,8 @@ def main() -> None:
         trace = read_jsonl(trace_path)
         print("\n".join(split_recoveries(events, trace)))
         print(pods_paid(events, trace))
+        if (free := no_free_node(trace)) is not None:
+            print(free)
         if ideal is not None:
             print("\n".join(preemption_costs(events, trace, ideal)))
 
