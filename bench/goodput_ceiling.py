@@ -4,7 +4,7 @@ bench/goodput.py's draw (issue 39's notice rows).
 A notice row takes ``--losses`` node notices at Poisson times of mean ``--node-mtbf``
 (``goodput_schedule.poisson_times``); each strikes a node that is in (the bench strikes one
 that runs a pod of the job: here any node in, the job being spread over all of them) and
-holds the draw when every node is out, up to ``goodput_rows.HOLD_MEANS`` mean intervals. A
+holds the draw when every node is out, up to ``goodput_schedule.HOLD_MEANS`` mean intervals. A
 struck node is out from its notice until it returns: the notice, then ``--node-return``
 seconds gone. While every node is out, the operator has nowhere to put a replacement (it
 never places one on a noticed node), so a hand-over must wait for a return: no policy trains
@@ -31,9 +31,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import goodput_schedule as sch
-
-HOLD_MEANS = 3.0
-"""bench/goodput_rows.py's: a draw that finds every node out waits at most this many means."""
 
 
 def out_intervals(
@@ -73,7 +70,7 @@ def share(
 ) -> float:
     """One draw's share of the row's window with every node out."""
     times = sch.poisson_times(rng, mtbf, losses)
-    intervals = out_intervals(times, nodes, notice + back_s, rng, HOLD_MEANS * mtbf)
+    intervals = out_intervals(times, nodes, notice + back_s, rng, sch.HOLD_MEANS * mtbf)
     end = sch.end_of_row(0.0, times, mtbf, int(notice))
     return all_out_s(intervals, nodes, 0.0, end) / end
 

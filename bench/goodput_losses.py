@@ -15,7 +15,7 @@
 
 A loss never waits for the job: it is taken when the schedule says (``goodput_schedule``); a
 draw that finds nothing to take then (no running pod; every eligible node already gone) is
-held until something qualifies (``Losses.take_held``, at most ``goodput_rows.HOLD_MEANS`` mean
+held until something qualifies (``Losses.take_held``, at most ``goodput_schedule.HOLD_MEANS`` mean
 intervals, then recorded as skipped), so both systems of a row meet the same losses. A node loss records every pod of the job that was on the node.
 """
 

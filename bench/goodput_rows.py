@@ -40,7 +40,6 @@ from torchjob.api.models import GROUP, PLURAL, VERSION
 
 log = logger("goodput")
 __all__ = ["Recovery", "Row", "log", "read_events", "run_row", "storage_metrics", "wait_step_after"]
-HOLD_MEANS = 3.0  # a loss is held at most this many mean intervals, then skipped
 
 
 def _sleep_until(t: float) -> None:
@@ -227,7 +226,7 @@ class _RowRun:
         taken at its time, and the row ends a mean interval after the last node is gone.
 
         A loss that finds nothing to take at its time (the job's pods down, or only on nodes
-        taken) is held until something qualifies, up to ``HOLD_MEANS`` mean intervals; the
+        taken) is held until something qualifies, up to ``goodput_schedule.HOLD_MEANS`` mean intervals; the
         later losses keep their drawn times. Without the hold, the system down longer met
         fewer losses (2026-11-30q notice120-2: Kubeflow 7, torchjob 9)."""
         offsets = sch.poisson_times(self.rng, self.mtbf, evictions)
@@ -236,7 +235,7 @@ class _RowRun:
         last = None
         for i, offset in enumerate(offsets):
             _sleep_until(t_first + offset)
-            rec = self._loss(t_first, i, evictions, hold_s=HOLD_MEANS * self.mtbf)
+            rec = self._loss(t_first, i, evictions, hold_s=sch.HOLD_MEANS * self.mtbf)
             last = rec.t_evict if rec is not None else last
         notice = sch.notice_seconds(self.row.mode)
         end = sch.end_of_row(t_first, offsets, self.mtbf, notice)

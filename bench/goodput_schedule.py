@@ -26,6 +26,9 @@ SCHEDULES = ("poisson", "after-recovery")
 POD_MODES = ("graceful", "hard")
 NODE_MODES = ("vanish", "notice30", "notice120")
 MODES = POD_MODES + NODE_MODES
+HOLD_MEANS = 3.0
+"""A loss that finds nothing to take is held at most this many mean intervals, then skipped
+(``goodput_rows``; ``goodput_ceiling`` models the same)."""
 
 
 def mean_interval(mode: str, mtbf: float, node_mtbf: float = 0.0) -> float:
