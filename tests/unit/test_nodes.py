@@ -513,6 +513,97 @@ def test_a_loss_keeps_the_leavers_that_still_have_time_when_nobody_else_survives
     assert sorted(swapped.delete) == [f"tj-worker-{i}" for i in (4, 5, 6, 7)]
 
 
+def test_a_storm_keeps_the_pods_with_time_left_when_no_node_is_free() -> None:
+    """bench/results/2026-12-05r notice120-0, 16:35:28-34: every spot node noticed at once.
+    n3's members (deadline +120 s) and n1's (+124 s) wait for replacements; n2 returns, takes
+    all eight, and is noticed itself (+206 s). Four are Ready by n3's margin and take its
+    members' places; generation 1 has not made its first step when n1's members reach their
+    margin. Taken with that loss, the four pods starting on n2 were deleted as stale, the
+    four members there were judged taken at the next pass (the generation still to create
+    could not drain), and the job restarted from storage with eight new pods that no node
+    could take: 66.6 s without a step while n2 had 90 s left. The pods with time left keep
+    their places: generation 2 is the eight on n2 (from storage: none of them holds the
+    state), the replacements of all eight start at once, and nothing is charged."""
+    view, up = all_on_one_node(8, 5)
+    up = [on(p, "n3" if p.index < 4 else "n1") for p in up]
+    pods = [noticed(p, 0) if p.index < 4 else p for p in up]
+    zero, view, pods = step(view, pods, 0)
+    view = with_state(view, {**zero.status, "progress": formed_at(0)})
+    pods = [noticed(p, 4) if p.index in range(4, 8) else p for p in pods]
+    first, view, pods = step(view, pods, 4)
+    assert [p.index for p in pods if p.joiner] == list(range(8, 16)), "more than half: at once"
+    view = with_state(view, {**first.status, "progress": formed_at(0)})
+    # n2 took the eight replacements and was noticed a second later; four are Ready.
+    on_n2 = [noticed(replace(on(p, "n2"), ready=p.index < 12), 86) for p in pods if p.joiner]
+    pods = [*(p for p in pods if not p.joiner), *on_n2]
+    swapped, view, pods = step(view, pods, 110.8)  # n3's members at their margin
+    assert swapped.status["members"] == [4, 5, 6, 7, 8, 9, 10, 11], swapped.status
+    view = with_state(view, {**swapped.status, "progress": formed_at(0)})  # not formed
+    lost, view, pods = step(view, pods, 115.3)  # n1's members at their margin
+    st = lost.status
+    assert (st["currentGeneration"], st["members"]) == (2, list(range(8, 16))), st
+    assert sorted(lost.delete) == [f"tj-worker-{i}" for i in range(4, 8)], "none on n2"
+    assert set(lost.relabel) == {f"tj-worker-{i}" for i in range(8, 16)}
+    view = with_state(view, {**st, "progress": formed_at(0)})
+    after, view, pods = step(view, pods, 115.9)
+    st = after.status
+    assert (st["currentGeneration"], st["phase"], st["restarts"]) == (2, "Running", 0), st
+    assert after.delete == () and len(st["leavingWorkers"]) == 8
+    assert after.create is not None and after.create.joiners and len(after.create.indices) == 8
+    # Inside the margin of n2's notice, with the replacements still nowhere, the job restarts
+    # from storage after all, once.
+    late = plan(view, pods, at(197))
+    assert late.status["currentGeneration"] == 3, late.status
+    assert {f"tj-worker-{i}" for i in range(8, 16)} <= set(late.delete)
+
+
+def three_nodes(n2_window_s: float) -> tuple[JobView, list[PodView]]:
+    """Eight members, min 5: 0-2 on n1 (a 30 s notice at +10 s), 3-5 on n2 (noticed at
+    +10 s with ``n2_window_s``), 6-7 on n3 (no notice); the six replacements created at
+    once start on n3, not Ready yet."""
+    view, up = all_on_one_node(8, 5)
+    up = [on(p, "n1" if p.index < 3 else "n2" if p.index < 6 else "n3") for p in up]
+    window = {0: 30.0, 1: n2_window_s}
+    pods = [noticed(p, 10, window[p.index // 3]) if p.index < 6 else p for p in up]
+    first, view, pods = step(view, pods, 10)
+    assert first.create is not None and first.create.indices == tuple(range(8, 14))
+    view = with_state(view, {**first.status, "progress": formed_at(0)})
+    return view, [replace(on(p, "n3"), ready=False) if p.joiner else p for p in pods]
+
+
+def test_a_loss_keeps_the_leavers_with_time_left_beside_the_other_survivors() -> None:
+    """n1's notice runs out before any replacement is Ready; n2 (90 s left) and n3 hold the
+    rest. Taken with the loss, n2's three left two survivors, below the minimum of 5: the job
+    restarted at full size and waited for six replacements to start, n2's pods deleted with
+    90 s to train. Kept, the job shrinks to five at once, from memory, and the replacements
+    take n2's places and n1's in one swap once they are Ready."""
+    view, pods = three_nodes(120)
+    lost, view, pods = step(view, pods, 31)  # n1 inside its margin
+    st = lost.status
+    assert (st["currentGeneration"], st["members"]) == (1, [3, 4, 5, 6, 7]), st
+    assert sorted(lost.delete) == ["tj-worker-0", "tj-worker-1", "tj-worker-2"]
+    assert [w["pod"] for w in st["leavingWorkers"]] == [f"tj-worker-{i}" for i in (3, 4, 5)]
+    assert (st["restarts"], st["disruptions"]) == (0, 1)
+    assert "ShrunkAfterDisruption" in reasons(lost)
+    view = with_state(view, {**st, "progress": formed_at(1)})
+    pods = [replace(p, ready=True) if p.joiner else p for p in pods]
+    swapped = plan(view, pods, at(45))
+    assert swapped.status["members"] == [6, 7, *range(8, 14)], swapped.status
+    assert sorted(swapped.delete) == [f"tj-worker-{i}" for i in (3, 4, 5)]
+
+
+def test_a_loss_takes_the_leavers_whose_time_is_short() -> None:
+    """n2 with 24 s left at the loss (``joining.MIN_NOTICED_JOINER_S``: under 30 s, a
+    re-formation and a few steps are not worth it): taken, as before; the job goes on at
+    full size with the replacements that start."""
+    view, pods = three_nodes(45)
+    lost = plan(view, pods, at(31))
+    st = lost.status
+    assert (st["currentGeneration"], st["members"]) == (1, [6, 7, *range(8, 14)]), st
+    assert {f"tj-worker-{i}" for i in range(6)} <= set(lost.delete)
+    assert (st["restarts"], st["disruptions"]) == (0, 1)
+
+
 def test_leavers_stuck_on_a_vanished_node_leave_the_next_generation_free_to_drain() -> None:
     """bench/results/2026-12-02e notice30-2, +131 s: a notice took four members whose four
     replacements were not Ready by the notice's margin, so the loss made them members

@@ -31,6 +31,7 @@ from torchjob_operator.common.clock import format_time
 from torchjob_operator.common.events import Event
 from torchjob_operator.torchjob.decision import Decision
 from torchjob_operator.torchjob.elastic import in_rank_order, replace_with_standbys
+from torchjob_operator.torchjob.joining import outlives
 from torchjob_operator.torchjob.loss import survives
 from torchjob_operator.torchjob.nodes import NODE_LOST, NODE_NOTICE, held_only
 from torchjob_operator.torchjob.observed import PodPhase, PodView
@@ -184,12 +185,24 @@ def kept_after_loss(d: Decision, current: Sequence[PodView]) -> frozenset[int]:
     member, those of the first went inside their margin, the four of the second had 28 s
     left, and their replacements were not yet Ready: 49 s to the first step). Kept, they
     lead the next generation and the replacements receive the state from them; the drain
-    swaps them out once their replacements are Ready."""
+    swaps them out once their replacements are Ready. Beside other survivors, the leavers
+    with time enough to train on (``joining.outlives``) are kept too: taken, they could
+    leave fewer survivors than the minimum, and the job restarted at full size and waited
+    for its replacements to start while they had a minute or more to train (or, on a fleet
+    with no free node, waited for a node to come back); kept, the job shrinks at once and
+    the replacements take their places and the lost ones' in one swap."""
     if d.donor is not None:
         return frozenset({d.donor})
-    if not d.leaving or any(survives(p) for p in taken(current)):
+    if not d.leaving:
         return frozenset()
-    return frozenset(d.leaving)
+    if not any(survives(p) for p in taken(current)):
+        return frozenset(d.leaving)
+    return frozenset(p.index for p in current if p.index in d.leaving and _has_time(p, d.now))
+
+
+def _has_time(p: PodView, now: datetime) -> bool:
+    """On a noticed node (not deleted) with time enough to train on (``joining.outlives``)."""
+    return p.notice_until is not None and not p.deleting and outlives(p, now)
 
 
 def formed(d: Decision) -> bool:

@@ -73,6 +73,7 @@ from torchjob_operator.torchjob.ending import (
     suspend,
 )
 from torchjob_operator.torchjob.initializing import holds, initializing
+from torchjob_operator.torchjob.joining import outlives
 from torchjob_operator.torchjob.loss import after_loss, survives
 from torchjob_operator.torchjob.nodes import held_only, overdue_in, place_again, placed_again
 from torchjob_operator.torchjob.observed import JobState, PodView, ProbeView
@@ -116,9 +117,12 @@ def _not_taken(d: Decision, p: PodView) -> bool:
     pass that published this generation with its pods (``created_generation``: a hand-over,
     a shrink, a grow), its relabel not seen yet. Dropped as taken when its node was noticed in
     that moment, every kept member of a hand-over left at once and the job restarted from
-    storage instead of draining them (bench/results/2026-12-05f, +150 s and +442 s). A
-    generation still to create reuses indices of pods taken, and those stay out."""
-    return p.notice_until is None or p.index in d.leaving or d.created_generation == d.generation
+    storage instead of draining them (bench/results/2026-12-05f, +150 s and +442 s). Nor is
+    a pod placed with time left on its node (``joining.outlives``) in a generation still to
+    create: dropped, four pods starting on a node with 90 s left went as stale, the four kept
+    beside them were taken next, and the job restarted from storage with pods no node could
+    take (2026-12-05r notice120-0: 66.6 s without a step). Pods taken stay out."""
+    return outlives(p, d.now) or p.index in d.leaving or d.created_generation == d.generation
 
 
 def _start(job: JobView, now: datetime, probes: Sequence[ProbeView]) -> Decision:
