@@ -513,7 +513,8 @@ def test_a_loss_keeps_the_leavers_that_still_have_time_when_nobody_else_survives
     assert sorted(swapped.delete) == [f"tj-worker-{i}" for i in (4, 5, 6, 7)]
 
 
-def test_a_storm_keeps_the_pods_with_time_left_when_no_node_is_free() -> None:
+@pytest.mark.parametrize("unplaced", [False, True])
+def test_a_storm_keeps_the_pods_with_time_left_when_no_node_is_free(unplaced: bool) -> None:
     """bench/results/2026-12-05r notice120-0, 16:35:28-34: every spot node noticed at once.
     n3's members (deadline +120 s) and n1's (+124 s) wait for replacements; n2 returns, takes
     all eight, and is noticed itself (+206 s). Four are Ready by n3's margin and take its
@@ -523,7 +524,9 @@ def test_a_storm_keeps_the_pods_with_time_left_when_no_node_is_free() -> None:
     could not drain), and the job restarted from storage with eight new pods that no node
     could take: 66.6 s without a step while n2 had 90 s left. The pods with time left keep
     their places: generation 2 is the eight on n2 (from storage: none of them holds the
-    state), the replacements of all eight start at once, and nothing is charged."""
+    state), the replacements of all eight start at once, and nothing is charged. With four
+    replacements no node took yet (``unplaced``), the places go to the four on n2 all the
+    same (2026-12-05t notice120-0: the four unplaced took them, 38 s without a step)."""
     view, up = all_on_one_node(8, 5)
     up = [on(p, "n3" if p.index < 4 else "n1") for p in up]
     pods = [noticed(p, 0) if p.index < 4 else p for p in up]
@@ -539,6 +542,8 @@ def test_a_storm_keeps_the_pods_with_time_left_when_no_node_is_free() -> None:
     swapped, view, pods = step(view, pods, 110.8)  # n3's members at their margin
     assert swapped.status["members"] == [4, 5, 6, 7, 8, 9, 10, 11], swapped.status
     view = with_state(view, {**swapped.status, "progress": formed_at(0)})  # not formed
+    if unplaced:
+        pods += [replace(pod(i, 2), joiner=True) for i in range(16, 20)]
     lost, view, pods = step(view, pods, 115.3)  # n1's members at their margin
     st = lost.status
     assert (st["currentGeneration"], st["members"]) == (2, list(range(8, 16))), st
@@ -549,7 +554,8 @@ def test_a_storm_keeps_the_pods_with_time_left_when_no_node_is_free() -> None:
     st = after.status
     assert (st["currentGeneration"], st["phase"], st["restarts"]) == (2, "Running", 0), st
     assert after.delete == () and len(st["leavingWorkers"]) == 8
-    assert after.create is not None and after.create.joiners and len(after.create.indices) == 8
+    assert after.create is not None and after.create.joiners
+    assert len(after.create.indices) == 4 if unplaced else 8, after.create
     # Inside the margin of n2's notice, with the replacements still nowhere, the job restarts
     # from storage after all, once.
     late = plan(view, pods, at(197))

@@ -122,10 +122,12 @@ def survivors_first(
     if d.job.spec.membership_policy != MembershipPolicy.KEEP_SURVIVORS:
         return None
     kept = in_rank_order(d, survivors)[:replicas]
-    # Replacements already starting (a grow's joiners) take places first: a new pod would
-    # start from nothing (seen: two joiners 35 s into their start deleted, four pods
-    # created instead, when a second node went before the first one's replacements joined).
-    waiting = tuple(p.index for p in joiners(d, pods) if not holds_its_name(p))
+    # Replacements already starting (a grow's joiners) take places first: a new pod starts
+    # from nothing (two joiners 35 s into their start were deleted for four new pods). Those
+    # on a node first: the group waited 38 s for four no node took while four ran on a node
+    # noticed with 100 s left (bench/results/2026-12-05t notice120-0, generation 10).
+    starting = [p for p in joiners(d, pods) if not holds_its_name(p)]
+    waiting = tuple(p.index for p in sorted(starting, key=lambda p: not p.scheduled))
     held = set(kept) | set(waiting)
     held |= {p.index for p in pods if holds_its_name(p) and p not in survivors}
     fresh = (i for i in range(replicas + len(held)) if i not in held)
