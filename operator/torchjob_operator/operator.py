@@ -31,7 +31,7 @@ from torchjob_operator.engine.client import KubeClient
 from torchjob_operator.engine.kube import Kube
 from torchjob_operator.engine.leader import LeaderElector
 from torchjob_operator.engine.memory import TrimLater
-from torchjob_operator.engine.nodewatch import NodeBook, NodeWatch
+from torchjob_operator.engine.nodewatch import LeaseWatch, NodeBook, NodeWatch
 from torchjob_operator.engine.podwatch import PodWatch, WorkloadWatch
 from torchjob_operator.engine.pool import WritePool
 from torchjob_operator.engine.queue import Key, Result, WorkQueue
@@ -140,6 +140,7 @@ class Operator:
         self.pod_watch: PodWatch | None = None
         self.workload_watch: WorkloadWatch | None = None
         self.node_watch: NodeWatch | None = None
+        self.lease_watch: LeaseWatch | None = None
         self.elector: LeaderElector | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # The operator's own bookkeeping, on /metrics: it must drain when the jobs do.
@@ -205,6 +206,16 @@ class Operator:
                 client_timeout_s=self.settings.watch_client_timeout_s,
             )
             self.node_watch.start()
+            # Kubelets that stopped renewing their Lease, before their Node says so.
+            self.lease_watch = LeaseWatch(
+                client.ApiClient(),
+                on_job,
+                self.store,
+                self.node_book,
+                server_timeout_s=int(self.settings.watch_server_timeout_s),
+                client_timeout_s=self.settings.watch_client_timeout_s,
+            )
+            self.lease_watch.start()
         self._keep(loop.create_task(self._sweep_forever(), name="torchjob-sweep"))
 
     def _keep(self, task: asyncio.Task[None]) -> None:
@@ -241,7 +252,7 @@ class Operator:
             self.jobs.stop_leading()
             self.studies.stop_leading()
             await asyncio.get_running_loop().run_in_executor(None, self.elector.release)
-        for watch in (self.pod_watch, self.workload_watch, self.node_watch):
+        for watch in (self.pod_watch, self.workload_watch, self.node_watch, self.lease_watch):
             if watch is not None:
                 await asyncio.to_thread(watch.stop)
         await asyncio.to_thread(self.pool.release)

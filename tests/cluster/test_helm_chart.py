@@ -96,8 +96,15 @@ def test_chart_renders_objects_the_api_server_accepts(
         assert "--metrics-port=8080" in args
     # Leader election is on by default, with a Role for the Lease: replicaCount 2 is safe.
     assert "--leader-elect" in args
-    role = next(d for d in docs if d["kind"] == "Role")
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Role"}
+    role = roles["torchjob-operator-leader-election"]
     assert role["rules"][0]["resources"] == ["leases"]
+    # The nodes' Leases are read, in kube-node-lease only (engine/nodewatch.py LeaseWatch).
+    leases = roles["torchjob-operator-node-leases"]
+    assert leases["metadata"]["namespace"] == "kube-node-lease"
+    assert leases["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list", "watch"]}
+    ]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]

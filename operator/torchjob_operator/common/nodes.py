@@ -189,14 +189,68 @@ def avoided(nodes: Mapping[str, NodeView]) -> tuple[str, ...]:
     return tuple(sorted(n.name for n in nodes.values() if n.notice is not None or not n.ready))
 
 
+LEASE_QUIET_S = 20.0
+"""A node whose Lease (``kube-node-lease``) the operator has not seen renewed for this long,
+two of the kubelet's renewals (every 10 s), gets no new pod (:func:`quiet`): its kubelet does
+not talk to the API server, so it would not start one. The node controller waits 40 s
+(``node-monitor-grace-period``) before it marks such a node ``Ready=Unknown``; until then a
+node that vanished, or one back within those 40 s whose kubelet has not yet renewed, looks
+Ready and empty, and the job's spread put a whole restart's pods there
+(bench/results/2026-12-05v, repeat 2: the node came back 31 s after it vanished, was given
+generation 12's eight pods 6 s later, and was marked lost 9 s after that)."""
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """A node's Lease as the operator saw it renewed."""
+
+    renew_time: str
+    """Its ``spec.renewTime``, as last read."""
+    seen_at: datetime
+    """When the operator first read that value, by its own clock (the node controller's
+    rule: a kubelet's clock never counts)."""
+    renewing: bool = False
+    """Seen to change at least once. A Lease that nothing renews (a node already silent
+    when the operator started, a Lease someone wrote by hand) is never judged."""
+
+    def quiet_at(self, now: datetime, quiet_s: float = LEASE_QUIET_S) -> bool:
+        """Renewing, and not seen renewed for more than ``quiet_s``."""
+        return self.renewing and (now - self.seen_at).total_seconds() > quiet_s
+
+
+def renewal(before: Renewal | None, renew_time: str, now: datetime) -> Renewal:
+    """The node's :class:`Renewal` once its Lease reads ``renew_time`` at ``now``."""
+    if before is None:
+        return Renewal(renew_time, now)
+    if before.renew_time == renew_time:
+        return before
+    return Renewal(renew_time, now, renewing=True)
+
+
+def quiet(
+    renewals: Mapping[str, Renewal], now: datetime, quiet_s: float = LEASE_QUIET_S
+) -> tuple[str, ...]:
+    """The nodes, sorted, whose renewing Lease the operator has not seen renewed for more
+    than ``quiet_s`` (:data:`LEASE_QUIET_S`), while at least as many were: more quiet than
+    not is the operator's watch, or the API server, or kwok stalling, not the nodes (the
+    node controller, likewise, stops evicting in a zone where most nodes stopped)."""
+    found = sorted(n for n, r in renewals.items() if r.quiet_at(now, quiet_s))
+    alive = sum(1 for r in renewals.values() if r.renewing and not r.quiet_at(now, quiet_s))
+    return tuple(found) if found and alive >= len(found) else ()
+
+
 __all__ = [
     "AVOIDED_NODES",
     "DEFAULT_NOTICE_TAINTS",
+    "LEASE_QUIET_S",
     "NodeView",
     "NoticeTaint",
+    "Renewal",
     "avoided",
     "first_seen",
     "node_view",
     "notice_deadline",
     "parse_notice_taints",
+    "quiet",
+    "renewal",
 ]

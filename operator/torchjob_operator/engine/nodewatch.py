@@ -7,10 +7,17 @@ which changes nothing here. When one changes, every job with a pod bound to that
 kept off it, plans again (``Store.jobs_on_nodes``): a notice starts its pods' replacements at
 once, a node that stopped reporting loses its pods without waiting for the node controller's
 evictions, and a node back under its name lets a pod kept off it be made again.
+
+The nodes' Leases (``kube-node-lease``, read-only) say sooner that a kubelet stopped: the
+:class:`LeaseWatch` notes when each was last seen renewed, and a node quiet for
+``common.nodes.LEASE_QUIET_S`` gets no new pod (``NodeBook.avoid``), 20 s or more before the
+node controller marks it ``Ready=Unknown``. A renewal pokes only the jobs kept off a node
+that was quiet: their pods the scheduler could not place are made again.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
@@ -19,11 +26,21 @@ from typing import Any
 
 from kubernetes import client
 
-from torchjob_operator.common.nodes import NodeView, NoticeTaint, avoided, first_seen, node_view
+from torchjob_operator.common.nodes import (
+    NodeView,
+    NoticeTaint,
+    Renewal,
+    avoided,
+    first_seen,
+    node_view,
+    quiet,
+    renewal,
+)
 from torchjob_operator.engine.cache import Store
 from torchjob_operator.engine.reflector import Reflector
 
 OnJob = Callable[[str, str], None]
+log = logging.getLogger("torchjob_operator.engine.nodewatch")
 
 
 class NodeBook:
@@ -34,23 +51,56 @@ class NodeBook:
         self._views: Mapping[str, NodeView] = MappingProxyType({})
         self._avoid: tuple[str, ...] = ()
         self._lost: frozenset[str] = frozenset()
+        self._renewals: dict[str, Renewal] = {}
+        self._quiet: tuple[str, ...] = ()
+        """The quiet nodes last said in the log."""
 
     def snapshot(self) -> Mapping[str, NodeView]:
         """Every known node's view (an immutable mapping a reader may keep)."""
         with self._lock:
             return self._views
 
-    def avoid(self) -> tuple[str, ...]:
-        """``common.nodes.avoided`` of the book, computed when a view changes, not by every
-        reconcile (a cluster may have thousands of nodes)."""
+    def avoid(self, now: datetime | None = None) -> tuple[str, ...]:
+        """The nodes new pods are kept off: ``common.nodes.avoided`` of the views (computed
+        when a view changes, not by every reconcile: a cluster may have thousands of nodes),
+        and those whose Lease is quiet (``common.nodes.quiet``, which a renewal changes)."""
+        at = now or datetime.now(timezone.utc)
         with self._lock:
-            return self._avoid
+            views, silent = self._avoid, quiet(self._renewals, at)
+            said, self._quiet = self._quiet, silent
+        if silent != said:
+            log.info("nodes whose Lease is not renewed, kept off by new pods: %s", silent or "none")
+        return tuple(sorted({*views, *silent})) if silent else views
 
     def lost(self) -> frozenset[str]:
         """The nodes that stopped reporting (``Ready`` not ``True``), computed when a view
         changes: a scrape reads it (``engine.job_metrics``)."""
         with self._lock:
             return self._lost
+
+    def renewed(self, leases: Mapping[str, str], now: datetime | None = None) -> set[str]:
+        """Leases read (node name: ``spec.renewTime``); one that changed was renewed. Returns
+        the nodes renewed after they were quiet (``Renewal.quiet_at``)."""
+        at = now or datetime.now(timezone.utc)
+        back = set()
+        with self._lock:
+            for name, renew_time in leases.items():
+                old = self._renewals.get(name)
+                new = renewal(old, renew_time, at)
+                if old is not None and new is not old and old.quiet_at(at):
+                    back.add(name)
+                self._renewals[name] = new
+        return back
+
+    def renewals_listed(self, leases: Mapping[str, str], now: datetime | None = None) -> set[str]:
+        """A LIST of the Leases: those it does not show are forgotten."""
+        with self._lock:
+            self._renewals = {n: r for n, r in self._renewals.items() if n in leases}
+        return self.renewed(leases, now)
+
+    def lease_gone(self, name: str) -> None:
+        with self._lock:
+            self._renewals.pop(name, None)
 
     def _set(self, views: dict[str, NodeView]) -> None:
         self._views = MappingProxyType(views)
@@ -127,4 +177,51 @@ class NodeWatch(Reflector):
             self.on_job(*key)
 
 
-__all__ = ["NodeBook", "NodeWatch"]
+class LeaseWatch(Reflector):
+    """Watches the nodes' Leases into ``book``; a quiet node renewing again pokes the jobs
+    kept off it."""
+
+    what = "node leases"
+
+    def __init__(
+        self, api: client.ApiClient, on_job: OnJob, store: Store, book: NodeBook, **kwargs: Any
+    ) -> None:
+        super().__init__(namespaces=(NODE_LEASES,), **kwargs)
+        self.coordination = client.CoordinationV1Api(api)
+        self.on_job = on_job
+        self.store = store
+        self.book = book
+
+    def list_call(self, namespace: str | None, **kwargs: Any) -> Any:
+        return self.coordination.list_namespaced_lease(namespace or NODE_LEASES, **kwargs)
+
+    def trim(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return {"name": _lease_name(obj), "renewTime": _renew_time(obj)}
+
+    def listed(self, namespace: str | None, items: list[dict[str, Any]]) -> None:
+        self._poke(self.book.renewals_listed({i["name"]: i["renewTime"] for i in items}))
+
+    def changed(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self.book.lease_gone(_lease_name(obj))
+        else:
+            self._poke(self.book.renewed({_lease_name(obj): _renew_time(obj)}))
+
+    def _poke(self, nodes: set[str]) -> None:
+        for key in self.store.jobs_on_nodes(nodes) if nodes else ():
+            self.on_job(*key)
+
+
+NODE_LEASES = "kube-node-lease"
+"""Where each kubelet renews its node's Lease (named after the node)."""
+
+
+def _lease_name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
+
+
+def _renew_time(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("spec") or {}).get("renewTime") or "")
+
+
+__all__ = ["LeaseWatch", "NodeBook", "NodeWatch"]

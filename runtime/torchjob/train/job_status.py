@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import ssl
 import threading
@@ -257,7 +258,9 @@ class JobStatusReporter:
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
-        last_sent = 0.0
+        # Never sent: the first write goes at once. (0.0 was "sent at boot": on a machine up
+        # for less than min_interval_s, time.monotonic()'s uptime, the first report waited.)
+        last_sent = -math.inf
         retry = RETRY_FIRST_S
         while True:
             self._wake.wait()
