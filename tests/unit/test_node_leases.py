@@ -14,35 +14,54 @@ from torchjob_operator.common.nodes import (
     AVOIDED_NODES,
     DEFAULT_NOTICE_TAINTS,
     LEASE_QUIET_S,
+    LeaseRead,
     NodeView,
     Renewal,
     node_view,
     quiet,
     renewal,
 )
-from torchjob_operator.engine.nodewatch import NodeBook
+from torchjob_operator.engine.nodewatch import NodeBook, lease_read
 from torchjob_operator.torchjob.plan import plan
 from torchjob_operator.torchjob.writes import decide
 
 
-def stamp(seconds: float) -> str:
-    """A Lease's ``spec.renewTime`` as a kubelet writes it."""
-    return at(seconds).isoformat(timespec="microseconds").replace("+00:00", "Z")
+def stamp(seconds: float, duration_s: float | None = 40.0) -> LeaseRead:
+    """A node's Lease as a kubelet writes it at ``seconds``: its ``spec.renewTime`` and
+    ``leaseDurationSeconds`` (40 s by default: renewed every 10 s)."""
+    return LeaseRead(
+        at(seconds).isoformat(timespec="microseconds").replace("+00:00", "Z"), duration_s
+    )
 
 
 def test_a_lease_counts_as_renewed_when_it_changes_and_only_then() -> None:
     first = renewal(None, stamp(0), at(3))
-    assert first == Renewal(stamp(0), at(3)) and not first.renewing, "read once: not judged"
+    assert first == Renewal(stamp(0).renew_time, at(3)) and not first.renewing, "read once"
     assert renewal(first, stamp(0), at(30)) is first, "the same renewTime read again"
     again = renewal(first, stamp(10), at(11))
-    assert again == Renewal(stamp(10), at(11), renewing=True)
+    assert again == Renewal(stamp(10).renew_time, at(11), renewing=True)
     assert not again.quiet_at(at(11 + LEASE_QUIET_S)) and again.quiet_at(at(12 + LEASE_QUIET_S))
 
 
+def test_a_lease_is_quiet_after_half_its_duration() -> None:
+    """The kubelet renews every quarter of ``leaseDurationSeconds`` (40 s by default): two
+    renewals missed is half of it, whatever the cluster set."""
+    long = renewal(renewal(None, stamp(0, 120.0), at(0)), stamp(30, 120.0), at(30))
+    assert long.quiet_s == 60.0
+    assert not long.quiet_at(at(30 + 59)) and long.quiet_at(at(30 + 61))
+    short = renewal(renewal(None, stamp(0, 10.0), at(0)), stamp(3, 10.0), at(3))
+    assert short.quiet_at(at(3 + 6))
+    unsaid = renewal(renewal(None, stamp(0, None), at(0)), stamp(10, None), at(10))
+    assert unsaid.quiet_s == LEASE_QUIET_S
+    raw = {"metadata": {"name": "n1"}, "spec": {"renewTime": "t", "leaseDurationSeconds": 40}}
+    assert lease_read(raw) == LeaseRead("t", 40.0)
+    assert lease_read({"spec": {}}) == LeaseRead("", None)
+
+
 def test_a_node_not_renewing_while_others_do_is_quiet() -> None:
-    live = Renewal(stamp(40), at(40), renewing=True)
-    stopped = Renewal(stamp(10), at(10), renewing=True)
-    never = Renewal(stamp(0), at(0))  # a Lease never seen renewed is not judged
+    live = Renewal(stamp(40).renew_time, at(40), renewing=True)
+    stopped = Renewal(stamp(10).renew_time, at(10), renewing=True)
+    never = Renewal(stamp(0).renew_time, at(0))  # a Lease never seen renewed is not judged
     assert quiet({"a": live, "b": stopped, "k": never}, at(45)) == ("b",)
     assert quiet({"a": live, "b": stopped}, at(30)) == (), "not yet 20 s"
     # Nothing renewed for 20 s anywhere: the watch or the API server stalls, not every node;

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from torchjob_operator.common.clock import parse_time_or_none
 
@@ -191,13 +191,24 @@ def avoided(nodes: Mapping[str, NodeView]) -> tuple[str, ...]:
 
 LEASE_QUIET_S = 20.0
 """A node whose Lease (``kube-node-lease``) the operator has not seen renewed for this long,
-two of the kubelet's renewals (every 10 s), gets no new pod (:func:`quiet`): its kubelet does
-not talk to the API server, so it would not start one. The node controller waits 40 s
-(``node-monitor-grace-period``) before it marks such a node ``Ready=Unknown``; until then a
-node that vanished, or one back within those 40 s whose kubelet has not yet renewed, looks
-Ready and empty, and the job's spread put a whole restart's pods there
-(bench/results/2026-12-05v, repeat 2: the node came back 31 s after it vanished, was given
-generation 12's eight pods 6 s later, and was marked lost 9 s after that)."""
+two of the kubelet's renewals, gets no new pod (:func:`quiet`): its kubelet does not talk to
+the API server, so it would not start one. It is half the Lease's ``leaseDurationSeconds``
+(40 s by default; the kubelet renews every quarter of it); this, for a Lease that does not
+say. The node controller waits 40 s (``node-monitor-grace-period``) before it marks such a
+node ``Ready=Unknown``; until then a node that vanished, or one back within those 40 s whose
+kubelet has not yet renewed, looks Ready and empty, and the job's spread put a whole
+restart's pods there (bench/results/2026-12-05v, repeat 2: the node came back 31 s after it
+vanished, was given generation 12's eight pods 6 s later, and was marked lost 9 s after
+that)."""
+
+
+class LeaseRead(NamedTuple):
+    """What is kept of a node's Lease as read."""
+
+    renew_time: str
+    """Its ``spec.renewTime``."""
+    duration_s: float | None = None
+    """Its ``spec.leaseDurationSeconds``; the kubelet renews every quarter of it."""
 
 
 @dataclass(frozen=True)
@@ -212,30 +223,29 @@ class Renewal:
     renewing: bool = False
     """Seen to change at least once. A Lease that nothing renews (a node already silent
     when the operator started, a Lease someone wrote by hand) is never judged."""
+    quiet_s: float = LEASE_QUIET_S
+    """Half its ``leaseDurationSeconds`` (:data:`LEASE_QUIET_S` when it gives none)."""
 
-    def quiet_at(self, now: datetime, quiet_s: float = LEASE_QUIET_S) -> bool:
-        """Renewing, and not seen renewed for more than ``quiet_s``."""
-        return self.renewing and (now - self.seen_at).total_seconds() > quiet_s
-
-
-def renewal(before: Renewal | None, renew_time: str, now: datetime) -> Renewal:
-    """The node's :class:`Renewal` once its Lease reads ``renew_time`` at ``now``."""
-    if before is None:
-        return Renewal(renew_time, now)
-    if before.renew_time == renew_time:
-        return before
-    return Renewal(renew_time, now, renewing=True)
+    def quiet_at(self, now: datetime) -> bool:
+        """Renewing, and not seen renewed for more than :attr:`quiet_s`."""
+        return self.renewing and (now - self.seen_at).total_seconds() > self.quiet_s
 
 
-def quiet(
-    renewals: Mapping[str, Renewal], now: datetime, quiet_s: float = LEASE_QUIET_S
-) -> tuple[str, ...]:
+def renewal(before: Renewal | None, read: LeaseRead, now: datetime) -> Renewal:
+    """The node's :class:`Renewal` once its Lease reads ``read`` at ``now``."""
+    quiet_s = read.duration_s / 2 if read.duration_s and read.duration_s > 0 else LEASE_QUIET_S
+    if before is not None and before.renew_time == read.renew_time:
+        return before if before.quiet_s == quiet_s else replace(before, quiet_s=quiet_s)
+    return Renewal(read.renew_time, now, renewing=before is not None, quiet_s=quiet_s)
+
+
+def quiet(renewals: Mapping[str, Renewal], now: datetime) -> tuple[str, ...]:
     """The nodes, sorted, whose renewing Lease the operator has not seen renewed for more
-    than ``quiet_s`` (:data:`LEASE_QUIET_S`), while at least as many were: more quiet than
-    not is the operator's watch, or the API server, or kwok stalling, not the nodes (the
+    than half its duration (``Renewal.quiet_at``), while at least as many were: more quiet
+    than not is the operator's watch, or the API server, or kwok stalling, not the nodes (the
     node controller, likewise, stops evicting in a zone where most nodes stopped)."""
-    found = sorted(n for n, r in renewals.items() if r.quiet_at(now, quiet_s))
-    alive = sum(1 for r in renewals.values() if r.renewing and not r.quiet_at(now, quiet_s))
+    found = sorted(n for n, r in renewals.items() if r.quiet_at(now))
+    alive = sum(1 for r in renewals.values() if r.renewing and not r.quiet_at(now))
     return tuple(found) if found and alive >= len(found) else ()
 
 
@@ -243,6 +253,7 @@ __all__ = [
     "AVOIDED_NODES",
     "DEFAULT_NOTICE_TAINTS",
     "LEASE_QUIET_S",
+    "LeaseRead",
     "NodeView",
     "NoticeTaint",
     "Renewal",

@@ -10,7 +10,7 @@ evictions, and a node back under its name lets a pod kept off it be made again.
 
 The nodes' Leases (``kube-node-lease``, read-only) say sooner that a kubelet stopped: the
 :class:`LeaseWatch` notes when each was last seen renewed, and a node quiet for
-``common.nodes.LEASE_QUIET_S`` gets no new pod (``NodeBook.avoid``), 20 s or more before the
+half its duration (``common.nodes.LEASE_QUIET_S``: 20 s by default) gets no new pod (``NodeBook.avoid``), 20 s or more before the
 node controller marks it ``Ready=Unknown``. A renewal pokes only the jobs kept off a node
 that was quiet: their pods the scheduler could not place are made again.
 """
@@ -27,6 +27,7 @@ from typing import Any
 from kubernetes import client
 
 from torchjob_operator.common.nodes import (
+    LeaseRead,
     NodeView,
     NoticeTaint,
     Renewal,
@@ -78,21 +79,23 @@ class NodeBook:
         with self._lock:
             return self._lost
 
-    def renewed(self, leases: Mapping[str, str], now: datetime | None = None) -> set[str]:
-        """Leases read (node name: ``spec.renewTime``); one that changed was renewed. Returns
+    def renewed(self, leases: Mapping[str, LeaseRead], now: datetime | None = None) -> set[str]:
+        """Leases read, by node name; one whose ``renewTime`` changed was renewed. Returns
         the nodes renewed after they were quiet (``Renewal.quiet_at``)."""
         at = now or datetime.now(timezone.utc)
         back = set()
         with self._lock:
-            for name, renew_time in leases.items():
+            for name, read in leases.items():
                 old = self._renewals.get(name)
-                new = renewal(old, renew_time, at)
-                if old is not None and new is not old and old.quiet_at(at):
+                new = renewal(old, read, at)
+                if old is not None and new.seen_at != old.seen_at and old.quiet_at(at):
                     back.add(name)
                 self._renewals[name] = new
         return back
 
-    def renewals_listed(self, leases: Mapping[str, str], now: datetime | None = None) -> set[str]:
+    def renewals_listed(
+        self, leases: Mapping[str, LeaseRead], now: datetime | None = None
+    ) -> set[str]:
         """A LIST of the Leases: those it does not show are forgotten."""
         with self._lock:
             self._renewals = {n: r for n, r in self._renewals.items() if n in leases}
@@ -196,16 +199,16 @@ class LeaseWatch(Reflector):
         return self.coordination.list_namespaced_lease(namespace or NODE_LEASES, **kwargs)
 
     def trim(self, obj: dict[str, Any]) -> dict[str, Any]:
-        return {"name": _lease_name(obj), "renewTime": _renew_time(obj)}
+        return {"name": _lease_name(obj), "read": lease_read(obj)}
 
     def listed(self, namespace: str | None, items: list[dict[str, Any]]) -> None:
-        self._poke(self.book.renewals_listed({i["name"]: i["renewTime"] for i in items}))
+        self._poke(self.book.renewals_listed({i["name"]: i["read"] for i in items}))
 
     def changed(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == "DELETED":
             self.book.lease_gone(_lease_name(obj))
         else:
-            self._poke(self.book.renewed({_lease_name(obj): _renew_time(obj)}))
+            self._poke(self.book.renewed({_lease_name(obj): lease_read(obj)}))
 
     def _poke(self, nodes: set[str]) -> None:
         for key in self.store.jobs_on_nodes(nodes) if nodes else ():
@@ -220,8 +223,13 @@ def _lease_name(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("name") or "")
 
 
-def _renew_time(obj: Mapping[str, Any]) -> str:
-    return str((obj.get("spec") or {}).get("renewTime") or "")
+def lease_read(obj: Mapping[str, Any]) -> LeaseRead:
+    spec = obj.get("spec") or {}
+    duration = spec.get("leaseDurationSeconds")
+    return LeaseRead(
+        str(spec.get("renewTime") or ""),
+        float(duration) if isinstance(duration, int | float) else None,
+    )
 
 
-__all__ = ["LeaseWatch", "NodeBook", "NodeWatch"]
+__all__ = ["LeaseWatch", "NodeBook", "NodeWatch", "lease_read"]
