@@ -9,9 +9,9 @@ once, a node that stopped reporting loses its pods without waiting for the node 
 evictions, and a node back under its name lets a pod kept off it be made again.
 
 The nodes' Leases (``kube-node-lease``, read-only) say sooner that a kubelet stopped: the
-:class:`LeaseWatch` notes when each was last seen renewed, and a node quiet for
-half its duration (``common.nodes.LEASE_QUIET_S``: 20 s by default) gets no new pod (``NodeBook.avoid``), 20 s or more before the
-node controller marks it ``Ready=Unknown``. A renewal pokes only the jobs kept off a node
+:class:`LeaseWatch` notes when each was last seen renewed, and a node quiet for half its
+duration (``common.nodes.LEASE_QUIET_S``: 20 s by default) gets no new pod
+(``NodeBook.avoid``), 20 s or more before the node controller marks it ``Ready=Unknown``. A renewal pokes only the jobs kept off a node
 that was quiet: their pods the scheduler could not place are made again.
 """
 
@@ -176,8 +176,7 @@ class NodeWatch(Reflector):
             self._poke({view.name})
 
     def _poke(self, nodes: set[str]) -> None:
-        for key in self.store.jobs_on_nodes(nodes):
-            self.on_job(*key)
+        poke_jobs(self.store, self.on_job, nodes)
 
 
 class LeaseWatch(Reflector):
@@ -211,8 +210,13 @@ class LeaseWatch(Reflector):
             self._poke(self.book.renewed({_lease_name(obj): lease_read(obj)}))
 
     def _poke(self, nodes: set[str]) -> None:
-        for key in self.store.jobs_on_nodes(nodes) if nodes else ():
-            self.on_job(*key)
+        poke_jobs(self.store, self.on_job, nodes)
+
+
+def poke_jobs(store: Store, on_job: OnJob, nodes: set[str]) -> None:
+    """Plan again every job with a pod bound to one of ``nodes`` or kept off one."""
+    for key in store.jobs_on_nodes(nodes):
+        on_job(*key)
 
 
 NODE_LEASES = "kube-node-lease"
