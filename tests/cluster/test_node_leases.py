@@ -164,6 +164,9 @@ def test_a_node_whose_lease_is_not_renewed_gets_no_new_pod_until_it_renews(jobs:
             for pod in pods.values():
                 assert quiet in pod.metadata.annotations[AVOIDED_NODES].split(","), pod.metadata
             assert k.node_ready_status(jobs.core, quiet) == "True", "kept off by its Lease"
+            told = jobs.wait_events(name, "KeptOffNodes")
+            kept = next(e for e in told if e.reason == "KeptOffNodes")
+            assert f"{quiet} (its kubelet's Lease not renewed)" in kept.message, kept.message
 
             def waiting() -> Any | None:
                 stuck = [p for p in jobs.pods(name) if p.spec.node_name is None]

@@ -81,9 +81,15 @@ def test_a_notice_replaces_the_pod_on_another_node_before_the_node_goes(jobs: Jo
         replacement = jobs.core.read_namespaced_pod("notice-worker-2", jobs.ns)
         assert replacement.spec.node_name != node, "never on the noticed node"
         reasons = jobs.wait_events(
-            "notice", "CreatedJoiner", "ReplacingBeforeLeaving", "ReplacedBeforeLeaving"
+            "notice",
+            "CreatedJoiner",
+            "ReplacingBeforeLeaving",
+            "ReplacedBeforeLeaving",
+            "KeptOffNodes",
         )
         assert "ShrunkAfterDisruption" not in {e.reason for e in reasons}
+        kept = next(e for e in reasons if e.reason == "KeptOffNodes")
+        assert f"{node} (termination notice {SPOT_ITN})" in kept.message, kept.message
         leaving = next(e for e in reasons if e.reason == "ReplacingBeforeLeaving")
         assert f"notice-worker-1 (node {node}: {SPOT_ITN}" in leaving.message, leaving.message
         # No longer a member: it goes now, not when its node does.

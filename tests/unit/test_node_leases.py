@@ -20,10 +20,11 @@ from torchjob_operator.common.nodes import (
     node_view,
     quiet,
     renewal,
+    why_avoided,
 )
 from torchjob_operator.engine.nodewatch import NodeBook, lease_read
 from torchjob_operator.torchjob.plan import plan
-from torchjob_operator.torchjob.writes import decide
+from torchjob_operator.torchjob.writes import decide, kept_off_nodes
 
 
 def stamp(seconds: float, duration_s: float | None = 40.0) -> LeaseRead:
@@ -112,9 +113,14 @@ def test_a_restart_goes_nowhere_near_a_node_back_within_the_grace_but_not_renewi
     assert book.put(node_view(noticed, DEFAULT_NOTICE_TAINTS), now=at(44))
     avoid = book.avoid(at(71))
     assert avoid == REAL[1:], "real-1 and real-3 quiet, real-2 noticed"
-    view = replace(job().replicas(8).build(), avoid_nodes=avoid)
+    view = replace(job().replicas(8).build(), avoid_nodes=avoid, nodes=book.snapshot())
     made = decide(view, "uid", [], (), at(71))
     assert made.plan.create is not None and len(made.workers) == 8
+    told = [e for e in made.events if e.reason == "KeptOffNodes"]
+    assert len(told) == 1, made.events
+    lease, notice = "its kubelet's Lease not renewed", f"termination notice {gke['key']}"
+    assert f"{REAL[1]} ({lease}), {REAL[2]} ({notice}), {REAL[3]} ({lease})" in told[0].message
+    assert all(body["metadata"]["name"] in told[0].message for body in made.workers)
     for body in made.workers:
         terms = body["spec"]["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"
@@ -132,3 +138,20 @@ def test_a_restart_goes_nowhere_near_a_node_back_within_the_grace_but_not_renewi
     assert again.status["disruptions"] == 0 and again.status["restarts"] == 0
     said = next(e for e in again.events if e.reason == "PlacingAgain")
     assert f"kept off {REAL[1]}," in said.message, said.message
+
+
+def test_why_a_node_is_avoided_names_a_lost_node_before_its_notice() -> None:
+    gone = NodeView("a", ready=False, notice="karpenter.sh/disrupted")
+    noticed = NodeView("b", notice="karpenter.sh/disrupted")
+    said = why_avoided(("a", "b", "c"), {"a": gone, "b": noticed, "c": NodeView("c")})
+    assert said == (
+        "a (not Ready), b (termination notice karpenter.sh/disrupted), "
+        "c (its kubelet's Lease not renewed)"
+    )
+
+
+def test_no_event_when_nothing_is_avoided_or_nothing_is_made() -> None:
+    view = job().replicas(2).build()
+    assert not [e for e in decide(view, "uid", [], (), at(0)).events if e.reason == "KeptOffNodes"]
+    kept = replace(view, avoid_nodes=("a",))
+    assert kept_off_nodes(kept, []) == ()

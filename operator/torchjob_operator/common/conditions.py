@@ -128,6 +128,8 @@ REASONS: Final[Mapping[str, str]] = {
     "CreatedWorkerAccount": "created {kinds} {name}",
     "CreatedPod": "created {pods} (generation {generation})",
     "CreatedProbe": "probing capacity with pod {name}",
+    "KeptOffNodes": "{pods} kept off {nodes}: a node that is going or not talking to the API "
+    "server would take a pod it never runs",
     "PlacingAgain": "{pods} could not be scheduled, kept off {nodes}, which need avoiding no "
     "more: created again",
     "CreatedJoiner": "replacement {pods} starting for generation {generation}; it joins at a "

@@ -189,6 +189,23 @@ def avoided(nodes: Mapping[str, NodeView]) -> tuple[str, ...]:
     return tuple(sorted(n.name for n in nodes.values() if n.notice is not None or not n.ready))
 
 
+def why_avoided(avoid: Sequence[str], nodes: Mapping[str, NodeView]) -> str:
+    """Each node in ``avoid`` with why new pods keep off it, for the ``KeptOffNodes`` Event
+    (``kubectl describe``): not reporting (``Ready`` not ``True``), a termination notice (its
+    taint's key), or, neither of those, a Lease not seen renewed (:func:`quiet`, which the
+    views do not show)."""
+
+    def why(name: str) -> str:
+        view = nodes.get(name)
+        if view is not None and not view.ready:
+            return "not Ready"
+        if view is not None and view.notice is not None:
+            return f"termination notice {view.notice}"
+        return "its kubelet's Lease not renewed"
+
+    return ", ".join(f"{name} ({why(name)})" for name in avoid)
+
+
 LEASE_QUIET_S = 20.0
 """A node whose Lease (``kube-node-lease``) the operator has not seen renewed for this long,
 two of the kubelet's renewals, gets no new pod (:func:`quiet`): its kubelet does not talk to
@@ -264,4 +281,5 @@ __all__ = [
     "parse_notice_taints",
     "quiet",
     "renewal",
+    "why_avoided",
 ]

@@ -13,7 +13,7 @@ from typing import Any
 from torchjob import contract
 from torchjob.api.models import Phase, TorchJobSpec
 from torchjob_operator.common.events import Event
-from torchjob_operator.common.nodes import AVOIDED_NODES
+from torchjob_operator.common.nodes import AVOIDED_NODES, why_avoided
 from torchjob_operator.resources.initializers import initializer_pod
 from torchjob_operator.resources.pods import (
     avoid_nodes,
@@ -116,8 +116,19 @@ def decide(
             *init.events,
             *initializers.created_events(name, spec, decided.initialize),
         )
-    events = (*before, *init_events, *decided.events)
+    events = (*before, *init_events, *decided.events, *kept_off_nodes(view, workers))
     return Decided(decided, workers, probe_bodies, events, inits, first)
+
+
+def kept_off_nodes(view: JobView, workers: Sequence[dict[str, Any]]) -> tuple[Event, ...]:
+    """A ``KeptOffNodes`` Event when new worker pods keep off nodes the Node and Lease watches
+    gave (``view.avoid_nodes``), each with why: what ``kubectl describe`` shows of a pod that
+    waits for a node while one looks free."""
+    if not workers or not view.avoid_nodes:
+        return ()
+    pods = ", ".join(str(body["metadata"]["name"]) for body in workers)
+    nodes = why_avoided(view.avoid_nodes, view.nodes)
+    return (Event.of("KeptOffNodes", pods=pods, nodes=nodes),)
 
 
 def _place(
