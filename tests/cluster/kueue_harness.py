@@ -206,6 +206,20 @@ class KueueProcess:
         return path
 
     def start(self) -> None:
+        """Install Kueue's webhooks and CRDs and start it; return once it is ready. A port that
+        ``free_port`` found free can be taken by another process (the CI's sessions run side
+        by side) before Kueue binds it (CI, 2026-12-06: "listen tcp 127.0.0.1:42727: bind:
+        address already in use", the manager's exit): then it starts again on new ports, the
+        webhooks installed again for them, up to 3 times."""
+        for attempt in range(3):
+            try:
+                return self._start()
+            except _PortTaken:
+                if attempt == 2:
+                    raise
+                self.port, self.health_port = free_port(), free_port()
+
+    def _start(self) -> None:
         self._install(self._certificate())
         log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
         env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)}
@@ -219,7 +233,10 @@ class KueueProcess:
         def ready() -> bool:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise AssertionError(f"Kueue exited with {self.proc.returncode}:\n{self.logs()}")
+                logs = self.logs()
+                if "address already in use" in logs.lower():
+                    raise _PortTaken(logs)
+                raise AssertionError(f"Kueue exited with {self.proc.returncode}:\n{logs}")
             try:
                 url = f"http://127.0.0.1:{self.health_port}/readyz"
                 with urllib.request.urlopen(url, timeout=2) as r:
@@ -269,6 +286,10 @@ class KueueProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+class _PortTaken(AssertionError):
+    """Kueue could not bind a port ``free_port`` had found free."""
 
 
 @contextlib.contextmanager

@@ -87,6 +87,19 @@ class Prometheus:
             ],
         }
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+        # A port free_port() found free can be taken before Prometheus binds it (the CI's
+        # sessions run side by side; Kueue's harness met it): then start again on a new one.
+        for _ in range(3):
+            self._start(tmp)
+            said = k.wait_for(
+                self._ready_or_taken, 60, lambda: f"Prometheus ready\n{self.logs()}", interval=0.3
+            )
+            if said == "ready":
+                return
+            self.port = free_port()
+        raise AssertionError(f"Prometheus found no free port in 3 tries\n{self.logs()}")
+
+    def _start(self, tmp: Path) -> None:
         self.log = (tmp / "prometheus.log").open("w")
         self.proc = subprocess.Popen(
             [
@@ -98,7 +111,14 @@ class Prometheus:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
-        k.wait_for(self.ready, 60, lambda: f"Prometheus ready\n{self.logs()}", interval=0.3)
+
+    def _ready_or_taken(self) -> str | None:
+        """ "ready", "taken" (it exited: its port was in use), else None (not yet)."""
+        if self.proc.poll() is not None:
+            logs = self.logs()
+            assert "address already in use" in logs.lower(), f"Prometheus exited\n{logs}"
+            return "taken"
+        return "ready" if self.ready() else None
 
     def logs(self) -> str:
         return Path(self.log.name).read_text()[-3000:]
