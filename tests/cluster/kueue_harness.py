@@ -33,7 +33,7 @@ import pytest
 import yaml
 from kubernetes import client
 from tests import kube as k
-from tests.cluster.operator_harness import free_port
+from tests.cluster.operator_harness import exited, free_port, start_on_free_ports
 
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 METRICS_CERTS = Path("/etc/kueue/metrics/certs")
@@ -211,13 +211,10 @@ class KueueProcess:
         by side) before Kueue binds it (CI, 2026-12-06: "listen tcp 127.0.0.1:42727: bind:
         address already in use", the manager's exit): then it starts again on new ports, the
         webhooks installed again for them, up to 3 times."""
-        for attempt in range(3):
-            try:
-                return self._start()
-            except _PortTaken:
-                if attempt == 2:
-                    raise
-                self.port, self.health_port = free_port(), free_port()
+        start_on_free_ports(self._start, self._new_ports)
+
+    def _new_ports(self) -> None:
+        self.port, self.health_port = free_port(), free_port()
 
     def _start(self) -> None:
         self._install(self._certificate())
@@ -233,10 +230,7 @@ class KueueProcess:
         def ready() -> bool:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                logs = self.logs()
-                if "address already in use" in logs.lower():
-                    raise _PortTaken(logs)
-                raise AssertionError(f"Kueue exited with {self.proc.returncode}:\n{logs}")
+                raise exited("Kueue", self.proc.returncode, self.logs())
             try:
                 url = f"http://127.0.0.1:{self.health_port}/readyz"
                 with urllib.request.urlopen(url, timeout=2) as r:
@@ -286,10 +280,6 @@ class KueueProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-
-class _PortTaken(AssertionError):
-    """Kueue could not bind a port ``free_port`` had found free."""
 
 
 @contextlib.contextmanager

@@ -42,6 +42,35 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class PortTaken(AssertionError):
+    """A process exited because a port ``free_port`` had found free was taken before it
+    bound it (another process of the CI's side-by-side sessions got it first)."""
+
+
+def exited(what: str, returncode: int | None, logs: str) -> AssertionError:
+    """The error for a process that exited while it started: :class:`PortTaken` when its log
+    says a port was in use (Python: "[Errno 98] Address already in use"; Go and aiohttp:
+    "bind: address already in use"), else an AssertionError with its log."""
+    if "address already in use" in logs.lower():
+        return PortTaken(logs)
+    return AssertionError(f"{what} exited with {returncode}:\n{logs}")
+
+
+def start_on_free_ports(
+    start: Callable[[], None], new_ports: Callable[[], None] = lambda: None, tries: int = 3
+) -> None:
+    """``start()``, and again after ``new_ports()`` while it raises :class:`PortTaken`, up to
+    ``tries`` times: the one answer to a port ``free_port`` found free and another process
+    took before ours bound it (CI 2026-11-29 the operator, 2026-12-06 Kueue)."""
+    for attempt in range(tries):
+        try:
+            return start()
+        except PortTaken:
+            if attempt == tries - 1:
+                raise
+            new_ports()
+
+
 class OperatorProcess:
     def __init__(
         self, cluster: k.Cluster, log_dir: Path, *, args: tuple[str, ...] = (), tag: str = ""
@@ -64,13 +93,8 @@ class OperatorProcess:
         answers. Without, return at once (a chaos test may kill it before it is up). A port
         that ``free_port`` found free can be taken by another process before the operator
         binds it (CI, 2026-11-29: "address already in use"): then it starts again on new
-        ports, up to 3 times."""
-        for attempt in range(3):
-            try:
-                return self._start(wait=wait)
-            except _PortTaken:
-                if attempt == 2:
-                    raise
+        ports, up to 3 times (``_start`` chooses them)."""
+        start_on_free_ports(lambda: self._start(wait=wait))
 
     def _start(self, *, wait: bool) -> None:
         self.starts += 1
@@ -105,12 +129,7 @@ class OperatorProcess:
         def healthy() -> bool:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                logs = self.logs()
-                # Python says "[Errno 98] Address already in use"; aiohttp (kopf's
-                # liveness) "address already in use": the retry missed the first (CI, 12-05).
-                if "address already in use" in logs.lower():
-                    raise _PortTaken(logs)
-                raise AssertionError(f"operator exited with {self.proc.returncode}:\n{logs}")
+                raise exited("operator", self.proc.returncode, self.logs())
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
                     return bool(r.status == 200)
@@ -331,7 +350,3 @@ class Jobs:
         self, pod: str, code: int, *, after: str | None = None, message: str | None = None
     ) -> None:
         k.make_pod_exit(self.core, self.ns, pod, code, after=after, message=message)
-
-
-class _PortTaken(AssertionError):
-    """The operator could not bind a port ``free_port`` had found free."""

@@ -24,7 +24,14 @@ from typing import Any
 import pytest
 import yaml
 from tests import kube as k
-from tests.cluster.operator_harness import Jobs, OperatorProcess, free_port, torchjob
+from tests.cluster.operator_harness import (
+    Jobs,
+    OperatorProcess,
+    exited,
+    free_port,
+    start_on_free_ports,
+    torchjob,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "torchjob-operator"
@@ -89,15 +96,10 @@ class Prometheus:
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
         # A port free_port() found free can be taken before Prometheus binds it (the CI's
         # sessions run side by side; Kueue's harness met it): then start again on a new one.
-        for _ in range(3):
-            self._start(tmp)
-            said = k.wait_for(
-                self._ready_or_taken, 60, lambda: f"Prometheus ready\n{self.logs()}", interval=0.3
-            )
-            if said == "ready":
-                return
-            self.port = free_port()
-        raise AssertionError(f"Prometheus found no free port in 3 tries\n{self.logs()}")
+        start_on_free_ports(lambda: self._start(tmp), self._new_port)
+
+    def _new_port(self) -> None:
+        self.port = free_port()
 
     def _start(self, tmp: Path) -> None:
         self.log = (tmp / "prometheus.log").open("w")
@@ -111,14 +113,13 @@ class Prometheus:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
+        k.wait_for(self._started, 60, lambda: f"Prometheus ready\n{self.logs()}", interval=0.3)
 
-    def _ready_or_taken(self) -> str | None:
-        """ "ready", "taken" (it exited: its port was in use), else None (not yet)."""
+    def _started(self) -> bool:
+        """Ready; raises :func:`exited`'s error when the process ended."""
         if self.proc.poll() is not None:
-            logs = self.logs()
-            assert "address already in use" in logs.lower(), f"Prometheus exited\n{logs}"
-            return "taken"
-        return "ready" if self.ready() else None
+            raise exited("Prometheus", self.proc.returncode, self.logs())
+        return self.ready()
 
     def logs(self) -> str:
         return Path(self.log.name).read_text()[-3000:]
