@@ -153,6 +153,47 @@ def test_a_partition_goes_to_rank_0s_side_whichever_side_reports_first() -> None
     assert members(plan(other, up, at(10.1)).status) == [0, 1, 2]
 
 
+def test_rank_0s_pod_named_from_two_other_nodes_counts_at_once() -> None:
+    """Six pods on three nodes, two each, rank 0's on node a. Its node vanishes: pods on b and
+    c both name rank 0's pod, and no wait can bring rank 0's own report (its node is gone, or
+    cut off from both): the job goes on with the four at once, not ``RANK0_HOLD_S`` later
+    (bench/results/2026-12-06b: such a vanish re-formed 3 s later than one that spared rank
+    0). A partition between a and b has one side that names rank 0 (c reaches its store, and
+    reports b): that side still waits, and rank 0's side keeps the job."""
+    _, view, pods = step(elastic_keep(6, 2), [], 0)
+    up = [replace(running(p), node="abc"[p.index // 2]) for p in pods]
+    settled, view, _ = step(view, up, 1)
+    # Each reporter names rank 0's pod (its store went silent) and its node-mate (the sweep).
+    by_b = [("tj-worker-0", 0, "tj-worker-2"), ("tj-worker-1", 0, "tj-worker-2", "host")]
+    by_c = [("tj-worker-0", 0, "tj-worker-4"), ("tj-worker-1", 0, "tj-worker-4", "host")]
+    gone = [*by_b, *by_c]
+    vanished = plan(reported(view, settled.status, *gone, at_s=10), up, at(10.2))
+    assert members(vanished.status) == [2, 3, 4, 5], vanished.status
+    assert sorted(vanished.delete) == ["tj-worker-0", "tj-worker-1"]
+    assert vanished.status["restarts"] == 0
+    # One node names rank 0 (both of its pods): the wait holds.
+    lone = reported(view, settled.status, *by_b, ("tj-worker-0", 0, "tj-worker-3"), at_s=10)
+    waiting = plan(lone, up, at(10.2))
+    assert waiting.status["currentGeneration"] == 0 and waiting.delete == ()
+    assert waiting.requeue_after_s == pytest.approx(RANK0_HOLD_S - 0.2)
+    # The partition a|b: c reports b's pods (their beats no longer reach the store): a keeps it.
+    cut = reported(
+        view,
+        settled.status,
+        *by_b,
+        ("tj-worker-2", 0, "tj-worker-4"),
+        ("tj-worker-3", 0, "tj-worker-5"),
+        at_s=10,
+    )
+    kept = plan(cut, up, at(10.2))
+    assert members(kept.status) == [0, 1, 4, 5], kept.status
+    assert sorted(kept.delete) == ["tj-worker-2", "tj-worker-3"]
+    # Two pods of rank 0's own node name it (its node-mate cut off): not another node's view.
+    mates = [("tj-worker-0", 0, "tj-worker-1"), ("tj-worker-0", 0, "tj-worker-2")]
+    held = plan(reported(view, settled.status, *mates, at_s=10), up, at(10.2))
+    assert held.status["currentGeneration"] == 0 and held.delete == ()
+
+
 def test_a_silent_report_under_a_fixed_size_job_replaces_the_pod_without_backoff() -> None:
     _, view, pods = step(job().replicas(2).keep_survivors().max_restarts(3).build(), [], 0)
     up = [running(p) for p in pods]

@@ -39,7 +39,7 @@ from torchjob_operator.common.events import Event
 from torchjob_operator.common.nodes import NodeView, notice_deadline
 from torchjob_operator.torchjob.decision import Decision
 from torchjob_operator.torchjob.observed import JobState, PodView
-from torchjob_operator.torchjob.silent import carried_over, trusted_reports
+from torchjob_operator.torchjob.silent import carried_over, pod_nodes, trusted_reports
 
 NODE_LOST = "NodeLost"
 """``PodView.disruption`` of a pod whose node stopped reporting (``Ready`` not ``True``)."""
@@ -104,10 +104,12 @@ def suspect_nodes(
     replacement right back where it cannot reach its peers. Nodes in ``avoid`` (kept off
     anyway) are left out; ``now``: reports naming rank 0's pod that wait (``silent.held``) do
     not count yet."""
+    placed = list(pods)
     members = _members(state, job)
     carried = carried_over(state.history, state.generation, members)
-    silent = trusted_reports(state.silent, state.generation, members, carried, now)
-    found = {p.node for p in pods if p.name in silent and p.node}
+    on = pod_nodes(placed)
+    silent = trusted_reports(state.silent, state.generation, members, carried, now, on)
+    found = {p.node for p in placed if p.name in silent and p.node}
     found |= set(lost_silent(state).values())
     if now is not None:
         found |= recently_silent(state.history, now, nodes or {})

@@ -78,7 +78,7 @@ from torchjob_operator.torchjob.loss import after_loss, survives
 from torchjob_operator.torchjob.nodes import held_only, overdue_in, place_again, placed_again
 from torchjob_operator.torchjob.observed import JobState, PodView, ProbeView
 from torchjob_operator.torchjob.phase import active_phase
-from torchjob_operator.torchjob.silent import recheck_after, silenced
+from torchjob_operator.torchjob.silent import pod_nodes, recheck_after, silenced
 from torchjob_operator.torchjob.spread import spread_back
 from torchjob_operator.torchjob.status import ready_reason, render_status
 
@@ -210,8 +210,9 @@ def plan(
 
     d = _rescale(d)
     # Pods the survivors saw go silent are lost like SIGKILLed ones (torchjob/silent.py).
+    on = pod_nodes(pods)
     pods = silenced(pods, st.silent, d.generation, d.ranked, job.name, st.history, now)
-    wait = recheck_after(st.silent, d.generation, d.ranked, job.name, st.history, now)
+    wait = recheck_after(st.silent, d.generation, d.ranked, job.name, st.history, now, on)
     d = d.also(requeue=[wait] if wait is not None else [])
     current = _members(d, pods)
     # A job its losses crowded onto few nodes moves one member at a time (torchjob/spread.py):

@@ -29,10 +29,15 @@ beats go through). Both sides find each other silent in the same seconds (the sa
 threshold, from the moment the link went), so which report reaches the API server first is
 chance: a report that names the pod of rank 0 counts only :data:`RANK0_HOLD_S` after it was
 made (its ``at``; every report its reporter made waits with it), time for rank 0's side to
-report the other side if it is alive, and be believed. A vanished rank 0 costs those
-seconds more; a partition no longer leaves the job to the side cut off from its store
-(tests/cluster/test_real_node.py, seen failing in CI when the operator acted on the first
-report). A report without ``at`` (an older runtime) counts at once.
+report the other side if it is alive, and be believed. A vanished rank 0 cost those
+seconds more (a third of the fleet bench's node losses took rank 0's pod); a partition no
+longer leaves the job to the side cut off from its store (tests/cluster/test_real_node.py,
+seen failing in CI when the operator acted on the first report). The wait ends early when
+pods on two or more nodes besides rank 0's name it (:func:`seen_from_other_nodes`): a
+partition between two nodes has one side that names rank 0, and a node beside both reaches
+rank 0's store; two nodes that both lost it lost its node (or it was cut off from both, and
+the side that reaches more of the job keeps it). A report without ``at`` (an older runtime)
+counts at once.
 
 While a generation forms, every member but rank 0's pod probes rank 0's store (``how:
 store``, ``torchjob.train.recovery.formation``): when that host is gone, they all find it
@@ -122,19 +127,37 @@ def _valid(
     ]
 
 
+def seen_from_other_nodes(
+    valid: Sequence[SilentWorker], rank0: str, nodes: Mapping[str, str]
+) -> bool:
+    """Pods on two or more nodes other than the node of ``rank0`` (the pod of rank 0) report
+    it silent (``nodes``: pod name -> node). Not a partition between two nodes, which has one
+    side that names rank 0: its node is gone, or cut off from both, and no wait (:func:`held`)
+    can bring its own report in time. bench/results/2026-12-06b: a vanish that took rank 0's
+    pod re-formed 6.3-7.0 s after the vanish, one that did not 3.7-4.5 s."""
+    home = nodes.get(rank0) or ""
+    seen = {nodes.get(r.by) or "" for r in valid if r.pod == rank0}
+    return len(seen - {home, ""}) >= 2
+
+
 def held(
     reports: Sequence[SilentWorker],
     generation: int,
     members: Sequence[str],
     now: datetime,
     carried: Collection[str] = frozenset(),
+    nodes: Mapping[str, str] | None = None,
 ) -> dict[str, datetime]:
     """The reporters whose reports wait (they named the pod of rank 0, ``members[0]``, less
-    than :data:`RANK0_HOLD_S` before ``now``), with when they will count."""
+    than :data:`RANK0_HOLD_S` before ``now``), with when they will count; none when pods on
+    two other nodes name it (:func:`seen_from_other_nodes`; ``nodes``: pod name -> node)."""
     if not members:
         return {}
+    valid = _valid(reports, generation, members, carried)
+    if nodes and seen_from_other_nodes(valid, members[0], nodes):
+        return {}
     out: dict[str, datetime] = {}
-    for r in _valid(reports, generation, members, carried):
+    for r in valid:
         made = parse_time_or_none(r.at) if r.pod == members[0] else None
         until = made + timedelta(seconds=RANK0_HOLD_S) if made is not None else None
         if until is not None and now < until:
@@ -148,13 +171,14 @@ def trusted_reports(
     members: Sequence[str],
     carried: Collection[str] = frozenset(),
     now: datetime | None = None,
+    nodes: Mapping[str, str] | None = None,
 ) -> dict[str, SilentWorker]:
     """The reports the planner acts on, by the silent pod's name (see the module docstring);
     ``members`` are the current generation's pod names in rank order; ``carried``, those of
     them that were members of the generation before (:func:`carried_over`), whose reports of
     each other in it still count; ``now``: the reporters that named rank 0's pod too lately
-    wait (:func:`held`; without it, none)."""
-    waiting = held(reports, generation, members, now, carried) if now is not None else {}
+    wait (:func:`held`; without it, none); ``nodes``: each pod's node, for :func:`held`."""
+    waiting = held(reports, generation, members, now, carried, nodes) if now is not None else {}
     valid = [r for r in _valid(reports, generation, members, carried) if r.by not in waiting]
     if cut_off := _cut_off_from_store(valid, members):
         valid = [r for r in valid if r.by not in cut_off]
@@ -213,7 +237,8 @@ def silenced(
     controller (bench/results/2026-11-30a, losses 8 and 9). ``now``: reports naming rank 0's
     pod wait a moment (:func:`held`, :func:`recheck_after`)."""
     members, carried = _membership(ranked, job, history, generation)
-    trusted = trusted_reports(reports, generation, members, carried, now) if reports else {}
+    on = pod_nodes(pods)
+    trusted = trusted_reports(reports, generation, members, carried, now, on) if reports else {}
     earlier = left_silent(history)
     out = []
     dark = _dark_nodes(history, generation)
@@ -268,13 +293,20 @@ def recheck_after(
     job: str,
     history: Sequence[GenerationRecord],
     now: datetime,
+    nodes: Mapping[str, str] | None = None,
 ) -> float | None:
-    """Seconds until the first waiting report counts (:func:`held`); None when none waits."""
+    """Seconds until the first waiting report counts (:func:`held`; ``nodes``: each pod's
+    node); None when none waits."""
     members, carried = _membership(ranked, job, history, generation)
-    waiting = held(reports, generation, members, now, carried)
+    waiting = held(reports, generation, members, now, carried, nodes)
     if not waiting:
         return None
     return max(0.1, (min(waiting.values()) - now).total_seconds())
+
+
+def pod_nodes(pods: Sequence[PodView]) -> dict[str, str]:
+    """Each placed pod's node, by pod name (:func:`held`'s ``nodes``)."""
+    return {p.name: p.node for p in pods if p.node}
 
 
 def _membership(
