@@ -280,3 +280,33 @@ def test_a_broken_group_is_said_about_the_reporter_itself_beside_its_silent_peer
     assert [(w.pod, w.generation) for w in stored] == [("tj-worker-1", 7)]
     assert reports.record((0, 1, 2), 8, 0, 5.0)
     assert not any(w.broken_group for w in reports.reports())
+
+
+def test_a_broken_group_is_not_written_before_the_sweep_of_its_silent_peer() -> None:
+    """Rank 0's node vanished: the watchdog reports rank 0 (its sweep then finds the
+    node-mate, pod 3), and the group breaks meanwhile. The broken group's own write must not
+    go out before the sweep's: it holds rank 0 without its node-mate, and the operator
+    published a generation that kept pod 3, then another (bench/results/2026-12-06e). The
+    report's write, after its sweep, carries the broken entry too."""
+    release = threading.Event()
+
+    def connect(address: tuple[str, int], timeout_s: float) -> socket.socket:
+        assert release.wait(30), "the sweep was never let go"
+        raise TimeoutError if address[0].startswith("tj-worker-3.") else ConnectionRefusedError
+
+    sink = Applies()
+    pod = pod_env(job_name="tj", namespace="ns", pod_index=1, replicas=4)
+    reports = SilentReports(sink, pod, connect=connect)
+    reports.report((0, 1, 2, 3), 5, 0, 3.1, "heartbeat")
+    reports.broken(5)
+    with sink.landed:
+        assert not sink.landed.wait_for(lambda: sink.sent, timeout=0.5), "written mid-sweep"
+    release.set()
+    with sink.landed:
+        assert sink.landed.wait_for(lambda: sink.sent, timeout=30), sink.sent
+    assert {e[0] for e in entries(sink.sent[0][1])} == {"tj-worker-0", "tj-worker-1", "tj-worker-3"}
+    # With no report in flight, a broken group is written at once, as before.
+    reports.broken(6)
+    with sink.landed:
+        assert sink.landed.wait_for(lambda: len(sink.sent) == 2, timeout=30), sink.sent
+    assert entries(sink.sent[-1][1]) == [("tj-worker-1", 6, "tj-worker-1")]

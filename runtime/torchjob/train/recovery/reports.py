@@ -70,6 +70,9 @@ class SilentReports:
         self._seconds: dict[str, tuple[float, str, str]] = {}
         """Each pod found silent: how long, how, and when first (RFC 3339, ms, UTC)."""
         self._ahead = -1
+        self._unswept = 0
+        """Reports on their thread whose sweep has not ended (:meth:`broken` leaves its write
+        to them)."""
         self._early: tuple[int, float, dict[int, bool | None]] | None = None
         """The sweep run ahead: (generation, when it ended (monotonic), rank: answer)."""
 
@@ -214,7 +217,13 @@ class SilentReports:
         else tells the operator: a group that every member left for a peer's closed
         connection, with no pod lost, would otherwise wait for a next generation that no
         loss brings (bench/results/2026-12-03a: 231 s without a step). Best effort, as
-        :meth:`report`."""
+        :meth:`report`.
+
+        While a report's sweep runs, nothing is written here: that report's write, once its
+        sweep has found the silent peer's node-mates, carries this entry too. Written at
+        once, it told the operator of rank 0's silence without its node-mates (the report
+        it holds was recorded before the sweep), and the operator published a generation
+        that kept them, then another 0.5 s later (bench/results/2026-12-06e, loss 1)."""
         with self._lock:
             if generation < self._generation:
                 return
@@ -223,6 +232,8 @@ class SilentReports:
             if self.by in self._seconds:
                 return
             self._seconds[self.by] = (0.0, SilentWorker.BROKEN, now_ms())
+            if self._unswept:
+                return
 
         def send() -> None:
             t0 = time.monotonic()
@@ -245,11 +256,17 @@ class SilentReports:
         effort (a survivor that cannot reach the API server leaves it to the others)."""
         if not self.record(ranked, generation, rank, silent_s, how):
             return
+        with self._lock:
+            self._unswept += 1
 
         def send() -> None:
             t0 = time.monotonic()
             try:
-                self.sweep(ranked, generation)
+                try:
+                    self.sweep(ranked, generation)
+                finally:
+                    with self._lock:
+                        self._unswept -= 1
                 swept = time.monotonic() - t0
                 self.write()
             except Exception as e:  # the other survivors report too
