@@ -16,7 +16,7 @@ from tests.unit.test_planner import step
 from torchjob.api.models import SilentWorker
 from torchjob_operator.torchjob.nodes import lost_silent
 from torchjob_operator.torchjob.observed import PodView
-from torchjob_operator.torchjob.plan import JobView, plan, with_state
+from torchjob_operator.torchjob.plan import JobView, Plan, plan, with_state
 from torchjob_operator.torchjob.silent import NODE_HOW, RANK0_HOLD_S, silenced, trusted_reports
 
 
@@ -116,6 +116,19 @@ def members(status: dict) -> list[int]:
     return status.get("members") or list(range(status["replicas"]))
 
 
+def assert_waits(decided: Plan, left_s: float) -> None:
+    """Nothing acted on yet: generation 0 goes on, and the planner looks again in ``left_s``."""
+    assert decided.status["currentGeneration"] == 0 and decided.delete == ()
+    assert decided.requeue_after_s == pytest.approx(left_s)
+
+
+def assert_goes_on_with(decided: Plan, kept: list[int], gone: list[str]) -> None:
+    """The next generation is ``kept`` (indices in rank order), ``gone`` deleted, nothing charged."""
+    assert members(decided.status) == kept, decided.status
+    assert sorted(decided.delete) == gone
+    assert decided.status["restarts"] == 0
+
+
 def test_a_partition_goes_to_rank_0s_side_whichever_side_reports_first() -> None:
     """A partition between two nodes: pods 0 and 1 (rank 0, the store) on one, 2 and 3 on
     the other. Both sides find the other silent in the same seconds; the side cut off from the
@@ -127,9 +140,7 @@ def test_a_partition_goes_to_rank_0s_side_whichever_side_reports_first() -> None
     settled, view, _ = step(view, up, 1)
     cut = ("tj-worker-0", 0, "tj-worker-2"), ("tj-worker-1", 0, "tj-worker-2")
     cut_off = reported(view, settled.status, *cut, at_s=10)
-    waiting = plan(cut_off, up, at(10.5))
-    assert waiting.status["currentGeneration"] == 0 and waiting.delete == ()
-    assert waiting.requeue_after_s == pytest.approx(RANK0_HOLD_S - 0.5)
+    assert_waits(plan(cut_off, up, at(10.5)), RANK0_HOLD_S - 0.5)
     # Rank 0's side reports the other side a second later: it keeps the job.
     both = reported(
         view,
@@ -139,10 +150,7 @@ def test_a_partition_goes_to_rank_0s_side_whichever_side_reports_first() -> None
         ("tj-worker-3", 0, "tj-worker-0"),
         at_s=11,
     )
-    kept = plan(both, up, at(11.2))
-    assert members(kept.status) == [0, 1], kept.status
-    assert sorted(kept.delete) == ["tj-worker-2", "tj-worker-3"]
-    assert kept.status["restarts"] == 0
+    assert_goes_on_with(plan(both, up, at(11.2)), [0, 1], ["tj-worker-2", "tj-worker-3"])
     # Nobody answers for rank 0's pod (its node vanished): once the wait is over, pod 2's
     # report counts, and the job goes on with 2 and 3 (a new rank 0).
     vanished = plan(cut_off, up, at(10 + RANK0_HOLD_S))
@@ -168,14 +176,10 @@ def test_rank_0s_pod_named_from_two_other_nodes_counts_at_once() -> None:
     by_c = [("tj-worker-0", 0, "tj-worker-4"), ("tj-worker-1", 0, "tj-worker-4", "host")]
     gone = [*by_b, *by_c]
     vanished = plan(reported(view, settled.status, *gone, at_s=10), up, at(10.2))
-    assert members(vanished.status) == [2, 3, 4, 5], vanished.status
-    assert sorted(vanished.delete) == ["tj-worker-0", "tj-worker-1"]
-    assert vanished.status["restarts"] == 0
+    assert_goes_on_with(vanished, [2, 3, 4, 5], ["tj-worker-0", "tj-worker-1"])
     # One node names rank 0 (both of its pods): the wait holds.
     lone = reported(view, settled.status, *by_b, ("tj-worker-0", 0, "tj-worker-3"), at_s=10)
-    waiting = plan(lone, up, at(10.2))
-    assert waiting.status["currentGeneration"] == 0 and waiting.delete == ()
-    assert waiting.requeue_after_s == pytest.approx(RANK0_HOLD_S - 0.2)
+    assert_waits(plan(lone, up, at(10.2)), RANK0_HOLD_S - 0.2)
     # The partition a|b: c reports b's pods (their beats no longer reach the store): a keeps it.
     cut = reported(
         view,
@@ -185,13 +189,10 @@ def test_rank_0s_pod_named_from_two_other_nodes_counts_at_once() -> None:
         ("tj-worker-3", 0, "tj-worker-5"),
         at_s=10,
     )
-    kept = plan(cut, up, at(10.2))
-    assert members(kept.status) == [0, 1, 4, 5], kept.status
-    assert sorted(kept.delete) == ["tj-worker-2", "tj-worker-3"]
+    assert_goes_on_with(plan(cut, up, at(10.2)), [0, 1, 4, 5], ["tj-worker-2", "tj-worker-3"])
     # Two pods of rank 0's own node name it (its node-mate cut off): not another node's view.
     mates = [("tj-worker-0", 0, "tj-worker-1"), ("tj-worker-0", 0, "tj-worker-2")]
-    held = plan(reported(view, settled.status, *mates, at_s=10), up, at(10.2))
-    assert held.status["currentGeneration"] == 0 and held.delete == ()
+    assert_waits(plan(reported(view, settled.status, *mates, at_s=10), up, at(10.2)), 2.8)
 
 
 def test_a_silent_report_under_a_fixed_size_job_replaces_the_pod_without_backoff() -> None:

@@ -50,6 +50,20 @@ def hosts(down: set[str], asked: list[str]) -> Callable[[tuple[str, int], float]
     return connect
 
 
+def held_sweep(
+    down: str,
+) -> tuple[threading.Event, Callable[[tuple[str, int], float], socket.socket]]:
+    """A sweep's connect that waits until the event is set; then hosts whose name starts
+    with ``down`` answer nothing (a timeout), the others reset."""
+    release = threading.Event()
+
+    def connect(address: tuple[str, int], timeout_s: float) -> socket.socket:
+        assert release.wait(30), "the sweep was never let go"
+        raise TimeoutError if address[0].startswith(down) else ConnectionRefusedError
+
+    return release, connect
+
+
 def entries(body: dict[str, Any]) -> list[tuple[str, int, str]]:
     return [(e["pod"], e["generation"], e["by"]) for e in body["status"]["silentWorkers"]]
 
@@ -143,12 +157,7 @@ def test_no_report_is_written_while_the_sweep_of_its_generation_runs() -> None:
     the first one's sweep, so that the first write the operator sees names the node-mate the
     sweep finds too (written before it, it would publish the next generation without the
     node-mate, whose report then counts for nothing)."""
-    release = threading.Event()
-
-    def connect(address: tuple[str, int], timeout_s: float) -> socket.socket:
-        assert release.wait(30), "the sweep was never let go"
-        raise TimeoutError if address[0].startswith("tj-worker-3.") else ConnectionRefusedError
-
+    release, connect = held_sweep("tj-worker-3.")
     sink = Applies()
     pod = pod_env(job_name="tj", namespace="ns", pod_index=1, replicas=5)
     reports = SilentReports(sink, pod, connect=connect)
@@ -288,12 +297,7 @@ def test_a_broken_group_is_not_written_before_the_sweep_of_its_silent_peer() -> 
     go out before the sweep's: it holds rank 0 without its node-mate, and the operator
     published a generation that kept pod 3, then another (bench/results/2026-12-06e). The
     report's write, after its sweep, carries the broken entry too."""
-    release = threading.Event()
-
-    def connect(address: tuple[str, int], timeout_s: float) -> socket.socket:
-        assert release.wait(30), "the sweep was never let go"
-        raise TimeoutError if address[0].startswith("tj-worker-3.") else ConnectionRefusedError
-
+    release, connect = held_sweep("tj-worker-3.")
     sink = Applies()
     pod = pod_env(job_name="tj", namespace="ns", pod_index=1, replicas=4)
     reports = SilentReports(sink, pod, connect=connect)
