@@ -31,6 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import goodput_accounting as acc
+from bench.goodput_cpu import cpu_lines
 from bench.goodput_phases import median, no_free_node, reformations
 from bench.harness import read_jsonl as _read
 
@@ -290,6 +291,8 @@ def main() -> None:
         print(pods_paid(events, trace))
         if (free := no_free_node(trace)) is not None:
             print(free)
+        steps = [e["t"] for e in events if e["ev"] == "step"]
+        print("\n".join(cpu_lines(trace, min(steps), max(steps)) if steps else []))
         if ideal is not None:
             print("\n".join(preemption_costs(events, trace, ideal)))
 

@@ -21,6 +21,7 @@ from tests import kube as k
 
 from bench import goodput_accounting as acc
 from bench import goodput_schedule as sch
+from bench.goodput_cpu import node_cgroups
 from bench.goodput_jobs import JOB, KUBEFLOW, kubeflow_manifest, manifest
 from bench.goodput_losses import OPERATOR_NS, Losses, fleet_whole
 from bench.goodput_pods import save_logs
@@ -146,15 +147,15 @@ class _RowRun:
         events = base / "events.jsonl"
         events.touch()
         events.chmod(0o666)
-        watch = PodWatch(core, ns, custom if policy != KUBEFLOW else None)
-        # The loss times and picks of a mode's rows: the same draw for every system.
-        rng = random.Random(f"{args.seed}/{repeat}/{mode}")
+        nodes = getattr(args, "nodes", None)
+        cpu = node_cgroups(nodes.names, cluster.kubeconfig.parent.name) if nodes else None
+        watch = PodWatch(core, ns, custom if policy != KUBEFLOW else None, cpu)
+        rng = random.Random(f"{args.seed}/{repeat}/{mode}")  # the same draw for every system
         body = (
             kubeflow_manifest(args, storage, events)
             if policy == KUBEFLOW
             else manifest(args, policy, storage, events, strategy, restore_point=restore_point)
         )
-        nodes = getattr(args, "nodes", None)
         if nodes is not None:
             k.wait_for(lambda: fleet_whole(core, nodes.names), 600, "every real node back, Ready")
         cluster.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(body))

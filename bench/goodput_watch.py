@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from bench.goodput_cpu import CpuSampler
 from bench.harness import write_jsonl
 from torchjob.api.models import GROUP, PLURAL, VERSION
 
@@ -37,9 +39,13 @@ class PodWatch:
     they change (and a ``pod-gone`` line when one is deleted), and each generation the
     TorchJob's status publishes. ``goodput_profile.py`` puts it beside the workers' events, so
     a recovery splits into what Kubernetes took (the kubelet's report of a dead container, the
-    operator's decision) and what the runtime took; ``acc.pod_seconds`` reads the pods paid."""
+    operator's decision) and what the runtime took; ``acc.pod_seconds`` reads the pods paid.
+    With ``cpu_nodes`` (real node name -> its CPU cgroup), a ``cpu`` line every second too
+    (bench/goodput_cpu.py: who took the CPU)."""
 
-    def __init__(self, core: Any, ns: str, custom: Any = None) -> None:
+    def __init__(
+        self, core: Any, ns: str, custom: Any = None, cpu_nodes: Mapping[str, Path] | None = None
+    ) -> None:
         self.core, self.ns, self.custom = core, ns, custom
         self.added: dict[str, float] = {}
         self.trace: list[dict[str, Any]] = []
@@ -54,6 +60,7 @@ class PodWatch:
             self._threads.append(threading.Thread(target=self._run_job, daemon=True))
         for t in self._threads:
             t.start()
+        self._cpu = CpuSampler(cpu_nodes, self.note) if cpu_nodes else None
 
     def note(self, what: str, **fields: Any) -> None:
         with self._lock:
@@ -152,6 +159,8 @@ class PodWatch:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._cpu is not None:
+            self._cpu.stop()
 
     def lines(self) -> list[dict[str, Any]]:
         with self._lock:
