@@ -226,6 +226,38 @@ def pods_paid(events: list[dict[str, Any]], trace: list[dict[str, Any]]) -> str:
     return f"pods paid: {paid:.1f} pod-s over {t1 - t0:.1f}s, {paid / max(t1 - t0, 1e-9):.3f} on average"
 
 
+def stopped_pods(trace: list[dict[str, Any]]) -> str | None:
+    """How long the pods deleted while they ran, and that stopped as asked (exit code 75,
+    not a lost node's 137), took to go: the deletion -> their processes' exit (the kubelet's
+    ``finishedAt``, whole seconds; traces from before 2026-12-06 lack it) -> the kubelet's
+    report (Failed) -> gone. A leaver is paid until it is gone."""
+    asked: dict[str, float] = {}
+    spans: dict[str, list[float]] = {"exited": [], "reported": [], "gone": []}
+    reported: dict[str, float] = {}
+    for e in sorted(trace, key=lambda e: e["t"]):
+        uid = e.get("uid")
+        if e["what"] == "pod" and uid is not None:
+            if e["deleting"] and e["phase"] == "Running" and uid not in asked:
+                asked[uid] = e["t"]
+            ended = e["phase"] in ("Failed", "Succeeded")
+            if uid in asked and ended and uid not in reported:
+                if e["containers"] == ["terminated:75"]:
+                    reported[uid] = e["t"]
+                    spans["reported"].append(e["t"] - asked[uid])
+                    if "finished" in e:
+                        spans["exited"].append(e["finished"] - asked[uid])
+                else:
+                    reported[uid] = float("nan")
+        elif e["what"] == "pod-gone" and uid in reported and reported[uid] == reported[uid]:
+            spans["gone"].append(e["t"] - asked[uid])
+    if not spans["reported"]:
+        return None
+    parts = [f"{k} p50 {median(v):.1f}s" for k, v in spans.items() if v]
+    return f"pods that stopped when deleted (n={len(spans['reported'])}), from the deletion: " + (
+        ", ".join(parts)
+    )
+
+
 def preemption_costs(
     events: list[dict[str, Any]], trace: list[dict[str, Any]], ideal_rate: float
 ) -> list[str]:
@@ -289,6 +321,8 @@ def main() -> None:
         trace = read_jsonl(trace_path)
         print("\n".join(split_recoveries(events, trace)))
         print(pods_paid(events, trace))
+        if (stopped := stopped_pods(trace)) is not None:
+            print(stopped)
         if (free := no_free_node(trace)) is not None:
             print(free)
         steps = [e["t"] for e in events if e["ev"] == "step"]

@@ -18,19 +18,25 @@ def pod_summary(pod: Any) -> dict[str, Any]:
     status = pod.status
     ready = any(c.type == "Ready" and c.status == "True" for c in status.conditions or ())
     states = []
+    finished = []
     for cs in status.container_statuses or ():
         if cs.state.terminated is not None:
             states.append(f"terminated:{cs.state.terminated.exit_code}")
+            if (at := cs.state.terminated.finished_at) is not None:
+                finished.append(at.timestamp())
         elif cs.state.running is not None:
             states.append("running")
         else:
             states.append("waiting")
-    return {
+    out = {
         "phase": status.phase,
         "ready": ready,
         "containers": states,
         "deleting": pod.metadata.deletion_timestamp is not None,
     }
+    # When the last container ended, as the kubelet says (whole seconds): a pod that stops
+    # splits into its processes' exit and the kubelet's report of it.
+    return {**out, "finished": max(finished)} if finished else out
 
 
 class PodWatch:

@@ -55,3 +55,28 @@ def test_a_replacement_under_a_new_index_is_the_one_that_follows_the_kill() -> N
     replacement = lines[first + 1]
     assert replacement.startswith("  replacement pod created +1.15s: "), replacement
     assert "generation published" in replacement and "group formed" in replacement
+
+
+def _pod(
+    t: float, uid: str, phase: str, containers: list[str], **more: object
+) -> dict[str, object]:
+    return {"t": t, "what": "pod", "pod": "gp-worker-1", "uid": uid, "phase": phase,
+            "containers": containers, **more}  # fmt: skip
+
+
+def test_stopped_pods_splits_a_leavers_end_and_leaves_out_the_killed() -> None:
+    trace = [
+        _pod(10.0, "a", "Running", ["running"], deleting=True),
+        _pod(16.0, "a", "Failed", ["terminated:75"], deleting=True, finished=12.0),
+        {"t": 17.0, "what": "pod-gone", "uid": "a"},
+        # A pod of a lost node: SIGKILLed on the node's return, not a stop on request.
+        _pod(20.0, "b", "Running", ["running"], deleting=True),
+        _pod(60.0, "b", "Failed", ["terminated:137"], deleting=True, finished=59.0),
+        {"t": 61.0, "what": "pod-gone", "uid": "b"},
+    ]
+    line = prof.stopped_pods(trace)
+    assert line == (
+        "pods that stopped when deleted (n=1), from the deletion: "
+        "exited p50 2.0s, reported p50 6.0s, gone p50 7.0s"
+    )
+    assert prof.stopped_pods(trace[3:]) is None
