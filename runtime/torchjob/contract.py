@@ -113,8 +113,11 @@ PYTHONUNBUFFERED: Final = "PYTHONUNBUFFERED"
 DEFAULT_RDZV_PORT: Final = 29500  # the generation's TCPStore on its rank-0 pod (torch's default)
 JOINER_READY_FILE: Final = "/tmp/torchjob-joiner-ready"
 """Written by a joiner's runtime once it waits for its generation (its interpreter has imported
-the training script): the readiness probe the operator gives joiner pods tests for it, and an
-elastic job grows back only to ready joiners."""
+the training script), for a readiness probe a user writes against it; the operator's probe
+connects to ``JOINER_READY_PORT``. An elastic job grows back only to ready joiners."""
+JOINER_READY_PORT: Final = 29499
+"""Listened on by a joiner's runtime from the moment it writes ``JOINER_READY_FILE``: the
+``tcpSocket`` readiness probe the operator gives joiner pods (``torchjob.train.ready``)."""
 DEFAULT_TERMINATION_LOG: Final = "/dev/termination-log"
 """The kubelet's default ``terminationMessagePath``."""
 

@@ -4,6 +4,7 @@ publish that generation before it forms a group (docs/api.md, semantics 13)."""
 from __future__ import annotations
 
 import io
+import socket
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,13 +15,16 @@ from tests.unit.test_membership import OpenWatch, ScriptedEndpoint, event
 
 from torchjob.train.modes import KeepSurvivorsMode
 from torchjob.train.progress import ProgressView
+from torchjob.train.ready import JoinerReady
 from torchjob.train.recovery.membership import GenerationTimeout, Membership, MembershipWatch
 
 
 def joiner(ready: Path, *events: dict) -> tuple[KeepSurvivorsMode, SimpleNamespace, io.StringIO]:
     watch = MembershipWatch(ScriptedEndpoint(OpenWatch(list(events))))
     out = io.StringIO()
-    mode = KeepSurvivorsMode(watch, Membership(generation=2, replicas=2), ready_file=ready)
+    # Port 0: a free port, where a pod listens on contract.JOINER_READY_PORT.
+    said = JoinerReady(ready, port=0)
+    mode = KeepSurvivorsMode(watch, Membership(generation=2, replicas=2), ready=said)
     return mode, SimpleNamespace(stop_requested=threading.Event()), out
 
 
@@ -49,7 +53,7 @@ def test_a_pod_of_the_published_generation_does_not_wait(tmp_path: Path) -> None
     try:
         mode.await_own_generation(c, view(out))  # type: ignore[arg-type]
         assert mode.membership.generation == 2 and out.getvalue() == ""
-        assert not ready.exists()
+        assert not ready.exists() and mode.ready.bound is None
     finally:
         mode.watch.close()
 
@@ -67,5 +71,11 @@ def test_a_joiner_of_a_job_that_ended_gives_up(tmp_path: Path) -> None:
             in out.getvalue()
         )
         assert ready.exists(), "it said it was ready to join (its readiness probe) before waiting"
+        # The operator's probe (tcpSocket) connects, again and again, as the kubelet's does.
+        port = mode.ready.bound
+        assert port is not None
+        for _ in range(3):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
     finally:
+        mode.ready.close()
         mode.watch.close()

@@ -110,14 +110,15 @@ def test_termination_message_defaults_and_the_path_reaches_the_runtime() -> None
     assert env(pod)[contract.TERMINATION_LOG] == "/tmp/why"
 
 
-def test_only_a_joiner_gets_the_readiness_probe_on_its_ready_file() -> None:
+def test_only_a_joiner_gets_the_readiness_probe_on_its_ready_port() -> None:
     spec = TorchJobSpec.model_validate(
         {"replicas": 2, "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}}}
     )
     kw = {"name": "job", "namespace": "ns", "uid": "u1", "spec": spec, "index": 1}
     joiner = worker_pod(**kw, generation=3, replicas=2, joiner=True)  # type: ignore[arg-type]
     probe = joiner["spec"]["containers"][0]["readinessProbe"]
-    assert probe["exec"]["command"] == ["test", "-e", contract.JOINER_READY_FILE]
+    # A TCP connect the kubelet makes itself: no process started in the container each second.
+    assert probe["tcpSocket"] == {"port": contract.JOINER_READY_PORT} and "exec" not in probe
     member = worker_pod(**kw, generation=3, replicas=2)  # type: ignore[arg-type]
     assert "readinessProbe" not in member["spec"]["containers"][0]
 

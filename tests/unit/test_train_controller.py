@@ -21,6 +21,7 @@ from torchjob.train._spec import WorkerOutcome
 from torchjob.train.controller import Controller
 from torchjob.train.modes import SUPERSEDED_AFTER_S, KeepSurvivorsMode, LocalMode, PodMode
 from torchjob.train.progress import ProgressView
+from torchjob.train.ready import JoinerReady
 from torchjob.train.recovery.membership import GenerationTimeout, Membership
 from torchjob.train.steps import (
     Completed,
@@ -503,7 +504,7 @@ def test_a_standby_waits_through_generations_without_it_and_joins_the_one_that_n
     c = Controller(trainer(tmp_path), standby)
     watch = Script(gen(0, [1, 0]), gen(1, [0, 1]), gen(2, [1, 2]))
     c.mode = KeepSurvivorsMode(
-        watch, Membership(1, 2), pod_name="job-worker-2", pod_index=2, ready_file=ready
+        watch, Membership(1, 2), pod_name="job-worker-2", pod_index=2, ready=JoinerReady(ready)
     )  # type: ignore[arg-type]
     assert isinstance(c.mode, KeepSurvivorsMode)
     with ProgressView(enabled=False, total_epochs=None) as view:
@@ -516,7 +517,7 @@ def test_a_standby_waits_through_generations_without_it_and_joins_the_one_that_n
 
     listed = Script(gen(2, [0, 1], replacedWorkers=["job-worker-2"]))
     gone = KeepSurvivorsMode(
-        listed, Membership(1, 2), pod_name="job-worker-2", pod_index=2, ready_file=ready
+        listed, Membership(1, 2), pod_name="job-worker-2", pod_index=2, ready=JoinerReady(ready)
     )  # type: ignore[arg-type]
     with (
         ProgressView(enabled=False, total_epochs=None) as view,
@@ -541,7 +542,7 @@ def test_a_pod_replaced_while_it_waits_to_join_stops_rather_than_fails(
     c = Controller(trainer(tmp_path), joiner)
     c.mode = KeepSurvivorsMode(
         Script(published), Membership(1, 2), pod_name="job-worker-2", pod_index=2,
-        ready_file=tmp_path / "ready",
+        ready=JoinerReady(tmp_path / "ready"),
     )  # type: ignore[arg-type]  # fmt: skip
     monkeypatch.setattr(c, "_prestart", lambda *_: None)  # no worker processes here
     with (

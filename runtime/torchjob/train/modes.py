@@ -6,16 +6,14 @@ ended into the next step (``torchjob.train.steps``), with the pure policies of
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Protocol, assert_never
 
 from torchjob.api.models import TERMINAL_PHASES
-from torchjob.contract import JOINER_READY_FILE, Member, PodEnv, Standby, worker_pod_name
+from torchjob.contract import Member, PodEnv, Standby, worker_pod_name
 from torchjob.launch import LaunchError, WorkerGroupError, WorkerGroupStartError
 from torchjob.launch.placement import available_workers
 from torchjob.launch.policy import (
@@ -29,6 +27,7 @@ from torchjob.launch.policy import (
 from torchjob.rules import ElasticRules
 from torchjob.train.job_status import JobEndpoint
 from torchjob.train.progress import ProgressView
+from torchjob.train.ready import JoinerReady
 from torchjob.train.recovery.membership import GenerationTimeout, Membership, MembershipWatch
 from torchjob.train.recovery.preemption import NoticeWriter, notice_path
 from torchjob.train.steps import (
@@ -157,14 +156,14 @@ class KeepSurvivorsMode:
         *,
         pod_name: str = "",
         pod_index: int | None = None,
-        ready_file: Path = Path(JOINER_READY_FILE),
+        ready: JoinerReady | None = None,
     ) -> None:
         self.watch = watch
         self.membership = membership
         self.pod_name = pod_name
         self.pod_index = pod_index
         self.created_in = membership.generation
-        self.ready_file = ready_file
+        self.ready = ready or JoinerReady()
         self.next: Membership | None = None
         self.entered_s = time.monotonic()
         self.joined = False
@@ -182,8 +181,8 @@ class KeepSurvivorsMode:
         (``elastic.standbyReplicas``) waits until a generation takes it in a lost pod's
         place. Either starts and imports while the group trains, and forms the group only
         once a generation names it (``status.members``); forming it earlier would meet the
-        running group's rendezvous. While it waits, ``ready_file`` exists: the joiner pod's
-        readiness probe, so the operator counts on it only once it is this far. Raises
+        running group's rendezvous. While it waits, it reads ready (``self.ready``: the
+        joiner pod's readiness probe), so the operator counts on it only once it is this far. Raises
         :class:`GenerationTimeout` when the job ends or stops first, or the operator lists
         this pod as replaced."""
         own = self.membership.generation
@@ -197,9 +196,7 @@ class KeepSurvivorsMode:
                 self._excluded(m)
                 view.message(f"[torchjob] {self.leaving}")  # it stops: the operator replaced it
                 raise GenerationTimeout(self.leaving or "replaced")
-            # Ready to join (the joiner's readiness probe): the operator counts on it now.
-            with contextlib.suppress(OSError):
-                self.ready_file.touch()
+            self.ready.set()  # ready to join (the joiner's readiness probe): counted on now
             if not told:
                 view.message(
                     f"[torchjob] this pod waits to join (created for generation {own}); the "
@@ -391,6 +388,7 @@ def choose_mode(
                 Membership(pod.generation, pod.replicas),
                 pod_name=worker_pod_name(pod.job_name, pod.pod_index),
                 pod_index=pod.pod_index,
+                ready=JoinerReady.probed(),
             )
         log.warning(
             "torchjob: membershipPolicy KeepSurvivors needs the pod's ServiceAccount "
