@@ -181,10 +181,13 @@ class KeepSurvivorsMode:
         (``elastic.standbyReplicas``) waits until a generation takes it in a lost pod's
         place. Either starts and imports while the group trains, and forms the group only
         once a generation names it (``status.members``); forming it earlier would meet the
-        running group's rendezvous. While it waits, it reads ready (``self.ready``: the
-        joiner pod's readiness probe), so the operator counts on it only once it is this far. Raises
+        running group's rendezvous. From here it reads ready (``self.ready``: the joiner
+        pod's readiness probe), so the operator counts on it only once it is this far. Raises
         :class:`GenerationTimeout` when the job ends or stops first, or the operator lists
         this pod as replaced."""
+        # Ready (the joiner's readiness probe) from here, also when its generation came first:
+        # a joiner that never waited read unready all its life (bench/results/2026-12-05v).
+        self.ready.set()
         own = self.membership.generation
         m = self.watch.read()
         if m is None:
@@ -196,7 +199,6 @@ class KeepSurvivorsMode:
                 self._excluded(m)
                 view.message(f"[torchjob] {self.leaving}")  # it stops: the operator replaced it
                 raise GenerationTimeout(self.leaving or "replaced")
-            self.ready.set()  # ready to join (the joiner's readiness probe): counted on now
             if not told:
                 view.message(
                     f"[torchjob] this pod waits to join (created for generation {own}); the "
