@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from torchjob.train.job_status import JobStatusReporter, newer_checkpoint
 
 
@@ -109,3 +111,49 @@ def test_close_keeps_trying_the_last_report_until_its_deadline() -> None:
     reporter.close(timeout_s=30)
     assert [b["step"] for b in sink.bodies] == [9], "the last report landed after the failures"
     assert sink.tried == 5
+
+
+class Revoked(Recorder):
+    """The API server once the TorchJob is deleted: its ServiceAccount went with it, so the
+    pod's token no longer authenticates (401), or the job is gone (404)."""
+
+    def __init__(self, code: int, after: int = 0) -> None:
+        super().__init__()
+        self.code, self.after, self.tried = code, after, 0
+
+    def call(self, method: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        import email.message
+        import urllib.error
+
+        self.tried += 1
+        if self.tried > self.after:
+            raise urllib.error.HTTPError(self.url, self.code, "gone", email.message.Message(), None)
+        return super().call(method, body)
+
+
+@pytest.mark.parametrize("code", [401, 403, 404])
+def test_an_answer_no_retry_changes_ends_the_reports_and_close_does_not_wait(
+    code: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.kube import wait_for
+
+    sink = Revoked(code, after=1)
+    reporter = JobStatusReporter(sink, min_interval_s=0.1)  # type: ignore[arg-type]
+    reporter.report({"step": 1})
+    wait_for(lambda: sink.bodies == [{"step": 1}], 30, "the first report")
+    reporter.report({"step": 2})
+    wait_for(lambda: reporter.gone == code, 30, f"HTTP {code} read as gone")
+    reporter.report({"step": 3, "lastCheckpoint": "/r/checkpoint_000003"})
+    reporter.close(timeout_s=30)
+    # Before: the last report was tried again every 0.5-1 s until close()'s deadline, and a
+    # deleted job's rank-0 pod was SIGKILLed at the end of its grace period.
+    assert sink.tried == 2 and reporter.failures == 0, "tried once, never again"
+    assert f"answered HTTP {code}" in caplog.text and "progress reports stop" in caplog.text
+
+
+def test_a_server_error_is_still_retried() -> None:
+    sink = Revoked(500)
+    reporter = JobStatusReporter(sink, min_interval_s=600.0)  # type: ignore[arg-type]
+    reporter.report({"step": 1})
+    reporter.close(timeout_s=2)
+    assert reporter.gone is None and sink.tried >= 2, "a 500 may pass: retried to the deadline"

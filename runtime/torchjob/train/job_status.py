@@ -41,6 +41,11 @@ RETRY_FIRST_S = 0.5
 """The wait before a failed write is tried again; it doubles up to the reporter's interval."""
 WARN_EVERY = 20
 """After the first, one failure in this many is logged (an API server down for minutes)."""
+GONE_CODES = frozenset({401, 403, 404})
+"""Answers to a status write that no retry changes: this pod's token no longer
+authenticates (its ServiceAccount was deleted with the TorchJob), its Role is gone, or the
+TorchJob is. Seen on a job's deletion: rank 0's last report retried for its whole grace
+period, and the pod was SIGKILLed 30 s after its training stopped."""
 
 DEFAULT_SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
@@ -215,6 +220,8 @@ class JobStatusReporter:
         self._deadline = float("inf")
         self.sent = 0
         self.failures = 0
+        self.gone: int | None = None
+        """The HTTP code (:data:`GONE_CODES`) that ended the reports, once one came."""
         self._thread = threading.Thread(target=self._run, name="torchjob-status", daemon=True)
         self._thread.start()
 
@@ -276,6 +283,8 @@ class JobStatusReporter:
             if body is not None:
                 if self._send(body):
                     last_sent, retry = time.monotonic(), RETRY_FIRST_S
+                elif self.gone is not None:
+                    return  # nothing will land: close() does not wait out its deadline
                 else:
                     self._again(body)
                     if not self._closing:
@@ -298,20 +307,37 @@ class JobStatusReporter:
 
     def _send(self, progress: dict[str, Any]) -> bool:
         """One write; False when it failed (logged: the first failure, then one every
-        :data:`WARN_EVERY` failures, each with the API server's answer)."""
+        :data:`WARN_EVERY` failures, each with the API server's answer). An answer that no
+        retry changes (:data:`GONE_CODES`: the TorchJob deleted, and with it this pod's
+        ServiceAccount and Role) ends the reports: ``gone`` is set, said once."""
         try:
             self.endpoint.call("PATCH", {"status": {"progress": progress}})
-        except Exception as exc:  # the writer thread must outlive any failure
-            self.failures += 1
-            if self.failures == 1 or self.failures % WARN_EVERY == 0:
-                detail = ""
-                if isinstance(exc, urllib.error.HTTPError):
-                    with contextlib.suppress(Exception):
-                        detail = exc.read().decode(errors="replace")[:300]
-                log.warning(
-                    "torchjob: cannot report progress to %s (failure %d, retried): %s: %s %s",
-                    self.url, self.failures, type(exc).__name__, exc, detail,
-                )  # fmt: skip
+        except urllib.error.HTTPError as exc:
+            if exc.code not in GONE_CODES:
+                return self._failed(exc)
+            self.gone = exc.code
+            log.warning(
+                "torchjob: %s answered HTTP %d: the TorchJob or this pod's credentials are gone "
+                "(the job was deleted), or its Role does not allow the write; progress "
+                "reports stop",
+                self.url, exc.code,
+            )  # fmt: skip
             return False
+        except Exception as exc:  # the writer thread must outlive any failure
+            return self._failed(exc)
         self.sent += 1
         return True
+
+    def _failed(self, exc: Exception) -> bool:
+        """A write that failed and may land later: counted, logged now and then."""
+        self.failures += 1
+        if self.failures == 1 or self.failures % WARN_EVERY == 0:
+            detail = ""
+            if isinstance(exc, urllib.error.HTTPError):
+                with contextlib.suppress(Exception):
+                    detail = exc.read().decode(errors="replace")[:300]
+            log.warning(
+                "torchjob: cannot report progress to %s (failure %d, retried): %s: %s %s",
+                self.url, self.failures, type(exc).__name__, exc, detail,
+            )  # fmt: skip
+        return False
