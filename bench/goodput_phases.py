@@ -44,13 +44,23 @@ def reformations(events: list[dict[str, Any]]) -> list[str]:
     if not gaps:
         return []
     med = median(gaps)
-    first_group: dict[tuple[Any, Any], int] = {}
+    # A process is its pod's name, its pid and which start of that pod name it follows: a
+    # replacement reuses a lost pod's name, and a container's pids repeat (2026-12-06h: a
+    # hand-over read as "the same members" because the new gp-worker-9's trainer was pid 11
+    # like the old one's).
+    starts: dict[Any, int] = {}
+    process: dict[int, tuple[Any, Any, int]] = {}
+    first_group: dict[tuple[Any, Any, int], int] = {}
     for e in events:
+        if e["ev"] == "start":
+            starts[e.get("pod")] = starts.get(e.get("pod"), 0) + 1
+        key = (e.get("pod"), e.get("pid"), starts.get(e.get("pod"), 0))
+        process[id(e)] = key
         if e["ev"] == "group":
-            first_group.setdefault((e.get("pod"), e.get("pid")), e["gen"])
+            first_group.setdefault(key, e["gen"])
 
     def _new(e: dict[str, Any], gen: int) -> bool:
-        return first_group.get((e.get("pod"), e.get("pid"))) == gen
+        return first_group.get(process[id(e)]) == gen
 
     out = [f"re-formations (the median step {med:.2f}s):"]
     kinds: dict[str, dict[str, list[float]]] = {}

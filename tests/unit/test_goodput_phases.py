@@ -47,6 +47,18 @@ def test_each_reformation_is_cut_into_its_phases_and_costed_against_the_median_s
     assert lines[4].startswith("shrink (n=1), p50: new in the group -,")
 
 
+def test_a_replacement_that_reuses_a_pods_name_and_pid_is_a_new_process() -> None:
+    # p3 was a member of generation 0 (pid 9) and was lost; its replacement, a new pod under
+    # the same name, starts (its "start" event) and its trainer is pid 9 again.
+    events = _row()
+    for e in events:
+        if e.get("pod") == "p3":
+            e["pid"] = 9
+    events += [{"ev": "start", "t": 10.5, "gen": 1, "pod": "p3", "pid": 1}]
+    hand = ph.reformations(events)[1]
+    assert hand.startswith("  gen  1 hand-over 4->4, 1 new: "), hand
+
+
 def test_a_row_without_two_steps_of_one_generation_has_no_reformations() -> None:
     assert ph.reformations(_steps(0, 2, 1, [1.0])) == []
 
