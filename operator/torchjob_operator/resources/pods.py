@@ -95,9 +95,8 @@ def worker_pod(
     """The manifest of worker ``index`` of generation ``generation``.
 
     A ``joiner`` (an elastic job's replacement, created ahead of its generation) gets a
-    readiness probe on ``contract.JOINER_READY_PORT`` (``torchjob.train.ready``): Ready means
-    its runtime has started and waits to join, so the job grows back to it without waiting
-    for its imports."""
+    tcpSocket readiness probe on ``contract.JOINER_READY_PORT``: Ready means its runtime has
+    started and waits to join, so the job grows back to it without waiting for its imports."""
     template = copy.deepcopy(spec.template.to_wire())
     meta = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template["spec"]
