@@ -48,6 +48,9 @@ def test_apply_example_creates_workers_service_and_reports_running(jobs: Jobs) -
         f"--timeout={k.scaled(60):.0f}s",
     )
 
+    # Condition Running says every worker runs; a pod's Ready can land in a later status
+    # write (kwok reports the phase and the Ready condition in separate updates).
+    jobs.wait("cpu-smoke", lambda s: s if s.get("workers") == "2/2" else None, "status.workers 2/2")
     job = jobs.get("cpu-smoke")
     assert job is not None
     assert [p.metadata.name for p in pods] == ["cpu-smoke-worker-0", "cpu-smoke-worker-1"]
