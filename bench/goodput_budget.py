@@ -141,6 +141,28 @@ def budget(
     )
 
 
+def full_step_samples(events: Iterable[Mapping[str, Any]], workers: int) -> int | None:
+    """The samples one full-size step trains: rank 0's per-worker step (two steps in a row of
+    one generation) times ``workers``; None without such a pair."""
+    steps = sorted(
+        (e for e in events if e.get("ev") == "step" and e.get("rank", 0) == 0),
+        key=lambda e: float(e["t"]),
+    )
+    per_worker = [
+        (int(b["samples"]) - int(a["samples"])) // int(a["world"])
+        for a, b in itertools.pairwise(steps)
+        if a["gen"] == b["gen"] and int(b["step"]) == int(a["step"]) + 1
+    ]
+    return int(statistics.median(per_worker)) * workers if per_worker else None
+
+
+def against_quiet(b: Budget, samples: int, step_samples: int) -> float:
+    """The row's goodput against its own yardstick: the samples it kept, over what quiet
+    full-size steps of ``step_samples`` each would have trained in its window. Free of the
+    machine's drift between the row and its baselines, which the bench's own figure is not."""
+    return samples / (b.window_s / b.quiet_step_s * step_samples)
+
+
 def budget_line(b: Budget) -> str:
     w = b.window_s or 1.0
     return (
@@ -154,4 +176,4 @@ def budget_line(b: Budget) -> str:
     )
 
 
-__all__ = ["Budget", "budget", "budget_line"]
+__all__ = ["Budget", "against_quiet", "budget", "budget_line", "full_step_samples"]

@@ -31,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import goodput_accounting as acc
-from bench.goodput_budget import budget, budget_line
+from bench.goodput_budget import against_quiet, budget, budget_line, full_step_samples
 from bench.goodput_cpu import cpu_lines
 from bench.goodput_phases import median, no_free_node, reformations
 from bench.harness import read_jsonl as _read
@@ -328,6 +328,9 @@ def main() -> None:
         workers = max((int(e["world"]) for e in events if e["ev"] == "step"), default=0)
         if window is not None and (b := budget(events, trace, window, workers)) is not None:
             print(budget_line(b))
+            if (per_step := full_step_samples(events, workers)) is not None:
+                kept = acc.window_samples(events, *window)
+                print(f"against it: {against_quiet(b, kept, per_step):.3f} ({kept} kept)")
         if (free := no_free_node(trace)) is not None:
             print(free)
         steps = [e["t"] for e in events if e["ev"] == "step"]

@@ -68,3 +68,23 @@ def test_pods_that_cost_no_cpu_do_not_disturb() -> None:
 
 def test_no_quiet_step_no_budget() -> None:
     assert gb.budget(_steps([0, 1], 0, 1), [], (0.0, 1.0), workers=2) is None
+
+
+def test_the_row_against_its_quiet_step_counts_full_size_steps_it_could_have_trained() -> None:
+    # 4 workers of 32 samples: a full step trains 128; rank 0's counter is the world's.
+    events = [
+        {"ev": "step", "t": float(t), "gen": 0, "world": 4, "rank": 0, "step": t + 1,
+         "samples": 128 * (t + 1)}
+        for t in range(10)
+    ] + [
+        # A smaller world (3 workers) after a re-formation: 96 a step, still 32 per worker.
+        {"ev": "step", "t": 12.0 + t, "gen": 1, "world": 3, "rank": 0, "step": 11 + t,
+         "samples": 1280 + 96 * (t + 1)}
+        for t in range(4)
+    ]  # fmt: skip
+    assert gb.full_step_samples(events, workers=4) == 128
+    assert gb.full_step_samples(events[:1], workers=4) is None
+    b = gb.budget(events, [], (0.0, 15.0), workers=4)
+    assert b is not None and b.quiet_step_s == pytest.approx(1.0)
+    # 15 quiet steps' worth of time; 10 full steps and 4 at 3/4 kept: 1664 of 1920 samples.
+    assert gb.against_quiet(b, 1664, 128) == pytest.approx(1664 / 1920)
