@@ -49,7 +49,7 @@ def test_apply_example_creates_workers_service_and_reports_running(jobs: Jobs) -
     )
 
     # Condition Running says every worker runs; a pod's Ready can land in a later status
-    # write (kwok reports the phase and the Ready condition in separate updates).
+    # write than its phase (the last CI read READY 1/2 here once).
     jobs.wait("cpu-smoke", lambda s: s if s.get("workers") == "2/2" else None, "status.workers 2/2")
     job = jobs.get("cpu-smoke")
     assert job is not None
