@@ -42,6 +42,7 @@ ENV_RESTORE_POINT_SHM: Final = "TORCHJOB_RESTORE_POINT_SHM"
 ENV_RESTORE_POINT_OVERLAP: Final = "TORCHJOB_RESTORE_POINT_OVERLAP"
 ENV_RESTORE_POINT_DIR: Final = "TORCHJOB_LAUNCH_RESTORE_POINT_DIR"
 ENV_USE_LIBUV: Final = "USE_LIBUV"
+ENV_MALLOC_TUNING: Final = "TORCHJOB_MALLOC_TUNING"
 ENV_NCCL_ASYNC_ERROR_HANDLING: Final = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 ENV_DRIVER_ADDR: Final = "TORCHJOB_LAUNCH_DRIVER"
 ENV_TOKEN: Final = "TORCHJOB_LAUNCH_TOKEN"
@@ -251,6 +252,17 @@ class RuntimeSettings:
         "The restore point's copies go to `/dev/shm`, where a worker process the driver "
         "replaces finds its predecessor's (`0`, `false`, `off` or `no`: the process's own "
         "memory only).",
+        _on_unless_off,
+        empty_is_default=False,
+        shown="on",
+    )
+    malloc_tuning: bool = setting(
+        ENV_MALLOC_TUNING,
+        True,
+        "Each worker fixes glibc malloc's thresholds (mmap 32 MiB, trim 128 MiB) so a step's "
+        "large temporaries are reused, not faulted in again every step "
+        "(`torchjob.launch.malloc`; `0`, `false`, `off` or `no`: glibc's defaults). "
+        "Skipped where `MALLOC_*_THRESHOLD_` or another allocator is set.",
         _on_unless_off,
         empty_is_default=False,
         shown="on",

@@ -28,6 +28,7 @@ from typing import Any
 
 import cloudpickle
 
+from torchjob.launch import malloc
 from torchjob.launch._worker_process import Abandon, Leave, WorkerInfo, WorkerProcess
 from torchjob.launch.protocol import (
     Dispatcher,
@@ -226,6 +227,7 @@ def main() -> int:
     driver's commands until :class:`Exit` or its connection closes."""
     global _process
     proc = _process = WorkerProcess.from_env()
+    malloc.tune(os.environ, enabled=proc.settings.malloc_tuning)  # before any step allocates
     signal.signal(signal.SIGTERM, lambda _s, _f: proc.stop.set())
     signal.signal(REGROUP_SIGNAL, lambda _s, _f: proc.regroup.set())
     # Every thread's stack to stderr on the driver's request (a rank that did not answer).
