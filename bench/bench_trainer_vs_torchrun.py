@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torchjob.launch import malloc
+
 # The training step both sides run, kept in one place so they cannot drift apart.
 STEP_CODE = textwrap.dedent(
     """
@@ -149,9 +151,11 @@ GPU_TORCHJOB_SCRIPT = GPU_STEP_CODE + textwrap.dedent(
 )
 
 
-def _run(cmd: list[str]) -> None:
+def _run(cmd: list[str], env: dict[str, str] | None = None) -> None:
     """Run one side; on failure show the end of its stderr (the figures need both sides)."""
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+    )
     if proc.returncode:
         print(proc.stderr[-4000:], file=sys.stderr)
         raise subprocess.CalledProcessError(proc.returncode, cmd)
@@ -172,7 +176,9 @@ def run_torchrun(
         f"--nproc_per_node={workers}", str(script), str(out), str(steps), *extra,
     ]  # fmt: skip
     t0 = time.time()
-    _run(cmd)
+    # torchjob's workers fix glibc malloc's thresholds themselves; torchrun's get the same
+    # as variables, so the sides differ by the trainer, not the allocator.
+    _run(cmd, {**os.environ, **malloc.glibc_env()})
     total = time.time() - t0
     data = json.loads(out.read_text())
     return {

@@ -13,6 +13,7 @@ from tests.cluster.realnode import NODE_LABEL, TOLERATION, image
 
 from bench.harness import REPO
 from torchjob.api.models import GROUP, VERSION
+from torchjob.launch import malloc
 
 WORKER = REPO / "bench" / "_goodput_worker.py"
 WORKERS = {"ddp": WORKER, "fsdp": REPO / "bench" / "_goodput_fsdp_worker.py"}
@@ -139,7 +140,10 @@ def kubeflow_manifest(args: argparse.Namespace, storage: Path, events: Path) -> 
     """What a user would pick instead: Kubeflow's PyTorchJob v1.8.1, Workers only, with
     ``elasticPolicy`` (c10d rendezvous on worker-0, ``minReplicas = replicas - 1``) under
     torchrun, ``restartPolicy: OnFailure`` as Kubeflow's elastic example has it; the same
-    node, image, grace period, steps and checkpoint cadence (bench/_goodput_torchrun.py)."""
+    node, image, grace period, steps and checkpoint cadence (bench/_goodput_torchrun.py), and
+    the malloc thresholds torchjob's workers set (``torchjob.launch.malloc``) as glibc's own
+    variables, which a Kubeflow user can set too: the rows compare failure handling, not
+    allocators (without them the image's step is 2.75x slower, bench/malloc_tuning.py)."""
     torchjob_spec = manifest(args, "RecreateGroup", storage, events)["spec"]["template"]
     template = json.loads(json.dumps(torchjob_spec))
     container = template["spec"]["containers"][0]
@@ -151,7 +155,11 @@ def kubeflow_manifest(args: argparse.Namespace, storage: Path, events: Path) -> 
         str(TORCHRUN_WORKER),
         *(a for a in container["command"][2:] if a not in ("--restore-point", "--in-place")),
     ]
-    container["env"] = [*container["env"], {"name": "USE_LIBUV", "value": "0"}]
+    container["env"] = [
+        *container["env"],
+        {"name": "USE_LIBUV", "value": "0"},
+        *({"name": k, "value": v} for k, v in malloc.glibc_env().items()),
+    ]
     container["ports"] = [{"name": "pytorchjob-port", "containerPort": KF_RDZV_PORT}]
     return {
         "apiVersion": "kubeflow.org/v1",

@@ -73,6 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness import spread as _spread
 from bench.quickstart_scripts import PLAIN, QUICKSTART
+from torchjob.launch import malloc
 
 
 def command(
@@ -91,6 +92,7 @@ def command(
         if where == "pod":
             env.update(pod_env(args.workers, out / "storage"))
     else:
+        env.update(malloc.glibc_env())  # the thresholds torchjob's workers set themselves
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={args.workers}", str(work / "plain.py"), str(args.epochs),
                str(out / "ckpt")]  # fmt: skip

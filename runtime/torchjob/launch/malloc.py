@@ -78,6 +78,15 @@ def plan(environ: Mapping[str, str], libc: str, *, enabled: bool = True) -> Plan
     )
 
 
+def glibc_env() -> dict[str, str]:
+    """The same thresholds as glibc's own variables, for processes torchjob does not start
+    (torchrun's workers, a Kubeflow pod's): read when such a process starts."""
+    return {
+        "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
+        "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
+    }
+
+
 def tune(environ: Mapping[str, str], *, enabled: bool = True) -> Plan:
     """Make :func:`plan`'s calls in this process; returns the plan (its reason says what was
     done). A call glibc refuses is logged and the rest stand."""
