@@ -24,7 +24,7 @@ TUNED = (
 
 
 def test_glibc_without_a_user_choice_gets_both_thresholds() -> None:
-    chosen = malloc.plan({"PATH": "/usr/bin"}, "glibc")
+    chosen = malloc.choose({"PATH": "/usr/bin"}, "glibc")
     assert chosen.calls == TUNED
     assert "32 MiB" in chosen.reason and "128 MiB" in chosen.reason
 
@@ -50,13 +50,13 @@ def test_glibc_without_a_user_choice_gets_both_thresholds() -> None:
 def test_a_user_choice_or_another_libc_leaves_malloc_alone(
     environ: dict[str, str], libc: str, enabled: bool, why: str
 ) -> None:
-    chosen = malloc.plan(environ, libc, enabled=enabled)
+    chosen = malloc.choose(environ, libc, enabled=enabled)
     assert chosen.calls == ()
     assert why in chosen.reason
 
 
 def test_other_tunables_do_not_count_as_a_choice() -> None:
-    assert malloc.plan({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, "glibc").calls == TUNED
+    assert malloc.choose({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, "glibc").calls == TUNED
 
 
 # As a worker does at its start (torchjob.launch.worker), then the cycles.

@@ -56,7 +56,7 @@ class Plan:
     reason: str
 
 
-def plan(environ: Mapping[str, str], libc: str, *, enabled: bool = True) -> Plan:
+def choose(environ: Mapping[str, str], libc: str, *, enabled: bool = True) -> Plan:
     """What to set for a process with ``environ`` on C library ``libc`` (``platform.libc_ver``'s
     name): pure, so the choice is tested without a process."""
     if not enabled:
@@ -88,9 +88,9 @@ def glibc_env() -> dict[str, str]:
 
 
 def tune(environ: Mapping[str, str], *, enabled: bool = True) -> Plan:
-    """Make :func:`plan`'s calls in this process; returns the plan (its reason says what was
+    """Make :func:`choose`'s calls in this process; returns the plan (its reason says what was
     done). A call glibc refuses is logged and the rest stand."""
-    chosen = plan(environ, platform.libc_ver()[0], enabled=enabled)
+    chosen = choose(environ, platform.libc_ver()[0], enabled=enabled)
     if not chosen.calls:
         log.debug("malloc left as it is: %s", chosen.reason)
         return chosen
