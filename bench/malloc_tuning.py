@@ -22,6 +22,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import spread
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -51,11 +55,6 @@ def summary(runs: list[dict[str, Any]], skip: int) -> dict[str, list[float]]:
     }
 
 
-def spread(values: list[float], fmt: str = "{:.1f}") -> str:
-    s = sorted(values)
-    return f"{fmt.format(statistics.median(s))} [{fmt.format(s[0])}-{fmt.format(s[-1])}]"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--state-mib", type=int, default=256)
@@ -83,7 +82,7 @@ def main() -> None:
     print("|---|---|---|---|")
     for name, s in (("glibc's defaults", default), ("tuned", tuned)):
         print(
-            f"| {name} | {spread(s['ms'])} | {spread(s['faults'], '{:.0f}')} | "
+            f"| {name} | {spread(s['ms'], '{:.1f}')} | {spread(s['faults'], '{:.0f}')} | "
             f"{spread(s['rss'], '{:.0f}')} |"
         )
     ratios = [d / t for d, t in zip(default["ms"], tuned["ms"], strict=True)]
