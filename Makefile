@@ -115,17 +115,20 @@ bench-sharded: venv ## sharded FSDP2 checkpoints: save stall sync vs async (2 Gi
 .PHONY: bench-goodput bench-goodput-part
 # Issue 39's rows: 8 pods on 3 spot nodes (a 4th runs the operator), 256 MiB of state, the
 # restore point, 10 Poisson losses per row (a pod every 60 s, a node every 120 s on average).
-GOODPUT_ARGS ?= --system-node --shrink-on-disruption --replicas 8 --policies Elastic,Kubeflow --restore-point --state-mib 256 --step-seconds 0.5 --ckpt-every 10 --evictions 10 --mtbf 60 --node-mtbf 120 --node-return 30 --baseline-seconds 150
-GOODPUT_ENV = TORCHJOB_CLUSTER_NAME=tj-goodput TORCHJOB_REAL_NODES=4
+# GOODPUT_SPARES more real nodes stand for VMs not yet provisioned: a notice launches its
+# node's replacement, Ready 60 s later, as Karpenter does (bench/goodput_fleet.py; 0: none).
+GOODPUT_SPARES ?= 3
+GOODPUT_ARGS ?= --system-node --shrink-on-disruption --replicas 8 --policies Elastic,Kubeflow --restore-point --state-mib 256 --step-seconds 0.5 --ckpt-every 10 --evictions 10 --mtbf 60 --node-mtbf 120 --node-return 30 --provision 60 --baseline-seconds 150
+GOODPUT_ENV = TORCHJOB_CLUSTER_NAME=tj-goodput TORCHJOB_REAL_NODES=$(shell echo $$((4 + $(GOODPUT_SPARES))))
 bench-goodput: venv testbin ## goodput under a fleet's losses on 4 real nodes (one a system node for the operator, the job on 3): torchjob's Elastic policy and Kubeflow's PyTorchJob, Poisson pod and node losses (eviction, SIGKILL, vanish, 30/120 s notice), 3 repeats (12-15 h on 2 cores; GOODPUT_ARGS to change, GOODPUT_MORE to add), then the recovery-vs-world-size curve (SCALE_ARGS)
-	$(GOODPUT_ENV) $(PY) bench/goodput.py $(GOODPUT_ARGS) --modes graceful,hard,vanish,notice30,notice120 $(GOODPUT_MORE)
+	$(GOODPUT_ENV) $(PY) bench/goodput.py $(GOODPUT_ARGS) --spares $(GOODPUT_SPARES) --modes graceful,hard,vanish,notice30,notice120 $(GOODPUT_MORE)
 	$(PY) bench/recovery_scale.py $(SCALE_ARGS)
 
 MODE ?= vanish
 REPEAT ?= 0
 OUT ?= bench/out/goodput-parts
 bench-goodput-part: venv testbin ## one part of bench-goodput (MODE, REPEAT 0-2, into OUT/MODE-REPEAT; both systems, their own baselines; the hard part measures the restore point's overhead too): read the parts as one table with bench/goodput_recompute.py OUT/* --workers 8
-	$(GOODPUT_ENV) $(PY) bench/goodput.py $(GOODPUT_ARGS) --modes $(MODE) --repeats 1 --repeat-from $(REPEAT) $(if $(filter hard,$(MODE)),,--no-restore-point-baseline) --out $(OUT)/$(MODE)-$(REPEAT) $(GOODPUT_MORE)
+	$(GOODPUT_ENV) $(PY) bench/goodput.py $(GOODPUT_ARGS) --spares $(GOODPUT_SPARES) --modes $(MODE) --repeats 1 --repeat-from $(REPEAT) $(if $(filter hard,$(MODE)),,--no-restore-point-baseline) --out $(OUT)/$(MODE)-$(REPEAT) $(GOODPUT_MORE)
 
 .PHONY: bench-scale
 bench-scale: venv ## recovery after a SIGKILLed rank vs world size: 2, 8, 32, 64 local gloo ranks, replace and shrink; table + SVG curve in bench/out/scale (SCALE_ARGS to change)
@@ -170,7 +173,7 @@ node: cluster ## join a real node (kubelet + containerd, hack/node.sh) to the lo
 
 .PHONY: cluster-nodes
 REAL_NODES ?= 3
-cluster-nodes: cluster ## the local cluster with REAL_NODES real nodes (default 3, at most 4: kubelet + containerd each, hack/node.sh), the images in each
+cluster-nodes: cluster ## the local cluster with REAL_NODES real nodes (default 3, at most 8: kubelet + containerd each, hack/node.sh), the images in each
 	hack/images.sh build operator runtime-cpu pause
 	tars="$$(for i in operator runtime-cpu pause; do hack/images.sh save $$i | tail -n 1; done)" && \
 	  TORCHJOB_REAL_NODES=$(REAL_NODES) hack/node.sh up $$tars && hack/node.sh import $$tars

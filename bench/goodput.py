@@ -322,6 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--modes {','.join(sorted(node_modes))}: needs TORCHJOB_REAL_NODES >= 2 (one "
               "runs the operator)", file=sys.stderr)  # fmt: skip
         return 2
+    if args.spares and real_node_count() - 1 <= args.spares:
+        print(f"--spares {args.spares}: needs TORCHJOB_REAL_NODES > {args.spares + 1} (the "
+              "operator's node, the spares, and spot nodes to train on)", file=sys.stderr)  # fmt: skip
+        return 2
     full = disk_too_full()
     if full:
         print(full, file=sys.stderr)

@@ -75,6 +75,41 @@ def share(
     return all_out_s(intervals, nodes, 0.0, end) / end
 
 
+def spare_intervals(
+    times: Sequence[float], live: int, spares: int, timing: tuple[float, float, float],
+    rng: random.Random, hold_s: float,
+) -> list[tuple[float, float]]:  # fmt: skip
+    """With spares (bench/goodput_fleet.py): each node's free interval, from the row's start
+    or its provision to the notice that strikes it. ``timing``: the notice, the return after
+    it is gone (as a spare) and the provision after a notice, in seconds. A notice strikes a
+    random free node, held (``hold_s`` at most) when none is; its replacement is the first
+    spare back, free ``provision`` after the notice or once that spare is back."""
+    notice, back_s, provision = timing
+    free: list[list[float]] = [[0.0, float("inf")] for _ in range(live)]
+    pool = [0.0] * spares
+    for drawn in times:
+        ahead = [f[0] for f in free if f[1] == float("inf")]
+        t = drawn if any(a <= drawn for a in ahead) else min(ahead, default=float("inf"))
+        if t - drawn > hold_s:
+            continue
+        struck = rng.choice([f for f in free if f[0] <= t < f[1]])
+        struck[1] = t
+        pool.sort()
+        free.append([max(t + provision, pool.pop(0) if pool else float("inf")), float("inf")])
+        pool.append(t + notice + back_s)
+    return [(a, b) for a, b in free]
+
+
+def no_free_s(intervals: Sequence[tuple[float, float]], t0: float, t1: float) -> float:
+    """Seconds of [t0, t1] that no interval covers (no node free)."""
+    total, reach = 0.0, t0
+    for a, b in sorted(intervals):
+        if a > reach and reach < t1:
+            total += min(a, t1) - reach
+        reach = max(reach, b)
+    return total + max(0.0, t1 - reach)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--nodes", default="3,4,5")
@@ -84,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--losses", type=int, default=10)
     p.add_argument("--draws", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--spares", type=int, default=0,
+                   help="also the fleet with spares (bench/goodput_fleet.py): --nodes in use")  # fmt: skip
+    p.add_argument("--provision", type=float, default=60.0)
     a = p.parse_args(argv)
     mode = f"notice{a.notice:.0f}" if a.notice > 0 else "vanish"  # the bench's seeds' names
     print(
@@ -114,6 +152,29 @@ def main(argv: Sequence[str] | None = None) -> None:
             ]
             line += "; the bench's draws 0-2: " + ", ".join(f"{x:.3f}" for x in own)
         print(line)
+        if a.spares:
+            print(f"    with {a.spares} spares, each Ready {a.provision:.0f} s after a notice: "
+                  + _spare_shares(a, n, mode))  # fmt: skip
+
+
+def _spare_shares(a: argparse.Namespace, live: int, mode: str) -> str:
+    """The share with no node free with spares: over the draws, then the bench's three."""
+
+    def one(rng: random.Random) -> float:
+        times = sch.poisson_times(rng, a.node_mtbf, a.losses)
+        timing = (a.notice, a.node_return, a.provision)
+        free = spare_intervals(times, live, a.spares, timing, rng, sch.HOLD_MEANS * a.node_mtbf)
+        end = sch.end_of_row(0.0, times, a.node_mtbf, int(a.notice))
+        return no_free_s(free, 0.0, end) / end
+
+    rng = random.Random(a.seed)
+    xs = sorted(one(rng) for _ in range(a.draws))
+    own = [one(random.Random(f"{a.seed}/{r}/{mode}")) for r in range(3)]
+    return (
+        f"mean {statistics.mean(xs):.3f}, median {statistics.median(xs):.3f}, "
+        f"p90 {xs[int(0.9 * len(xs))]:.3f}; the bench's draws 0-2: "
+        + ", ".join(f"{x:.3f}" for x in own)
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,10 @@
   2026-11-29i both used the AWS taint, and the operator took a 30 s notice for 120 s until
   the drain came.
 
+With ``--spares`` (bench/goodput_fleet.py), a notice also launches the node's replacement, Ready
+``--provision`` seconds later, as Karpenter does on a spot interruption warning; the noticed
+node, once gone, comes back as a spare.
+
 A loss never waits for the job: it is taken when the schedule says (``goodput_schedule``); a
 draw that finds nothing to take then (no running pod; every eligible node already gone) is
 held until something qualifies (``Losses.take_held``, at most ``goodput_schedule.HOLD_MEANS`` mean
@@ -35,6 +39,7 @@ from tests.cluster.realnode import NODE_LABEL
 
 from bench import goodput_accounting as acc
 from bench import goodput_schedule as sch
+from bench.goodput_fleet import SPARE_TAINT, Fleet
 from bench.goodput_pods import hard_kill, running_pods
 from bench.goodput_records import Recovery
 from bench.harness import logger
@@ -102,17 +107,29 @@ def job_pods_on(core: Any, ns: str, node: str) -> list[Any]:
 
 
 def fleet_whole(core: Any, names: list[str]) -> bool:
-    """Every real node Ready, schedulable and untainted (but for the real nodes' own taint
-    and ``SYSTEM_TAINT``):
+    """Every real node Ready, schedulable and untainted (but for the real nodes' own taint,
+    ``SYSTEM_TAINT`` and a spare's ``SPARE_TAINT``):
     a row starts on the whole fleet (a
     node a previous row lost returns without waiting, and a job placed while it is still
     NotReady would start with every pod on the others, so a node loss would take them all)."""
     for name in names:
         node = core.read_node(name)
-        taints = [t for t in node.spec.taints or () if t.key not in (NODE_LABEL, SYSTEM_TAINT)]
+        own = (NODE_LABEL, SYSTEM_TAINT, SPARE_TAINT)
+        taints = [t for t in node.spec.taints or () if t.key not in own]
         if k.node_ready_status(core, name) != "True" or node.spec.unschedulable or taints:
             return False
     return True
+
+
+def row_fleet(core: Any, names: list[str], spares: int, delay: float, watch: Any) -> Fleet | None:
+    """The row's fleet with ``spares`` (``--spares``; bench/goodput_fleet.py), or None: every
+    real node but the infrastructure's is a spot node. Every row taints its spares, so that
+    each runs on the same number of spot nodes."""
+    if spares <= 0:
+        return None
+    infra = infra_nodes(core)
+    note = watch.note if watch is not None else (lambda what, **fields: None)
+    return Fleet.for_row(core, [n for n in names if n not in infra], spares, delay, note)
 
 
 def _said(node: str, output: str | None) -> None:
@@ -135,8 +152,12 @@ class Losses:
     watch: Any = None
     thaw: bool = False
     """A node returns with its frozen processes (the same VM) instead of a new VM's none."""
+    fleet: Fleet | None = None
+    """``--spares``: each notice provisions a spare; a noticed node returns as one (a vanish
+    row's spares stay idle: its node comes back itself, as without spares)."""
     gone: set[str] = field(default_factory=set)
     """Nodes taken and not yet back."""
+    _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -197,6 +218,8 @@ class Losses:
             self.watch.keep_logs_before_vanish(lost)  # loss's time is taken
         self._note(self.mode, node=node, pods=pods)
         rec = Recovery(time.time(), node, gen_before, step_before, node=node, pods=pods)
+        if notice and self.fleet is not None:  # the new VM, launched on the notice
+            self._threads.append(self.fleet.provision_after(node, self._stop))
         if notice:
             self._logs_before_vanish(node, notice - LOGS_BEFORE_VANISH_S)
             proc = self.nodes.notice(
@@ -205,7 +228,7 @@ class Losses:
                 drain_after=max(0, notice - NOTICE_DRAIN_BEFORE),
                 vanish_after=notice,
             )
-            self._background(node, lambda: _said(node, proc.communicate()[0]), lost)
+            self._background(node, lambda: _said(node, proc.communicate()[0]), lost, self.fleet)
         else:
             try:
                 self.nodes.vanish(node)
@@ -214,7 +237,7 @@ class Losses:
                 with self._lock:
                     self.gone.discard(node)
                 return None
-            self._background(node, lambda: None, lost)
+            self._background(node, lambda: None, lost, None)
         return rec
 
     def _logs_before_vanish(self, node: str, after_s: float) -> None:
@@ -230,10 +253,11 @@ class Losses:
 
         threading.Thread(target=read, name=f"logs-{node}", daemon=True).start()
 
-    def _background(self, node: str, until_gone: Any, lost: list[Any]) -> None:
+    def _background(self, node: str, until_gone: Any, lost: list[Any], fleet: Any) -> None:
         """Bring ``node`` back ``node_return`` seconds after ``until_gone()`` returns: a new
         VM, so the processes of the job's pods it held are SIGKILLed first (frozen, they
-        would otherwise resume where they stopped); ``thaw`` keeps them (the same VM)."""
+        would otherwise resume where they stopped); ``thaw`` keeps them (the same VM). With
+        a ``fleet`` (a notice row's spares) it comes back as a spare."""
 
         def back() -> None:
             until_gone()
@@ -241,8 +265,12 @@ class Losses:
             time.sleep(self.node_return)
             killed = 0 if self.thaw else sum(hard_kill(p) for p in lost)
             try:
+                if fleet is not None:
+                    fleet.retire(node)
                 self.nodes.return_node(node, wait=False)
-                self._note("returned", node=node, killed=killed)
+                self._note("returned", node=node, killed=killed, spare=fleet is not None)
+                if fleet is not None:
+                    fleet.back(node)
             except Exception as e:  # the row goes on; the next one finds the node missing
                 log(f"node {node} did not return: {e}")
             with self._lock:
@@ -257,11 +285,13 @@ class Losses:
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        self._stop.set()  # a provision still waiting for a spare gives up with its row
         with self._lock:
             return sorted(self.gone)
 
     def return_all(self) -> None:
         """An interrupted row: every node taken comes back now."""
+        self._stop.set()
         with self._lock:
             gone = sorted(self.gone)
         for node in gone:

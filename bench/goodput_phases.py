@@ -101,30 +101,34 @@ replacement until its ``returned`` line."""
 
 
 def no_free_node(trace: list[dict[str, Any]]) -> str | None:
-    """How long, inside the row's window, every node the row's faults struck was noticed or
-    gone at once: time in which the operator has no node for a replacement (it never places
-    one on a noticed node) and the job can only train on, on nodes about to go, or wait for a
-    return. None for a row without node faults or a window."""
+    """How long, inside the row's window, no spot node was free for a replacement: every node
+    the row's faults struck noticed or gone at once (it never places one on a noticed node),
+    so the job can only train on, on nodes about to go, or wait. With spares
+    (bench/goodput_fleet.py: the trace's ``fleet`` line), a node is free from the row's start
+    or its provision (``provisioned``) until a fault strikes it; a node that returns as a
+    spare frees nothing. None for a row without node faults or a window."""
     window = next((e for e in trace if e["what"] == "window"), None)
-    faults = sorted(
-        (e for e in trace if e["what"] in (*NODE_LOSSES, "returned")), key=lambda e: e["t"]
-    )
+    kinds = (*NODE_LOSSES, "returned", "provisioned")
+    faults = sorted((e for e in trace if e["what"] in kinds), key=lambda e: e["t"])
     nodes = {e["node"] for e in faults if e["what"] in NODE_LOSSES}
     if window is None or not nodes:
         return None
+    fleet = next((e for e in trace if e["what"] == "fleet"), None)
+    free = set(fleet["live"]) if fleet else set(nodes)
     t0, t1 = float(window["t0"]), float(window["t1"])
-    out: set[str] = set()
     total, since = 0.0, t0
     for e in [*faults, {"t": t1, "what": "end", "node": ""}]:
         t = min(max(float(e["t"]), t0), t1)
-        if len(out) == len(nodes):
+        if not free:
             total += t - since
         since = t
         if e["what"] in NODE_LOSSES:
-            out.add(e["node"])
-        elif e["what"] == "returned":
-            out.discard(e["node"])
-    return (
-        f"every node the faults struck ({len(nodes)}) noticed or gone at once: {total:.1f}s "
-        f"of the {t1 - t0:.1f}s window ({total / max(t1 - t0, 1e-9):.3f})"
+            free.discard(e["node"])
+        elif e["what"] == "provisioned" or (e["what"] == "returned" and not e.get("spare")):
+            free.add(e["node"])
+    what = (
+        f"no spot node free ({len(fleet['live'])} in use, {len(fleet['spares'])} spares)"
+        if fleet
+        else f"every node the faults struck ({len(nodes)}) noticed or gone at once"
     )
+    return f"{what}: {total:.1f}s of the {t1 - t0:.1f}s window ({total / max(t1 - t0, 1e-9):.3f})"

@@ -62,6 +62,16 @@ def report(args: argparse.Namespace, baselines: list[Row], rows: list[Row]) -> N
     _print_losses(args, rows)
 
 
+def _spares(args: argparse.Namespace) -> str:
+    """How the fleet replaces a noticed node (``--spares``, bench/goodput_fleet.py)."""
+    if not getattr(args, "spares", 0):
+        return ""
+    return (
+        f" (a noticed one as a spare: each notice makes one of {args.spares} spares Ready "
+        f"{args.provision:.0f}s later)"
+    )
+
+
 def _print_setup(args: argparse.Namespace, baselines: list[Row], ideal: dict[str, float]) -> None:
     """What the run did, and each system's ideal rate and where it came from."""
     nominal = args.replicas * args.batch / args.step_seconds
@@ -84,7 +94,7 @@ def _print_setup(args: argparse.Namespace, baselines: list[Row], ideal: dict[str
         f"each worker: {state}; losses: {args.schedule} schedule, mean interval {args.mtbf}s"
         f"{f' (node modes {args.node_mtbf}s)' if args.node_mtbf else ''}"
         f"{' (exponential gaps)' if args.schedule == 'poisson' else ' (+-20%) after each recovery'}; "
-        f"a node taken comes back {args.node_return:.0f}s after it is gone"
+        f"a node taken comes back {args.node_return:.0f}s after it is gone{_spares(args)}"
     )
     for system, rate in sorted(ideal.items()):
         walls = [b.wall for b in baselines if b.figures().system == system]

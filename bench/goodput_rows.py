@@ -1,8 +1,7 @@
-"""One row of the goodput benchmark: a job started, its losses taken (bench/goodput_losses.py:
-pods evicted or SIGKILLed, nodes vanished or given notice) on a schedule drawn before the row
-(``--schedule poisson``, bench/goodput_schedule.py) or each one after the previous recovery
-(``after-recovery``), each recovery resolved from the workers' events after the row, and what
-the row trained in its window (bench/goodput_accounting.py counts it)."""
+"""One row of the goodput benchmark: a job started, its losses taken (bench/goodput_losses.py)
+on a schedule drawn before the row (bench/goodput_schedule.py) or each one after the previous
+recovery, each recovery resolved from the workers' events after the row, and what the row
+trained in its window (bench/goodput_accounting.py counts it)."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ from bench import goodput_accounting as acc
 from bench import goodput_schedule as sch
 from bench.goodput_cpu import node_cgroups
 from bench.goodput_jobs import JOB, KUBEFLOW, kubeflow_manifest, manifest
-from bench.goodput_losses import OPERATOR_NS, Losses, fleet_whole
+from bench.goodput_losses import OPERATOR_NS, Losses, fleet_whole, row_fleet
 from bench.goodput_pods import save_logs
 from bench.goodput_rates import full_size_rates
 from bench.goodput_records import (
@@ -61,10 +60,9 @@ def run_row(
     restore_point: bool | None = None,
     repeat: int = 0,
 ) -> Row:
-    """One row: ``evictions`` losses of ``mode`` (none for a baseline, which runs
-    ``duration`` seconds from its first step); ``restore_point`` overrides
-    ``--restore-point`` (the baseline without restore points). Every system's row of one
-    mode in one repeat draws the same loss times (``--seed``, the repeat, the mode)."""
+    """One row: ``evictions`` losses of ``mode`` (none for a baseline, which runs ``duration``
+    seconds from its first step); ``restore_point`` overrides ``--restore-point``. Every
+    system's row of one mode in one repeat draws the same loss times (seed, repeat, mode)."""
     rp = args.restore_point if restore_point is None else restore_point
     run = _RowRun.start(args, cluster, core, custom, policy, mode, index, strategy, rp, repeat)
     t_first = run.first_step()
@@ -86,8 +84,8 @@ def run_row(
     try:
         run.finish(t_first, time.time())
     except BaseException:
-        # A row that fails to finish leaves no job training beside the next rows (a Kubeflow
-        # job outlives its controller: 2026-11-29g run 2's baselines shared the CPUs with one).
+        # A row that fails to finish leaves no job training beside the next rows (a Kubeflow job
+        # outlives its controller: 2026-11-29g run 2's baselines shared the CPUs with one).
         core.delete_namespace(run.ns)
         raise
     return run.row
@@ -156,10 +154,12 @@ class _RowRun:
             if policy == KUBEFLOW
             else manifest(args, policy, storage, events, strategy, restore_point=restore_point)
         )
+        fleet = None
         if nodes is not None:
             k.wait_for(lambda: fleet_whole(core, nodes.names), 600, "every real node back, Ready")
+            fleet = row_fleet(core, nodes.names, args.spares, args.provision, watch)
         cluster.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(body))
-        losses = Losses(core, ns, mode, rng, nodes, args.node_return, watch, args.thaw)
+        losses = Losses(core, ns, mode, rng, nodes, args.node_return, watch, args.thaw, fleet)
         return cls(args, cluster, core, custom, index, ns, storage, events, watch, rng, row, losses)
 
     @property

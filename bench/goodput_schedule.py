@@ -159,6 +159,17 @@ def add_fleet_args(p: argparse.ArgumentParser) -> None:
         help="seconds after a node is gone (vanish, noticeN) until it comes back (a new VM)",
     )
     p.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        help="spot nodes standing for VMs not yet provisioned (tainted): a notice launches its "
+        "node's replacement, Ready --provision s later, and the noticed node comes back as a "
+        "spare (Karpenter's interruption handling; bench/goodput_fleet.py); 0: a noticed node "
+        "is its own replacement, --node-return s after it is gone",
+    )
+    p.add_argument("--provision", type=float, default=60.0,
+                   help="--spares: seconds from a notice until its replacement node is Ready")  # fmt: skip
+    p.add_argument(
         "--thaw",
         action="store_true",
         help="a node comes back with its frozen pods' processes, which resume (the same VM); "

@@ -4,7 +4,7 @@
 # plane of hack/cluster.sh beside its fake kwok nodes.
 #
 #   hack/node.sh up [TAR..]   start (or reuse) the real nodes of cluster $TORCHJOB_CLUSTER_NAME:
-#                             $TORCHJOB_REAL_NODES of them (1 to 4, default 1), <cluster>-real-K;
+#                             $TORCHJOB_REAL_NODES of them (1 to 8, default 1), <cluster>-real-K;
 #                             with image tars, each node started begins with those images
 #                             imported and unpacked (a seeded root, hard-linked: node-roots.sh)
 #   hack/node.sh down         stop them all and remove their state (also `hack/cluster.sh down`)
@@ -45,7 +45,7 @@
 #   a bridge in a namespace of its own (the "fabric", held by one process): every node has a
 #   veth into it (10.213.IDX.K+2), and so has the host: the only change to the machine's network
 #   is that one veth pair, tjh<IDX> on the host side with 10.213.IDX.1/24 (and permanent
-#   neighbour entries on it). Pods of node K get 10.214.IDX.64*K/26 on a bridge inside K's
+#   neighbour entries on it). Pods of node K get 10.214.IDX.32*K/27 on a bridge inside K's
 #   namespace; every node routes the other nodes' pod ranges via their addresses (no tunnel, no
 #   NAT between pods; every MAC is fixed and every neighbour entry permanent, so no ARP crosses
 #   the fabric). No namespace has a default route: pods reach pods, nodes and the API server,
@@ -89,7 +89,8 @@ INDEX_LABEL="torchjob.io/real-node-index"
 # /run/containerd is a bind mount of that node's state (a socket path under the state directory
 # would be too long for a unix socket); from outside: nsenter --target <node.pid> --mount.
 SOCK=/run/containerd/containerd.sock
-MAX_NODES=4 # four /26 pod ranges in the cluster's 10.214.IDX.0/24
+MAX_NODES=8 # eight /27 pod ranges (29 pods a node) in the cluster's 10.214.IDX.0/24
+LAYOUT="pods /27, ${MAX_NODES} slots" # nodes started with another layout are started anew
 
 log() { printf '[node] %s\n' "$*" >&2; }
 die() { printf '[node] error: %s\n' "$*" >&2; exit 1; }
@@ -138,7 +139,7 @@ fi
 
 node_ip() { echo "10.213.${IDX}.$(($1 + 2))"; }
 node_mac() { printf '02:74:6a:%02x:01:%02x' "${IDX}" "$1"; }
-pod_cidr() { echo "10.214.${IDX}.$((64 * $1))/26"; }
+pod_cidr() { echo "10.214.${IDX}.$((32 * $1))/27"; }
 
 # select_node K: the globals of node K (its name, addresses, state directory, cgroup).
 select_node() {
@@ -562,10 +563,12 @@ cmd_up() {
   missing="$(missing_prereqs)"
   [[ -z "${missing}" ]] || die "missing prerequisites: $(tr '\n' ' ' <<<"${missing}")(Debian: apt-get install containerd runc containernetworking-plugins iptables iproute2; then make testbin)"
   kc_retry get --raw /readyz >/dev/null 2>&1 || die "cluster '${NAME}' is not running (hack/cluster.sh up)"
-  if [[ -f "${STATE_ROOT}/node.pid" ]] || ! fabric_pid >/dev/null || ! ip link show "${HOST_IF}" >/dev/null 2>&1; then
-    cmd_down quiet # a node of an older hack/node.sh, or a broken network: from nothing
+  if [[ -f "${STATE_ROOT}/node.pid" ]] || [[ "$(cat "${STATE_ROOT}/layout" 2>/dev/null)" != "${LAYOUT}" ]] ||
+    ! fabric_pid >/dev/null || ! ip link show "${HOST_IF}" >/dev/null 2>&1; then
+    cmd_down quiet # nodes of an older hack/node.sh (or its pod ranges), or a broken network
   fi
   ensure_fabric
+  echo "${LAYOUT}" >"${STATE_ROOT}/layout"
   PAUSE_IMAGE="$("${HACK_DIR}/images.sh" ref pause)"
   for ((k = 0; k < COUNT; k++)); do
     select_node "${k}"

@@ -183,8 +183,8 @@ def test_pods_on_three_nodes_reach_each_other_by_pod_ip_and_the_headless_service
     pods = [peers.pod(core_v1, i) for i in range(3)]
     assert [p.spec.node_name for p in pods] == real_nodes.names[:3]
     ips = [p.status.pod_ip for p in pods]
-    # Each node its own pod range (a /26 of the cluster's 10.214.IDX.0/24).
-    assert len({ipaddress.ip_network(f"{ip}/26", strict=False) for ip in ips}) == 3, ips
+    # Each node its own pod range (a /27 of the cluster's 10.214.IDX.0/24).
+    assert len({ipaddress.ip_network(f"{ip}/27", strict=False) for ip in ips}) == 3, ips
     for i in range(3):
         others = [j for j in range(3) if j != i]
         names = [f"peer-{j}.{SERVICE}" for j in others]

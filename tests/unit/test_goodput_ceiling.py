@@ -31,3 +31,40 @@ def test_more_nodes_leave_less_of_the_row_without_a_free_node() -> None:
 
     three, four = mean(3), mean(4)
     assert 0.0 < four < three < 1.0
+
+
+def test_no_free_time_is_what_no_interval_covers_inside_the_window() -> None:
+    free = [(0.0, 10.0), (5.0, 20.0), (30.0, float("inf"))]
+    assert ce.no_free_s(free, 0.0, 100.0) == 10.0  # 20-30
+    assert ce.no_free_s(free, 25.0, 100.0) == 5.0
+    assert ce.no_free_s([(0.0, 10.0)], 0.0, 50.0) == 40.0
+
+
+def test_with_spares_a_notice_frees_a_spare_after_the_provision_or_once_one_is_back() -> None:
+    # Two nodes in use, one spare; notices at 0 and 10 s; a node out 150 s, a spare 60 s.
+    got = ce.spare_intervals([0.0, 10.0], 2, 1, (120.0, 30.0, 60.0), random.Random(0), 300.0)
+    struck = sorted(b for a, b in got if b != float("inf"))
+    assert struck == [0.0, 10.0]
+    new = sorted(a for a, b in got if a > 0.0)
+    # The first notice's spare is Ready at 60 s; the second's waits for the first noticed
+    # node to come back as a spare (150 s).
+    assert new == [60.0, 150.0]
+    # Nothing free from 10 s to 60 s.
+    assert ce.no_free_s(got, 0.0, 200.0) == 50.0
+
+
+def test_spares_leave_less_of_a_120_s_notice_row_without_a_free_node() -> None:
+    def mean(spares: int) -> float:
+        rng = random.Random(2)
+        total = 0.0
+        for _ in range(300):
+            times = ce.sch.poisson_times(rng, 120.0, 10)
+            if spares:
+                free = ce.spare_intervals(times, 3, spares, (120.0, 30.0, 60.0), rng, 360.0)
+                total += ce.no_free_s(free, 0.0, times[-1] + 120.0) / (times[-1] + 120.0)
+            else:
+                out = ce.out_intervals(times, 3, 150.0, rng, 360.0)
+                total += ce.all_out_s(out, 3, 0.0, times[-1] + 120.0) / (times[-1] + 120.0)
+        return total / 300
+
+    assert mean(3) < mean(1) < mean(0)
