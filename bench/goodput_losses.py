@@ -268,7 +268,8 @@ class Losses:
                 if fleet is not None:
                     fleet.retire(node)
                 self.nodes.return_node(node, wait=False)
-                self._note("returned", node=node, killed=killed, spare=fleet is not None)
+                spare = {"spare": True} if fleet is not None else {}
+                self._note("returned", node=node, killed=killed, **spare)
                 if fleet is not None:
                     fleet.back(node)
             except Exception as e:  # the row goes on; the next one finds the node missing

@@ -4,6 +4,7 @@ records, and the workers' state size (issue 39)."""
 from __future__ import annotations
 
 import random
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -145,6 +146,48 @@ def test_a_noticed_node_has_its_pods_logs_read_before_it_goes() -> None:
     losses._logs_before_vanish("real-1", 0.0)
     k.wait_for(lambda: watch.notes, 10, "the logs read", interval=0.01)
     assert watch.notes == [("logs", {"pods": ["w1", "w2", "w3"]})]
+
+
+class _NoticingNodes(_Nodes):
+    def notice(self, node: str, **kw: Any) -> Any:
+        self.calls.append(("notice", node))
+        return SimpleNamespace(communicate=lambda: ("tainted, drained, gone", None))
+
+
+class _Fleet:
+    """goodput_fleet.Fleet's calls, recorded (its own test: test_goodput_fleet.py)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def provision_after(self, lost: str, stop: threading.Event) -> threading.Thread:
+        self.calls.append(("provision", lost))
+        thread = threading.Thread(target=lambda: None)
+        thread.start()
+        return thread
+
+    def retire(self, node: str) -> None:
+        self.calls.append(("retire", node))
+
+    def back(self, node: str) -> None:
+        self.calls.append(("back", node))
+
+
+@pytest.mark.parametrize(("mode", "spare"), [("notice30", True), ("vanish", False)])
+def test_with_spares_a_notice_provisions_one_and_its_node_returns_as_one(
+    mode: str, spare: bool
+) -> None:
+    nodes, fleet, watch = _NoticingNodes(), _Fleet(), _Watch()
+    losses = gl.Losses(_cluster(), "job", mode, random.Random(0), nodes, 0.0, watch, fleet=fleet)  # type: ignore[arg-type]
+    assert losses.take(gen_before=1, step_before=10) is not None
+    assert losses.join(timeout=10.0) == []
+    if spare:  # the replacement launched on the notice; the node back as a spare
+        assert fleet.calls == [("provision", "real-1"), ("retire", "real-1"), ("back", "real-1")]
+        assert ("returned", {"node": "real-1", "killed": 0, "spare": True}) in watch.notes
+    else:  # a vanish row keeps its spares idle: the node comes back itself
+        assert fleet.calls == []
+        assert ("returned", {"node": "real-1", "killed": 0}) in watch.notes
+    assert nodes.calls[-1] == ("return", "real-1", "False")
 
 
 def test_state_is_sized_to_the_stated_mib() -> None:

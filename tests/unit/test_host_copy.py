@@ -121,3 +121,22 @@ def test_owned_names_the_storages_of_parameters_and_optimizer_state_only() -> No
     assert params | moments <= owned
     buffers = {b.untyped_storage().data_ptr() for b in model.buffers() if b.numel()}
     assert not buffers & owned
+
+
+def test_the_copies_thread_says_the_cpu_it_spent_copying_once(gate: threading.Event) -> None:
+    """``cpu_beside``: what the thread's copies of host tensors took of the CPU (beside a step
+    on the CPU, the step's cores), said once: the next ask has nothing new."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1024, 1024)  # 4 MiB of weights, 8 MiB of Adam's moments
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 1024)).sum().backward()
+    opt.step()
+    host_copy.cpu_beside()
+    registered = {"model": model, "opt": opt}
+    restore_point.take("run", 1, registered, [], overlap=True)  # allocates its buffers
+    gate.set()
+    host_copy.settle()
+    restore_point.take("run", 2, registered, [], overlap=True)  # into them: a sample
+    host_copy.settle()
+    assert host_copy.cpu_beside() > 0.0
+    assert host_copy.cpu_beside() == 0.0

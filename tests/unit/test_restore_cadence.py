@@ -187,3 +187,35 @@ def test_an_overlapped_copy_costs_what_the_loop_waited_for_it() -> None:
     assert not fresh.copies
     fresh.due(5.5)
     assert list(fresh.intervals) == [pytest.approx(2.5)]
+
+
+def test_the_cpu_an_overlapped_copy_took_beside_the_step_counts_in_its_cost() -> None:
+    """On the CPU the copies' thread takes the step's cores: the fleet bench's loop waited
+    5 ms for a 252 MiB copy whose thread spent 25 ms of CPU, in a process that gets a
+    quarter of a core (8 workers on 2 cores): 100 ms of its training. The copy cost 105 ms,
+    k goes from 1 to 3 at 1.75 s between reports, and the interval keeps the slower step."""
+    c = Cadence(budget=0.02)
+    c.due(0.0, cpu_s=10.0)
+    c.took(0.005, 252 * MIB)
+    assert c.every == 1
+    for n in (1, 2, 3):
+        c.due(1.755 * n, cpu_s=10.0 + 0.25 * 1.755 * n)  # a quarter of a core
+        c.took(0.005, 252 * MIB)
+        c.beside(0.025)  # the copy's thread, beside the next step
+    assert c.copy_s == pytest.approx(0.105)
+    assert list(c.intervals) == [pytest.approx(1.75)] * 3
+    assert c.every == 3  # ceil(0.105 / (0.02 * 1.75))
+    # A process that had two whole cores lost an eighth of that: the copy stays cheap.
+    two = Cadence(budget=0.02)
+    two.due(0.0, cpu_s=0.0)
+    two.took(0.005, 252 * MIB)
+    two.due(1.755, cpu_s=2 * 1.755)
+    two.took(0.005, 252 * MIB)
+    two.beside(0.025)
+    assert two.copies[-1] == pytest.approx(0.0175)
+    # A first copy allocated its buffers: no sample, and neither is its thread's CPU.
+    fresh = Cadence(budget=0.02)
+    fresh.due(0.0)
+    fresh.took(2.0, 252 * MIB, allocated=True)
+    fresh.beside(1.0)
+    assert not fresh.copies

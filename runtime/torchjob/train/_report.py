@@ -297,7 +297,8 @@ def _restore_point(
         restore_point.drop()
         return None, live, True
     s.cadence.waited(host_copy.waited())  # the last copy's overlapped part, where it showed
-    if not s.cadence.due(time.monotonic(), s.reports):
+    s.cadence.beside(host_copy.cpu_beside())  # and the CPU it took beside the step
+    if not s.cadence.due(time.monotonic(), s.reports, time.process_time()):
         return restore_point.held(), live, False
     t0 = time.monotonic()
     snapshot = restore_point.take(

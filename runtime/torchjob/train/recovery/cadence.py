@@ -22,7 +22,8 @@ place) and the interval the *median* of the last few (a stall lengthens it, whic
 ``k``). Not the fastest copy: where a machine's cores are shared (8 workers on 2 cores, the
 benchmark's fleet) most copies run beside the others' and take 2-5 times the fastest one
 (bench/results/2026-11-30d: 252 MiB in 28-151 ms), and that slower copy is what the job pays.
-Pure: the caller passes the clock readings.
+On the CPU the overlapped part of a copy is not free: its thread's CPU time is counted too,
+in the step's currency (:meth:`Cadence.beside`). Pure: the caller passes the clock readings.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+MIN_CPU_RATE = 0.05
+"""The least share of a core :meth:`Cadence.beside` assumes a process had (a process that
+mostly waits would otherwise turn a few ms of copying into seconds)."""
 WINDOW = 8
 """Copies and intervals remembered."""
 FREE_BYTES = 8 * 2**20
@@ -61,6 +65,10 @@ class Cadence:
     taken: bool = False
     """A restore point was taken (the first report takes one whatever the cadence)."""
 
+    cpu_rates: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    """CPU seconds the process used per second between reports (:meth:`due`'s ``cpu_s``)."""
+    last_cpu_s: float | None = None
+
     agreed: int | None = None
     """The group's ``k`` (:meth:`agree`): every rank copies at the same reports."""
     sampled: bool = False
@@ -89,14 +97,21 @@ class Cadence:
         """What a copy costs: the lower median of the last few (0 before any)."""
         return statistics.median_low(self.copies) if self.copies else 0.0
 
-    def due(self, now_s: float, report: int | None = None) -> bool:
+    def due(self, now_s: float, report: int | None = None, cpu_s: float | None = None) -> bool:
         """At a report (``now_s``: a monotonic clock): whether it takes the restore point.
         Every report does until one copy into buffers already there was measured (the
         first copy allocates them: see :meth:`took`). ``report``: the report's number in
         the group (from 1), the same on every rank: the copies fall on reports 1, 1 + k,
         1 + 2k, ..., so ranks that began measuring a report apart (a replacement that took
         over a slot's buffers) still copy at the same reports; without it, the number of
-        reports this cadence saw."""
+        reports this cadence saw. ``cpu_s``: the process's CPU time now (every thread's),
+        for :meth:`beside`."""
+        if cpu_s is not None:
+            if self.last_cpu_s is not None and self.last_report_s is not None:
+                wall = now_s - self.last_report_s
+                if wall > 0:
+                    self.cpu_rates.append(max(cpu_s - self.last_cpu_s, 0.0) / wall)
+            self.last_cpu_s = cpu_s
         if self.last_report_s is not None:
             # The training time between two reports, without the copy made at the first.
             self.intervals.append(max(now_s - self.last_report_s - self.last_copy_s, 0.0))
@@ -135,6 +150,21 @@ class Cadence:
         self.last_copy_s += seconds
         if self.sampled and self.copies:
             self.copies[-1] += seconds
+
+    def beside(self, cpu_s: float) -> None:
+        """The last copy's thread spent ``cpu_s`` of CPU copying host tensors beside the
+        next step (``recovery.host_copy.cpu_beside``; a GPU's copies run on a side stream
+        and add none). A step on the CPU had those cores (torch's threads take all it may),
+        so the copy cost more than the loop waited for it: the fleet bench's loop waited
+        2-5 ms per 252 MiB copy, k came out 1, and its baseline ran 4.8-8.3 % slower than
+        without restore points (bench/results/2026-12-06p). In the step's currency, a CPU
+        second taken from a process that gets ``r`` CPU seconds a second (:attr:`cpu_rates`:
+        its share of the cores, 0.25 for 8 workers on 2 cores) is ``1 / r`` seconds of its
+        training lost. The interval keeps the slower step."""
+        if cpu_s <= 0 or not (self.sampled and self.copies):
+            return
+        rate = statistics.median(self.cpu_rates) if self.cpu_rates else 1.0
+        self.copies[-1] += cpu_s / max(rate, MIN_CPU_RATE)
 
     def vote(self) -> tuple[int, int]:
         """This process's ``(k, 1)`` for the group's agreement, or ``(0, 0)`` before it

@@ -12,8 +12,9 @@ and hands the optimizers' tensors to a thread, which copies them while the next 
 forward and backward run. Each registered optimizer waits for that thread in a step
 pre-hook (:func:`hook`), so no step changes a tensor while it is being copied, and whoever
 reads the restore point waits for it too (:func:`settle`). The loop pays the copies' start
-and whatever of them the next forward and backward did not cover (:func:`waited`), which is
-what ``recovery.cadence`` then budgets. A process lost during a copy loses only its own
+and whatever of them the next forward and backward did not cover (:func:`waited`), and, for
+the copies of CPU tensors, the CPU time the thread spent (:func:`cpu_beside`: beside a step
+on the CPU it takes the step's cores), which is what ``recovery.cadence`` then budgets. A process lost during a copy loses only its own
 copy; a survivor's thread finishes its copy whatever its peers do.
 
 On a GPU the optimizers' tensors are not handed to the thread: their copies are queued at
@@ -171,11 +172,16 @@ class Overlap:
 
         def run() -> None:
             try:
+                t0 = time.thread_time()
                 for dst, src in pairs:
                     _copy_later(dst, src)
-                device_copy.wait(events)
+                busy = time.thread_time() - t0
+                device_copy.wait(events)  # (a GPU's copies: waited for, not counted)
                 if then is not None:
+                    t1 = time.thread_time()
                     then()
+                    busy += time.thread_time() - t1
+                _FLIGHT.busy_s += busy
             except BaseException as e:  # said where the restore point is next read
                 error.append(e)
 
@@ -191,6 +197,8 @@ class _Flight:
     thread: threading.Thread | None = None
     error: list[BaseException] = field(default_factory=list)
     waited_s: float = 0.0
+    busy_s: float = 0.0
+    """CPU seconds the copies' thread spent copying (:func:`cpu_beside`)."""
 
 
 _FLIGHT = _Flight()
@@ -217,6 +225,17 @@ def waited() -> float:
     optimizers' steps, or at the next report where no step came between)."""
     w, _FLIGHT.waited_s = _FLIGHT.waited_s, 0.0
     return w
+
+
+def cpu_beside() -> float:
+    """The CPU seconds the copies' thread spent copying host tensors since this was last
+    asked (a GPU's side-stream copies add none). Beside a step that trains on the CPU they
+    are not free: the step's own threads had those cores, and on the fleet bench (8 workers
+    on 2 cores) the loop waited 2-5 ms for each 252 MiB copy while its steps ran 4.8-8.3 %
+    slower than without restore points (bench/results/2026-12-06p). ``recovery.cadence``
+    counts them as part of what a copy costs."""
+    busy, _FLIGHT.busy_s = _FLIGHT.busy_s, 0.0
+    return busy
 
 
 _HOOKED: weakref.WeakSet[Any] = weakref.WeakSet()

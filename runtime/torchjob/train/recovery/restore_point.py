@@ -360,6 +360,7 @@ def agree_noted(
     t0 = time.monotonic()
     host_copy.settle()  # a copy still in flight ends before the restore point is read
     host_copy.waited()  # and the loop's waits for copies start anew with the generation
+    host_copy.cpu_beside()  # as does the copies' CPU time
     mine = _HELD[0]
     if mine is None or mine.run != run:
         mine = _HELD[0] = _kept(run) or mine
