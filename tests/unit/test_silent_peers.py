@@ -364,3 +364,53 @@ def test_the_generation_after_a_silent_node_leaves_its_joiner_out() -> None:
     going = [*kept, replace(up[2], deleting=True), replace(joiner, deleting=True)]
     made = plan(with_state(view, st), going, at(13))
     assert made.create is not None and made.create.indices == (4,), made.create
+
+
+def _silent_body(*reports: tuple[str, int, str, float, float | None, str | None]) -> list[dict]:
+    """``status.silentWorkers`` entries: (pod, generation, reporter, seconds silent, when
+    made or None, how or None)."""
+    return [
+        {"pod": p, "generation": g, "by": by, "seconds": s}
+        | ({} if made is None else {"at": format_ms(at(made))})
+        | ({} if how is None else {"how": how})
+        for p, g, by, s, made, how in reports
+    ]
+
+
+def _shrunk_to_three() -> tuple[JobView, dict, list[PodView]]:
+    """A 4-pod job whose pod 3 its peers found silent in generation 0: generation 1, pods
+    0-2, published at 12 s."""
+    _, view, pods = step(elastic_keep(4), [], 0)
+    up = [running(p) for p in pods]
+    settled, view, _ = step(view, up, 1)
+    view = with_state(view, {**settled.status, "silentWorkers": _silent_body(
+        ("tj-worker-3", 0, "tj-worker-0", 3.1, 10.0, None))})  # fmt: skip
+    shrunk, view, pods = step(view, up, 12)
+    assert (shrunk.status["currentGeneration"], shrunk.status["replicas"]) == (1, 3)
+    return view, shrunk.status, [running(p) for p in pods if p.name != "tj-worker-3"]
+
+
+def test_a_rank_left_in_the_old_generation_does_not_take_out_peers_that_moved_on() -> None:
+    """bench/results/2026-12-06p, loss 5: one survivor of a SIGKILL, still in the old
+    generation, found its 6 live peers silent 2.3-3.2 s after the new generation was
+    published (they had left the old group: some said their group broke, the others left at
+    their next report as asked), and the operator replaced all 7 pods. Such reports count
+    for nothing; one whose silence began before the publication, of a pod that never said
+    its group broke, still counts (a node that vanished just as the generation came out)."""
+    view, status, up = _shrunk_to_three()
+    old = status.get("silentWorkers", [])
+    moved = _silent_body(
+        ("tj-worker-1", 0, "tj-worker-1", 0.0, 11.0, "broken"),  # its group broke; alive
+        ("tj-worker-0", 0, "tj-worker-2", 2.3, 14.5, None),  # silent from 12.2 s: after 12
+        ("tj-worker-1", 0, "tj-worker-2", 3.2, 14.5, None),  # before 12, but said it broke
+    )
+    decided = plan(with_state(view, {**status, "silentWorkers": [*old, *moved]}), up, at(20))
+    st = decided.status
+    assert (st["currentGeneration"], st["replicas"]) == (1, 3), st
+    assert not decided.delete
+    # The same pod 1, silent from 11.3 s without saying its group broke: lost to its silence.
+    died = _silent_body(("tj-worker-1", 0, "tj-worker-2", 3.2, 14.5, None))
+    decided = plan(with_state(view, {**status, "silentWorkers": [*old, *died]}), up, at(20))
+    assert decided.status["currentGeneration"] == 2
+    assert decided.status["history"][-1]["cause"] == "SilentPeer"
+    assert decided.delete == ("tj-worker-1",)

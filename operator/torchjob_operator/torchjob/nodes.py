@@ -39,7 +39,7 @@ from torchjob_operator.common.events import Event
 from torchjob_operator.common.nodes import NodeView, notice_deadline
 from torchjob_operator.torchjob.decision import Decision
 from torchjob_operator.torchjob.observed import JobState, PodView
-from torchjob_operator.torchjob.silent import carried_over, pod_nodes, trusted_reports
+from torchjob_operator.torchjob.silent import believed, carried_over, pod_nodes, trusted_reports
 
 NODE_LOST = "NodeLost"
 """``PodView.disruption`` of a pod whose node stopped reporting (``Ready`` not ``True``)."""
@@ -108,7 +108,8 @@ def suspect_nodes(
     members = _members(state, job)
     carried = carried_over(state.history, state.generation, members)
     on = pod_nodes(placed)
-    silent = trusted_reports(state.silent, state.generation, members, carried, now, on)
+    reports = believed(state.silent, state.broken, state.generation, state.history)
+    silent = trusted_reports(reports, state.generation, members, carried, now, on)
     found = {p.node for p in placed if p.name in silent and p.node}
     found |= set(lost_silent(state).values())
     if now is not None:

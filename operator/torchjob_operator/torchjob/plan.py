@@ -211,7 +211,7 @@ def plan(
     d = _rescale(d)
     # Pods the survivors saw go silent are lost like SIGKILLed ones (torchjob/silent.py).
     on = pod_nodes(pods)
-    pods = silenced(pods, st.silent, d.generation, d.ranked, job.name, st.history, now)
+    pods = silenced(pods, st.silent, d.generation, d.ranked, job.name, st.history, now, st.broken)
     wait = recheck_after(st.silent, d.generation, d.ranked, job.name, st.history, now, on)
     d = d.also(requeue=[wait] if wait is not None else [])
     current = _members(d, pods)

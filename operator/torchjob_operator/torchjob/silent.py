@@ -19,7 +19,9 @@ at full size, uncharged), and the pod is deleted as any pod left out of a genera
 A report counts only when it names a member of the current generation and comes from
 another member (and a report that a pod never arrived, only for a pod new in it:
 :data:`ABSENT_HOW`). A report of the generation before counts too when both pods were carried
-into this one (members of both, neither new in this one, ``status.history``): a generation
+into this one (members of both, neither new in this one, ``status.history``), unless the pod
+it names had moved on (:func:`moved_on`: it said its group broke, or its beats stopped after
+this generation was published): a generation
 published for another reason (a grow, a spread's swap) just as a node vanished made the
 survivors' reports of the old generation count for nothing, and the new one lost 10-15 s
 finding the same pods again while it formed (bench/results/2026-11-29h run 2, loss 4). Two pods that each report the other (a partition between them) cannot both
@@ -76,6 +78,8 @@ ABSENT_HOW = "absent"
 generation (not :func:`carried_over`, and not generation 0, whose pods start as their
 images come). A survivor arrives only at its next report, minutes away for a long step,
 and its silence is the heartbeat watchdog's and the host sweep's to find."""
+HEARTBEAT_HOW = "heartbeat"
+"""``SilentWorker.how`` of a watchdog's report (also what a report without ``how`` means)."""
 NODE_HOW = "node"
 """``Silent.how`` of a joiner lost with a silent member of its node (:func:`_dark_joiner`):
 the operator's inference, never a runtime's report."""
@@ -213,6 +217,44 @@ def left_silent(history: Sequence[GenerationRecord]) -> dict[str, int]:
     return out
 
 
+def moved_on(
+    r: SilentWorker,
+    broken: Sequence[SilentWorker],
+    generation: int,
+    history: Sequence[GenerationRecord],
+) -> bool:
+    """Whether ``r``, a heartbeat report of the generation before this one, names a pod that
+    moved on rather than died: the pod said its own group of that generation broke with its
+    workers alive (:attr:`SilentWorker.broken_group`), or its beats stopped after this
+    generation was published (its ranks left at their next report, as asked). A rank still
+    in the old generation (stuck in a step, its group not yet broken) watches beats that its
+    peers have stopped writing there, and finds them all silent: seen on the fleet bench,
+    one survivor of a SIGKILL named its 6 live peers 2.3-3.2 s after the new generation was
+    published, and the operator replaced all 7 (bench/results/2026-12-06p, loss 5: 31 s
+    without a step). A report without ``at`` (an older runtime) is judged as before.
+    ``broken``: the members' reports that their own group broke (``JobState.broken``)."""
+    if r.generation != generation - 1 or (r.how or HEARTBEAT_HOW) != HEARTBEAT_HOW:
+        return False
+    if any(o.broken_group and o.pod == r.pod and o.generation == r.generation for o in broken):
+        return True
+    record = next((h for h in reversed(history) if h.generation == generation), None)
+    published = parse_time_or_none(record.began) if record is not None else None
+    made = parse_time_or_none(r.at)
+    if published is None or made is None:
+        return False
+    return made - timedelta(seconds=r.seconds) > published
+
+
+def believed(
+    reports: Sequence[SilentWorker],
+    broken: Sequence[SilentWorker],
+    generation: int,
+    history: Sequence[GenerationRecord],
+) -> list[SilentWorker]:
+    """``reports`` but those naming a pod that had moved on (:func:`moved_on`)."""
+    return [r for r in reports if not moved_on(r, broken, generation, history)]
+
+
 def silenced(
     pods: Sequence[PodView],
     reports: Sequence[SilentWorker],
@@ -221,6 +263,7 @@ def silenced(
     job: str,
     history: Sequence[GenerationRecord] = (),
     now: datetime | None = None,
+    broken: Sequence[SilentWorker] = (),
 ) -> list[PodView]:
     """``pods`` with each member of generation ``generation`` that its peers reported silent
     seen as lost to it (``PodView.silent``, reason ``SilentPeer``): the loss the planner then
@@ -235,8 +278,10 @@ def silenced(
     history remembers it: a generation begun for another loss while a vanished node's pods
     still showed Running took them back as members and waited 37-39 s for the node
     controller (bench/results/2026-11-30a, losses 8 and 9). ``now``: reports naming rank 0's
-    pod wait a moment (:func:`held`, :func:`recheck_after`)."""
+    pod wait a moment (:func:`held`, :func:`recheck_after`). ``broken``: the members' reports
+    that their own group broke, for :func:`moved_on`."""
     members, carried = _membership(ranked, job, history, generation)
+    reports = believed(reports, broken, generation, history)
     on = pod_nodes(pods)
     trusted = trusted_reports(reports, generation, members, carried, now, on) if reports else {}
     earlier = left_silent(history)
@@ -245,7 +290,7 @@ def silenced(
     for p in pods:
         r = trusted.get(p.name)
         if r is not None and p.active and (p.generation <= r.generation or p.name in carried):
-            out.append(_lost(p, Silent(r.seconds, r.by, r.how or "heartbeat")))
+            out.append(_lost(p, Silent(r.seconds, r.by, r.how or HEARTBEAT_HOW)))
             if p.node:
                 dark.setdefault(p.node, (Silent(r.seconds, r.by, NODE_HOW), generation + 1))
         elif p.generation < earlier.get(p.name, -1) and p.silent is None:
