@@ -33,8 +33,8 @@ def test_names_follow_the_count_and_node_0_keeps_its_name() -> None:
     [
         (
             ["names"],
-            {"TORCHJOB_REAL_NODES": "5"},
-            "TORCHJOB_REAL_NODES=5: a number of real nodes from 1 to 4",
+            {"TORCHJOB_REAL_NODES": "9"},
+            "TORCHJOB_REAL_NODES=9: a number of real nodes from 1 to 8",
         ),
         (["names"], {"TORCHJOB_REAL_NODES": "two"}, "TORCHJOB_REAL_NODES=two"),
         (
@@ -43,7 +43,7 @@ def test_names_follow_the_count_and_node_0_keeps_its_name() -> None:
             "TORCHJOB_NODE_NET_INDEX=300: a number from 0 to 255",
         ),
         (["vanish", "other-real-1"], {}, "no real node 'other-real-1' in cluster 'unit-node-sh'"),
-        (["return", "7"], {}, "no real node '7'"),
+        (["return", "8"], {}, "no real node '8'"),
         (
             ["notice", "1", "--provider", "azure"],
             {},
