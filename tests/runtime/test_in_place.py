@@ -23,9 +23,11 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 import torchjob.train
+from torchjob.launch.settings import ENV_RESTORE_POINT_EVERY
 from torchjob.train import FailureConfig, RunConfig, ScalingConfig
 from torchjob.train.torch import TorchTrainer, prepare_model
 
@@ -112,6 +114,35 @@ def test_a_shrink_goes_on_inside_the_training_function(tmp_path: Path) -> None:
     assert again.error is None
     assert _entries(out_again) == ["gen0"] * WORLD + ["gen1"] * (WORLD - 1)
     assert torch.equal(_finals(out_again, WORLD - 1)[0], finals[0])
+
+
+def test_the_step_the_loss_broke_is_undone_not_rolled_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restore point is copied at report 1 only (every 100 reports): the survivors do not
+    roll back to it. Their optimizer step after the broken all-reduce did nothing
+    (``recovery.step_undo``), what else it moved is put back at report 3, and they do step 4
+    again: no step before it is done twice, where the function run again from the restore
+    point redoes steps 2 and 3 (at the smaller world size). The same parameters, bit for bit,
+    as a rollback to a restore point taken at report 3."""
+    monkeypatch.setenv(ENV_RESTORE_POINT_EVERY, "100")
+    result, out = _fit(tmp_path, in_place=True, where="backward", workers=(WORLD - 1, WORLD))
+    assert result.error is None
+    assert result.world_sizes == [WORLD, WORLD - 1]
+    assert [m["step"] for m in result.metrics_history] == list(range(1, STEPS + 1))
+    assert _entries(out) == ["gen0"] * WORLD
+    finals = _finals(out, WORLD - 1)
+    assert all(torch.equal(f, finals[0]) for f in finals[1:])
+    again, _ = _fit(tmp_path, in_place=False, where="backward", workers=(WORLD - 1, WORLD))
+    assert again.error is None
+    redone = [m["step"] for m in again.metrics_history]
+    assert redone == [1, 2, 3, 2, 3, *range(4, STEPS + 1)], redone
+    # A restore point at every report, rolled back to at report 3: the same parameters.
+    monkeypatch.setenv(ENV_RESTORE_POINT_EVERY, "1")
+    (tmp_path / "every").mkdir()
+    every, out_every = _fit(tmp_path / "every", in_place=True, where="backward", workers=(2, 3))
+    assert every.error is None
+    assert torch.equal(_finals(out_every, WORLD - 1)[0], finals[0])
 
 
 def test_a_whole_step_is_kept_when_the_loss_meets_should_stop(tmp_path: Path) -> None:

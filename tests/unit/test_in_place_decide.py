@@ -18,6 +18,11 @@ def broken(joinable: bool = True) -> Parked:
     return Parked(-1, exact=False, joinable=joinable)
 
 
+def undone(mark: int, joinable: bool = True) -> Parked:
+    """Parked after the step the loss broke, undone to report ``mark`` (``step_undo``)."""
+    return Parked(mark, exact=True, joinable=joinable, undone=True)
+
+
 def at(mark: int, joinable: bool = True) -> Parked:
     """Parked at the end of a regroup's report ``mark``, its restore point taken."""
     return Parked(mark, exact=True, joinable=joinable)
@@ -34,6 +39,16 @@ def at(mark: int, joinable: bool = True) -> Parked:
         pytest.param([at(9), at(9)], 9, (True, 9), id="all-at-a-regroup-report-kept"),
         # The same report number, one after its whole step, one at it: unlike live states.
         pytest.param([at(7), whole(7)], 7, (True, None), id="at-and-after-report-roll-back"),
+        # The step the loss broke, undone: the live state is that of the report.
+        pytest.param([undone(7), undone(7)], 3, (True, 7), id="all-undone-same-report-kept"),
+        pytest.param([undone(7), at(7)], 7, (True, 7), id="undone-and-at-the-report-kept"),
+        pytest.param([undone(7), undone(6)], 7, (True, None), id="undone-unlike-roll-back"),
+        pytest.param([undone(7), broken()], 7, (True, None), id="undone-and-broken-roll-back"),
+        pytest.param([undone(7), whole(7)], 7, (True, None), id="undone-and-whole-roll-back"),
+        pytest.param([undone(7), undone(7), None], 7, (True, 7), id="join-undone-at-rp-kept"),
+        pytest.param(
+            [undone(7), undone(7), None], 3, (True, None), id="join-undone-older-rp-rolls-back"
+        ),
         # A rank joins afresh (None): it loads the restore point, so the parked keep their
         # live state only where it is that restore point.
         pytest.param([at(9), at(9), None], 9, (True, 9), id="grow-at-the-restore-point-kept"),

@@ -273,6 +273,9 @@ class RestoredFromMemory:
     in_place: bool = False
     """The survivors went on inside the training function (``recovery.in_place``): it was
     not run again."""
+    kept_at: int | None = None
+    """In place, the survivors kept their live state, at this report (a whole step, or the
+    step the loss broke undone: ``recovery.step_undo``): the restore point was not loaded."""
 
 
 @_by_fields

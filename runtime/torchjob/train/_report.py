@@ -27,7 +27,14 @@ from torchjob.launch import regroup_requested, send_event, stop_requested
 from torchjob.launch.protocol import CheckpointLanded, Report
 from torchjob.train import _session
 from torchjob.train.checkpoint import Checkpoint
-from torchjob.train.recovery import host_copy, in_place, preemption, restore_point, shard_mirror
+from torchjob.train.recovery import (
+    host_copy,
+    in_place,
+    preemption,
+    restore_point,
+    shard_mirror,
+    step_undo,
+)
 
 if TYPE_CHECKING:
     from torchjob.checkpoint.background import BackgroundCommitter
@@ -184,6 +191,8 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | StateCheckpoint | N
     s.last_metrics = dict(metrics)
     s.history.append(dict(metrics))
     snapshot, live, sharded = _restore_point(s)
+    if s.in_place and s.registered is not None and not sharded:
+        step_undo.mark(s.run_path, s.report_base + s.reports, s.registered)
     committed = None
     if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
         from torchjob.train.state import StateCheckpoint
@@ -350,7 +359,8 @@ def should_stop() -> bool:
         return _agree_to_stop(stop_requested())
     try:
         if in_place.parked(s, in_place.broken()):
-            s.void_report = s.rolled_back  # the loop's report of this step: rolled back
+            # The loop's report of this step: rolled back, or undone (``step_undo``).
+            s.void_report = s.rolled_back or s.parked_note.undone
             return False
         stop, regroup = _agree(s, stop_requested())
     except Exception as exc:

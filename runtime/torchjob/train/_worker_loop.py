@@ -205,7 +205,7 @@ def resume(run: Run) -> bool:
     _session.moved_to(s, info, restored, spec, kept_at=agreed.kept_at)
     _LIVE[0] = spec
     if info.rank == 0:
-        _say_restored(restored, in_place=True)
+        _say_restored(restored, in_place=True, kept_at=agreed.kept_at)
     return True
 
 
@@ -223,7 +223,9 @@ def park_stopped(s: _session.Session) -> None:
     worker.current().park_done(cloudpickle.dumps(outcome), s.resume)
 
 
-def _say_restored(restored: restore_point.Restored, *, in_place: bool = False) -> None:
+def _say_restored(
+    restored: restore_point.Restored, *, in_place: bool = False, kept_at: int | None = None
+) -> None:
     """Rank 0 tells the driver the generation started from the survivors' memory."""
     snap = restored.snapshot
     send_event(
@@ -233,6 +235,7 @@ def _say_restored(restored: restore_point.Restored, *, in_place: bool = False) -
             seconds=restored.seconds,
             bytes=snap.nbytes,
             in_place=in_place,
+            kept_at=kept_at,
         )
     )
 

@@ -10,7 +10,10 @@ point loaded (1.0-1.4 s of each shrink for 256 MiB on the fleet bench, bench/res
 * DDP's gradient all-reduce goes through a comm hook (:func:`install`) that, when the
   all-reduce fails because a peer is gone, marks the group broken, shuts this rank's
   connections (so ranks two hops away in the ring learn it too) and hands back the local
-  gradients: ``backward()`` returns, and the step the loop then takes is rolled back below;
+  gradients: ``backward()`` returns, and the optimizer step the loop then takes does
+  nothing (``step_undo``), what else it moved being put back at the park: the live state
+  is the last report's again, and the loop does the step again (where an optimizer step
+  went through since that report, the step is rolled back to the restore point instead);
 * ``should_stop()`` and ``report()`` look at the mark first, and a peer failure of their own
   collective counts the same: the worker *parks* there (``WorkerProcess.park``): it leaves
   the group, tells the driver the task failed as any survivor does, and waits, inside the
@@ -18,7 +21,9 @@ point loaded (1.0-1.4 s of each shrink for 256 MiB on the fleet bench, bench/res
   generations, the same counters);
 * when the next generation's task arrives, every rank says whether it is parked, in the
   gather that agrees on the restore point (``restore_point.agree``). All parked (a shrink):
-  the restore point is loaded into the registered objects, DDP moves to the new group
+  their live state is kept where every rank parked at the same report (the broken step
+  undone) or after the same whole step, else the restore point is loaded into the
+  registered objects; DDP moves to the new group
   (``DistributedDataParallel._update_process_group``), the session takes the new
   generation's ranks and numbers, and the call returns into the loop: ``should_stop()``
   says False and the next ``report()`` is void (its metrics belong to the step rolled back);
@@ -56,7 +61,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from torchjob.train.recovery import restore_point
+from torchjob.train.recovery import restore_point, step_undo
 from torchjob.train.recovery.restore_point import Restored
 
 _ATTR = "_torchjob_in_place"
@@ -91,8 +96,9 @@ def broken() -> BaseException | None:
 
 
 def reset() -> None:
-    """A new group: nothing is broken."""
+    """A new group: nothing is broken, and no step to undo (``step_undo``)."""
     _MARK.clear()
+    step_undo.forget()
 
 
 def ddp_models(registered: MutableMapping[str, Any]) -> list[Any]:
@@ -131,6 +137,7 @@ def install(registered: MutableMapping[str, Any]) -> bool:
                 f"torchjob's comm hook, and this model has one already: {exc}"
             ) from exc
         setattr(ddp, _ATTR, True)
+    step_undo.watch(registered, broken)  # a step after the loss does nothing
     return True
 
 
@@ -207,6 +214,9 @@ class Parked:
     """A rank run afresh can join it in place: every DDP model of its registered state was
     built by ``prepare_model`` (which builds a joiner's without a collective) and re-forms
     its buckets (:func:`joinable`)."""
+    undone: bool = False
+    """It parked after a step the loss broke, and that step was undone (``step_undo``): its
+    live state is that of report ``mark`` (``exact``), and the loop does the step again."""
 
 
 def decide(notes: list[Any], index: int | None) -> tuple[bool, int | None]:
@@ -308,8 +318,9 @@ def parked(s: Any, exc: BaseException | None, whole_at: int | None = None) -> bo
     or the caller's own collective), and the training function's session ``s`` registered
     its state ``in_place``. Then this rank parks until the next generation and returns True
     inside it, rolled back to the restore point the group agreed (or, where every rank
-    parked after the same whole step, ``whole_at``, with its live state kept:
-    ``s.rolled_back`` says which); or its task gives way to a fresh run
+    parked after the same whole step, ``whole_at``, or undid the step the loss broke
+    (``step_undo``) after the same report, with its live state kept: ``s.rolled_back`` says
+    which); or its task gives way to a fresh run
     (``WorkerProcess.park``) and this never returns."""
     if exc is None or not s.in_place:
         return False
@@ -318,8 +329,14 @@ def parked(s: Any, exc: BaseException | None, whole_at: int | None = None) -> bo
 
     if classify_failure(exc) != "peer" or s.resume is None:
         return False
-    mark = -1 if whole_at is None else whole_at
-    s.parked_note = Parked(mark, exact=False, joinable=joinable(s.registered, s.wrapped))
+    can_join = joinable(s.registered, s.wrapped)
+    at = s.report_base + s.reports
+    if whole_at is not None:
+        s.parked_note = Parked(whole_at, exact=False, joinable=can_join)
+    elif step_undo.undo(s.run_path, at, s.registered):
+        s.parked_note = Parked(at, exact=True, joinable=can_join, undone=True)
+    else:
+        s.parked_note = Parked(-1, exact=False, joinable=can_join)
     worker.current().park(exc, s.resume)
     return True
 

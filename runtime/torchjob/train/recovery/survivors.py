@@ -110,6 +110,13 @@ def _from_memory(
         if e.source_rank < 0
         else f"from rank {e.source_rank} in {e.seconds:.2f}s"
     )
+    if e.kept_at is not None:
+        view.message(
+            f"[torchjob] the survivors went on from their live state at report {e.kept_at} "
+            f"(restore point of report {e.index} not loaded, agreed in {e.seconds:.2f}s); "
+            "re-formed in place (the training function goes on)"
+        )
+        return True
     view.message(
         f"[torchjob] resumed from the survivors' memory (report {e.index}, "
         f"{e.bytes / 2**20:.1f} MiB {moved}); storage was not read"
