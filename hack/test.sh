@@ -157,7 +157,12 @@ wait "${pods_pid}" || pods_rc=$?
 runtime_rc=0
 wait "${runtime_pid}" || runtime_rc=$?
 # The five sessions' output interleaves, and a CI page often shows only the end of the log:
-# name every failed or erroring test again, last.
+# what each wait that timed out saw (the section a session's output ends with:
+# tests/failure_tail.py), then every failed or erroring test by name, last.
+for name in rest runtime cluster e2e pods; do
+  awk '/^=+ waits that timed out, again/ { on = 1 } on && /^=+ / && !/waits that timed out/ { on = 0 } on' \
+    "${BASE}/${name}.out" 2>/dev/null | sed "s/^/[${name}] /"
+done
 for name in rest runtime cluster e2e pods; do
   grep -E "^(FAILED|ERROR) " "${BASE}/${name}.out" 2>/dev/null | sed "s/^/[${name}] /"
 done
