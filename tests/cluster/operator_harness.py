@@ -326,23 +326,50 @@ class Jobs:
             timeout,
         )
 
+    def running_pods(self, name: str, count: int, generation: int) -> list[Any] | None:
+        """The job's pods once exactly ``count`` are there (not being deleted), all of
+        ``generation`` and Running; else None."""
+        pods = [p for p in self.pods(name) if p.metadata.deletion_timestamp is None]
+        gens = {p.metadata.labels.get(contract.LABEL_GENERATION) for p in pods}
+        ok = (
+            len(pods) == count
+            and gens == {str(generation)}
+            and all(p.status.phase == "Running" for p in pods)
+        )
+        return pods if ok else None
+
     def wait_running_pods(
         self, name: str, count: int, generation: int, timeout: float = 60
     ) -> list[Any]:
-        def probe() -> list[Any] | None:
-            pods = [p for p in self.pods(name) if p.metadata.deletion_timestamp is None]
-            gens = {p.metadata.labels.get(contract.LABEL_GENERATION) for p in pods}
-            ok = (
-                len(pods) == count
-                and gens == {str(generation)}
-                and all(p.status.phase == "Running" for p in pods)
-            )
-            return pods if ok else None
+        return k.wait_for(  # type: ignore[no-any-return]
+            lambda: self.running_pods(name, count, generation),
+            timeout,
+            lambda: f"{count} Running pods of generation {generation}\n{self.describe(name)}",
+            interval=0.2,
+        )
+
+    def wait_current_pods(
+        self, name: str, count: int, *, since: int, timeout: float = 60
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """(status, pods) once the job's current generation (``status.currentGeneration``, at
+        least ``since``) has ``count`` Running pods and nothing else: for a test whose job may
+        rightly begin another generation before it runs (test_node_lost_is_a_disruption)."""
+
+        def probe() -> tuple[dict[str, Any], list[Any]] | None:
+            status = self.status(name)
+            generation = status.get("currentGeneration")
+            if not isinstance(generation, int) or generation < since:
+                return None
+            pods = self.running_pods(name, count, generation)
+            return (status, pods) if pods else None
 
         return k.wait_for(  # type: ignore[no-any-return]
             probe,
             timeout,
-            lambda: f"{count} Running pods of generation {generation}\n{self.describe(name)}",
+            lambda: (
+                f"{count} Running pods of the current generation (at least {since})\n"
+                f"{self.describe(name)}"
+            ),
             interval=0.2,
         )
 
