@@ -182,6 +182,29 @@ def test_a_replacement_joins_the_survivors_in_place(tmp_path: Path) -> None:
     assert torch.allclose(_finals(out_again, WORLD)[0], finals[0], rtol=1e-5, atol=1e-7)
 
 
+def test_a_replacement_joins_survivors_that_undid_their_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore point every 100 reports, and a replacement in the same generation: the
+    survivors undo their broken step, take the restore point of report 3 from their live
+    state at the agreement and send it to the replacement, instead of rolling back to report
+    1's. No step before the broken one is done twice; every rank ends with the parameters of
+    a restore point taken at every report."""
+    monkeypatch.setenv(ENV_RESTORE_POINT_EVERY, "100")
+    result, out = _fit(tmp_path, in_place=True, where="backward", workers=WORLD)
+    assert result.error is None
+    assert result.world_sizes == [WORLD, WORLD]
+    assert [m["step"] for m in result.metrics_history] == list(range(1, STEPS + 1))
+    assert _entries(out) == ["gen0"] * WORLD + ["gen1"]
+    finals = _finals(out, WORLD)
+    assert all(torch.equal(f, finals[0]) for f in finals[1:])
+    monkeypatch.setenv(ENV_RESTORE_POINT_EVERY, "1")
+    (tmp_path / "every").mkdir()
+    every, out_every = _fit(tmp_path / "every", in_place=True, where="backward", workers=WORLD)
+    assert every.error is None
+    assert torch.equal(_finals(out_every, WORLD)[0], finals[0])
+
+
 def test_a_replacement_joins_survivors_that_waited_in_should_stop(tmp_path: Path) -> None:
     """The loss meets the survivors in ``should_stop()`` (the victim dies after its step):
     they go on from there, and the loop's ``get_preemption_info()`` and ``report()`` of the

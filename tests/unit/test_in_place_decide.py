@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchjob.train.recovery.in_place import Parked, decide
+from torchjob.train.recovery.in_place import Parked, decide, fresh_at
 
 
 def whole(mark: int, joinable: bool = True) -> Parked:
@@ -70,3 +70,26 @@ def test_decide(notes: list[Parked | None], index: int | None, expected: tuple) 
 def test_an_unjoinable_group_still_goes_on_in_place_when_nobody_joins() -> None:
     # joinable only matters to a rank run afresh: survivors alone re-form in place as before.
     assert decide([whole(3, joinable=False), whole(3, joinable=False)], 3) == (True, 3)
+
+
+@pytest.mark.parametrize(
+    ("notes", "indices", "expected"),
+    [
+        # A replacement joins survivors that undid their step after report 7, the restore
+        # point held being report 3's: they take report 7's now, and it is sent.
+        pytest.param([undone(7), undone(7), None], [3, 3, -1], 7, id="undone-newer-taken"),
+        pytest.param([undone(7), undone(7), None], [7, 7, -1], None, id="held-already"),
+        pytest.param([undone(7), undone(7)], [3, 3], None, id="nobody-joins-kept-anyway"),
+        pytest.param([undone(7), undone(6), None], [3, 3, -1], None, id="unlike-reports"),
+        pytest.param([undone(7), broken(), None], [3, 3, -1], None, id="one-broken"),
+        pytest.param([whole(7), whole(7), None], [3, 3, -1], None, id="after-a-whole-step"),
+        pytest.param(
+            [undone(7), undone(7, joinable=False), None], [3, 3, -1], None, id="unjoinable"
+        ),
+        pytest.param([None, None], [3, -1], None, id="none-parked"),
+    ],
+)
+def test_fresh_at(notes: list[Parked | None], indices: list[int], expected: int | None) -> None:
+    assert fresh_at(notes, indices) == expected
+    if expected is not None:  # then decide keeps the live state at that restore point
+        assert decide(notes, expected) == (True, expected)

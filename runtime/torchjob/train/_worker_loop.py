@@ -191,7 +191,13 @@ def resume(run: Run) -> bool:
     s = _session.current()
     assert info is not None and s is not None and s.registered is not None
     os.environ.update(spec.env)
-    agreed = in_place.agree_parked(spec.run_path, info.rank, info.world_size, s.parked_note)
+    registered = s.registered
+
+    def retake(index: int) -> object:  # the live state, undone to report ``index``
+        return restore_point.take(spec.run_path, index, registered, s.data_positions())
+
+    note = s.parked_note
+    agreed = in_place.agree_parked(spec.run_path, info.rank, info.world_size, note, retake)
     restored = agreed.restored
     if not agreed.stays or restored is None:
         return False

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,6 +241,22 @@ def decide(notes: list[Any], index: int | None) -> tuple[bool, int | None]:
     return True, None
 
 
+def fresh_at(notes: list[Any], indices: list[int]) -> int | None:
+    """Pure: the report whose restore point the parked ranks take at the agreement, before
+    a rank run afresh receives it, or None. Where every parked rank is joinable and its live
+    state is exactly that of the same report (its broken step undone, ``step_undo``), newer
+    than any restore point held, the rank that joins gets that state (one copy on each
+    parked rank) instead of every parked rank rolling back to an older one."""
+    parked = [n for n in notes if isinstance(n, Parked)]
+    if not parked or len(parked) == len(notes) or not all(n.joinable for n in parked):
+        return None
+    places = {(n.mark, n.exact) for n in parked}
+    if len(places) != 1:
+        return None
+    mark, exact = next(iter(places))
+    return mark if exact and mark > max(indices) else None
+
+
 def agree(run: str, rank: int, world_size: int) -> Restored | None:
     """``restore_point.agree`` at a generation's start, unless a parked task of this process
     already agreed in this generation and gave way (then that agreement). Where the other
@@ -249,7 +265,7 @@ def agree(run: str, rank: int, world_size: int) -> Restored | None:
     _JOINING[0] = False
     if gave_way is not None:
         return gave_way[0]
-    restored, notes = restore_point.agree_noted(run, rank, world_size)
+    restored, notes = restore_point.agree_noted(run, rank, world_size, fresh=fresh_at)
     _JOINING[0] = decide(notes, restored.snapshot.index if restored else None)[0]
     return restored
 
@@ -273,10 +289,13 @@ class Agreed:
     restore point."""
 
 
-def agree_parked(run: str, rank: int, world_size: int, note: Parked) -> Agreed:
+def agree_parked(
+    run: str, rank: int, world_size: int, note: Parked, retake: Callable[[int], object]
+) -> Agreed:
     """The agreement of a parked task. Where it does not go on in place, the task gives way
-    and the one run afresh takes this agreement (:func:`agree`)."""
-    restored, notes = restore_point.agree_noted(run, rank, world_size, note)
+    and the one run afresh takes this agreement (:func:`agree`). ``retake(index)`` takes the
+    restore point of the live state now (:func:`fresh_at`)."""
+    restored, notes = restore_point.agree_noted(run, rank, world_size, note, fresh_at, retake)
     stays, kept_at = decide(notes, restored.snapshot.index if restored else None)
     if not stays:
         _GAVE_WAY[0] = (restored,)

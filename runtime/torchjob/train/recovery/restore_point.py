@@ -2,28 +2,23 @@
 
 In data-parallel training every replica holds the full state after each step, so the
 survivors of a lost rank already have what a storage checkpoint would give back. A training
-function hands its state to the runtime once (:func:`register_state`); every ``report()``
-then copies it into this process's host memory (:func:`take`: CPU tensors, reused from one
-report to the next, so a report costs one copy and no allocation), with the RNG states and
-the prepared loaders' data positions.
+function hands its state to the runtime once (``register_state``); ``report()`` copies it
+into host memory (:func:`take`: CPU buffers reused from one copy to the next), with the RNG
+states and the prepared loaders' data positions.
 
 The worker process outlives a generation when the group re-forms in place (a survivor),
-and so does what it holds. At the start of the next generation the ranks agree on the
-newest restore point any of them holds (:func:`agree`: one ``all_gather_object`` of report
-indices); the ranks that hold it send it to those that do not (a replacement process, or
-the survivors of a shrunk group that were one report behind), nothing moves when every rank
-holds it, and nobody reads storage.
-Only when no rank holds one (every replica was lost, or the state was never registered)
-does the generation resume from the latest committed checkpoint.
+and so does what it holds. At the next generation's start the ranks agree on the newest
+restore point any of them holds (:func:`agree_noted`: one ``all_gather_object``); its
+holders send it to the ranks without it, nothing moves when every rank holds it, and nobody
+reads storage. Only when no rank holds one does the generation resume from the latest
+committed checkpoint.
 
 The copies go into the pod's shared memory where the driver gave the worker a directory
 there (``torchjob.train.recovery.shm_keep``): a process the driver replaces in the same pod
 (a formation given up, a lost local worker) finds its predecessor's restore point there.
 
-Sharded (FSDP2) state is held by the shard mirror instead (``torchjob.train.recovery.shard_mirror``):
-each rank holds its own shard and its ring neighbour's, and the re-formed group rebuilds the
-whole state at its new world size from them. :func:`take` holds nothing for a state with
-DTensors.
+Sharded (FSDP2) state is held by the shard mirror instead (``recovery.shard_mirror``: each
+rank holds its own shard and its ring neighbour's); :func:`take` holds nothing for DTensors.
 """
 
 from __future__ import annotations
@@ -31,7 +26,7 @@ from __future__ import annotations
 import io
 import os
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -344,19 +339,24 @@ def agree(run: str, rank: int, world_size: int) -> Restored | None:
 
 
 def agree_noted(
-    run: str, rank: int, world_size: int, note: Any = None
+    run: str,
+    rank: int,
+    world_size: int,
+    note: Any = None,
+    fresh: Callable[[list[Any], list[int]], int | None] | None = None,
+    retake: Callable[[int], object] | None = None,
 ) -> tuple[Restored | None, list[Any]]:
     """Collective, at a generation's start: the newest restore point of ``run`` any rank
-    holds, now held by every rank, or None when no rank holds one (then the generation
-    resumes from storage).
+    holds, now held by every rank, or None when no rank holds one (then from storage).
 
-    Only the ranks that lack it receive it, each from one of the ranks that hold it (the
-    holders take the receivers in turn, point to point), and nothing moves when every rank
-    holds it: the survivors of a loss all hold the last step's state, and a broadcast of it
-    to every rank cost each re-formation the whole state again (252 MiB, 2.3-2.8 s on the
-    fleet bench, bench/results/2026-11-29j). ``Restored.source_rank`` is -1 then. The same
+    Only the ranks that lack it receive it, from the holders in turn, point to point;
+    nothing moves when every rank holds it (a broadcast to every rank cost each re-formation
+    the whole state: 2.3-2.8 s for 252 MiB, bench/results/2026-11-29j).
+    ``Restored.source_rank`` is -1 then. The same
     gather carries each rank's ``note`` (a small picklable value), returned in rank order:
-    ``recovery.in_place`` says there where each rank's training function waits."""
+    ``recovery.in_place`` says there where each rank's training function waits. ``fresh``
+    (the same on every rank): from the notes and indices, a report whose restore point every
+    rank with a note takes now (``retake``, on those ranks) before it moves, else None."""
     t0 = time.monotonic()
     host_copy.settle()  # a copy still in flight ends before the restore point is read
     host_copy.waited()  # and the loop's waits for copies start anew with the generation
@@ -376,6 +376,11 @@ def agree_noted(
     dist.all_gather_object(gathered, (index, note))
     indices = [int(i) for i, _ in gathered]
     notes = [n for _, n in gathered]
+    if fresh is not None and (at := fresh(notes, indices)) is not None:
+        indices = [at if n is not None else i for n, i in zip(notes, indices, strict=True)]
+        if note is not None and retake is not None:
+            retake(at)
+            mine = _HELD[0]
     best = max(indices)
     if best < 0:
         return None, notes
@@ -385,12 +390,10 @@ def agree_noted(
         for k, r in enumerate(r for r, i in enumerate(indices) if int(i) != best)
     }
     if rank in senders:
-        snap = _decode(*wire.receive(senders[rank], dist))
-        _HELD[0] = snap
+        snap = _HELD[0] = _decode(*wire.receive(senders[rank], dist))
         return Restored(snap, senders[rank], True, time.monotonic() - t0), notes
     assert mine is not None
     mine_to = [r for r, h in senders.items() if h == rank]
     if mine_to:
         wire.send(*_encode(mine), mine_to, dist)
-    seconds = time.monotonic() - t0
-    return Restored(mine, min(holders) if senders else -1, False, seconds), notes
+    return Restored(mine, min(holders) if senders else -1, False, time.monotonic() - t0), notes
