@@ -50,6 +50,9 @@ def test_a_large_state_is_copied_within_the_budget() -> None:
     assert said is not None and "every 45 report(s)" in said and "up to 44 step(s)" in said
     assert "512 MiB takes 450 ms" in said, said
     assert c.news() is None, "said once"
+    c.said = 1  # in place, a loss in the all-reduce costs its step alone (step_undo)
+    said = c.news(in_place=True)
+    assert said is not None and "costs that step (undone), elsewhere up to 44" in said, said
 
 
 def test_one_stalled_copy_does_not_stop_the_restore_points() -> None:

@@ -321,7 +321,7 @@ def _restore_point(
     took_s, nbytes = time.monotonic() - t0, snapshot.nbytes if snapshot else 0
     # A first copy (or one whose state changed shapes) allocated its buffers: no sample.
     s.cadence.took(took_s, nbytes, snapshot.allocated if snapshot else True)
-    news = s.cadence.news()
+    news = s.cadence.news(in_place=s.in_place)
     if news is not None and s.world_rank == 0:
         print(f"[torchjob] {news}", file=sys.stderr, flush=True)
     return snapshot, live, False

@@ -180,9 +180,10 @@ class Cadence:
         if voters > 0:
             self.agreed = max(1, math.ceil(k_sum / voters))
 
-    def news(self) -> str | None:
+    def news(self, in_place: bool = False) -> str | None:
         """A line for the log when ``every`` changed since it was last said (None if not):
-        what a restore point costs, and what a loss now costs."""
+        what a restore point costs, and what a loss now costs (``in_place``: a loss in the
+        step's all-reduce costs that step alone, ``recovery.step_undo``)."""
         k = self.every
         if k == self.said:
             return None
@@ -198,4 +199,9 @@ class Cadence:
                 f"{interval * 1000:.0f} ms of training between reports, "
                 f"budget {self.budget:.0%}"
             )
-        return f"restore point every {k} report(s) ({why}): a loss costs up to {k - 1} step(s)"
+        cost = f"a loss costs up to {k - 1} step(s)"
+        if in_place and k > 1:
+            cost = (
+                f"a loss in a step's all-reduce costs that step (undone), elsewhere up to {k - 1}"
+            )
+        return f"restore point every {k} report(s) ({why}): {cost}"
