@@ -96,18 +96,27 @@ def _entries(out: Path) -> list[str]:
     return sorted(p.name.rsplit("-", 1)[1] for p in out.glob("enter-*"))
 
 
+def _in_place(tmp_path: Path, workers: Any) -> list[torch.Tensor]:
+    """Rank 1 lost in ``backward()``, in place: a shrink (``workers`` a range) or a
+    replacement (a fixed size). Every step reported once, the survivors in the function they
+    entered in generation 0 (only a replacement enters it in generation 1), and every rank's
+    final parameters alike: returned."""
+    result, out = _fit(tmp_path, in_place=True, where="backward", workers=workers)
+    after = workers if isinstance(workers, int) else workers[0]
+    assert result.error is None
+    assert result.world_sizes == [WORLD, after]
+    # Each step reported once: the report of the step rolled back counted for nothing.
+    assert [m["step"] for m in result.metrics_history] == list(range(1, STEPS + 1))
+    assert _entries(out) == ["gen0"] * WORLD + (["gen1"] if after == WORLD else [])
+    finals = _finals(out, after)
+    assert all(torch.equal(f, finals[0]) for f in finals[1:])
+    return finals
+
+
 def test_a_shrink_goes_on_inside_the_training_function(tmp_path: Path) -> None:
     """The loss meets the survivors in DDP's all-reduce: they roll back to the restore point
     in the same objects and redo the step, as the function run again would."""
-    result, out = _fit(tmp_path, in_place=True, where="backward", workers=(WORLD - 1, WORLD))
-    assert result.error is None
-    assert result.world_sizes == [WORLD, WORLD - 1]
-    # Each step reported once: the report of the step rolled back counted for nothing.
-    assert [m["step"] for m in result.metrics_history] == list(range(1, STEPS + 1))
-    # Every rank entered the function once, in generation 0: the survivors never again.
-    assert _entries(out) == ["gen0"] * WORLD
-    finals = _finals(out, WORLD - 1)
-    assert all(torch.equal(f, finals[0]) for f in finals[1:])
+    finals = _in_place(tmp_path, (WORLD - 1, WORLD))
     # The same losses without in_place (the function runs again, from the restore point):
     # the same parameters, bit for bit.
     again, out_again = _fit(tmp_path, in_place=False, where="backward", workers=(WORLD - 1, WORLD))
@@ -126,13 +135,7 @@ def test_the_step_the_loss_broke_is_undone_not_rolled_back(
     point redoes steps 2 and 3 (at the smaller world size). The same parameters, bit for bit,
     as a rollback to a restore point taken at report 3."""
     monkeypatch.setenv(ENV_RESTORE_POINT_EVERY, "100")
-    result, out = _fit(tmp_path, in_place=True, where="backward", workers=(WORLD - 1, WORLD))
-    assert result.error is None
-    assert result.world_sizes == [WORLD, WORLD - 1]
-    assert [m["step"] for m in result.metrics_history] == list(range(1, STEPS + 1))
-    assert _entries(out) == ["gen0"] * WORLD
-    finals = _finals(out, WORLD - 1)
-    assert all(torch.equal(f, finals[0]) for f in finals[1:])
+    finals = _in_place(tmp_path, (WORLD - 1, WORLD))
     again, _ = _fit(tmp_path, in_place=False, where="backward", workers=(WORLD - 1, WORLD))
     assert again.error is None
     redone = [m["step"] for m in again.metrics_history]
@@ -140,9 +143,7 @@ def test_the_step_the_loss_broke_is_undone_not_rolled_back(
     # A restore point at every report, rolled back to at report 3: the same parameters.
     monkeypatch.setenv(ENV_RESTORE_POINT_EVERY, "1")
     (tmp_path / "every").mkdir()
-    every, out_every = _fit(tmp_path / "every", in_place=True, where="backward", workers=(2, 3))
-    assert every.error is None
-    assert torch.equal(_finals(out_every, WORLD - 1)[0], finals[0])
+    assert torch.equal(_in_place(tmp_path / "every", (WORLD - 1, WORLD))[0], finals[0])
 
 
 def test_a_whole_step_is_kept_when_the_loss_meets_should_stop(tmp_path: Path) -> None:
@@ -165,14 +166,8 @@ def test_a_whole_step_is_kept_when_the_loss_meets_should_stop(tmp_path: Path) ->
 
 
 def test_a_replacement_joins_the_survivors_in_place(tmp_path: Path) -> None:
-    result, out = _fit(tmp_path, in_place=True, where="backward", workers=WORLD)
-    assert result.error is None
-    assert result.world_sizes == [WORLD, WORLD]
-    assert [m["step"] for m in result.metrics_history] == list(range(1, STEPS + 1))
     # Only the replacement runs the function in generation 1: the survivors go on in it.
-    assert _entries(out) == ["gen0"] * WORLD + ["gen1"]
-    finals = _finals(out, WORLD)
-    assert all(torch.equal(f, finals[0]) for f in finals[1:])
+    finals = _in_place(tmp_path, WORLD)
     # The same loss without in_place: every rank runs the function again from the restore
     # point. The same parameters (to rounding: the first step's buckets are laid out
     # otherwise, which orders the all-reduce's sums otherwise).
@@ -191,18 +186,10 @@ def test_a_replacement_joins_survivors_that_undid_their_step(
     1's. No step before the broken one is done twice; every rank ends with the parameters of
     a restore point taken at every report."""
     monkeypatch.setenv(ENV_RESTORE_POINT_EVERY, "100")
-    result, out = _fit(tmp_path, in_place=True, where="backward", workers=WORLD)
-    assert result.error is None
-    assert result.world_sizes == [WORLD, WORLD]
-    assert [m["step"] for m in result.metrics_history] == list(range(1, STEPS + 1))
-    assert _entries(out) == ["gen0"] * WORLD + ["gen1"]
-    finals = _finals(out, WORLD)
-    assert all(torch.equal(f, finals[0]) for f in finals[1:])
+    finals = _in_place(tmp_path, WORLD)
     monkeypatch.setenv(ENV_RESTORE_POINT_EVERY, "1")
     (tmp_path / "every").mkdir()
-    every, out_every = _fit(tmp_path / "every", in_place=True, where="backward", workers=WORLD)
-    assert every.error is None
-    assert torch.equal(_finals(out_every, WORLD)[0], finals[0])
+    assert torch.equal(_in_place(tmp_path / "every", WORLD)[0], finals[0])
 
 
 def test_a_replacement_joins_survivors_that_waited_in_should_stop(tmp_path: Path) -> None:
