@@ -105,9 +105,32 @@ def _stages(t0: float, marks: list[tuple[str, dict[str, Any] | None]], into: Sta
         if not e:
             continue
         into.setdefault(label, []).append(e["t"] - prev)
-        line.append(f"{label} +{e['t'] - prev:.2f}s")
+        line.append(f"{label} {e['t'] - prev:+.2f}s")
         prev = max(prev, e["t"])
     return line
+
+
+def _taking(
+    trace: list[dict[str, Any]], ready: dict[str, Any], name: str, gen1: int
+) -> dict[str, Any] | None:
+    """The generation that takes the Ready replacement in: the first whose members hold its
+    index. The operator may publish it before the pod is Ready (a generation formed around a
+    replacement already on its way waits for it): then it took the pod in at once, at Ready.
+    Before, this was the first generation after the loss's *next* one, and a replacement
+    that generation held was paired with one 42 s later (2026-12-07b, kill 7)."""
+    index = int(name.rsplit("-", 1)[1])
+
+    def holds(e: dict[str, Any]) -> bool:
+        return (
+            e["what"] == "job"
+            and (e["generation"] or 0) >= gen1
+            and index in (e.get("members") or ())
+        )
+
+    jobs = [e for e in trace if e["what"] == "job" and e["t"] <= ready["t"]]
+    if jobs and holds(jobs[-1]):
+        return {**jobs[-1], "t": ready["t"]}
+    return _first(trace, ready["t"], holds)
 
 
 def _split_one(
@@ -166,9 +189,7 @@ def _split_one(
     ready = _first(trace, tc, lambda e: e["what"] == "pod" and e["uid"] == uid and e["ready"])
     taken = joined = None
     if ready is not None:
-        taken = _first(
-            trace, ready["t"], lambda e: e["what"] == "job" and (e["generation"] or 0) > gen1
-        )
+        taken = _taking(trace, ready, name, gen1)
     if taken is not None:
         gen2 = taken["generation"]
         joined = _first(events, taken["t"], lambda e: e["ev"] == "group" and e["gen"] == gen2)

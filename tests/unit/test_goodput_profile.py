@@ -80,3 +80,21 @@ def test_stopped_pods_splits_a_leavers_end_and_leaves_out_the_killed() -> None:
         "exited p50 2.0s, reported p50 6.0s, gone p50 7.0s"
     )
     assert prof.stopped_pods(trace[3:]) is None
+
+
+def test_a_replacement_the_next_generation_already_holds_is_taken_in_at_once() -> None:
+    """bench/results/2026-12-07b, kill 7: gp-worker-8 was killed 0 s into the generation
+    that had shrunk around kill 6, and the operator published generation 12 with both
+    replacements in it (index 3 on its way, index 1 not yet created). The profile looked for
+    the first generation *after* 12 and reported a 42 s wait for gp-worker-1."""
+    run = Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-12-07b" / "hard-0"
+    events = prof.read_jsonl(run / "02-Elastic-hard-ddp-events.jsonl.gz")
+    trace = prof.read_jsonl(run / "02-Elastic-hard-ddp-trace.jsonl.gz")
+    lines = prof.split_recoveries(events, trace)
+    kill = lines.index(next(x for x in lines if x.startswith("kill gp-worker-8 (gen 11 -> 12)")))
+    replacement = lines[kill + 1]
+    published = float(replacement.split("generation published ")[1].split("s,")[0])
+    formed = float(replacement.split("group formed ")[1].rstrip("s"))
+    assert published <= 0.0 and 0.0 < formed < 5.0, replacement
+    # The replacement of kill 6 waited in generation 12 as well: for kill 7's.
+    assert "generation published +0.00s, group formed +3.18s" in lines[kill - 1]
