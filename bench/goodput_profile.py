@@ -13,8 +13,10 @@ into what Kubernetes took and what the runtime took:
   next generation published (the operator) -> the survivors' group formed -> their first
   step;
 * the replacement: its pod created -> its process started -> torch imported -> the pod Ready
-  (the joiner's readiness probe) -> the generation that takes it in published -> its group
-  formed.
+  (the joiner's readiness probe) -> the generation that takes it in published (the first
+  whose members hold its index; one published before the pod was Ready, as when a second
+  loss comes while the first one's replacement starts, takes it in at Ready: 0 s, or the
+  stage's sign says the order) -> its group formed.
 
 and the pods paid over the row (``goodput_accounting.pod_seconds``).
 
