@@ -42,16 +42,22 @@ def test_without_a_window_line_the_row_runs_from_its_first_to_its_last_step() ->
     assert whole.endswith("the row's whole shortfall 2.5s (0.050)")
 
 
+def _recoveries(row: str, loss: str) -> tuple[list[str], int]:
+    """A committed hard row's recoveries (``row``: its part's folder and number under
+    bench/results), and the index of the line that starts with ``loss``."""
+    path = Path(__file__).resolve().parents[2] / "bench" / "results" / f"{row}-Elastic-hard-ddp"
+    events = prof.read_jsonl(Path(f"{path}-events.jsonl.gz"))
+    trace = prof.read_jsonl(Path(f"{path}-trace.jsonl.gz"))
+    lines = prof.split_recoveries(events, trace)
+    return lines, lines.index(next(x for x in lines if x.startswith(loss)))
+
+
 def test_a_replacement_under_a_new_index_is_the_one_that_follows_the_kill() -> None:
     """bench/results/2026-11-30d (an elastic job replaces a SIGKILLed pod under a new index):
     the replacement was looked up by the dead pod's name, and the first kill (gp-worker-0) was
     paired with the gp-worker-0 created 35 s later for another loss, after the real
     replacement (gp-worker-8, created 1.2 s after the kill) had joined."""
-    run = Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-11-30d" / "run1"
-    events = prof.read_jsonl(run / "03-Elastic-hard-ddp-events.jsonl.gz")
-    trace = prof.read_jsonl(run / "03-Elastic-hard-ddp-trace.jsonl.gz")
-    lines = prof.split_recoveries(events, trace)
-    first = lines.index(next(x for x in lines if x.startswith("kill gp-worker-0 (gen 0 -> 1)")))
+    lines, first = _recoveries("2026-11-30d/run1/03", "kill gp-worker-0 (gen 0 -> 1)")
     replacement = lines[first + 1]
     assert replacement.startswith("  replacement pod created +1.15s: "), replacement
     assert "generation published" in replacement and "group formed" in replacement
@@ -87,11 +93,7 @@ def test_a_replacement_the_next_generation_already_holds_is_taken_in_at_once() -
     that had shrunk around kill 6, and the operator published generation 12 with both
     replacements in it (index 3 on its way, index 1 not yet created). The profile looked for
     the first generation *after* 12 and reported a 42 s wait for gp-worker-1."""
-    run = Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-12-07b" / "hard-0"
-    events = prof.read_jsonl(run / "02-Elastic-hard-ddp-events.jsonl.gz")
-    trace = prof.read_jsonl(run / "02-Elastic-hard-ddp-trace.jsonl.gz")
-    lines = prof.split_recoveries(events, trace)
-    kill = lines.index(next(x for x in lines if x.startswith("kill gp-worker-8 (gen 11 -> 12)")))
+    lines, kill = _recoveries("2026-12-07b/hard-0/02", "kill gp-worker-8 (gen 11 -> 12)")
     replacement = lines[kill + 1]
     published = float(replacement.split("generation published ")[1].split("s,")[0])
     formed = float(replacement.split("group formed ")[1].rstrip("s"))
