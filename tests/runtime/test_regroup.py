@@ -7,7 +7,8 @@ the docs' loop writes no stop's checkpoint (252 MiB per re-formation on the flee
 the report holds the restore point of that very report, whatever the cadence. A rank whose
 state cannot carry the next generation (none registered) makes it a stop like SIGTERM's, and
 the loop checkpoints as before; so does a group whose every rank is under notice (no pod of it
-outlives the re-formation with its memory). Real gloo workers; a rank sends the signal to
+outlives the re-formation with its memory), even where the notice shrank before the
+re-formation (the operator drops a leaver whose time ran out). Real gloo workers; a rank sends the signal to
 itself, as the pod's driver sends it to its workers.
 """
 
@@ -23,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import torchjob.train
 from torchjob.checkpoint import CheckpointStorage
@@ -35,6 +37,15 @@ from torchjob.train.torch import TorchTrainer, prepare_model
 WORLD = 2
 ASK_AT = 3
 """The step after which world rank 1 is asked (its loop then asks ``should_stop()``)."""
+SPOT = "aws-node-termination-handler/spot-itn"
+
+
+def write_notice(path: Path, ranks: tuple[int, ...]) -> None:
+    """A pod's notice file as its driver writes it: ``ranks`` leave in 120 s."""
+    deadline = datetime.now(timezone.utc) + timedelta(seconds=120)
+    pods = tuple(f"j-worker-{r}" for r in ranks)
+    info = preemption.PreemptionInfo(deadline, ranks=ranks, pods=pods, reasons=(SPOT,) * len(ranks))
+    path.write_text(json.dumps(info.to_json()))
 
 
 def loop(config: dict[str, Any]) -> None:
@@ -67,6 +78,10 @@ def loop(config: dict[str, Any]) -> None:
             torchjob.train.report({"step": step}, checkpoint=ckpt)
             if stop:
                 return
+            if step == 1 and config["shrink"]:  # rank 0's leaver dropped: only rank 1 leaves
+                if rank == 0:
+                    write_notice(Path(config["notice"]), (1,))
+                dist.barrier()
     finally:
         held = restore_point.held()
         Path(config["dir"], f"rank{rank}.json").write_text(
@@ -89,6 +104,9 @@ def loop(config: dict[str, Any]) -> None:
         pytest.param(signal.SIGTERM, True, None, False, True, id="sigterm-stops"),
         pytest.param(REGROUP_SIGNAL, False, None, False, True, id="regroup-without-state-stops"),
         pytest.param(REGROUP_SIGNAL, True, None, True, True, id="regroup-all-noticed-stops"),
+        # Both ranks noticed at step 1, then rank 0 dropped from the notice (its time ran
+        # out, bench/results/2026-12-07j): it leaves still, so the regroup is a stop.
+        pytest.param(REGROUP_SIGNAL, True, None, "shrinks", True, id="regroup-notice-shrank-stops"),
     ],
 )
 def test_a_regroup_ends_at_the_next_report_holding_it_without_the_loops_checkpoint(
@@ -97,20 +115,15 @@ def test_a_regroup_ends_at_the_next_report_holding_it_without_the_loops_checkpoi
     sig: int,
     register: bool,
     every: str | None,
-    noticed: bool,
+    noticed: bool | str,
     checkpoints: bool,
 ) -> None:
     if every is not None:
         monkeypatch.setenv("TORCHJOB_RESTORE_POINT_EVERY", every)
     notice = ""
     if noticed:  # both ranks' pods on a node under notice (one file: the same for both)
-        deadline = datetime.now(timezone.utc) + timedelta(seconds=120)
-        spot = "aws-node-termination-handler/spot-itn"
-        info = preemption.PreemptionInfo(
-            deadline, ranks=(0, 1), pods=("j-worker-0", "j-worker-1"), reasons=(spot, spot)
-        )
         notice = str(tmp_path / "notice.json")
-        Path(notice).write_text(json.dumps(info.to_json()))
+        write_notice(Path(notice), (0, 1))
     storage = tmp_path / "runs"
     trainer = TorchTrainer(
         loop,
@@ -119,6 +132,7 @@ def test_a_regroup_ends_at_the_next_report_holding_it_without_the_loops_checkpoi
             "signal": int(sig),
             "register": register,
             "notice": notice,
+            "shrink": noticed == "shrinks",
         },
         scaling_config=ScalingConfig(num_workers=WORLD),
         run_config=RunConfig(name="regroup", storage_path=str(storage)),

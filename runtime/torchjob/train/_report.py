@@ -81,18 +81,20 @@ def _agree(s: _session.Session, local_stop: bool) -> tuple[bool, bool]:
     if digests != s.notice_digest:  # the same sum on every rank: every rank gathers
         s.notice = preemption.agree(local) if digests else None
         s.notice_digest = digests
+        s.noticed |= frozenset(s.notice.ranks if s.notice is not None else ())
     s.cadence.agree(k_sum, votes)  # one restore-point cadence for the group
     from_memory = regroups > 0 and holders >= s.world_size and not _all_noticed(s)
     return stops > 0 or (regroups > 0 and not from_memory), from_memory and stops == 0
 
 
 def _all_noticed(s: _session.Session) -> bool:
-    """Every rank of the group is under notice (``get_preemption_info()``): no pod of it may
-    outlive the re-formation with its memory, so the regroup is a stop, and the loop writes
-    its stop's checkpoint. bench/results/2026-12-05p: a hand-over that replaced all eight
-    pods of a noticed node ended in place without it, and the next generation redid 8
-    steps from storage."""
-    return s.notice is not None and len(set(s.notice.ranks)) >= s.world_size
+    """Every rank of the group was given notice in this generation (``Session.noticed``): no
+    pod of it may outlive the re-formation with its memory, so the regroup is a stop, and
+    the loop writes its stop's checkpoint. bench/results/2026-12-05p: a hand-over that
+    replaced all eight pods of a noticed node ended in place without it, and the next
+    generation redid 8 steps from storage; 2026-12-07j: two nodes noticed 1.8 s apart, the
+    first's leavers dropped from the notice as their time ran out, 5 steps redone."""
+    return len(s.noticed) >= s.world_size
 
 
 def _holds(s: _session.Session) -> bool:

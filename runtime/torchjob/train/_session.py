@@ -102,6 +102,10 @@ class Session:
     """The notice every rank agreed on at the last ``report()`` or ``should_stop()``."""
     notice_digest: int | None = None
     """The sum of the ranks' notice digests then (None: no such point yet this generation)."""
+    noticed: frozenset[int] = frozenset()
+    """Every rank any agreed notice named in this generation, never fewer: the operator
+    drops a leaver whose time ran out from ``status.leavingWorkers`` as it publishes the
+    generation without it, so the notice shrinks while that rank still leaves."""
     in_place: bool = False
     """``register_state(in_place=True)`` took: a peer's loss parks the loop in
     ``should_stop()`` or ``report()`` and the group re-forms under it (``recovery.in_place``)."""
@@ -149,7 +153,7 @@ def moved_to(s: Session, info: Any, restored: Restored, spec: Any, *, kept_at: i
     s.report_base = restored.snapshot.index if kept_at is None else kept_at
     s.history, s.last_metrics, s.stopped_at_report = [], None, None
     s.stop_polled, s.regroup_polled = None, False
-    s.notice, s.notice_digest = None, None
+    s.notice, s.notice_digest, s.noticed = None, None, frozenset()
     s.checkpoint = None
     s.resume_positions = [DataPosition.from_dict(p) for p in restored.snapshot.positions or []]
     for loader in s.loaders:  # the next epoch is sharded for the new group
