@@ -22,8 +22,9 @@ Modes (``--modes``; a node loss is a node loss for Kubeflow's rows too):
 - ``hard``: a random running pod's processes SIGKILLed on the host (no SIGTERM, nothing saved);
 - ``vanish``: a random real node that runs a running pod of the job and not the operator (nor
   a kube-system pod) vanishes (its link cut, every process frozen: hack/node.sh vanish),
-  taking every pod on it; it returns ``--node-return`` seconds later (a new VM: the frozen
-  processes of the job's pods on it are SIGKILLed first, unless ``--thaw``), in the background;
+  taking every pod on it; its pods' processes are killed as soon as it is gone, the link
+  still cut (hack/node.sh reclaim: a gone VM's memory is its own, not this machine's), unless
+  ``--thaw``; it returns ``--node-return`` seconds later (a new VM), in the background;
 - ``notice30`` / ``notice120``: such a node gets GKE's (30 s) / AWS NTH's (120 s) notice now,
   a drain through the Eviction API 10 s before it goes, gone after 30 / 120 s; it returns
   ``--node-return`` seconds after it went. Its recovery is timed from the notice.

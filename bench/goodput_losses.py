@@ -255,15 +255,24 @@ class Losses:
 
     def _background(self, node: str, until_gone: Any, lost: list[Any], fleet: Any) -> None:
         """Bring ``node`` back ``node_return`` seconds after ``until_gone()`` returns: a new
-        VM, so the processes of the job's pods it held are SIGKILLed first (frozen, they
-        would otherwise resume where they stopped); ``thaw`` keeps them (the same VM). With
-        a ``fleet`` (a notice row's spares) it comes back as a spare."""
+        VM. Its VM gone, the node's pods give this machine's memory back at once
+        (hack/node.sh reclaim: their processes SIGKILLed, the link still cut, its daemons
+        still frozen): on a fleet a lost node's memory is its own, and here three frozen
+        nodes of 8 trainers each ran the 24 GiB machine out (2026-12-07m). ``thaw`` keeps
+        them (the same VM, resuming where it stopped). With a ``fleet`` (a notice row's
+        spares) it comes back as a spare."""
 
         def back() -> None:
             until_gone()
             self._note("gone", node=node)
+            if not self.thaw:
+                try:
+                    self.nodes.reclaim(node)
+                    self._note("reclaimed", node=node)
+                except Exception as e:  # killed at its return instead
+                    log(f"reclaim {node} failed: {e}")
             time.sleep(self.node_return)
-            killed = 0 if self.thaw else sum(hard_kill(p) for p in lost)
+            killed = 0 if self.thaw else sum(hard_kill(p) for p in lost)  # what reclaim left
             try:
                 if fleet is not None:
                     fleet.retire(node)

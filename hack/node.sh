@@ -25,6 +25,9 @@
 #                             the pods' containers: one freezer cgroup), so that nothing it held
 #                             answers, resets or reports; the node controller marks it Unknown
 #                             after node-monitor-grace-period (40 s here)
+#   hack/node.sh reclaim NODE a vanished node's VM is gone, and its memory with it: kill its
+#                             pods' processes (its daemons stay frozen, its link cut: no one
+#                             hears of it), so that its pods stop holding this machine's memory
 #   hack/node.sh return NODE  thaw it and restore its link; undo what `notice` set (taint,
 #                             condition, cordon); wait until it is Ready again
 #   hack/node.sh partition A B  cut the link between nodes A and B only (every packet between
@@ -639,6 +642,7 @@ down_node() { # stop the selected node, remove its state, its Node
   mntns="$(cat "${STATE}/node.mntns" 2>/dev/null || true)"
   # A frozen process takes no signal (cgroup v1): thaw first.
   [[ -d "$(freezer_dir)" ]] && is_frozen && set_frozen 0
+  [[ -d "$(freezer_dir)/node" ]] && set_daemons_frozen 0
   if pid="$(pid_of)"; then
     kill "${pid}" 2>/dev/null || true
     for _ in $(seq 100); do kill -0 "${pid}" 2>/dev/null || break; sleep 0.1; done
@@ -733,12 +737,54 @@ cmd_vanish() {
   log "node ${NODE} vanished (link cut, processes frozen)"
 }
 
+# The processes of the selected node's pods: every task in its freezer cgroup but its daemons'.
+pod_tasks() {
+  find "$(freezer_dir)" -mindepth 1 -path "$(freezer_dir)/node" -prune -o -name cgroup.procs -print0 |
+    xargs -0 -r cat 2>/dev/null
+}
+
+set_daemons_frozen() { # set_daemons_frozen 1|0: the node's daemons (its cgroup's node/) alone
+  local dir
+  dir="$(freezer_dir)/node"
+  if [[ -f "${dir}/cgroup.freeze" ]]; then
+    echo "$1" >"${dir}/cgroup.freeze"
+    [[ "$(cat "${dir}/cgroup.freeze")" == "$1" ]]
+  else
+    if [[ "$1" == 1 ]]; then echo FROZEN >"${dir}/freezer.state"; else echo THAWED >"${dir}/freezer.state"; fi
+    [[ "$(cat "${dir}/freezer.self_freezing")" == "$1" ]]
+  fi || die "node ${NODE}'s daemons' cgroup ${dir} did not take freeze=$1"
+}
+
+cmd_reclaim() {
+  select_node "$(node_index "${1:-}")"
+  [[ -f "${STATE}/vanished" ]] || die "node ${NODE} has not vanished (hack/node.sh vanish ${NODE})"
+  # A frozen task takes no SIGKILL (cgroup v1): the daemons (kubelet, containerd, the shims)
+  # freeze on their own, the node's cgroup thaws, and its pods' processes are killed. The link
+  # stays cut, so what they close on the way out (FIN, RST) reaches no one.
+  set_daemons_frozen 1
+  set_frozen 0
+  local p i left
+  for i in $(seq 50); do
+    left=0
+    for p in $(pod_tasks); do
+      kill -9 "${p}" 2>/dev/null || true
+      left=$((left + 1))
+    done
+    [[ "${left}" == 0 ]] && break
+    sleep 0.1
+  done
+  set_frozen 1
+  [[ "${left}" == 0 ]] || die "node ${NODE}: ${left} of its pods' processes still alive after 5s"
+  log "node ${NODE} reclaimed (its pods' processes killed; daemons frozen, link cut)"
+}
+
 cmd_return() {
   local wait=1
   [[ "${2:-}" == "--no-wait" ]] && wait=0
   select_node "$(node_index "${1:-}")"
   pid_of >/dev/null || die "node ${NODE} is not running"
   set_frozen 0
+  set_daemons_frozen 0 # after `reclaim`, the daemons were frozen on their own as well
   in_fabric ip link set "n${K}" master br0
   rm -f "${STATE}/vanished"
   if [[ -f "${STATE}/notice" ]]; then
@@ -868,6 +914,7 @@ case "${1:-}" in
   names) for ((k = 0; k < COUNT; k++)); do echo "${NAME}-real-${k}"; done ;;
   host-ip) echo "${HOST_IP}" ;;
   vanish) node_index "${2:-}" >/dev/null && lock && cmd_vanish "${2:-}" ;;
+  reclaim) node_index "${2:-}" >/dev/null && lock && cmd_reclaim "${2:-}" ;;
   return) node_index "${2:-}" >/dev/null && lock && cmd_return "${2:-}" "${3:-}" ;;
   partition) lock && cmd_partition -I "${2:-}" "${3:-}" ;;
   heal) lock && cmd_partition -D "${2:-}" "${3:-}" ;;
@@ -885,7 +932,7 @@ case "${1:-}" in
     [[ -z "${m}" ]] || { printf 'missing: %s\n' "$(tr '\n' ' ' <<<"${m}")" >&2; exit 1; }
     ;;
   *)
-    echo "usage: $0 up [TAR...]|down|import TAR...|seed TAR...|status|name|names|host-ip|vanish NODE|return NODE|partition A B|heal A B|notice NODE [...]|prereqs|cert-sans" >&2
+    echo "usage: $0 up [TAR...]|down|import TAR...|seed TAR...|status|name|names|host-ip|vanish NODE|reclaim NODE|return NODE|partition A B|heal A B|notice NODE [...]|prereqs|cert-sans" >&2
     exit 2
     ;;
 esac

@@ -177,6 +177,11 @@ class RealNode:
         """Cut ``node``'s link (every packet dropped, silently) and freeze all its processes."""
         _node_sh("vanish", node, timeout=120)
 
+    def reclaim(self, node: str) -> None:
+        """A vanished ``node``'s VM is gone: SIGKILL its pods' processes (its daemons stay
+        frozen, its link cut), so that they stop holding this machine's memory."""
+        _node_sh("reclaim", node, timeout=60)
+
     def return_node(self, node: str, wait: bool = True) -> None:
         """Thaw ``node`` and restore its link, undo a notice's taint, condition and cordon;
         with ``wait``, until the Node is Ready again."""

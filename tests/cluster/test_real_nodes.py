@@ -5,7 +5,9 @@ and the address it saw) behind a headless Service. The pods reach each other acr
 pod IP (routes between the nodes, no NAT) and by the Service's DNS names (each node's CoreDNS);
 ``vanish`` freezes a node and cuts its link (no answer, no reset; the Node goes Unknown after
 node-monitor-grace-period, checked in test_node_faults.py's vanish); ``return`` brings the same
-processes back; ``notice`` taints, drains through the Eviction API, then vanishes the node.
+processes back; ``reclaim`` kills a vanished node's pods without a word to anyone (its memory
+freed, as a gone VM's is); ``notice`` taints, drains through the Eviction API, then vanishes
+the node.
 The operator is not involved: these tests prove the cluster and the tools.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -346,3 +349,90 @@ def test_notice_taints_then_drains_through_the_eviction_api_then_the_node_vanish
     after = core_v1.read_node(node)
     assert not after.spec.unschedulable
     assert not [t for t in after.spec.taints or [] if t.key in NOTICE_TAINTS.values()]
+
+
+HOLD_PORT = 7001
+HOLDER = f"""
+import socket
+server = socket.create_server(("", {HOLD_PORT}))
+conn, _ = server.accept()
+conn.recv(1)
+"""
+# From another pod: connect to the holder (retrying while it starts), say so, then wait for a
+# word from it: "closed" (a FIN), "error N" (a reset), or "timeout" (nothing at all).
+LISTEN = f"""
+import socket, sys, time
+deadline = time.monotonic() + 60
+while True:
+    try:
+        conn = socket.create_connection((sys.argv[1], {HOLD_PORT}), timeout=5)
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.5)
+print("connected", flush=True)
+conn.settimeout(float(sys.argv[2]))
+try:
+    print("closed" if not conn.recv(1) else "data")
+except TimeoutError:
+    print("timeout")
+except OSError as exc:
+    print(f"error {{exc.errno}}")
+"""
+
+
+def test_reclaim_kills_a_vanished_nodes_pods_and_no_one_hears_of_it(
+    real_nodes: RealNode, peers: Peers, cluster: k.Cluster, core_v1: Any
+) -> None:
+    """A vanished node's VM is gone, and its memory with it: ``reclaim`` kills its pods'
+    processes (the fleet bench's lost nodes give this machine's memory back), its daemons stay
+    frozen, and a peer whose connection the killed process held hears nothing: no FIN, no
+    reset (the link was cut first). Last in the module: peer-2's container dies here."""
+    node, kubeconfig = real_nodes.names[2], Path(cluster.kubeconfig)
+    victim = peers.pod(core_v1, 2)
+    kubectl = [str(k.kubectl_path()), "--kubeconfig", str(kubeconfig), "-n", peers.ns, "exec"]
+    holder = subprocess.Popen(
+        [*kubectl, peers.pods[2], "--", "python3", "-c", HOLDER], stdin=subprocess.DEVNULL
+    )
+    listen = subprocess.Popen(
+        [*kubectl, peers.pods[0], "--", "python3", "-c", LISTEN, victim.status.pod_ip, "20"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert listen.stdout is not None and listen.stdout.readline().strip() == "connected"
+        pod_pids = {pid for pid, _ in pod_processes(victim.metadata.uid)}
+        assert pod_pids, "the victim pod's processes, seen from the host"
+        real_nodes.vanish(node)
+        real_nodes.reclaim(node)
+        # No process of the pod holds memory any more: each is gone, or on its way out with
+        # its memory freed (a zombie its frozen shim has not reaped; the container's init
+        # waiting for an exec'd process, whose parent is that shim, to be reaped); the daemons
+        # are still there, frozen.
+        holding = {pid: status for pid in pod_pids if "VmRSS" in (status := process_status(pid))}
+        assert not holding, holding
+        assert real_nodes.frozen(node, kubeconfig)
+        left = real_nodes.node_processes(node, kubeconfig)
+        commands = {Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] for pid in left}
+        for daemon in (b"kubelet", b"containerd"):
+            assert any(c.endswith(daemon) for c in commands), (daemon, commands)
+        out, _ = listen.communicate(timeout=60)
+        assert out.strip() == "timeout", out
+    finally:
+        for proc in (holder, listen):
+            if proc.poll() is None:
+                proc.kill()
+        real_nodes.return_node(node)
+    assert not real_nodes.frozen(node, kubeconfig)
+    assert k.node_ready_status(core_v1, node) == "True"
+
+
+def process_status(pid: int) -> str:
+    """/proc/PID/status ("" when the process is gone): a process that holds memory has a
+    ``VmRSS`` line, one whose memory was freed on its way out has none."""
+    try:
+        return Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return ""

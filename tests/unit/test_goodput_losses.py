@@ -43,6 +43,9 @@ class _Nodes:
     def vanish(self, node: str) -> None:
         self.calls.append(("vanish", node))
 
+    def reclaim(self, node: str) -> None:
+        self.calls.append(("reclaim", node))
+
     def return_node(self, node: str, wait: bool = True) -> None:
         self.calls.append(("return", node, str(wait)))
 
@@ -83,13 +86,18 @@ def test_a_vanish_takes_a_node_with_a_running_pod_away_from_the_operator() -> No
         120,
     )
     assert losses.join(timeout=10.0) == []  # node_return 0: back at once, in the background
-    assert nodes.calls == [("vanish", "real-1"), ("return", "real-1", "False")]
-    # A new VM: the lost pods' processes are killed before the return (none on this host here).
+    # Gone, the node's pods give their memory back at once (reclaim), long before the node
+    # returns; whatever that left is killed before the return (none on this host here).
+    assert nodes.calls == [
+        ("vanish", "real-1"),
+        ("reclaim", "real-1"),
+        ("return", "real-1", "False"),
+    ]
     # The lost pods' logs are read while their kubelet answers, before the loss is noted.
-    assert [w for w, _ in watch.notes] == ["logs", "vanish", "gone", "returned"]
+    assert [w for w, _ in watch.notes] == ["logs", "vanish", "gone", "reclaimed", "returned"]
     assert watch.notes[0][1] == {"pods": ["w1", "w2", "w3"]}
     assert watch.notes[1][1] == {"node": "real-1", "pods": ["w1", "w2", "w3"]}
-    assert watch.notes[3][1] == {"node": "real-1", "killed": 0}
+    assert watch.notes[4][1] == {"node": "real-1", "killed": 0}
 
 
 def test_a_node_already_gone_is_not_taken_again_and_nothing_left_is_a_skip() -> None:
