@@ -11,7 +11,12 @@ real-state workload (``--state-mib`` MiB of model and Adam state per worker, a f
 * ``restore point``: ``report``'s loop with ``register_state``: the copies at the cadence the
   runtime chooses (``TORCHJOB_RESTORE_POINT_BUDGET``, 2 % by default);
 * ``restore point k=1``: the same with a copy at every report (``TORCHJOB_RESTORE_POINT_EVERY=1``):
-  what one copy costs the step, whatever the budget would choose.
+  what one copy costs the step, whatever the budget would choose;
+* ``in place``: ``restore point`` with ``register_state(..., in_place=True)``, the goodput
+  benchmark's loop: DDP's gradient all-reduce goes through torchjob's comm hook
+  (``recovery.in_place``), and the optimizers' step hooks (``recovery.step_undo``);
+* ``in place bv``: the same with DDP's ``gradient_as_bucket_view=True`` (the gradients are
+  views into the all-reduce buckets: no copy into them at each backward).
 
 Per loop also the cadence the runtime chose (a restore point every ``k`` reports: a loss
 then costs up to ``k - 1`` steps) and what it measured a copy to cost the loop (its lower
@@ -50,8 +55,12 @@ from typing import Any
 
 import _goodput_state
 
-LOOPS = ("plain", "report", "restore point", "restore point k=1")
-LOOP_OF = {"restore point k=1": "restore point"}
+LOOPS = ("plain", "report", "restore point", "restore point k=1", "in place", "in place bv")
+LOOP_OF = {
+    "restore point k=1": "restore point",
+    "in place": "restore point",
+    "in place bv": "restore point",
+}
 """The training loop each row runs (``restore point k=1`` is ``restore point``'s, with a copy
 at every report)."""
 
@@ -71,7 +80,8 @@ def _train(config: dict[str, Any]) -> None:
     rank = get_context().get_world_rank()
     torch.manual_seed(0)
     module, x = _goodput_state.build(config["state_mib"], 1)
-    model = prepare_model(module)
+    bucket_view = {"gradient_as_bucket_view": True} if config["bucket_view"] else None
+    model = prepare_model(module, parallel_strategy_kwargs=bucket_view)
     device = get_device()
     # On a GPU the step's compute is real (``--rows`` rows through every layer), not a sleep.
     x = (
@@ -86,7 +96,7 @@ def _train(config: dict[str, Any]) -> None:
     state: dict[str, Any] = {"model": model, "opt": opt, "step": 0}
     loop = config["loop"]
     if loop == "restore point":
-        register_state(state)
+        register_state(state, in_place=config["in_place"])
     every_step = loop != "plain"
     ends = []
     for step in range(1, config["steps"] + 1):
@@ -120,7 +130,9 @@ def _run(args: argparse.Namespace, loop: str, out: Path) -> dict[str, float]:
     from torchjob.train.torch import TorchTrainer
 
     config = {
-        "loop": loop,
+        "loop": LOOP_OF.get(loop, loop),
+        "in_place": loop.startswith("in place"),
+        "bucket_view": loop == "in place bv",
         "steps": args.steps,
         "warmup": args.warmup,
         "state_mib": args.state_mib,
@@ -161,7 +173,7 @@ def main() -> None:
         for rep in range(args.repeats):
             for loop in loops:
                 with _every(loop):
-                    r = _run(args, LOOP_OF.get(loop, loop), Path(d) / "step.json")
+                    r = _run(args, loop, Path(d) / "step.json")
                 runs[loop].append(r)
                 print(
                     f"round {rep + 1}, {loop}: mean step {r['step_s'] * 1000:.1f} ms, restore "
