@@ -100,6 +100,27 @@ def test_a_vanish_takes_a_node_with_a_running_pod_away_from_the_operator() -> No
     assert watch.notes[4][1] == {"node": "real-1", "killed": 0}
 
 
+class _NoReclaim(_Nodes):
+    def reclaim(self, node: str) -> None:
+        raise RuntimeError("hack/node.sh reclaim failed")
+
+
+def test_a_reclaim_that_fails_still_returns_the_node_and_thaw_keeps_its_pods() -> None:
+    """A reclaim that fails is logged and the node still comes back (its pods' processes
+    killed then, as before reclaim); ``--thaw`` (the same VM resuming) reclaims nothing."""
+    core, nodes, watch = _cluster(), _NoReclaim(), _Watch()
+    losses = gl.Losses(core, "job", "vanish", random.Random(0), nodes, 0.0, watch)
+    assert losses.take(gen_before=0, step_before=0) is not None
+    assert losses.join(timeout=10.0) == []
+    assert nodes.calls == [("vanish", "real-1"), ("return", "real-1", "False")]
+    assert [w for w, _ in watch.notes] == ["logs", "vanish", "gone", "returned"]
+    core, nodes, watch = _cluster(), _Nodes(), _Watch()
+    thawed = gl.Losses(core, "job", "vanish", random.Random(0), nodes, 0.0, watch, thaw=True)
+    assert thawed.take(gen_before=0, step_before=0) is not None
+    assert thawed.join(timeout=10.0) == []
+    assert nodes.calls == [("vanish", "real-1"), ("return", "real-1", "False")]
+
+
 def test_a_node_already_gone_is_not_taken_again_and_nothing_left_is_a_skip() -> None:
     core, nodes = _cluster(), _Nodes()
     losses = gl.Losses(core, "job", "vanish", random.Random(0), nodes, node_return=0.0)
