@@ -265,14 +265,16 @@ class Losses:
         def back() -> None:
             until_gone()
             self._note("gone", node=node)
+            reclaimed = False
             if not self.thaw:
                 try:
                     self.nodes.reclaim(node)
                     self._note("reclaimed", node=node)
+                    reclaimed = True
                 except Exception as e:  # killed at its return instead
                     log(f"reclaim {node} failed: {e}")
             time.sleep(self.node_return)
-            killed = 0 if self.thaw else sum(hard_kill(p) for p in lost)  # what reclaim left
+            killed = 0 if self.thaw or reclaimed else sum(hard_kill(p) for p in lost)
             try:
                 if fleet is not None:
                     fleet.retire(node)
