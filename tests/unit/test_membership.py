@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import threading
+import time
 import urllib.error
 from datetime import datetime, timezone
 from typing import Any
@@ -164,6 +165,25 @@ def test_read_returns_the_membership_once_published() -> None:
     w.close()
     w = follow(ScriptedEndpoint([event("ADDED", 1, currentGeneration=2, replicas=2)]))
     assert w.read() == Membership(2, 2)
+    w.close()
+
+
+def test_the_watch_says_when_it_first_saw_a_later_generation() -> None:
+    before = time.monotonic()
+    w = follow(
+        ScriptedEndpoint(
+            [
+                event("ADDED", 1, currentGeneration=2, replicas=2),
+                event("MODIFIED", 2, currentGeneration=3, replicas=2),
+                event("MODIFIED", 3, currentGeneration=3, replicas=2, phase="Running"),
+            ]
+        )
+    )
+    w.wait_beyond(2, timeout_s=30, poll_s=0.01)
+    third = w.seen_after(2)
+    assert third is not None and before <= third <= time.monotonic()
+    assert w.seen_after(1) is not None and w.seen_after(1) <= third  # generation 2, earlier
+    assert w.seen_after(3) is None, "nothing later than 3 is published"
     w.close()
 
 

@@ -314,3 +314,35 @@ def test_a_broken_group_is_not_written_before_the_sweep_of_its_silent_peer() -> 
     with sink.landed:
         assert sink.landed.wait_for(lambda: len(sink.sent) == 2, timeout=30), sink.sent
     assert entries(sink.sent[-1][1]) == [("tj-worker-1", 6, "tj-worker-1")]
+
+
+def test_a_peer_whose_beats_stopped_after_a_later_generation_was_seen_is_not_reported() -> None:
+    """The runtime side of the operator's ``silent.moved_on``: a survivor stuck in a step of
+    generation 8 after generation 9 was published reads the beats its peers stopped writing
+    there (they left at their next report) as silence (2026-12-06p, loss 5)."""
+    sink = Applies()
+    said: list[str] = []
+    pod = pod_env(job_name="tj", pod_index=0, replicas=3)
+    reports = SilentReports(sink, pod, connect=_every_host_answers)
+    reports.say = said.append
+    ninth_seen = time.monotonic() - 2.0  # this pod saw generation 9 two seconds ago
+    reports.seen_after = lambda g: ninth_seen if g < 9 else None
+    # Rank 1's beats stopped 1 s ago, after generation 9 arrived: it moved on.
+    assert reports.moved_on(8, 1, 1.0)
+    reports.report((0, 1, 2), 8, 1, 1.0, "heartbeat")
+    assert reports.reports() == [] and sink.sent == []
+    assert any("moved on" in line and "rank 1" in line for line in said), said
+    # Rank 2's beats stopped 5 s ago, before generation 9 arrived: a silence of generation 8.
+    assert not reports.moved_on(8, 2, 5.0)
+    reports.report((0, 1, 2), 8, 2, 5.0, "heartbeat")
+    with sink.landed:
+        assert sink.landed.wait_for(lambda: len(sink.sent) == 1, timeout=30), sink.sent
+    assert entries(sink.sent[-1][1]) == [("tj-worker-2", 8, "tj-worker-0")]
+    # A store found silent is not a beat (rank 0 of generation 8 may serve it still):
+    # reported as before.
+    reports.report((1, 0, 2), 8, 0, 1.0, "store")
+    with sink.landed:
+        assert sink.landed.wait_for(lambda: len(sink.sent) == 2, timeout=30), sink.sent
+    assert ("tj-worker-1", 8, "tj-worker-0") in entries(sink.sent[-1][1])
+    # Nothing later than generation 9 is seen: a report of generation 9 is judged as any.
+    assert not reports.moved_on(9, 1, 0.5)

@@ -95,6 +95,8 @@ class Controller:
         if isinstance(self.mode, KeepSurvivorsMode):  # a job deletion ends the drain
             self.mode.watch.on_deleting(self.notice.final)
             self.mode.on_broken = self._silent.broken if self._silent is not None else None
+            if self._silent is not None:  # a report of a generation this pod saw end
+                self._silent.seen_after = self.mode.watch.seen_after
         self.tracking = RunTracking.of(trainer, self.name, self.run_url, pod, self._endpoint)
         self.workers = Workers(trainer, heals=pod is None)
 

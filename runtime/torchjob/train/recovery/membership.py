@@ -164,6 +164,8 @@ class MembershipWatch:
         self.first_read_timeout_s = first_read_timeout_s
         self._latest: Membership | None = None
         self._seen = False
+        self._arrived: dict[int, float] = {}
+        """When this watch first saw each generation (``time.monotonic()``)."""
         self._cond = threading.Condition()
         self._closed = threading.Event()
         self._response: Any = None
@@ -192,6 +194,13 @@ class MembershipWatch:
         with self._cond:
             m = self._latest
         return m if m is not None and m.generation > generation else None
+
+    def seen_after(self, generation: int) -> float | None:
+        """When this watch first saw a generation later than ``generation`` (monotonic
+        seconds); None while none is published."""
+        with self._cond:
+            later = [t for g, t in self._arrived.items() if g > generation]
+        return min(later, default=None)
 
     def wait_beyond(
         self,
@@ -263,6 +272,7 @@ class MembershipWatch:
             self._seen = True
             if m is not None:
                 self._latest = m
+                self._arrived.setdefault(m.generation, time.monotonic())
             self._cond.notify_all()
             callbacks = list(self._on_change) if m is not None else []
         for callback in callbacks:

@@ -62,6 +62,9 @@ class SilentReports:
         self._connect = connect
         self.say: Callable[[str], None] | None = None
         """Where a written report is said, with how long it took (the run's console)."""
+        self.seen_after: Callable[[int], float | None] | None = None
+        """When this pod first saw a generation later than the one given (monotonic; None
+        while none is published): ``MembershipWatch.seen_after`` (:meth:`moved_on`)."""
         self._lock = threading.Lock()
         self._writing = threading.Lock()
         self._sweeping = threading.Lock()
@@ -190,6 +193,22 @@ class SilentReports:
             return {}
         return {r: early[2][r] for r in ranks}
 
+    def moved_on(self, generation: int, rank: int, silent_s: float) -> bool:
+        """Whether ``rank``'s beats in ``generation`` stopped after this pod saw a later
+        generation published: it moved on (it left at its next report, as asked), and a
+        watchdog still judging the old generation (its rank stuck in a step) reads that as
+        silence. Such a report is not written; the operator's rule
+        (``torchjob_operator.torchjob.silent.moved_on``) would count it for nothing, and the
+        job's status would name a live pod. A silence that began before is reported."""
+        later = self.seen_after(generation) if self.seen_after is not None else None
+        if later is None or time.monotonic() - silent_s <= later:
+            return False
+        self._said(
+            f"rank {rank}'s beats in generation {generation} stopped after a later generation "
+            "was published: it moved on, not reported silent"
+        )
+        return True
+
     def _said(self, text: str) -> None:
         if self.say is not None:
             with contextlib.suppress(Exception):
@@ -254,6 +273,8 @@ class SilentReports:
     ) -> None:
         """:meth:`record` and :meth:`write` on a thread: never blocks the driver; best
         effort (a survivor that cannot reach the API server leaves it to the others)."""
+        if how == HEARTBEAT and self.moved_on(generation, rank, silent_s):
+            return
         if not self.record(ranked, generation, rank, silent_s, how):
             return
         with self._lock:
