@@ -94,9 +94,9 @@ class Controller:
         self.mode = choose_mode(trainer, pod, self._endpoint)
         if isinstance(self.mode, KeepSurvivorsMode):  # a job deletion ends the drain
             self.mode.watch.on_deleting(self.notice.final)
-            self.mode.on_broken = self._silent.broken if self._silent is not None else None
-            if self._silent is not None:  # a report of a generation this pod saw end
-                self._silent.seen_after = self.mode.watch.seen_after
+            if self._silent is not None:  # on_broken stays None without a status to write
+                self.mode.on_broken = self._silent.broken
+                self._silent.seen_after = self.mode.watch.seen_after  # reports it saw end
         self.tracking = RunTracking.of(trainer, self.name, self.run_url, pod, self._endpoint)
         self.workers = Workers(trainer, heals=pod is None)
 
