@@ -57,7 +57,7 @@ def test_a_subclass_is_not_its_parents_message() -> None:
         pass
 
     with pytest.raises(ProtocolError):
-        Dispatcher[None]({SilentPeer: ignore})(Special(rank=1, silent_s=1.0, by=0))
+        Dispatcher[None]({SilentPeer: ignore})(Special(rank=1, silent_s=1.0, by=0, since=1.0))
 
 
 MESSAGES = [
@@ -71,7 +71,7 @@ MESSAGES = [
     TaskDone(3, b"r"),
     TaskFailed(3, "ValueError", "bad", "tb", "user"),
     WorkerEvent(3, b"e"),
-    SilentPeer(rank=1, silent_s=5.0, by=0),
+    SilentPeer(rank=1, silent_s=5.0, by=0, since=10.0),
     protocol.Report({"loss": 1.0}, "/c/1", 1, False, 2, 0, 1, True, 10),
     protocol.CheckpointLanded("/c/1", 1, 0),
     protocol.RestoredFromMemory(1, 0, 0.1, 100),
@@ -151,8 +151,8 @@ def test_the_driver_reads_a_tasks_answers_and_drops_an_abandoned_tasks() -> None
         return _ANSWER(msg, 5, w, results, lambda r, p: on_event(r, p))
 
     assert answer(TaskDone(4, cloudpickle.dumps("old"))) is None and results == {}
-    assert answer(WorkerEvent(5, cloudpickle.dumps(SilentPeer(1, 2.0, 3)))) is None
-    assert events == [(3, SilentPeer(1, 2.0, 3))]
+    assert answer(WorkerEvent(5, cloudpickle.dumps(SilentPeer(1, 2.0, 3, 4.0)))) is None
+    assert events == [(3, SilentPeer(1, 2.0, 3, 4.0))]
     assert answer(TaskDone(5, cloudpickle.dumps("new"))) is None and results == {0: "new"}
     failure = answer(TaskFailed(5, "RuntimeError", "gloo: connection closed", "tb", "peer"))
     assert failure.kind == "peer" and isinstance(failure.error, WorkerGroupError)

@@ -15,7 +15,10 @@ from typing import Any
 from tests.unit.builders import pod_env
 
 from torchjob.api.crd import build_crd
-from torchjob.train.recovery.reports import SilentReports
+from torchjob.launch.protocol import SilentPeer
+from torchjob.train.progress import ProgressView
+from torchjob.train.recovery.reports import SilentReports, silent_reporter
+from torchjob.train.recovery.survivors import RestorePoints
 
 
 class Applies:
@@ -346,3 +349,33 @@ def test_a_peer_whose_beats_stopped_after_a_later_generation_was_seen_is_not_rep
     assert ("tj-worker-1", 8, "tj-worker-0") in entries(sink.sent[-1][1])
     # Nothing later than generation 9 is seen: a report of generation 9 is judged as any.
     assert not reports.moved_on(9, 1, 0.5)
+
+
+def test_a_silence_that_began_before_a_later_generation_is_reported_however_late_it_is_read() -> (
+    None
+):
+    """The watchdog says when the silence began (``SilentPeer.since``): a driver that reads
+    the event seconds late judges it by that instant, not by its own clock less the silence
+    the watchdog measured, which would place the start after the later generation."""
+    sink = Applies()
+    pod = pod_env(job_name="tj", pod_index=0, replicas=3)
+    reports = SilentReports(sink, pod, connect=_every_host_answers)
+    now = time.monotonic()
+    reports.seen_after = lambda g: now - 2.0 if g < 9 else None  # generation 9 seen 2 s ago
+
+    class Published:
+        ranked = (0, 1, 2)
+        generation = 8
+
+    points = RestorePoints(report_silent=silent_reporter(Published(), reports))
+    # Rank 2's beats stopped 3 s ago, before generation 9 arrived; the watchdog found it
+    # silent after 1 s of that, and the driver reads the event only now, 2 s later.
+    late = SilentPeer(rank=2, silent_s=1.0, by=0, since=now - 3.0)
+    assert points.on_event(late, None, ProgressView(enabled=False, total_epochs=None))
+    with sink.landed:
+        assert sink.landed.wait_for(lambda: len(sink.sent) == 1, timeout=30), sink.sent
+    assert entries(sink.sent[-1][1]) == [("tj-worker-2", 8, "tj-worker-0")]
+    # Rank 1's stopped 1 s ago, after generation 9 arrived: it moved on, however it is read.
+    moved = SilentPeer(rank=1, silent_s=1.0, by=0, since=now - 1.0)
+    assert points.on_event(moved, None, ProgressView(enabled=False, total_epochs=None))
+    assert [r.pod for r in reports.reports()] == ["tj-worker-2"]

@@ -5,13 +5,15 @@ although its watchdog had shut its connections down."""
 
 from __future__ import annotations
 
+import time
+
 from torchjob.launch.protocol import SilentPeer
 from torchjob.train.progress import ProgressView
 from torchjob.train.recovery.survivors import RestorePoints
 
 
 def silent(rank: int) -> SilentPeer:
-    return SilentPeer(rank=rank, silent_s=5.0, by=7)
+    return SilentPeer(rank=rank, silent_s=5.0, by=7, since=time.monotonic() - 5.0)
 
 
 def test_workers_are_stuck_only_past_the_bound_after_a_remote_peer_went_silent() -> None:

@@ -233,7 +233,8 @@ class WorkerProcess:
         first = info.rank - info.local_rank
 
         def on_silent(rank: int, silent_s: float) -> None:
-            self.send_event(SilentPeer(rank=rank, silent_s=silent_s, by=info.rank))
+            since = time.monotonic() - silent_s
+            self.send_event(SilentPeer(rank=rank, silent_s=silent_s, by=info.rank, since=since))
 
         def on_quiet(quiet_s: float) -> None:
             self.send_event(StoreQuiet(silent_s=quiet_s, by=info.rank))

@@ -212,11 +212,14 @@ def _describe(exc: BaseException) -> tuple[str, str, str, str]:
 @_by_fields
 @dataclass(frozen=True, slots=True)
 class SilentPeer:
-    """Rank ``by``'s watchdog found ``rank`` silent for ``silent_s`` (``heartbeat``)."""
+    """Rank ``by``'s watchdog found ``rank`` silent for ``silent_s`` (``heartbeat``), since
+    ``since`` on the pod's monotonic clock (one kernel: the driver's clock too), so that the
+    driver judges the silence as of when it reads the event, however late."""
 
     rank: int
     silent_s: float
     by: int
+    since: float
 
 
 @_by_fields

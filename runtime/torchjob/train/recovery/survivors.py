@@ -135,7 +135,10 @@ def _silent(
     if group is not None and group.kill_rank(e.rank):
         view.message(f"{said}seen by rank {e.by}): killed, the survivors re-form")
     elif points.report_silent is not None:
-        points.report_silent(e.rank, e.silent_s, HEARTBEAT)
+        # Silent for as long as it has been by now: whether the silence began before or
+        # after this pod saw a later generation (SilentReports.moved_on) does not depend on
+        # how late the driver read the event.
+        points.report_silent(e.rank, time.monotonic() - e.since, HEARTBEAT)
         if points.remote_silent is None:
             points.remote_silent = (time.monotonic(), e.rank)
         view.message(f"{said}seen by rank {e.by}): its pod is reported lost")
