@@ -35,14 +35,18 @@ from bench import goodput_accounting as acc
 from bench import goodput_runs as runs_mod
 from bench.harness import data_files, read_jsonl, strip_gz
 
+Part = tuple[
+    list[tuple[str, acc.RowFigures, float]], list[tuple[str, str, float]], dict[str, float | None]
+]
 
-def _part(
-    folder: Path, workers: int, standbys: int
-) -> tuple[list[tuple[str, acc.RowFigures, float]], list[tuple[str, str, float]]]:
-    """One results directory's rows (stem, figures, pod-seconds paid) and its baselines
-    without restore points (stem, policy, samples/s)."""
+
+def _part(folder: Path, workers: int, standbys: int) -> Part:
+    """One results directory's rows (stem, figures, pod-seconds paid), its baselines without
+    restore points (stem, policy, samples/s) and every baseline's rate from its step times
+    (stem: ``acc.step_rate``)."""
     rows = []
     plain: list[tuple[str, str, float]] = []
+    timed: dict[str, float | None] = {}
     for f in data_files(folder, "*-events.jsonl"):
         stem = strip_gz(f.name)[: -len("-events.jsonl")]
         _, policy, mode, strategy, *variant = stem.split("-")
@@ -50,6 +54,8 @@ def _part(
         trace = read_jsonl(folder / f"{stem}-trace.jsonl")
         window = next(e for e in trace if e.get("what") == "window")
         t0, t1 = float(window["t0"]), float(window["t1"])
+        if mode == acc.BASELINE_MODE:
+            timed[stem] = acc.step_rate(events, t0, t1)
         if variant:  # the baseline without restore points ("norp"): no system's divisor
             plain.append((stem, policy, acc.window_samples(events, t0, t1) / (t1 - t0)))
             continue
@@ -62,17 +68,15 @@ def _part(
             0 if mode == acc.BASELINE_MODE else standbys, strategy,
         )  # fmt: skip
         rows.append((stem, fig, acc.pod_seconds(trace, t0, t1)))
-    return rows, plain
+    return rows, plain, timed
 
 
 def _print_part(
-    name: str,
-    rows: list[tuple[str, acc.RowFigures, float]],
-    plain: list[tuple[str, str, float]],
-    groups: dict[tuple[str, str, str], list[tuple[float, float, float]]],
+    name: str, part: Part, groups: dict[tuple[str, str, str], list[tuple[float, float, float]]]
 ) -> None:
     """A part's ideal rates and rows, each divided by the part's own baselines; its rows'
     figures added to ``groups``."""
+    rows, plain, timed = part
     ideal = acc.ideal_rates(fig for _, fig, _ in rows)
     prefix = f"{name}: " if name else ""
     print(
@@ -89,6 +93,7 @@ def _print_part(
     if plain:
         with_rp = measured.get(acc.system_of(plain[0][1]), [])
         print("  " + acc.overhead_line(with_rp, [rate for _, _, rate in plain]))
+        _print_timed_overhead(rows, plain, timed)
     for stem, fig, paid in rows:
         if fig.mode == acc.BASELINE_MODE:  # each baseline, so that its spread shows
             print(f"  {stem}: {fig.samples} samples in {fig.wall:.1f} s, "
@@ -103,6 +108,24 @@ def _print_part(
         print(f"  {stem}: {fig.samples} samples in {fig.wall:.1f} s, goodput {g:.3f}, "
               f"per pod paid {per_pod:.3f}, per pod-s {per_s:.3f}")  # fmt: skip
         groups.setdefault((fig.policy, fig.mode, fig.strategy), []).append((g, per_pod, per_s))
+
+
+def _print_timed_overhead(
+    rows: list[tuple[str, acc.RowFigures, float]],
+    plain: list[tuple[str, str, float]],
+    timed: dict[str, float | None],
+) -> None:
+    """The overhead again from the baselines' step times (``acc.step_rate``): whole steps
+    counted in a 150 s window resolve ~1.1 %, about the overhead itself."""
+    system = acc.system_of(plain[0][1])
+    with_rp = [
+        timed[stem]
+        for stem, fig, _ in rows
+        if fig.mode == acc.BASELINE_MODE and fig.system == system
+    ]
+    without = [timed[stem] for stem, _, _ in plain]
+    each = [r for r in with_rp if r is not None], [r for r in without if r is not None]
+    print("  from step times: " + acc.overhead_line(*each))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
             p.error("the parts did not all run the same code (--mixed reads them anyway)")
     groups: dict[tuple[str, str, str], list[tuple[float, float, float]]] = {}
     for folder in parts:
-        rows, plain = _part(folder, args.workers, args.standbys)
-        if not rows:
+        part = _part(folder, args.workers, args.standbys)
+        if not part[0]:
             p.error(f"no *-events.jsonl in {folder}")
-        _print_part(folder.name if len(parts) > 1 else "", rows, plain, groups)
+        _print_part(folder.name if len(parts) > 1 else "", part, groups)
     for (policy, mode, strategy), v in groups.items():
         print(
             f"{policy} {mode} {strategy}: goodput {acc.format_spread(x[0] for x in v)}, "

@@ -306,3 +306,18 @@ def test_the_overhead_of_bracketed_baselines_cancels_a_linear_drift() -> None:
     assert one.startswith("restore point's overhead: 1 - 98.0 / 100.0 samples/s = +0.020")
     assert "not bracketed" in one
     assert "not measured" in acc.overhead_line([], [100.0])
+
+
+def test_a_baseline_timed_by_its_steps_is_not_rounded_to_whole_steps() -> None:
+    """90 steps of 256 samples, 1.65 s apart, in a 150 s window that ends 1.15 s after the
+    last: the whole steps counted read the window 0.8 % slow; the step times read 155.15/s."""
+    steps = [{"ev": "step", "t": 10.0 + 1.65 * i, "samples": 256 * (i + 1)} for i in range(90)]
+    events = [{"ev": "restored", "t": 9.0, "samples": 0}, *steps]
+    t0, t1 = 10.0, 160.0
+    counted = acc.window_samples(events, t0, t1) / (t1 - t0)
+    timed = acc.step_rate(events, t0, t1)
+    assert timed == pytest.approx(256 / 1.65)
+    assert counted == pytest.approx(89 * 256 / 150)
+    assert counted < 0.995 * timed
+    assert acc.step_rate(events, t0, 10.5) is None  # one step: no interval to time
+    assert acc.step_rate(events, 200.0, 300.0) is None

@@ -59,6 +59,8 @@ def test_the_baseline_without_restore_points_is_no_systems_divisor(
     out = capsys.readouterr().out
     assert "ideal rates (samples/s): torchjob 99.0, Kubeflow 105.8" in out
     assert "restore point's overhead: 1 - 99.0 / 109.2 samples/s = +0.094" in out
+    # and again from the baselines' step times, which whole steps counted round (acc.step_rate)
+    assert "from step times: restore point's overhead: 1 - 99.9 / 110.6 samples/s = +0.097" in out
     table = (RESULTS / "2026-11-30d" / "run1" / "table.txt").read_text()
     assert "1 - 99.0 / 109.2 samples/s = +0.094" in table
 
