@@ -150,7 +150,7 @@ def test_the_settings_name_the_variable_of_a_bad_value() -> None:
 def test_ranks_that_measure_different_copies_copy_at_the_same_reports() -> None:
     """Each rank alone would choose its own k from its own copies (here 1 and 2), and a
     collective waits for whichever rank copies: the job would pay both ranks' copies. The
-    votes, summed in report()'s all-reduce, give one k (the mean, rounded up), and the report
+    votes, summed in report()'s all-reduce, give one k (the largest), and the report
     number puts every rank's copies on the same reports, also for a rank that began
     measuring a report later (a replacement whose first copy reused a slot's buffers)."""
     fast, slow = Cadence(budget=0.02), Cadence(budget=0.02)
@@ -161,9 +161,9 @@ def test_ranks_that_measure_different_copies_copy_at_the_same_reports() -> None:
             if c.due(now, report):
                 taken[name].append(report)
                 c.took(copy_s, 252 * MIB, allocated=report == 1 and name == "fast")
-        votes = [fast.vote(), slow.vote()]
+        summed = [sum(v) for v in zip(fast.vote(), slow.vote(), strict=True)]
         for c in (fast, slow):
-            c.agree(sum(k for k, _ in votes), sum(n for _, n in votes))
+            c.agree(summed)
         now += 2.3
     assert (fast.own_every, slow.own_every) == (1, 2)
     assert fast.every == slow.every == 2
@@ -222,3 +222,40 @@ def test_the_cpu_an_overlapped_copy_took_beside_the_step_counts_in_its_cost() ->
     fresh.took(2.0, 252 * MIB, allocated=True)
     fresh.beside(1.0)
     assert not fresh.copies
+
+
+def _measured(copy_s: float, interval_s: float = 2.3) -> Cadence:
+    """A cadence that measured one copy of ``copy_s`` (into buffers already there) and one
+    interval of ``interval_s`` between reports."""
+    c = Cadence(budget=0.02)
+    c.due(0.0)
+    c.took(copy_s, 252 * MIB)
+    c.due(interval_s + copy_s)
+    return c
+
+
+def test_the_group_copies_as_rarely_as_its_slowest_rank_needs() -> None:
+    """Every rank copies at the agreed reports, and the next collective waits for the
+    slowest copy: a round costs the group 0.18 s here, not the mean of 0.04, 0.04 and 0.18.
+    The ranks' mean (k = 2) would spend 3.9 % of the training time copying against a 2 %
+    budget; the largest vote (k = 4) keeps the slowest rank's copies within it."""
+    ranks = [_measured(0.04), _measured(0.04), _measured(0.18)]
+    assert [c.own_every for c in ranks] == [1, 1, 4]
+    summed = [sum(v) for v in zip(*(c.vote() for c in ranks), strict=True)]
+    assert summed[:2] == [6, 3]  # the mean would say ceil(6 / 3) = 2
+    for c in ranks:
+        c.agree(summed)
+    assert {c.every for c in ranks} == {4}
+    assert 0.18 / (4 * 2.3) <= 0.02 < 0.18 / (2 * 2.3)
+
+
+def test_a_vote_beyond_the_slots_still_counts_and_no_vote_changes_nothing() -> None:
+    huge, small = _measured(10.0), _measured(0.04)  # own k: ceil(10 / 0.046) = 218, and 1
+    assert (huge.own_every, small.own_every) == (218, 1)
+    summed = [sum(v) for v in zip(huge.vote(), small.vote(), strict=True)]
+    small.agree(summed)
+    assert small.every == 110  # above the 64 slots: at least 64 and the mean, rounded up
+    unmeasured = Cadence(budget=0.02)
+    assert unmeasured.vote() == [0] * len(summed)
+    unmeasured.agree(unmeasured.vote())
+    assert unmeasured.agreed is None and unmeasured.every == 1

@@ -28,6 +28,7 @@ from torchjob.launch.protocol import CheckpointLanded, Report
 from torchjob.train import _session
 from torchjob.train.checkpoint import Checkpoint
 from torchjob.train.recovery import (
+    cadence,
     host_copy,
     in_place,
     preemption,
@@ -73,16 +74,14 @@ def _agree(s: _session.Session, local_stop: bool) -> tuple[bool, bool]:
     2.3 s from the last step to the group's end at each re-formation of
     bench/results/2026-12-03b). Otherwise it is a stop like SIGTERM's."""
     local = preemption.read_local()
-    k, voters = s.cadence.vote() if s.registered is not None else (0, 0)
+    vote = s.cadence.vote() if s.registered is not None else [0] * cadence.VOTE_LEN
     flags = [int(local_stop), int(regroup_requested()), int(_holds(s))]
-    stops, regroups, holders, digests, k_sum, votes = _summed(
-        [*flags, preemption.digest(local), k, voters]
-    )
+    stops, regroups, holders, digests, *votes = _summed([*flags, preemption.digest(local), *vote])
     if digests != s.notice_digest:  # the same sum on every rank: every rank gathers
         s.notice = preemption.agree(local) if digests else None
         s.notice_digest = digests
         s.noticed |= frozenset(s.notice.ranks if s.notice is not None else ())
-    s.cadence.agree(k_sum, votes)  # one restore-point cadence for the group
+    s.cadence.agree(votes)  # one restore-point cadence for the group
     from_memory = regroups > 0 and holders >= s.world_size and not _all_noticed(s)
     return stops > 0 or (regroups > 0 and not from_memory), from_memory and stops == 0
 
