@@ -267,6 +267,75 @@ def test_keep_survivors_follows_a_new_generation(tmp_path: Path) -> None:
     assert isinstance(c._next(STATE, stopped()), Following)
 
 
+def test_a_pod_follows_the_first_generation_published_since_its_own(tmp_path: Path) -> None:
+    """The peers whose group broke when generation 1 was published form generation 1; a pod
+    whose workers left the broken collective later (stuck in it until killed) joins them
+    there, even when generation 2 came meanwhile: generation 1 then re-forms in place for it.
+    Following the newest left generation 1's formation waiting SUPERSEDED_AFTER_S for this pod
+    (bench/results/2026-12-07zd, kills 8 and 9: 13 s without a step)."""
+    c = survivor(tmp_path, Membership(1, 2))
+    mode = c.mode
+    assert isinstance(mode, KeepSurvivorsMode)
+    assert mode.interrupt(c, STATE) is not None
+    mode.watch.published = Membership(2, 3)  # type: ignore[attr-defined]
+    assert mode.interrupt(c, STATE) is not None
+    assert mode.next is not None and mode.next.generation == 1
+    with ProgressView(enabled=False, total_epochs=None) as view:
+        mode.follow(c, "the group broke", view)
+    assert mode.membership.generation == 1 and mode.next is None
+    # In generation 1, generation 2 is the first one since.
+    assert mode.interrupt(c, STATE) is not None
+    assert mode.next is not None and mode.next.generation == 2
+
+
+def test_a_member_stuck_in_the_old_collective_is_killed_sooner_once_asked_to_regroup(
+    tmp_path: Path,
+) -> None:
+    """A rank of another pod found silent while this pod's workers stay in the collective:
+    they are killed STUCK_AFTER_SILENT_S after, or STUCK_AFTER_REGROUP_S after where a later
+    generation was published meanwhile (the silent ranks left for it; its members wait for
+    this pod)."""
+    import time
+
+    from torchjob.launch import REGROUP_SIGNAL
+    from torchjob.train.generation import (
+        STUCK_AFTER_REGROUP_S,
+        STUCK_AFTER_SILENT_S,
+        GenerationRun,
+    )
+    from torchjob.train.recovery.survivors import RestorePoints
+
+    class Group:
+        def __init__(self) -> None:
+            self.sent: list[int] = []
+            self.killed = 0
+
+        def signal(self, sig: int) -> None:
+            self.sent.append(sig)
+
+        def kill_with_stacks(self) -> None:
+            self.killed += 1
+
+    assert STUCK_AFTER_REGROUP_S < STUCK_AFTER_SILENT_S
+    between = (STUCK_AFTER_REGROUP_S + STUCK_AFTER_SILENT_S) / 2
+    for regroup in (False, True):
+        c = survivor(tmp_path, Membership(1 if regroup else 0, 2))
+        with ProgressView(enabled=False, total_epochs=None) as view:
+            points = RestorePoints()
+            run = GenerationRun(c, STATE, view, points=points, generation=0)
+            run.group = group = Group()  # type: ignore[assignment]
+            run.on_tick()
+            assert group.sent == ([REGROUP_SIGNAL] if regroup else [])
+            points.remote_silent = (time.monotonic() - between, 3)
+            run.on_tick()
+            assert group.killed == int(regroup), regroup
+            points.remote_silent = (time.monotonic() - STUCK_AFTER_SILENT_S - 0.5, 3)
+            run.on_tick()
+            assert group.killed == 1, "killed once, past the longer bound at the latest"
+            assert run.unstuck is not None and run.unstuck.peer_failure
+            assert ("it left for the generation" in run.unstuck.message) == regroup
+
+
 def test_keep_survivors_reforms_while_a_peer_is_not_up(tmp_path: Path) -> None:
     late = WorkerGroupStartError("rendezvous timed out", waiting_for_peers=True)
     assert isinstance(survivor(tmp_path, Membership(0, 2))._next(STATE, Crashed(late)), Reforming)

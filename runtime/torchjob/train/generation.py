@@ -34,6 +34,11 @@ STUCK_AFTER_SILENT_S = 5.0
 """KeepSurvivors: how long this pod's workers may stay in their task after their watchdog
 found a rank of another pod silent (and broke their connections to the group) before the
 driver kills them (``RestorePoints.stuck_for``): a broken collective fails in milliseconds."""
+STUCK_AFTER_REGROUP_S = 1.0
+"""The same, once the workers were also asked to re-form for a later generation: the silent
+ranks left this generation for that one (they beat there), and the members forming it wait
+for this pod. A member stuck in the old all-reduce for 5 s more held a formation of seven
+pods for 13 s on the fleet bench (bench/results/2026-12-07zd, kills 8 and 9)."""
 LOSS_GRACE_S = 30.0
 """How long the survivors of a lost rank get to answer while they hold a restore point."""
 
@@ -169,16 +174,19 @@ class GenerationRun:
     def _kill_if_stuck(self, group: WorkerGroup) -> None:
         """Kill this pod's workers when they hang in a collective past another pod's silent
         rank, so that this pod joins the next generation with new processes."""
-        waited = self.points.stuck_for(time.monotonic(), STUCK_AFTER_SILENT_S)
+        moved_on = self.signalled == REGROUP_SIGNAL
+        after = STUCK_AFTER_REGROUP_S if moved_on else STUCK_AFTER_SILENT_S
+        waited = self.points.stuck_for(time.monotonic(), after)
         if waited is None:
             return
         assert self.points.remote_silent is not None
         self.unstuck = WorkerGroupError(
             0,
             "StuckCollective",
-            f"this pod's workers were still in a collective {waited:.0f}s after rank "
-            f"{self.points.remote_silent[1]} of another pod was found silent; killed, so "
-            "that this pod joins the next generation with new processes",
+            f"this pod's workers were still in a collective {waited:.1f}s after rank "
+            f"{self.points.remote_silent[1]} of another pod was found silent"
+            f"{' (it left for the generation published since)' if moved_on else ''}; "
+            "killed, so that this pod joins the next generation with new processes",
             peer_failure=True,
         )
         self.view.message(f"[torchjob] {self.unstuck.message}; their stacks follow")

@@ -45,8 +45,7 @@ from torchjob.train.steps import (
 log = logging.getLogger(__name__)
 
 FOLLOW_TIMEOUT_S = 900.0
-"""KeepSurvivors: how long a broken group's pod waits for the next generation (backoff, the
-replacements' scheduling)."""
+"""KeepSurvivors: how long a broken group's pod waits for the next generation (backoff)."""
 
 SUPERSEDED_AFTER_S = 10.0
 """A formation a later generation superseded is given up once it waited this long (a sound one
@@ -260,7 +259,9 @@ class KeepSurvivorsMode:
             return None
         if self._excluded(moved):
             return self.leaving
-        self.next = moved
+        if self.next is None or self.next.generation <= self.membership.generation:
+            # The first since: a broken group's peers form it (the newest: +10 s, 12-07zd).
+            self.next = moved
         return (
             f"generation {moved.generation} published: stopping all ranks at the next report "
             "to re-form the group"
