@@ -74,7 +74,7 @@ def _agree(s: _session.Session, local_stop: bool) -> tuple[bool, bool]:
     2.3 s from the last step to the group's end at each re-formation of
     bench/results/2026-12-03b). Otherwise it is a stop like SIGTERM's."""
     local = preemption.read_local()
-    vote = s.cadence.vote() if s.registered is not None else [0] * cadence.VOTE_LEN
+    vote = s.cadence.vote() if s.registered is not None else list(cadence.NO_VOTE)
     flags = [int(local_stop), int(regroup_requested()), int(_holds(s))]
     stops, regroups, holders, digests, *votes = _summed([*flags, preemption.digest(local), *vote])
     if digests != s.notice_digest:  # the same sum on every rank: every rank gathers

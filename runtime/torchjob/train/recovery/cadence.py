@@ -42,6 +42,8 @@ VOTE_SLOTS = 64
 summed in ``report()``'s all-reduce, so the group learns the largest)."""
 VOTE_LEN = 2 + VOTE_SLOTS
 """The length of a :meth:`Cadence.vote`."""
+NO_VOTE = (0,) * VOTE_LEN
+"""The vote of a rank that has none (no copy measured, a fixed ``k``, no state registered)."""
 WINDOW = 8
 """Copies and intervals remembered."""
 FREE_BYTES = 8 * 2**20
@@ -178,7 +180,7 @@ class Cadence:
         :data:`VOTE_SLOTS`; all zeros before it measured a copy (a rank that has not voted
         does not count)."""
         if self.fixed is not None or not self.copies:
-            return [0] * VOTE_LEN
+            return list(NO_VOTE)
         k = self.own_every
         slots = [0] * VOTE_SLOTS
         slots[min(k, VOTE_SLOTS) - 1] = 1
